@@ -1,0 +1,265 @@
+"""Softmax attention: causal, sliding-window and grouped-query; RoPE; scaled-cosine attention.
+
+Layout `[batch, time, heads, head_dim]`. Logits and softmax run in float32 (float64 stays
+float64); the output has the dtype of `q`.
+
+Window convention (DESIGN.md): with `causal=True`, `window=w` lets the query at position t see
+keys t−w+1..t (w keys, itself included). With `causal=False` the band is symmetric: keys with
+|t − s| < w. `window=None` means no band.
+
+Positions: a query and a key attend by their *positions*, by default `arange(S)` for keys and
+`arange(T) + (S − T)` for queries (queries are the last T of the S key positions, as in a
+prefill that continues a cache). Decode passes explicit positions; a key position < 0 marks an
+empty cache slot. `segment_ids` (self-attention only) keep packed documents apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
+from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+
+_OP = "attention"
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool = True,
+    window: int | None = None,
+    scale: float | None = None,
+    segment_ids: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Softmax attention `softmax(scale·q kᵀ + mask) v`.
+
+    Args:
+      q: `[B, T, Hq, D]` queries.
+      k: `[B, S, Hkv, D]` keys; `Hkv` divides `Hq` (grouped-query attention).
+      v: `[B, S, Hkv, Dv]` values.
+      causal: mask keys at later positions than the query.
+      window: band width (see module docstring); None for no band. Must be >= 1.
+      scale: logit scale, default `D**-0.5`.
+      segment_ids: `[B, T]` int document ids for packed sequences (requires T == S).
+      q_positions: `[B, T]` or `[T]` int positions of the queries.
+      kv_positions: `[B, S]` or `[S]` int positions of the keys; < 0 marks an empty slot.
+      implementation: "reference", "xla", "cudnn" (GPU) or None (auto).
+
+    Returns:
+      `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
+    """
+    _check(q, k, v, window, segment_ids, q_positions, kv_positions)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return dispatch(
+        _OP,
+        _RUNGS,
+        implementation,
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window,
+        scale=scale,
+        segment_ids=segment_ids,
+        q_positions=q_positions,
+        kv_positions=kv_positions,
+    )
+
+
+def _check(q, k, v, window, segment_ids, q_positions, kv_positions) -> None:
+    sizes = check_dims(_OP, {}, q=(q, "BTHD"), k=(k, "BSGD"), v=(v, "BSG_"))
+    check_floating(_OP, q=q, k=k, v=v)
+    check_divides(_OP, "num_kv_heads (axis 2 of k) must divide num_heads (axis 2 of q)",
+                  sizes["G"], sizes["H"])
+    if window is not None and window < 1:
+        raise ValueError(f"{_OP}: window must be >= 1 or None, got {window}")
+    if segment_ids is not None:
+        if sizes["T"] != sizes["S"]:
+            raise ValueError(f"{_OP}: segment_ids need self-attention (T == S), got T={sizes['T']}, "
+                             f"S={sizes['S']}")
+        check_dims(_OP, sizes, segment_ids=(segment_ids, "BT"))
+    for name, pos, axis in (("q_positions", q_positions, "T"), ("kv_positions", kv_positions, "S")):
+        if pos is not None and pos.shape not in ((sizes[axis],), (sizes["B"], sizes[axis])):
+            raise ValueError(f"{_OP}: {name} must have shape [{axis}] or [B,{axis}] = "
+                             f"[{sizes[axis]}] or [{sizes['B']},{sizes[axis]}], got {pos.shape}")
+
+
+def _compute_dtype(x: jax.Array) -> jnp.dtype:
+    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+
+
+def attention_mask(
+    batch: int,
+    num_queries: int,
+    num_keys: int,
+    *,
+    causal: bool,
+    window: int | None,
+    segment_ids: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+) -> jax.Array:
+    """The boolean `[B, T, S]` mask of which key each query may attend to."""
+    if q_positions is None:
+        q_positions = jnp.arange(num_queries) + (num_keys - num_queries)
+    if kv_positions is None:
+        kv_positions = jnp.arange(num_keys)
+    q_pos = jnp.broadcast_to(q_positions, (batch, num_queries))[:, :, None]
+    k_pos = jnp.broadcast_to(kv_positions, (batch, num_keys))[:, None, :]
+    mask = k_pos >= 0
+    if causal:
+        mask &= k_pos <= q_pos
+    if window is not None:
+        mask &= q_pos - k_pos < window
+        if not causal:
+            mask &= k_pos - q_pos < window
+    if segment_ids is not None:
+        mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+    return mask
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Array:
+    """Softmax over `axis` restricted to `mask`; rows with no valid entry give zeros."""
+    masked = jnp.where(mask, logits, -jnp.inf)
+    row_max = jnp.max(masked, axis=axis, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    weights = jnp.where(mask, jnp.exp(masked - row_max), 0.0)
+    total = jnp.sum(weights, axis=axis, keepdims=True)
+    return weights / jnp.where(total > 0, total, 1.0)
+
+
+def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+    """The definition: every query against every key of its head, in float32/float64."""
+    dtype = _compute_dtype(q)
+    group = q.shape[2] // k.shape[2]
+    k = jnp.repeat(k, group, axis=2).astype(dtype)
+    v = jnp.repeat(v, group, axis=2).astype(dtype)
+    logits = scale * jnp.einsum("bthd,bshd->bhts", q.astype(dtype), k)
+    mask = attention_mask(q.shape[0], q.shape[1], k.shape[1], causal=causal, window=window,
+                          segment_ids=segment_ids, q_positions=q_positions,
+                          kv_positions=kv_positions)
+    probs = masked_softmax(logits, mask[:, None])
+    return jnp.einsum("bhts,bshd->bthd", probs, v).astype(q.dtype)
+
+
+def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+    """Grouped heads without repeating K/V; matmuls in the input dtype, softmax in float32."""
+    batch, num_q, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    q_grouped = q.reshape(batch, num_q, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    dtype = _compute_dtype(q)
+    logits = jnp.einsum("btkgd,bskd->bkgts", q_grouped, k, preferred_element_type=dtype)
+    mask = attention_mask(batch, num_q, k.shape[1], causal=causal, window=window,
+                          segment_ids=segment_ids, q_positions=q_positions,
+                          kv_positions=kv_positions)
+    probs = masked_softmax(logits * scale, mask[:, None, None])
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=dtype)
+    return out.reshape(batch, num_q, num_heads, v.shape[-1]).astype(q.dtype)
+
+
+def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
+                       kv_positions) -> str | None:
+    if backend() != "gpu":
+        return f"needs a GPU backend, running on {backend()}"
+    if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"needs bfloat16/float16 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] % 8 or q.shape[-1] > 128:
+        return f"needs head_dim == value dim, a multiple of 8 and <= 128, got {q.shape[-1]}, " \
+               f"{v.shape[-1]}"
+    if segment_ids is not None or q_positions is not None or kv_positions is not None:
+        return "explicit positions / segment_ids are not supported"
+    if causal and q.shape[1] != k.shape[1]:
+        return "causal attention needs T == S"
+    if window is not None and not causal:
+        return "windowed attention needs causal=True"
+    return None
+
+
+def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+    # Always `is_causal=True` together with a local window: without it JAX attends to the future.
+    local_window = None if window is None else (window - 1, 0)
+    return jax.nn.dot_product_attention(
+        q, k, v, scale=scale, is_causal=causal, local_window_size=local_window,
+        implementation="cudnn",
+    )
+
+
+_RUNGS = (
+    Rung("cudnn", attention_cudnn, _cudnn_unsupported),
+    Rung("xla", attention_xla),
+    Rung("reference", attention_reference, auto=False),
+)
+
+
+def rotary_dim(head_dim: int, fraction: float) -> int:
+    """Number of leading channels that RoPE rotates: `fraction·head_dim` rounded down to even."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"rope fraction must be in [0, 1], got {fraction}")
+    return int(head_dim * fraction) // 2 * 2
+
+
+def apply_rope(
+    x: jax.Array, positions: jax.Array, *, theta: float = 10000.0, fraction: float = 1.0
+) -> jax.Array:
+    """Rotary position embedding on the first `rotary_dim` channels of `x` `[B, T, H, D]`.
+
+    Pairs channel i with channel i + r/2 (the "rotate half" convention of Llama / GPT-NeoX),
+    frequencies `theta^(−2i/r)`; `positions` is `[B, T]` or `[T]`. Channels past `r` pass through.
+    """
+    rot = rotary_dim(x.shape[-1], fraction)
+    if rot == 0:
+        return x
+    half = rot // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2 / rot)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B?, T, half]
+    angles = jnp.broadcast_to(angles, (x.shape[0], x.shape[1], half))[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x_rot = x[..., :rot].astype(jnp.float32)
+    x1, x2 = x_rot[..., :half], x_rot[..., half:]
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return jnp.concatenate([rotated.astype(x.dtype), x[..., rot:]], axis=-1)
+
+
+MAX_LOG_TEMPERATURE = math.log(100.0)
+
+
+def cosine_logit_scale(log_temperature: jax.Array) -> jax.Array:
+    """Swin-v2 scale `exp(min(τ, log 100))` of a per-head learnable log temperature τ."""
+    return jnp.exp(jnp.minimum(log_temperature.astype(jnp.float32), MAX_LOG_TEMPERATURE))
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x / ||x|| over the last axis, computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def scaled_cosine_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    log_temperature: jax.Array,
+    **attention_kwargs,
+) -> jax.Array:
+    """Attention on `cos(q, k)·exp(min(τ_h, log 100))` (Swin Transformer v2).
+
+    `log_temperature` is `[Hq]`, one learnable τ per query head. The per-head scale is folded
+    into the normalised queries, so every `attention` rung (cuDNN included) can run it.
+    Other keyword arguments go to `attention` (except `scale`).
+    """
+    if "scale" in attention_kwargs:
+        raise ValueError("scaled_cosine_attention: the scale comes from log_temperature; "
+                         "do not pass scale=")
+    if log_temperature.shape != (q.shape[2],):
+        raise ValueError(f"scaled_cosine_attention: log_temperature must have shape [Hq] = "
+                         f"[{q.shape[2]}], got {log_temperature.shape}")
+    q_scaled = l2_normalize(q) * cosine_logit_scale(log_temperature)[:, None].astype(q.dtype)
+    return attention(q_scaled, l2_normalize(k), v, scale=1.0, **attention_kwargs)

@@ -1,0 +1,35 @@
+"""Shared assertions for tests: relative errors of values and gradients."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+
+def rel_err(actual, expected) -> float:
+    """‖actual − expected‖ / ‖expected‖ over all elements (float64 numpy)."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        raise AssertionError(f"shape mismatch: {a.shape} vs {e.shape}")
+    if not np.all(np.isfinite(a)):
+        raise AssertionError("non-finite values in result")
+    denom = np.linalg.norm(e)
+    return float(np.linalg.norm(a - e) / (denom if denom > 0 else 1.0))
+
+
+def assert_close(actual, expected, tol: float, what: str = "") -> None:
+    """Asserts every leaf of two pytrees agrees to relative error `tol`."""
+    leaves_a, tree_a = jax.tree.flatten(actual)
+    leaves_e, tree_e = jax.tree.flatten(expected)
+    assert tree_a == tree_e, f"{what}: tree mismatch {tree_a} vs {tree_e}"
+    for i, (a, e) in enumerate(zip(leaves_a, leaves_e, strict=True)):
+        err = rel_err(a, e)
+        assert err < tol, f"{what} leaf {i}: relative error {err:.3e} >= {tol:.1e}"
+
+
+def normals(seed: int, *shapes, dtype=np.float64):
+    """Standard-normal test inputs from numpy (no per-shape XLA compile, unlike jax.random)."""
+    rng = np.random.default_rng(seed)
+    arrays = [jax.numpy.asarray(rng.standard_normal(shape), dtype=dtype) for shape in shapes]
+    return arrays[0] if len(arrays) == 1 else arrays

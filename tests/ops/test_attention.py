@@ -1,0 +1,167 @@
+"""attention / RoPE / scaled-cosine attention against independent float64 numpy definitions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax import ops
+from tests.helpers import assert_close, normals
+
+
+def numpy_attention(q, k, v, *, causal, window, scale, segment_ids=None):
+    """Loops over every (batch, head, query): the plainest statement of the window convention."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    B, T, Hq, _ = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    out = np.zeros((B, T, Hq, v.shape[-1]))
+    for b in range(B):
+        for h in range(Hq):
+            kh = h // (Hq // Hkv)
+            for t in range(T):
+                tp = t + S - T
+                keys = []
+                for s in range(S):
+                    if causal and s > tp:
+                        continue
+                    if window is not None and (tp - s >= window or (not causal and s - tp >= window)):
+                        continue
+                    if segment_ids is not None and segment_ids[b, s] != segment_ids[b, t]:
+                        continue
+                    keys.append(s)
+                if not keys:
+                    continue
+                logits = np.array([scale * q[b, t, h] @ k[b, s, kh] for s in keys])
+                p = np.exp(logits - logits.max())
+                p /= p.sum()
+                out[b, t, h] = sum(pi * v[b, s, kh] for pi, s in zip(p, keys, strict=True))
+    return out
+
+
+def _qkv(T, S, Hq, Hkv, D=8, Dv=6, B=2, dtype=jnp.float64, seed=0):
+    return normals(seed, (B, T, Hq, D), (B, S, Hkv, D), (B, S, Hkv, Dv), dtype=dtype)
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("T", [1, 7, 13])
+def test_attention_matches_numpy_all_windows(x64, impl, causal, T):
+    q, k, v = _qkv(T, T, Hq=4, Hkv=2)
+    for window in [None, *range(1, T + 1), T + 5]:
+        out = ops.attention(q, k, v, causal=causal, window=window, implementation=impl)
+        ref = numpy_attention(q, k, v, causal=causal, window=window, scale=8**-0.5)
+        assert_close(out, ref, 1e-12, f"{impl} causal={causal} window={window}")
+
+
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+def test_attention_fewer_queries_than_keys_and_segments(x64, impl):
+    q, k, v = _qkv(3, 11, Hq=6, Hkv=3)
+    out = ops.attention(q, k, v, causal=True, window=4, scale=0.3, implementation=impl)
+    assert_close(out, numpy_attention(q, k, v, causal=True, window=4, scale=0.3), 1e-12)
+    q, k, v = _qkv(9, 9, Hq=2, Hkv=1)
+    seg = jnp.array([[0, 0, 0, 1, 1, 2, 2, 2, 2], [5, 5, 5, 5, 5, 5, 6, 6, 6]])
+    out = ops.attention(q, k, v, segment_ids=seg, implementation=impl)
+    assert_close(out, numpy_attention(q, k, v, causal=True, window=None, scale=8**-0.5,
+                                      segment_ids=np.asarray(seg)), 1e-12)
+
+
+def test_xla_gradients_match_reference(x64):
+    q, k, v = _qkv(10, 10, Hq=4, Hkv=2)
+
+    def loss(impl):
+        return lambda *a: jnp.sum(jnp.sin(ops.attention(*a, window=3, implementation=impl)))
+
+    g_ref = jax.jit(jax.grad(loss("reference"), argnums=(0, 1, 2)))(q, k, v)
+    g_xla = jax.jit(jax.grad(loss("xla"), argnums=(0, 1, 2)))(q, k, v)
+    assert_close(g_xla, g_ref, 1e-12, "grads")
+
+
+def test_positions_and_empty_slots_match_plain_call(x64):
+    """A ring-buffer style call (shuffled key slots with explicit positions) gives the same."""
+    q, k, v = _qkv(4, 12, Hq=2, Hkv=2)
+    full = ops.attention(q, k, v, window=5)
+    perm = jnp.array([3, 0, 11, 7, 1, 2, 10, 4, 9, 5, 6, 8])
+    k_pos = jnp.where(perm < 4, -1, perm)  # slots holding keys 0..3 are "empty" (outside window)
+    out = ops.attention(q, k[:, perm], v[:, perm], window=5, q_positions=jnp.arange(8, 12),
+                        kv_positions=k_pos)
+    assert_close(out, full, 1e-12)
+
+
+def test_bf16_output_dtype_and_accuracy():
+    q, k, v = _qkv(16, 16, Hq=4, Hkv=1, D=16, Dv=16, dtype=jnp.float32)
+    ref = ops.attention(q, k, v, implementation="reference")
+    out = ops.attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), implementation="xla")
+    assert out.dtype == jnp.bfloat16
+    assert_close(out.astype(jnp.float32), ref, 2e-2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(window=0), "window must be >= 1"),
+        (dict(implementation="pallas"), "implementation='pallas' is not available"),
+        (dict(implementation="cudnn"), "needs a GPU backend"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    q, k, v = _qkv(4, 4, Hq=2, Hkv=1, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=message):
+        ops.attention(q, k, v, **kwargs)
+
+
+def test_bad_shapes_are_named():
+    q, k, v = _qkv(4, 4, Hq=3, Hkv=2, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="num_kv_heads .* must divide num_heads"):
+        ops.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"q must have shape \[B,T,H,D\]"):
+        ops.attention(q[0], k, v)
+    q, k, v = _qkv(4, 5, Hq=2, Hkv=2, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="axis S of v"):
+        ops.attention(q, k, v[:, :4])
+
+
+def numpy_rope(x, positions, theta, fraction):
+    x = np.asarray(x, np.float64)
+    D = x.shape[-1]
+    r = int(D * fraction) // 2 * 2
+    out = x.copy()
+    for b in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            for i in range(r // 2):
+                angle = positions[t] * theta ** (-2 * i / r)
+                c, s = np.cos(angle), np.sin(angle)
+                a, bb = x[b, t, :, i], x[b, t, :, i + r // 2]
+                out[b, t, :, i] = a * c - bb * s
+                out[b, t, :, i + r // 2] = bb * c + a * s
+    return out
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.25, 0.0])
+def test_rope_matches_numpy(fraction):
+    x = normals(1, (2, 5, 3, 16), dtype=jnp.float32)
+    pos = jnp.array([0, 3, 4, 9, 100])
+    out = ops.apply_rope(x, pos, theta=500.0, fraction=fraction)
+    assert_close(out, numpy_rope(x, np.asarray(pos), 500.0, fraction), 1e-5)
+
+
+def test_rope_is_relative():
+    """Rotated dot products depend only on position differences."""
+    q, k = normals(2, (1, 1, 1, 8), (1, 1, 1, 8), dtype=jnp.float32)
+    dots = [jnp.sum(ops.apply_rope(q, jnp.array([p + 7])) * ops.apply_rope(k, jnp.array([p])))
+            for p in (0, 5, 40)]
+    np.testing.assert_allclose(dots, dots[0], rtol=1e-5)
+
+
+def test_scaled_cosine_attention(x64):
+    q, k, v = _qkv(6, 6, Hq=2, Hkv=1)
+    tau = jnp.array([np.log(10.0), 7.0])  # second head is clipped at log(100)
+    out = ops.scaled_cosine_attention(q, k, v, tau, causal=True)
+    qn = np.asarray(q) / np.linalg.norm(np.asarray(q), axis=-1, keepdims=True)
+    kn = np.asarray(k) / np.linalg.norm(np.asarray(k), axis=-1, keepdims=True)
+    ref = np.concatenate([
+        numpy_attention(qn[:, :, h:h + 1], kn, v, causal=True, window=None, scale=s)
+        for h, s in enumerate([10.0, 100.0])
+    ], axis=2)
+    assert_close(out, ref, 1e-6)  # l2_normalize's eps (1e-6 under the root) moves the 7th digit
+    with pytest.raises(ValueError, match="do not pass scale"):
+        ops.scaled_cosine_attention(q, k, v, tau, scale=1.0)
