@@ -83,8 +83,8 @@ def _check(q, k, v, window, segment_ids, q_positions, kv_positions) -> None:
         raise ValueError(f"{_OP}: window must be >= 1 or None, got {window}")
     if segment_ids is not None:
         if sizes["T"] != sizes["S"]:
-            raise ValueError(f"{_OP}: segment_ids need self-attention (T == S), got T={sizes['T']}, "
-                             f"S={sizes['S']}")
+            raise ValueError(f"{_OP}: segment_ids need self-attention (T == S), "
+                             f"got T={sizes['T']}, S={sizes['S']}")
         check_dims(_OP, sizes, segment_ids=(segment_ids, "BT"))
     for name, pos, axis in (("q_positions", q_positions, "T"), ("kv_positions", kv_positions, "S")):
         if pos is not None and pos.shape not in ((sizes[axis],), (sizes["B"], sizes[axis])):

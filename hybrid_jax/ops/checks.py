@@ -17,7 +17,9 @@ def check_rank(op: str, name: str, x: jax.Array, layout: str) -> None:
         )
 
 
-def check_dims(op: str, expected: dict[str, int], **arrays_with_layout: tuple[jax.Array, str]) -> dict:
+def check_dims(
+    op: str, expected: dict[str, int], **arrays_with_layout: tuple[jax.Array, str]
+) -> dict[str, int]:
     """Checks named axis sizes agree across arrays.
 
     `arrays_with_layout` maps an argument name to (array, layout), e.g. q=(q, 'BTHK').

@@ -52,7 +52,9 @@ def dispatch(
         rung = rungs[names.index(implementation)]
         reason = rung.unsupported(*args, **kwargs)
         if reason is not None:
-            raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: {reason}")
+            raise ValueError(
+                f"{op}: implementation={implementation!r} cannot run this call: {reason}"
+            )
         return rung.fn(*args, **kwargs)
     reasons = []
     for rung in rungs:

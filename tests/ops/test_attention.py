@@ -24,7 +24,9 @@ def numpy_attention(q, k, v, *, causal, window, scale, segment_ids=None):
                 for s in range(S):
                     if causal and s > tp:
                         continue
-                    if window is not None and (tp - s >= window or (not causal and s - tp >= window)):
+                    if window is not None and tp - s >= window:
+                        continue
+                    if window is not None and not causal and s - tp >= window:
                         continue
                     if segment_ids is not None and segment_ids[b, s] != segment_ids[b, t]:
                         continue
