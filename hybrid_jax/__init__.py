@@ -1,5 +1,26 @@
 """hybrid_jax: hybrid attention / linear-recurrence sequence models in JAX and Flax NNX."""
 
-from hybrid_jax import ops
+from hybrid_jax import ops, presets
+from hybrid_jax.config import (
+    ExperimentConfig,
+    LayerSpec,
+    MeshConfig,
+    ModelConfig,
+    TrainConfig,
+    layer,
+)
+from hybrid_jax.nn import LanguageModel, count_params, create_model
 
-__all__ = ["ops"]
+__all__ = [
+    "ExperimentConfig",
+    "LanguageModel",
+    "LayerSpec",
+    "MeshConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "count_params",
+    "create_model",
+    "layer",
+    "ops",
+    "presets",
+]

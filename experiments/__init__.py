@@ -1,0 +1,1 @@
+"""Named experiments, the runner (`python -m experiments.run NAME`), CLI and benchmarks."""

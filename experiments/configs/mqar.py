@@ -1,0 +1,19 @@
+"""Multi-query associative recall (zoology MQAR) on tiny models: the embedded default job."""
+
+from __future__ import annotations
+
+from experiments.registry import register
+from hybrid_jax import presets
+from hybrid_jax.config import ExperimentConfig, TrainConfig
+from hybrid_jax.data.mqar import MQARConfig
+
+MQAR_TINY = MQARConfig(vocab_size=256, seq_len=64, num_kv_pairs=8)
+MQAR_TRAIN = TrainConfig(steps=1500, batch_size=64, learning_rate=3e-3, warmup_steps=100,
+                         weight_decay=0.1, log_every=50)
+
+
+@register("mqar-transformer-tiny")
+def mqar_transformer_tiny() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="mqar-transformer-tiny", model=presets.get("transformer-tiny"), data=MQAR_TINY,
+        train=MQAR_TRAIN, description="2-layer transformer on MQAR (8 pairs, length 64)")

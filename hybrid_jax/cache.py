@@ -1,0 +1,40 @@
+"""Typed decode state: one small pytree per mixer, and the model's cache around them.
+
+Running a prompt through `LanguageModel.decode` token by token with these caches gives the same
+logits as the parallel forward pass. Sliding-window attention keeps a ring buffer of `window`
+entries, not `max_len`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class AttentionCache:
+    """Keys/values of the last `L` positions (`L = window`, or `max_len` for full attention).
+
+    Position p lives in slot `p % L`; `positions[slot]` is the position held there, −1 if empty.
+    """
+
+    keys: jax.Array  # [B, L, Hkv, D]
+    values: jax.Array  # [B, L, Hkv, Dv]
+    positions: jax.Array  # [L] int32
+
+
+@struct.dataclass
+class ConvCache:
+    """The last `size − 1` inputs of a short causal convolution."""
+
+    inputs: jax.Array  # [B, size - 1, C]
+
+
+@struct.dataclass
+class LMCache:
+    """A language model's decode state: the next position and one cache per layer."""
+
+    index: jax.Array  # [] int32: number of tokens consumed so far
+    layers: tuple[Any, ...]

@@ -1,0 +1,399 @@
+"""Typed, frozen configs: the model (a tuple of block specs), training, mesh and experiments.
+
+Configs are validated at construction: an impossible value raises `ValueError` naming the field,
+what was found and what is allowed, before anything is traced. `--set key=value` overrides and
+JSON round trips go through `replace_path`, `to_dict` and `from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hybrid_jax.registry import block_type
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _fail(owner: str, name: str, value: Any, expected: str) -> None:
+    raise ValueError(f"{owner}.{name}={value!r}: {expected}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a model: a registered block type and its option overrides."""
+
+    type: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: str | LayerSpec | Mapping[str, Any]) -> LayerSpec:
+        if isinstance(spec, LayerSpec):
+            return spec
+        if isinstance(spec, str):
+            return cls(spec)
+        if isinstance(spec, Mapping) and "type" in spec:
+            options = {k: v for k, v in spec.items() if k != "type"}
+            return layer(spec["type"], **options)
+        raise ValueError(
+            f"a layer must be a block-type name, a LayerSpec or a dict with 'type', got {spec!r}"
+        )
+
+    def to_json(self) -> str | dict[str, Any]:
+        return self.type if not self.options else {"type": self.type, **dict(self.options)}
+
+
+def layer(type: str, **options: Any) -> LayerSpec:
+    """`layer("attention", window=16)`: a layer spec with option overrides."""
+    return LayerSpec(type, tuple(sorted(options.items())))
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder language model: embeddings, `layers` (block specs), final norm, LM head.
+
+    `layers` entries are block-type names or `layer(name, **options)`; a block option with the
+    same name as a field here (`num_heads`, `window`, ...) defaults to this config's value, so
+    `ModelConfig(layers=("mamba2", "mamba2", "attention") * 4, window=64)` is a hybrid whose
+    attention layers use a 64-token window.
+    """
+
+    layers: tuple[LayerSpec, ...] = ("attention", "attention")
+    vocab_size: int = 256
+    d_model: int = 64
+    num_heads: int = 4
+    num_kv_heads: int | None = None  # None: num_heads (multi-head attention)
+    head_dim: int | None = None  # None: d_model // num_heads
+    ffn_dim: int | None = None  # None: 8/3·d_model rounded up to a multiple of 32 (SwiGLU)
+    window: int | None = None  # default attention window; None = full causal
+    rope_theta: float = 10000.0
+    rope_fraction: float = 1.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    dtype: str = "float32"  # compute dtype; parameters stay in param_dtype
+    param_dtype: str = "float32"
+    remat: bool = False  # rematerialise each block in the backward pass
+
+    def __post_init__(self) -> None:
+        own = "ModelConfig"
+        object.__setattr__(self, "layers", tuple(LayerSpec.parse(s) for s in self.layers))
+        for name in ("vocab_size", "d_model", "num_heads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                _fail(own, name, getattr(self, name), "expected a positive integer")
+        if not self.layers:
+            _fail(own, "layers", self.layers, "expected at least one layer")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"{own}.num_heads={self.num_heads} does not divide d_model={self.d_model} "
+                "(set head_dim to decouple them)"
+            )
+        if self.head_dim is not None and self.head_dim < 1:
+            _fail(own, "head_dim", self.head_dim, "expected a positive integer or None")
+        kv = self.kv_heads
+        if kv < 1 or self.num_heads % kv:
+            raise ValueError(
+                f"{own}.num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}"
+            )
+        if self.window is not None and self.window < 0:
+            _fail(own, "window", self.window, "expected None (full causal) or an integer >= 0")
+        if self.ffn_dim is not None and self.ffn_dim < 1:
+            _fail(own, "ffn_dim", self.ffn_dim, "expected a positive integer or None")
+        if not 0.0 <= self.rope_fraction <= 1.0:
+            _fail(own, "rope_fraction", self.rope_fraction, "expected a value in [0, 1]")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                _fail(own, name, getattr(self, name), f"expected one of {list(DTYPES)}")
+        for index in range(len(self.layers)):
+            self.block_options(index)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def resolved_ffn_dim(self) -> int:
+        return self.ffn_dim if self.ffn_dim is not None else _round_up(8 * self.d_model // 3, 32)
+
+    def block_options(self, index: int) -> Any:
+        """The options dataclass of layer `index`, with model-level defaults filled in."""
+        spec = self.layers[index]
+        where = f"ModelConfig.layers[{index}] ({spec.type!r})"
+        try:
+            kind = block_type(spec.type)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        fields = {f.name for f in dataclasses.fields(kind.options)}
+        overrides = dict(spec.options)
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(f"{where}: unknown option(s) {unknown}; allowed: {sorted(fields)}")
+        values = {name: getattr(self, name) for name in fields if name in _MODEL_FIELDS}
+        values.update(overrides)
+        try:
+            options = kind.options(**values)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        check = getattr(options, "check", None)
+        if check is not None:
+            try:
+                check(self)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+        return options
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+_MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"layers"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh sizes; one axis may be -1 (all remaining devices)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = (self.data, self.fsdp, self.tensor)
+        if sum(s == -1 for s in sizes) > 1 or any(s == 0 or s < -1 for s in sizes):
+            raise ValueError(
+                f"MeshConfig(data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}): "
+                "expected positive sizes with at most one -1 (the remaining devices)"
+            )
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        sizes = [self.data, self.fsdp, self.tensor]
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(f"MeshConfig {sizes}: {known} does not divide the "
+                                 f"{num_devices} available devices")
+            sizes[sizes.index(-1)] = num_devices // known
+        if math.prod(sizes) > num_devices:
+            raise ValueError(f"MeshConfig {sizes} needs {math.prod(sizes)} devices, "
+                             f"only {num_devices} are available")
+        return tuple(sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    seed: int = 0
+    log_every: int = 50
+    eval_every: int = 0  # 0: evaluate only at the end
+    eval_batches: int = 8
+    mesh: MeshConfig = MeshConfig()
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                _fail("TrainConfig", name, getattr(self, name), "expected a positive integer")
+        for name in ("warmup_steps", "log_every", "eval_every", "eval_batches"):
+            if getattr(self, name) < 0:
+                _fail("TrainConfig", name, getattr(self, name), "expected an integer >= 0")
+        if self.learning_rate <= 0:
+            _fail("TrainConfig", "learning_rate", self.learning_rate, "expected > 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _fail("TrainConfig", "min_lr_ratio", self.min_lr_ratio, "expected a value in [0, 1]")
+
+
+# Data configs register here by kind so experiment configs can name and deserialise them.
+_DATA_KINDS: dict[str, type] = {}
+
+
+def register_data(kind: str) -> Callable[[type], type]:
+    """Class decorator: a frozen data-config dataclass known by `kind` in JSON and overrides."""
+
+    def decorate(cls: type) -> type:
+        cls.kind = kind
+        _DATA_KINDS[kind] = cls
+        return cls
+
+    return decorate
+
+
+def data_config_class(kind: str) -> type:
+    import hybrid_jax.data  # noqa: F401  (the built-in data kinds register on import)
+
+    if kind not in _DATA_KINDS:
+        raise ValueError(f"unknown data kind {kind!r}; known kinds: {sorted(_DATA_KINDS)}")
+    return _DATA_KINDS[kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """A named, runnable experiment: model, data, training."""
+
+    name: str
+    model: ModelConfig
+    data: Any  # a registered data config (see register_data)
+    train: TrainConfig = TrainConfig()
+    description: str = ""
+
+
+# --- overrides and JSON ------------------------------------------------------------------------
+
+
+def to_dict(config: Any) -> Any:
+    """A JSON-ready dict of a config dataclass (data configs carry their `kind`)."""
+    if isinstance(config, LayerSpec):
+        return config.to_json()
+    if dataclasses.is_dataclass(config):
+        out = {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+        if hasattr(type(config), "kind"):
+            out = {"kind": type(config).kind, **out}
+        return out
+    if isinstance(config, tuple | list):
+        return [to_dict(x) for x in config]
+    return config
+
+
+def from_dict(cls: type, values: Mapping[str, Any]) -> Any:
+    """Inverse of `to_dict`; unknown keys raise ValueError naming the allowed ones."""
+    if cls is Any:
+        values = dict(values)
+        cls = data_config_class(values.pop("kind", None))
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(names) - {"kind"})
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; allowed: {names}")
+    kwargs = {}
+    for name, value in values.items():
+        if name == "kind":
+            continue
+        kwargs[name] = _from_json_value(hints[name], value)
+    return cls(**kwargs)
+
+
+def _from_json_value(hint: Any, value: Any) -> Any:
+    if hint is Any and isinstance(value, Mapping):
+        return from_dict(Any, value)
+    if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+        return from_dict(hint, value)
+    if typing.get_origin(hint) is tuple and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def replace_path(config: Any, path: str, value: Any) -> Any:
+    """Returns `config` with the dotted field `path` (e.g. "train.steps") set to `value`.
+
+    A string value is parsed by the field's type (int, float, bool, None, JSON for tuples).
+    `model.<option>` that is not a ModelConfig field sets that block option on every layer whose
+    block type has it, e.g. `model.num_slots=16`.
+    """
+    head, _, rest = path.partition(".")
+    if not dataclasses.is_dataclass(config):
+        raise ValueError(f"cannot set {path!r}: {type(config).__name__} has no fields")
+    names = [f.name for f in dataclasses.fields(config)]
+    if head not in names:
+        if isinstance(config, ModelConfig) and not rest:
+            return _set_layer_option(config, head, value)
+        raise ValueError(f"unknown config key {head!r} in {type(config).__name__}; "
+                         f"allowed: {names}")
+    current = getattr(config, head)
+    if rest:
+        new = replace_path(current, rest, value)
+    else:
+        new = parse_value(typing.get_type_hints(type(config))[head], value, head)
+    return dataclasses.replace(config, **{head: new})
+
+
+def _set_layer_option(config: ModelConfig, name: str, value: Any) -> ModelConfig:
+    layers, hit = [], False
+    for spec in config.layers:
+        options = block_type(spec.type).options
+        hints = typing.get_type_hints(options)
+        if name in hints:
+            hit = True
+            parsed = parse_value(hints[name], value, name)
+            spec = layer(spec.type, **{**dict(spec.options), name: parsed})
+        layers.append(spec)
+    if not hit:
+        allowed = sorted(_MODEL_FIELDS)
+        raise ValueError(f"unknown model key {name!r}: neither a ModelConfig field ({allowed}) "
+                         "nor an option of any of its layers")
+    return dataclasses.replace(config, layers=tuple(layers))
+
+
+def parse_value(hint: Any, value: Any, name: str = "value") -> Any:
+    """Converts a command-line string to the type `hint` (non-strings pass through)."""
+    if not isinstance(value, str):
+        return value
+    options = _union_members(hint)
+    if value.lower() in ("none", "null") and type(None) in options:
+        return None
+    errors = []
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return _parse_as(option, value)
+        except (ValueError, json.JSONDecodeError) as e:
+            errors.append(str(e))
+    raise ValueError(f"cannot parse {name}={value!r} as {hint}: {'; '.join(errors)}")
+
+
+def _union_members(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _parse_as(kind: Any, value: str) -> Any:
+    if kind is bool:
+        if value.lower() in ("true", "1", "yes"):
+            return True
+        if value.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"expected true/false, got {value!r}")
+    if kind is int:
+        return int(value)
+    if kind is float:
+        return float(value)
+    if kind is str or kind is Any:
+        return value
+    if typing.get_origin(kind) is tuple:
+        parsed = json.loads(value)
+        if not isinstance(parsed, list):
+            raise ValueError(f"expected a JSON list, got {value!r}")
+        return tuple(parsed)
+    if dataclasses.is_dataclass(kind):
+        return from_dict(kind, json.loads(value))
+    raise ValueError(f"unsupported type {kind}")
+
+
+def apply_overrides(config: Any, assignments: Sequence[str]) -> Any:
+    """Applies `key=value` strings in order."""
+    for assignment in assignments:
+        path, sep, value = assignment.partition("=")
+        if not sep or not path:
+            raise ValueError(f"override {assignment!r} must have the form key=value")
+        config = replace_path(config, path.strip(), value.strip())
+    return config

@@ -1,0 +1,66 @@
+"""Autoregressive generation: one prefill, then a compiled loop of single-token decode steps."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.nn.lm import LanguageModel
+
+
+def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float,
+                 top_k: int | None) -> jax.Array:
+    """Greedy when `temperature == 0`, else sampling from the (top-k) tempered softmax."""
+    if temperature == 0:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    logits = logits_BV / temperature
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
+             temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
+             max_len: int | None = None) -> jax.Array:
+    """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
+
+    The cache holds `max_len` positions (default: prompt + new tokens); sliding-window layers
+    keep only their window.
+    """
+    prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
+    if prompt_BT.ndim != 2 or prompt_BT.shape[1] < 1:
+        raise ValueError(f"prompt must be [batch, time] with time >= 1, got {prompt_BT.shape}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
+        raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], "
+                         f"got {top_k}")
+    needed = prompt_BT.shape[1] + max_new_tokens
+    max_len = needed if max_len is None else max_len
+    if max_len < needed:
+        raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
+    graphdef, state = nnx.split(model)
+    return _generate(graphdef, state, prompt_BT, jax.random.key(seed), max_new_tokens,
+                     temperature, top_k, max_len)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
+def _generate(graphdef, state, prompt_BT, key, max_new_tokens, temperature, top_k, max_len):
+    model = nnx.merge(graphdef, state)
+    cache = model.init_cache(prompt_BT.shape[0], max_len)
+    logits, cache = model.decode(prompt_BT, cache)
+    keys = jax.random.split(key, max_new_tokens)
+    first = sample_token(logits[:, -1], keys[0], temperature=temperature, top_k=top_k)
+
+    def step(carry, key):
+        token, cache = carry
+        logits, cache = model.decode(token[:, None], cache)
+        next_token = sample_token(logits[:, -1], key, temperature=temperature, top_k=top_k)
+        return (next_token, cache), token
+
+    (last, _), tokens = jax.lax.scan(step, (first, cache), keys[1:])
+    return jnp.concatenate([tokens.T, last[:, None]], axis=1)

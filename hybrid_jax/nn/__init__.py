@@ -1,0 +1,33 @@
+"""Flax NNX modules: parameters and projections around the ops. Importing this package
+registers the built-in block types."""
+
+from hybrid_jax.nn import attention  # noqa: F401  (registers "attention")
+from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
+from hybrid_jax.nn.blocks import MixerBlock, mixer_block_builder
+from hybrid_jax.nn.layers import (
+    Embedding,
+    GatedRMSNorm,
+    Linear,
+    RMSNorm,
+    RoPE,
+    ShortConv,
+    SwiGLU,
+)
+from hybrid_jax.nn.lm import LanguageModel, count_params, create_model
+
+__all__ = [
+    "AttentionMixer",
+    "AttentionOptions",
+    "Embedding",
+    "GatedRMSNorm",
+    "LanguageModel",
+    "Linear",
+    "MixerBlock",
+    "RMSNorm",
+    "RoPE",
+    "ShortConv",
+    "SwiGLU",
+    "count_params",
+    "create_model",
+    "mixer_block_builder",
+]

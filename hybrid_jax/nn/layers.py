@@ -1,0 +1,215 @@
+"""Building blocks shared by the mixers: projections, embeddings, norms, RoPE, convs, FFNs.
+
+Parameters are created in `param_dtype` with a `logical_axes` name per dimension (see
+`hybrid_jax.sharding`); the math runs in the compute `dtype`, with norms in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax import ops
+from hybrid_jax.cache import ConvCache
+
+Shape = int | Sequence[int]
+
+
+def _tuple(shape: Shape) -> tuple[int, ...]:
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+def symmetric_uniform(bound: float):
+    """Initializer drawing from U(−bound, bound)."""
+    return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def param(rngs: nnx.Rngs, init, shape: Shape, dtype, axes: Sequence[str | None]) -> nnx.Param:
+    """An `nnx.Param` from `init(key, shape, dtype)` carrying its logical axis names."""
+    shape = _tuple(shape)
+    if len(axes) != len(shape):
+        raise ValueError(f"logical axes {tuple(axes)} do not match parameter shape {shape}")
+    return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=tuple(axes))
+
+
+class Linear(nnx.Module):
+    """`y[..., *out] = x[..., *in] · W[*in, *out] (+ b)`: a projection with named axes.
+
+    Multi-axis shapes keep heads explicit, e.g. `Linear(D, (H, K), axes=("embed", "heads",
+    "head_dim"))` maps `[B, T, D]` to `[B, T, H, K]`.
+    """
+
+    def __init__(
+        self,
+        in_shape: Shape,
+        out_shape: Shape,
+        *,
+        axes: Sequence[str | None],
+        rngs: nnx.Rngs,
+        std: float = 0.02,
+        use_bias: bool = False,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+    ):
+        self.in_shape, self.out_shape = _tuple(in_shape), _tuple(out_shape)
+        self.dtype = dtype
+        self.kernel = param(rngs, nnx.initializers.normal(std), self.in_shape + self.out_shape,
+                            param_dtype, axes)
+        self.bias = (
+            param(rngs, nnx.initializers.zeros, self.out_shape, param_dtype,
+                  axes[len(self.in_shape):])
+            if use_bias else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n_in = len(self.in_shape)
+        if x.shape[x.ndim - n_in:] != self.in_shape:
+            raise ValueError(f"Linear expects input [..., {', '.join(map(str, self.in_shape))}], "
+                             f"got shape {x.shape}")
+        y = jnp.tensordot(x.astype(self.dtype), self.kernel[...].astype(self.dtype), axes=n_in)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class Embedding(nnx.Module):
+    """Token embedding table `[vocab, d_model]`, also usable as a tied output head."""
+
+    def __init__(self, vocab_size: int, d_model: int, *, rngs: nnx.Rngs, std: float = 0.02,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        self.vocab_size = vocab_size
+        self.dtype = dtype
+        self.table = param(rngs, nnx.initializers.normal(std), (vocab_size, d_model), param_dtype,
+                           ("vocab", "embed"))
+
+    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+        return jnp.take(self.table[...], tokens_BT, axis=0).astype(self.dtype)
+
+    def attend(self, x_BTD: jax.Array) -> jax.Array:
+        """Logits `x · Eᵀ` in float32."""
+        return jnp.einsum("btd,vd->btv", x_BTD.astype(self.dtype),
+                          self.table[...].astype(self.dtype), preferred_element_type=jnp.float32)
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nnx.Module):
+    """`x / rms(x) · γ` over the last axis, in float32; output in `dtype`."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        self.eps, self.dtype = eps, dtype
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (rms_normalize(x, self.eps) * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class GatedRMSNorm(nnx.Module):
+    """RMSNorm with a SiLU gate `z`, over groups of `group_size` channels.
+
+    `norm_before_gate=True`: `norm(x)·γ·silu(z)` (Gated DeltaNet's per-head output norm).
+    `norm_before_gate=False`: `norm(x·silu(z))·γ` (Mamba-2's grouped norm).
+    """
+
+    def __init__(self, dim: int, *, group_size: int | None = None, norm_before_gate: bool = True,
+                 eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32):
+        group_size = dim if group_size is None else group_size
+        if dim % group_size:
+            raise ValueError(f"GatedRMSNorm: group_size={group_size} does not divide dim={dim}")
+        self.group_size, self.norm_before_gate = group_size, norm_before_gate
+        self.eps, self.dtype = eps, dtype
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+
+    def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
+        gate = jax.nn.silu(z.astype(jnp.float32))
+        x32 = x.astype(jnp.float32)
+        if not self.norm_before_gate:
+            x32 = x32 * gate
+        groups = x32.reshape(*x32.shape[:-1], -1, self.group_size)
+        y = rms_normalize(groups, self.eps).reshape(x32.shape) * self.scale[...].astype(jnp.float32)
+        if self.norm_before_gate:
+            y = y * gate
+        return y.astype(self.dtype)
+
+
+class RoPE(nnx.Module):
+    """Rotary position embedding (no parameters): see `hybrid_jax.ops.apply_rope`."""
+
+    def __init__(self, *, theta: float = 10000.0, fraction: float = 1.0):
+        self.theta, self.fraction = theta, fraction
+
+    def __call__(self, x_BTHD: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        return ops.apply_rope(x_BTHD, positions_BT, theta=self.theta, fraction=self.fraction)
+
+
+class SwiGLU(nnx.Module):
+    """`W_down(silu(W_gate x) ⊙ W_up x)`."""
+
+    def __init__(self, d_model: int, hidden: int, *, rngs: nnx.Rngs, std: float = 0.02,
+                 out_std: float | None = None, dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.gate = Linear(d_model, hidden, axes=("embed", "mlp"), std=std, **kw)
+        self.up = Linear(d_model, hidden, axes=("embed", "mlp"), std=std, **kw)
+        self.down = Linear(hidden, d_model, axes=("mlp", "embed"),
+                           std=std if out_std is None else out_std, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class ShortConv(nnx.Module):
+    """Depthwise causal 1-D convolution over time (kernel `size`), optionally followed by SiLU.
+
+    `y_t = Σ_{i<size} w_i ⊙ x_{t−i} (+ b)`. With `segment_ids`, inputs from another document are
+    treated as zeros, so packed sequences do not leak. Decoding keeps the last `size − 1` inputs.
+    """
+
+    def __init__(self, channels: int, size: int = 4, *, rngs: nnx.Rngs, axis: str | None = None,
+                 activation: bool = True, use_bias: bool = False, dtype=jnp.float32,
+                 param_dtype=jnp.float32):
+        if size < 1:
+            raise ValueError(f"ShortConv: size must be >= 1, got {size}")
+        self.size, self.activation, self.dtype = size, activation, dtype
+        bound = size ** -0.5  # PyTorch's default Conv1d init for depthwise kernels
+        self.weight = param(rngs, symmetric_uniform(bound), (size, channels), param_dtype,
+                            ("conv", axis))
+        self.bias = (param(rngs, nnx.initializers.zeros, (channels,), param_dtype, (axis,))
+                     if use_bias else None)
+
+    def _finish(self, y: jax.Array) -> jax.Array:
+        if self.bias is not None:
+            y = y + self.bias[...].astype(jnp.float32)
+        return (jax.nn.silu(y) if self.activation else y).astype(self.dtype)
+
+    def __call__(self, x_BTC: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        weight = self.weight[...].astype(jnp.float32)
+        x = x_BTC.astype(jnp.float32)
+        y = x * weight[0]
+        for lag in range(1, min(self.size, x.shape[1] + 1)):
+            shifted = jnp.pad(x, ((0, 0), (lag, 0), (0, 0)))[:, : x.shape[1]]
+            if segment_ids_BT is not None:
+                prev = jnp.pad(segment_ids_BT, ((0, 0), (lag, 0)), constant_values=-1)
+                same = (prev[:, : x.shape[1]] == segment_ids_BT)[..., None]
+                shifted = jnp.where(same, shifted, 0.0)
+            y = y + shifted * weight[lag]
+        return self._finish(y)
+
+    def init_cache(self, batch: int, channels: int, dtype) -> ConvCache:
+        return ConvCache(jnp.zeros((batch, self.size - 1, channels), dtype))
+
+    def decode(self, x_BTC: jax.Array, cache: ConvCache) -> tuple[jax.Array, ConvCache]:
+        """Convolves new inputs continuing `cache` (any number of new steps)."""
+        window = jnp.concatenate([cache.inputs.astype(jnp.float32), x_BTC.astype(jnp.float32)],
+                                 axis=1)
+        weight = self.weight[...].astype(jnp.float32)
+        past, steps = self.size - 1, x_BTC.shape[1]
+        y = sum(window[:, past - lag: past - lag + steps] * weight[lag] for lag in range(self.size))
+        new_inputs = window[:, window.shape[1] - past:].astype(cache.inputs.dtype)
+        return self._finish(y), ConvCache(new_inputs)

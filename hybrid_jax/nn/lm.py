@@ -1,0 +1,116 @@
+"""A decoder-only language model built from `ModelConfig.layers` through the block registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from hybrid_jax.cache import LMCache
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, norm, param_dtype
+from hybrid_jax.nn.layers import Embedding, Linear
+from hybrid_jax.registry import block_type
+from hybrid_jax.sharding import constrain, state_shardings
+
+
+class LanguageModel(nnx.Module):
+    """Embeddings → blocks (one per `config.layers` entry) → final RMSNorm → LM head.
+
+    `logits = model(tokens_BT)`; decoding: `cache = model.init_cache(batch, max_len)` then
+    `logits, cache = model.decode(tokens_BT, cache)` for a prefill of any length or one token.
+    Logits are float32.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = Embedding(config.vocab_size, config.d_model, rngs=rngs, std=config.init_std,
+                               dtype=compute_dtype(config), param_dtype=param_dtype(config))
+        self.blocks = nnx.List([
+            block_type(spec.type).build(config, config.block_options(i), layer_index=i, rngs=rngs)
+            for i, spec in enumerate(config.layers)
+        ])
+        self.final_norm = norm(config)
+        self.lm_head = (None if config.tie_embeddings else
+                        Linear(config.d_model, config.vocab_size, axes=("embed", "vocab"),
+                               **dense_kwargs(config, rngs)))
+
+    def _check_tokens(self, tokens_BT: jax.Array) -> None:
+        if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
+            raise ValueError(f"tokens must be an integer array [batch, time], got shape "
+                             f"{tuple(tokens_BT.shape)} dtype {tokens_BT.dtype}")
+
+    def _logits(self, x_BTD: jax.Array) -> jax.Array:
+        x = self.final_norm(x_BTD)
+        if self.lm_head is None:
+            logits = self.embed.attend(x)
+        else:
+            logits = self.lm_head(x).astype(jnp.float32)
+        return constrain(logits, ("batch", "seq", "vocab"))
+
+    def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        """Parallel forward pass: `[B, T]` tokens → `[B, T, vocab]` float32 logits.
+
+        `segment_ids_BT` marks packed documents (no mixing across them); `positions_BT`
+        (default `0..T−1`) restart at each document when packing.
+        """
+        self._check_tokens(tokens_BT)
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+        x = constrain(self.embed(tokens_BT), ("batch", "seq", "embed"))
+        for block in self.blocks:
+            if self.config.remat:
+                x = nnx.remat(lambda b, x: b(x, positions_BT=positions_BT,
+                                             segment_ids_BT=segment_ids_BT))(block, x)
+            else:
+                x = block(x, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
+        return self._logits(x)
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> LMCache:
+        """An empty decode state for `batch` sequences of up to `max_len` tokens."""
+        if batch < 1 or max_len < 1:
+            raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got batch={batch}, "
+                             f"max_len={max_len}")
+        dtype = compute_dtype(self.config) if dtype is None else jnp.dtype(dtype)
+        return LMCache(index=jnp.zeros((), jnp.int32),
+                       layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks))
+
+    def decode(self, tokens_BT: jax.Array, cache: LMCache) -> tuple[jax.Array, LMCache]:
+        """Consumes `tokens_BT` after what `cache` holds; returns their logits and the new cache."""
+        self._check_tokens(tokens_BT)
+        positions = cache.index + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+        positions_BT = jnp.broadcast_to(positions, tokens_BT.shape)
+        x = self.embed(tokens_BT)
+        layer_caches = []
+        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
+            x, layer_cache = block.decode(x, layer_cache, positions_BT=positions_BT)
+            layer_caches.append(layer_cache)
+        new_cache = LMCache(index=cache.index + tokens_BT.shape[1], layers=tuple(layer_caches))
+        return self._logits(x), new_cache
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def create_model(config: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None
+                 ) -> LanguageModel:
+    """Builds a `LanguageModel` in one compiled call, sharded over `mesh` when given.
+
+    Initialising inside `jit` avoids one compile per parameter, and with a mesh every parameter
+    is created directly in its sharding (from its `logical_axes`), never whole on one device.
+    """
+
+    def init() -> nnx.State:
+        return nnx.split(LanguageModel(config, rngs=nnx.Rngs(seed)))[1]
+
+    graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: LanguageModel(config,
+                                                                              rngs=nnx.Rngs(seed))))
+    out_shardings = None if mesh is None else state_shardings(abstract_state, mesh)
+    state = jax.jit(init, out_shardings=out_shardings)()
+    return nnx.merge(graphdef, state)

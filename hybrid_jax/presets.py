@@ -1,0 +1,62 @@
+"""Named model configurations. `names()` lists them; `get(name)` returns a `ModelConfig`.
+
+Tiny presets (name contains "tiny") train in minutes on a CPU; the others are the paper-scale
+shapes. Each block type adds at least one tiny preset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hybrid_jax.config import ModelConfig
+
+_PRESETS: dict[str, Callable[[], ModelConfig]] = {}
+_DESCRIPTIONS: dict[str, str] = {}
+
+
+def register(name: str, description: str = "") -> Callable:
+    """Decorator registering a zero-argument function that returns a ModelConfig."""
+
+    def decorate(fn: Callable[[], ModelConfig]) -> Callable[[], ModelConfig]:
+        if name in _PRESETS:
+            raise ValueError(f"preset {name!r} is already registered")
+        _PRESETS[name] = fn
+        _DESCRIPTIONS[name] = description or (fn.__doc__ or "").strip().splitlines()[0]
+        return fn
+
+    return decorate
+
+
+def names() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def describe(name: str) -> str:
+    get(name)
+    return _DESCRIPTIONS[name]
+
+
+def get(name: str) -> ModelConfig:
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available presets: {names()}")
+    return _PRESETS[name]()
+
+
+@register("transformer-125m")
+def transformer_125m() -> ModelConfig:
+    """GPT-2-small shape: 12 layers, d_model 768, 12 heads, tied embeddings (~124M params)."""
+    return ModelConfig(layers=("attention",) * 12, vocab_size=50304, d_model=768, num_heads=12,
+                       ffn_dim=2048)
+
+
+@register("transformer-tiny")
+def transformer_tiny() -> ModelConfig:
+    """2-layer, d_model 64 transformer on a byte vocabulary, for CPU runs and tests."""
+    return ModelConfig(layers=("attention",) * 2, vocab_size=256, d_model=64, num_heads=4)
+
+
+@register("swa-transformer-tiny")
+def swa_transformer_tiny() -> ModelConfig:
+    """transformer-tiny with 16-token sliding-window attention and grouped-query heads."""
+    return ModelConfig(layers=("attention",) * 2, vocab_size=256, d_model=64, num_heads=4,
+                       num_kv_heads=2, window=16)

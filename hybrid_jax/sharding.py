@@ -1,0 +1,125 @@
+"""Meshes and the one table that maps logical axis names to mesh axes.
+
+Every parameter carries `logical_axes` metadata (one name per dimension, e.g. `("embed",
+"mlp")`) and the main activations are constrained with `constrain(x, ("batch", "seq",
+"embed"))`. `LOGICAL_AXIS_RULES` maps names to mesh axes once; changing a parallelism strategy
+means changing that table (or passing another), never the model code.
+
+Mesh axes: `data` (pure data parallelism: parameters replicated), `fsdp` (data parallel with
+parameters and optimizer state sharded along `embed`), `tensor` (Megatron-style: heads and MLP
+hidden units split). A dimension that its mesh axis does not divide stays replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from hybrid_jax.config import MeshConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+MeshAxes = str | tuple[str, ...] | None
+
+LOGICAL_AXIS_RULES: Mapping[str, MeshAxes] = {
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "mlp": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "state": None,
+    "slots": None,
+    "conv": None,
+    "norm": None,
+    "layers": None,
+}
+
+
+def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def validate_rules(rules: Mapping[str, MeshAxes]) -> None:
+    for name, axes in rules.items():
+        for axis in _as_tuple(axes):
+            if axis not in MESH_AXES:
+                raise ValueError(f"logical axis rule {name!r} -> {axes!r}: mesh axis {axis!r} is "
+                                 f"not one of {MESH_AXES}")
+
+
+validate_rules(LOGICAL_AXIS_RULES)
+
+
+def make_mesh(config: MeshConfig | None = None, devices: Sequence | None = None) -> Mesh:
+    """A `(data, fsdp, tensor)` mesh over `devices` (default: all), sizes from `config`."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = (config or MeshConfig()).shape(len(devices))
+    used = int(np.prod(shape))
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices[:used])
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+    rules: Mapping[str, MeshAxes] = LOGICAL_AXIS_RULES,
+) -> PartitionSpec:
+    """PartitionSpec for named dimensions; with `shape` and `mesh`, indivisible dims replicate."""
+    spec, used = [], set()
+    for dim, name in enumerate(logical_axes):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in rules:
+            raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
+        axes = tuple(a for a in _as_tuple(rules[name]) if a not in used)
+        if mesh is not None:
+            axes = tuple(a for a in axes if mesh.shape[a] > 1)
+            if shape is not None and shape[dim] % int(np.prod([mesh.shape[a] for a in axes])):
+                axes = ()
+        used.update(axes)
+        spec.append(axes[0] if len(axes) == 1 else (axes or None))
+    return PartitionSpec(*spec)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """`with_sharding_constraint` by logical names under the current mesh; a no-op without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
+
+
+def variable_sharding(variable: nnx.Variable, mesh: Mesh) -> NamedSharding:
+    axes = variable.get_metadata().get("logical_axes")
+    value = variable.get_value()
+    if axes is None:
+        axes = (None,) * np.ndim(value)
+    if len(axes) != np.ndim(value):
+        raise ValueError(f"logical_axes {axes} do not match the shape {np.shape(value)} of a "
+                         f"{type(variable).__name__}")
+    return NamedSharding(mesh, logical_to_spec(axes, np.shape(value), mesh))
+
+
+def state_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
+    """The NamedSharding of every variable in an (abstract) NNX state, from its logical axes."""
+    return jax.tree.map(
+        lambda v: v.replace(variable_sharding(v, mesh)) if isinstance(v, nnx.Variable) else v,
+        state,
+        is_leaf=lambda v: isinstance(v, nnx.Variable),
+    )
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Sharding of a `[batch, ...]` input array: batch over the data-parallel axes."""
+    return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1)))

@@ -1,0 +1,103 @@
+"""LanguageModel: parallel logits equal prefill + token-by-token decode, for every tiny preset."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from hybrid_jax import presets
+from hybrid_jax.config import ModelConfig, layer
+from tests.helpers import assert_close
+
+
+def decode_logits(model, tokens, split, max_len):
+    """Prefill `tokens[:, :split]`, then feed the rest one token at a time (a scan), in one jit."""
+
+    @jax.jit
+    def run(state, tokens):
+        model_ = nnx.merge(graphdef, state)
+        cache = model_.init_cache(tokens.shape[0], max_len)
+        outs = []
+        if split:
+            logits, cache = model_.decode(tokens[:, :split], cache)
+            outs.append(logits)
+
+        def step(cache, token_B):
+            logits, cache = model_.decode(token_B[:, None], cache)
+            return cache, logits[:, 0]
+
+        _, stepped = jax.lax.scan(step, cache, tokens[:, split:].T)
+        return jnp.concatenate([*outs, stepped.transpose(1, 0, 2)], axis=1)
+
+    graphdef, state = nnx.split(model)
+    return run(state, tokens)
+
+
+def check_decode_matches(config: ModelConfig, T=12, splits=(0, 5), max_len=None, tol=1e-5):
+    model = hj.create_model(config, seed=1)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, T)),
+                         jnp.int32)
+    graphdef, state = nnx.split(model)
+    parallel = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, tokens)
+    for split in splits:
+        decoded = decode_logits(model, tokens, split, max_len or T)
+        assert_close(decoded, parallel, tol, f"{config.layers[0].type} split={split}")
+
+
+TINY = [name for name in presets.names() if "tiny" in name]
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_presets_decode_equals_parallel(name):
+    check_decode_matches(presets.get(name))
+
+
+def test_windowed_ring_buffer_wraps():
+    """Decoding far past the window: the ring buffer wraps and old keys drop out exactly."""
+    cfg = ModelConfig(layers=(layer("attention", window=3), "attention"), vocab_size=32,
+                      d_model=16, num_heads=2, num_kv_heads=1)
+    check_decode_matches(cfg, T=11, splits=(0, 2, 7))
+
+
+def test_cosine_partial_rope_untied():
+    cfg = ModelConfig(layers=(layer("attention", cosine=True), "attention"), vocab_size=32,
+                      d_model=16, num_heads=2, rope_fraction=0.5, tie_embeddings=False)
+    check_decode_matches(cfg, T=9, splits=(0, 4))
+
+
+def test_cache_longer_than_needed():
+    check_decode_matches(presets.get("transformer-tiny"), T=6, splits=(3,), max_len=40)
+
+
+def test_125m_preset_has_gpt2_small_size():
+    model = nnx.eval_shape(lambda: hj.LanguageModel(presets.get("transformer-125m"),
+                                                    rngs=nnx.Rngs(0)))
+    assert 120e6 < hj.count_params(model) < 130e6
+
+
+def test_bad_tokens_are_named():
+    model = hj.create_model(presets.get("transformer-tiny"))
+    with pytest.raises(ValueError, match=r"tokens must be an integer array \[batch, time\]"):
+        model(jnp.zeros((2, 3, 4), jnp.int32))
+    with pytest.raises(ValueError, match="integer array"):
+        model(jnp.zeros((2, 3), jnp.float32))
+    with pytest.raises(ValueError, match="init_cache needs batch >= 1"):
+        model.init_cache(0, 8)
+
+
+def test_segment_ids_isolate_documents():
+    """Logits of a packed second document equal those of the document alone."""
+    cfg = presets.get("transformer-tiny")
+    model = hj.create_model(cfg)
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 256, (1, 5)), rng.integers(0, 256, (1, 7))
+    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
+    seg = jnp.asarray([[0] * 5 + [1] * 7])
+    pos = jnp.asarray([list(range(5)) + list(range(7))])
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw))
+    out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
+    alone = forward(state, jnp.asarray(b, jnp.int32))
+    assert_close(out[:, 5:], alone, 1e-5)
