@@ -308,38 +308,53 @@ def replace_path(config: Any, path: str, value: Any) -> Any:
     `model.<option>` that is not a ModelConfig field sets that block option on every layer whose
     block type has it, e.g. `model.num_slots=16`.
     """
-    head, _, rest = path.partition(".")
+    return _replace_all(config, {path: value})
+
+
+def _replace_all(config: Any, changes: Mapping[str, Any]) -> Any:
+    # All changes to one dataclass are applied together, so validation sees the final values
+    # (e.g. data.seq_len=16 and data.num_kv_pairs=2 in either order).
     if not dataclasses.is_dataclass(config):
-        raise ValueError(f"cannot set {path!r}: {type(config).__name__} has no fields")
+        raise ValueError(f"cannot set {sorted(changes)}: {type(config).__name__} has no fields")
     names = [f.name for f in dataclasses.fields(config)]
-    if head not in names:
-        if isinstance(config, ModelConfig) and not rest:
-            return _set_layer_option(config, head, value)
-        raise ValueError(f"unknown config key {head!r} in {type(config).__name__}; "
-                         f"allowed: {names}")
-    current = getattr(config, head)
-    if rest:
-        new = replace_path(current, rest, value)
-    else:
-        new = parse_value(typing.get_type_hints(type(config))[head], value, head)
-    return dataclasses.replace(config, **{head: new})
+    hints = typing.get_type_hints(type(config))
+    direct: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    layer_options: dict[str, Any] = {}
+    for path, value in changes.items():
+        head, _, rest = path.partition(".")
+        if head not in names:
+            if isinstance(config, ModelConfig) and not rest:
+                layer_options[head] = value
+                continue
+            raise ValueError(f"unknown config key {head!r} in {type(config).__name__}; "
+                             f"allowed: {names}")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            direct[head] = parse_value(hints[head], value, head)
+    for head, sub in nested.items():
+        direct[head] = _replace_all(direct.get(head, getattr(config, head)), sub)
+    if layer_options:
+        direct["layers"] = _with_layer_options(direct.get("layers", config.layers), layer_options)
+    return dataclasses.replace(config, **direct)
 
 
-def _set_layer_option(config: ModelConfig, name: str, value: Any) -> ModelConfig:
-    layers, hit = [], False
-    for spec in config.layers:
-        options = block_type(spec.type).options
-        hints = typing.get_type_hints(options)
-        if name in hints:
-            hit = True
-            parsed = parse_value(hints[name], value, name)
-            spec = layer(spec.type, **{**dict(spec.options), name: parsed})
-        layers.append(spec)
-    if not hit:
-        allowed = sorted(_MODEL_FIELDS)
-        raise ValueError(f"unknown model key {name!r}: neither a ModelConfig field ({allowed}) "
-                         "nor an option of any of its layers")
-    return dataclasses.replace(config, layers=tuple(layers))
+def _with_layer_options(layers: Sequence[Any], options: Mapping[str, Any]) -> tuple:
+    """Sets each option on every layer whose block type has it; unknown names fail."""
+    layers = [LayerSpec.parse(spec) for spec in layers]
+    for name, value in options.items():
+        hit = False
+        for i, spec in enumerate(layers):
+            hints = typing.get_type_hints(block_type(spec.type).options)
+            if name in hints:
+                hit = True
+                layers[i] = layer(spec.type, **{**dict(spec.options),
+                                                name: parse_value(hints[name], value, name)})
+        if not hit:
+            raise ValueError(f"unknown model key {name!r}: neither a ModelConfig field "
+                             f"({sorted(_MODEL_FIELDS)}) nor an option of any of its layers")
+    return tuple(layers)
 
 
 def parse_value(hint: Any, value: Any, name: str = "value") -> Any:
@@ -390,10 +405,12 @@ def _parse_as(kind: Any, value: str) -> Any:
 
 
 def apply_overrides(config: Any, assignments: Sequence[str]) -> Any:
-    """Applies `key=value` strings in order."""
+    """Applies `key=value` strings (a later one wins over an earlier one for the same key)."""
+    changes: dict[str, str] = {}
     for assignment in assignments:
         path, sep, value = assignment.partition("=")
-        if not sep or not path:
+        if not sep or not path.strip():
             raise ValueError(f"override {assignment!r} must have the form key=value")
-        config = replace_path(config, path.strip(), value.strip())
-    return config
+        changes.pop(path.strip(), None)
+        changes[path.strip()] = value.strip()
+    return _replace_all(config, changes) if changes else config

@@ -95,7 +95,7 @@ def make_train_step(ts: TrainState) -> Callable:
         (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "accuracy": stats["correct"] / jnp.maximum(stats["count"], 1.0),
-                   "grad_norm": optax.global_norm(grads)}
+                   "grad_norm": optax.tree.norm(grads)}
         return nnx.state((model, optimizer)), metrics
 
     return jax.jit(step, donate_argnums=0, out_shardings=(ts.shardings, None))
