@@ -73,7 +73,7 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int | None = None  # None: num_heads (multi-head attention)
     head_dim: int | None = None  # None: d_model // num_heads
-    ffn_dim: int | None = None  # None: 8/3·d_model rounded up to a multiple of 32 (SwiGLU)
+    ffn_dim: int | None = None  # SwiGLU width; None: 8/3·d_model rounded up to 32; 0: no FFN
     window: int | None = None  # default attention window; None = full causal
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0
@@ -106,8 +106,8 @@ class ModelConfig:
             )
         if self.window is not None and self.window < 0:
             _fail(own, "window", self.window, "expected None (full causal) or an integer >= 0")
-        if self.ffn_dim is not None and self.ffn_dim < 1:
-            _fail(own, "ffn_dim", self.ffn_dim, "expected a positive integer or None")
+        if self.ffn_dim is not None and self.ffn_dim < 0:
+            _fail(own, "ffn_dim", self.ffn_dim, "expected an integer >= 0 (0: no FFN) or None")
         if not 0.0 <= self.rope_fraction <= 1.0:
             _fail(own, "rope_fraction", self.rope_fraction, "expected a value in [0, 1]")
         for name in ("dtype", "param_dtype"):

@@ -55,18 +55,21 @@ def norm(config: ModelConfig, dim: int | None = None) -> RMSNorm:
 
 
 class MixerBlock(nnx.Module):
-    """`x + mixer(norm(x))`, then `x + ffn(norm(x))`."""
+    """`x + mixer(norm(x))`, then `x + ffn(norm(x))` (no FFN sublayer when `ffn_dim == 0`)."""
 
     def __init__(self, config: ModelConfig, mixer: nnx.Module, *, rngs: nnx.Rngs):
         self.mixer_norm = norm(config)
         self.mixer = mixer
-        self.ffn_norm = norm(config)
-        self.ffn = SwiGLU(config.d_model, config.resolved_ffn_dim, rngs=rngs, std=config.init_std,
+        hidden = config.resolved_ffn_dim
+        self.ffn_norm = norm(config) if hidden else None
+        self.ffn = SwiGLU(config.d_model, hidden, rngs=rngs, std=config.init_std,
                           out_std=output_std(config), dtype=compute_dtype(config),
-                          param_dtype=param_dtype(config))
+                          param_dtype=param_dtype(config)) if hidden else None
 
     def _ffn(self, x: jax.Array) -> jax.Array:
-        return constrain(x + self.ffn(self.ffn_norm(x)), ("batch", "seq", "embed"))
+        if self.ffn is not None:
+            x = x + self.ffn(self.ffn_norm(x))
+        return constrain(x, ("batch", "seq", "embed"))
 
     def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
                  segment_ids_BT: jax.Array | None = None) -> jax.Array:
