@@ -1,0 +1,228 @@
+"""Diagonal state space (DSS-exp, Gupta et al. 2022), the sequence mixer of GSS (Mehta et al.
+2022).
+
+Each of H channels is a linear time-invariant SSM `x'(t) = Λ x(t) + 1·u(t)`, `y = Re(W x)`,
+with a complex diagonal `Λ` of N modes. Discretised with step `Δ = exp(log_dt)` (zero-order
+hold, B = 1 folded into the output weights), per channel h and mode n:
+
+    s_t = exp(λ_n Δ_h) · s_{t−1} + u_t                      (complex state, [B, H, N])
+    y_t = Re(Σ_n c_{h,n} s_{t,n}),  c_{h,n} = w_{h,n} (exp(λ_n Δ_h) − 1) / λ_n
+
+so y is the causal convolution of u with the DSS-exp kernel (Proposition 1(a) of DSS)
+`K_k = Re(Σ_n c_{h,n} exp(λ_n Δ_h k))`. `λ = −exp(lambda_log_neg_re) + i·lambda_im` keeps the
+real part negative, so the recurrence is stable. GSS's simplified DSS is the special case
+`log_dt = 0` with Λ shared across channels (its pseudocode also exponentiates the imaginary
+part, which callers can do before passing `lambda_im`). No D skip here: the module adds it.
+
+`dss_discretize` maps the raw (real) parameters to `(log_decay = λΔ, coeff = c)`, both complex
+`[H, N]`; `dss` runs the sequence form; `dss_step` one token. Rungs: "fft" (materialised
+kernel + FFT convolution, as in GSS), "xla" (`associative_scan` over the complex diagonal
+recurrence) and "reference" (per-token `lax.scan`). Math is complex64 (complex128 for float64
+inputs); y has u's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.ops.checks import check_dims, check_floating
+from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.scan import compute_dtype, linear_scan
+
+_OP = "dss"
+
+
+def _complex_dtype(*arrays: jax.Array | None) -> jnp.dtype:
+    return jnp.promote_types(compute_dtype(*arrays), jnp.complex64)
+
+
+def dss_discretize(
+    log_dt: jax.Array,
+    lambda_log_neg_re: jax.Array,
+    lambda_im: jax.Array,
+    w_re: jax.Array,
+    w_im: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The discrete DSS-exp parameters from the raw (trainable, real) ones.
+
+    Args:
+      log_dt: `[H]` log step size per channel.
+      lambda_log_neg_re: `[N]` (modes shared by all channels, as in DSS and GSS) or `[H, N]`:
+        `Re λ = −exp(lambda_log_neg_re)`.
+      lambda_im: same shape as `lambda_log_neg_re`: `Im λ`.
+      w_re, w_im: `[H, N]` real and imaginary parts of the output weights W.
+
+    Returns:
+      `(log_decay, coeff)`, complex `[H, N]`: `log_decay = λΔ` (the state decays by
+      `exp(log_decay)` per step) and `coeff = W (exp(λΔ) − 1) / λ`.
+    """
+    op = _OP + "_discretize"
+    sizes = check_dims(op, {}, log_dt=(log_dt, "H"), w_re=(w_re, "HN"), w_im=(w_im, "HN"))
+    layout = "N" if lambda_log_neg_re.ndim == 1 else "HN"
+    check_dims(op, sizes, lambda_log_neg_re=(lambda_log_neg_re, layout),
+               lambda_im=(lambda_im, layout))
+    check_floating(op, log_dt=log_dt, lambda_log_neg_re=lambda_log_neg_re, lambda_im=lambda_im,
+                   w_re=w_re, w_im=w_im)
+    dtype = _complex_dtype(log_dt, lambda_log_neg_re, lambda_im, w_re, w_im)
+    lam = jax.lax.complex(-jnp.exp(lambda_log_neg_re), lambda_im).astype(dtype)
+    log_decay = jnp.exp(log_dt)[:, None].astype(dtype) * lam
+    w = jax.lax.complex(w_re, w_im).astype(dtype)
+    return log_decay, w * jnp.expm1(log_decay) / lam
+
+
+def dss(
+    u: jax.Array,
+    log_decay: jax.Array,
+    coeff: jax.Array,
+    *,
+    initial_state: jax.Array | None = None,
+    return_final_state: bool = False,
+    implementation: str | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """The diagonal SSM over a sequence (see the module docstring for the equations).
+
+    Args:
+      u: `[B, T, H]` real inputs (channels last).
+      log_decay: `[H, N]` complex `λΔ` from `dss_discretize` (negative real part).
+      coeff: `[H, N]` complex output coefficients from `dss_discretize`.
+      initial_state: `[B, H, N]` complex state before the first token; None for zeros.
+      return_final_state: also return the state after the last token.
+      implementation: "fft", "xla", "reference" or None (auto: "fft").
+
+    Returns:
+      y `[B, T, H]` in u's dtype; with `return_final_state`, `(y, final_state)` where
+      final_state is `[B, H, N]` complex64 (complex128 for float64 inputs).
+    """
+    _check(u, log_decay, coeff, initial_state)
+    y, final_state = dispatch(_OP, _RUNGS, implementation, u, log_decay, coeff,
+                              initial_state=initial_state,
+                              return_final_state=return_final_state)
+    return (y, final_state) if return_final_state else y
+
+
+def _check_complex(op: str, **arrays: jax.Array | None) -> None:
+    for name, x in arrays.items():
+        if x is not None and not jnp.issubdtype(x.dtype, jnp.complexfloating):
+            raise ValueError(f"{op}: {name} must be a complex array (from dss_discretize), "
+                             f"got dtype {x.dtype}")
+
+
+def _check(u, log_decay, coeff, initial_state) -> None:
+    sizes = check_dims(_OP, {}, u=(u, "BTH"), log_decay=(log_decay, "HN"), coeff=(coeff, "HN"))
+    check_floating(_OP, u=u)
+    _check_complex(_OP, log_decay=log_decay, coeff=coeff, initial_state=initial_state)
+    if sizes["T"] < 1:
+        raise ValueError(f"{_OP}: u needs at least one time step, got shape {tuple(u.shape)}")
+    if initial_state is not None:
+        check_dims(_OP, sizes, initial_state=(initial_state, "BHN"))
+
+
+def dss_step(
+    state: jax.Array, u: jax.Array, log_decay: jax.Array, coeff: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """One token (decoding): state `[B, H, N]` complex, u `[B, H]` -> (y `[B, H]`, new state)."""
+    op = _OP + "_step"
+    check_dims(op, {}, state=(state, "BHN"), u=(u, "BH"), log_decay=(log_decay, "HN"),
+               coeff=(coeff, "HN"))
+    check_floating(op, u=u)
+    _check_complex(op, state=state, log_decay=log_decay, coeff=coeff)
+    dtype = _complex_dtype(state, u, log_decay, coeff)
+    state = jnp.exp(log_decay.astype(dtype)) * state.astype(dtype) + u.astype(dtype)[..., None]
+    y = jnp.einsum("bhn,hn->bh", state, coeff.astype(dtype)).real
+    return y.astype(u.dtype), state
+
+
+def dss_reference(u, log_decay, coeff, *, initial_state, return_final_state):
+    """The definition: `dss_step` token by token with `lax.scan`."""
+    del return_final_state
+    dtype = _complex_dtype(u, log_decay, coeff, initial_state)
+    if initial_state is None:
+        initial_state = jnp.zeros((u.shape[0], u.shape[2], log_decay.shape[-1]), dtype)
+
+    def step(state, u_t):
+        y_t, state = dss_step(state, u_t, log_decay, coeff)
+        return state, y_t
+
+    final_state, y = jax.lax.scan(step, initial_state.astype(dtype), jnp.moveaxis(u, 1, 0))
+    return jnp.moveaxis(y, 0, 1), final_state
+
+
+def dss_xla(u, log_decay, coeff, *, initial_state, return_final_state):
+    """All states by `associative_scan` (memory O(B·T·H·N) complex)."""
+    del return_final_state
+    dtype = _complex_dtype(u, log_decay, coeff, initial_state)
+    states = linear_scan(jnp.exp(log_decay.astype(dtype)),
+                         jnp.broadcast_to(u.astype(dtype)[..., None], u.shape + coeff.shape[-1:]),
+                         initial_state, axis=1)  # [b,t,h,n]
+    y = jnp.einsum("bthn,hn->bth", states, coeff.astype(dtype)).real
+    return y.astype(u.dtype), states[:, -1]
+
+
+def _split_powers(log_decay: jax.Array, length: int) -> tuple[jax.Array, jax.Array, int]:
+    """Powers `exp(λΔ·k)`, k < length, as two small tables: `k = M·q + r`.
+
+    Returns `(high [Q, H, N] = exp(λΔ·M·q), low [M, H, N] = exp(λΔ·r), M)` with `M·Q >= length`,
+    M ≈ √length. Kernel, initial-state and final-state sums then become small complex matmuls
+    over the modes instead of O(T·H·N) complex exponentials and a `[T, H, N]` temporary.
+    """
+    low_size = max(1, math.isqrt(length - 1) + 1)
+    high_size = -(-length // low_size)
+    real = jnp.finfo(log_decay.dtype).dtype
+    low = jnp.exp(jnp.arange(low_size, dtype=real)[:, None, None] * log_decay)
+    high = jnp.exp(jnp.arange(high_size, dtype=real)[:, None, None] * (low_size * log_decay))
+    return high, low, low_size
+
+
+def _power_sum(log_decay: jax.Array, weights: jax.Array, length: int) -> jax.Array:
+    """`Σ_n weights_{…,h,n} exp(λ_{h,n}Δ·k)` for k < length: `weights [..., H, N] -> [length,
+    ..., H]` (complex)."""
+    high, low, low_size = _split_powers(log_decay, length)
+    summed = jnp.einsum("qhn,...hn,rhn->qr...h", high, weights, low)
+    return summed.reshape((-1,) + summed.shape[2:])[:length]
+
+
+def dss_kernel(log_decay: jax.Array, coeff: jax.Array, length: int) -> jax.Array:
+    """The convolution kernel `K_k = Re(Σ_n coeff_n exp(λ_n Δ k))`, k < length: `[length, H]`."""
+    return _power_sum(log_decay, coeff, length).real
+
+
+def dss_fft(u, log_decay, coeff, *, initial_state, return_final_state):
+    """Causal convolution with the materialised kernel via real FFTs of length ≥ 2T − 1.
+
+    The initial state adds `Re(Σ_n c_n exp(λΔ)^{t+1} s_n)`; the final state is
+    `exp(λΔ)^T s + Σ_j exp(λΔ)^{T−1−j} u_j`.
+    """
+    T = u.shape[1]
+    dtype = _complex_dtype(u, log_decay, coeff, initial_state)
+    real_dtype = jnp.finfo(dtype).dtype
+    log_decay, coeff = log_decay.astype(dtype), coeff.astype(dtype)
+    kernel = dss_kernel(log_decay, coeff, T)  # [t,h]
+    u_real = u.astype(real_dtype)
+    n_fft = 1 << (2 * T - 1).bit_length()  # a power of two >= 2T − 1: no circular wrap-around
+    y = jnp.fft.irfft(jnp.fft.rfft(u_real, n_fft, axis=1) * jnp.fft.rfft(kernel, n_fft, axis=0),
+                      n_fft, axis=1)[:, :T]
+    decay = jnp.exp(log_decay)
+    if initial_state is not None:
+        state = initial_state.astype(dtype)
+        y = y + jnp.moveaxis(_power_sum(log_decay, coeff * decay * state, T).real, 0, 1)
+    final_state = None
+    if return_final_state:
+        high, low, low_size = _split_powers(log_decay, T)
+        pad = high.shape[0] * low_size - T
+        # u reversed in time and padded at the end: u_rev[k] = u_{T−1−k}, k = M·q + r.
+        u_rev = jnp.pad(u_real[:, ::-1], ((0, 0), (0, pad), (0, 0))).astype(dtype)
+        u_rev = u_rev.reshape(u.shape[0], high.shape[0], low_size, u.shape[2])
+        final_state = jnp.einsum("qhn,bqrh,rhn->bhn", high, u_rev, low)
+        if initial_state is not None:
+            final_state = final_state + jnp.exp(T * log_decay) * state
+    return y.astype(u.dtype), final_state
+
+
+_RUNGS = (
+    Rung("fft", dss_fft),
+    Rung("xla", dss_xla),
+    Rung("reference", dss_reference, auto=False),
+)

@@ -1,0 +1,151 @@
+"""Linear-recurrence helpers shared by the recurrent ops (SSD, DSS, gated delta rule, GSA).
+
+Two kinds of state:
+
+* Vector / diagonal state, `h_t = a_t * h_{t−1} + b_t` elementwise (real or complex):
+  `linear_scan` runs it over every step with `jax.lax.associative_scan` (log-depth, O(T·d)
+  memory, which is the size of its output anyway).
+* Matrix-valued state (d_k × d_v per head): never stored per token. The chunked forms compute
+  one state increment per chunk and `chunk_scan` / `chunk_state_scan` carry the state from
+  chunk to chunk with `lax.scan`, keeping only the state entering each chunk (O(T/C·d_k·d_v)).
+
+Inside a chunk, `causal_decay_matrix` gives the decay between every pair of steps from the
+cumulative log decay, masked before `exp` so no `inf·0` reaches values or gradients.
+`to_chunks` pads time with zeros (decay exp(0) = 1, no input: padding leaves states unchanged
+when the op builds its log decay and inputs from the padded arrays) and folds it into chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def compute_dtype(*arrays: jax.Array | None) -> jnp.dtype:
+    """The real dtype of recurrent math: float32, or float64 when an input is float64."""
+    real_dtypes = [jnp.finfo(x.dtype).dtype for x in arrays if x is not None]
+    return jnp.promote_types(jnp.result_type(*real_dtypes), jnp.float32)
+
+
+def linear_scan(
+    a: jax.Array, b: jax.Array, initial_state: jax.Array | None = None, *, axis: int = 1
+) -> jax.Array:
+    """All states of `h_t = a_t * h_{t−1} + b_t` (elementwise) along `axis`.
+
+    Args:
+      a: decays, broadcastable to `b.shape` (e.g. constant over time), real or complex.
+      b: inputs, e.g. `[B, T, H, N]` with `axis=1`.
+      initial_state: `h_{−1}`, `b.shape` without `axis` (e.g. `[B, H, N]`); None for zeros.
+      axis: the time axis.
+
+    Returns:
+      `h` with the shape of `b` (dtype of `a·b`); the final state is `h` at the last index
+      of `axis`.
+    """
+    axis = axis % b.ndim
+    dtype = jnp.result_type(a, b)
+    a = jnp.broadcast_to(a, b.shape).astype(dtype)
+    b = b.astype(dtype)
+    if initial_state is not None:
+        first = jax.lax.index_in_dim(b, 0, axis) + jax.lax.index_in_dim(a, 0, axis) * (
+            jnp.expand_dims(initial_state, axis))
+        b = jax.lax.dynamic_update_index_in_dim(b, first.astype(dtype), 0, axis)
+
+    def combine(earlier, later):
+        a_e, b_e = earlier
+        a_l, b_l = later
+        return a_l * a_e, a_l * b_e + b_l
+
+    return jax.lax.associative_scan(combine, (a, b), axis=axis)[1]
+
+
+def chunk_scan(
+    update: Callable[[Any, Any], Any], initial_state: Any, inputs: Any, *, axis: int = 1
+) -> tuple[Any, Any]:
+    """Carries a state across chunks: `state_{c+1} = update(state_c, inputs_c)`.
+
+    For chunked forms whose chunk-to-chunk transition is not elementwise (e.g. the gated delta
+    rule, `S ← γ S + K̃ᵀ(U − W S)`); `chunk_state_scan` covers elementwise decays.
+
+    Args:
+      update: `(state, inputs_c) -> next state`, where `inputs_c` is `inputs` with the chunk
+        axis removed. The state keeps its shape and dtype.
+      initial_state: the state entering chunk 0 (a pytree of arrays, e.g. `[B, H, K, V]`).
+      inputs: a pytree of arrays with the chunk axis at `axis` (e.g. `[B, NC, H, K, V]`).
+      axis: the chunk axis of every input leaf and of the returned entering states.
+
+    Returns:
+      `(entering, final)`: the state entering each chunk, stacked at `axis` (e.g.
+      `[B, NC, H, K, V]`), and the state after the last chunk.
+    """
+    to_front = jax.tree.map(lambda x: jnp.moveaxis(x, axis, 0), inputs)
+
+    def step(state, inputs_c):
+        return update(state, inputs_c), state
+
+    final, entering = jax.lax.scan(step, initial_state, to_front)
+    return jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), entering), final
+
+
+def chunk_state_scan(
+    decay: jax.Array,
+    increment: jax.Array,
+    initial_state: jax.Array | None = None,
+    *,
+    axis: int = 1,
+) -> tuple[jax.Array, jax.Array]:
+    """`S_{c+1} = decay_c * S_c + increment_c` over chunks, for matrix-valued states.
+
+    Args:
+      decay: the decay across a whole chunk, of the rank of `increment` with the same chunk
+        axis, other axes broadcastable (size 1): a scalar per head `[B, NC, H, 1, 1]`, a
+        per-row `[B, NC, H, K, 1]` or a per-column `[B, NC, H, 1, V]` factor.
+      increment: the contribution of each chunk's own tokens to the state at its end,
+        `[B, NC, H, K, V]` (chunk axis at `axis`).
+      initial_state: `[B, H, K, V]` (increment without the chunk axis); None for zeros.
+      axis: the chunk axis.
+
+    Returns:
+      `(entering, final)`: the state entering each chunk `[B, NC, H, K, V]` and the final state
+      `[B, H, K, V]`, in the dtype of `increment`.
+    """
+    axis = axis % increment.ndim
+    if initial_state is None:
+        initial_state = jnp.zeros(increment.shape[:axis] + increment.shape[axis + 1:],
+                                  increment.dtype)
+    return chunk_scan(
+        lambda state, di: (di[0] * state + di[1]).astype(increment.dtype),
+        initial_state.astype(increment.dtype),
+        (decay, increment),
+        axis=axis,
+    )
+
+
+def causal_decay_matrix(cum_log_decay: jax.Array) -> jax.Array:
+    """`exp(c_t − c_s)` for `s ≤ t`, else 0, over the last axis of `cum_log_decay` `[..., L]`.
+
+    `c` is the within-chunk cumulative sum of log decays, so the entry is the product of the
+    decays of steps s+1..t. Returns `[..., L(t), L(s)]`. The mask goes in before `exp`: the
+    upper triangle would be `exp(positive)` and could overflow.
+    """
+    length = cum_log_decay.shape[-1]
+    diff = cum_log_decay[..., :, None] - cum_log_decay[..., None, :]
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    return jnp.exp(jnp.where(causal, diff, -jnp.inf))
+
+
+def to_chunks(x: jax.Array, chunk_size: int, *, axis: int = 1) -> jax.Array:
+    """Zero-pads `axis` to a multiple of `chunk_size` and splits it into `[NC, chunk_size]`.
+
+    E.g. `[B, T, H, D] -> [B, NC, C, H, D]` with `axis=1`.
+    """
+    axis = axis % x.ndim
+    length = x.shape[axis]
+    num_chunks = -(-length // chunk_size)
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, num_chunks * chunk_size - length)
+    x = jnp.pad(x, pad)
+    return x.reshape(x.shape[:axis] + (num_chunks, chunk_size) + x.shape[axis + 1:])

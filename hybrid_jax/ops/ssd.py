@@ -1,0 +1,167 @@
+"""Mamba-2's state-space duality (SSD) recurrence: scalar decay per head, matrix state.
+
+Per head h (using B/C group g = h // (H/G)), with state `S_t` of shape `[P, N]`:
+
+    S_t = exp(dt_t·A_h) · S_{t−1} + dt_t · x_t B_tᵀ
+    y_t = S_t C_t
+
+(no D skip; the module adds it). Rungs: "reference" (per-token `lax.scan`, the definition) and
+"xla" (the chunked four-step SSD algorithm of Dao & Gu 2024); `ssd_step` is the decode step.
+Decays, cumulative sums and states are float32 (float64 stays float64); y has x's dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
+from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.scan import causal_decay_matrix, chunk_state_scan, compute_dtype, to_chunks
+
+_OP = "ssd"
+
+
+def ssd(
+    x: jax.Array,
+    dt: jax.Array,
+    A: jax.Array,
+    B: jax.Array,
+    C: jax.Array,
+    *,
+    chunk_size: int = 64,
+    initial_state: jax.Array | None = None,
+    return_final_state: bool = False,
+    implementation: str | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """The SSD recurrence over a sequence.
+
+    Args:
+      x: `[B, T, H, P]` inputs.
+      dt: `[B, T, H]` positive step sizes (after softplus and bias).
+      A: `[H]` negative decay rates (`−exp(A_log)`).
+      B: `[B, T, G, N]` input projections; G divides H, head h reads group h // (H/G).
+      C: `[B, T, G, N]` output projections.
+      chunk_size: chunk length of the "xla" rung (T need not be a multiple).
+      initial_state: `[B, H, P, N]` state before the first token; None for zeros.
+      return_final_state: also return the state after the last token.
+      implementation: "reference", "xla" or None (auto: "xla").
+
+    Returns:
+      y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where
+      final_state is `[B, H, P, N]` float32 (float64 for float64 inputs).
+    """
+    _check(x, dt, A, B, C, chunk_size, initial_state)
+    y, final_state = dispatch(_OP, _RUNGS, implementation, x, dt, A, B, C,
+                              chunk_size=chunk_size, initial_state=initial_state)
+    return (y, final_state) if return_final_state else y
+
+
+def _check(x, dt, A, B, C, chunk_size, initial_state) -> None:
+    sizes = check_dims(_OP, {}, x=(x, "BTHP"), dt=(dt, "BTH"), A=(A, "H"), B=(B, "BTGN"),
+                       C=(C, "BTGN"))
+    check_floating(_OP, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    check_divides(_OP, "num_groups (axis 2 of B and C) must divide num_heads (axis 2 of x)",
+                  sizes["G"], sizes["H"])
+    if sizes["T"] < 1:
+        raise ValueError(f"{_OP}: x needs at least one time step, got shape {tuple(x.shape)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{_OP}: chunk_size must be a positive int, got {chunk_size!r}")
+    if initial_state is not None:
+        check_dims(_OP, sizes, initial_state=(initial_state, "BHPN"))
+
+
+def _by_group(a: jax.Array, num_groups: int, axis: int) -> jax.Array:
+    """Splits the head axis H into [G, H/G] (head h -> group h // (H/G))."""
+    shape = a.shape
+    return a.reshape(shape[:axis] + (num_groups, shape[axis] // num_groups) + shape[axis + 1:])
+
+
+def ssd_step(
+    state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """One token of the recurrence (decoding).
+
+    Args:
+      state: `[B, H, P, N]` state before the token.
+      x: `[B, H, P]`; dt: `[B, H]`; A: `[H]`; B, C: `[B, G, N]`.
+
+    Returns:
+      `(y [B, H, P] in x's dtype, new state [B, H, P, N] float32/float64)`.
+    """
+    sizes = check_dims(_OP + "_step", {}, state=(state, "BHPN"), x=(x, "BHP"), dt=(dt, "BH"),
+                       A=(A, "H"), B=(B, "BGN"), C=(C, "BGN"))
+    check_floating(_OP + "_step", state=state, x=x, dt=dt, A=A, B=B, C=C)
+    check_divides(_OP + "_step", "num_groups must divide num_heads", sizes["G"], sizes["H"])
+    dtype = compute_dtype(state, x, dt, A, B, C)
+    G = sizes["G"]
+    x_g, dt_g = (_by_group(a.astype(dtype), G, 1) for a in (x, dt))  # [b,g,r,p], [b,g,r]
+    decay = jnp.exp(dt_g * _by_group(A.astype(dtype), G, 0))
+    B, C = B.astype(dtype), C.astype(dtype)
+    state_g = _by_group(state.astype(dtype), G, 1)  # [b,g,r,p,n]
+    state_g = (decay[..., None, None] * state_g
+               + jnp.einsum("bgrp,bgn->bgrpn", x_g * dt_g[..., None], B))
+    y = jnp.einsum("bgrpn,bgn->bgrp", state_g, C)
+    return y.reshape(x.shape).astype(x.dtype), state_g.reshape(state.shape)
+
+
+def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state):
+    """The definition: `ssd_step` token by token with `lax.scan`."""
+    del chunk_size
+    batch, _, H, P = x.shape
+    dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    if initial_state is None:
+        initial_state = jnp.zeros((batch, H, P, B.shape[-1]), dtype)
+
+    def step(state, token):
+        y, state = ssd_step(state, *token[:2], A, *token[2:])
+        return state, y
+
+    tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (x, dt, B, C))
+    final_state, y = jax.lax.scan(step, initial_state.astype(dtype), tokens)
+    return jnp.moveaxis(y, 0, 1), final_state
+
+
+def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state):
+    """Chunked SSD: quadratic attention-like form inside chunks, a state scan across chunks.
+
+    Memory: O(T·H·(P + L)) for the within-chunk blocks plus O(T/L·H·P·N) chunk states; the
+    state is never formed per token.
+    """
+    batch, T, H, P = x.shape
+    G, N = B.shape[2:]
+    dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    L = min(chunk_size, T)
+    # Zero padding: dt = 0 gives decay exp(0) = 1 and input dt·x = 0, so padded steps keep the
+    # state unchanged and their outputs are sliced off.
+    x_c = _by_group(to_chunks(x.astype(dtype), L), G, 3)  # [b,c,l,g,r,p]
+    dt_c = _by_group(to_chunks(dt.astype(dtype), L), G, 3)  # [b,c,l,g,r]
+    B_c, C_c = (to_chunks(a.astype(dtype), L) for a in (B, C))  # [b,c,l,g,n]
+    cum_log_decay = jnp.cumsum(dt_c * _by_group(A.astype(dtype), G, 0), axis=2)
+    x_dt = x_c * dt_c[..., None]
+
+    # 1. Within chunks: y_t = Σ_{s≤t} (C_t·B_s) exp(cum_t − cum_s) dt_s x_s.
+    decay_ts = causal_decay_matrix(jnp.moveaxis(cum_log_decay, 2, -1))  # [b,c,g,r,t,s]
+    scores = jnp.einsum("bctgn,bcsgn->bcgts", C_c, B_c)
+    y_diag = jnp.einsum("bcgrts,bcsgrp->bctgrp", scores[:, :, :, None] * decay_ts, x_dt)
+
+    # 2. Each chunk's own contribution to the state at its end.
+    decay_to_end = jnp.exp(cum_log_decay[:, :, -1:] - cum_log_decay)  # [b,c,l,g,r]
+    increments = jnp.einsum("bcsgrp,bcsgr,bcsgn->bcgrpn", x_dt, decay_to_end, B_c)
+
+    # 3. Carry the state across chunks: the state entering each chunk.
+    chunk_decay = jnp.exp(cum_log_decay[:, :, -1])[..., None, None]  # [b,c,g,r,1,1]
+    init = None if initial_state is None else _by_group(initial_state.astype(dtype), G, 1)
+    entering, final_state = chunk_state_scan(chunk_decay, increments, init, axis=1)
+
+    # 4. The entering state, decayed to each step, read out by C_t.
+    y_off = jnp.einsum("bctgn,bcgrpn,bctgr->bctgrp", C_c, entering, jnp.exp(cum_log_decay))
+
+    y = (y_diag + y_off).reshape(batch, -1, H, P)[:, :T]
+    return y.astype(x.dtype), final_state.reshape(batch, H, P, N)
+
+
+_RUNGS = (
+    Rung("xla", ssd_xla),
+    Rung("reference", ssd_reference, auto=False),
+)

@@ -1,0 +1,224 @@
+"""dss / dss_step / dss_discretize against independent float64 numpy definitions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.ops.dss import dss, dss_discretize, dss_kernel, dss_step
+from tests.helpers import assert_close as assert_close_real
+from tests.helpers import normals
+
+H, N = 3, 4
+
+
+def assert_close(actual, expected, tol, what=""):
+    """`tests.helpers.assert_close` on complex leaves split into (real, imag) parts."""
+    split = lambda tree: jax.tree.map(lambda a: np.stack([np.real(a), np.imag(a)]), tree)
+    assert_close_real(split(actual), split(expected), tol, what)
+
+
+def numpy_discretize(log_dt, lambda_log_neg_re, lambda_im, w_re, w_im):
+    lam = -np.exp(np.asarray(lambda_log_neg_re, np.float64)) + 1j * np.asarray(lambda_im)
+    lam_dt = lam * np.exp(np.asarray(log_dt, np.float64))[:, None]  # [H, N]
+    w = np.asarray(w_re, np.float64) + 1j * np.asarray(w_im)
+    return lam, lam_dt, w
+
+
+def numpy_dss(u, raw, initial_state=None):
+    """s_t = exp(λΔ) s_{t−1} + u_t, y_t = Re(Σ_n W (exp(λΔ) − 1)/λ · s_t), per token (float64)."""
+    lam, lam_dt, w = numpy_discretize(*raw)
+    coeff = w * (np.exp(lam_dt) - 1) / lam
+    u = np.asarray(u, np.float64)
+    batch, T, num_channels = u.shape
+    state = (np.zeros((batch, num_channels, lam_dt.shape[-1]), complex) if initial_state is None
+             else np.array(initial_state, complex))
+    y = np.zeros_like(u)
+    for t in range(T):
+        state = np.exp(lam_dt) * state + u[:, t, :, None]
+        y[:, t] = np.sum(coeff * state, axis=-1).real
+    return y, state
+
+
+def _raw(seed, lambda_shape=(N,), dtype=jnp.float64):
+    log_dt, lre, lim, w_re, w_im = normals(seed, (H,), lambda_shape, lambda_shape, (H, N), (H, N),
+                                           dtype=dtype)
+    return (0.5 * log_dt - 1.0, 0.5 * lre - 0.7, 3.0 * lim, w_re, w_im)
+
+
+def _inputs(T, batch=2, seed=0, dtype=jnp.float64):
+    u, s_re, s_im = normals(seed, (batch, T, H), (batch, H, N), (batch, H, N), dtype=dtype)
+    return u, _raw(seed + 100, dtype=dtype), jax.lax.complex(s_re, s_im)
+
+
+@pytest.mark.parametrize("T", [1, 7, 64, 100, 257])
+def test_rungs_match_numpy(x64, T):
+    u, raw, s0 = _inputs(T)
+
+    @jax.jit
+    def run(u, raw, s0):
+        params = dss_discretize(*raw)
+        out = {impl: dss(u, *params, initial_state=s0, return_final_state=True,
+                         implementation=impl) for impl in ("reference", "xla", "fft")}
+        for impl in ("xla", "fft"):
+            out[impl + "_zero"] = dss(u, *params, return_final_state=True, implementation=impl)
+        out["auto"] = (dss(u, *params, initial_state=s0), out["fft"][1])
+        return out
+
+    out = run(u, raw, s0)
+    expected, expected_zero = numpy_dss(u, raw, s0), numpy_dss(u, raw)
+    for name, (y, final) in out.items():
+        assert y.dtype == jnp.float64 and final.dtype == jnp.complex128
+        assert_close((y, final), expected_zero if name.endswith("zero") else expected, 1e-12,
+                     f"T={T} {name}")
+
+
+def test_per_channel_modes_and_kernel_formula(x64):
+    """Λ per channel `[H, N]`; the kernel is DSS-exp's `Re(W Λ⁻¹(e^{ΛΔ} − 1) e^{λ k Δ})`, and
+    the recurrence equals the causal convolution with it."""
+    T = 33
+    u, _, _ = _inputs(T, seed=5)
+    raw = _raw(6, lambda_shape=(H, N))
+
+    @jax.jit
+    def run(u, raw):
+        params = dss_discretize(*raw)
+        return dss_kernel(*params, T), {impl: dss(u, *params, implementation=impl)
+                                        for impl in ("reference", "xla", "fft")}
+
+    kernel, out = run(u, raw)
+    lam, lam_dt, w = numpy_discretize(*raw)
+    k = np.arange(T)
+    expected = np.stack([
+        (w[h] / lam[h] * (np.exp(lam_dt[h]) - 1) @ np.exp(lam_dt[h][:, None] * k)).real
+        for h in range(H)
+    ], axis=1)
+    assert_close(kernel, expected, 1e-12, "kernel")
+
+    conv = np.array([[np.convolve(np.asarray(u)[b, :, h], expected[:, h])[:T] for h in range(H)]
+                     for b in range(u.shape[0])]).transpose(0, 2, 1)
+    assert_close(numpy_dss(u, raw)[0], conv, 1e-12, "numpy recurrence vs convolution")
+    for impl, y in out.items():
+        assert_close(y, conv, 1e-12, impl)
+
+
+def _loss(impl):
+    """A scalar of every output and the final state, as a function of raw (real) inputs."""
+
+    def loss(u, raw, s_re, s_im):
+        y, final = dss(u, *dss_discretize(*raw), initial_state=jax.lax.complex(s_re, s_im),
+                       return_final_state=True, implementation=impl)
+        return (jnp.sum(jnp.sin(y) * jnp.cos(y[:, ::-1])) + 0.3 * jnp.sum(jnp.abs(final) ** 2)
+                + jnp.sum(0.7 * final.real - 0.2 * final.imag))
+
+    return loss
+
+
+def test_gradients_match_reference(x64):
+    u, raw, s0 = _inputs(100, seed=7)
+    inputs = (u, raw, s0.real, s0.imag)
+    grads = jax.jit(lambda *a: {impl: jax.grad(_loss(impl), (0, 1, 2, 3))(*a)
+                                for impl in ("reference", "xla", "fft")})(*inputs)
+    for impl in ("xla", "fft"):
+        assert_close(grads[impl], grads["reference"], 1e-10, f"{impl} grads")
+
+
+def test_reference_gradients_match_numpy_finite_differences(x64):
+    """Directional derivatives of the numpy definition vs autodiff of the reference rung."""
+    u, raw, s0 = _inputs(23, seed=8)
+    flat = (u, *raw, s0.real, s0.imag)
+    loss = _loss("reference")
+    grads = jax.jit(jax.grad(lambda u, *r: loss(u, r[:5], *r[5:]), tuple(range(8))))(*flat)
+
+    def numpy_loss(u, *rest):
+        y, final = numpy_dss(u, rest[:5], rest[5] + 1j * rest[6])
+        return (np.sum(np.sin(y) * np.cos(y[:, ::-1])) + 0.3 * np.sum(np.abs(final) ** 2)
+                + np.sum(0.7 * final.real - 0.2 * final.imag))
+
+    directions = normals(9, *[a.shape for a in flat])
+    eps = 1e-6
+    for i, (grad, direction) in enumerate(zip(grads, directions, strict=True)):
+        plus = [np.asarray(a) for a in flat]
+        minus = [np.asarray(a) for a in flat]
+        plus[i] = plus[i] + eps * np.asarray(direction)
+        minus[i] = minus[i] - eps * np.asarray(direction)
+        numeric = (numpy_loss(*plus) - numpy_loss(*minus)) / (2 * eps)
+        analytic = float(jnp.sum(grad * direction))
+        assert abs(numeric - analytic) < 1e-6 * max(1.0, abs(analytic)), f"input {i}"
+
+
+def test_chaining_and_token_steps_equal_full_sequence(x64):
+    u, raw, s0 = _inputs(40, seed=10)
+    params = dss_discretize(*raw)
+    run = jax.jit(lambda u, s, impl: dss(u, *params, initial_state=s, return_final_state=True,
+                                         implementation=impl), static_argnums=2)
+    y_full, final_full = run(u, s0, "fft")
+    y_head, state = run(u[:, :17], s0, "fft")
+    y_tail, final = run(u[:, 17:], state, "xla")
+    assert_close((jnp.concatenate([y_head, y_tail], axis=1), final), (y_full, final_full), 1e-12)
+
+    step = jax.jit(dss_step)
+    state, ys = s0, []
+    for t in range(u.shape[1]):
+        y_t, state = step(state, u[:, t], *params)
+        ys.append(y_t)
+    assert_close((jnp.stack(ys, axis=1), state), (y_full, final_full), 1e-12, "steps")
+
+
+def test_float32_accuracy_and_bfloat16_dtypes():
+    u, raw, s0 = _inputs(257, seed=11, dtype=jnp.float32)
+    expected = numpy_dss(u, raw, s0)
+
+    @jax.jit
+    def run(u, raw, s0):
+        params = dss_discretize(*raw)
+        out = {impl: dss(u, *params, initial_state=s0, return_final_state=True,
+                         implementation=impl) for impl in ("reference", "xla", "fft")}
+        out["bf16"] = dss(u.astype(jnp.bfloat16), *params, initial_state=s0,
+                          return_final_state=True)
+        return out
+
+    out = run(u, raw, s0)
+    for impl in ("reference", "xla", "fft"):
+        assert out[impl][0].dtype == jnp.float32 and out[impl][1].dtype == jnp.complex64
+        assert_close(out[impl], expected, 1e-5, impl)
+    y, final = out["bf16"]
+    assert y.dtype == jnp.bfloat16 and final.dtype == jnp.complex64
+    assert_close((y.astype(jnp.float32), final), expected, 2e-2, "bf16")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(u=lambda u: u[0]), r"u must have shape \[B,T,H\]"),
+        (dict(u=lambda u: u[:, :0]), "at least one time step"),
+        (dict(u=lambda u: u.astype(jnp.int32)), "u must be a floating-point array"),
+        (dict(log_decay=lambda a: a.real), "log_decay must be a complex array"),
+        (dict(coeff=lambda c: c[:2]), "axis H of coeff"),
+        (dict(initial_state=lambda s: s[..., :2]), "axis N of initial_state"),
+        (dict(implementation="pallas"), "implementation='pallas' is not available"),
+    ],
+)
+def test_bad_inputs_are_named(change, message):
+    u, raw, s0 = _inputs(4, dtype=jnp.float32)
+    log_decay, coeff = dss_discretize(*raw)
+    arrays = dict(u=u, log_decay=log_decay, coeff=coeff, initial_state=s0)
+    kwargs = {}
+    for name, value in change.items():
+        if callable(value):
+            arrays[name] = value(arrays[name])
+        else:
+            kwargs[name] = value
+    with pytest.raises(ValueError, match=message):
+        dss(**arrays, **kwargs)
+
+
+def test_bad_raw_parameters_and_step_are_named():
+    log_dt, lre, lim, w_re, w_im = _raw(0, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="axis N of lambda_im"):
+        dss_discretize(log_dt, lre, lim[:2], w_re, w_im)
+    with pytest.raises(ValueError, match="axis H of w_re"):
+        dss_discretize(log_dt, lre, lim, w_re[:1], w_im)
+    u, raw, s0 = _inputs(1, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="state must be a complex array"):
+        dss_step(s0.real, u[:, 0], *dss_discretize(*raw))
