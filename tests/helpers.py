@@ -7,9 +7,10 @@ import numpy as np
 
 
 def rel_err(actual, expected) -> float:
-    """‖actual − expected‖ / ‖expected‖ over all elements (float64 numpy)."""
-    a = np.asarray(actual, dtype=np.float64)
-    e = np.asarray(expected, dtype=np.float64)
+    """‖actual − expected‖ / ‖expected‖ over all elements (float64 / complex128 numpy)."""
+    dtype = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64
+    a = np.asarray(actual, dtype=dtype)
+    e = np.asarray(expected, dtype=dtype)
     if a.shape != e.shape:
         raise AssertionError(f"shape mismatch: {a.shape} vs {e.shape}")
     if not np.all(np.isfinite(a)):
