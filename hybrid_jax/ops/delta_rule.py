@@ -1,0 +1,197 @@
+"""Gated delta rule (Gated DeltaNet, Yang et al. 2024): a linear RNN with a K×V state per head.
+
+Per step t, with state `S` `[K, V]` per head (zeros unless `initial_state` is given):
+
+    S ← exp(g_t)·S                      g_t ≤ 0 is the log decay
+    u_t = β_t·(v_t − Sᵀ k_t)            delta-rule correction towards v_t
+    S ← S + k_t u_tᵀ
+    o_t = Sᵀ (scale·q_t)
+
+Layout `[batch, time, heads, dim]`. The op does not normalise q and k (the modules L2-normalise
+them). Recurrent math runs in float32 (float64 stays float64); outputs have the dtype of `q`,
+the final state is float32 (float64 for float64 inputs).
+
+Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked
+form runs a `lax.scan` over chunks of C steps; each step takes the state entering the chunk,
+solves one unit-lower-triangular C×C system (`solve_triangular`, float32/float64) for the
+delta-rule corrections of the chunk, and returns the chunk's outputs and the state after it
+(`_chunk_step`). The step is under `jax.checkpoint`, so the backward pass keeps only the
+entering states (one K×V per chunk) and recomputes one chunk's C×C tensors at a time: memory
+O(T·(K + V)) plus the chunk states, never a state per token. (Solving with the entering state
+known replaces the WY split `U = U₀ − W S₀`, which only pays off when the solves run for all
+chunks in parallel.) `gated_delta_rule_step` advances one token (decoding).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
+
+from hybrid_jax.ops.checks import check_dims, check_floating
+from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.scan import causal_decay_matrix, compute_dtype, to_chunks
+
+_OP = "gated_delta_rule"
+
+
+def gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: float | None = None,
+    chunk_size: int = 64,
+    initial_state: jax.Array | None = None,
+    return_final_state: bool = False,
+    implementation: str | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """The gated delta rule over a sequence (see the module docstring for the recurrence).
+
+    Args:
+      q: `[B, T, H, K]` queries.
+      k: `[B, T, H, K]` keys (normally L2-normalised by the caller).
+      v: `[B, T, H, V]` values.
+      g: `[B, T, H]` log decays (≤ 0).
+      beta: `[B, T, H]` write strengths (normally in (0, 1)).
+      scale: query scale, default `K**-0.5`.
+      chunk_size: chunk length of the "xla" rung (any T: time is zero-padded internally).
+      initial_state: `[B, H, K, V]` state before the first step; None for zeros.
+      return_final_state: also return the state after the last step.
+      implementation: "reference", "xla" or None (auto).
+
+    Returns:
+      `o` `[B, T, H, V]` in the dtype of `q`, or `(o, final_state)` with `final_state`
+      `[B, H, K, V]` in float32 (float64 for float64 inputs).
+    """
+    _check(q, k, v, g, beta, initial_state, chunk_size)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, final_state = dispatch(
+        _OP, _RUNGS, implementation, q, k, v, g, beta,
+        scale=scale, chunk_size=chunk_size, initial_state=initial_state,
+    )
+    return (out, final_state) if return_final_state else out
+
+
+def gated_delta_rule_step(
+    state: jax.Array,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One token of the gated delta rule (decoding).
+
+    Args:
+      state: `[B, H, K, V]` state before this token.
+      q, k: `[B, H, K]`; v: `[B, H, V]`; g, beta: `[B, H]`.
+      scale: query scale, default `K**-0.5`.
+
+    Returns:
+      `(o, new_state)`: `o` `[B, H, V]` in the dtype of `q`, `new_state` `[B, H, K, V]` in
+      float32 (float64 for float64 inputs).
+    """
+    check_dims(f"{_OP}_step", {}, state=(state, "BHKV"), q=(q, "BHK"), k=(k, "BHK"),
+               v=(v, "BHV"), g=(g, "BH"), beta=(beta, "BH"))
+    check_floating(f"{_OP}_step", state=state, q=q, k=k, v=v, g=g, beta=beta)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    dtype = compute_dtype(state, q, k, v, g, beta)
+    new_state, out = _step(state.astype(dtype), *(x.astype(dtype) for x in (q, k, v, g, beta)),
+                           scale=scale)
+    return out.astype(q.dtype), new_state
+
+
+def _check(q, k, v, g, beta, initial_state, chunk_size) -> None:
+    sizes = check_dims(_OP, {}, q=(q, "BTHK"), k=(k, "BTHK"), v=(v, "BTHV"), g=(g, "BTH"),
+                       beta=(beta, "BTH"))
+    check_floating(_OP, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    if initial_state is not None:
+        check_dims(_OP, sizes, initial_state=(initial_state, "BHKV"))
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{_OP}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def _step(state, q, k, v, g, beta, *, scale):
+    """The recurrence for one token; every array in the compute dtype, heads before features."""
+    state = jnp.exp(g)[..., None, None] * state
+    u = beta[..., None] * (v - jnp.einsum("bhkv,bhk->bhv", state, k))
+    state = state + k[..., :, None] * u[..., None, :]
+    return state, jnp.einsum("bhkv,bhk->bhv", state, scale * q)
+
+
+def _zero_state(q, v, dtype):
+    batch, _, heads, key_dim = q.shape
+    return jnp.zeros((batch, heads, key_dim, v.shape[-1]), dtype)
+
+
+def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_state):
+    """The definition: `_step` token by token with `lax.scan`."""
+    del chunk_size
+    dtype = compute_dtype(q, k, v, g, beta, initial_state)
+    state = _zero_state(q, v, dtype) if initial_state is None else initial_state.astype(dtype)
+    time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, g, beta)]
+    final_state, out_TBHV = jax.lax.scan(
+        lambda s, xs: _step(s, *xs, scale=scale), state, time_major)
+    return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
+
+
+def time_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
+    """`[B, T, H, ...] -> [NC, B, H, C, ...]`: chunks first (for `lax.scan`), zero-padded.
+
+    Zero padding is neutral for the recurrences here: a padded step has log decay 0 and writes
+    nothing (β = 0 / s = 0), so the state passes through it unchanged.
+    """
+    return jnp.swapaxes(jnp.moveaxis(to_chunks(x, chunk_size), 1, 0), 2, 3)
+
+
+def from_time_chunks(x: jax.Array, length: int) -> jax.Array:
+    """`[NC, B, H, C, ...] -> [B, T, H, ...]`, dropping the padding beyond `length`."""
+    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+
+def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state):
+    """Chunked form: a `lax.scan` over chunks of `_chunk_step` (module docstring)."""
+    dtype = compute_dtype(q, k, v, g, beta, initial_state)
+    state = _zero_state(q, v, dtype) if initial_state is None else initial_state.astype(dtype)
+    inputs = [scale * q.astype(dtype)] + [x.astype(dtype) for x in (k, v, g, beta)]
+    final_state, out = jax.lax.scan(
+        _chunk_step, state, [time_chunks(x, chunk_size) for x in inputs])
+    return from_time_chunks(out, q.shape[1]).astype(q.dtype), final_state
+
+
+@jax.checkpoint
+def _chunk_step(state, chunk):
+    """Outputs of one chunk and the state after it, from the entering state S₀ `[B, H, K, V]`.
+
+    q (scaled), k `[B, H, C, K]`, v `[B, H, C, V]`, g, β `[B, H, C]`. With Γ the cumulative log
+    decay from the chunk start, the corrections satisfy
+    `u_t = β_t(v_t − e^{Γ_t} S₀ᵀk_t − Σ_{j<t} e^{Γ_t−Γ_j}(k_t·k_j) u_j)`, i.e. the
+    unit-lower-triangular system `(I + A) U = β(V − e^Γ K S₀)`, A strictly lower triangular;
+    then `o_t = e^{Γ_t} S₀ᵀq_t + Σ_{j≤t} e^{Γ_t−Γ_j}(q_t·k_j) u_j` and
+    `S = e^{Γ_C} S₀ + Σ_j e^{Γ_C−Γ_j} k_j u_jᵀ`. Every exponent is Γ_t − Γ_j with j ≤ t (masked
+    before exp), so strongly negative g cannot overflow.
+    """
+    q, k, v, g, beta = chunk
+    log_decay = jnp.cumsum(g, axis=-1)  # [B, H, C]
+    decay = causal_decay_matrix(log_decay)  # [B, H, C(t), C(j)], zero above the diagonal
+    a = jnp.tril(beta[..., None] * jnp.einsum("bhtk,bhjk->bhtj", k, k) * decay, -1)
+    from_state = jnp.exp(log_decay)[..., None] * jnp.einsum("bhck,bhkv->bhcv", k, state)
+    u = solve_triangular(a, beta[..., None] * (v - from_state), lower=True, unit_diagonal=True)
+    out = (jnp.einsum("bhck,bhkv->bhcv", q * jnp.exp(log_decay)[..., None], state)
+           + jnp.einsum("bhtj,bhjv->bhtv", jnp.einsum("bhtk,bhjk->bhtj", q, k) * decay, u))
+    k_to_end = k * jnp.exp(log_decay[..., -1:] - log_decay)[..., None]
+    state = (jnp.exp(log_decay[..., -1])[..., None, None] * state
+             + jnp.einsum("bhck,bhcv->bhkv", k_to_end, u))
+    return state, out
+
+
+_RUNGS = (
+    Rung("xla", gated_delta_rule_xla),
+    Rung("reference", gated_delta_rule_reference, auto=False),
+)
