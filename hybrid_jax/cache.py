@@ -33,6 +33,14 @@ class ConvCache:
 
 
 @struct.dataclass
+class Mamba1Cache:
+    """Mamba-1 decode state: the short conv's last inputs and the selective-scan state."""
+
+    conv: ConvCache  # [B, conv_size - 1, E]
+    ssm: jax.Array  # [B, 1, E, N] float32
+
+
+@struct.dataclass
 class LMCache:
     """A language model's decode state: the next position and one cache per layer."""
 

@@ -14,6 +14,7 @@ from hybrid_jax.nn.layers import (
     SwiGLU,
 )
 from hybrid_jax.nn.lm import LanguageModel, count_params, create_model
+from hybrid_jax.nn.mamba1 import Mamba1Mixer, Mamba1Options  # registers "mamba1"
 
 __all__ = [
     "AttentionMixer",
@@ -22,6 +23,8 @@ __all__ = [
     "GatedRMSNorm",
     "LanguageModel",
     "Linear",
+    "Mamba1Mixer",
+    "Mamba1Options",
     "MixerBlock",
     "RMSNorm",
     "RoPE",
