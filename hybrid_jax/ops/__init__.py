@@ -1,7 +1,7 @@
 """Pure functions on arrays: the math of every mixer (no parameters, no Flax).
 
 Each op takes `implementation=` ("reference" | "xla" | "pallas" | None for auto); see
-`hybrid_jax.ops.dispatch`.
+`hybrid_jax.ops.dispatch`. One-step decode forms end in `_step`.
 """
 
 from hybrid_jax.ops.attention import (
@@ -13,13 +13,34 @@ from hybrid_jax.ops.attention import (
     rotary_dim,
     scaled_cosine_attention,
 )
+from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
+from hybrid_jax.ops.dss import dss, dss_discretize, dss_kernel, dss_step
+from hybrid_jax.ops.gsa import (
+    gated_slot_attention,
+    gated_slot_attention_step,
+    gsa_slot_logits,
+    gsa_slot_readout,
+)
+from hybrid_jax.ops.ssd import ssd, ssd_step
 
 __all__ = [
     "apply_rope",
     "attention",
     "attention_mask",
     "cosine_logit_scale",
+    "dss",
+    "dss_discretize",
+    "dss_kernel",
+    "dss_step",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "gated_slot_attention",
+    "gated_slot_attention_step",
+    "gsa_slot_logits",
+    "gsa_slot_readout",
     "l2_normalize",
     "rotary_dim",
     "scaled_cosine_attention",
+    "ssd",
+    "ssd_step",
 ]

@@ -30,7 +30,7 @@ from jax.scipy.linalg import solve_triangular
 
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.scan import causal_decay_matrix, compute_dtype, to_chunks
+from hybrid_jax.ops.scan import causal_decay_matrix, compute_dtype, from_time_chunks, time_chunks
 
 _OP = "gated_delta_rule"
 
@@ -138,21 +138,6 @@ def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_s
     final_state, out_TBHV = jax.lax.scan(
         lambda s, xs: _step(s, *xs, scale=scale), state, time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
-
-
-def time_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
-    """`[B, T, H, ...] -> [NC, B, H, C, ...]`: chunks first (for `lax.scan`), zero-padded.
-
-    Zero padding is neutral for the recurrences here: a padded step has log decay 0 and writes
-    nothing (β = 0 / s = 0), so the state passes through it unchanged.
-    """
-    return jnp.swapaxes(jnp.moveaxis(to_chunks(x, chunk_size), 1, 0), 2, 3)
-
-
-def from_time_chunks(x: jax.Array, length: int) -> jax.Array:
-    """`[NC, B, H, C, ...] -> [B, T, H, ...]`, dropping the padding beyond `length`."""
-    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
-    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
 
 
 def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state):

@@ -59,9 +59,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax.ops.checks import check_dims, check_floating
-from hybrid_jax.ops.delta_rule import from_time_chunks, time_chunks
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.scan import compute_dtype
+from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks
 
 _OP = "gated_slot_attention"
 

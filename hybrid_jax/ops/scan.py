@@ -149,3 +149,18 @@ def to_chunks(x: jax.Array, chunk_size: int, *, axis: int = 1) -> jax.Array:
     pad[axis] = (0, num_chunks * chunk_size - length)
     x = jnp.pad(x, pad)
     return x.reshape(x.shape[:axis] + (num_chunks, chunk_size) + x.shape[axis + 1:])
+
+
+def time_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
+    """`[B, T, H, ...] -> [NC, B, H, C, ...]`: chunks first (for `lax.scan`), zero-padded.
+
+    Zero padding is neutral for the recurrences here: a padded step has log decay 0 and writes
+    nothing (β = 0 / s = 0), so the state passes through it unchanged.
+    """
+    return jnp.swapaxes(jnp.moveaxis(to_chunks(x, chunk_size), 1, 0), 2, 3)
+
+
+def from_time_chunks(x: jax.Array, length: int) -> jax.Array:
+    """`[NC, B, H, C, ...] -> [B, T, H, ...]`, dropping the padding beyond `length`."""
+    x = jnp.moveaxis(jnp.swapaxes(x, 2, 3), 0, 1)
+    return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
