@@ -41,6 +41,22 @@ class Mamba1Cache:
 
 
 @struct.dataclass
+class Mamba2Cache:
+    """Mamba-2 decode state: the short convs' last inputs and the SSM state."""
+
+    x_conv: ConvCache  # [B, conv_size - 1, H·P]
+    bc_conv: ConvCache  # [B, conv_size - 1, 2·G·N]
+    ssm: jax.Array  # [B, H, P, N] float32
+
+
+@struct.dataclass
+class GSSCache:
+    """GSS decode state: the diagonal state space's complex state."""
+
+    dss: jax.Array  # [B, H, N] complex64
+
+
+@struct.dataclass
 class LMCache:
     """A language model's decode state: the next position and one cache per layer."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, layer
 
 _PRESETS: dict[str, Callable[[], ModelConfig]] = {}
 _DESCRIPTIONS: dict[str, str] = {}
@@ -60,3 +60,37 @@ def swa_transformer_tiny() -> ModelConfig:
     """transformer-tiny with 16-token sliding-window attention and grouped-query heads."""
     return ModelConfig(layers=("attention",) * 2, vocab_size=256, d_model=64, num_heads=4,
                        num_kv_heads=2, window=16)
+
+
+# Mamba-2 layers of the tiny presets: 8 heads of 16 channels (d_inner 128), state size 16.
+_MAMBA2_TINY = layer("mamba2", ssm_head_dim=16, state_size=16)
+
+
+@register("mamba2-tiny")
+def mamba2_tiny() -> ModelConfig:
+    """4 Mamba-2 layers, d_model 64, no FFN (as in Mamba-2), for CPU runs and tests."""
+    return ModelConfig(layers=(_MAMBA2_TINY,) * 4, vocab_size=256, d_model=64, ffn_dim=0)
+
+
+@register("mamba2-hybrid-tiny")
+def mamba2_hybrid_tiny() -> ModelConfig:
+    """Mamba-2 then attention (each with a SwiGLU FFN), d_model 64: a tiny hybrid."""
+    return ModelConfig(layers=(_MAMBA2_TINY, "attention"), vocab_size=256, d_model=64,
+                       num_heads=4)
+
+
+@register("mamba2-130m")
+def mamba2_130m() -> ModelConfig:
+    """Mamba-2 130M: 24 layers, d_model 768, expand 2, head dim 64, state 128 (~129M params).
+
+    Like Mamba-2 it has no FFN (`ffn_dim=0`): each block is norm → mixer → residual.
+    """
+    return ModelConfig(layers=(layer("mamba2", ssm_head_dim=64, state_size=128),) * 24,
+                       vocab_size=50304, d_model=768, ffn_dim=0)
+
+
+@register("gss-tiny")
+def gss_tiny() -> ModelConfig:
+    """2 GSS layers, d_model 64 (gate width 256, DSS width 16, 32 modes), no FFN as in GSS."""
+    return ModelConfig(layers=(layer("gss", state_size=32),) * 2, vocab_size=256, d_model=64,
+                       ffn_dim=0)

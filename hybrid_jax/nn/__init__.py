@@ -4,6 +4,7 @@ registers the built-in block types."""
 from hybrid_jax.nn import attention  # noqa: F401  (registers "attention")
 from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import MixerBlock, mixer_block_builder
+from hybrid_jax.nn.gss import GSSMixer, GSSOptions  # registers "gss"
 from hybrid_jax.nn.layers import (
     Embedding,
     GatedRMSNorm,
@@ -15,16 +16,21 @@ from hybrid_jax.nn.layers import (
 )
 from hybrid_jax.nn.lm import LanguageModel, count_params, create_model
 from hybrid_jax.nn.mamba1 import Mamba1Mixer, Mamba1Options  # registers "mamba1"
+from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options  # registers "mamba2"
 
 __all__ = [
     "AttentionMixer",
     "AttentionOptions",
     "Embedding",
+    "GSSMixer",
+    "GSSOptions",
     "GatedRMSNorm",
     "LanguageModel",
     "Linear",
     "Mamba1Mixer",
     "Mamba1Options",
+    "Mamba2Mixer",
+    "Mamba2Options",
     "MixerBlock",
     "RMSNorm",
     "RoPE",

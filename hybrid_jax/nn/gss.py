@@ -1,0 +1,183 @@
+"""Gated State Space layer (GSS; Mehta, Gupta, Cutkosky & Neyshabur, 2022, Fig. 1).
+
+    v = gelu(W_v x)                    [F = expansion · d_model]   the gate
+    u = norm(gelu(W_u x))              [H = ssm_dim, reduced]      the DSS input
+    y = DSS(u) + D ⊙ u                 per channel, N complex modes shared by all channels
+    out = W_o((W_uc y) ⊙ v)
+
+The paper uses d_model E = 1024, F = 4096, H = 256, N = 512 (the defaults here scale the same
+way: `expansion=4`, `ssm_dim=d_model/4`) and stacks GSS layers without a separate FFN.
+
+The DSS is DSS-exp (`hybrid_jax.ops.dss`) with the GSS pseudocode's parameterisation
+`λ = −exp(Λ_re) + i·exp(Λ_im)` (one Λ of N modes shared by the channels) and a learned step
+`Δ_h = exp(log_dt_h)` per channel, initialised as in DSS-exp: Λ from the Skew-HiPPO matrix
+(real part −½, imaginary parts its positive eigenvalues), `log Δ ~ U[log dt_min, log dt_max]`,
+W ~ CN(0, 1), D ~ N(0, 1). The DSS input norm is an RMSNorm (LayerNorm in the paper).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hybrid_jax.cache import GSSCache
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, norm, output_std
+from hybrid_jax.nn.layers import Linear, param
+from hybrid_jax.nn.mamba2 import document_starts
+from hybrid_jax.ops.dss import dss, dss_discretize, dss_step
+from hybrid_jax.ops.scan import linear_scan
+from hybrid_jax.registry import register_block
+
+
+@dataclasses.dataclass(frozen=True)
+class GSSOptions:
+    """Options of a GSS layer."""
+
+    expansion: int = 4  # F = expansion · d_model (width of the gate v)
+    ssm_dim: int | None = None  # H, channels of the DSS; None: d_model // 4
+    state_size: int = 512  # N complex modes
+    dt_min: float = 0.001  # log Δ init: U[log dt_min, log dt_max]
+    dt_max: float = 0.1
+    implementation: str | None = None  # of hybrid_jax.ops.dss.dss
+
+    def __post_init__(self) -> None:
+        for name in ("expansion", "state_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GSSOptions.{name}={value!r}: expected a positive integer")
+        if self.ssm_dim is not None and (not isinstance(self.ssm_dim, int) or self.ssm_dim < 1):
+            raise ValueError(f"GSSOptions.ssm_dim={self.ssm_dim!r}: expected a positive integer "
+                             "or None (d_model // 4)")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"GSSOptions: expected 0 < dt_min <= dt_max, got "
+                             f"dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+    def resolved_ssm_dim(self, model: ModelConfig) -> int:
+        return model.d_model // 4 if self.ssm_dim is None else self.ssm_dim
+
+    def check(self, model: ModelConfig) -> None:
+        if self.resolved_ssm_dim(model) < 1:
+            raise ValueError(f"ssm_dim=None means d_model // 4, which is 0 for d_model="
+                             f"{model.d_model}; set ssm_dim")
+
+
+@functools.lru_cache(maxsize=8)
+def skew_hippo_imag(num_modes: int) -> np.ndarray:
+    """The `num_modes` positive imaginary parts (ascending) of the eigenvalues of the normal part
+    of the HiPPO-LegS matrix of size 2·num_modes, `−½·I + S` (DSS's Skew-HiPPO initialisation).
+
+    S is skew-symmetric with `S_nk = ½·sign(k − n)·√((2n+1)(2k+1))`; `i·S` is Hermitian, so its
+    real eigenvalues ω give S's eigenvalues ±iω.
+    """
+    n = np.arange(2 * num_modes)
+    root = np.sqrt(2 * n + 1.0)
+    skew = 0.5 * np.sign(n[None, :] - n[:, None]) * np.outer(root, root)
+    omega = np.linalg.eigvalsh(1j * skew)  # ascending, ± pairs
+    return omega[num_modes:]
+
+
+def _constant_init(values: np.ndarray):
+    return lambda key, shape, dtype: jnp.broadcast_to(jnp.asarray(values, dtype), shape)
+
+
+def _log_uniform_init(low: float, high: float):
+    return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, math.log(low),
+                                                        math.log(high))
+
+
+class GSSMixer(nnx.Module):
+    """The GSS mixer; decoding keeps a `GSSCache` (the `[B, H, N]` complex DSS state)."""
+
+    def __init__(self, config: ModelConfig, options: GSSOptions, *, rngs: nnx.Rngs):
+        options.check(config)
+        d = config.d_model
+        f, h, n = options.expansion * d, options.resolved_ssm_dim(config), options.state_size
+        self.implementation = options.implementation
+        self.dtype = compute_dtype(config)
+        kw = dense_kwargs(config, rngs)
+        self.v_proj = Linear(d, f, axes=("embed", "mlp"), **kw)
+        self.u_proj = Linear(d, h, axes=("embed", "heads"), **kw)
+        self.ssm_norm = norm(config, h)
+        self.lambda_log_neg_re = param(rngs, _constant_init(np.log(0.5)), n, jnp.float32,
+                                       ("state",))
+        self.lambda_log_im = param(rngs, _constant_init(np.log(skew_hippo_imag(n))), n,
+                                   jnp.float32, ("state",))
+        self.log_dt = param(rngs, _log_uniform_init(options.dt_min, options.dt_max), h,
+                            jnp.float32, ("heads",))
+        complex_normal = nnx.initializers.normal(math.sqrt(0.5))  # W ~ CN(0, 1)
+        self.w_re = param(rngs, complex_normal, (h, n), jnp.float32, ("heads", "state"))
+        self.w_im = param(rngs, complex_normal, (h, n), jnp.float32, ("heads", "state"))
+        self.D = param(rngs, nnx.initializers.normal(1.0), h, jnp.float32, ("heads",))
+        self.uc_proj = Linear(h, f, axes=("heads", "mlp"), **kw)
+        self.out_proj = Linear(f, d, axes=("mlp", "embed"), **{**kw, "std": output_std(config)})
+
+    def discretize(self) -> tuple[jax.Array, jax.Array]:
+        """`(log_decay, coeff)`, complex `[H, N]`, of `hybrid_jax.ops.dss`."""
+        return dss_discretize(self.log_dt[...], self.lambda_log_neg_re[...],
+                              jnp.exp(self.lambda_log_im[...]), self.w_re[...], self.w_im[...])
+
+    def _inputs(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The DSS input u `[B, T, H]` and the gate v `[B, T, F]`."""
+        u = self.ssm_norm(jax.nn.gelu(self.u_proj(x_BTD)))
+        return u, jax.nn.gelu(self.v_proj(x_BTD))
+
+    def _output(self, y_BTH: jax.Array, u_BTH: jax.Array, v_BTF: jax.Array) -> jax.Array:
+        y = y_BTH.astype(jnp.float32) + self.D[...] * u_BTH.astype(jnp.float32)
+        return self.out_proj(self.uc_proj(y) * v_BTF)
+
+    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
+                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        u, v = self._inputs(x_BTD)
+        log_decay, coeff = self.discretize()
+        if segment_ids_BT is None:
+            y = dss(u, log_decay, coeff, implementation=self.implementation)
+        else:
+            y = _dss_with_resets(u, log_decay, coeff, document_starts(segment_ids_BT))
+        return self._output(y, u, v)
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSSCache:
+        del max_len, dtype  # the state has a fixed size and is complex
+        h, n = self.w_re.shape
+        return GSSCache(dss=jnp.zeros((batch, h, n), jnp.promote_types(self.w_re.dtype,
+                                                                       jnp.complex64)))
+
+    def decode(self, x_BTD: jax.Array, cache: GSSCache, *, positions_BT: jax.Array
+               ) -> tuple[jax.Array, GSSCache]:
+        """Continues from `cache`: one token with `dss_step`, a prefill with `dss`."""
+        del positions_BT
+        u, v = self._inputs(x_BTD)
+        log_decay, coeff = self.discretize()
+        if x_BTD.shape[1] == 1:
+            y, state = dss_step(cache.dss, u[:, 0], log_decay, coeff)
+            y = y[:, None]
+        else:
+            y, state = dss(u, log_decay, coeff, initial_state=cache.dss, return_final_state=True,
+                           implementation=self.implementation)
+        return self._output(y, u, v), GSSCache(dss=state.astype(cache.dss.dtype))
+
+
+def _dss_with_resets(u_BTH: jax.Array, log_decay: jax.Array, coeff: jax.Array,
+                     starts_BT: jax.Array) -> jax.Array:
+    """The DSS recurrence with the state zeroed at each document start (packed sequences).
+
+    An LTI convolution cannot restart mid-sequence, so this runs the recurrence itself: the
+    associative scan of `dss`'s "xla" rung with the decay set to 0 at document starts.
+    """
+    dtype = coeff.dtype
+    decay = jnp.where(starts_BT[:, :, None, None], 0, jnp.exp(log_decay))  # [b,t,h,n]
+    inputs = jnp.broadcast_to(u_BTH.astype(dtype)[..., None], decay.shape)
+    states = linear_scan(decay, inputs, axis=1)
+    return jnp.einsum("bthn,hn->bth", states, coeff).real.astype(u_BTH.dtype)
+
+
+register_block("gss", GSSOptions,
+               "pre-norm Gated State Space (GELU gates, DSS on a reduced width) + SwiGLU")(
+    mixer_block_builder(GSSMixer))

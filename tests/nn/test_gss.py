@@ -1,0 +1,127 @@
+"""GSS mixer: decode = parallel, an independent numpy per-token forward, packed documents,
+Skew-HiPPO initialisation, option errors, presets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from experiments.cli import main as cli_main
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.nn.gss import skew_hippo_imag
+from tests.helpers import assert_close
+from tests.nn.test_lm import check_decode_matches
+from tests.nn.test_mamba2 import first_mixer, mixer_forward, numpy_params, starts_of
+
+SMALL = layer("gss", expansion=2, ssm_dim=4, state_size=6)
+
+
+def small_config(*layers, **kwargs) -> ModelConfig:
+    # Large projections and steps (log Δ near 0) make the state's contribution to the output
+    # large, so a state leaking across a document boundary shows as a large error.
+    return ModelConfig(layers=layers or (SMALL,), vocab_size=32, d_model=16, num_heads=2,
+                       init_std=0.5, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def mixer():
+    return first_mixer(small_config(layer("gss", expansion=2, ssm_dim=4, state_size=6,
+                                          dt_min=0.3, dt_max=1.0)))
+
+
+def gelu(x):  # tanh approximation (jax.nn.gelu's default)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gss_numpy(p, x, starts, *, eps):
+    """GSS from the equations, one token at a time, complex128."""
+    x = np.asarray(x, np.float64)
+    v = gelu(x @ p["v_proj.kernel"])
+    u = gelu(x @ p["u_proj.kernel"])
+    u = u / np.sqrt(np.mean(u ** 2, axis=-1, keepdims=True) + eps) * p["ssm_norm.scale"]
+    lam = -np.exp(p["lambda_log_neg_re"]) + 1j * np.exp(p["lambda_log_im"])  # [N]
+    step = np.exp(p["log_dt"])[:, None]  # [H, 1]
+    w = p["w_re"] + 1j * p["w_im"]  # [H, N]
+    decay = np.exp(lam * step)
+    coeff = w * (decay - 1) / lam
+    y = np.zeros_like(u)
+    for b in range(x.shape[0]):
+        state = np.zeros(w.shape, complex)
+        for t in range(x.shape[1]):
+            state = (0 if starts[b, t] else decay) * state + u[b, t][:, None]
+            y[b, t] = (coeff * state).sum(-1).real + p["D"] * u[b, t]
+    return ((y @ p["uc_proj.kernel"]) * v) @ p["out_proj.kernel"]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_mixer_matches_numpy_per_token(mixer, packed):
+    """FFT convolution (or, packed, the resetting scan) against the numpy recurrence."""
+    x = np.random.default_rng(0).standard_normal((2, 11, 16))
+    seg = jnp.asarray([[0] * 4 + [1] * 7, [0] * 9 + [1] * 2]) if packed else None
+    got = mixer_forward(mixer, jnp.asarray(x, jnp.float32), seg)
+    want = gss_numpy(numpy_params(mixer), x, starts_of(seg, x.shape[:2]),
+                     eps=small_config().norm_eps)
+    assert_close(got, want, 1e-5)
+
+
+def test_decode_matches_parallel():
+    """Single steps, and prefills through the FFT form with an initial state."""
+    check_decode_matches(small_config(), T=11, splits=(0, 6))
+
+
+def test_packed_document_equals_document_alone():
+    model = hj.create_model(small_config())
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 9))
+    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
+    seg = jnp.asarray([[0] * 5 + [1] * 9])
+    pos = jnp.asarray([list(range(5)) + list(range(9))])
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw))
+    out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
+    assert_close(out[:, 5:], forward(state, jnp.asarray(b, jnp.int32)), 1e-5)
+
+
+def test_skew_hippo_init_is_the_normal_hippo_spectrum():
+    """−½ + iω are eigenvalues of HiPPO-LegS plus its low-rank correction P Pᵀ (DSS's
+    Skew-HiPPO), built here from the LegS definition."""
+    size = 8
+    n = np.arange(size)
+    legs = -np.where(n[:, None] > n[None, :], np.sqrt(np.outer(2 * n + 1, 2 * n + 1)), 0)
+    legs -= np.diag(n + 1.0)
+    normal = legs + np.outer(np.sqrt(n + 0.5), np.sqrt(n + 0.5))
+    eigs = np.linalg.eigvals(normal)
+    expected = np.sort(eigs[eigs.imag > 0].imag)
+    np.testing.assert_allclose(eigs.real, -0.5, atol=1e-9)
+    np.testing.assert_allclose(skew_hippo_imag(size // 2), expected, rtol=1e-9)
+
+
+def test_init(mixer):
+    np.testing.assert_allclose(np.exp(mixer.lambda_log_neg_re[...]), 0.5, rtol=1e-6)
+    np.testing.assert_allclose(np.exp(mixer.lambda_log_im[...]), skew_hippo_imag(6), rtol=1e-5)
+    step = np.exp(mixer.log_dt[...])
+    assert mixer.log_dt.shape == (4,) and np.all((step >= 0.3 * 0.999) & (step <= 1.001))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(ssm_dim=0), r"GSSOptions.ssm_dim=0: expected a positive integer or None"),
+    (dict(expansion=0), r"GSSOptions.expansion=0: expected a positive integer"),
+    (dict(dt_min=0.0), r"expected 0 < dt_min <= dt_max"),
+    (dict(window=4), r"unknown option\(s\) \['window'\]"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=r"layers\[0\] \('gss'\).*" + message):
+        ModelConfig(layers=(layer("gss", **options),), d_model=16)
+
+
+def test_ssm_dim_default_needs_width():
+    with pytest.raises(ValueError, match=r"ssm_dim=None means d_model // 4, which is 0"):
+        ModelConfig(layers=("gss",), d_model=2, num_heads=1)
+
+
+def test_preset_and_block_are_listed(capsys):
+    assert cli_main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "gss " in out and "gss-tiny" in out

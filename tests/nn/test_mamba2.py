@@ -1,0 +1,166 @@
+"""Mamba-2 mixer: decode = parallel, an independent numpy per-token forward, packed documents,
+option errors, presets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from experiments.cli import main as cli_main
+from hybrid_jax import presets
+from hybrid_jax.config import ModelConfig, layer
+from tests.helpers import assert_close
+from tests.nn.test_lm import check_decode_matches
+
+SMALL = layer("mamba2", ssm_head_dim=4, state_size=8, n_groups=2, chunk_size=4)
+
+
+def small_config(*layers, **kwargs) -> ModelConfig:
+    # Large projections (init_std 0.5) make the state's contribution to the output large, so
+    # a state leaking across a document boundary shows as a large error.
+    return ModelConfig(layers=layers or (SMALL,), vocab_size=32, d_model=16, num_heads=2,
+                       init_std=0.5, **kwargs)
+
+
+def first_mixer(config: ModelConfig):
+    return hj.create_model(config, seed=2).blocks[0].mixer
+
+
+@pytest.fixture(scope="module")
+def mixer():
+    return first_mixer(small_config())
+
+
+def mixer_forward(mixer, x_BTD, segment_ids_BT=None):
+    """The mixer's parallel forward pass, jitted."""
+    graphdef, state = nnx.split(mixer)
+    positions = jnp.broadcast_to(jnp.arange(x_BTD.shape[1]), x_BTD.shape[:2])
+    return jax.jit(lambda s, x, seg: nnx.merge(graphdef, s)(
+        x, positions_BT=positions, segment_ids_BT=seg))(state, x_BTD, segment_ids_BT)
+
+
+def numpy_params(module) -> dict:
+    """Every parameter of `module` as float64 numpy, keyed by its dotted path."""
+    flat = nnx.to_flat_state(nnx.state(module, nnx.Param))
+    return {".".join(map(str, path)): np.asarray(v[...], np.float64) for path, v in flat}
+
+
+def starts_of(segment_ids, shape):
+    if segment_ids is None:
+        starts = np.zeros(shape, bool)
+        starts[:, 0] = True
+        return starts
+    seg = np.asarray(segment_ids)
+    return np.concatenate([np.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def numpy_conv(x, weight, bias, starts):
+    """Causal depthwise conv `y_t = Σ_i w_i x_{t−i} + b` within each document, then SiLU."""
+    batch, T, _ = x.shape
+    y = np.zeros_like(x)
+    for b in range(batch):
+        doc_start = 0
+        for t in range(T):
+            doc_start = t if starts[b, t] else doc_start
+            for lag in range(min(len(weight), t - doc_start + 1)):
+                y[b, t] += weight[lag] * x[b, t - lag]
+    return silu(y + bias)
+
+
+def mamba2_numpy(p, x, starts, *, groups, eps):
+    """Mamba-2 mixer from the equations, one token at a time, in float64."""
+    x = np.asarray(x, np.float64)
+    batch, T, _ = x.shape
+    z = np.einsum("btd,dhp->bthp", x, p["z_proj.kernel"])
+    xs = np.einsum("btd,dhp->bthp", x, p["x_proj.kernel"])
+    H, P = xs.shape[2:]
+    bc = np.einsum("btd,dkgn->btkgn", x, p["bc_proj.kernel"])
+    N = bc.shape[-1]
+    dt = np.log1p(np.exp(x @ p["dt_proj.kernel"] + p["dt_bias"]))  # softplus
+    xs = numpy_conv(xs.reshape(batch, T, -1), p["x_conv.weight"], p["x_conv.bias"],
+                    starts).reshape(batch, T, H, P)
+    bc = numpy_conv(bc.reshape(batch, T, -1), p["bc_conv.weight"], p["bc_conv.bias"],
+                    starts).reshape(batch, T, 2, groups, N)
+    A = -np.exp(p["A_log"])
+    y = np.zeros_like(xs)
+    for b in range(batch):
+        for h in range(H):
+            g = h // (H // groups)
+            state = np.zeros((P, N))
+            for t in range(T):
+                decay = 0.0 if starts[b, t] else np.exp(dt[b, t, h] * A[h])
+                state = decay * state + dt[b, t, h] * np.outer(xs[b, t, h], bc[b, t, 0, g])
+                y[b, t, h] = state @ bc[b, t, 1, g] + p["D"][h] * xs[b, t, h]
+    gated = (y * silu(z)).reshape(batch, T, groups, -1)
+    normed = gated / np.sqrt(np.mean(gated ** 2, axis=-1, keepdims=True) + eps)
+    normed = normed.reshape(batch, T, H, P) * p["norm.scale"].reshape(H, P)
+    return np.einsum("bthp,hpd->btd", normed, p["out_proj.kernel"])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_mixer_matches_numpy_per_token(mixer, packed):
+    """Chunked forward (T=11 over chunks of 4, 2 groups) against the numpy loop; with packed
+    documents the state and the conv restart at each document start."""
+    x = np.random.default_rng(0).standard_normal((2, 11, 16))
+    seg = jnp.asarray([[0] * 4 + [1] * 7, [0] * 9 + [1] * 2]) if packed else None
+    got = mixer_forward(mixer, jnp.asarray(x, jnp.float32), seg)
+    want = mamba2_numpy(numpy_params(mixer), x, starts_of(seg, x.shape[:2]), groups=2,
+                        eps=small_config().norm_eps)
+    assert_close(got, want, 1e-5)
+
+
+def test_decode_matches_parallel_across_chunks():
+    """Prefills longer than a chunk carry the state into the chunked form; then single steps."""
+    check_decode_matches(small_config(), T=11, splits=(0, 6))
+
+
+def test_packed_document_equals_document_alone():
+    model = hj.create_model(small_config())
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 9))
+    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
+    seg = jnp.asarray([[0] * 5 + [1] * 9])
+    pos = jnp.asarray([list(range(5)) + list(range(9))])
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw))
+    out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
+    assert_close(out[:, 5:], forward(state, jnp.asarray(b, jnp.int32)), 1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(ssm_head_dim=5), r"ssm_head_dim=5 does not divide d_inner=expand·d_model=32"),
+    (dict(ssm_head_dim=4, n_groups=3), r"n_groups=3 does not divide the number of heads"),
+    (dict(state_size=0), r"Mamba2Options.state_size=0: expected a positive integer"),
+    (dict(dt_min=0.5, dt_max=0.1), r"expected 0 < dt_min <= dt_max"),
+    (dict(head_dim=4), r"unknown option\(s\) \['head_dim'\]"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=r"layers\[0\] \('mamba2'\).*" + message):
+        ModelConfig(layers=(layer("mamba2", **options),), d_model=16)
+
+
+def test_presets_and_block_are_listed(capsys):
+    assert cli_main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("mamba2 ", "mamba2-tiny", "mamba2-hybrid-tiny", "mamba2-130m"):
+        assert name in out
+
+
+def test_130m_preset_size():
+    model = nnx.eval_shape(lambda: hj.LanguageModel(presets.get("mamba2-130m"),
+                                                    rngs=nnx.Rngs(0)))
+    assert 125e6 < hj.count_params(model) < 135e6
+
+
+def test_init_ranges(mixer):
+    dt = jax.nn.softplus(mixer.dt_bias[...])
+    assert mixer.dt_bias.shape == (8,)
+    assert bool(jnp.all((dt >= 0.001 * 0.999) & (dt <= 0.1 * 1.001)))
+    assert bool(jnp.all((-mixer.A_log[...] <= 0) & (mixer.A_log[...] <= np.log(16))))
+    assert bool(jnp.all(mixer.D[...] == 1))
