@@ -1,0 +1,69 @@
+"""Timing helpers shared by the benchmark scripts: compiled fwd / fwd+bwd, medians, tables."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def time_compiled(fn: Callable, *args: Any, warmup: int = 3, iters: int = 10) -> float:
+    """Median wall time in ms of an already-jitted `fn(*args)` (device-synchronised)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def forward_and_backward(op: Callable, num_args: int) -> tuple[Callable, Callable]:
+    """Jitted forward, and forward+backward (gradient of a weighted sum w.r.t. all inputs)."""
+    fwd = jax.jit(op)
+
+    def loss(*args):
+        return jnp.sum(op(*args).astype(jnp.float32))
+
+    bwd = jax.jit(jax.grad(loss, argnums=tuple(range(num_args))))
+    return fwd, bwd
+
+
+def temp_bytes(fn: Callable, *args: Any) -> int | None:
+    """Temporary device memory the compiled `fn` needs (None where the backend cannot say)."""
+    analysis = fn.lower(*args).compile().memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
+
+
+def device_name() -> str:
+    device = jax.devices()[0]
+    return f"{device.device_kind} ({device.platform}, jax {jax.__version__})"
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return "-" if value is None else str(value)
+
+
+def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], **extra: Any) -> None:
+    record = {"benchmark": name, "device": device_name(), "host": platform.node(),
+              "date": time.strftime("%Y-%m-%d"), **extra, "rows": list(rows)}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=2))
+    print(f"wrote {path}")
