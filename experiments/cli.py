@@ -1,9 +1,11 @@
-"""The `hybrid-jax` command: train / eval / generate / list.
+"""The `hybrid-jax` command: train / eval / generate / list / tokenizer / plot.
 
-    hybrid-jax train NAME [--out DIR] [--set key=value ...]
-    hybrid-jax eval RUN_DIR [--set key=value ...] [--step N]
+    hybrid-jax train NAME [--out DIR] [--resume] [--set key=value ...]
+    hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N]
     hybrid-jax generate RUN_DIR --prompt-ids "1 2 3" [--max-new-tokens N] [--temperature T]
     hybrid-jax list
+    hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
+    hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
 """
 
 from __future__ import annotations
@@ -34,11 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("name", help="experiment name (see `hybrid-jax list`)")
     train.add_argument("--out", type=Path, default=None, help="run directory (default runs/NAME)")
     train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its latest checkpoint (its "
+                            "config.json, plus --set overrides); starts fresh if it has none")
     _add_overrides(train)
 
     evaluate = sub.add_parser("eval", help="evaluate a trained run on its held-out data")
     evaluate.add_argument("run_dir", type=Path)
     evaluate.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+    evaluate.add_argument("--batches", type=int, default=None,
+                          help="eval batches (default train.eval_batches; 0: the whole held-out "
+                               "split)")
     _add_overrides(evaluate)
 
     gen = sub.add_parser("generate", help="continue a prompt with a trained run's model")
@@ -52,14 +60,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(gen)
 
     sub.add_parser("list", help="list presets, block types and experiments")
+
+    tokenizer = sub.add_parser("tokenizer", help="tokenizer tools")
+    tokenizer_sub = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
+    tok_train = tokenizer_sub.add_parser(
+        "train", help="train a byte-level BPE (or word vocabulary) on text files")
+    tok_train.add_argument("files", nargs="+", help="text / .gz / .xz / ArrayRecord files or globs")
+    tok_train.add_argument("--vocab-size", type=int, default=8192)
+    tok_train.add_argument("--kind", choices=("bpe", "word"), default="bpe")
+    tok_train.add_argument("--out", type=Path, required=True,
+                           help="tokenizer.json path, or a (run) directory to write it into")
+
+    plot = sub.add_parser("plot", help="loss / perplexity curves of runs on one PNG")
+    plot.add_argument("run_dirs", nargs="+", type=Path)
+    plot.add_argument("--out", type=Path, default=Path("curves.png"))
+    plot.add_argument("--log-y", action="store_true", help="log scale for every panel")
     return parser
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import signal
+
     from experiments.run import run_experiment
 
-    results = run_experiment(args.name, out_dir=args.out, overrides=args.overrides,
-                             progress=not args.quiet)
+    out = Path("runs") / args.name if args.out is None else args.out
+    results = run_experiment(args.name, out_dir=out, overrides=args.overrides,
+                             progress=not args.quiet, resume=args.resume)
+    if results.get("interrupted"):
+        print(f"{results['interrupted']} at step {results['step']}: checkpoint saved in {out}; "
+              f"continue with: hybrid-jax train {args.name} --out {out} --resume")
+        return 128 + signal.Signals[results["interrupted"]].value
     print(f"accuracy {results['accuracy']:.4f}")
     return 0
 
@@ -79,13 +109,15 @@ def _load_run(run_dir: Path, overrides: Sequence[str], step: int | None):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_jax.data.pipeline import eval_batches
-    from hybrid_jax.train.trainer import evaluate
+    from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
     experiment, ts = _load_run(args.run_dir, args.overrides, args.step)
     cfg = experiment.train
-    metrics = evaluate(ts, eval_batches(experiment.data, batch_size=cfg.batch_size,
-                                        num_batches=cfg.eval_batches, seed=cfg.seed))
+    data = bind_data(experiment.data, args.run_dir, resume=True)
+    batches, words = held_out_set(data, cfg.batch_size,
+                                  cfg.eval_batches if args.batches is None else args.batches,
+                                  cfg.seed)
+    metrics = evaluate(ts, batches, num_words=words)
     print(json.dumps(metrics))
     print(f"accuracy {metrics['accuracy']:.4f}")
     return 0
@@ -124,7 +156,31 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "list": cmd_list}
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from hybrid_jax.data.corpus import resolve_files
+    from hybrid_jax.data.text import TOKENIZER_FILE, corpus_texts
+    from hybrid_jax.data.tokenizer import build_word_vocab, train_bpe
+
+    files = [f for spec in args.files for f in resolve_files(spec, "files")]
+    texts = corpus_texts(files)
+    tokenizer = build_word_vocab(texts) if args.kind == "word" else train_bpe(texts,
+                                                                              args.vocab_size)
+    out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
+    tokenizer.save(out)
+    print(f"{args.kind} tokenizer with {tokenizer.vocab_size} tokens written to {out}; use it "
+          f"with --set data.tokenizer={out} --set model.vocab_size={tokenizer.vocab_size}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from hybrid_jax.train.plot import plot_runs
+
+    print(f"wrote {plot_runs(args.run_dirs, args.out, log_y=args.log_y)}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "list": cmd_list,
+            "tokenizer": cmd_tokenizer, "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

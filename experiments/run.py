@@ -5,25 +5,38 @@ Same as `hybrid-jax train NAME ...`.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from experiments import registry
-from hybrid_jax.config import apply_overrides
+from hybrid_jax.config import ExperimentConfig, apply_overrides, from_dict
 
 
 def run_experiment(name: str, *, out_dir: str | Path | None = None,
-                   overrides: Sequence[str] = (), progress: bool = True) -> dict[str, Any]:
-    """Trains experiment `name` (with `key=value` overrides) into `out_dir` (default runs/NAME)."""
+                   overrides: Sequence[str] = (), progress: bool = True,
+                   resume: bool = False) -> dict[str, Any]:
+    """Trains experiment `name` (with `key=value` overrides) into `out_dir` (default runs/NAME).
+
+    `resume`: continue the run saved in `out_dir` (its config.json plus `overrides`) from its
+    latest checkpoint; a directory without one starts fresh.
+    """
     from hybrid_jax.train import train
 
-    experiment = apply_overrides(registry.get(name), overrides)
     out_dir = Path("runs") / name if out_dir is None else Path(out_dir)
+    saved = out_dir / "config.json"
+    if resume and saved.is_file():
+        experiment = from_dict(ExperimentConfig, json.loads(saved.read_text()))
+        if experiment.name != name:
+            raise ValueError(f"{out_dir} holds a run of {experiment.name!r}, not {name!r}")
+        experiment = apply_overrides(experiment, overrides)
+    else:
+        experiment = apply_overrides(registry.get(name), overrides)
     if progress:
         print(f"{name}: {experiment.description}\nrun directory: {out_dir}", flush=True)
-    return train(experiment, out_dir, progress=progress)
+    return train(experiment, out_dir, progress=progress, resume=resume)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

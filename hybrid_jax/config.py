@@ -206,20 +206,30 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 50
     eval_every: int = 0  # 0: evaluate only at the end
-    eval_batches: int = 8
+    eval_batches: int = 8  # 0: the whole eval split (text data)
+    checkpoint_every: int = 0  # 0: checkpoint only at the end and when interrupted
+    keep_checkpoints: int = 3  # the most recent checkpoints kept on disk
+    async_checkpoint: bool = True  # write checkpoints in the background
+    on_nonfinite: str = "stop"  # "stop", or "rollback" to the last checkpoint skipping the batch
     mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 _fail("TrainConfig", name, getattr(self, name), "expected a positive integer")
-        for name in ("warmup_steps", "log_every", "eval_every", "eval_batches"):
+        for name in ("warmup_steps", "log_every", "eval_every", "eval_batches",
+                     "checkpoint_every"):
             if getattr(self, name) < 0:
                 _fail("TrainConfig", name, getattr(self, name), "expected an integer >= 0")
         if self.learning_rate <= 0:
             _fail("TrainConfig", "learning_rate", self.learning_rate, "expected > 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             _fail("TrainConfig", "min_lr_ratio", self.min_lr_ratio, "expected a value in [0, 1]")
+        if self.keep_checkpoints < 1:
+            _fail("TrainConfig", "keep_checkpoints", self.keep_checkpoints, "expected >= 1")
+        if self.on_nonfinite not in ("stop", "rollback"):
+            _fail("TrainConfig", "on_nonfinite", self.on_nonfinite,
+                  "expected 'stop' or 'rollback'")
 
 
 # Data configs register here by kind so experiment configs can name and deserialise them.

@@ -2,5 +2,6 @@
 
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.data.text import TextConfig
 
-__all__ = ["MQARConfig", "eval_batches", "train_iterator"]
+__all__ = ["MQARConfig", "TextConfig", "eval_batches", "train_iterator"]

@@ -35,11 +35,12 @@ def train_iterator(data: Any, *, batch_size: int, seed: int, shard_index: int | 
 
 
 def eval_batches(data: Any, *, batch_size: int, num_batches: int, seed: int) -> list[dict]:
-    """The first `num_batches` batches of the eval split, in order (the same every call)."""
+    """The first `num_batches` batches of the eval split, in order (the same every call);
+    0: all of them."""
     source = data.source("eval", seed)
     available = len(source) // batch_size
     if available < 1:
         raise ValueError(f"the eval split has {len(source)} examples, fewer than one batch "
                          f"of {batch_size}")
     dataset = grain.MapDataset.source(source).batch(batch_size, drop_remainder=True)
-    return [dataset[i] for i in range(min(num_batches, available))]
+    return [dataset[i] for i in range(min(num_batches or available, available))]

@@ -1,27 +1,66 @@
-"""Checkpoints with orbax: the train state (model + optimizer) plus a JSON of run metadata.
+"""Checkpoints with orbax: the train state (model + optimizer) plus a JSON of run metadata
+(step, data-iterator state, skipped batches, config).
 
-Each save is a step directory written through a temporary name and renamed when complete
-(orbax's atomic commit), so an interrupted save never looks like a valid checkpoint.
-Restoring takes an abstract target state with shardings, so a run can resume on another mesh.
+Each save is a step directory written under a temporary name and renamed when complete
+(orbax's atomic commit), so an interrupted save never looks like a valid checkpoint; leftover
+temporary directories are removed when the next run opens the directory. Saves are asynchronous
+(the arrays are copied to host memory, then written in the background); `keep` bounds how many
+stay on disk. Restoring takes an abstract target state with shardings, so a run can resume on
+another mesh; a checkpoint whose arrays do not match the target raises `CheckpointError` naming
+the directory and each mismatched array.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that does not fit the model/optimizer."""
+
+
+def leaf_name(path: tuple) -> str:
+    """`model/blocks/0/mixer/q_proj/kernel` for a key path into a (model, optimizer) state."""
+    parts = []
+    for key in path:
+        name = str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key))))
+        parts.append(name)
+    if parts and parts[-1] == "value":
+        parts.pop()
+    if parts and parts[0] in ("0", "1"):
+        parts[0] = ("model", "optimizer")[int(parts[0])]
+    return "/".join(parts)
+
+
+def _describe(leaf: Any) -> str:
+    return f"{tuple(leaf.shape)} {jax.numpy.dtype(leaf.dtype).name}"
+
+
+def saved_steps(run_dir: str | Path) -> list[int]:
+    """Steps of the complete checkpoints in `run_dir` (torn saves keep a temporary name)."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 class Checkpointer:
     """Saves/restores `{"state": pytree, "meta": json}` under `DIR/checkpoints/<step>`."""
 
-    def __init__(self, run_dir: Path, *, max_to_keep: int | None = 3, async_save: bool = True):
+    def __init__(self, run_dir: str | Path, *, keep: int | None = 3, async_save: bool = True):
         self.directory = Path(run_dir).absolute() / "checkpoints"
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                               enable_async_checkpointing=async_save)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=async_save,
+                                               cleanup_tmp_directories=True)
+        handlers = {"state": ocp.StandardCheckpointHandler(),
+                    "meta": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "meta"))
+                                             item_handlers=handlers)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -34,12 +73,54 @@ class Checkpointer:
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict, int]:
         """Restores into `target`, a pytree of `jax.ShapeDtypeStruct`s with shardings; returns
         (state, meta, step)."""
+        self.manager.reload()
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint found in {self.directory}")
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-        return restored["state"], restored["meta"], step
+        where = self.directory / str(step)
+        if step not in self.manager.all_steps():
+            raise FileNotFoundError(f"checkpoint {where} not found; available steps: "
+                                    f"{sorted(self.manager.all_steps())}")
+        meta = self._read_json(where / "meta" / "metadata")
+        self._check_matches(where, target, step)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target)))
+        except Exception as e:  # orbax/tensorstore raise many types for damaged files
+            raise CheckpointError(f"checkpoint {where / 'state'} is corrupt or unreadable: "
+                                  f"{type(e).__name__}: {_first_line(e)}") from e
+        return restored["state"], meta, step
+
+    def _read_json(self, path: Path) -> dict[str, Any]:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"checkpoint file {path} is missing or corrupt: "
+                                  f"{_first_line(e)}") from e
+
+    def _check_matches(self, where: Path, target: Any, step: int) -> None:
+        self._read_json(where / "state" / "_METADATA")
+        try:
+            saved = self.manager.item_metadata(step)["state"].tree
+        except Exception as e:  # tensorstore names the damaged file in its message
+            raise CheckpointError(f"checkpoint {where / 'state'} is corrupt or unreadable: "
+                                  f"{type(e).__name__}: {_first_line(e)}") from e
+        if saved is None:
+            raise CheckpointError(f"checkpoint {where / 'state'} has no array metadata")
+        found = {leaf_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
+        wanted = {leaf_name(p): v for p, v in jax.tree_util.tree_flatten_with_path(target)[0]}
+        problems = [f"{name}: missing from the checkpoint" for name in wanted
+                    if name not in found]
+        problems += [f"{name}: in the checkpoint but not in the model/optimizer" for name in found
+                     if name not in wanted]
+        problems += [f"{name}: checkpoint has {_describe(found[name])}, the config expects "
+                     f"{_describe(leaf)}" for name, leaf in wanted.items()
+                     if name in found and _describe(found[name]) != _describe(leaf)]
+        if problems:
+            shown = "; ".join(problems[:6]) + (f"; ... {len(problems) - 6} more"
+                                                if len(problems) > 6 else "")
+            raise CheckpointError(f"checkpoint {where / 'state'} does not match the experiment "
+                                  f"config ({len(problems)} arrays differ): {shown}")
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -47,3 +128,9 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _first_line(error: Exception) -> str:
+    """The gist of an error: its first line, without tensorstore's long spec dump."""
+    text = str(error).strip()
+    return text.splitlines()[0].split(" [tensorstore_spec=")[0] if text else ""

@@ -1,8 +1,10 @@
-"""Run outputs: `metrics.jsonl` (one line per log step) and a progress display."""
+"""Run outputs: `metrics.jsonl` (one JSON object per log step or eval), TensorBoard event files
+under `tensorboard/`, and a progress display (step, loss, tokens/s, ETA)."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -11,32 +13,83 @@ from typing import Any
 from tqdm import tqdm
 
 
-class MetricsLog:
-    """Appends one JSON object per line to `DIR/metrics.jsonl` (nothing when dir is None)."""
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of `RUN_DIR/metrics.jsonl` (a torn last line, from a kill, is skipped)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
-    def __init__(self, out_dir: Path | None):
+
+class MetricsLog:
+    """Appends one JSON object per line to `DIR/metrics.jsonl` and scalars to TensorBoard
+    (nothing on disk when dir is None)."""
+
+    def __init__(self, out_dir: Path | None, *, tensorboard: bool = True):
         self.path = None if out_dir is None else Path(out_dir) / "metrics.jsonl"
         self.history: list[dict[str, Any]] = []
+        self.writer = None
+        if out_dir is not None and tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), flush_secs=30)
+
+    def truncate(self, step: int) -> None:
+        """Drops records after `step` (a resumed or rolled-back run writes them again)."""
+        if self.path is None or not self.path.is_file():
+            self.history = [r for r in self.history if r["step"] <= step]
+            return
+        self.history = [r for r in read_metrics(self.path.parent) if r["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        tmp.replace(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float) and math.isfinite(value):
+                    tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
+                    self.writer.add_scalar(tag, value, record["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 class Progress:
-    """A tqdm bar on a terminal; plain log lines otherwise (CI logs, pipes)."""
+    """A tqdm bar on a terminal (loss, tok/s, ETA); plain log lines otherwise (CI, pipes)."""
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True, desc: str = "train"):
         self.interactive = enabled and sys.stderr.isatty()
         self.enabled = enabled
         self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True,
                         disable=not self.interactive)
-        self.start = time.perf_counter()
+        self.start, self.initial = time.perf_counter(), initial
 
     def update(self, steps: int = 1) -> None:
         self.bar.update(steps)
+
+    def set(self, step: int) -> None:
+        """Moves the bar to `step` (after a rollback)."""
+        self.bar.n = step
+        self.bar.refresh()
+
+    def eta(self, step: int) -> str:
+        done = step - self.initial
+        if done <= 0:
+            return "?"
+        left = (time.perf_counter() - self.start) / done * (self.bar.total - step)
+        return time.strftime("%H:%M:%S", time.gmtime(left))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         text = {k: f"{v:.4g}" for k, v in metrics.items()}
@@ -44,7 +97,11 @@ class Progress:
             self.bar.set_postfix(text, refresh=True)
         elif self.enabled:
             fields = " ".join(f"{k}={v}" for k, v in text.items())
-            print(f"step {step}/{self.bar.total} {fields}", flush=True)
+            print(f"step {step}/{self.bar.total} {fields} eta={self.eta(step)}", flush=True)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self.bar.write(text, file=sys.stdout)
 
     def close(self) -> None:
         self.bar.close()

@@ -1,7 +1,13 @@
 """The training loop: one jitted step (NNX merge/split inside jit) under a device mesh.
 
-Outputs in the run directory: `config.json` (the experiment), `metrics.jsonl` (one line per log
-step), `results.json` (final metrics) and `checkpoints/` (model + optimizer state).
+Outputs in the run directory: `config.json` (the experiment), `tokenizer.json` (text data),
+`metrics.jsonl` and `tensorboard/` (one record per log step and eval), `results.json` (final
+metrics) and `checkpoints/` (model, optimizer, step, data-iterator state; see `checkpoint.py`).
+
+`train(..., resume=True)` continues from the latest checkpoint so that every loss after it is
+the one the uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop the
+run (`results["interrupted"]`). A non-finite loss or gradient stops the run naming the step, or
+with `train.on_nonfinite=rollback` restores the last checkpoint and skips that step's batch.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from hybrid_jax.config import ExperimentConfig, to_dict
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.sharding import batch_sharding, make_mesh, state_shardings
-from hybrid_jax.train.checkpoint import Checkpointer
+from hybrid_jax.train.checkpoint import Checkpointer, saved_steps
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_jax.train.preemption import StopSignals
+
+MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
 
 
 @dataclasses.dataclass
@@ -63,18 +72,23 @@ def init_train_state(experiment: ExperimentConfig, mesh: Mesh) -> TrainState:
     return TrainState(graphdef, state, shardings, mesh)
 
 
-def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh: Mesh, *,
-                        step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
-    """Loads a run's checkpoint (latest, or `step`) onto `mesh`, whatever mesh saved it."""
+def _restore(experiment: ExperimentConfig, checkpointer: Checkpointer, mesh: Mesh,
+             step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
     graphdef, abstract_state, shardings, _ = _abstract_train_state(experiment, mesh)
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract_state, shardings)
-    checkpointer = Checkpointer(Path(run_dir))
+    state, meta, _ = checkpointer.restore(target, step)
+    return TrainState(graphdef, state, shardings, mesh), meta
+
+
+def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh: Mesh, *,
+                        step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+    """Loads a run's checkpoint (latest, or `step`) onto `mesh`, whatever mesh saved it."""
+    checkpointer = Checkpointer(Path(run_dir), keep=None)
     try:
-        state, meta, _ = checkpointer.restore(target, step)
+        return _restore(experiment, checkpointer, mesh, step)
     finally:
         checkpointer.close()
-    return TrainState(graphdef, state, shardings, mesh), meta
 
 
 def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Array:
@@ -119,94 +133,240 @@ def to_device(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
 
 
 def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
-             eval_step: Callable | None = None) -> dict[str, float]:
-    """Mean loss, perplexity and accuracy over the scored positions of `batches`."""
+             eval_step: Callable | None = None, *, num_words: int | None = None
+             ) -> dict[str, float]:
+    """Mean loss, perplexity and accuracy over the scored positions of `batches`.
+
+    Batches with `target_bytes` (text) add `bits_per_byte`: total nats / (ln 2 · UTF-8 bytes of
+    the scored text), comparable across tokenizers. `num_words` (the words of the whole
+    evaluated text) adds `word_perplexity`: exp(total nats / words).
+    """
     eval_step = make_eval_step(ts) if eval_step is None else eval_step
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+    num_bytes = 0
     with jax.set_mesh(ts.mesh):
         for batch in batches:
+            batch = dict(batch)
+            target_bytes = batch.pop("target_bytes", None)
+            if target_bytes is not None:
+                num_bytes += int((target_bytes * batch["mask"]).sum())
             stats = jax.device_get(eval_step(ts.state, to_device(batch, ts.mesh)))
             for key in totals:
                 totals[key] += float(stats[key])
     count = max(totals["count"], 1.0)
     loss = totals["loss_sum"] / count
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
-            "accuracy": totals["correct"] / count, "tokens": totals["count"]}
+    metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+               "accuracy": totals["correct"] / count, "tokens": totals["count"]}
+    if num_bytes:
+        metrics["bits_per_byte"] = totals["loss_sum"] / (math.log(2) * num_bytes)
+        metrics["bytes"] = num_bytes
+    if num_words:
+        metrics["word_perplexity"] = math.exp(min(totals["loss_sum"] / num_words, 700.0))
+    return metrics
 
 
 class NonFiniteLossError(FloatingPointError):
-    pass
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
-def _check_data(experiment: ExperimentConfig) -> None:
-    data_vocab = getattr(experiment.data, "vocab_size", None)
-    if data_vocab is not None and data_vocab > experiment.model.vocab_size:
+def bind_data(data: Any, run_dir: Path | None, *, resume: bool = False) -> Any:
+    """The data object the pipeline reads: configs that need the run directory (text: its
+    tokenizer and token cache) are bound to it; synthetic configs are used as they are."""
+    bind = getattr(data, "bind", None)
+    return data if bind is None else bind(run_dir, resume=resume)
+
+
+def held_out_set(data: Any, batch_size: int, num_batches: int, seed: int
+                 ) -> tuple[list[dict[str, np.ndarray]], int | None]:
+    """Eval batches and, when they cover the whole held-out text, its word count."""
+    if hasattr(data, "eval_batches"):
+        batches = data.eval_batches(batch_size, num_batches)
+        return batches, data.eval_words(batches)
+    return eval_batches(data, batch_size=batch_size, num_batches=num_batches, seed=seed), None
+
+
+def _check_vocab(experiment: ExperimentConfig, data: Any) -> None:
+    data_vocab = getattr(data, "vocab_size", None)
+    if data_vocab is None or data_vocab <= experiment.model.vocab_size:
+        return
+    tokenizer = getattr(data, "tokenizer", None)
+    if tokenizer is None:
         raise ValueError(f"data.vocab_size={data_vocab} exceeds model.vocab_size="
                          f"{experiment.model.vocab_size}")
+    raise ValueError(f"tokenizer {tokenizer.name!r} has {data_vocab} tokens, more than "
+                     f"model.vocab_size={experiment.model.vocab_size}: add --set "
+                     f"model.vocab_size={data_vocab} (or more)")
+
+
+class _Run:
+    """One training run: state, data iterator, checkpoints and logs, and the loop over steps."""
+
+    def __init__(self, experiment: ExperimentConfig, out: Path | None, progress: bool,
+                 resume: bool):
+        cfg = self.cfg = experiment.train
+        self.experiment, self.out = experiment, out
+        saved = [] if out is None or resume else saved_steps(out)
+        if saved:
+            raise ValueError(f"{out} already holds checkpoints (latest step {max(saved)}): pass "
+                             "--resume to continue that run, or choose another --out")
+        # Data next: a missing file or a too-small vocabulary fails before anything compiles.
+        self.data = bind_data(experiment.data, out, resume=resume)
+        _check_vocab(experiment, self.data)
+        self.batches = train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed)
+        self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
+                                                      cfg.eval_batches, cfg.seed)
+        self.mesh = make_mesh(cfg.mesh)
+        self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
+        self.checkpointer = None if out is None else Checkpointer(
+            out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+        try:
+            latest = None if self.checkpointer is None else self.checkpointer.latest_step()
+            self.ts = self._restore() if latest is not None else init_train_state(experiment,
+                                                                                  self.mesh)
+        except BaseException:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+            raise
+        if out is not None:
+            (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
+        self.step_fn, self.eval_step = make_train_step(self.ts), make_eval_step(self.ts)
+        self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
+        self.log = MetricsLog(out)
+        self.log.truncate(self.step)  # records past the checkpoint are written again
+        self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
+        self.tokens_per_step = cfg.batch_size * int(getattr(self.data, "seq_len", 0))
+        self.last_time, self.last_step = time.perf_counter(), self.step
+        if latest is not None:
+            self.log.write({"step": self.step, "event": "resumed"})
+            self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
+
+    def _restore(self) -> TrainState:
+        ts, meta = _restore(self.experiment, self.checkpointer, self.mesh)
+        self.step = self.saved_step = int(meta["step"])
+        self.skipped = set(meta.get("skipped_steps", []))
+        self.batches.set_state(meta["data_state"])
+        return ts
+
+    def save(self) -> None:
+        if self.checkpointer is None or self.saved_step == self.step:
+            return
+        meta = {"step": self.step, "data_state": self.batches.get_state(),
+                "skipped_steps": sorted(self.skipped), "seed": self.cfg.seed,
+                "config": to_dict(self.experiment)}
+        self.checkpointer.save(self.step, self.ts.state, meta)
+        self.saved_step = self.step
+
+    def flush(self, step: int, metrics: dict) -> None:
+        """Checks and logs the metrics of `step` (read one step late: dispatch stays async)."""
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
+            raise NonFiniteLossError(f"non-finite loss {values['loss']} (gradient norm "
+                                     f"{values['grad_norm']}) at step {step}", step)
+        cfg = self.cfg
+        if step % max(cfg.log_every, 1) == 0 or step == cfg.steps:
+            now = time.perf_counter()
+            values["tokens_per_s"] = (self.tokens_per_step * (step - self.last_step)
+                                      / max(now - self.last_time, 1e-9))
+            values["lr"] = float(self.schedule(step))
+            self.last_time, self.last_step = now, step
+            self.log.write({"step": step, **values})
+            self.bar.log(step, {"loss": values["loss"], "acc": values["accuracy"],
+                                "tok/s": values["tokens_per_s"]})
+
+    def evaluate(self) -> dict[str, float]:
+        metrics = evaluate(self.ts, self.held_out, self.eval_step, num_words=self.eval_words)
+        self.log.write({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
+        shown = {k: metrics[k] for k in ("loss", "perplexity", "bits_per_byte") if k in metrics}
+        self.bar.message(f"eval step {self.step}: " + " ".join(f"{k}={v:.4g}"
+                                                                for k, v in shown.items()))
+        return metrics
+
+    def rollback(self, error: NonFiniteLossError) -> None:
+        """Back to the last checkpoint; the batch of the failed step will be skipped."""
+        latest = None if self.checkpointer is None else self.checkpointer.latest_step()
+        if latest is None or self.rollbacks >= MAX_ROLLBACKS:
+            why = ("no checkpoint to roll back to" if latest is None
+                   else f"{MAX_ROLLBACKS} rollbacks already")
+            raise NonFiniteLossError(f"{error} ({why})", error.step) from error
+        self.rollbacks += 1
+        self.checkpointer.wait()
+        self.ts = self._restore()
+        self.skipped.add(error.step)
+        self.log.truncate(self.step)
+        self.log.write({"step": error.step, "event": "rollback", "to_step": self.step,
+                        "message": str(error)})
+        self.bar.message(f"{error}: rolled back to step {self.step}, skipping that batch")
+        self.bar.set(self.step)
+        self.last_time, self.last_step = time.perf_counter(), self.step
+
+    def loop(self, stop: StopSignals) -> None:
+        cfg, pending = self.cfg, None
+        while True:
+            try:
+                if self.step >= cfg.steps or stop.received:
+                    if pending is not None:
+                        self.flush(*pending)
+                    return
+                batch = next(self.batches)
+                if self.step + 1 in self.skipped:
+                    batch = next(self.batches)  # the batch on which this step diverged before
+                self.ts.state, metrics = self.step_fn(self.ts.state, to_device(batch, self.mesh))
+                self.step += 1
+                self.bar.update()
+                if pending is not None:
+                    self.flush(*pending)
+                pending = (self.step, metrics)
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.flush(*pending)  # never checkpoint a diverged state
+                    pending = None
+                    self.save()
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    self.evaluate()
+            except NonFiniteLossError as error:
+                if cfg.on_nonfinite != "rollback":
+                    raise
+                self.rollback(error)
+                pending = None
+
+    def close(self) -> None:
+        self.bar.close()
+        self.log.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
 
 
 def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
-          progress: bool = True) -> dict[str, Any]:
-    """Trains `experiment`, evaluates it, and returns the final metrics (also in results.json)."""
-    _check_data(experiment)
-    cfg = experiment.train
+          progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Trains `experiment`, evaluates it, and returns the final metrics (also in results.json).
+
+    `resume`: continue from the latest checkpoint in `out_dir` (a fresh start if it has none).
+    Interrupted by SIGTERM / SIGINT, it saves a checkpoint and returns `{"interrupted": name,
+    "step": ...}` instead.
+    """
     out = None if out_dir is None else Path(out_dir)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
-    mesh = make_mesh(cfg.mesh)
-    ts = init_train_state(experiment, mesh)
-    step_fn, eval_step = make_train_step(ts), make_eval_step(ts)
-    batches = train_iterator(experiment.data, batch_size=cfg.batch_size, seed=cfg.seed)
-    held_out = eval_batches(experiment.data, batch_size=cfg.batch_size,
-                            num_batches=cfg.eval_batches, seed=cfg.seed)
-    schedule = learning_rate_schedule(cfg)
-    log = MetricsLog(out)
-    bar = Progress(cfg.steps, enabled=progress)
-    tokens_per_step = cfg.batch_size * _seq_len(experiment)
-    pending: tuple[int, dict] | None = None  # metrics read one step late, keeping dispatch async
-    last_time, last_step, start = time.perf_counter(), 0, time.perf_counter()
-
-    def flush(step: int, metrics: dict) -> None:
-        nonlocal last_time, last_step
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not math.isfinite(values["loss"]):
-            raise NonFiniteLossError(f"non-finite loss {values['loss']} at step {step}")
-        if step % max(cfg.log_every, 1) == 0 or step == cfg.steps:
-            now = time.perf_counter()
-            values["tokens_per_s"] = tokens_per_step * (step - last_step) / (now - last_time)
-            values["lr"] = float(schedule(step))
-            last_time, last_step = now, step
-            log.write({"step": step, **values})
-            bar.log(step, {"loss": values["loss"], "acc": values["accuracy"],
-                           "tok/s": values["tokens_per_s"]})
-
-    with jax.set_mesh(mesh):
-        for step in range(1, cfg.steps + 1):
-            ts.state, metrics = step_fn(ts.state, to_device(next(batches), mesh))
-            if pending is not None:
-                flush(*pending)
-            pending = (step, metrics)
-            bar.update()
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                log.write({"step": step, **{f"eval_{k}": v for k, v in
-                                            evaluate(ts, held_out, eval_step).items()}})
-        flush(*pending)
-    bar.close()
-    final = evaluate(ts, held_out, eval_step)
-    results = {"experiment": experiment.name, "steps": cfg.steps,
-               "params": count_params(ts.model()),
-               "train_loss": log.history[-1]["loss"] if log.history else None,
+    start = time.perf_counter()
+    run = _Run(experiment, out, progress, resume)
+    try:
+        with StopSignals() as stop, jax.set_mesh(run.mesh):
+            run.loop(stop)
+            run.save()
+            if stop.received:
+                run.log.write({"step": run.step, "event": "interrupted", "signal": stop.received})
+                return {"experiment": experiment.name, "interrupted": stop.received,
+                        "step": run.step, "accuracy": None}
+        final = run.evaluate()
+    finally:
+        run.close()
+    results = {"experiment": experiment.name, "steps": run.cfg.steps,
+               "params": count_params(run.ts.model()),
+               "train_loss": next((r["loss"] for r in reversed(run.log.history) if "loss" in r),
+                                  None),
                **{f"eval_{k}": v for k, v in final.items()},
                "accuracy": final["accuracy"], "wall_time_s": time.perf_counter() - start}
-    log.write({"step": cfg.steps, **{f"eval_{k}": v for k, v in final.items()}})
     if out is not None:
-        checkpointer = Checkpointer(out)
-        checkpointer.save(cfg.steps, ts.state, {"step": cfg.steps})
-        checkpointer.close()
         (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
-
-
-def _seq_len(experiment: ExperimentConfig) -> int:
-    return int(getattr(experiment.data, "seq_len", 0))

@@ -1,0 +1,77 @@
+"""Language modelling on real text: WikiText-2 (raw) and Project Gutenberg, from `../shared/data`.
+
+The data paths are options (`--set data.path=... --set data.eval_path=...`), so the same
+experiments run on any corpus. Tiny variants use the byte tokenizer and train on a CPU in
+minutes; the 125M variants train a 32k byte-level BPE on the training split at the start of the
+run (recorded as RUN_DIR/tokenizer.json) and are sized for one GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from experiments.registry import register
+from hybrid_jax import presets
+from hybrid_jax.config import ExperimentConfig, TrainConfig
+from hybrid_jax.data.text import TextConfig
+
+DATA = "../shared/data"
+# WikiText articles start with a top-level heading line " = Title = " (sections use " = = ").
+WIKITEXT_ARTICLE = r"^ = [^=].* = $"
+BPE_VOCAB = 32768
+
+WIKITEXT2_RAW = TextConfig(path=f"{DATA}/wikitext-2-raw/wiki.train.raw",
+                           eval_path=f"{DATA}/wikitext-2-raw/wiki.valid.raw",
+                           seq_len=256, document_regex=WIKITEXT_ARTICLE, word_perplexity=True)
+GUTENBERG = TextConfig(path=f"{DATA}/gutenberg/train-00.txt.xz",
+                       eval_path=f"{DATA}/gutenberg/valid.txt.xz", seq_len=256)
+
+TINY_TRAIN = TrainConfig(steps=600, batch_size=16, learning_rate=3e-3, warmup_steps=50,
+                         weight_decay=0.1, log_every=25, eval_every=100, eval_batches=8,
+                         checkpoint_every=200)
+GPU_TRAIN = TrainConfig(steps=5000, batch_size=32, learning_rate=6e-4, warmup_steps=500,
+                        weight_decay=0.1, log_every=50, eval_every=500, eval_batches=0,
+                        checkpoint_every=1000)
+
+
+def _tiny_model():
+    return presets.get("transformer-tiny").replace(vocab_size=257)  # 256 bytes + end of doc
+
+
+def _gpu_model():
+    return presets.get("transformer-125m").replace(vocab_size=BPE_VOCAB, dtype="bfloat16")
+
+
+@register("lm-wikitext2-transformer-tiny")
+def lm_wikitext2_transformer_tiny() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="lm-wikitext2-transformer-tiny", model=_tiny_model(), data=WIKITEXT2_RAW,
+        train=TINY_TRAIN,
+        description="2-layer byte-level transformer on WikiText-2 raw (CPU, a few minutes)")
+
+
+@register("lm-wikitext2-transformer-125m")
+def lm_wikitext2_transformer_125m() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="lm-wikitext2-transformer-125m", model=_gpu_model(),
+        data=replace(WIKITEXT2_RAW, tokenizer=f"bpe:{BPE_VOCAB}", seq_len=1024),
+        train=replace(GPU_TRAIN, steps=1000, batch_size=16, eval_every=250),
+        description="GPT-2-small shape on WikiText-2 raw with a 32k BPE (one GPU)")
+
+
+@register("lm-gutenberg-transformer-tiny")
+def lm_gutenberg_transformer_tiny() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="lm-gutenberg-transformer-tiny", model=_tiny_model(), data=GUTENBERG,
+        train=TINY_TRAIN,
+        description="2-layer byte-level transformer on one Gutenberg shard (CPU)")
+
+
+@register("lm-gutenberg-transformer-125m")
+def lm_gutenberg_transformer_125m() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="lm-gutenberg-transformer-125m", model=_gpu_model(),
+        data=replace(GUTENBERG, path=f"{DATA}/gutenberg/train-*.txt.xz",
+                     tokenizer=f"bpe:{BPE_VOCAB}", seq_len=1024),
+        train=GPU_TRAIN,
+        description="GPT-2-small shape on all Gutenberg shards with a 32k BPE (one GPU)")

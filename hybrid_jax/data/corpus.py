@@ -1,0 +1,259 @@
+"""Corpora as token streams: the documents of a set of files, tokenized and concatenated.
+
+Inputs (one kind per file list, chosen by extension):
+- text: `.txt`, `.raw`, `.tokens`, ... and `.gz` / `.xz` compressed, read as streams of lines.
+  A line matching `document_regex` starts a new document; without one, each file is a document.
+- ArrayRecord (`.arrayrecord`, `.array_record`): one UTF-8 document per record.
+- token arrays: `.npy` (memory-mapped) or raw `.bin` (`token_dtype`), already tokenized;
+  documents start at each end-of-document id.
+
+A `TokenStream` puts the end-of-document id *before* every document, so the first token of each
+document is predicted from a fresh context and the last one predicts the separator. Tokenized
+text is cached on disk (keyed by files, sizes, modification times, tokenizer and document rule)
+and memory-mapped, so a restarted run does not tokenize again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from hybrid_jax.data.tokenizer import Tokenizer
+
+TOKEN_SUFFIXES = (".npy", ".bin")
+ARRAY_RECORD_SUFFIXES = (".arrayrecord", ".array_record")
+PIECE_CHARS = 1 << 20  # text is tokenized in pieces of about this many characters, cut at lines
+CACHE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenStream:
+    """`tokens[N]` (documents back to back) and `doc_starts[D]` (offset of each document).
+
+    `num_words`: whitespace-separated words plus one per line of the text (the WikiText
+    word-level count), -1 when unknown (token files).
+    """
+
+    tokens: np.ndarray
+    doc_starts: np.ndarray
+    num_words: int = -1
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def resolve_files(spec: str, what: str) -> list[Path]:
+    """Files named by `spec`: paths and globs, comma-separated; missing ones raise, naming them."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"{what} is empty: set it to a file, a glob or a comma-separated list, "
+                         f"e.g. --set {what}=corpus/*.txt")
+    files: list[Path] = []
+    for part in parts:
+        pattern = os.path.expanduser(part)
+        if glob.has_magic(pattern):
+            matches = sorted(Path(m) for m in glob.glob(pattern) if Path(m).is_file())
+            if not matches:
+                raise FileNotFoundError(f"{what}={part!r} matches no file (from {os.getcwd()})")
+            files.extend(matches)
+        elif Path(pattern).is_file():
+            files.append(Path(pattern))
+        else:
+            raise FileNotFoundError(f"{what}: data file {part} not found (from {os.getcwd()})")
+    return files
+
+
+def file_kind(path: Path) -> str:
+    """"tokens", "arrayrecord" or "text", by extension."""
+    name = path.name.lower()
+    if name.endswith(TOKEN_SUFFIXES):
+        return "tokens"
+    if name.endswith(ARRAY_RECORD_SUFFIXES):
+        return "arrayrecord"
+    return "text"
+
+
+def open_text(path: Path) -> IO[str]:
+    """A text stream of `path`, decompressing `.gz` / `.xz` on the fly; newlines untranslated."""
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
+    return opener(path, "rt", encoding="utf-8", errors="replace", newline="")
+
+
+def text_pieces(path: Path, document_regex: str = "") -> Iterator[tuple[bool, str]]:
+    """`(starts_document, text)` pieces of a text file, each at most ~1M characters (cut at line
+    ends, so a file never sits whole in memory)."""
+    starts = re.compile(document_regex) if document_regex else None
+    lines: list[str] = []
+    size, new_document = 0, True
+    with open_text(path) as f:
+        for line in f:
+            if starts is not None and starts.match(line.rstrip("\r\n")):
+                if lines:
+                    yield new_document, "".join(lines)
+                    lines, size = [], 0
+                new_document = True
+            lines.append(line)
+            size += len(line)
+            if size >= PIECE_CHARS:
+                yield new_document, "".join(lines)
+                lines, size, new_document = [], 0, False
+    if lines:
+        yield new_document, "".join(lines)
+
+
+def array_record_pieces(path: Path) -> Iterator[tuple[bool, str]]:
+    """One document per record (UTF-8 text)."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    reader = ArrayRecordReader(str(path))
+    try:
+        for start in range(0, reader.num_records(), 1024):
+            for record in reader.read(range(start, min(start + 1024, reader.num_records()))):
+                yield True, record.decode("utf-8", errors="replace")
+    finally:
+        reader.close()
+
+
+def count_words(text: str) -> int:
+    """Whitespace-separated words plus one per newline (WikiText's one `<eos>` per line)."""
+    return len(text.split()) + text.count("\n")
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+class _StreamWriter:
+    """Appends documents to a token stream, in memory or to a `.bin` file under `path`."""
+
+    def __init__(self, dtype: np.dtype, path: Path | None):
+        self.dtype, self.path = dtype, path
+        self.chunks: list[np.ndarray] = []
+        self.file = None if path is None else open(path.with_suffix(".bin.tmp"), "wb")
+        self.length, self.doc_starts, self.num_words = 0, [], 0
+
+    def write(self, ids: np.ndarray, new_document: bool, eos_id: int) -> None:
+        if new_document:
+            self.doc_starts.append(self.length)
+            ids = np.concatenate([[eos_id], ids])
+        ids = np.asarray(ids, self.dtype)
+        if self.file is None:
+            self.chunks.append(ids)
+        else:
+            ids.tofile(self.file)
+        self.length += len(ids)
+
+    def finish(self) -> TokenStream:
+        doc_starts = np.asarray(self.doc_starts, np.int64)
+        if self.file is None:
+            tokens = np.concatenate(self.chunks) if self.chunks else np.zeros(0, self.dtype)
+            return TokenStream(tokens, doc_starts, self.num_words)
+        self.file.close()
+        path = self.path
+        os.replace(path.with_suffix(".bin.tmp"), path.with_suffix(".bin"))
+        np.save(path.with_suffix(".docs.npy"), doc_starts)
+        meta = {"dtype": self.dtype.name, "length": self.length, "num_words": self.num_words}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path.with_suffix(".json"))  # written last: marks the cache complete
+        return _load_cached(path)
+
+
+def _load_cached(path: Path) -> TokenStream | None:
+    meta_path = path.with_suffix(".json")
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    tokens = (np.memmap(path.with_suffix(".bin"), dtype=meta["dtype"], mode="r")
+              if meta["length"] else np.zeros(0, meta["dtype"]))
+    return TokenStream(tokens, np.load(path.with_suffix(".docs.npy")), meta["num_words"])
+
+
+def _cache_key(files: list[Path], tokenizer: Tokenizer, document_regex: str) -> str:
+    stats = [(str(f.absolute()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    blob = json.dumps([CACHE_VERSION, stats, tokenizer.to_json(), document_regex])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def tokenize_documents(files: list[Path], tokenizer: Tokenizer, *, document_regex: str = "",
+                       cache_dir: Path | None = None) -> TokenStream:
+    """Tokenizes text or ArrayRecord `files` into one stream (cached under `cache_dir`)."""
+    cache = None
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache = cache_dir / _cache_key(files, tokenizer, document_regex)
+        cached = _load_cached(cache)
+        if cached is not None:
+            return cached
+    writer = _StreamWriter(_token_dtype(tokenizer.vocab_size), cache)
+    batch: list[tuple[bool, str]] = []
+
+    def flush() -> None:
+        for (new_document, _), ids in zip(batch, tokenizer.encode_batch([t for _, t in batch]),
+                                          strict=True):
+            writer.write(ids, new_document, tokenizer.eos_id)
+        batch.clear()
+
+    for path in files:
+        pieces = (array_record_pieces(path) if file_kind(path) == "arrayrecord"
+                  else text_pieces(path, document_regex))
+        for new_document, text in pieces:
+            writer.num_words += count_words(text)
+            batch.append((new_document, text))
+            if len(batch) >= 8:
+                flush()
+    flush()
+    return writer.finish()
+
+
+def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
+                     token_dtype: str = "uint16") -> TokenStream:
+    """Pre-tokenized arrays (`.npy` memory-mapped, `.bin` raw `token_dtype`), concatenated."""
+    arrays, doc_starts, offset = [], [], 0
+    for path in files:
+        if path.suffix.lower() == ".npy":
+            try:
+                tokens = np.load(path, mmap_mode="r")
+            except ValueError as e:
+                raise ValueError(f"token file {path} is not a valid .npy array: {e}") from None
+        else:
+            tokens = np.memmap(path, dtype=token_dtype, mode="r")
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"token file {path}: expected a 1-D integer array, found shape "
+                             f"{tokens.shape} dtype {tokens.dtype}")
+        if len(tokens) and int(tokens.max()) >= vocab_size:
+            raise ValueError(f"token file {path} holds id {int(tokens.max())}, outside the "
+                             f"vocabulary of {vocab_size} (tokenizer / model.vocab_size)")
+        starts = np.flatnonzero(tokens == eos_id)
+        if not len(starts) or starts[0] != 0:
+            starts = np.concatenate([[0], starts])
+        doc_starts.append(starts + offset)
+        arrays.append(tokens)
+        offset += len(tokens)
+    tokens = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    return TokenStream(tokens, np.concatenate(doc_starts).astype(np.int64))
+
+
+def load_stream(files: list[Path], tokenizer: Tokenizer, *, document_regex: str = "",
+                token_dtype: str = "uint16", cache_dir: Path | None = None) -> TokenStream:
+    """The token stream of `files` (all token arrays, or all text / ArrayRecord)."""
+    kinds = {file_kind(f) == "tokens" for f in files}
+    if len(kinds) > 1:
+        raise ValueError(f"cannot mix token arrays (.npy/.bin) with text files in one data "
+                         f"path: {[str(f) for f in files]}")
+    if kinds == {True}:
+        return load_token_files(files, eos_id=tokenizer.eos_id, vocab_size=tokenizer.vocab_size,
+                                token_dtype=token_dtype)
+    return tokenize_documents(files, tokenizer, document_regex=document_regex,
+                              cache_dir=cache_dir)

@@ -1,0 +1,192 @@
+"""The `text` data kind: language modelling on the user's files (text, ArrayRecord, tokens).
+
+    --set data.path=../shared/data/wikitext-2-raw/wiki.train.raw
+    --set data.eval_path=../shared/data/wikitext-2-raw/wiki.valid.raw
+    --set data.tokenizer=bpe:8192        # byte (default) | bpe:VOCAB | word | path/tokenizer.json
+
+`TextConfig` is the frozen config; `TextConfig.bind(run_dir)` resolves the tokenizer (training a
+BPE or word vocabulary on `path` when asked, reusing the one recorded in the run directory when
+resuming), records it as `RUN_DIR/tokenizer.json` and returns a `TextData`, whose
+`source(split, seed)` feeds the grain pipeline and whose `eval_batches` cover the held-out file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_jax.config import register_data
+from hybrid_jax.data.corpus import (
+    TokenStream,
+    array_record_pieces,
+    file_kind,
+    load_stream,
+    resolve_files,
+    text_pieces,
+)
+from hybrid_jax.data.packing import PackedWindows
+from hybrid_jax.data.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    build_word_vocab,
+    load_tokenizer,
+    train_bpe,
+)
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKEN_DTYPES = ("uint16", "uint32", "int32")
+
+
+@register_data("text")
+@dataclasses.dataclass(frozen=True)
+class TextConfig:
+    path: str = ""  # training files: paths or globs, comma-separated
+    eval_path: str = ""  # held-out files (loss, perplexity, bits-per-byte)
+    tokenizer: str = "byte"  # byte | bpe:VOCAB (trained on `path`) | word | a tokenizer.json
+    seq_len: int = 256
+    document_regex: str = ""  # a line matching this starts a document; "": one per file
+    token_dtype: str = "uint16"  # element type of raw .bin token files
+    word_perplexity: bool = False  # also report word-level perplexity (WikiText)
+    cache_dir: str = ""  # tokenized-data cache; "": RUN_DIR/data_cache
+
+    def __post_init__(self) -> None:
+        name = "TextConfig"
+        if self.seq_len < 1:
+            raise ValueError(f"{name}.seq_len={self.seq_len}: expected a positive integer")
+        if self.token_dtype not in TOKEN_DTYPES:
+            raise ValueError(f"{name}.token_dtype={self.token_dtype!r}: expected one of "
+                             f"{list(TOKEN_DTYPES)}")
+        _bpe_vocab(self.tokenizer)
+        try:
+            re.compile(self.document_regex)
+        except re.error as e:
+            raise ValueError(f"{name}.document_regex={self.document_regex!r}: {e}") from None
+
+    def bind(self, run_dir: str | Path | None = None, *, resume: bool = False) -> TextData:
+        run_dir = None if run_dir is None else Path(run_dir)
+        tokenizer = resolve_tokenizer(self, run_dir, resume=resume)
+        cache = Path(self.cache_dir) if self.cache_dir else (
+            None if run_dir is None else run_dir / "data_cache")
+        return TextData(self, tokenizer, cache)
+
+
+def _bpe_vocab(spec: str) -> int | None:
+    """The vocabulary size of a "bpe:N" spec (None for other specs); checks the spec's form."""
+    if spec.startswith("bpe:"):
+        try:
+            return int(spec[4:])
+        except ValueError:
+            pass
+    elif spec in ("byte", "word") or spec.endswith(".json"):
+        return None
+    raise ValueError(f"TextConfig.tokenizer={spec!r}: expected 'byte', 'bpe:VOCAB_SIZE' "
+                     "(e.g. bpe:8192), 'word' or the path of a tokenizer.json")
+
+
+def corpus_texts(files: list[Path], document_regex: str = "") -> Iterator[str]:
+    """The text of `files` in pieces (text or ArrayRecord), for training a tokenizer."""
+    for path in files:
+        if file_kind(path) == "tokens":
+            raise ValueError(f"cannot train a tokenizer on token file {path}: give text files")
+        pieces = (array_record_pieces(path) if file_kind(path) == "arrayrecord"
+                  else text_pieces(path, document_regex))
+        for _, text in pieces:
+            yield text
+
+
+def resolve_tokenizer(config: TextConfig, run_dir: Path | None, *,
+                      resume: bool = False) -> Tokenizer:
+    """The tokenizer `config.tokenizer` names, recorded as `run_dir/tokenizer.json`.
+
+    When resuming, the recorded one is used. A "bpe:N" or "word" run reuses a recorded tokenizer
+    of that kind (e.g. from `hybrid-jax tokenizer train --out RUN_DIR`) or trains one on `path`.
+    """
+    recorded = None if run_dir is None else run_dir / TOKENIZER_FILE
+    if resume and recorded is not None and recorded.is_file():
+        return load_tokenizer(recorded)
+    previous = load_tokenizer(recorded) if recorded is not None and recorded.is_file() else None
+    spec, vocab = config.tokenizer, _bpe_vocab(config.tokenizer)
+    if spec == "byte":
+        tokenizer: Tokenizer = ByteTokenizer()
+    elif vocab is not None:
+        if isinstance(previous, HFTokenizer) and previous.vocab_size == vocab:
+            tokenizer = previous
+        else:
+            texts = corpus_texts(resolve_files(config.path, "data.path"), config.document_regex)
+            tokenizer = train_bpe(texts, vocab)
+    elif spec == "word":
+        if isinstance(previous, WordTokenizer):
+            tokenizer = previous
+        else:
+            texts = corpus_texts(resolve_files(config.path, "data.path"), config.document_regex)
+            tokenizer = build_word_vocab(texts)
+    else:
+        tokenizer = load_tokenizer(spec)
+    if recorded is not None:
+        tokenizer.save(recorded)
+    return tokenizer
+
+
+@dataclasses.dataclass
+class TextData:
+    """A bound text config: the tokenizer plus token streams of the train and eval files."""
+
+    config: TextConfig
+    tokenizer: Tokenizer
+    cache_dir: Path | None
+    _streams: dict[str, TokenStream] = dataclasses.field(default_factory=dict)
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def stream(self, split: str) -> TokenStream:
+        if split not in ("train", "eval"):
+            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+        if split not in self._streams:
+            spec, what = ((self.config.path, "data.path") if split == "train"
+                          else (self.config.eval_path, "data.eval_path"))
+            self._streams[split] = load_stream(
+                resolve_files(spec, what), self.tokenizer,
+                document_regex=self.config.document_regex, token_dtype=self.config.token_dtype,
+                cache_dir=self.cache_dir)
+        return self._streams[split]
+
+    def source(self, split: str, seed: int = 0) -> PackedWindows:
+        """Training windows (whole ones), or eval windows (the last one padded, with bytes)."""
+        if split == "train":
+            return PackedWindows(self.stream(split), self.seq_len)
+        return PackedWindows(self.stream(split), self.seq_len, pad_last=True,
+                             token_bytes=self.tokenizer.token_bytes())
+
+    def eval_batches(self, batch_size: int, num_batches: int = 0) -> list[dict[str, np.ndarray]]:
+        """The first `num_batches` batches of held-out windows in order (0: all of them); the
+        last batch is padded with unscored rows."""
+        source = self.source("eval")
+        count = -(-len(source) // batch_size)
+        count = count if num_batches == 0 else min(count, num_batches)
+        batches = []
+        for b in range(count):
+            rows = [source[i] for i in range(b * batch_size, min((b + 1) * batch_size,
+                                                                 len(source)))]
+            rows += [{k: np.zeros_like(v) for k, v in rows[0].items()}] * (batch_size - len(rows))
+            batches.append({k: np.stack([r[k] for r in rows]) for k in rows[0]})
+        return batches
+
+    def eval_words(self, batches: list[dict[str, np.ndarray]]) -> int | None:
+        """Words of the held-out text when `batches` score all of it and word perplexity is on."""
+        stream = self.stream("eval")
+        scored = sum(int(b["mask"].sum()) for b in batches)
+        if not self.config.word_perplexity or stream.num_words < 0 or scored < len(stream) - 1:
+            return None
+        return stream.num_words

@@ -1,0 +1,224 @@
+"""Tokenizers for text data: bytes (built in), byte-level BPE and words (`tokenizers` library).
+
+Every tokenizer has `vocab_size`, `eos_id` (the document separator), `encode(text)` → int32
+ids, `encode_batch(texts)`, `decode(ids)`, `token_bytes()` (UTF-8 bytes each id stands for, 0 for
+special tokens; bits-per-byte counts bytes through it), `to_json()` and `save(path)`, which
+writes a `tokenizer.json` that `load_tokenizer` reads back. Byte-level tokenizers round-trip
+any text exactly; the word tokenizer (WikiText word level) maps each newline to `<eos>` and
+loses spacing.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+EOS = "<|endoftext|>"
+WORD_EOS, WORD_UNK = "<eos>", "<unk>"
+# Our own tokenizer.json files say which kind they are under this key; others are HF files.
+KIND_KEY = "hybrid_jax_tokenizer"
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def token_bytes(self) -> np.ndarray: ...
+
+    def to_json(self) -> str: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; id 256 is the end-of-document token."""
+
+    name = "byte"
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        data = bytes(int(i) for i in ids if int(i) < 256)
+        return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        return np.array([1] * 256 + [0], np.int32)
+
+    def to_json(self) -> str:
+        return json.dumps({KIND_KEY: "byte", "vocab_size": self.vocab_size, "eos": EOS})
+
+    def save(self, path: str | Path) -> None:
+        _atomic_write(Path(path), self.to_json())
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` (e.g. the byte-level BPE of `train_bpe`, or a user's file)."""
+
+    def __init__(self, tokenizer: Any, name: str = "bpe"):
+        self.tokenizer = tokenizer
+        # Text that happens to contain "<|endoftext|>" is encoded as text, never as the special.
+        tokenizer.encode_special_tokens = True
+        self.name = name
+        self.vocab_size = tokenizer.get_vocab_size()
+        eos = tokenizer.token_to_id(EOS)
+        if eos is None:
+            raise ValueError(f"tokenizer {name!r} has no {EOS!r} token (the document separator); "
+                             f"train one with `hybrid-jax tokenizer train`")
+        self.eos_id = eos
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, np.int32) for e in encodings]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def token_bytes(self) -> np.ndarray:
+        specials = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()
+                    if t.special}
+        config = json.loads(self.tokenizer.to_str())
+        byte_level = (config.get("decoder") or {}).get("type") == "ByteLevel"
+        sizes = np.zeros(self.vocab_size, np.int32)
+        for token, i in self.tokenizer.get_vocab().items():
+            if token in specials:
+                continue
+            # Byte-level vocabularies spell each byte as one character: exact. Otherwise decode.
+            sizes[i] = len(token) if byte_level else len(self.decode([i]).encode("utf-8"))
+        return sizes
+
+    def to_json(self) -> str:
+        return self.tokenizer.to_str(pretty=True)
+
+    def save(self, path: str | Path) -> None:
+        _atomic_write(Path(path), self.to_json())
+
+
+class WordTokenizer:
+    """Whitespace-separated words, `<eos>` for each newline, `<unk>` for unknown words.
+
+    `encode("a b\\nc\\n")` is `[a, b, <eos>, c, <eos>]`: WikiText-2's word-level convention.
+    """
+
+    name = "word"
+
+    def __init__(self, vocab: Sequence[str]):
+        if list(vocab[:2]) != [WORD_EOS, WORD_UNK]:
+            raise ValueError(f"a word vocabulary starts with {[WORD_EOS, WORD_UNK]}, "
+                             f"got {list(vocab[:2])}")
+        self.vocab = list(vocab)
+        self.ids = {w: i for i, w in enumerate(self.vocab)}
+        self.vocab_size, self.eos_id = len(self.vocab), 0
+
+    def encode(self, text: str) -> np.ndarray:
+        ids, unk = [], self.ids[WORD_UNK]
+        lines = text.split("\n")
+        for n, line in enumerate(lines):
+            ids.extend(self.ids.get(w, unk) for w in line.split())
+            if n < len(lines) - 1:
+                ids.append(self.eos_id)
+        return np.asarray(ids, np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        lines, line = [], []
+        for i in ids:
+            if int(i) == self.eos_id:
+                lines.append(" ".join(line) + "\n")
+                line = []
+            else:
+                line.append(self.vocab[int(i)])
+        return "".join(lines) + " ".join(line)
+
+    def token_bytes(self) -> np.ndarray:
+        # A word and the separator after it; <eos> is the newline.
+        return np.array([1, len(WORD_UNK) + 1] + [len(w.encode()) + 1 for w in self.vocab[2:]],
+                        np.int32)
+
+    def to_json(self) -> str:
+        return json.dumps({KIND_KEY: "word", "vocab": self.vocab}, ensure_ascii=False)
+
+    def save(self, path: str | Path) -> None:
+        _atomic_write(Path(path), self.to_json())
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> HFTokenizer:
+    """A byte-level BPE (GPT-2 style pre-splitting, no normalisation: round-trips exactly)."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257 + 1:
+        raise ValueError(f"a byte-level BPE needs vocab_size > 257 (256 bytes + {EOS}), "
+                         f"got {vocab_size}")
+    tokenizer = HF(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    return HFTokenizer(tokenizer)
+
+
+def build_word_vocab(texts: Iterable[str]) -> WordTokenizer:
+    """All whitespace-separated words of `texts`, most frequent first (ties by first use)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for text in texts:
+        counts.update(text.split())
+    counts.pop(WORD_EOS, None)
+    counts.pop(WORD_UNK, None)
+    return WordTokenizer([WORD_EOS, WORD_UNK, *(w for w, _ in counts.most_common())])
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Reads a `tokenizer.json`: ours (byte, word) or any `tokenizers` library file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file {path} not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"tokenizer file {path} is not valid JSON: {e}") from None
+    kind = data.get(KIND_KEY)
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "word":
+        return WordTokenizer(data["vocab"])
+    if kind is not None:
+        raise ValueError(f"tokenizer file {path}: unknown {KIND_KEY} {kind!r}; "
+                         "expected 'byte' or 'word'")
+    from tokenizers import Tokenizer as HF
+
+    try:
+        return HFTokenizer(HF.from_file(str(path)), name=str(path))
+    except Exception as e:  # the library raises a bare Exception for malformed files
+        raise ValueError(f"tokenizer file {path} could not be loaded: {e}") from None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,53 @@
+"""Loss and perplexity curves of several runs on one PNG (`hybrid-jax plot RUN_DIR ...`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from hybrid_jax.train.metrics import read_metrics
+
+# (metrics.jsonl key, panel title); a panel is drawn when some run has the key.
+PANELS = (("loss", "train loss"), ("eval_loss", "eval loss (nats/token)"),
+          ("eval_perplexity", "eval perplexity"), ("eval_bits_per_byte", "eval bits per byte"))
+
+
+def _label(run_dir: Path) -> str:
+    config = run_dir / "config.json"
+    name = json.loads(config.read_text()).get("name") if config.is_file() else None
+    return run_dir.name if not name or name == run_dir.name else f"{run_dir.name} ({name})"
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = False) -> Path:
+    """Draws each metric of `PANELS` against the step, one line per run; returns `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(Path(d), read_metrics(d)) for d in run_dirs]
+    panels = [(key, title) for key, title in PANELS
+              if any(key in r for _, records in runs for r in records)]
+    if not panels:
+        raise ValueError(f"no loss or eval records in {[str(d) for d in run_dirs]}")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels, strict=True):
+        for run_dir, records in runs:
+            points = sorted({r["step"]: r[key] for r in records if key in r}.items())
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, marker="o" if len(points) < 20 else None, markersize=3,
+                        label=_label(run_dir))
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if log_y or key == "eval_perplexity":
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,252 @@
+"""Text data: tokenizers, streamed files (plain, .gz, .xz, ArrayRecord, token arrays), packing
+with document boundaries, the grain iterator state, and the WikiText checks (skipped without
+../shared/data)."""
+
+import gzip
+import lzma
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.data.corpus import (
+    TokenStream,
+    load_stream,
+    resolve_files,
+    text_pieces,
+    tokenize_documents,
+)
+from hybrid_jax.data.packing import PackedWindows
+from hybrid_jax.data.pipeline import train_iterator
+from hybrid_jax.data.text import TextConfig
+from hybrid_jax.data.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    WordTokenizer,
+    build_word_vocab,
+    load_tokenizer,
+    train_bpe,
+)
+from hybrid_jax.nn.lm import create_model
+from tests.data.corpus_helpers import ARTICLE, make_text, write_corpus
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(),
+                                  reason=f"{SHARED} (the shared corpora) is not present")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def bpe(corpus):
+    return train_bpe((p.read_text() for p in sorted(corpus.glob("train-*.txt"))), 400,
+                     min_frequency=1)
+
+
+def test_byte_tokenizer_round_trips_and_counts_bytes():
+    tok, text = ByteTokenizer(), make_text(5, 3)
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and ids.max() < 256 and tok.vocab_size == 257
+    assert tok.token_bytes()[ids].sum() == len(text.encode()) and tok.token_bytes()[256] == 0
+
+
+def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
+    text = (corpus / "valid.txt").read_text() + " <|endoftext|> \r\n\x00"
+    ids = bpe.encode(text)
+    assert bpe.decode(ids) == text and bpe.eos_id not in ids.tolist()
+    assert len(ids) < len(text.encode())  # merges were learned
+    assert bpe.token_bytes()[ids].sum() == len(text.encode())  # exact bytes per token
+    bpe.save(tmp_path / "tokenizer.json")
+    loaded = load_tokenizer(tmp_path / "tokenizer.json")
+    assert isinstance(loaded, HFTokenizer) and np.array_equal(loaded.encode(text), ids)
+
+
+def test_word_tokenizer_one_eos_per_line():
+    tok = build_word_vocab(["a b a\nc\n"])
+    assert isinstance(tok, WordTokenizer) and tok.vocab[:3] == ["<eos>", "<unk>", "a"]
+    ids = tok.encode("a b zz\n\nc\n")
+    assert ids.tolist() == [2, tok.ids["b"], 1, 0, 0, tok.ids["c"], 0]
+    assert tok.decode(ids) == "a b <unk>\n\nc\n"
+
+
+def test_load_tokenizer_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_tokenizer(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+        load_tokenizer(tmp_path / "bad.json")
+
+
+def test_compressed_files_stream_to_the_same_tokens(tmp_path, monkeypatch):
+    text = make_text(3, 30)
+    (tmp_path / "a.txt").write_text(text)
+    with gzip.open(tmp_path / "a.txt.gz", "wt") as f:
+        f.write(text)
+    with lzma.open(tmp_path / "a.txt.xz", "wt") as f:
+        f.write(text)
+    monkeypatch.setattr("hybrid_jax.data.corpus.PIECE_CHARS", 40)  # several pieces per document
+    pieces = list(text_pieces(tmp_path / "a.txt.xz", ARTICLE))
+    assert "".join(t for _, t in pieces) == text and len(pieces) > 30
+    assert sum(new for new, _ in pieces) == 30 and all(len(t) < 40 + 120 for _, t in pieces)
+    streams = [tokenize_documents([tmp_path / f"a.{ext}"], ByteTokenizer(),
+                                  document_regex=ARTICLE) for ext in ("txt", "txt.gz", "txt.xz")]
+    for stream in streams[1:]:
+        assert np.array_equal(stream.tokens, streams[0].tokens)
+        assert np.array_equal(stream.doc_starts, streams[0].doc_starts)
+    assert len(streams[0].doc_starts) == 30 and (streams[0].tokens == 256).sum() == 30
+
+
+def test_array_record_documents(tmp_path):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    docs = [make_text(i, 1) for i in range(5)]
+    writer = ArrayRecordWriter(str(tmp_path / "docs.arrayrecord"), "group_size:1")
+    for doc in docs:
+        writer.write(doc.encode())
+    writer.close()
+    stream = load_stream([tmp_path / "docs.arrayrecord"], ByteTokenizer())
+    expected = np.concatenate([np.concatenate([[256], ByteTokenizer().encode(d)]) for d in docs])
+    assert np.array_equal(stream.tokens, expected) and len(stream.doc_starts) == 5
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".bin"])
+def test_token_files_are_memory_mapped(tmp_path, suffix):
+    tokens = np.array([256, 1, 2, 3, 256, 4, 5, 256, 6], np.uint16)
+    path = tmp_path / f"tokens{suffix}"
+    np.save(path, tokens) if suffix == ".npy" else tokens.tofile(path)
+    stream = load_stream([path], ByteTokenizer())
+    assert isinstance(stream.tokens, np.memmap) and np.array_equal(stream.tokens, tokens)
+    assert stream.doc_starts.tolist() == [0, 4, 7]
+    np.array([1, 300], np.uint16).tofile(tmp_path / "big.bin")
+    with pytest.raises(ValueError, match="big.bin holds id 300"):
+        load_stream([tmp_path / "big.bin"], ByteTokenizer())
+
+
+def test_missing_paths_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data.path: data file /no/such/file.txt"):
+        resolve_files("/no/such/file.txt", "data.path")
+    with pytest.raises(FileNotFoundError, match=r"data.eval_path='/no/\*.txt' matches no file"):
+        resolve_files("/no/*.txt", "data.eval_path")
+    with pytest.raises(ValueError, match="data.path is empty"):
+        resolve_files("", "data.path")
+
+
+def test_tokenized_cache_is_reused_and_invalidated(corpus, tmp_path):
+    files = resolve_files(str(corpus / "train-*.txt"), "data.path")
+    first = tokenize_documents(files, ByteTokenizer(), cache_dir=tmp_path)
+    again = tokenize_documents(files, ByteTokenizer(), cache_dir=tmp_path)
+    assert isinstance(again.tokens, np.memmap) and np.array_equal(again.tokens, first.tokens)
+    assert again.num_words == first.num_words > 0
+    copy = tmp_path / "copy.txt"
+    copy.write_text("x\n")
+    changed = tokenize_documents([copy], ByteTokenizer(), cache_dir=tmp_path)
+    copy.write_text("xy\n")
+    assert len(tokenize_documents([copy], ByteTokenizer(), cache_dir=tmp_path)) == \
+        len(changed) + 1
+
+
+def test_windows_keep_documents_apart():
+    # Documents of lengths 3, 5, 2 (each led by the eos token 9): boundaries at 0, 3, 8.
+    tokens = np.array([9, 1, 2, 9, 3, 4, 5, 6, 9, 7], np.int32)
+    stream = TokenStream(tokens, np.array([0, 3, 8]))
+    train = PackedWindows(stream, 4)
+    assert len(train) == 2  # 9 targets: two whole windows of 4
+    row = train[1]  # positions 4..7 of the stream, targets 5..8
+    assert row["inputs"].tolist() == [3, 4, 5, 6] and row["targets"].tolist() == [4, 5, 6, 9]
+    assert row["segment_ids"].tolist() == [1, 1, 1, 1]
+    assert row["positions"].tolist() == [0, 1, 2, 3]  # restarts at the window start
+    row = train[0]
+    assert row["segment_ids"].tolist() == [1, 1, 1, 2] and row["positions"].tolist() == [0, 1,
+                                                                                          2, 0]
+    evals = PackedWindows(stream, 4, pad_last=True, token_bytes=np.ones(10, np.int32))
+    assert len(evals) == 3
+    last = evals[2]
+    assert last["mask"].tolist() == [True, False, False, False]
+    assert last["segment_ids"].tolist() == [1, 0, 0, 0] and last["targets"][0] == 7
+    covered = np.concatenate([evals[i]["targets"][evals[i]["mask"]] for i in range(3)])
+    assert np.array_equal(covered, tokens[1:])  # every token after the first, scored once
+
+
+def test_eval_batches_count_every_byte(corpus):
+    data = TextConfig(path=str(corpus / "train-0.txt"), eval_path=str(corpus / "valid.txt"),
+                      seq_len=16, document_regex=ARTICLE, word_perplexity=True).bind(None)
+    batches = data.eval_batches(batch_size=4)
+    text = (corpus / "valid.txt").read_text()
+    scored_bytes = sum(int((b["target_bytes"] * b["mask"]).sum()) for b in batches)
+    assert scored_bytes == len(text.encode())
+    assert data.eval_words(batches) == sum(len(line.split()) + 1
+                                           for line in text.splitlines())
+    assert data.eval_words(batches[:1]) is None  # only a part was evaluated
+
+
+def test_packed_documents_do_not_leak():
+    """Logits of a document packed after another equal the logits of that document alone."""
+    model = create_model(ModelConfig(layers=("attention",), vocab_size=257, d_model=16,
+                                     num_heads=2, ffn_dim=32))
+    stream = TokenStream(np.array([256, 5, 6, 7, 256, 8, 9, 10, 11], np.int32),
+                         np.array([0, 4]))
+    row = PackedWindows(stream, 8)[0]
+    alone = np.array([[256, 8, 9, 10]], np.int32)
+
+    @jax.jit
+    def both(row, alone):
+        packed = model(row["inputs"][None], positions_BT=row["positions"][None],
+                       segment_ids_BT=row["segment_ids"][None])
+        return packed[0, 4:], model(alone)[0]
+
+    packed, single = both({k: jnp.asarray(v) for k, v in row.items()}, alone)
+    np.testing.assert_allclose(packed, single, rtol=1e-5, atol=1e-5)
+
+
+def test_iterator_state_restores_the_same_batches(corpus):
+    data = TextConfig(path=str(corpus / "train-*.txt"), seq_len=16).bind(None)
+    it = train_iterator(data, batch_size=4, seed=3)
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    expected = [next(it) for _ in range(2)]
+    again = train_iterator(data, batch_size=4, seed=3)
+    again.set_state(state)
+    for want in expected:
+        got = next(again)
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    other_seed = next(train_iterator(data, batch_size=4, seed=4))
+    assert not np.array_equal(other_seed["inputs"], expected[0]["inputs"])
+
+
+def test_text_config_validates_options():
+    with pytest.raises(ValueError, match="TextConfig.tokenizer='bpe:x'"):
+        TextConfig(tokenizer="bpe:x")
+    with pytest.raises(ValueError, match="TextConfig.document_regex"):
+        TextConfig(document_regex="(")
+    with pytest.raises(ValueError, match="TextConfig.seq_len=0"):
+        TextConfig(seq_len=0)
+
+
+@needs_shared
+def test_wikitext2_word_level_token_counts():
+    """One <eos> per line: the canonical 2,088,628 / 217,646 / 245,569."""
+    folder = SHARED / "wikitext-2"
+    tokenizer = build_word_vocab(p.read_text() for p in [folder / "wiki.train.tokens"])
+    counts = []
+    for split in ("train", "valid", "test"):
+        stream = tokenize_documents([folder / f"wiki.{split}.tokens"], tokenizer)
+        assert stream.num_words == len(stream) - 1  # one document: one leading separator
+        counts.append(len(stream) - 1)
+    assert counts == [2_088_628, 217_646, 245_569]
+
+
+@needs_shared
+def test_bpe_trained_on_wikitext2_train_round_trips_test():
+    folder = SHARED / "wikitext-2-raw"
+    tokenizer = train_bpe((text for _, text in text_pieces(folder / "wiki.train.raw")), 2048)
+    text = (folder / "wiki.test.raw").read_text(encoding="utf-8")
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert len(ids) < 0.4 * len(text.encode())

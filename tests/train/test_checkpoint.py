@@ -1,0 +1,166 @@
+"""Checkpoints: restoring onto another mesh, errors that name the file and the mismatch, and
+non-finite losses (stop naming the step, or roll back and skip the batch)."""
+
+import dataclasses
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from hybrid_jax.config import MeshConfig
+from hybrid_jax.data.pipeline import train_iterator
+from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train import loss as loss_module
+from hybrid_jax.train.checkpoint import CheckpointError
+from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.trainer import (
+    NonFiniteLossError,
+    bind_data,
+    evaluate,
+    held_out_set,
+    restore_train_state,
+    train,
+)
+from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+
+
+def with_train(experiment, **changes):
+    return dataclasses.replace(experiment, train=dataclasses.replace(experiment.train, **changes))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def run8(corpus, tmp_path_factory):
+    """A run saved from an 8-way data-parallel mesh (checkpoints at steps 2 and 4)."""
+    experiment = tiny_text_experiment(corpus, steps=4, batch_size=8, checkpoint_every=2,
+                                      mesh=MeshConfig(data=8))
+    run = tmp_path_factory.mktemp("run8")
+    train(experiment, run, progress=False)
+    return experiment, run
+
+
+def test_restore_onto_other_meshes(run8):
+    experiment, run = run8
+    data = bind_data(experiment.data, run, resume=True)
+    batches, _ = held_out_set(data, 8, 2, 0)
+    results = {}
+    for mesh_config in (MeshConfig(data=8), MeshConfig(data=2, fsdp=2), MeshConfig(data=1)):
+        ts, meta = restore_train_state(with_train(experiment, mesh=mesh_config), run,
+                                       make_mesh(mesh_config))
+        assert meta["step"] == 4 and meta["data_state"] and meta["config"]["name"] == "text-test"
+        model = ts.model()
+        results[mesh_config] = (jax.device_get(nnx_params(model)), evaluate(ts, batches))
+        if mesh_config.fsdp == 2:
+            table = model.embed.table[...]
+            assert table.sharding.spec == P(None, "fsdp") and len(table.devices()) == 4
+    (params8, eval8), *others = results.values()
+    for params, metrics in others:
+        assert jax.tree.all(jax.tree.map(np.array_equal, params, params8))
+        assert metrics["loss"] == pytest.approx(eval8["loss"], rel=1e-6)
+
+
+def nnx_params(model):
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)
+
+
+def test_mismatched_checkpoint_names_the_arrays(run8):
+    experiment, run = run8
+    bigger = dataclasses.replace(experiment, model=experiment.model.replace(vocab_size=300))
+    with pytest.raises(CheckpointError) as error:
+        restore_train_state(bigger, run, make_mesh(MeshConfig(data=1)))
+    message = str(error.value)
+    assert f"checkpoint {run.absolute()}/checkpoints/4/state does not match" in message
+    assert "(3 arrays differ)" in message  # the table and its two Adam moments
+    assert "model/embed/table: checkpoint has (257, 16) float32, the config expects (300, 16) " \
+        "float32" in message
+
+
+@pytest.mark.parametrize("victim, message", [
+    ("state/_METADATA", "checkpoint file {}/state/_METADATA is missing or corrupt"),
+    ("meta/metadata", "checkpoint file {}/meta/metadata is missing or corrupt"),
+    ("state/manifest.ocdbt", "checkpoint {}/state is corrupt or unreadable.*manifest.ocdbt"),
+])
+def test_corrupt_checkpoint_names_the_file(run8, tmp_path, victim, message):
+    experiment, run = run8
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    step_dir = copy.absolute() / "checkpoints" / "4"
+    (step_dir / victim).write_text("garbage{")
+    with pytest.raises(CheckpointError, match=message.format(step_dir)):
+        restore_train_state(experiment, copy, make_mesh(MeshConfig(data=1)))
+
+
+def test_a_new_run_refuses_a_directory_with_checkpoints(run8):
+    experiment, run = run8
+    with pytest.raises(ValueError, match="already holds checkpoints.*pass --resume"):
+        train(experiment, run, progress=False)
+
+
+def test_missing_data_path_is_named(corpus, tmp_path):
+    experiment = tiny_text_experiment(corpus)
+    experiment = dataclasses.replace(experiment, data=dataclasses.replace(
+        experiment.data, eval_path=str(tmp_path / "missing.txt")))
+    with pytest.raises(FileNotFoundError, match="data.eval_path: data file .*missing.txt"):
+        train(experiment, None, progress=False)
+
+
+def poison_for(experiment, after: int) -> tuple[int, int]:
+    """A (step, token) pair: the first target of the step's batch is that token, and no other
+    batch of the run (nor the one after, used once a batch is skipped) starts with it."""
+    data = bind_data(experiment.data, None)
+    batches = train_iterator(data, batch_size=experiment.train.batch_size,
+                             seed=experiment.train.seed)
+    firsts = [int(next(batches)["targets"][0, 0]) for _ in range(experiment.train.steps + 1)]
+    for step in range(after + 1, experiment.train.steps + 1):
+        if firsts.count(firsts[step - 1]) == 1:
+            return step, firsts[step - 1]
+    raise AssertionError(f"no batch of {firsts} starts with a token of its own")
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """`poison(token)`: from now on the loss is NaN on a batch whose first target is `token`."""
+    token_stats = loss_module.token_stats
+
+    def arm(token: int) -> None:
+        def poisoned(logits, targets, mask):
+            stats = token_stats(logits, targets, mask)
+            return {**stats, "loss_sum": jnp.where(targets[0, 0] == token, jnp.nan,
+                                                   stats["loss_sum"])}
+
+        monkeypatch.setattr("hybrid_jax.train.trainer.token_stats", poisoned)
+
+    return arm
+
+
+def test_non_finite_loss_stops_naming_the_step(corpus, poison):
+    experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=100)
+    bad, token = poison_for(experiment, after=0)
+    poison(token)
+    with pytest.raises(NonFiniteLossError, match=f"non-finite loss nan .* at step {bad}$"):
+        train(experiment, None, progress=False)
+
+
+def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path):
+    experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=2,
+                                      on_nonfinite="rollback")
+    bad, token = poison_for(experiment, after=2)  # after the first checkpoint
+    poison(token)
+    results = train(experiment, tmp_path, progress=False)
+    records = read_metrics(tmp_path)
+    rollback = [r for r in records if r.get("event") == "rollback"]
+    assert len(rollback) == 1 and rollback[0]["step"] == bad
+    assert rollback[0]["to_step"] == (bad - 1) // 2 * 2  # the last checkpoint before it
+    assert f"at step {bad}" in rollback[0]["message"]
+    train_losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+    assert sorted(train_losses) == list(range(1, 13))
+    assert all(np.isfinite(v) for v in train_losses.values()) and results["steps"] == 12

@@ -1,0 +1,108 @@
+"""`hybrid-jax` on text end to end: tokenizer training, a WikiText experiment on a generated
+corpus with a BPE tokenizer.json, resume, eval with bits-per-byte, logs, TensorBoard and plots."""
+
+import json
+import math
+import shutil
+
+import pytest
+
+from experiments.cli import main
+from hybrid_jax.data.tokenizer import load_tokenizer
+from hybrid_jax.train.metrics import read_metrics
+from tests.data.corpus_helpers import write_corpus
+
+NAME = "lm-wikitext2-transformer-tiny"
+
+
+def tiny(corpus, tokenizer, vocab=300, steps=4):
+    sets = [f"data.path={corpus}/train-*.txt", f"data.eval_path={corpus}/valid.txt",
+            f"data.tokenizer={tokenizer}", "data.seq_len=16", f"model.vocab_size={vocab}",
+            "model.d_model=16", "model.num_heads=2", "model.layers=[\"attention\"]",
+            f"train.steps={steps}", "train.batch_size=4", "train.log_every=1",
+            "train.eval_every=2", "train.eval_batches=1", "train.checkpoint_every=2",
+            "train.mesh.data=1"]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    assert main(["tokenizer", "train", f"{corpus}/train-*.txt", "--vocab-size", "300",
+                 "--out", str(out)]) == 0
+    return out / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def run_dir(corpus, tokenizer_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    assert main(["train", NAME, "--out", str(out), "--quiet", *tiny(corpus, tokenizer_file)]) == 0
+    return out
+
+
+def test_tokenizer_train_writes_a_round_tripping_bpe(corpus, tokenizer_file, capsys):
+    tokenizer = load_tokenizer(tokenizer_file)
+    text = (corpus / "valid.txt").read_text()
+    assert tokenizer.vocab_size == 300 and tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_run_records_tokenizer_metrics_and_tensorboard(run_dir, tokenizer_file):
+    assert (run_dir / "tokenizer.json").read_text() == tokenizer_file.read_text()
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    evals = [r for r in records if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(r["eval_bits_per_byte"] > 0 and r["eval_perplexity"] > 1 for r in evals)
+    events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and b"train/loss" in events[0].read_bytes()
+    assert b"eval/bits_per_byte" in events[0].read_bytes()
+    assert json.loads((run_dir / "config.json").read_text())["data"]["kind"] == "text"
+
+
+def test_eval_reports_bits_per_byte_over_the_whole_file(run_dir, corpus, capsys):
+    assert main(["eval", str(run_dir), "--batches", "0"]) == 0
+    metrics = json.loads(capsys.readouterr().out.splitlines()[0])
+    text = (corpus / "valid.txt").read_text()
+    assert metrics["bytes"] == len(text.encode())
+    nats = metrics["loss"] * metrics["tokens"]
+    assert metrics["bits_per_byte"] == pytest.approx(nats / (math.log(2) * metrics["bytes"]))
+    words = sum(len(line.split()) + 1 for line in text.splitlines())
+    assert metrics["word_perplexity"] == pytest.approx(math.exp(nats / words))
+
+
+def test_resume_extends_the_run_with_progress_lines(run_dir, corpus, tokenizer_file, tmp_path,
+                                                    capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    assert main(["train", NAME, "--out", str(copy), "--resume", "--set", "train.steps=6"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "step 6/6 loss=" in out and "eta=" in out
+    records = read_metrics(copy)
+    assert [r["step"] for r in records if r.get("event") == "resumed"] == [4]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+    png = tmp_path / "curves.png"
+    assert main(["plot", str(run_dir), str(copy), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plot", "/no/run", "--out", "x.png"], "/no/run/metrics.jsonl not found"),
+    (["tokenizer", "train", "/no/*.txt", "--out", "t.json"], "files='/no/*.txt' matches no file"),
+])
+def test_errors_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_too_small_vocabulary_names_the_fix(corpus, tokenizer_file, tmp_path, capsys):
+    argv = ["train", NAME, "--out", str(tmp_path), "--quiet", *tiny(corpus, tokenizer_file, 257)]
+    assert main(argv) == 2
+    assert "has 300 tokens, more than model.vocab_size=257: add --set model.vocab_size=300" in \
+        capsys.readouterr().err
