@@ -57,6 +57,25 @@ class GSSCache:
 
 
 @struct.dataclass
+class GatedDeltaNetCache:
+    """Gated DeltaNet decode state: the q/k/v short convs' last inputs (None without short
+    convs) and the delta-rule state."""
+
+    q_conv: ConvCache | None  # [B, conv_size - 1, H·K]
+    k_conv: ConvCache | None  # [B, conv_size - 1, H·K]
+    v_conv: ConvCache | None  # [B, conv_size - 1, H·V]
+    state: jax.Array  # [B, H, K, V] float32
+
+
+@struct.dataclass
+class GSACache:
+    """Gated Slot Attention decode state: slot keys K̃ and slot values Ṽ of every head."""
+
+    slot_keys: jax.Array  # [B, H, K, M] float32
+    slot_values: jax.Array  # [B, H, M, V] float32
+
+
+@struct.dataclass
 class LMCache:
     """A language model's decode state: the next position and one cache per layer."""
 

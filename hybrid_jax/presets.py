@@ -94,3 +94,42 @@ def gss_tiny() -> ModelConfig:
     """2 GSS layers, d_model 64 (gate width 256, DSS width 16, 32 modes), no FFN as in GSS."""
     return ModelConfig(layers=(layer("gss", state_size=32),) * 2, vocab_size=256, d_model=64,
                        ffn_dim=0)
+
+
+@register("gdn-tiny")
+def gdn_tiny() -> ModelConfig:
+    """2 Gated DeltaNet layers, d_model 64, 4 heads (key 16, value 32), for CPU runs and tests."""
+    return ModelConfig(layers=("gdn",) * 2, vocab_size=256, d_model=64, num_heads=4)
+
+
+@register("gdn-hybrid-tiny")
+def gdn_hybrid_tiny() -> ModelConfig:
+    """Gated DeltaNet then attention (each with a SwiGLU FFN), d_model 64: a tiny hybrid."""
+    return ModelConfig(layers=("gdn", "attention"), vocab_size=256, d_model=64, num_heads=4)
+
+
+@register("gdn-340m")
+def gdn_340m() -> ModelConfig:
+    """Gated DeltaNet ~347M: 21 layers, d_model 1024, 3 heads of 256 (values 512), FFN 2816.
+
+    Layers, width, head size 256, expand_v 2 and the FFN width (fla's hidden_ratio 4) follow
+    flame's `gated_deltanet_340M.json`; 3 heads instead of its 6 keep fla's budget of q/k
+    0.75·d and v/gate/out 1.5·d (6·d² per mixer; 6 heads would make it ~460M). Tied
+    embeddings and a 32000 vocabulary (Llama-2's) are our choice.
+    """
+    return ModelConfig(layers=("gdn",) * 21, vocab_size=32000, d_model=1024, num_heads=3,
+                       head_dim=256, ffn_dim=2816)
+
+
+@register("gsa-tiny")
+def gsa_tiny() -> ModelConfig:
+    """2 Gated Slot Attention layers, d_model 64, 4 heads of 16 with 16 slots each."""
+    return ModelConfig(layers=(layer("gsa", num_slots=16),) * 2, vocab_size=256, d_model=64,
+                       num_heads=4)
+
+
+@register("gsa-hybrid-tiny")
+def gsa_hybrid_tiny() -> ModelConfig:
+    """Gated Slot Attention (16 slots) then attention, d_model 64: a tiny hybrid."""
+    return ModelConfig(layers=(layer("gsa", num_slots=16), "attention"), vocab_size=256,
+                       d_model=64, num_heads=4)

@@ -4,6 +4,11 @@ registers the built-in block types."""
 from hybrid_jax.nn import attention  # noqa: F401  (registers "attention")
 from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import MixerBlock, mixer_block_builder
+from hybrid_jax.nn.gated_deltanet import (  # registers "gdn"
+    GatedDeltaNetMixer,
+    GatedDeltaNetOptions,
+)
+from hybrid_jax.nn.gsa import GSAMixer, GSAOptions  # registers "gsa"
 from hybrid_jax.nn.gss import GSSMixer, GSSOptions  # registers "gss"
 from hybrid_jax.nn.layers import (
     Embedding,
@@ -22,8 +27,12 @@ __all__ = [
     "AttentionMixer",
     "AttentionOptions",
     "Embedding",
+    "GSAMixer",
+    "GSAOptions",
     "GSSMixer",
     "GSSOptions",
+    "GatedDeltaNetMixer",
+    "GatedDeltaNetOptions",
     "GatedRMSNorm",
     "LanguageModel",
     "Linear",

@@ -1,0 +1,214 @@
+"""Gated DeltaNet (Yang, Kautz & Hatamizadeh, 2024): the gated delta rule as a sequence mixer.
+
+Per token, with H heads of key size K and value size V = expand_v·K:
+
+    q, k, v = silu(causal depthwise conv_4(W_q x, W_k x, W_v x))      (q, k: [H, K]; v: [H, V])
+    q, k = q / ‖q‖, k / ‖k‖
+    β = σ(W_b x),  g = −exp(A_log)·softplus(W_a x + dt_bias)           ([H] each; g ≤ 0)
+    S ← e^g·S;  S ← S + β·k (v − Sᵀk)ᵀ;  o = Sᵀ q / √K                  (state [H, K, V])
+    out = W_o · (RMSNorm(o)·γ ⊙ silu(W_g x))                          (norm per head)
+
+as in fla's `GatedDeltaNet` layer (`use_gate=True`): A uniform in [0, 16] stored as its log,
+dt_bias = softplus⁻¹ of a log-uniform dt in [0.001, 0.1] (floored at 1e-4), no biases, the
+output norm's γ `[V]` shared by the heads. Without short convs q, k, v get a plain SiLU.
+The recurrence is `hybrid_jax.ops.gated_delta_rule`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.cache import GatedDeltaNetCache
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
+from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.nn.mamba2 import document_starts
+from hybrid_jax.ops.attention import l2_normalize
+from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
+from hybrid_jax.registry import register_block
+from hybrid_jax.sharding import constrain
+
+# Subtracted from the log decay at each document start of a packed sequence: exp(−120) is 0 in
+# float32, so no state crosses the boundary, while the chunk's cumulative log decays stay small
+# enough to keep float32 precision.
+RESET_LOG_DECAY = 120.0
+
+
+def reset_at_document_starts(log_decay: jax.Array, segment_ids_BT: jax.Array | None
+                             ) -> jax.Array:
+    """`log_decay` `[B, T, ...]` minus `RESET_LOG_DECAY` where a new document starts."""
+    if segment_ids_BT is None:
+        return log_decay
+    starts = document_starts(segment_ids_BT).reshape(
+        segment_ids_BT.shape + (1,) * (log_decay.ndim - 2))
+    return log_decay - jnp.where(starts, RESET_LOG_DECAY, 0.0).astype(log_decay.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedDeltaNetOptions:
+    """Options of a Gated DeltaNet layer; `num_heads` and `head_dim` (the q/k head size; None:
+    d_model / num_heads) default to the ModelConfig fields of the same name."""
+
+    num_heads: int = 4
+    head_dim: int | None = None
+    expand_v: float = 2  # value head size = expand_v · head_dim
+    conv_size: int = 4
+    chunk_size: int = 64  # of the chunked gated delta rule
+    use_short_conv: bool = True
+    implementation: str | None = None  # of hybrid_jax.ops.gated_delta_rule
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "conv_size", "chunk_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GatedDeltaNetOptions.{name}={value!r}: expected a positive "
+                                 "integer")
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
+            raise ValueError(f"GatedDeltaNetOptions.head_dim={self.head_dim!r}: expected a "
+                             "positive integer or None (d_model / num_heads)")
+        if not isinstance(self.expand_v, int | float) or self.expand_v <= 0:
+            raise ValueError(f"GatedDeltaNetOptions.expand_v={self.expand_v!r}: expected a "
+                             "positive number")
+
+    def key_dim(self, model: ModelConfig) -> int:
+        return self.head_dim or model.d_model // self.num_heads
+
+    def value_dim(self, model: ModelConfig) -> int:
+        return round(self.expand_v * self.key_dim(model))
+
+    def check(self, model: ModelConfig) -> None:
+        if self.head_dim is None and model.d_model % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} does not divide d_model="
+                             f"{model.d_model} (set head_dim)")
+        key_dim = self.key_dim(model)
+        if not math.isclose(self.expand_v * key_dim, self.value_dim(model)) or (
+                self.value_dim(model) < 1):
+            raise ValueError(f"expand_v={self.expand_v} times head_dim={key_dim} is not a "
+                             "positive integer value head size")
+
+
+def _a_log_init(key, shape, dtype):
+    return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.0, 16.0)).astype(dtype)
+
+
+def _dt_bias_init(key, shape, dtype):
+    """softplus⁻¹(dt), dt log-uniform in [0.001, 0.1] and floored at 1e-4 (fla's constants)."""
+    dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, math.log(1e-3), math.log(1e-1)))
+    dt = jnp.maximum(dt, 1e-4)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
+class GatedDeltaNetMixer(nnx.Module):
+    """The Gated DeltaNet mixer; decoding keeps a `GatedDeltaNetCache` (the short convs' last
+    inputs and the `[B, H, K, V]` float32 state), so its memory does not grow with the
+    sequence."""
+
+    def __init__(self, config: ModelConfig, options: GatedDeltaNetOptions, *, rngs: nnx.Rngs):
+        options.check(config)
+        self.num_heads = h = options.num_heads
+        self.key_dim, self.value_dim = k, v = options.key_dim(config), options.value_dim(config)
+        self.chunk_size, self.implementation = options.chunk_size, options.implementation
+        self.dtype = compute_dtype(config)
+        d, kw = config.d_model, dense_kwargs(config, rngs)
+        pdtype = kw["param_dtype"]
+        self.q_proj = Linear(d, (h, k), axes=("embed", "heads", "head_dim"), **kw)
+        self.k_proj = Linear(d, (h, k), axes=("embed", "heads", "head_dim"), **kw)
+        self.v_proj = Linear(d, (h, v), axes=("embed", "heads", "head_dim"), **kw)
+        self.g_proj = Linear(d, (h, v), axes=("embed", "heads", "head_dim"), **kw)
+        self.a_proj = Linear(d, h, axes=("embed", "heads"), **kw)
+        self.b_proj = Linear(d, h, axes=("embed", "heads"), **kw)
+        conv = functools.partial(ShortConv, size=options.conv_size, axis="heads", rngs=rngs,
+                                 dtype=self.dtype, param_dtype=pdtype)
+        use_conv = options.use_short_conv
+        self.q_conv = conv(h * k) if use_conv else None
+        self.k_conv = conv(h * k) if use_conv else None
+        self.v_conv = conv(h * v) if use_conv else None
+        self.A_log = param(rngs, _a_log_init, h, jnp.float32, ("heads",))
+        self.dt_bias = param(rngs, _dt_bias_init, h, jnp.float32, ("heads",))
+        self.o_norm = GatedRMSNorm(v, norm_before_gate=True, eps=config.norm_eps,
+                                   dtype=self.dtype, param_dtype=pdtype)
+        self.o_proj = Linear((h, v), d, axes=("heads", "head_dim", "embed"),
+                             **{**kw, "std": output_std(config)})
+
+    def _projections(self, x_BTD: jax.Array) -> list[jax.Array]:
+        """The un-convolved q, k, v, flattened to `[B, T, H·dim]` for the short convs."""
+        batch, T = x_BTD.shape[:2]
+        return [proj(x_BTD).reshape(batch, T, -1) for proj in (self.q_proj, self.k_proj,
+                                                                self.v_proj)]
+
+    @property
+    def _convs(self) -> tuple[ShortConv, ShortConv, ShortConv]:
+        return self.q_conv, self.k_conv, self.v_conv
+
+    def _heads(self, q, k, v):
+        """Splits heads, L2-normalises q and k: `[B,T,H,K]`, `[B,T,H,K]`, `[B,T,H,V]`."""
+        batch, T = q.shape[:2]
+        names = ("batch", "seq", "heads", "head_dim")
+        q, k = (constrain(l2_normalize(x.reshape(batch, T, self.num_heads, -1)), names)
+                for x in (q, k))
+        return q, k, constrain(v.reshape(batch, T, self.num_heads, -1), names)
+
+    def _gates(self, x_BTD: jax.Array):
+        """β = σ(W_b x) and g = −exp(A_log)·softplus(W_a x + dt_bias), `[B, T, H]` float32."""
+        beta = jax.nn.sigmoid(self.b_proj(x_BTD).astype(jnp.float32))
+        dt = jax.nn.softplus(self.a_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...])
+        return -jnp.exp(self.A_log[...]) * dt, beta
+
+    def _output(self, o_BTHV: jax.Array, x_BTD: jax.Array) -> jax.Array:
+        return self.o_proj(self.o_norm(o_BTHV, self.g_proj(x_BTD)))
+
+    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
+                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
+        qkv = self._projections(x_BTD)
+        if self.q_conv is None:
+            qkv = [jax.nn.silu(x) for x in qkv]
+        else:
+            qkv = [conv(x, segment_ids_BT) for conv, x in zip(self._convs, qkv, strict=True)]
+        g, beta = self._gates(x_BTD)
+        o = gated_delta_rule(*self._heads(*qkv), reset_at_document_starts(g, segment_ids_BT),
+                             beta, chunk_size=self.chunk_size, implementation=self.implementation)
+        return self._output(o, x_BTD)
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any) -> GatedDeltaNetCache:
+        del max_len  # the state has a fixed size
+        h, k, v = self.num_heads, self.key_dim, self.value_dim
+        convs = [None] * 3 if self.q_conv is None else [
+            conv.init_cache(batch, h * dim, dtype)
+            for conv, dim in zip(self._convs, (k, k, v), strict=True)]
+        return GatedDeltaNetCache(*convs, state=jnp.zeros((batch, h, k, v), jnp.float32))
+
+    def decode(self, x_BTD: jax.Array, cache: GatedDeltaNetCache, *, positions_BT: jax.Array
+               ) -> tuple[jax.Array, GatedDeltaNetCache]:
+        """Continues from `cache`: one token with the recurrence step, a prefill chunked."""
+        del positions_BT
+        qkv, convs = self._projections(x_BTD), [cache.q_conv, cache.k_conv, cache.v_conv]
+        if self.q_conv is None:
+            qkv = [jax.nn.silu(x) for x in qkv]
+        else:
+            stepped = [conv.decode(x, c) for conv, x, c in zip(self._convs, qkv, convs,
+                                                                 strict=True)]
+            qkv, convs = [y for y, _ in stepped], [c for _, c in stepped]
+        q, k, v = self._heads(*qkv)
+        g, beta = self._gates(x_BTD)
+        if x_BTD.shape[1] == 1:
+            o, state = gated_delta_rule_step(cache.state, q[:, 0], k[:, 0], v[:, 0], g[:, 0],
+                                             beta[:, 0])
+            o = o[:, None]
+        else:
+            o, state = gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
+                                        initial_state=cache.state, return_final_state=True,
+                                        implementation=self.implementation)
+        new_cache = GatedDeltaNetCache(*convs, state=state.astype(cache.state.dtype))
+        return self._output(o, x_BTD), new_cache
+
+
+register_block("gdn", GatedDeltaNetOptions,
+               "pre-norm Gated DeltaNet (gated delta rule, short convs, gated output norm) + "
+               "SwiGLU")(mixer_block_builder(GatedDeltaNetMixer))
