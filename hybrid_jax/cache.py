@@ -76,6 +76,18 @@ class GSACache:
 
 
 @struct.dataclass
+class NHACache:
+    """Native Hybrid Attention decode state: the op's `NHAState` (slots in float32, a ring
+    buffer of the last `window` tokens' inputs that enter the slots as they leave it, the
+    length) and the q/k/v short convs' last inputs (None without short convs)."""
+
+    state: Any  # hybrid_jax.ops.nha.NHAState
+    q_conv: ConvCache | None  # [B, conv_size - 1, H·K]
+    k_conv: ConvCache | None  # [B, conv_size - 1, G·K]
+    v_conv: ConvCache | None  # [B, conv_size - 1, G·K]
+
+
+@struct.dataclass
 class LMCache:
     """A language model's decode state: the next position and one cache per layer."""
 

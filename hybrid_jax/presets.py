@@ -133,3 +133,51 @@ def gsa_hybrid_tiny() -> ModelConfig:
     """Gated Slot Attention (16 slots) then attention, d_model 64: a tiny hybrid."""
     return ModelConfig(layers=(layer("gsa", num_slots=16), "attention"), vocab_size=256,
                        d_model=64, num_heads=4)
+
+
+# NHA layers of the tiny presets: 16 slots per head; the model-level `window` (16) applies to
+# every NHA layer that does not set its own, so `--set model.window=...` sweeps them.
+_NHA_TINY = layer("nha", num_slots=16)
+
+
+@register("nha-tiny")
+def nha_tiny() -> ModelConfig:
+    """2 NHA layers, d_model 64, 4 heads of 16, 16 slots each and a 16-token window."""
+    return ModelConfig(layers=(_NHA_TINY,) * 2, vocab_size=256, d_model=64, num_heads=4,
+                       window=16)
+
+
+@register("nha-hybrid-tiny")
+def nha_hybrid_tiny() -> ModelConfig:
+    """NHA (16 slots, 16-token window) then NHA with a full window (causal attention), d 64."""
+    return ModelConfig(layers=(_NHA_TINY, layer("nha", num_slots=16, window=None)),
+                       vocab_size=256, d_model=64, num_heads=4, window=16)
+
+
+def _nha_340m(layers: tuple) -> ModelConfig:
+    return ModelConfig(layers=layers, vocab_size=32000, d_model=1024, num_heads=4, ffn_dim=2816,
+                       window=32, tie_embeddings=False)
+
+
+@register("nha-340m")
+def nha_340m() -> ModelConfig:
+    """NHA ~381M: 24 layers, d_model 1024, 4 heads of 256, 64 slots, window 32, FFN 2816.
+
+    Width, depth, heads, slots and window are the paper's 340M setting; τ = 8, no short convs,
+    untied embeddings, a 32000 vocabulary and FFN 2816 (fla's hidden_ratio 4) follow JusenD/NHA's
+    config defaults. Our choices: empty slots are masked (the original code lets them act as
+    zero-value sinks: `empty_slots="sink"`), the swish feature map on the slot branch (GSA's;
+    commented out in the original layer) and normal(0.02) initialisation.
+    """
+    return _nha_340m((layer("nha"),) * 24)
+
+
+@register("nha-hybrid-340m")
+def nha_hybrid_340m() -> ModelConfig:
+    """nha-340m with a full window (causal attention) in every 6th layer (5, 11, 17, 23).
+
+    The original code widens the window of layer i to 2048 when i % block_size ==
+    transformer_idx; one layer in six, the last of each group, is our choice.
+    """
+    return _nha_340m(tuple(layer("nha", window=None) if i % 6 == 5 else layer("nha")
+                           for i in range(24)))

@@ -22,6 +22,7 @@ from hybrid_jax.nn.layers import (
 from hybrid_jax.nn.lm import LanguageModel, count_params, create_model
 from hybrid_jax.nn.mamba1 import Mamba1Mixer, Mamba1Options  # registers "mamba1"
 from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options  # registers "mamba2"
+from hybrid_jax.nn.nha import NHAMixer, NHAOptions  # registers "nha"
 
 __all__ = [
     "AttentionMixer",
@@ -41,6 +42,8 @@ __all__ = [
     "Mamba2Mixer",
     "Mamba2Options",
     "MixerBlock",
+    "NHAMixer",
+    "NHAOptions",
     "RMSNorm",
     "RoPE",
     "ShortConv",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -10,7 +12,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hybrid_jax.cache import LMCache
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, norm, param_dtype
 from hybrid_jax.nn.layers import Embedding, Linear
 from hybrid_jax.registry import block_type
@@ -91,6 +93,28 @@ class LanguageModel(nnx.Module):
             layer_caches.append(layer_cache)
         new_cache = LMCache(index=cache.index + tokens_BT.shape[1], layers=tuple(layer_caches))
         return self._logits(x), new_cache
+
+    def with_window(self, window: int | None, *, layers: Sequence[int] | None = None
+                    ) -> LanguageModel:
+        """This model with `window` in `layers` (default: every layer whose block type has a
+        `window` option, e.g. attention and NHA), sharing its parameters: nothing is copied or
+        retrained, and `config` records the new windows. Chain calls for per-layer values."""
+        config = _with_window(self.config, window, layers)
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
+        return nnx.merge(graphdef, nnx.state(self))
+
+
+def _with_window(config: ModelConfig, window: int | None, layers: Sequence[int] | None
+                 ) -> ModelConfig:
+    specs = list(config.layers)
+    windowed = [i for i, spec in enumerate(specs) if "window" in {
+        f.name for f in dataclasses.fields(block_type(spec.type).options)}]
+    for i in windowed if layers is None else layers:
+        if i not in windowed:
+            raise ValueError(f"with_window: layer {i} has no window option; layers with one: "
+                             f"{windowed}")
+        specs[i] = layer(specs[i].type, **{**dict(specs[i].options), "window": window})
+    return config.replace(layers=tuple(specs))
 
 
 def count_params(model: nnx.Module) -> int:

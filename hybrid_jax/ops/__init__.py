@@ -21,9 +21,16 @@ from hybrid_jax.ops.gsa import (
     gsa_slot_logits,
     gsa_slot_readout,
 )
+from hybrid_jax.ops.nha import (
+    NHAState,
+    native_hybrid_attention,
+    native_hybrid_attention_step,
+    nha_empty_state,
+)
 from hybrid_jax.ops.ssd import ssd, ssd_step
 
 __all__ = [
+    "NHAState",
     "apply_rope",
     "attention",
     "attention_mask",
@@ -39,6 +46,9 @@ __all__ = [
     "gsa_slot_logits",
     "gsa_slot_readout",
     "l2_normalize",
+    "native_hybrid_attention",
+    "native_hybrid_attention_step",
+    "nha_empty_state",
     "rotary_dim",
     "scaled_cosine_attention",
     "ssd",

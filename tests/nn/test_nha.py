@@ -1,0 +1,88 @@
+"""NHA block: decode equals the parallel pass, packed documents stay apart, with_window."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from hybrid_jax.config import ModelConfig, layer
+from tests.helpers import assert_close
+from tests.nn.test_lm import check_decode_matches
+
+SMALL = dict(vocab_size=32, d_model=16, num_heads=2)
+
+
+def test_decode_matches_parallel_past_the_window():
+    """Window 3 with short convs and grouped kv heads (the ring wraps, tokens move into the
+    slots, before and after a prefill), window 0 (slots only) and a full window with sinks."""
+    config = ModelConfig(layers=(
+        layer("nha", num_slots=4, window=3, short_conv=True, num_kv_heads=1),
+        layer("nha", num_slots=4, window=0),
+        layer("nha", num_slots=4, window=None, empty_slots="sink"),
+    ), **SMALL)
+    check_decode_matches(config, T=11, splits=(0, 7))
+
+
+def _forward(model):
+    graphdef, state = nnx.split(model)
+    return jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw)), state
+
+
+def test_packed_documents_do_not_leak():
+    """Logits of a packed second document equal those of the document alone: its window
+    starts at the document and its slots start empty (window 2 < document length)."""
+    config = ModelConfig(layers=(layer("nha", num_slots=4, window=2, short_conv=True),) * 2,
+                         **SMALL)
+    forward, state = _forward(hj.create_model(config, seed=2))
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 7))
+    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
+    segment_ids = jnp.asarray([[0] * 5 + [1] * 7])
+    positions = jnp.asarray([list(range(5)) + list(range(7))])
+    out = forward(state, packed, positions_BT=positions, segment_ids_BT=segment_ids)
+    assert_close(out[:, 5:], forward(state, jnp.asarray(b, jnp.int32)), 1e-5, "document b")
+    assert_close(out[:, :5], forward(state, jnp.asarray(a, jnp.int32)), 1e-5, "document a")
+
+
+def test_with_window_shares_parameters_and_matches_a_model_built_with_it():
+    config = ModelConfig(layers=(layer("nha", num_slots=4), "gsa"), window=8, **SMALL)
+    model = hj.create_model(config, seed=1)
+    for window, layers in ((2, None), (None, [0])):
+        changed = model.with_window(window, layers=layers)
+        assert changed.blocks[0].mixer.window == window
+        assert changed.config.block_options(0).window == window
+        assert changed.embed.table[...] is model.embed.table[...]  # nothing copied
+    assert model.blocks[0].mixer.window == 8  # the original is unchanged
+    # The changed model computes what a model built with its config (same seed: same
+    # parameters) computes, and differs from the original.
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 12)), jnp.int32)
+    changed = model.with_window(2)
+    logits = [forward(state, tokens) for forward, state in map(_forward, (
+        changed, hj.create_model(changed.config, seed=1), model))]
+    assert_close(logits[0], logits[1], 1e-6, "with_window(2)")
+    assert float(jnp.max(jnp.abs(logits[0] - logits[2]))) > 1e-3
+
+
+def test_with_window_errors_name_the_problem():
+    model = hj.create_model(ModelConfig(layers=(layer("nha", num_slots=4), "attention"),
+                                        window=4, **SMALL))
+    with pytest.raises(ValueError, match=r"layer 5 has no window option; layers with one: "
+                                         r"\[0, 1\]"):
+        model.with_window(2, layers=[5])
+    with pytest.raises(ValueError, match="attention needs window >= 1"):
+        model.with_window(0)
+    assert model.with_window(0, layers=[0]).blocks[0].mixer.window == 0
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(window=-1), "window=-1: expected an integer >= 0"),
+    (dict(feature_map="relu"), "feature_map='relu': expected one of"),
+    (dict(empty_slots="zero"), "empty_slots='zero': expected one of"),
+    (dict(chunk_size=24), "chunk_size=24: expected a power of two"),
+    (dict(num_kv_heads=3), "num_kv_heads=3 does not divide num_heads=2"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(layers=(layer("nha", **options),), **SMALL)
