@@ -119,7 +119,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                   cfg.seed)
     metrics = evaluate(ts, batches, num_words=words)
     print(json.dumps(metrics))
-    print(f"accuracy {metrics['accuracy']:.4f}")
+    shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy")
+    print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
     return 0
 
 

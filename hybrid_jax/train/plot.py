@@ -41,7 +41,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = 
                         label=_label(run_dir))
         ax.set_title(title)
         ax.set_xlabel("step")
-        if log_y or key == "eval_perplexity":
+        if log_y:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="small")

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.config import MeshConfig
@@ -19,8 +20,6 @@ from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import (
     NonFiniteLossError,
     bind_data,
-    evaluate,
-    held_out_set,
     restore_train_state,
     train,
 )
@@ -48,28 +47,20 @@ def run8(corpus, tmp_path_factory):
 
 def test_restore_onto_other_meshes(run8):
     experiment, run = run8
-    data = bind_data(experiment.data, run, resume=True)
-    batches, _ = held_out_set(data, 8, 2, 0)
-    results = {}
+    params = {}
     for mesh_config in (MeshConfig(data=8), MeshConfig(data=2, fsdp=2), MeshConfig(data=1)):
         ts, meta = restore_train_state(with_train(experiment, mesh=mesh_config), run,
                                        make_mesh(mesh_config))
         assert meta["step"] == 4 and meta["data_state"] and meta["config"]["name"] == "text-test"
         model = ts.model()
-        results[mesh_config] = (jax.device_get(nnx_params(model)), evaluate(ts, batches))
+        params[mesh_config] = jax.device_get(nnx.state(model, nnx.Param))
+        table = model.embed.table[...]
+        assert len(table.devices()) == mesh_config.data * mesh_config.fsdp
         if mesh_config.fsdp == 2:
-            table = model.embed.table[...]
-            assert table.sharding.spec == P(None, "fsdp") and len(table.devices()) == 4
-    (params8, eval8), *others = results.values()
-    for params, metrics in others:
-        assert jax.tree.all(jax.tree.map(np.array_equal, params, params8))
-        assert metrics["loss"] == pytest.approx(eval8["loss"], rel=1e-6)
-
-
-def nnx_params(model):
-    from flax import nnx
-
-    return nnx.state(model, nnx.Param)
+            assert table.sharding.spec == P(None, "fsdp")  # [vocab, embed]: embed over fsdp
+    saved, *others = params.values()
+    for restored in others:
+        assert jax.tree.all(jax.tree.map(np.array_equal, restored, saved))
 
 
 def test_mismatched_checkpoint_names_the_arrays(run8):
