@@ -2,6 +2,7 @@
 
     hybrid-jax train NAME [--out DIR] [--resume] [--set key=value ...]
     hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N]
+                   [--windows 0,4,16,full [--layers I,...] [--sweep-out DIR]]
     hybrid-jax generate RUN_DIR --prompt-ids "1 2 3" [--max-new-tokens N] [--temperature T]
     hybrid-jax list
     hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
@@ -47,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batches", type=int, default=None,
                           help="eval batches (default train.eval_batches; 0: the whole held-out "
                                "split)")
+    evaluate.add_argument("--windows", default=None, metavar="W,W,...",
+                          help="evaluate at each attention window, e.g. 0,4,16,full: a table and "
+                               "a plot (experiments/window_sweep.py)")
+    evaluate.add_argument("--layers", default=None, metavar="I,I,...",
+                          help="with --windows: the layers to change (default: all windowed)")
+    evaluate.add_argument("--sweep-out", type=Path, default=None,
+                          help="with --windows: output folder (default RUN_DIR/window_sweep)")
     _add_overrides(evaluate)
 
     gen = sub.add_parser("generate", help="continue a prompt with a trained run's model")
@@ -111,6 +119,12 @@ def _load_run(run_dir: Path, overrides: Sequence[str], step: int | None):
 def cmd_eval(args: argparse.Namespace) -> int:
     from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
+    if args.windows is not None:
+        from experiments.window_sweep import run
+
+        run(args.run_dir, args.windows, layers_text=args.layers, out=args.sweep_out,
+            step=args.step, batches=args.batches, overrides=args.overrides)
+        return 0
     experiment, ts = _load_run(args.run_dir, args.overrides, args.step)
     cfg = experiment.train
     data = bind_data(experiment.data, args.run_dir, resume=True)

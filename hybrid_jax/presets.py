@@ -136,8 +136,9 @@ def gsa_hybrid_tiny() -> ModelConfig:
 
 
 # NHA layers of the tiny presets: 16 slots per head; the model-level `window` (16) applies to
-# every NHA layer that does not set its own, so `--set model.window=...` sweeps them.
-_NHA_TINY = layer("nha", num_slots=16)
+# every NHA layer that does not set its own, so `--set model.window=...` sweeps them. 16-token
+# chunks are the fastest on CPU at these widths (about 1.7x faster than 64 for a train step).
+_NHA_TINY = layer("nha", num_slots=16, chunk_size=16)
 
 
 @register("nha-tiny")
@@ -150,7 +151,7 @@ def nha_tiny() -> ModelConfig:
 @register("nha-hybrid-tiny")
 def nha_hybrid_tiny() -> ModelConfig:
     """NHA (16 slots, 16-token window) then NHA with a full window (causal attention), d 64."""
-    return ModelConfig(layers=(_NHA_TINY, layer("nha", num_slots=16, window=None)),
+    return ModelConfig(layers=(_NHA_TINY, layer("nha", num_slots=16, chunk_size=16, window=None)),
                        vocab_size=256, d_model=64, num_heads=4, window=16)
 
 

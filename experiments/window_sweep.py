@@ -1,0 +1,158 @@
+"""Evaluate one trained run at several attention windows: a table and a plot.
+
+NHA's "duality": one set of parameters runs as a pure gated-slot recurrence (window 0), as a
+hybrid (small windows) or as full causal attention (window `full`), with no retraining
+(`LanguageModel.with_window`). Works for any model whose blocks have a `window` option
+(sliding-window attention too, for windows >= 1).
+
+    hybrid-jax eval RUN_DIR --windows 0,4,16,64,full [--layers 0,1] [--sweep-out DIR]
+    python -m experiments.window_sweep RUN_DIR --windows 0,4,16,64,full
+
+Writes `window_sweep.md`, `window_sweep.csv` and `window_sweep.png` (loss and accuracy against
+the window) into `RUN_DIR/window_sweep/` unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from flax import nnx
+
+FULL = "full"
+COLUMNS = ("window", "loss", "perplexity", "accuracy", "tokens")
+
+
+def parse_windows(text: str) -> list[int | None]:
+    """"0,4,16,full" → [0, 4, 16, None] (`full` or `none`: full causal attention)."""
+    windows = []
+    for item in text.replace(" ", "").split(","):
+        if item.lower() in (FULL, "none"):
+            windows.append(None)
+        elif item.isdigit():
+            windows.append(int(item))
+        else:
+            raise ValueError(f"--windows: expected integers >= 0 or '{FULL}' separated by "
+                             f"commas, got {item!r} in {text!r}")
+    if not windows:
+        raise ValueError("--windows: no window given")
+    return windows
+
+
+def parse_layers(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise ValueError(f"--layers: expected layer indices separated by commas, got {text!r}"
+                         ) from None
+
+
+def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
+                 layers: Sequence[int] | None = None, step: int | None = None,
+                 batches: int | None = None, overrides: Sequence[str] = ()) -> list[dict]:
+    """Held-out metrics of a run's checkpoint at every window (one row per window).
+
+    `layers`: the layers whose window changes (default: every layer with a window option).
+    `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole held-out set).
+    """
+    from experiments.cli import _load_run
+    from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
+
+    run_dir = Path(run_dir)
+    experiment, ts = _load_run(run_dir, overrides, step)
+    cfg = experiment.train
+    data = bind_data(experiment.data, run_dir, resume=True)
+    held_out, words = held_out_set(data, cfg.batch_size,
+                                   cfg.eval_batches if batches is None else batches, cfg.seed)
+    model, optimizer = nnx.merge(ts.graphdef, ts.state)
+    rows = []
+    for window in windows:
+        graphdef, state = nnx.split((model.with_window(window, layers=layers), optimizer))
+        windowed = dataclasses.replace(ts, graphdef=graphdef, state=state)
+        metrics = evaluate(windowed, held_out, num_words=words)
+        rows.append({"window": FULL if window is None else window, **metrics})
+    return rows
+
+
+def _format(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def write_results(rows: Sequence[dict], out_dir: str | Path, *, title: str = "") -> list[Path]:
+    """`window_sweep.md` (a Markdown table), `.csv` and `.png` in `out_dir`; returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = [c for c in COLUMNS if c in rows[0]] + sorted(set(rows[0]) - set(COLUMNS))
+    table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    table += ["| " + " | ".join(_format(row.get(c, "")) for c in columns) + " |" for row in rows]
+    markdown = out_dir / "window_sweep.md"
+    markdown.write_text((f"# {title}\n\n" if title else "") + "\n".join(table) + "\n")
+    csv_path = out_dir / "window_sweep.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return [markdown, csv_path, _plot(rows, out_dir / "window_sweep.png", title)]
+
+
+def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [str(row["window"]) for row in rows]
+    positions = range(len(rows))  # even spacing: windows span orders of magnitude, `full` last
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, key, name in ((axes[0], "loss", "eval loss (nats/token)"),
+                          (axes[1], "accuracy", "eval accuracy")):
+        ax.plot(positions, [row[key] for row in rows], marker="o")
+        ax.set_xticks(list(positions), labels)
+        ax.set_xlabel("window (0: slots only; full: causal attention)")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,
+        out: Path | None = None, step: int | None = None, batches: int | None = None,
+        overrides: Sequence[str] = ()) -> list[dict]:
+    """The command-line entry: sweep, print the table, write the files."""
+    rows = window_sweep(run_dir, parse_windows(windows_text), layers=parse_layers(layers_text),
+                        step=step, batches=batches, overrides=overrides)
+    paths = write_results(rows, out or run_dir / "window_sweep", title=f"{run_dir.name}: "
+                          "held-out metrics against the window")
+    print(paths[0].read_text(), end="")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    best = min(rows, key=lambda r: r["loss"] if math.isfinite(r["loss"]) else math.inf)
+    print(f"lowest loss at window {best['window']}")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--windows", required=True, help="e.g. 0,4,16,64,full")
+    parser.add_argument("--layers", default=None, help="layer indices (default: all windowed)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--step", type=int, default=None)
+    parser.add_argument("--batches", type=int, default=None)
+    args = parser.parse_args(argv)
+    run(args.run_dir, args.windows, layers_text=args.layers, out=args.out, step=args.step,
+        batches=args.batches)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
