@@ -1,0 +1,167 @@
+"""Task generators: determinism, vocabulary layout, and every target checked by brute force."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hybrid_jax.config import ExperimentConfig, data_config_class, from_dict, to_dict
+from hybrid_jax.data.pipeline import eval_batches
+from hybrid_jax.data.tasks import (
+    ARDecodingConfig,
+    MKARConfig,
+    NeedleConfig,
+    SelectiveCopyingConfig,
+    split_config,
+)
+
+CONFIGS = [SelectiveCopyingConfig(), MKARConfig(), ARDecodingConfig(), NeedleConfig()]
+
+
+def examples(config, split="eval", seed=0, count=200):
+    source = config.source(split, seed)
+    return [source[i] for i in range(count)]
+
+
+def check_selective_copying(c, ex):
+    """Walk back from each position to the most recent number token; copy from d back."""
+    x = ex["inputs"]
+    for t in range(len(x)):
+        s = t - 1
+        while s >= 0 and x[s] < c.num_tokens:
+            s -= 1
+        defined = s >= 0 and t - (x[s] - c.num_tokens + c.min_distance) >= 0
+        assert ex["mask"][t] == defined, t
+        if defined:
+            d = x[s] - c.num_tokens + c.min_distance
+            assert c.min_distance <= d <= c.max_distance
+            assert ex["targets"][t] == x[t - d], t
+
+
+def check_mkar(c, ex):
+    """For each position, search all earlier key occurrences; the latest one's successor."""
+    x, k = list(ex["inputs"]), c.key_len
+    for t in range(len(x)):
+        key = x[t - k + 1:t + 1] if t >= k - 1 else None
+        ends = [j for j in range(k - 1, t) if key is not None and x[j - k + 1:j + 1] == key]
+        assert ex["mask"][t] == bool(ends), t
+        if ends:
+            assert ex["targets"][t] == x[max(ends) + 1], t
+
+
+def check_ar_decoding(c, ex):
+    x = ex["inputs"]
+    bits = x[-c.num_bits:] - c.bit_tokens[0]
+    assert set(bits.tolist()) <= {0, 1} and x[-c.num_bits - 1] == c.query_token
+    word = int("".join(map(str, bits)), 2)
+    body = list(x[:-c.num_bits - 1])
+    assert max(body) < c.num_words
+    last = max(j for j in range(len(body) - 1) if body[j] == word)
+    assert ex["mask"].tolist() == [False] * (c.seq_len - 1) + [True]
+    assert ex["targets"][-1] == body[last + 1]
+
+
+def check_needle(c, ex):
+    x = list(ex["inputs"])
+    start = x.index(c.needle_token)
+    assert x.count(c.needle_token) == 1 and x[-2] == c.query_token
+    key, value = x[start + 1], x[start + 2]
+    assert x[-1] == key and c.num_filler <= key < c.num_filler + c.num_keys
+    assert ex["mask"].tolist() == [False] * (c.seq_len - 1) + [True]
+    assert ex["targets"][-1] == value
+    needle = {start, start + 1, start + 2}
+    assert all(t < c.num_filler for i, t in enumerate(x[:-2]) if i not in needle)
+    return start / (c.seq_len - 5)
+
+
+CHECKS = {SelectiveCopyingConfig: check_selective_copying, MKARConfig: check_mkar,
+          ARDecodingConfig: check_ar_decoding, NeedleConfig: check_needle}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: type(c).kind)
+def test_every_target_is_brute_force_correct(config):
+    for ex in examples(config):
+        assert ex["inputs"].shape == ex["targets"].shape == ex["mask"].shape == (config.seq_len,)
+        assert ex["inputs"].dtype == np.int32 and ex["mask"].dtype == bool
+        assert 0 <= ex["inputs"].min() and ex["inputs"].max() < config.vocab_size
+        assert ex["targets"].max() < config.vocab_size and ex["mask"].any()
+        CHECKS[type(config)](config, ex)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: type(c).kind)
+def test_deterministic_per_seed_and_split(config):
+    a, b = examples(config, count=5), examples(config, count=5)
+    for x, y in zip(a, b, strict=True):
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+    other_seed = examples(config, seed=1, count=5)
+    train = examples(config, split="train", count=5)
+    assert any((x["inputs"] != y["inputs"]).any() for x, y in zip(a, other_seed, strict=True))
+    assert any((x["inputs"] != y["inputs"]).any() for x, y in zip(a, train, strict=True))
+
+
+@pytest.mark.parametrize("config", [
+    SelectiveCopyingConfig(eval_seq_len=400, eval_number_prob=0.4),
+    MKARConfig(eval_seq_len=200, eval_token_skew=1.0),
+    ARDecodingConfig(eval_seq_len=200, eval_ones_prob=0.9),
+    NeedleConfig(eval_seq_len=300, eval_min_depth=0.8, eval_max_depth=0.9),
+], ids=lambda c: type(c).kind)
+def test_eval_split_uses_eval_fields(config):
+    """Length generalisation and OOD knobs: the eval split follows the eval_* fields."""
+    evaluated = split_config(config, "eval")
+    assert evaluated.seq_len > config.seq_len
+    assert split_config(config, "train") == dataclasses.replace(
+        config, **{f.name: None for f in dataclasses.fields(config)
+                   if f.name.startswith("eval_")})
+    train_ex, eval_ex = examples(config, "train", count=50), examples(config, "eval", count=50)
+    assert train_ex[0]["inputs"].shape == (config.seq_len,)
+    assert eval_ex[0]["inputs"].shape == (evaluated.seq_len,)
+    for ex in eval_ex:
+        result = CHECKS[type(config)](evaluated, ex)
+        if isinstance(config, NeedleConfig):
+            assert 0.79 <= result <= 0.91
+
+
+def test_ood_knobs_shift_the_distribution():
+    ones = lambda c: np.mean([(ex["inputs"][-c.num_bits:] - c.bit_tokens[0]).mean()
+                              for ex in examples(c, count=300)])
+    assert ones(ARDecodingConfig(ones_prob=0.9)) > 0.8 > 0.2 > ones(ARDecodingConfig(ones_prob=0.1))
+    numbers = lambda c: np.mean([(ex["inputs"] >= c.num_tokens).mean() for ex in examples(c)])
+    assert abs(numbers(SelectiveCopyingConfig(number_prob=0.4)) - 0.4) < 0.02
+    skewed = np.concatenate([ex["inputs"] for ex in examples(MKARConfig(token_skew=2.0))])
+    assert np.mean(skewed == 0) > 0.5
+
+
+def test_vocabulary_layouts():
+    sc = SelectiveCopyingConfig(num_tokens=10, min_distance=2, max_distance=4)
+    assert sc.vocab_size == 13 and sc.number_token(2) == 10 and sc.number_token(4) == 12
+    ar = ARDecodingConfig(num_bits=3)
+    assert (ar.num_words, ar.bit_tokens, ar.query_token, ar.vocab_size) == (8, (8, 9), 10, 11)
+    nd = NeedleConfig(num_filler=4, num_keys=2, num_values=3)
+    assert (nd.needle_token, nd.query_token, nd.vocab_size) == (9, 10, 11)
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(kind=SelectiveCopyingConfig, max_distance=3), "max_distance=3: expected a value >= 5"),
+    (dict(kind=SelectiveCopyingConfig, number_prob=1.5), r"number_prob=1.5: .* <= 1.0"),
+    (dict(kind=SelectiveCopyingConfig, eval_seq_len=1),
+     r"eval split \(eval_\* fields\) is invalid: .*seq_len=1"),
+    (dict(kind=MKARConfig, seq_len=3), "seq_len=3"),
+    (dict(kind=ARDecodingConfig, seq_len=7), "seq_len=7"),
+    (dict(kind=NeedleConfig, min_depth=0.9, max_depth=0.5), "max_depth=0.5"),
+])
+def test_bad_configs_are_named(config, message):
+    kind = config.pop("kind")
+    with pytest.raises(ValueError, match=message):
+        kind(**config)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: type(c).kind)
+def test_registered_and_round_trip(config):
+    assert data_config_class(type(config).kind) is type(config)
+    from hybrid_jax import presets
+
+    experiment = ExperimentConfig(name="x", model=presets.get("transformer-tiny"), data=config)
+    assert from_dict(ExperimentConfig, to_dict(experiment)).data == config
+    batch = eval_batches(config, batch_size=4, num_batches=1, seed=0)[0]
+    assert batch["inputs"].shape == (4, config.seq_len)
