@@ -17,3 +17,25 @@ def mqar_transformer_tiny() -> ExperimentConfig:
     return ExperimentConfig(
         name="mqar-transformer-tiny", model=presets.get("transformer-tiny"), data=MQAR_TINY,
         train=MQAR_TRAIN, description="2-layer transformer on MQAR (8 pairs, length 64)")
+
+
+def _mqar_experiment(preset: str, description: str) -> ExperimentConfig:
+    return ExperimentConfig(name=f"mqar-{preset}", model=presets.get(preset), data=MQAR_TINY,
+                            train=MQAR_TRAIN, description=description)
+
+
+@register("mqar-mamba2-tiny")
+def mqar_mamba2_tiny() -> ExperimentConfig:
+    return _mqar_experiment("mamba2-tiny", "4-layer Mamba-2 on MQAR (8 pairs, length 64)")
+
+
+@register("mqar-mamba2-hybrid-tiny")
+def mqar_mamba2_hybrid_tiny() -> ExperimentConfig:
+    return _mqar_experiment("mamba2-hybrid-tiny",
+                            "Mamba-2 + attention hybrid on MQAR (8 pairs, length 64)")
+
+
+@register("mqar-gss-tiny")
+def mqar_gss_tiny() -> ExperimentConfig:
+    return _mqar_experiment("gss-tiny", "2-layer GSS on MQAR (8 pairs, length 64)")
+
