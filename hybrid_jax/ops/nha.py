@@ -38,8 +38,10 @@ the ring length. `nha_empty_state` builds the state of an empty sequence;
 `native_hybrid_attention_step` advances it by one token (decoding), O(M·(K+V) + w·(D+V)) per
 head.
 
-Rungs: "reference" (per-token `lax.scan`, the definition; every query against all keys, masked
-to its window) and "xla" (chunkwise parallel, chunks of C tokens):
+Rungs: "pallas" (the kernels of `pallas_kernels.nha`: GPU bf16/fp16 calls without
+`segment_ids`, `initial_state` or `return_final_state`; auto picks it where supported),
+"reference" (per-token `lax.scan`, the definition; every query against all keys, masked to its
+window) and "xla" (chunkwise parallel, chunks of C tokens):
 
 * slot logits: `gsa_slot_logits` over the shifted slot inputs (a chunked scan; memory
   O(T·(K+M)) plus one state per chunk);
@@ -70,6 +72,7 @@ from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
+from pallas_kernels.nha import api as pallas_nha
 
 _OP = "native_hybrid_attention"
 
@@ -142,7 +145,7 @@ def native_hybrid_attention(
       return_final_state: also return the state after the last token.
       empty_slots: "mask" (leave empty slots out) or "sink" (zero-value sinks, original code).
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
-      implementation: "reference", "xla" or None (auto).
+      implementation: "pallas", "reference", "xla" or None (auto).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, NHAState)`; the state's arrays take the
@@ -165,6 +168,8 @@ def native_hybrid_attention(
         *(_repeat_heads(x, group, axis=1) for x in _initial_slots(tokens, initial_state, q, v)),
         window=ring, scale=scale, empty_slots=empty_slots, chunk_size=chunk_size,
         slots_idle=initial_state is None and window >= num_steps,
+        call=_Call(q, k, v, s, g, q_window, k_window,
+                   plain=segment_ids is None and initial_state is None and not return_final_state),
     )
     out = out.astype(q.dtype)
     if not return_final_state:
@@ -290,8 +295,9 @@ def nha_slot_stream(
     first, else zeros), document resets applied, and where the slots hold a token of t's
     document. Shapes as in `native_hybrid_attention`; arrays in float32 (float64 stays)."""
     op = "nha_slot_stream"
-    _check(k, k, v, s, g, k, k, window=window, segment_ids=segment_ids, state=initial_state,
-           empty_slots="mask", chunk_size=1, op=op)
+    sizes = check_dims(op, {}, k=(k, "BTGK"), v=(v, "BTGV"), s=(s, "BTGM"), g=(g, "BTGM"))
+    check_floating(op, k=k, v=v, s=s, g=g)
+    _check_window_and_documents(op, sizes, window, segment_ids, initial_state)
     dtype = compute_dtype(k, v, s, g)
     tokens = _tokens(k, v, s, g, k, segment_ids, initial_state, window, dtype)
     num_steps = k.shape[1]
@@ -458,10 +464,10 @@ def _attend(slot_logits, slot_values, window_logits, window_values, window_mask,
 
 
 def nha_reference(q, q_window, tokens, slots_visible, slot_keys, slot_values, *, window, scale,
-                  empty_slots, chunk_size, slots_idle):
+                  empty_slots, chunk_size, slots_idle, call=None):
     """The definition: per token (`lax.scan`), the token t − W enters the slots, then one
     softmax over the slots and every key masked to the window t−W+1..t of t's document."""
-    del chunk_size, slots_idle
+    del chunk_size, slots_idle, call
     num_steps = q.shape[1]
     key_positions = jnp.arange(tokens.keys.shape[1]) - window
 
@@ -485,9 +491,10 @@ def nha_reference(q, q_window, tokens, slots_visible, slot_keys, slot_values, *,
 
 
 def nha_xla(q, q_window, tokens, slots_visible, slot_keys, slot_values, *, window, scale,
-            empty_slots, chunk_size, slots_idle):
+            empty_slots, chunk_size, slots_idle, call=None):
     """Chunkwise parallel: slot logits (chunked GSA pass), banded window logits, one softmax,
     slot readout (chunked GSA pass) plus the band's values."""
+    del call
     batch, num_steps, heads, _ = q.shape
     num_slots = tokens.s.shape[-1]
     stream = [x[:, :num_steps] for x in tokens[:4]]  # slot inputs entering at each step
@@ -575,7 +582,40 @@ class _Band:
         return self._from_chunks(out)
 
 
+class _Call(NamedTuple):
+    """The call's own inputs (the pallas rung takes them as given: dtype, kv heads)."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    s: jax.Array
+    g: jax.Array
+    q_window: jax.Array
+    k_window: jax.Array
+    plain: bool  # no segment_ids, no initial_state, no final state wanted
+
+
+def nha_pallas(q, q_window, tokens, slots_visible, slot_keys, slot_values, *, window, scale,
+               empty_slots, chunk_size, slots_idle, call):
+    """The Pallas kernels on the call's inputs; the slot states passed in are returned
+    untouched (a plain call wants no final state)."""
+    del q, q_window, tokens, slots_visible, chunk_size, slots_idle
+    out = pallas_nha.native_hybrid_attention(
+        call.q, call.k, call.v, call.s, call.g, window=window, scale=scale,
+        q_window=call.q_window, k_window=call.k_window, empty_slots=empty_slots)
+    return out, slot_keys, slot_values
+
+
+def _pallas_unsupported(*args, window, empty_slots, call, **kwargs) -> str | None:
+    if not call.plain:
+        return "the kernels take calls without segment_ids, initial_state or return_final_state"
+    return pallas_nha.unsupported(call.q, call.k, call.v, call.s, call.g, window=window,
+                                  q_window=call.q_window, k_window=call.k_window,
+                                  empty_slots=empty_slots)
+
+
 _RUNGS = (
+    Rung("pallas", nha_pallas, _pallas_unsupported),
     Rung("xla", nha_xla),
     Rung("reference", nha_reference, auto=False),
 )
@@ -604,16 +644,20 @@ def _check_state(op: str, state: NHAState, sizes: dict[str, int], ring: int) -> 
 
 
 def _check(q, k, v, s, g, q_window, k_window, *, window, segment_ids, state, empty_slots,
-           chunk_size, op=_OP) -> None:
-    sizes = check_dims(op, {}, q=(q, "BTHK"), k=(k, "BTGK"), v=(v, "BTGV"), s=(s, "BTGM"),
+           chunk_size) -> None:
+    sizes = check_dims(_OP, {}, q=(q, "BTHK"), k=(k, "BTGK"), v=(v, "BTGV"), s=(s, "BTGM"),
                        g=(g, "BTGM"), q_window=(q_window, "BTHD"), k_window=(k_window, "BTGD"))
-    check_floating(op, q=q, k=k, v=v, s=s, g=g, q_window=q_window, k_window=k_window)
-    check_divides(op, "num_kv_heads (axis 2 of k) must divide num_heads (axis 2 of q)",
+    check_floating(_OP, q=q, k=k, v=v, s=s, g=g, q_window=q_window, k_window=k_window)
+    check_divides(_OP, "num_kv_heads (axis 2 of k) must divide num_heads (axis 2 of q)",
                   sizes["G"], sizes["H"])
+    check_choice(_OP, "empty_slots", empty_slots, EMPTY_SLOTS)
+    _check_chunk_size(_OP, chunk_size)
+    _check_window_and_documents(_OP, sizes, window, segment_ids, state)
+
+
+def _check_window_and_documents(op, sizes, window, segment_ids, state) -> None:
     if not isinstance(window, int | np.integer) or window < 0:
         raise ValueError(f"{op}: window must be an int >= 0, got {window!r}")
-    check_choice(op, "empty_slots", empty_slots, EMPTY_SLOTS)
-    _check_chunk_size(op, chunk_size)
     if segment_ids is not None:
         check_dims(op, sizes, segment_ids=(segment_ids, "BT"))
         if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
