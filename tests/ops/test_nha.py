@@ -379,7 +379,7 @@ def test_memory_is_linear_in_time():
         (dict(initial_state=nha_empty_state(2, 2, 4, 4, 6, 3)), "axis V of slot_values"),
         (dict(initial_state=(np.zeros((2, 2, 4, 6)), np.zeros((2, 2, 6, 3)))),
          "must be an NHAState"),
-        (dict(implementation="pallas"), "implementation='pallas' is not available"),
+        (dict(implementation="pallas"), "implementation='pallas' cannot run this call"),
     ],
 )
 def test_bad_inputs_are_named(change, message):

@@ -1,0 +1,71 @@
+"""Tile sizes of the NHA kernels and their defaults per backend."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles and launch parameters of the NHA kernels (tiles are powers of two).
+
+    chunk: C, the slot chunk (slot states are kept at multiples of C; the slot kernels own one
+      chunk of one head).
+    sub_chunk: S, the sub-chunks of the exact path for strongly decaying slots (`chunk_math`).
+    block_q / block_k: query rows per program and window keys per loop step of the window
+      attention forward and of its dq kernel.
+    block_q_dkv / block_k_dkv: query rows per loop step and keys per program of the window
+      dk/dv kernel.
+    state_block: feature tile of the chunk-state pass (more tiles, more parallel programs).
+    num_warps / num_stages: Triton launch parameters (GPU) of the window attention forward;
+      backward_*: of its backward kernels; slot_num_warps / slot_backward_num_warps: of the
+      per-chunk slot kernels of the forward / backward pass.
+    slot_precision: operand dtype of the slot products, "float32" (TF32 on the GPU) or "input"
+      (the input dtype: faster, gradients about 10x less accurate; NOTES.md).
+    """
+
+    chunk: int = 64
+    sub_chunk: int = 16
+    block_q: int = 128
+    block_k: int = 64
+    block_q_dkv: int = 64
+    block_k_dkv: int = 64
+    state_block: int = 32
+    num_warps: int = 8
+    num_stages: int = 3
+    backward_num_warps: int = 4
+    backward_num_stages: int = 2
+    slot_num_warps: int = 4
+    slot_backward_num_warps: int = 8
+    slot_precision: str = "float32"
+
+    def __post_init__(self):
+        if self.slot_precision not in ("float32", "input"):
+            raise ValueError(f"BlockSizes.slot_precision must be 'float32' or 'input', got "
+                             f"{self.slot_precision!r}")
+        for name in ("chunk", "sub_chunk", "block_q", "block_k", "block_q_dkv", "block_k_dkv",
+                     "state_block"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
+        for name in ("num_warps", "num_stages", "backward_num_warps", "backward_num_stages",
+                     "slot_num_warps", "slot_backward_num_warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
+        if self.sub_chunk > self.chunk:
+            raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
+                             f"({self.chunk})")
+
+    @property
+    def time_multiple(self) -> int:
+        """The padded length must be a multiple of every time tile."""
+        return max(self.chunk, self.block_q, self.block_k, self.block_q_dkv, self.block_k_dkv)
+
+
+def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
+    """Defaults measured on an H200 (GPU; see NOTES.md); TPU tiles fill the 128-lane axis."""
+    if backend == "tpu":
+        return BlockSizes(chunk=128, sub_chunk=16, block_q=128, block_k=128, block_q_dkv=128,
+                          block_k_dkv=128, state_block=128)
+    del head_dim
+    return BlockSizes()

@@ -1,0 +1,246 @@
+"""NHA kernels for NVIDIA GPUs: Pallas with the Triton lowering (see NOTES.md for why).
+
+Layout `[batch, time, heads, dim]`, time padded to a multiple of the tiles. Forward:
+`chunk_prepare` (one program per chunk: gate cumsum and the chunk's writes) and `chunk_scan`
+(an elementwise pass over chunks per feature tile) store the slot states at chunk boundaries;
+`slot_logits` (one program per chunk and head, `chunk_math`) writes the slot logits;
+`window_attention` (one program per query block and head) starts its online softmax from them
+and visits only the key blocks that intersect the block's windows; `slot_readout_add` adds the
+slot values with the final weights. Slot and window work live in separate kernels: fused, the
+slot tiles spilled registers (NOTES.md, v1).
+
+The per-chunk slot kernels are shared with the TPU (`slot_kernels.py`, bound here to the GPU
+layout); the window kernels and the chunk scan are GPU-specific (loops inside a program).
+Every function takes `Static` (the call's static configuration) and works on padded arrays;
+`api.py` does the delaying, padding and the custom VJP.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.nha import slot_kernels
+from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, mm, mm_nt, mm_tn, window_mask
+from pallas_kernels.nha.layout import Layout, Static, visible
+
+
+def _params(num_warps: int, num_stages: int):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _forward_params(st: Static):
+    return _params(st.blocks.num_warps, st.blocks.num_stages)
+
+
+def _backward_params(st: Static):
+    return _params(st.blocks.backward_num_warps, st.blocks.backward_num_stages)
+
+
+LAYOUT = Layout(
+    head_major=False,
+    params=lambda st, warps, num_axes, sequential_last: _params(warps, 1),
+    interpret=lambda st: st.interpret,
+    cumsum=lambda x: jnp.cumsum(x, axis=0),
+    reverse_cumsum=lambda x: jnp.sum(x, axis=0, keepdims=True) - jnp.cumsum(x, axis=0) + x,
+)
+
+chunk_prepare = functools.partial(slot_kernels.chunk_prepare, layout=LAYOUT)
+chunk_deltas_reverse = functools.partial(slot_kernels.chunk_deltas_reverse, layout=LAYOUT)
+slot_logits = functools.partial(slot_kernels.slot_logits, layout=LAYOUT)
+slot_readout_add = functools.partial(slot_kernels.slot_readout_add, layout=LAYOUT)
+slot_backward_queries = functools.partial(slot_kernels.slot_backward_queries, layout=LAYOUT)
+backward_slot_inputs = functools.partial(slot_kernels.backward_slot_inputs, layout=LAYOUT)
+
+
+def chunk_scan(delta, decay, st: Static, *, reverse: bool):
+    """Slot states at chunk boundaries from per-chunk writes `delta` `[B, NC, G, X, M]` and
+    decays `[B, NC, G, 1, M]`, in place of delta: forward, entry c is the state entering chunk
+    c (`S_{c+1} = S_c·e^{G_last,c} + Δ_c`); reverse, the gradient of the state after chunk c
+    (`D_{c−1} = D_c·e^{G_last,c} + Δ_c`). A sequential loop over chunks per feature tile."""
+    batch, num_chunks, kv_heads, width, slots = delta.shape
+    tile = min(st.blocks.state_block, width)
+
+    def kernel(delta_ref, decay_ref, out_ref):
+        def step(i, state):
+            c = num_chunks - 1 - i if reverse else i
+            update = delta_ref[pl.ds(c, 1), :, :]
+            out_ref[pl.ds(c, 1), :, :] = state
+            return state * decay_ref[pl.ds(c, 1), :, :] + update
+
+        lax.fori_loop(0, num_chunks, step, jnp.zeros((1, tile, slots), F32))
+
+    spec = pl.BlockSpec((None, num_chunks, None, tile, slots), lambda b, h, t: (b, 0, h, t, 0))
+    return pl.pallas_call(
+        kernel, grid=(batch, kv_heads, width // tile),
+        in_specs=[spec, pl.BlockSpec((None, num_chunks, None, 1, slots),
+                                     lambda b, h, t: (b, 0, h, 0, 0))],
+        out_specs=spec, out_shape=jax.ShapeDtypeStruct(delta.shape, F32),
+        input_output_aliases={0: 0}, compiler_params=_params(4, 3), interpret=st.interpret,
+        name="nha_chunk_scan_reverse" if reverse else "nha_chunk_scan",
+    )(delta, decay)
+
+
+# --- forward --------------------------------------------------------------------------------
+
+
+def _band(start: jax.Array, rows: int, window: int, block: int, length: int):
+    """Key blocks [lo, hi) that intersect the windows of query rows start..start+rows−1."""
+    lo = lax.div(jnp.maximum(start - window + 1, 0), block)
+    hi = jnp.minimum(lax.div(start + rows - 1, block) + 1, length // block)
+    return lo, hi
+
+
+def _window_attention_kernel(*refs, st: Static, length: int):
+    qw_ref, kw_ref, v_ref = refs[:3]
+    a_ref = refs[3] if st.slots else None
+    o_ref, lse_ref = refs[-2:]
+    BQ, BK = st.blocks.block_q, st.blocks.block_k
+    start = pl.program_id(2) * BQ
+    rows = start + iota((BQ, 1), 0)
+    if st.slots:  # the slots open the online softmax; their values are added by slot_readout
+        logits = jnp.where(visible(rows, st), a_ref[...], MASK_VALUE)
+        m = jnp.max(logits, axis=1)
+        l = jnp.sum(jnp.where(visible(rows, st), jnp.exp(logits - m[:, None]), 0.0), axis=1)
+    else:
+        m = jnp.full((BQ,), MASK_VALUE, F32)
+        l = jnp.zeros((BQ,), F32)
+    acc = jnp.zeros(o_ref.shape, F32)
+    if st.window:
+        qw = qw_ref[...]
+
+        def visit(kb, carry):
+            m, l, acc = carry
+            keys = kw_ref[pl.ds(kb * BK, BK), :]
+            inside = window_mask(rows, kb * BK + iota((1, BK), 1), st.window)
+            logits = st.scale * mm_nt(qw, keys)
+            m_new = jnp.maximum(m, jnp.max(jnp.where(inside, logits, MASK_VALUE), axis=1))
+            p = jnp.where(inside, jnp.exp(logits - m_new[:, None]), 0.0)
+            correction = jnp.exp(m - m_new)
+            acc = acc * correction[:, None] + mm(p.astype(qw.dtype), v_ref[pl.ds(kb * BK, BK), :])
+            return m_new, l * correction + jnp.sum(p, axis=1), acc
+
+        lo, hi = _band(start, BQ, st.window, BK, length)
+        m, l, acc = lax.fori_loop(lo, hi, visit, (m, l, acc))
+    o_ref[...] = acc / l[:, None]
+    lse_ref[...] = m + jnp.log(l)
+
+
+def window_attention(qw, kw, v, slot_logits_, st: Static):
+    """The window part of o (normalised by the softmax over slots AND window) `[B, Tp, H, V]`
+    float32, and the log-sum-exp over both `[B, H, Tp]` float32. slot_logits_: `[B, Tp, H, M]`
+    or None without slots."""
+    batch, length, heads, window_dim = qw.shape
+    value_dim, group = v.shape[-1], st.group
+    BQ = st.blocks.block_q
+    query = lambda d: pl.BlockSpec((None, BQ, None, d), lambda b, h, i: (b, i, h, 0))
+    whole = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h // group, 0))
+    in_specs = [query(window_dim), whole(window_dim), whole(value_dim)]
+    if st.slots:
+        in_specs.append(query(slot_logits_.shape[-1]))
+    return pl.pallas_call(
+        functools.partial(_window_attention_kernel, st=st, length=length),
+        grid=(batch, heads, length // BQ),
+        in_specs=in_specs,
+        out_specs=[query(value_dim), pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct((batch, length, heads, value_dim), F32),
+                   jax.ShapeDtypeStruct((batch, heads, length), F32)],
+        compiler_params=_forward_params(st), interpret=st.interpret, name="nha_window_attention",
+    )(qw, kw, v, *(() if slot_logits_ is None else (slot_logits_,)))
+
+
+def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dqw_ref,
+                                    *, st: Static, length: int):
+    BQ, BK = st.blocks.block_q, st.blocks.block_k
+    start = pl.program_id(2) * BQ
+    rows = start + iota((BQ, 1), 0)
+    qw, do, lse, delta = qw_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+
+    def visit(kb, dqw):
+        keys = kw_ref[pl.ds(kb * BK, BK), :]
+        inside = window_mask(rows, kb * BK + iota((1, BK), 1), st.window)
+        p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys) - lse[:, None]), 0.0)
+        ds = p * (mm_nt(do, v_ref[pl.ds(kb * BK, BK), :]) - delta[:, None])
+        return dqw + mm(ds.astype(keys.dtype), keys)
+
+    lo, hi = _band(start, BQ, st.window, BK, length)
+    dqw = lax.fori_loop(lo, hi, visit, jnp.zeros(dqw_ref.shape, F32))
+    dqw_ref[...] = (st.scale * dqw).astype(dqw_ref.dtype)
+
+
+def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
+    """Gradient of the window queries `[B, Tp, H, D]`."""
+    batch, length, heads, window_dim = qw.shape
+    value_dim, group = v.shape[-1], st.group
+    BQ = st.blocks.block_q
+    query = lambda d: pl.BlockSpec((None, BQ, None, d), lambda b, h, i: (b, i, h, 0))
+    whole = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h // group, 0))
+    row = pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))
+    return pl.pallas_call(
+        functools.partial(_window_backward_queries_kernel, st=st, length=length),
+        grid=(batch, heads, length // BQ),
+        in_specs=[query(window_dim), whole(window_dim), whole(value_dim), query(value_dim), row,
+                  row],
+        out_specs=query(window_dim), out_shape=jax.ShapeDtypeStruct(qw.shape, qw.dtype),
+        compiler_params=_backward_params(st), interpret=st.interpret,
+        name="nha_window_backward_queries",
+    )(qw, kw, v, do, lse, delta)
+
+
+def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dkw_ref, dv_ref, *,
+                          st: Static, length: int):
+    BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
+    first = pl.program_id(2) * BK
+    cols = first + iota((1, BK), 1)
+    keys, values = kw_ref[...], v_ref[...]
+    dtype = keys.dtype
+    lo = lax.div(first, BQ)
+    hi = jnp.minimum(lax.div(first + BK + st.window - 2, BQ) + 1, length // BQ)
+    dk = jnp.zeros(dkw_ref.shape, F32)
+    dv = jnp.zeros(dv_ref.shape, F32)
+    for r in range(st.group):
+        def visit(qb, carry, r=r):
+            dk, dv = carry
+            span = pl.ds(qb * BQ, BQ)
+            qw, do = qw_ref[span, r, :], do_ref[span, r, :]
+            lse, delta = lse_ref[r, span], delta_ref[r, span]
+            inside = window_mask(qb * BQ + iota((BQ, 1), 0), cols, st.window)
+            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys) - lse[:, None]), 0.0)
+            dv = dv + mm_tn(p.astype(dtype), do)
+            ds = p * (mm_nt(do, values) - delta[:, None])
+            return dk + st.scale * mm_tn(ds.astype(dtype), qw), dv
+
+        dk, dv = lax.fori_loop(lo, hi, visit, (dk, dv))
+    dkw_ref[...] = dk.astype(dkw_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def backward_window_keys(qw, kw, v, do, lse, delta, st: Static):
+    """Gradients of the window keys and of the values through the window: `[B, Tp, G, ·]`."""
+    batch, length, kv_heads, window_dim = kw.shape
+    value_dim, group = v.shape[-1], st.group
+    BK = st.blocks.block_k_dkv
+    whole = lambda d: pl.BlockSpec((None, length, None, group, d),
+                                   lambda b, h, j: (b, 0, h, 0, 0))
+    rows = pl.BlockSpec((None, None, group, length), lambda b, h, j: (b, h, 0, 0))
+    block = lambda d: pl.BlockSpec((None, BK, None, d), lambda b, h, j: (b, j, h, 0))
+    per_group = lambda x: x.reshape(batch, kv_heads, group, length)
+    return pl.pallas_call(
+        functools.partial(_backward_keys_kernel, st=st, length=length),
+        grid=(batch, kv_heads, length // BK),
+        in_specs=[whole(window_dim), block(window_dim), block(value_dim), whole(value_dim),
+                  rows, rows],
+        out_specs=[block(window_dim), block(value_dim)],
+        out_shape=[jax.ShapeDtypeStruct(kw.shape, kw.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=_backward_params(st), interpret=st.interpret,
+        name="nha_backward_window_keys",
+    )(LAYOUT.grouped(qw, group), kw, v, LAYOUT.grouped(do, group), per_group(lse),
+      per_group(delta))
+
+

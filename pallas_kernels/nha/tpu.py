@@ -1,0 +1,279 @@
+"""NHA kernels for TPUs: Pallas with the Mosaic TPU lowering. Tested in TPU interpret mode only.
+
+Layout `[batch, heads, time, dim]` (api.py transposes), so every block's last two axes are
+(time rows, features): 128-row tiles on the sublane axis and the full head dim (64 or 128) or
+slot count on the lane axis. The per-chunk slot kernels are the shared ones (`slot_kernels`,
+with cumulative sums as triangular float32 matmuls: Mosaic has no cumsum). The window kernels
+put the band on the grid, as in JAX's TPU flash attention: the last grid axis steps through the
+key blocks that intersect a query block's windows (clamped indices; repeated blocks skip their
+work), with the online-softmax state in VMEM scratch across those steps; the chunk scan walks
+the chunks along a sequential grid axis with the state in VMEM.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels.nha import slot_kernels
+from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, mm, mm_nt, mm_tn, window_mask
+from pallas_kernels.nha.layout import (
+    Layout,
+    Static,
+    triangular_cumsum,
+    triangular_reverse_cumsum,
+    visible,
+)
+
+
+def _params(num_axes: int, sequential_last: bool):
+    semantics = ("parallel",) * (num_axes - 1) + (("arbitrary",) if sequential_last
+                                                  else ("parallel",))
+    return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+def _interpret(st: Static):
+    return pltpu.InterpretParams() if st.interpret else False
+
+
+LAYOUT = Layout(
+    head_major=True,
+    params=lambda st, warps, num_axes, sequential_last: _params(num_axes, sequential_last),
+    interpret=_interpret,
+    cumsum=triangular_cumsum,
+    reverse_cumsum=triangular_reverse_cumsum,
+)
+
+chunk_prepare = functools.partial(slot_kernels.chunk_prepare, layout=LAYOUT)
+chunk_deltas_reverse = functools.partial(slot_kernels.chunk_deltas_reverse, layout=LAYOUT)
+slot_logits = functools.partial(slot_kernels.slot_logits, layout=LAYOUT)
+slot_readout_add = functools.partial(slot_kernels.slot_readout_add, layout=LAYOUT)
+slot_backward_queries = functools.partial(slot_kernels.slot_backward_queries, layout=LAYOUT)
+backward_slot_inputs = functools.partial(slot_kernels.backward_slot_inputs, layout=LAYOUT)
+
+
+def chunk_scan(delta, decay, st: Static, *, reverse: bool):
+    """Slot states at chunk boundaries (same contract as `gpu.chunk_scan`): grid (B, G, NC),
+    the chunk axis sequential, the running state in VMEM."""
+    batch, num_chunks, kv_heads, width, slots = delta.shape
+    chunk = (lambda c: num_chunks - 1 - c) if reverse else (lambda c: c)
+    spec = lambda d: pl.BlockSpec((None, None, None, d, slots),
+                                  lambda b, h, c: (b, chunk(c), h, 0, 0))
+
+    def kernel(delta_ref, decay_ref, out_ref, state_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            state_ref[...] = jnp.zeros_like(state_ref)
+
+        update = delta_ref[...]
+        out_ref[...] = state_ref[...]
+        state_ref[...] = state_ref[...] * decay_ref[...] + update
+
+    return pl.pallas_call(
+        kernel, grid=(batch, kv_heads, num_chunks), in_specs=[spec(width), spec(1)],
+        out_specs=spec(width), out_shape=jax.ShapeDtypeStruct(delta.shape, F32),
+        scratch_shapes=[pltpu.VMEM((width, slots), F32)], input_output_aliases={0: 0},
+        compiler_params=_params(3, True), interpret=_interpret(st),
+        name="nha_chunk_scan_reverse" if reverse else "nha_chunk_scan",
+    )(delta, decay)
+
+
+# --- window kernels: the band on the grid ---------------------------------------------------
+
+
+class _Band:
+    """Key blocks of query block i at band step j: kb = lo(i) + j while kb ≤ hi(i); beyond,
+    the index is clamped (the block is fetched again and the step does nothing)."""
+
+    def __init__(self, st: Static, rows: int, block: int, length: int):
+        self.window, self.rows, self.block = st.window, rows, block
+        self.steps = (rows + st.window - 2) // block + 2 if st.window else 1
+        self.last = length // block - 1
+
+    def bounds(self, i):
+        start = i * self.rows
+        lo = lax.div(jnp.maximum(start - self.window + 1, 0), self.block)
+        hi = jnp.minimum(lax.div(start + self.rows - 1, self.block), self.last)
+        return lo, hi
+
+    def key_block(self, i, j):
+        lo, hi = self.bounds(i)
+        return jnp.minimum(lo + j, hi)
+
+    def active(self, i, j):
+        lo, hi = self.bounds(i)
+        return (lo + j <= hi) & (self.window > 0)
+
+
+def window_attention(qw, kw, v, slot_logits_, st: Static):
+    """The window part of o (normalised over slots and window) `[B, H, Tp, V]` and the
+    log-sum-exp `[B, H, Tp]`, float32 (same contract as `gpu.window_attention`)."""
+    batch, heads, length, window_dim = qw.shape
+    value_dim, group = v.shape[-1], st.group
+    BQ, BK = st.blocks.block_q, st.blocks.block_k
+    band = _Band(st, BQ, BK, length)
+    query = lambda d: pl.BlockSpec((None, None, BQ, d), lambda b, h, i, j: (b, h, i, 0))
+    keys = lambda d: pl.BlockSpec((None, None, BK, d),
+                                  lambda b, h, i, j: (b, h // group, band.key_block(i, j), 0))
+    in_specs = [query(window_dim), keys(window_dim), keys(value_dim)]
+    if st.slots:
+        in_specs.append(query(slot_logits_.shape[-1]))
+
+    def kernel(*refs):
+        qw_ref, kw_ref, v_ref = refs[:3]
+        a_ref = refs[3] if st.slots else None
+        o_ref, lse_ref, m_ref, l_ref, acc_ref = refs[-5:]
+        i, j = pl.program_id(2), pl.program_id(3)
+        rows = i * BQ + iota((BQ, 1), 0)
+
+        @pl.when(j == 0)
+        def _():
+            if st.slots:  # the slots open the online softmax (values: slot_readout_add)
+                logits = jnp.where(visible(rows, st), a_ref[...], MASK_VALUE)
+                m = jnp.max(logits, axis=1, keepdims=True)
+                p = jnp.where(visible(rows, st), jnp.exp(logits - m), 0.0)
+                m_ref[...] = m
+                l_ref[...] = jnp.sum(p, axis=1, keepdims=True)
+            else:
+                m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, F32)
+                l_ref[...] = jnp.zeros(l_ref.shape, F32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
+
+        @pl.when(band.active(i, j))
+        def _():
+            kb = band.key_block(i, j)
+            inside = window_mask(rows, kb * BK + iota((1, BK), 1), st.window)
+            logits = st.scale * mm_nt(qw_ref[...], kw_ref[...])
+            m_prev = m_ref[...]
+            m_new = jnp.maximum(m_prev, jnp.max(jnp.where(inside, logits, MASK_VALUE), axis=1,
+                                                keepdims=True))
+            p = jnp.where(inside, jnp.exp(logits - m_new), 0.0)
+            correction = jnp.exp(m_prev - m_new)
+            acc_ref[...] = acc_ref[...] * correction + mm(p.astype(v_ref.dtype), v_ref[...])
+            l_ref[...] = l_ref[...] * correction + jnp.sum(p, axis=1, keepdims=True)
+            m_ref[...] = m_new
+
+        @pl.when(j == band.steps - 1)
+        def _():
+            o_ref[...] = acc_ref[...] / l_ref[...]
+            lse_ref[...] = (m_ref[...] + jnp.log(l_ref[...]))[:, 0]
+
+    return pl.pallas_call(
+        kernel, grid=(batch, heads, length // BQ, band.steps), in_specs=in_specs,
+        out_specs=[query(value_dim), pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct((batch, heads, length, value_dim), F32),
+                   jax.ShapeDtypeStruct((batch, heads, length), F32)],
+        scratch_shapes=[pltpu.VMEM((BQ, 1), F32), pltpu.VMEM((BQ, 1), F32),
+                        pltpu.VMEM((BQ, value_dim), F32)],
+        compiler_params=_params(4, True), interpret=_interpret(st),
+        name="nha_window_attention",
+    )(qw, kw, v, *(() if slot_logits_ is None else (slot_logits_,)))
+
+
+def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
+    """Gradient of the window queries `[B, H, Tp, D]`."""
+    batch, heads, length, window_dim = qw.shape
+    value_dim, group = v.shape[-1], st.group
+    BQ, BK = st.blocks.block_q, st.blocks.block_k
+    band = _Band(st, BQ, BK, length)
+    query = lambda d: pl.BlockSpec((None, None, BQ, d), lambda b, h, i, j: (b, h, i, 0))
+    keys = lambda d: pl.BlockSpec((None, None, BK, d),
+                                  lambda b, h, i, j: (b, h // group, band.key_block(i, j), 0))
+    row = pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))
+
+    def kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dqw_ref, acc_ref):
+        i, j = pl.program_id(2), pl.program_id(3)
+
+        @pl.when(j == 0)
+        def _():
+            acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
+
+        @pl.when(band.active(i, j))
+        def _():
+            rows = i * BQ + iota((BQ, 1), 0)
+            inside = window_mask(rows, band.key_block(i, j) * BK + iota((1, BK), 1), st.window)
+            keys_ = kw_ref[...]
+            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw_ref[...], keys_)
+                                          - lse_ref[...][:, None]), 0.0)
+            ds = p * (mm_nt(do_ref[...], v_ref[...]) - delta_ref[...][:, None])
+            acc_ref[...] += mm(ds.astype(keys_.dtype), keys_)
+
+        @pl.when(j == band.steps - 1)
+        def _():
+            dqw_ref[...] = (st.scale * acc_ref[...]).astype(dqw_ref.dtype)
+
+    return pl.pallas_call(
+        kernel, grid=(batch, heads, length // BQ, band.steps),
+        in_specs=[query(window_dim), keys(window_dim), keys(value_dim), query(value_dim), row,
+                  row],
+        out_specs=query(window_dim), out_shape=jax.ShapeDtypeStruct(qw.shape, qw.dtype),
+        scratch_shapes=[pltpu.VMEM((BQ, window_dim), F32)],
+        compiler_params=_params(4, True), interpret=_interpret(st),
+        name="nha_window_backward_queries",
+    )(qw, kw, v, do, lse, delta)
+
+
+def backward_window_keys(qw, kw, v, do, lse, delta, st: Static):
+    """Gradients of the window keys and of the values through the window `[B, G, Tp, ·]`:
+    grid (B, G, key block, group·band steps)."""
+    batch, kv_heads, length, window_dim = kw.shape
+    value_dim, group = v.shape[-1], st.group
+    BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
+    steps = (BK + st.window - 2) // BQ + 2
+    last = length // BQ - 1
+
+    def query_block(kb, j):
+        qb = lax.div(kb * BK, BQ) + lax.rem(j, steps)
+        hi = jnp.minimum(lax.div(kb * BK + BK + st.window - 2, BQ), last)
+        return jnp.minimum(qb, hi), qb <= hi
+
+    head = lambda h, j: h * group + lax.div(j, steps)
+    query = lambda d: pl.BlockSpec(
+        (None, None, BQ, d), lambda b, h, kb, j: (b, head(h, j), query_block(kb, j)[0], 0))
+    row = pl.BlockSpec((None, None, BQ),
+                       lambda b, h, kb, j: (b, head(h, j), query_block(kb, j)[0]))
+    key = lambda d: pl.BlockSpec((None, None, BK, d), lambda b, h, kb, j: (b, h, kb, 0))
+
+    def kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dkw_ref, dv_ref, dk_acc,
+               dv_acc):
+        kb, j = pl.program_id(2), pl.program_id(3)
+
+        @pl.when(j == 0)
+        def _():
+            dk_acc[...] = jnp.zeros(dk_acc.shape, F32)
+            dv_acc[...] = jnp.zeros(dv_acc.shape, F32)
+
+        qb, active = query_block(kb, j)
+
+        @pl.when(active)
+        def _():
+            keys_, values, qw, do = kw_ref[...], v_ref[...], qw_ref[...], do_ref[...]
+            inside = window_mask(qb * BQ + iota((BQ, 1), 0), kb * BK + iota((1, BK), 1),
+                                 st.window)
+            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys_) - lse_ref[...][:, None]),
+                          0.0)
+            dv_acc[...] += mm_tn(p.astype(values.dtype), do)
+            ds = p * (mm_nt(do, values) - delta_ref[...][:, None])
+            dk_acc[...] += st.scale * mm_tn(ds.astype(keys_.dtype), qw)
+
+        @pl.when(j == group * steps - 1)
+        def _():
+            dkw_ref[...] = dk_acc[...].astype(dkw_ref.dtype)
+            dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+    return pl.pallas_call(
+        kernel, grid=(batch, kv_heads, length // BK, group * steps),
+        in_specs=[query(window_dim), key(window_dim), key(value_dim), query(value_dim), row,
+                  row],
+        out_specs=[key(window_dim), key(value_dim)],
+        out_shape=[jax.ShapeDtypeStruct(kw.shape, kw.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch_shapes=[pltpu.VMEM((BK, window_dim), F32), pltpu.VMEM((BK, value_dim), F32)],
+        compiler_params=_params(4, True), interpret=_interpret(st),
+        name="nha_backward_window_keys",
+    )(qw, kw, v, do, lse, delta)
