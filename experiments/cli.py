@@ -155,6 +155,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    import textwrap
+
     from experiments import registry
     from hybrid_jax import presets
     from hybrid_jax.registry import block_names, block_type
@@ -168,6 +170,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("experiments:")
     for name in registry.names():
         print(f"  {name:32s} {registry.get(name).description}")
+    print("sweeps (python -m experiments.run SWEEP --out DIR):")
+    for name in registry.sweep_names():
+        print(f"  {name:36s} {textwrap.shorten(registry.get_sweep(name).description, 64)}")
     return 0
 
 

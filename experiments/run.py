@@ -1,6 +1,8 @@
 """Runs a named experiment: `python -m experiments.run NAME [--out DIR] [--set key=value ...]`.
 
-Same as `hybrid-jax train NAME ...`.
+Same as `hybrid-jax train NAME ...`. A registered sweep name (e.g.
+`expressivity/selective-copying`) runs the whole grid instead: see
+`experiments.expressivity.command`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
 def main(argv: Sequence[str] | None = None) -> int:
     from experiments.cli import main as cli_main
 
-    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in registry.sweep_names():
+        from experiments.expressivity.command import main as sweep_main
+
+        return sweep_main(argv)
+    return cli_main(["train", *argv])
 
 
 if __name__ == "__main__":

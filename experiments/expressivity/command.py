@@ -1,0 +1,60 @@
+"""`python -m experiments.run SWEEP [--out DIR] [--jobs N] [--set key=value ...]`: runs a
+registered sweep (resuming it when DIR holds finished cells) and writes its report.
+
+`--set` changes the sweep itself, e.g. `budgets=[1000,2000,6000,12000]`, `seeds=[0,1,2]`,
+`train.steps=3000`, `family.ssm_type=mamba2`, `data.seq_len=200`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments.run SWEEP",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("name", help="sweep name (see experiments/README.md)")
+    parser.add_argument("--out", type=Path, default=None, help="output directory "
+                        "(default runs/SWEEP); finished cells there are skipped")
+    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                        help=f"worker processes (default {DEFAULT_JOBS}; 1: this process)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rewrite the report from the finished cells")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a sweep field")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    from experiments import registry
+    from experiments.expressivity.report import write_report
+    from experiments.expressivity.sweep import collect, run_sweep
+    from hybrid_jax.config import apply_overrides
+
+    args = build_parser().parse_args(argv)
+    out = Path("runs") / args.name if args.out is None else args.out
+    failed: list[str] = []
+    try:
+        sweep = apply_overrides(registry.get_sweep(args.name), args.overrides)
+        if args.report_only:
+            rows = collect(sweep, out)
+        else:
+            rows, failed = run_sweep(sweep, out, jobs=args.jobs)
+    except ValueError as e:  # bad overrides, or an output directory trained differently
+        print(f"experiments.run {args.name}: error: {e}", file=sys.stderr)
+        return 2
+    if rows:
+        paths = write_report(sweep, rows, out)
+        print(paths[1].read_text())
+        print("wrote " + ", ".join(str(p) for p in paths))
+    if failed:
+        print(f"{len(failed)} cell(s) failed (see cells/*/error.txt); run again to retry: "
+              + " ".join(failed), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,160 @@
+"""A sweep's results, named after it (e.g. `selective-copying.csv`): a CSV (one row per cell),
+Markdown tables in the paper's layout (architectures × parameter budgets, plus the evaluation
+variants and the paper's numbers side by side) and a PNG (accuracy vs parameters per
+architecture)."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from experiments.expressivity.sweep import Sweep
+
+LABELS = {
+    "transformer": "Transformer (SWA)",
+    "ssm": "SSM",
+    "ssm-attention": "Hybrid SSM→Attn",
+    "attention-ssm": "Hybrid Attn→SSM",
+}
+_FIRST_COLUMNS = ["architecture", "budget", "params", "d_model", "learning_rate", "seed",
+                  "steps", "accuracy", "loss"]
+
+
+def metric_names(sweep: Sweep) -> list[str]:
+    """`accuracy` (the training distribution) then one column per evaluation variant."""
+    return ["accuracy"] + [f"accuracy[{label}]" for label, _ in sweep.eval_variants]
+
+
+def aggregate(sweep: Sweep, rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict]:
+    """Per (architecture, budget): the learning rate with the best mean accuracy over seeds,
+    and at that rate the mean (and spread) of every metric."""
+    groups: dict[tuple[str, int, float], list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["architecture"], row["budget"], row["learning_rate"])].append(row)
+    best: dict[tuple[str, int], dict] = {}
+    for (arch, budget, lr), group in groups.items():
+        entry = {"architecture": arch, "budget": budget, "learning_rate": lr,
+                 "params": group[0]["params"], "seeds": len(group)}
+        for name in metric_names(sweep):
+            values = [r[name] for r in group if name in r]
+            entry[name] = statistics.fmean(values) if values else float("nan")
+            entry[name + " sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        key = (arch, budget)
+        if key not in best or entry["accuracy"] > best[key]["accuracy"]:
+            best[key] = entry
+    return best
+
+
+def write_csv(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
+    columns = _FIRST_COLUMNS + metric_names(sweep)[1:] + ["wall_time_s", "layers"]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "layers": "+".join(row.get("layers", []))})
+
+
+def _budget_label(budget: int) -> str:
+    return f"{budget / 1000:g}k" if budget >= 1000 else str(budget)
+
+
+def _entry_text(entry: dict | None, metric: str = "accuracy") -> str:
+    if entry is None:
+        return "–"
+    text = f"{entry[metric]:.3f}"
+    if entry["seeds"] > 1:
+        text += f" ± {entry[metric + ' sd']:.3f}"
+    return text
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(row) + " |" for row in body]]
+
+
+def markdown(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
+    best = aggregate(sweep, rows)
+    seeds = len(sweep.seeds)
+    lines = [f"## {sweep.name}", "", sweep.description, "",
+             f"Token accuracy on the scored positions of the held-out split, after "
+             f"{sweep.train.steps} steps (batch {sweep.train.batch_size}); each entry is the "
+             f"best of the learning rates {list(sweep.learning_rates)}, "
+             + (f"mean ± sd over {seeds} seeds." if seeds > 1 else "one seed.")
+             + f" SSM layers: `{sweep.family.ssm_type}`; attention window "
+             f"{sweep.family.window or 'full'}; FFN ratio {sweep.family.ffn_ratio:g}.", ""]
+    header = ["architecture"] + [_budget_label(b) for b in sweep.budgets]
+    body = [[LABELS[a]] + [_entry_text(best.get((a, b))) for b in sweep.budgets]
+            for a in sweep.architectures]
+    lines += _table(header, body) + ["", "Actual parameter counts (d_model):", ""]
+    body = [[LABELS[a]] + [f"{best[(a, b)]['params']:,} ({_d_model(rows, a, b)})"
+                           if (a, b) in best else "–" for b in sweep.budgets]
+            for a in sweep.architectures]
+    lines += _table(header, body)
+    if sweep.eval_variants:
+        names = metric_names(sweep)
+        for budget in sweep.budgets:
+            lines += ["", f"Evaluations at budget {_budget_label(budget)} (trained on the "
+                      "first column's distribution):", ""]
+            head = ["architecture", "train distribution"] + [l for l, _ in sweep.eval_variants]
+            body = [[LABELS[a]] + [_entry_text(best.get((a, budget)), n) for n in names]
+                    for a in sweep.architectures]
+            lines += _table(head, body)
+    if sweep.paper:
+        lines += ["", "Side by side with the paper (Cooper et al., 2026):"
+                  + (f" {sweep.paper_note}" if sweep.paper_note else ""), ""]
+        body = []
+        for budget, paper_row in sweep.paper:
+            for arch, value in paper_row:
+                ours = best.get((arch, budget))
+                body.append([_budget_label(budget), LABELS[arch],
+                             "–" if ours is None else f"{ours['accuracy']:.3f}",
+                             f"{value:.3f}"])
+        lines += _table(["budget", "architecture", "ours", "paper"], body)
+    return "\n".join(lines) + "\n"
+
+
+def _d_model(rows: list[dict[str, Any]], arch: str, budget: int) -> str:
+    return next((str(r["d_model"]) for r in rows
+                 if r["architecture"] == arch and r["budget"] == budget), "?")
+
+
+def plot(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy vs parameters per architecture; one panel per evaluation (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = aggregate(sweep, rows)
+    names = metric_names(sweep)
+    titles = ["train distribution"] + [label for label, _ in sweep.eval_variants]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6), squeeze=False)
+    for ax, name, title in zip(axes[0], names, titles, strict=True):
+        for arch in sweep.architectures:
+            points = sorted((e["params"], e[name]) for (a, _), e in best.items() if a == arch)
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=LABELS[arch])
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("parameters")
+        ax.set_ylabel("token accuracy")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(sweep.name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(sweep: Sweep, rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Writes `<short name>.csv`, `.md` and `.png` into `out_dir`; returns their paths."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / f"{sweep.short_name}.{ext}" for ext in ("csv", "md", "png")]
+    write_csv(sweep, rows, paths[0])
+    paths[1].write_text(markdown(sweep, rows))
+    plot(sweep, rows, paths[2])
+    return paths

@@ -1,0 +1,254 @@
+"""Sweeps: architecture × parameter budget × learning rate × seed, one training run per cell.
+
+Each cell is an ordinary run directory `OUT/cells/<cell>/` (config.json, metrics.jsonl,
+checkpoint, results.json) plus `cell.json`, its summary, written last and atomically. After
+training, a cell evaluates its model on the sweep's `eval_variants` (the data config with some
+fields changed, e.g. `seq_len=400` for length generalisation, or a shifted distribution knob
+for OOD tests). Running a sweep again skips finished cells and only evaluates the variants a
+cell's summary lacks, so sweeps that train the same models (e.g. selective copying and its
+length-generalisation and OOD evaluations) can share one output directory; a cell trained with
+a different configuration is an error, not silently reused. Cells run in `jobs` worker
+processes; `report.write_report` turns the summaries into a CSV, Markdown tables and a plot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from experiments.expressivity.models import ARCHITECTURES, ModelFamily, size_model
+from hybrid_jax.config import ExperimentConfig, TrainConfig
+
+# Tiny models, short runs: no weight decay, one synchronous checkpoint per cell (at the end).
+DEFAULT_TRAIN = TrainConfig(steps=1000, batch_size=32, warmup_steps=50, weight_decay=0.0,
+                            log_every=100, eval_batches=16, keep_checkpoints=1,
+                            async_checkpoint=False)
+
+# Paper numbers: {budget: {architecture: accuracy}} for the side-by-side table.
+PaperTable = tuple[tuple[int, tuple[tuple[str, float], ...]], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A grid of training runs and how to report them.
+
+    `eval_variants`: `(label, ((field, value), ...))` pairs; each evaluates every trained
+    model on the eval split of `data` with those fields replaced. `paper`: the paper's
+    accuracies to print next to ours.
+    """
+
+    name: str
+    data: Any
+    description: str = ""
+    family: ModelFamily = ModelFamily()
+    architectures: tuple[str, ...] = tuple(ARCHITECTURES)
+    budgets: tuple[int, ...] = (2000, 6000)
+    learning_rates: tuple[float, ...] = (3e-3,)
+    seeds: tuple[int, ...] = (0,)
+    train: TrainConfig = DEFAULT_TRAIN
+    eval_variants: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    paper: PaperTable = ()
+    paper_note: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.architectures) - set(ARCHITECTURES))
+        if unknown:
+            raise ValueError(f"Sweep {self.name!r}: unknown architecture(s) {unknown}; "
+                             f"expected some of {sorted(ARCHITECTURES)}")
+        for field in ("architectures", "budgets", "learning_rates", "seeds"):
+            if not getattr(self, field):
+                raise ValueError(f"Sweep {self.name!r}: {field} is empty")
+        # Values parsed from --set JSON arrive as lists; keep them hashable.
+        variants = tuple((label, tuple(tuple(pair) for pair in changes))
+                         for label, changes in self.eval_variants)
+        object.__setattr__(self, "eval_variants", variants)
+        for label, _ in variants:
+            self.variant_data(label)  # fails early on unknown fields or invalid values
+
+    @property
+    def short_name(self) -> str:
+        """The name's last component, e.g. "selective-copying": the report's file names."""
+        return self.name.rsplit("/", 1)[-1]
+
+    def cells(self) -> list[Cell]:
+        return [Cell(a, b, lr, s) for a in self.architectures for b in self.budgets
+                for lr in self.learning_rates for s in self.seeds]
+
+    def variant_data(self, label: str) -> Any:
+        changes = dict(dict(self.eval_variants)[label])
+        try:
+            return dataclasses.replace(self.data, **changes)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"Sweep {self.name!r}: eval variant {label!r} {changes}: {e}"
+                             ) from None
+
+    def experiment(self, cell: Cell) -> tuple[ExperimentConfig, int]:
+        """The run of one cell and its model's exact parameter count."""
+        model, params = size_model(self.family, cell.architecture, cell.budget,
+                                   self.data.vocab_size)
+        train = dataclasses.replace(self.train, learning_rate=cell.learning_rate,
+                                    seed=cell.seed)
+        return ExperimentConfig(name=f"{self.name}/{cell.id}", model=model, data=self.data,
+                                train=train, description=self.description), params
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    architecture: str
+    budget: int
+    learning_rate: float
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.architecture}-p{self.budget}-lr{self.learning_rate:g}-s{self.seed}"
+
+
+def cell_summary_path(out_dir: Path, cell: Cell) -> Path:
+    return out_dir / "cells" / cell.id / "cell.json"
+
+
+def missing_variants(sweep: Sweep, summary: dict[str, Any]) -> list[str]:
+    return [label for label, _ in sweep.eval_variants if f"accuracy[{label}]" not in summary]
+
+
+def _pending(sweep: Sweep, out_dir: Path, cell: Cell) -> bool:
+    path = cell_summary_path(out_dir, cell)
+    return not path.exists() or bool(missing_variants(sweep, json.loads(path.read_text())))
+
+
+def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
+    from hybrid_jax.config import to_dict
+
+    saved = json.loads((run_dir / "config.json").read_text())
+    expected = json.loads(json.dumps(to_dict(experiment)))
+    if saved != expected:
+        changed = sorted(k for k in expected if saved.get(k) != expected[k])
+        raise ValueError(f"{run_dir} was trained with another configuration (differs in "
+                         f"{changed}); use another --out directory")
+
+
+def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
+    """Trains one cell (unless already trained), evaluates the variants its summary lacks and
+    writes `cell.json`; returns the summary."""
+    from hybrid_jax.data.pipeline import eval_batches
+    from hybrid_jax.sharding import make_mesh
+    from hybrid_jax.train import evaluate, train
+    from hybrid_jax.train.trainer import restore_train_state
+
+    experiment, params = sweep.experiment(cell)
+    run_dir = out_dir / "cells" / cell.id
+    path = cell_summary_path(out_dir, cell)
+    start = time.perf_counter()
+    if (run_dir / "config.json").exists():
+        _check_same_run(experiment, run_dir)
+    if path.exists():
+        summary = json.loads(path.read_text())
+    else:  # resume=True: an interrupted cell continues from its last checkpoint
+        results = train(experiment, run_dir, progress=False, resume=True)
+        if results.get("accuracy") is None:
+            raise RuntimeError(f"cell {cell.id} did not finish training: {results}")
+        summary = {**dataclasses.asdict(cell), "params": params,
+                   "d_model": experiment.model.d_model,
+                   "layers": [spec.type for spec in experiment.model.layers],
+                   "steps": experiment.train.steps, "accuracy": results["accuracy"],
+                   "loss": results["eval_loss"], "train_time_s": round(results["wall_time_s"])}
+    todo = missing_variants(sweep, summary)
+    if todo:
+        cfg = experiment.train
+        ts, _ = restore_train_state(experiment, run_dir, make_mesh(cfg.mesh))
+        for label in todo:
+            batches = eval_batches(sweep.variant_data(label), batch_size=cfg.batch_size,
+                                   num_batches=cfg.eval_batches, seed=cfg.seed)
+            summary[f"accuracy[{label}]"] = evaluate(ts, batches)["accuracy"]
+    summary["wall_time_s"] = round(time.perf_counter() - start, 1)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(path)  # atomic: a cell.json is always complete
+    return summary
+
+
+def _worker_init() -> None:
+    # Several workers share the CPU cores: one XLA thread each avoids oversubscription.
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                        "--xla_cpu_multi_thread_eigen=false",
+                                        "intra_op_parallelism_threads=1"]).strip()
+
+
+def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
+              log: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], list[str]]:
+    """Runs the cells without a `cell.json` (in `jobs` processes; 1: in this process).
+
+    Returns `(summaries of all finished cells, ids of the cells that failed)`. A failed cell
+    is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{sweep.short_name}.sweep.json").write_text(
+        json.dumps(_describe(sweep), indent=2, default=str))
+    todo = [c for c in sweep.cells() if _pending(sweep, out_dir, c)]
+    done = len(sweep.cells()) - len(todo)
+    log(f"{sweep.name}: {len(sweep.cells())} cells, {done} already finished, running "
+        f"{len(todo)} with {jobs} job(s) in {out_dir}")
+    for cell in sweep.cells():  # sizes every model and checks finished cells before training
+        experiment, _ = sweep.experiment(cell)
+        if (out_dir / "cells" / cell.id / "config.json").exists():
+            _check_same_run(experiment, out_dir / "cells" / cell.id)
+    failed: list[str] = []
+
+    def finished(cell: Cell, summary: dict[str, Any] | None, error: str | None) -> None:
+        nonlocal done
+        done += 1
+        if error is not None:
+            failed.append(cell.id)
+            path = out_dir / "cells" / cell.id / "error.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(error)
+            log(f"[{done}/{len(sweep.cells())}] {cell.id}: FAILED ({error.splitlines()[-1]})")
+        else:
+            variants = "".join(f", {label} {summary[f'accuracy[{label}]']:.4f}"
+                               for label, _ in sweep.eval_variants)
+            log(f"[{done}/{len(sweep.cells())}] {cell.id}: params {summary['params']} "
+                f"accuracy {summary['accuracy']:.4f}{variants} ({summary['wall_time_s']} s)")
+
+    if jobs <= 1:
+        for cell in todo:
+            try:
+                finished(cell, run_cell(sweep, cell, out_dir), None)
+            except Exception:  # noqa: BLE001 (recorded; the other cells go on)
+                finished(cell, None, traceback.format_exc())
+    else:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context,
+                                                    initializer=_worker_init) as pool:
+            futures = {pool.submit(run_cell, sweep, c, out_dir): c for c in todo}
+            for future in concurrent.futures.as_completed(futures):
+                try:
+                    finished(futures[future], future.result(), None)
+                except Exception:  # noqa: BLE001
+                    finished(futures[future], None, traceback.format_exc())
+    return collect(sweep, out_dir), failed
+
+
+def collect(sweep: Sweep, out_dir: Path) -> list[dict[str, Any]]:
+    """The summaries of the sweep's finished cells, in grid order."""
+    paths = [cell_summary_path(Path(out_dir), c) for c in sweep.cells()]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+def _describe(sweep: Sweep) -> dict[str, Any]:
+    from hybrid_jax.config import to_dict
+
+    return {"name": sweep.name, "description": sweep.description,
+            "data": to_dict(sweep.data), "family": dataclasses.asdict(sweep.family),
+            "architectures": sweep.architectures, "budgets": sweep.budgets,
+            "learning_rates": sweep.learning_rates, "seeds": sweep.seeds,
+            "train": to_dict(sweep.train), "eval_variants": sweep.eval_variants}

@@ -1,0 +1,104 @@
+"""The study's sweeps, reduced to run on a CPU in minutes to tens of minutes each.
+
+`python -m experiments.run expressivity/<name> --out DIR [--set key=value ...]`; larger grids
+(more budgets, seeds, steps) are `--set` overrides, listed in experiments/README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from experiments.expressivity.models import ModelFamily
+from experiments.expressivity.sweep import DEFAULT_TRAIN, Sweep
+from experiments.registry import register_sweep
+from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.data.tasks import ARDecodingConfig, MKARConfig, NeedleConfig, SelectiveCopyingConfig
+
+# Mamba-1 blocks (the paper's SSM layers are Mamba). On CPU the per-token scan ("reference")
+# trains these tiny models faster than the chunked associative scan.
+SSM = dict(ssm_type="mamba1", ssm_options=(("state_size", 8), ("implementation", "reference")))
+# Selective copying: every architecture gets the smallest window that reaches the largest copy
+# distance (10). A 2-layer windowed transformer then solves exactly the positions whose last
+# number lies in its window, a fraction 1 − 0.8^10 ≈ 0.89 (window 16: 1 − 0.8^15 ≈ 0.96).
+COPY_WINDOW = SelectiveCopyingConfig().max_distance + 1
+LEARNING_RATES = (3e-3, 1e-2)
+
+
+@register_sweep("expressivity/selective-copying")
+def selective_copying() -> Sweep:
+    return Sweep(
+        name="expressivity/selective-copying", data=SelectiveCopyingConfig(),
+        description="Selective copying (distances 5..10, number probability 0.2, length 100): "
+                    "pure sliding-window transformer, pure SSM and both hybrids at small "
+                    "parameter budgets.",
+        family=ModelFamily(window=COPY_WINDOW, **SSM), budgets=(2000, 6000),
+        learning_rates=LEARNING_RATES,
+        paper=((2000, (("ssm-attention", 0.999), ("transformer", 0.352), ("ssm", 0.305))),
+               (6000, (("ssm-attention", 1.000), ("transformer", 0.727), ("ssm", 0.485)))),
+        paper_note="the paper's hybrid row is its best learned hybrid.")
+
+
+@register_sweep("expressivity/mkar")
+def mkar() -> Sweep:
+    return Sweep(
+        name="expressivity/mkar", data=MKARConfig(),
+        description="Multi-key associative recall (vocabulary 8, keys of 2 tokens, length 100; "
+                    "every position whose key occurred before is scored).",
+        family=ModelFamily(window=None, **SSM), budgets=(6000,),
+        learning_rates=LEARNING_RATES, train=dataclasses.replace(DEFAULT_TRAIN, steps=1500),
+        paper=((6000, (("ssm-attention", 0.990), ("transformer", 0.230), ("ssm", 0.356))),),
+        paper_note="the paper's hybrid row is its best learned hybrid.")
+
+
+@register_sweep("expressivity/ar-decoding")
+def ar_decoding() -> Sweep:
+    return Sweep(
+        name="expressivity/ar-decoding", data=ARDecodingConfig(),
+        description="Associative recall with decoding (32 words, 5-bit query code, length 100).",
+        family=ModelFamily(window=None, **SSM), budgets=(2000, 6000),
+        learning_rates=LEARNING_RATES)
+
+
+@register_sweep("expressivity/mqar")
+def mqar() -> Sweep:
+    return Sweep(
+        name="expressivity/mqar", data=MQARConfig(vocab_size=64, seq_len=64, num_kv_pairs=4),
+        description="MQAR (zoology generator; vocabulary 64, length 64, 4 key-value pairs).",
+        family=ModelFamily(window=None, **SSM), budgets=(2000, 6000),
+        learning_rates=LEARNING_RATES)
+
+
+@register_sweep("expressivity/needle")
+def needle() -> Sweep:
+    return Sweep(
+        name="expressivity/needle", data=NeedleConfig(),
+        description="Needle in a haystack (length 100, uniform depth), evaluated at depths "
+                    "near the start and the end and at length 200.",
+        family=ModelFamily(window=None, **SSM), budgets=(2000, 6000),
+        learning_rates=LEARNING_RATES,
+        eval_variants=(("depth 0-0.1", (("min_depth", 0.0), ("max_depth", 0.1))),
+                       ("depth 0.9-1", (("min_depth", 0.9), ("max_depth", 1.0))),
+                       ("length 200", (("seq_len", 200),))))
+
+
+@register_sweep("expressivity/length-generalisation")
+def length_generalisation() -> Sweep:
+    return Sweep(
+        name="expressivity/length-generalisation", data=SelectiveCopyingConfig(),
+        description="Selective copying trained at length 100, evaluated at 200 and 400.",
+        family=ModelFamily(window=COPY_WINDOW, **SSM), budgets=(6000,),
+        learning_rates=LEARNING_RATES,
+        eval_variants=(("length 200", (("seq_len", 200),)),
+                       ("length 400", (("seq_len", 400),))))
+
+
+@register_sweep("expressivity/ood")
+def ood() -> Sweep:
+    return Sweep(
+        name="expressivity/ood", data=SelectiveCopyingConfig(),
+        description="Selective copying trained with number probability 0.2, evaluated with "
+                    "sparser (0.1) and denser (0.4) number tokens.",
+        family=ModelFamily(window=COPY_WINDOW, **SSM), budgets=(6000,),
+        learning_rates=LEARNING_RATES,
+        eval_variants=(("number prob 0.1", (("number_prob", 0.1),)),
+                       ("number prob 0.4", (("number_prob", 0.4),))))

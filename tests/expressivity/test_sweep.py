@@ -1,0 +1,92 @@
+"""Model sizing and a 2-cell sweep end to end: training, variants, resumption, CSV/MD/PNG."""
+
+import csv
+import json
+
+import pytest
+
+from experiments import registry
+from experiments.expressivity.models import ARCHITECTURES, ModelFamily, parameter_count, size_model
+from experiments.expressivity.sweep import Sweep
+from experiments.run import main as run_main
+from hybrid_jax.data.tasks import SelectiveCopyingConfig
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("budget", [1000, 6000])
+def test_size_model_is_closest_to_the_budget(architecture, budget):
+    family = ModelFamily()
+    config, params = size_model(family, architecture, budget, vocab_size=22)
+    assert params == parameter_count(config) and 0.6 < params / budget < 1.6
+    step = 2 * family.num_heads
+    for other in (config.d_model - step, config.d_model + step):
+        if other >= step:  # no neighbouring width is closer (in ratio) to the budget
+            count = parameter_count(family.config(architecture, other, 22))
+            assert abs(count / budget - 1) >= abs(params / budget - 1) or count > budget * 1.6
+    kinds = "".join("A" if s.type == "attention" else "S" for s in config.layers)
+    assert kinds == ARCHITECTURES[architecture] and config.ffn_dim == 0
+    assert all(s.options == (("window", 16),) for s in config.layers if s.type == "attention")
+
+
+def test_family_options_reach_the_layers():
+    family = ModelFamily(ssm_type="mamba1", ssm_options=(("state_size", 4),), window=None,
+                         ffn_ratio=2.0, repeats=2)
+    config = family.config("ssm-attention", 12, vocab_size=10)
+    assert [s.type for s in config.layers] == ["mamba1", "attention"] * 2
+    assert config.block_options(0).state_size == 4 and config.block_options(1).window is None
+    assert config.ffn_dim == 24
+    with pytest.raises(ValueError, match="unknown architecture 'mlp'"):
+        family.config("mlp", 12, 10)
+
+
+def test_bad_sweeps_are_named():
+    with pytest.raises(ValueError, match="unknown architecture"):
+        Sweep(name="x", data=SelectiveCopyingConfig(), architectures=("rnn",))
+    with pytest.raises(ValueError, match="eval variant 'long'"):
+        Sweep(name="x", data=SelectiveCopyingConfig(), eval_variants=(("long", (("len", 2),)),))
+    with pytest.raises(ValueError, match="budgets is empty"):
+        Sweep(name="x", data=SelectiveCopyingConfig(), budgets=())
+
+
+def test_every_registered_sweep_builds():
+    for name in registry.sweep_names():
+        sweep = registry.get_sweep(name)
+        assert sweep.cells() and name.startswith("expressivity/")
+
+
+def test_two_cell_sweep_end_to_end(tmp_path, capsys):
+    """`python -m experiments.run expressivity/length-generalisation` on 2 tiny cells: trains,
+    writes the report; a rerun with an eval variant only evaluates it (no retraining), and a
+    third run finds nothing to do."""
+    argv = ["expressivity/length-generalisation", "--out", str(tmp_path), "--jobs", "1",
+            "--set", 'architectures=["transformer","ssm-attention"]', "--set", "budgets=[400]",
+            "--set", "learning_rates=[0.01]", "--set", "train.steps=3",
+            "--set", "train.batch_size=8", "--set", "train.eval_batches=1",
+            "--set", "train.log_every=1", "--set", "data.seq_len=24",
+            "--set", "eval_variants=[]"]
+    assert run_main(argv) == 0
+    cells = sorted(tmp_path.glob("cells/*/cell.json"))
+    assert [p.parent.name for p in cells] == ["ssm-attention-p400-lr0.01-s0",
+                                              "transformer-p400-lr0.01-s0"]
+    summary = json.loads(cells[0].read_text())
+    assert summary["layers"] == ["mamba1", "attention"] and summary["steps"] == 3
+    assert 0 <= summary["accuracy"] <= 1 and summary["params"] > 0
+    trained = (cells[0].parent / "metrics.jsonl").read_text()
+
+    variant = ["--set", 'eval_variants=[["length 48", [["seq_len", 48]]]]']
+    capsys.readouterr()
+    assert run_main(argv + variant) == 0
+    assert "0 already finished, running 2" in capsys.readouterr().out
+    assert (cells[0].parent / "metrics.jsonl").read_text() == trained  # not retrained
+    assert 0 <= json.loads(cells[0].read_text())["accuracy[length 48]"] <= 1
+    rows = list(csv.DictReader((tmp_path / "length-generalisation.csv").open()))
+    assert {r["architecture"] for r in rows} == {"transformer", "ssm-attention"}
+    assert "accuracy[length 48]" in rows[0] and int(rows[0]["params"]) > 0
+    table = (tmp_path / "length-generalisation.md").read_text()
+    assert "| Hybrid SSM→Attn |" in table and "length 48" in table
+    assert (tmp_path / "length-generalisation.png").read_bytes()[:4] == b"\x89PNG"
+
+    assert run_main(argv + variant) == 0
+    assert "2 already finished, running 0" in capsys.readouterr().out
+    assert run_main(argv + variant + ["--set", "train.steps=4"]) == 2
+    assert "trained with another configuration" in capsys.readouterr().err
