@@ -97,16 +97,23 @@ def gss_tiny() -> ModelConfig:
                        ffn_dim=0)
 
 
+# Linear-mixer layers of the tiny presets: 16-token chunks train several times faster than 64
+# on CPU at these widths (smaller triangular solves / fewer slot-decay levels per chunk).
+_GDN_TINY = layer("gdn", chunk_size=16)
+_GSA_TINY = layer("gsa", num_slots=16, chunk_size=16)
+
+
 @register("gdn-tiny")
 def gdn_tiny() -> ModelConfig:
     """2 Gated DeltaNet layers, d_model 64, 4 heads (key 16, value 32), for CPU runs and tests."""
-    return ModelConfig(layers=("gdn",) * 2, vocab_size=256, d_model=64, num_heads=4)
+    return ModelConfig(layers=(_GDN_TINY,) * 2, vocab_size=256, d_model=64, num_heads=4)
 
 
 @register("gdn-hybrid-tiny")
 def gdn_hybrid_tiny() -> ModelConfig:
     """Gated DeltaNet then attention (each with a SwiGLU FFN), d_model 64: a tiny hybrid."""
-    return ModelConfig(layers=("gdn", "attention"), vocab_size=256, d_model=64, num_heads=4)
+    return ModelConfig(layers=(_GDN_TINY, "attention"), vocab_size=256, d_model=64,
+                       num_heads=4)
 
 
 @register("gdn-340m")
@@ -125,15 +132,14 @@ def gdn_340m() -> ModelConfig:
 @register("gsa-tiny")
 def gsa_tiny() -> ModelConfig:
     """2 Gated Slot Attention layers, d_model 64, 4 heads of 16 with 16 slots each."""
-    return ModelConfig(layers=(layer("gsa", num_slots=16),) * 2, vocab_size=256, d_model=64,
-                       num_heads=4)
+    return ModelConfig(layers=(_GSA_TINY,) * 2, vocab_size=256, d_model=64, num_heads=4)
 
 
 @register("gsa-hybrid-tiny")
 def gsa_hybrid_tiny() -> ModelConfig:
     """Gated Slot Attention (16 slots) then attention, d_model 64: a tiny hybrid."""
-    return ModelConfig(layers=(layer("gsa", num_slots=16), "attention"), vocab_size=256,
-                       d_model=64, num_heads=4)
+    return ModelConfig(layers=(_GSA_TINY, "attention"), vocab_size=256, d_model=64,
+                       num_heads=4)
 
 
 # NHA layers of the tiny presets: 16 slots per head; the model-level `window` (16) applies to

@@ -39,3 +39,24 @@ def mqar_mamba2_hybrid_tiny() -> ExperimentConfig:
 def mqar_gss_tiny() -> ExperimentConfig:
     return _mqar_experiment("gss-tiny", "2-layer GSS on MQAR (8 pairs, length 64)")
 
+
+@register("mqar-gdn-tiny")
+def mqar_gdn_tiny() -> ExperimentConfig:
+    return _mqar_experiment("gdn-tiny", "2-layer Gated DeltaNet on MQAR (8 pairs, length 64)")
+
+
+@register("mqar-gdn-hybrid-tiny")
+def mqar_gdn_hybrid_tiny() -> ExperimentConfig:
+    return _mqar_experiment("gdn-hybrid-tiny",
+                            "Gated DeltaNet + attention hybrid on MQAR (8 pairs, length 64)")
+
+
+@register("mqar-gsa-tiny")
+def mqar_gsa_tiny() -> ExperimentConfig:
+    return _mqar_experiment("gsa-tiny", "2-layer Gated Slot Attention on MQAR (8 pairs, length 64)")
+
+
+@register("mqar-gsa-hybrid-tiny")
+def mqar_gsa_hybrid_tiny() -> ExperimentConfig:
+    return _mqar_experiment("gsa-hybrid-tiny",
+                            "Gated Slot Attention + attention hybrid on MQAR (8 pairs, length 64)")
