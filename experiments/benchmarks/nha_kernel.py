@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -111,7 +112,8 @@ def _value_and_grads(op, x, weights):
 
 
 def part_check(args):
-    """bf16 kernel against the float32 per-token reference on upcast inputs."""
+    """bf16 kernel (tiles of --blocks) against the float32 per-token reference on upcast
+    inputs."""
     rows = []
     for length, heads, kv_heads, window in ((1000, 4, 2, 200), (777, 2, 2, 0)):
         x = make_inputs(1, length, heads, kv_heads, jax.random.key(1))
@@ -120,7 +122,7 @@ def part_check(args):
 
         reference = functools.partial(_reference_op, window=window)
         ref_out, ref_grads = _value_and_grads(reference, x32, weights)
-        out, grads = _value_and_grads(pallas_op(window), x, weights)
+        out, grads = _value_and_grads(pallas_op(window, VARIANTS[args.blocks]), x, weights)
         rel = lambda a, b: float(jnp.linalg.norm((a.astype(jnp.float32) - b).ravel())
                                  / jnp.maximum(jnp.linalg.norm(b.ravel()), 1e-30))
         row = {"T": length, "H": heads, "G": kv_heads, "w": window, "out": rel(out, ref_out)}
@@ -166,9 +168,11 @@ VARIANTS = {
     "q64": BlockSizes(block_q=64, num_warps=4),
     "bwd_w8": BlockSizes(backward_num_warps=8, block_q_dkv=64, block_k_dkv=128),
     "slot_w8": BlockSizes(slot_num_warps=8),
-    "v2_measured": BlockSizes(slot_backward_num_warps=4),
+    "v2_measured": BlockSizes(slot_backward_num_warps=4, state_block=32),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
     "slots_bf16": BlockSizes(slot_precision="input"),
+    "v3": BlockSizes(state_block=32),
+    "mixed": BlockSizes(slot_precision="mixed"),
 }
 
 
@@ -218,62 +222,75 @@ def part_lowering(args):
 
 
 def part_profile(args):
-    """Each kernel of the default pipeline timed alone (T, w: the first of --lengths, --windows):
-    where the time goes."""
+    """Each kernel of the pipeline timed alone (T, w: the first of --lengths, --windows), per
+    tile variant of --profile-variants (`name` or `name:stage+stage`: only the stages whose
+    names contain one of those, the other stages' outputs taken from the first variant): where
+    the time goes. Each stage's function is jitted once, run to make the next stages' inputs,
+    then timed; compile seconds are reported too."""
     from pallas_kernels.nha import gpu
 
     length, window = args.lengths[0], args.windows[0]
     x = make_inputs(BATCH, length, HEADS, HEADS, jax.random.key(0))
-    st = gpu.Static(window=window, scale=DIM**-0.5, slots=True, mask_empty=True, group=1,
-                    blocks=VARIANTS[args.blocks], interpret=False)
     delay = lambda a: jnp.pad(a, [(0, 0), (window, 0), (0, 0), (0, 0)])[:, :length]
     q, qw, kw, v = x["q"], x["q_window"], x["k_window"], x["v"]
     ks, vs, ss, gs = (delay(x[n]) for n in ("k", "v", "s", "g"))
-    gc, k_writes, v_writes, decay = gpu.chunk_prepare(ks, vs, ss, gs, st)
-    kst = gpu.chunk_scan(k_writes, decay, st, reverse=False)
-    vst = gpu.chunk_scan(v_writes, decay, st, reverse=False)
-    logits = gpu.slot_logits(q, ks, ss, gc, kst, st)
-    o_w, lse = gpu.window_attention(qw, kw, v, logits, st)
-    o = gpu.slot_readout_add(o_w, logits, lse, vs, ss, gc, vst, st)
-    do = jax.random.normal(jax.random.key(5), o.shape, jnp.bfloat16)
-    delta = jnp.sum(o * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-    slot_inputs = (ks, vs, ss, gc, kst, vst)
-    dq, da, p, qg = gpu.slot_backward_queries(q, logits, lse, delta, do, slot_inputs, st)
-    k_pull, v_pull = gpu.chunk_deltas_reverse(q, da, do, p, gc, st)
-    k_end = gpu.chunk_scan(k_pull, decay, st, reverse=True)
-    vt_end = gpu.chunk_scan(v_pull, decay, st, reverse=True)
-    stages = {
-        "delay k,v,s,g (xla)": (lambda k, v, s, g: [delay(a) for a in (k, v, s, g)],
-                                (x["k"], x["v"], x["s"], x["g"])),
-        "chunk_prepare": (lambda *a: gpu.chunk_prepare(*a, st), (ks, vs, ss, gs)),
-        "chunk_scan K": (lambda d, a: gpu.chunk_scan(d, a, st, reverse=False),
-                         (k_writes, decay)),
-        "slot_logits": (lambda *a: gpu.slot_logits(*a, st), (q, ks, ss, gc, kst)),
-        "window_attention": (lambda *a: gpu.window_attention(*a, st), (qw, kw, v, logits)),
-        "slot_readout_add": (lambda *a: gpu.slot_readout_add(*a, st),
-                             (o_w, logits, lse, vs, ss, gc, vst)),
-        "bwd: window dq": (lambda *a: gpu.window_backward_queries(*a, st),
-                           (qw, kw, v, do, lse, delta)),
-        "bwd: window dk dv": (lambda *a: gpu.backward_window_keys(*a, st),
-                              (qw, kw, v, do, lse, delta)),
-        "bwd: slot queries": (lambda *a: gpu.slot_backward_queries(*a[:5], a[5:], st),
-                              (q, logits, lse, delta, do, *slot_inputs)),
-        "bwd: chunk deltas reverse": (lambda *a: gpu.chunk_deltas_reverse(*a, st),
-                                      (q, da, do, p, gc)),
-        "bwd: slot inputs": (lambda *a: gpu.backward_slot_inputs(
-            a[0], a[1], a[2:5], a[5:11], a[11], a[12], st),
-            (q, do, da, p, qg, *slot_inputs, k_end, vt_end)),
-    }
-    rows = []
-    for name, (fn, inputs) in stages.items():
-        row = {"stage": name, "T": length, "w": window}
-        try:
-            row["ms"] = time_compiled(jax.jit(fn), *inputs)
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-        rows.append(row)
-        print(row, flush=True)
-    print_table(rows, ["stage", "T", "w", "ms", "error"])
+    do = jax.random.normal(jax.random.key(5), q.shape, jnp.bfloat16)
+    whole = lambda *a, st: pallas_op(window, st.blocks)(*a)
+    rows, first_outputs = [], {}
+    for spec in args.profile_variants:
+        variant, _, wanted = spec.partition(":")
+        wanted = wanted.split("+") if wanted else []
+        st = gpu.Static(window=window, scale=DIM**-0.5, slots=True, mask_empty=True, group=1,
+                        blocks=VARIANTS[variant], interpret=False)
+
+        def stage(name, fn, *inputs, st=st, variant=variant, wanted=wanted):
+            """Runs the jitted stage (its outputs feed later stages) and times it."""
+            if wanted and not any(part in name for part in wanted):
+                return first_outputs.get(name)
+            fn = jax.jit(functools.partial(fn, st=st))
+            row = {"variant": variant, "stage": name, "T": length, "w": window}
+            begin = time.perf_counter()
+            try:
+                out = jax.block_until_ready(fn(*inputs))
+                row["compile_s"] = time.perf_counter() - begin
+                row["ms"] = time_compiled(fn, *inputs)
+                first_outputs.setdefault(name, out)
+            except Exception as e:  # report and go on with the first variant's outputs
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                out = first_outputs.get(name)
+            rows.append(row)
+            print(row, flush=True)
+            return out
+
+        inputs = [x[n] for n in NAMES]
+        stage("forward (api, whole)", whole, *inputs)
+        stage("fwd+bwd (api, whole)", lambda *a, st: forward_and_backward(
+            functools.partial(whole, st=st), len(NAMES))[1](*a), *inputs)
+        gc, k_writes, v_writes, decay = stage("chunk_prepare", gpu.chunk_prepare, ks, vs, ss, gs)
+        scan = lambda d, a, st: gpu.chunk_scan(d, a, st, reverse=False)
+        kst = stage("chunk_scan K", scan, k_writes, decay)
+        vst = stage("chunk_scan V", scan, v_writes, decay)
+        logits = stage("slot_logits", gpu.slot_logits, q, ks, ss, gc, kst)
+        o_w, lse = stage("window_attention", gpu.window_attention, qw, kw, v, logits)
+        o = stage("slot_readout_add", gpu.slot_readout_add, o_w, logits, lse, vs, ss, gc, vst)
+        delta = jnp.sum(o * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+        stage("bwd: window dq", gpu.window_backward_queries, qw, kw, v, do, lse, delta)
+        stage("bwd: window dk dv", gpu.backward_window_keys, qw, kw, v, do, lse, delta)
+        slot_inputs = (ks, vs, ss, gc, kst, vst)
+        dq, da, p, qg = stage("bwd: slot queries",
+                              lambda *a, st: gpu.slot_backward_queries(*a[:5], a[5:], st),
+                              q, logits, lse, delta, do, *slot_inputs)
+        k_pull, v_pull = stage("bwd: chunk deltas reverse", gpu.chunk_deltas_reverse,
+                               q, da, do, p, gc)
+        reverse = lambda d, a, st: gpu.chunk_scan(d, a, st, reverse=True)
+        k_end = stage("bwd: chunk_scan reverse K", reverse, k_pull, decay)
+        vt_end = stage("bwd: chunk_scan reverse V", reverse, v_pull, decay)
+        stage("bwd: slot inputs",
+              lambda *a, st: gpu.backward_slot_inputs(a[0], a[1], a[2:5], a[5:11], a[11], a[12],
+                                                       st),
+              q, do, da, p, qg, *slot_inputs, k_end, vt_end)
+        write_json(args.out, "nha_kernel_profile", rows)
+    print_table(rows, ["variant", "stage", "T", "w", "ms", "compile_s", "error"])
     return rows
 
 
@@ -294,6 +311,7 @@ def main() -> None:
                         default=["cudnn_causal", "pallas_nha", "cudnn_swa", "xla_nha"])
     parser.add_argument("--blocks", default="default", help="tile variant of the table rows")
     parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
+    parser.add_argument("--profile-variants", type=lambda s: s.split(","), default=["default"])
     parser.add_argument("--out", default="nha_kernel.json")
     args = parser.parse_args()
     print(device_name(), flush=True)

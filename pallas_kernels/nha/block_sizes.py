@@ -20,8 +20,10 @@ class BlockSizes:
     num_warps / num_stages: Triton launch parameters (GPU) of the window attention forward;
       backward_*: of its backward kernels; slot_num_warps / slot_backward_num_warps: of the
       per-chunk slot kernels of the forward / backward pass.
-    slot_precision: operand dtype of the slot products, "float32" (TF32 on the GPU) or "input"
-      (the input dtype: faster, gradients about 10x less accurate; NOTES.md).
+    slot_precision: operand dtype of the slot products, "float32" (TF32 on the GPU), "input"
+      (the input dtype: faster, gradients about 4x less accurate) or "mixed" (the input dtype
+      except dP's within-chunk product and the slot-input gradients: 8 % faster fwd+bwd at
+      w = 512, but dq and dk reach 1.3 % error at w = 0 on the H200; NOTES.md, v4).
     """
 
     chunk: int = 64
@@ -30,7 +32,7 @@ class BlockSizes:
     block_k: int = 64
     block_q_dkv: int = 64
     block_k_dkv: int = 64
-    state_block: int = 32
+    state_block: int = 8
     num_warps: int = 8
     num_stages: int = 3
     backward_num_warps: int = 4
@@ -40,9 +42,9 @@ class BlockSizes:
     slot_precision: str = "float32"
 
     def __post_init__(self):
-        if self.slot_precision not in ("float32", "input"):
-            raise ValueError(f"BlockSizes.slot_precision must be 'float32' or 'input', got "
-                             f"{self.slot_precision!r}")
+        if self.slot_precision not in ("float32", "input", "mixed"):
+            raise ValueError("BlockSizes.slot_precision must be 'float32', 'input' or 'mixed', "
+                             f"got {self.slot_precision!r}")
         for name in ("chunk", "sub_chunk", "block_q", "block_k", "block_q_dkv", "block_k_dkv",
                      "state_block"):
             value = getattr(self, name)

@@ -43,9 +43,11 @@ class Static:
     shift_chunks: int = 0
 
 
-def slot_dtype(st: Static, input_dtype):
-    """Operand dtype of the slot products (`BlockSizes.slot_precision`)."""
-    return F32 if st.blocks.slot_precision == "float32" else input_dtype
+def slot_dtype(st: Static, input_dtype, sensitive: bool = False):
+    """Operand dtype of the slot products (`BlockSizes.slot_precision`); `sensitive`: a product
+    whose rounding the backward's cancellations amplify (kept float32 under "mixed")."""
+    precision = st.blocks.slot_precision
+    return F32 if precision == "float32" or (precision == "mixed" and sensitive) else input_dtype
 
 
 def visible(rows: jax.Array, st: Static) -> jax.Array:
