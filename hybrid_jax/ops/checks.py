@@ -56,3 +56,21 @@ def check_divides(op: str, what: str, divisor: int, total: int) -> None:
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:
     if value not in allowed:
         raise ValueError(f"{op}: {name}={value!r} is not one of {list(allowed)}")
+
+
+def check_ssm_inputs(op: str, x, dt, A, B, C, chunk_size, initial_state, *, dt_layout: str,
+                     A_layout: str) -> None:
+    """The inputs of a selective state-space op (SSD, the Mamba-1 scan): x `[B, T, H, P]`,
+    dt and A in the op's own layouts, B, C `[B, T, G, N]` with G dividing H, a positive int
+    chunk size and an optional `[B, H, P, N]` initial state."""
+    sizes = check_dims(op, {}, x=(x, "BTHP"), dt=(dt, dt_layout), A=(A, A_layout),
+                       B=(B, "BTGN"), C=(C, "BTGN"))
+    check_floating(op, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    check_divides(op, "num_groups (axis 2 of B and C) must divide num_heads (axis 2 of x)",
+                  sizes["G"], sizes["H"])
+    if sizes["T"] < 1:
+        raise ValueError(f"{op}: x needs at least one time step, got shape {tuple(x.shape)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be a positive int, got {chunk_size!r}")
+    if initial_state is not None:
+        check_dims(op, sizes, initial_state=(initial_state, "BHPN"))

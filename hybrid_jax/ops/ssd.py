@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
+from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import causal_decay_matrix, chunk_state_scan, compute_dtype, to_chunks
 
@@ -51,24 +51,11 @@ def ssd(
       y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where
       final_state is `[B, H, P, N]` float32 (float64 for float64 inputs).
     """
-    _check(x, dt, A, B, C, chunk_size, initial_state)
+    check_ssm_inputs(_OP, x, dt, A, B, C, chunk_size, initial_state, dt_layout="BTH",
+                     A_layout="H")
     y, final_state = dispatch(_OP, _RUNGS, implementation, x, dt, A, B, C,
                               chunk_size=chunk_size, initial_state=initial_state)
     return (y, final_state) if return_final_state else y
-
-
-def _check(x, dt, A, B, C, chunk_size, initial_state) -> None:
-    sizes = check_dims(_OP, {}, x=(x, "BTHP"), dt=(dt, "BTH"), A=(A, "H"), B=(B, "BTGN"),
-                       C=(C, "BTGN"))
-    check_floating(_OP, x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
-    check_divides(_OP, "num_groups (axis 2 of B and C) must divide num_heads (axis 2 of x)",
-                  sizes["G"], sizes["H"])
-    if sizes["T"] < 1:
-        raise ValueError(f"{_OP}: x needs at least one time step, got shape {tuple(x.shape)}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"{_OP}: chunk_size must be a positive int, got {chunk_size!r}")
-    if initial_state is not None:
-        check_dims(_OP, sizes, initial_state=(initial_state, "BHPN"))
 
 
 def _by_group(a: jax.Array, num_groups: int, axis: int) -> jax.Array:
