@@ -125,13 +125,18 @@ def _pending(sweep: Sweep, out_dir: Path, cell: Cell) -> bool:
     return not path.exists() or bool(missing_variants(sweep, json.loads(path.read_text())))
 
 
+# What determines a cell's trained weights; the name and description differ between sweeps
+# that share cells (selective copying and its length-generalisation / OOD evaluations).
+_TRAINED_BY = ("model", "data", "train")
+
+
 def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
     from hybrid_jax.config import to_dict
 
     saved = json.loads((run_dir / "config.json").read_text())
     expected = json.loads(json.dumps(to_dict(experiment)))
-    if saved != expected:
-        changed = sorted(k for k in expected if saved.get(k) != expected[k])
+    changed = [k for k in _TRAINED_BY if saved.get(k) != expected[k]]
+    if changed:
         raise ValueError(f"{run_dir} was trained with another configuration (differs in "
                          f"{changed}); use another --out directory")
 

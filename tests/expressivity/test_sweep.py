@@ -90,3 +90,12 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     assert "2 already finished, running 0" in capsys.readouterr().out
     assert run_main(argv + variant + ["--set", "train.steps=4"]) == 2
     assert "trained with another configuration" in capsys.readouterr().err
+
+    # Another sweep over the same cells (OOD evaluation of the same models) only evaluates.
+    capsys.readouterr()
+    ood = ["expressivity/ood", *argv[1:-2],
+           "--set", 'eval_variants=[["dense", [["number_prob", 0.4]]]]']
+    assert run_main(ood) == 0
+    assert "0 already finished, running 2" in capsys.readouterr().out
+    assert (cells[0].parent / "metrics.jsonl").read_text() == trained
+    assert 0 <= json.loads(cells[0].read_text())["accuracy[dense]"] <= 1
