@@ -14,7 +14,7 @@ from typing import Any
 from experiments.expressivity.sweep import Sweep
 
 LABELS = {
-    "transformer": "Transformer (SWA)",
+    "transformer": "Transformer",
     "ssm": "SSM",
     "ssm-attention": "Hybrid SSM→Attn",
     "attention-ssm": "Hybrid Attn→SSM",
