@@ -41,6 +41,7 @@ class ModelFamily:
     num_heads: int = 2
     ffn_ratio: float = 0.0
     repeats: int = 1  # the pattern is repeated, e.g. "SA" · 2 = 4 layers
+    rope_fraction: float = 1.0  # of each attention head's channels; 0: no positional encoding
     max_d_model: int = 512
 
     def config(self, architecture: str, d_model: int, vocab_size: int) -> ModelConfig:
@@ -52,7 +53,8 @@ class ModelFamily:
         return ModelConfig(layers=tuple(kinds[k] for k in ARCHITECTURES[architecture]
                                         * self.repeats),
                            vocab_size=vocab_size, d_model=d_model, num_heads=self.num_heads,
-                           ffn_dim=round(self.ffn_ratio * d_model))
+                           ffn_dim=round(self.ffn_ratio * d_model),
+                           rope_fraction=self.rope_fraction)
 
 
 @functools.lru_cache(maxsize=4096)
