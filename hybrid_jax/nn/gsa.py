@@ -72,6 +72,14 @@ class GSAOptions:
                              f"{model.d_model} (set head_dim)")
 
 
+def slot_attention_output(o_norm: nnx.Module, o_proj: nnx.Module, o_BTHK: jax.Array
+                          ) -> jax.Array:
+    """`W_o·RMSNorm(silu(o))` over the flattened heads: the output stage of GSA and NHA."""
+    batch, T = o_BTHK.shape[:2]
+    o = o_norm(jax.nn.silu(o_BTHK).reshape(batch, T, -1))
+    return o_proj(o.reshape(o_BTHK.shape))
+
+
 class GSAMixer(nnx.Module):
     """The GSA mixer; decoding keeps a `GSACache` (slot keys and values, float32), so its
     memory does not grow with the sequence."""
@@ -101,11 +109,6 @@ class GSAMixer(nnx.Module):
         g = jax.nn.log_sigmoid(self.f_proj(x_BTD).astype(jnp.float32)) / self.gate_logit_normalizer
         return q, k, v, -jnp.expm1(g), g
 
-    def _output(self, o_BTHK: jax.Array) -> jax.Array:
-        batch, T = o_BTHK.shape[:2]
-        o = self.o_norm(jax.nn.silu(o_BTHK).reshape(batch, T, -1))
-        return self.o_proj(o.reshape(o_BTHK.shape))
-
     def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
                  segment_ids_BT: jax.Array | None = None) -> jax.Array:
         q, k, v, s, g = self._inputs(x_BTD)
@@ -113,7 +116,7 @@ class GSAMixer(nnx.Module):
         o = gated_slot_attention(q, k, v, s, reset_at_document_starts(g, segment_ids_BT),
                                  scale=self.scale, chunk_size=self.chunk_size,
                                  implementation=self.implementation)
-        return self._output(o)
+        return slot_attention_output(self.o_norm, self.o_proj, o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSACache:
         del max_len, dtype  # the slot state has a fixed size and stays float32
@@ -137,7 +140,7 @@ class GSAMixer(nnx.Module):
                                             chunk_size=self.chunk_size,
                                             implementation=self.implementation)
         new_cache = GSACache(*(x.astype(jnp.float32) for x in state))
-        return self._output(o), new_cache
+        return slot_attention_output(self.o_norm, self.o_proj, o), new_cache
 
 
 register_block("gsa", GSAOptions,

@@ -44,6 +44,7 @@ from hybrid_jax.nn.blocks import (
     output_std,
     param_dtype,
 )
+from hybrid_jax.nn.gsa import slot_attention_output
 from hybrid_jax.nn.layers import Linear, RoPE, ShortConv
 from hybrid_jax.ops.attention import rotary_dim
 from hybrid_jax.ops.nha import (
@@ -171,11 +172,6 @@ class NHAMixer(nnx.Module):
             k_window=constrain(self.rope(k, positions_BT), kv_heads))
         return inputs, new_caches
 
-    def _output(self, o_BTHK: jax.Array) -> jax.Array:
-        batch, T = o_BTHK.shape[:2]
-        o = self.o_norm(jax.nn.silu(o_BTHK).reshape(batch, T, -1))
-        return self.o_proj(o.reshape(o_BTHK.shape))
-
     def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
                  segment_ids_BT: jax.Array | None = None) -> jax.Array:
         inputs, _ = self._inputs(x_BTD, positions_BT, segment_ids_BT)
@@ -183,7 +179,7 @@ class NHAMixer(nnx.Module):
         o = native_hybrid_attention(**inputs, window=window, segment_ids=segment_ids_BT,
                                     empty_slots=self.empty_slots, chunk_size=self.chunk_size,
                                     implementation=self.implementation)
-        return self._output(o)
+        return slot_attention_output(self.o_norm, self.o_proj, o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> NHACache:
         """Slots in float32 and a ring of min(window, max_len) tokens (keys/values in `dtype`):
@@ -213,7 +209,7 @@ class NHAMixer(nnx.Module):
                 **inputs, window=cache.state.keys.shape[1], initial_state=cache.state,
                 return_final_state=True, empty_slots=self.empty_slots,
                 chunk_size=self.chunk_size, implementation=self.implementation)
-        return self._output(o), NHACache(state, *convs)
+        return slot_attention_output(self.o_norm, self.o_proj, o), NHACache(state, *convs)
 
 
 register_block("nha", NHAOptions,
