@@ -110,16 +110,25 @@ class _Band:
         return (lo + j <= hi) & (self.window > 0)
 
 
-def window_attention(qw, kw, v, slot_logits_, st: Static):
-    """The window part of o (normalised over slots and window) `[B, H, Tp, V]` and the
-    log-sum-exp `[B, H, Tp]`, float32 (same contract as `gpu.window_attention`)."""
-    batch, heads, length, window_dim = qw.shape
-    value_dim, group = v.shape[-1], st.group
+def _query_band(st: Static, length: int):
+    """The grid of the forward and dq kernels, (b, h, query block i, band step j): the `_Band`
+    and the block-spec makers of a query-block operand and of a key-block operand of width d
+    (key blocks of kv head h // group, walking the band)."""
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     band = _Band(st, BQ, BK, length)
     query = lambda d: pl.BlockSpec((None, None, BQ, d), lambda b, h, i, j: (b, h, i, 0))
     keys = lambda d: pl.BlockSpec((None, None, BK, d),
-                                  lambda b, h, i, j: (b, h // group, band.key_block(i, j), 0))
+                                  lambda b, h, i, j: (b, h // st.group, band.key_block(i, j), 0))
+    return band, query, keys
+
+
+def window_attention(qw, kw, v, slot_logits_, st: Static):
+    """The window part of o (normalised over slots and window) `[B, H, Tp, V]` and the
+    log-sum-exp `[B, H, Tp]`, float32 (same contract as `gpu.window_attention`)."""
+    batch, heads, length, window_dim = qw.shape
+    value_dim = v.shape[-1]
+    BQ, BK = st.blocks.block_q, st.blocks.block_k
+    band, query, keys = _query_band(st, length)
     in_specs = [query(window_dim), keys(window_dim), keys(value_dim)]
     if st.slots:
         in_specs.append(query(slot_logits_.shape[-1]))
@@ -178,12 +187,9 @@ def window_attention(qw, kw, v, slot_logits_, st: Static):
 def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
     """Gradient of the window queries `[B, H, Tp, D]`."""
     batch, heads, length, window_dim = qw.shape
-    value_dim, group = v.shape[-1], st.group
+    value_dim = v.shape[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
-    band = _Band(st, BQ, BK, length)
-    query = lambda d: pl.BlockSpec((None, None, BQ, d), lambda b, h, i, j: (b, h, i, 0))
-    keys = lambda d: pl.BlockSpec((None, None, BK, d),
-                                  lambda b, h, i, j: (b, h // group, band.key_block(i, j), 0))
+    band, query, keys = _query_band(st, length)
     row = pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))
 
     def kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dqw_ref, acc_ref):
