@@ -18,6 +18,7 @@ from typing import Any
 from hybrid_jax.registry import block_type
 
 DTYPES = ("float32", "bfloat16", "float16")
+POSITION_EMBEDDINGS = ("none", "learned")
 
 
 def _fail(owner: str, name: str, value: Any, expected: str) -> None:
@@ -65,6 +66,11 @@ class ModelConfig:
     same name as a field here (`num_heads`, `window`, ...) defaults to this config's value, so
     `ModelConfig(layers=("mamba2", "mamba2", "attention") * 4, window=64)` is a hybrid whose
     attention layers use a 64-token window.
+
+    `position_embedding`: "none" (positions reach the model only through RoPE in its attention
+    layers, scaled by `rope_fraction`) or "learned" (GPT-2 style: a trained `[max_positions,
+    d_model]` table added to the token embeddings; sequences and decode caches longer than
+    `max_positions` are an error). `max_positions` is set exactly when the table is learned.
     """
 
     layers: tuple[LayerSpec, ...] = ("attention", "attention")
@@ -77,6 +83,8 @@ class ModelConfig:
     window: int | None = None  # default attention window; None = full causal
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0
+    position_embedding: str = "none"  # "none" | "learned" (absolute, added to the embeddings)
+    max_positions: int | None = None  # length of the learned table; None without one
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     init_std: float = 0.02
@@ -110,6 +118,17 @@ class ModelConfig:
             _fail(own, "ffn_dim", self.ffn_dim, "expected an integer >= 0 (0: no FFN) or None")
         if not 0.0 <= self.rope_fraction <= 1.0:
             _fail(own, "rope_fraction", self.rope_fraction, "expected a value in [0, 1]")
+        if self.position_embedding not in POSITION_EMBEDDINGS:
+            _fail(own, "position_embedding", self.position_embedding,
+                  f"expected one of {list(POSITION_EMBEDDINGS)}")
+        learned = self.position_embedding == "learned"
+        if learned and (not isinstance(self.max_positions, int) or self.max_positions < 1):
+            _fail(own, "max_positions", self.max_positions,
+                  "expected a positive integer with position_embedding='learned'")
+        if not learned and self.max_positions is not None:
+            _fail(own, "max_positions", self.max_positions,
+                  f"expected None with position_embedding={self.position_embedding!r} "
+                  "(the table length of position_embedding='learned')")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 _fail(own, name, getattr(self, name), f"expected one of {list(DTYPES)}")

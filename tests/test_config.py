@@ -32,6 +32,11 @@ from hybrid_jax.config import (
         (dict(layers=(layer("attention", window=0),)), r"window=0: attention needs window >= 1"),
         (dict(layers=(layer("attention", num_heads=3),)), r"num_heads=3 does not divide"),
         (dict(rope_fraction=1.5), r"rope_fraction=1.5"),
+        (dict(position_embedding="sinusoidal"),
+         r"position_embedding='sinusoidal': expected one of \['none', 'learned'\]"),
+        (dict(position_embedding="learned"),
+         r"max_positions=None: expected a positive integer with position_embedding='learned'"),
+        (dict(max_positions=64), r"max_positions=64: expected None with position_embedding="),
     ],
 )
 def test_bad_model_configs_name_the_field(kwargs, message):

@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 from hybrid_jax.cache import LMCache
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, norm, param_dtype
-from hybrid_jax.nn.layers import Embedding, Linear
+from hybrid_jax.nn.layers import Embedding, Linear, param
 from hybrid_jax.registry import block_type
 from hybrid_jax.sharding import constrain, state_shardings
 
@@ -24,13 +24,19 @@ class LanguageModel(nnx.Module):
 
     `logits = model(tokens_BT)`; decoding: `cache = model.init_cache(batch, max_len)` then
     `logits, cache = model.decode(tokens_BT, cache)` for a prefill of any length or one token.
-    Logits are float32.
+    Logits are float32. With `config.position_embedding == "learned"`, row p of
+    `position_table` `[max_positions, d_model]` is added to the embedding of the token at
+    position p (the packed-document `positions_BT` when given, else its index).
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embed = Embedding(config.vocab_size, config.d_model, rngs=rngs, std=config.init_std,
                                dtype=compute_dtype(config), param_dtype=param_dtype(config))
+        self.position_table = (
+            param(rngs, nnx.initializers.normal(config.init_std),
+                  (config.max_positions, config.d_model), param_dtype(config), ("seq", "embed"))
+            if config.position_embedding == "learned" else None)
         self.blocks = nnx.List([
             block_type(spec.type).build(config, config.block_options(i), layer_index=i, rngs=rngs)
             for i, spec in enumerate(config.layers)
@@ -44,6 +50,23 @@ class LanguageModel(nnx.Module):
         if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
             raise ValueError(f"tokens must be an integer array [batch, time], got shape "
                              f"{tuple(tokens_BT.shape)} dtype {tokens_BT.dtype}")
+
+    def _embed(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
+        """`[B, T]` tokens at `[B, T]` positions → `[B, T, D]` input of the first block."""
+        x = self.embed(tokens_BT)
+        if self.position_table is None:
+            return x
+        # A traced position past the table (packed positions_BT, decode past init_cache's
+        # checked max_len) reads NaN instead of a clamped row: the loss shows it.
+        rows = jnp.take(self.position_table[...], positions_BT, axis=0, mode="fill",
+                        fill_value=jnp.nan)
+        return x + rows.astype(x.dtype)
+
+    def _check_length(self, length: int, what: str) -> None:
+        limit = self.config.max_positions
+        if self.position_table is not None and length > limit:
+            raise ValueError(f"{what} of {length} positions, expected at most "
+                             f"ModelConfig.max_positions={limit} (the learned position table)")
 
     def _logits(self, x_BTD: jax.Array) -> jax.Array:
         x = self.final_norm(x_BTD)
@@ -61,9 +84,10 @@ class LanguageModel(nnx.Module):
         (default `0..T−1`) restart at each document when packing.
         """
         self._check_tokens(tokens_BT)
+        self._check_length(tokens_BT.shape[1], "a sequence")
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        x = constrain(self.embed(tokens_BT), ("batch", "seq", "embed"))
+        x = constrain(self._embed(tokens_BT, positions_BT), ("batch", "seq", "embed"))
         for block in self.blocks:
             if self.config.remat:
                 x = nnx.remat(lambda b, x: b(x, positions_BT=positions_BT,
@@ -77,6 +101,7 @@ class LanguageModel(nnx.Module):
         if batch < 1 or max_len < 1:
             raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got batch={batch}, "
                              f"max_len={max_len}")
+        self._check_length(max_len, "a decode cache")
         dtype = compute_dtype(self.config) if dtype is None else jnp.dtype(dtype)
         return LMCache(index=jnp.zeros((), jnp.int32),
                        layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks))
@@ -86,7 +111,7 @@ class LanguageModel(nnx.Module):
         self._check_tokens(tokens_BT)
         positions = cache.index + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
         positions_BT = jnp.broadcast_to(positions, tokens_BT.shape)
-        x = self.embed(tokens_BT)
+        x = self._embed(tokens_BT, positions_BT)
         layer_caches = []
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
             x, layer_cache = block.decode(x, layer_cache, positions_BT=positions_BT)

@@ -101,3 +101,37 @@ def test_segment_ids_isolate_documents():
     out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
     alone = forward(state, jnp.asarray(b, jnp.int32))
     assert_close(out[:, 5:], alone, 1e-5)
+
+
+def learned_position_config(**changes):
+    return ModelConfig(layers=("mamba1", layer("attention", window=4)), vocab_size=16,
+                       d_model=8, num_heads=2, rope_fraction=0.0,
+                       position_embedding="learned", max_positions=12, **changes)
+
+
+def test_learned_positions_are_counted_used_and_decode_exactly():
+    """The [max_positions, d_model] table is a parameter, changes the logits of a model
+    without RoPE (which alone cannot tell positions apart), and decoding adds the same rows."""
+    cfg = learned_position_config()
+    model = hj.create_model(cfg, seed=1)
+    without = hj.create_model(cfg.replace(position_embedding="none", max_positions=None), seed=1)
+    assert model.position_table.shape == (12, 8)
+    assert hj.count_params(model) == hj.count_params(without) + 12 * 8
+    tokens = jnp.full((1, 6), 3, jnp.int32)  # the same token everywhere
+    model.position_table[...] = 0.5 * jax.random.normal(jax.random.key(2), (12, 8))
+    logits = model(tokens)
+    assert float(jnp.max(jnp.abs(logits - logits[:, :1]))) > 1e-4  # positions tell them apart
+    check_decode_matches(cfg, T=12, splits=(0, 5))
+
+
+def test_learned_positions_past_the_table_are_errors():
+    model = hj.create_model(learned_position_config())
+    with pytest.raises(ValueError, match=r"sequence of 13 positions, expected at most "
+                                         r"ModelConfig.max_positions=12"):
+        model(jnp.zeros((1, 13), jnp.int32))
+    with pytest.raises(ValueError, match=r"decode cache of 20 positions, expected at most "
+                                         r"ModelConfig.max_positions=12"):
+        model.init_cache(1, 20)
+    # A packed position past the table reads NaN, never a clamped row (so the loss shows it).
+    logits = model(jnp.zeros((1, 2), jnp.int32), positions_BT=jnp.asarray([[0, 12]]))
+    assert np.isnan(logits[0, 1]).all()
