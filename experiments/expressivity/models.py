@@ -23,6 +23,7 @@ ARCHITECTURES = {
     "ssm-attention": "SA",
     "attention-ssm": "AS",
 }
+POSITIONS = ("rope", "learned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,11 @@ class ModelFamily:
     d_model in every block (0: no FFN sublayer). `ssm_type`: the registered SSM block type;
     `ssm_options` are passed to it (e.g. `state_size`). d_model runs over multiples of
     `2·num_heads` (RoPE needs an even head size).
+
+    `position`: how attention layers learn where tokens are, for every architecture alike:
+    "rope" (rotary embeddings on `rope_fraction` of each head's channels; 0: no positional
+    encoding) or "learned" (GPT-2 style: no RoPE, a trained `[max_positions, d_model]` table
+    added to the token embeddings, whose parameters count in the budget, also in pure SSMs).
     """
 
     ssm_type: str = "mamba1"
@@ -42,7 +48,17 @@ class ModelFamily:
     ffn_ratio: float = 0.0
     repeats: int = 1  # the pattern is repeated, e.g. "SA" · 2 = 4 layers
     rope_fraction: float = 1.0  # of each attention head's channels; 0: no positional encoding
+    position: str = "rope"  # "rope" | "learned"
+    max_positions: int = 100  # the learned table's length: the tasks' sequence length
     max_d_model: int = 512
+
+    def __post_init__(self) -> None:
+        if self.position not in POSITIONS:
+            raise ValueError(f"ModelFamily.position={self.position!r}: expected one of "
+                             f"{list(POSITIONS)}")
+        if self.position == "learned" and self.rope_fraction != 1.0:
+            raise ValueError(f"ModelFamily.rope_fraction={self.rope_fraction}: applies to "
+                             "position='rope' only (position='learned' uses no RoPE)")
 
     def config(self, architecture: str, d_model: int, vocab_size: int) -> ModelConfig:
         if architecture not in ARCHITECTURES:
@@ -53,8 +69,13 @@ class ModelFamily:
         return ModelConfig(layers=tuple(kinds[k] for k in ARCHITECTURES[architecture]
                                         * self.repeats),
                            vocab_size=vocab_size, d_model=d_model, num_heads=self.num_heads,
-                           ffn_dim=round(self.ffn_ratio * d_model),
-                           rope_fraction=self.rope_fraction)
+                           ffn_dim=round(self.ffn_ratio * d_model), **self._position_fields())
+
+    def _position_fields(self) -> dict[str, object]:
+        if self.position == "learned":
+            return dict(rope_fraction=0.0, position_embedding="learned",
+                        max_positions=self.max_positions)
+        return dict(rope_fraction=self.rope_fraction)
 
 
 @functools.lru_cache(maxsize=4096)

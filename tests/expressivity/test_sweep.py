@@ -39,6 +39,21 @@ def test_family_options_reach_the_layers():
         family.config("mlp", 12, 10)
 
 
+def test_learned_positions_count_in_every_architecture():
+    """position='learned': no RoPE, a [max_positions, d_model] table in every architecture."""
+    rope, learned = ModelFamily(), ModelFamily(position="learned", max_positions=50)
+    for architecture in ARCHITECTURES:
+        config = learned.config(architecture, 12, vocab_size=10)
+        assert config.position_embedding == "learned" and config.max_positions == 50
+        assert config.rope_fraction == 0.0
+        assert parameter_count(config) == parameter_count(
+            rope.config(architecture, 12, vocab_size=10)) + 50 * 12
+    with pytest.raises(ValueError, match=r"ModelFamily.position='alibi': expected one of"):
+        ModelFamily(position="alibi")
+    with pytest.raises(ValueError, match=r"rope_fraction=0.5: applies to position='rope'"):
+        ModelFamily(position="learned", rope_fraction=0.5)
+
+
 def test_bad_sweeps_are_named():
     with pytest.raises(ValueError, match="unknown architecture"):
         Sweep(name="x", data=SelectiveCopyingConfig(), architectures=("rnn",))
@@ -86,6 +101,12 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     assert "| Hybrid SSM→Attn |" in table and "length 48" in table
     assert (tmp_path / "length-generalisation.png").read_bytes()[:4] == b"\x89PNG"
 
+    assert run_main(argv + variant) == 0
+    assert "2 already finished, running 0" in capsys.readouterr().out
+    # A config.json written before ModelConfig had its position fields is the same run.
+    saved = json.loads((cells[0].parent / "config.json").read_text())
+    del saved["model"]["position_embedding"], saved["model"]["max_positions"]
+    (cells[0].parent / "config.json").write_text(json.dumps(saved))
     assert run_main(argv + variant) == 0
     assert "2 already finished, running 0" in capsys.readouterr().out
     assert run_main(argv + variant + ["--set", "train.steps=4"]) == 2
