@@ -29,22 +29,35 @@ def metric_names(sweep: Sweep) -> list[str]:
 
 
 def aggregate(sweep: Sweep, rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict]:
-    """Per (architecture, budget): the learning rate with the best mean accuracy over seeds,
-    and at that rate the mean (and spread) of every metric."""
-    groups: dict[tuple[str, int, float], list[dict]] = defaultdict(list)
+    """Per (architecture, budget): the best learning rate and, at that rate, the mean, min and
+    max of every metric over its seeds (`entry[name]`, `entry[name + " min"]`, ...).
+
+    The rate is chosen by mean accuracy over the seeds that every rate of the group ran, so a
+    rate rerun with more seeds (e.g. seeds 1 and 2 only at the best rate of seed 0) competes on
+    the same seeds as the others; its entry then reports all of its seeds.
+    """
+    groups: dict[tuple[str, int], dict[float, list[dict]]] = defaultdict(
+        lambda: defaultdict(list))
     for row in rows:
-        groups[(row["architecture"], row["budget"], row["learning_rate"])].append(row)
+        groups[(row["architecture"], row["budget"])][row["learning_rate"]].append(row)
     best: dict[tuple[str, int], dict] = {}
-    for (arch, budget, lr), group in groups.items():
-        entry = {"architecture": arch, "budget": budget, "learning_rate": lr,
+    for key, by_rate in groups.items():
+        common = set.intersection(*({r["seed"] for r in g} for g in by_rate.values()))
+
+        def score(lr: float, by_rate=by_rate, common=common) -> float:
+            shared = [r["accuracy"] for r in by_rate[lr] if r["seed"] in common]
+            return statistics.fmean(shared) if shared else float("-inf")
+
+        lr = max(sorted(by_rate), key=score)
+        group = sorted(by_rate[lr], key=lambda r: r["seed"])
+        entry = {"architecture": key[0], "budget": key[1], "learning_rate": lr,
                  "params": group[0]["params"], "seeds": len(group)}
         for name in metric_names(sweep):
             values = [r[name] for r in group if name in r]
             entry[name] = statistics.fmean(values) if values else float("nan")
-            entry[name + " sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
-        key = (arch, budget)
-        if key not in best or entry["accuracy"] > best[key]["accuracy"]:
-            best[key] = entry
+            entry[name + " min"] = min(values, default=float("nan"))
+            entry[name + " max"] = max(values, default=float("nan"))
+        best[key] = entry
     return best
 
 
@@ -62,11 +75,13 @@ def _budget_label(budget: int) -> str:
 
 
 def _entry_text(entry: dict | None, metric: str = "accuracy") -> str:
+    """`mean` for one seed; `mean (min–max, n seeds)` for several."""
     if entry is None:
         return "–"
     text = f"{entry[metric]:.3f}"
     if entry["seeds"] > 1:
-        text += f" ± {entry[metric + ' sd']:.3f}"
+        text += (f" ({entry[metric + ' min']:.3f}–{entry[metric + ' max']:.3f}, "
+                 f"{entry['seeds']} seeds)")
     return text
 
 
@@ -81,10 +96,12 @@ def markdown(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
     lines = [f"## {sweep.name}", "", sweep.description, "",
              f"Token accuracy on the scored positions of the held-out split, after "
              f"{sweep.train.steps} steps (batch {sweep.train.batch_size}); each entry is the "
-             f"best of the learning rates {list(sweep.learning_rates)}, "
-             + (f"mean ± sd over {seeds} seeds." if seeds > 1 else "one seed.")
-             + f" SSM layers: `{sweep.family.ssm_type}`; attention window "
-             f"{sweep.family.window or 'full'}; FFN ratio {sweep.family.ffn_ratio:g}.", ""]
+             f"best of the learning rates {list(sweep.learning_rates)}"
+             + (f" (chosen on the seeds every rate ran), the mean (min–max) over the seeds "
+                f"{list(sweep.seeds)} run at that rate." if seeds > 1 else ", one seed.")
+             + f" Positions: {_position_text(sweep)}. SSM layers: `{sweep.family.ssm_type}`; "
+             f"attention window {sweep.family.window or 'full'}; FFN ratio "
+             f"{sweep.family.ffn_ratio:g}.", ""]
     header = ["architecture"] + [_budget_label(b) for b in sweep.budgets]
     body = [[LABELS[a]] + [_entry_text(best.get((a, b))) for b in sweep.budgets]
             for a in sweep.architectures]
@@ -110,10 +127,19 @@ def markdown(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
             for arch, value in paper_row:
                 ours = best.get((arch, budget))
                 body.append([_budget_label(budget), LABELS[arch],
-                             "–" if ours is None else f"{ours['accuracy']:.3f}",
+                             _entry_text(ours),
                              f"{value:.3f}"])
         lines += _table(["budget", "architecture", "ours", "paper"], body)
     return "\n".join(lines) + "\n"
+
+
+def _position_text(sweep: Sweep) -> str:
+    family = sweep.family
+    if family.position == "learned":
+        return f"learned absolute table of {family.max_positions} (no RoPE)"
+    if family.rope_fraction == 0:
+        return "none (no RoPE, no position table)"
+    return "RoPE" if family.rope_fraction == 1 else f"RoPE on {family.rope_fraction:g} of channels"
 
 
 def _d_model(rows: list[dict[str, Any]], arch: str, budget: int) -> str:
