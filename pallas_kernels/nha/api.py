@@ -13,12 +13,13 @@ contract of `hybrid_jax.ops.native_hybrid_attention` for calls without `segment_
 without `initial_state` (the op's dispatcher checks those before choosing this rung).
 
 How: the slot inputs are delayed by w steps (token j enters at step j + w) and time is padded
-to a multiple of the tiles. A chunked pass stores the slot states at chunk boundaries
-(O(T/C·K·M) floats, never a state per token); a per-chunk kernel turns them into the slot
-logits; the window kernel starts its online softmax from those logits and visits only the key
-blocks that intersect each query block's windows; a per-chunk kernel adds the slot values with
-the final softmax weights. The backward pass recomputes the window probabilities from the saved
-log-sum-exp. Memory is linear in T. See NOTES.md for the measured times and the roofline.
+to a multiple of the tiles. A per-chunk kernel computes each chunk's writes; a scan over chunks
+turns them into the slot states at chunk boundaries (O(T/C·K·M) floats, never a state per token);
+a per-chunk kernel turns them into the slot logits; the window kernel starts its online softmax
+from those logits and visits only the key blocks that intersect each query block's windows; a
+per-chunk kernel adds the slot values with the final softmax weights. The backward pass
+recomputes the window probabilities from the saved log-sum-exp. Memory is linear in T. See
+NOTES.md for the measured times and the roofline.
 """
 
 from __future__ import annotations
@@ -194,9 +195,9 @@ def _core_forward(st: Static, backend: str, q, qw, kw, v, *stream):
     slot_inputs = logits = None
     if st.slots:
         ks, vs, ss, gs = stream
-        gc, key_writes, value_writes, decay = kernels.chunk_prepare(ks, vs, ss, gs, st)
-        key_states = kernels.chunk_scan(key_writes, decay, st, reverse=False)
-        value_states = kernels.chunk_scan(value_writes, decay, st, reverse=False)
+        gc, key_writes, value_writes, log_decay = kernels.chunk_prepare(ks, vs, ss, gs, st)
+        key_states, value_states = kernels.chunk_scan((key_writes, value_writes), log_decay, st,
+                                                      reverse=False)
         slot_inputs = (ks, vs, ss, gc, key_states, value_states)
         logits = kernels.slot_logits(q, ks, ss, gc, key_states, st)
     out, lse = kernels.window_attention(qw, kw, v, logits, st)
@@ -224,10 +225,9 @@ def _core_backward(st: Static, backend: str, residuals, d_out):
     dq, da, p, qg = kernels.slot_backward_queries(q, logits, lse, delta, d_out, slot_inputs, st)
     gc = slot_inputs[3]
     chunk = st.blocks.chunk
-    decay = jnp.exp(time_major(gc)[:, chunk - 1::chunk, :, None, :])  # [B, NC, G, 1, M]
+    log_decay = time_major(gc)[:, chunk - 1::chunk, :, None, :]  # [B, NC, G, 1, M]
     key_pull, value_pull = kernels.chunk_deltas_reverse(q, da, d_out, p, gc, st)
-    k_end = kernels.chunk_scan(key_pull, decay, st, reverse=True)
-    vt_end = kernels.chunk_scan(value_pull, decay, st, reverse=True)
+    k_end, vt_end = kernels.chunk_scan((key_pull, value_pull), log_decay, st, reverse=True)
     dks, dvs, dss, dg_chunk = kernels.backward_slot_inputs(q, d_out, (da, p, qg), slot_inputs,
                                                            k_end, vt_end, st)
     dgs = time_major(_add_later_chunks(time_major(dg_chunk), chunk, st.shift_chunks))

@@ -16,7 +16,9 @@ class BlockSizes:
       attention forward and of its dq kernel.
     block_q_dkv / block_k_dkv: query rows per loop step and keys per program of the window
       dk/dv kernel.
-    state_block: feature tile of the chunk-state pass (more tiles, more parallel programs).
+    state_group: chunk steps per iteration of the GPU chunk scan (their loads are issued
+      together, so their latencies overlap).
+    state_block: feature tile of the GPU scan (more tiles, more parallel programs).
     num_warps / num_stages: Triton launch parameters (GPU) of the window attention forward;
       backward_*: of its backward kernels; slot_num_warps / slot_backward_num_warps: of the
       per-chunk slot kernels of the forward / backward pass.
@@ -28,12 +30,13 @@ class BlockSizes:
 
     chunk: int = 64
     sub_chunk: int = 16
-    block_q: int = 128
+    block_q: int = 64
     block_k: int = 64
     block_q_dkv: int = 64
     block_k_dkv: int = 64
+    state_group: int = 16
     state_block: int = 8
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 3
     backward_num_warps: int = 4
     backward_num_stages: int = 2
@@ -46,7 +49,7 @@ class BlockSizes:
             raise ValueError("BlockSizes.slot_precision must be 'float32', 'input' or 'mixed', "
                              f"got {self.slot_precision!r}")
         for name in ("chunk", "sub_chunk", "block_q", "block_k", "block_q_dkv", "block_k_dkv",
-                     "state_block"):
+                     "state_block", "state_group"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")

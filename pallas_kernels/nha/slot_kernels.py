@@ -107,7 +107,7 @@ def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_sha
 def chunk_prepare(ks, vs, ss, gs, st: Static, layout: Layout):
     """Per chunk, in parallel: the cumulative log gates G (float32, shape of gs), the chunk's
     writes to the slot states as seen at its end, ΔK̃ `[B, NC, G, K, M]` and ΔṼᵀ
-    `[B, NC, G, V, M]` (Σ_j k̄_j (s̄_j ⊙ e^{G_last − G_j})ᵀ), and its decay e^{G_last}
+    `[B, NC, G, V, M]` (Σ_j k̄_j (s̄_j ⊙ e^{G_last − G_j})ᵀ), and its log decay G_last
     `[B, NC, G, 1, M]`; float32."""
     batch, length, kv_heads, slots = _dims(ss, layout)
     key_dim, value_dim = ks.shape[-1], vs.shape[-1]
@@ -123,7 +123,7 @@ def chunk_prepare(ks, vs, ss, gs, st: Static, layout: Layout):
         written = jnp.where(valid, ss_ref[...].astype(F32), 0.0) * jnp.exp(last - G)
         kd_ref[...] = mm_tn(ks_ref[...].astype(F32), written)
         vd_ref[...] = mm_tn(vs_ref[...].astype(F32), written)
-        decay_ref[...] = jnp.exp(last)
+        decay_ref[...] = last
 
     states = lambda d: jax.ShapeDtypeStruct((batch, num_chunks, kv_heads, d, slots), F32)
     return _call(

@@ -57,9 +57,14 @@ slot_backward_queries = functools.partial(slot_kernels.slot_backward_queries, la
 backward_slot_inputs = functools.partial(slot_kernels.backward_slot_inputs, layout=LAYOUT)
 
 
-def chunk_scan(delta, decay, st: Static, *, reverse: bool):
-    """Slot states at chunk boundaries (same contract as `gpu.chunk_scan`): grid (B, G, NC),
-    the chunk axis sequential, the running state in VMEM."""
+def chunk_scan(deltas, log_decay, st: Static, *, reverse: bool):
+    """Slot states at chunk boundaries (same contract as `gpu.chunk_scan`), one kernel per
+    delta."""
+    return tuple(_chunk_scan(delta, log_decay, st, reverse) for delta in deltas)
+
+
+def _chunk_scan(delta, log_decay, st: Static, reverse: bool):
+    """Grid (B, G, NC), the chunk axis sequential, the running state in VMEM."""
     batch, num_chunks, kv_heads, width, slots = delta.shape
     chunk = (lambda c: num_chunks - 1 - c) if reverse else (lambda c: c)
     spec = lambda d: pl.BlockSpec((None, None, None, d, slots),
@@ -72,7 +77,7 @@ def chunk_scan(delta, decay, st: Static, *, reverse: bool):
 
         update = delta_ref[...]
         out_ref[...] = state_ref[...]
-        state_ref[...] = state_ref[...] * decay_ref[...] + update
+        state_ref[...] = state_ref[...] * jnp.exp(decay_ref[...]) + update
 
     return pl.pallas_call(
         kernel, grid=(batch, kv_heads, num_chunks), in_specs=[spec(width), spec(1)],
@@ -80,7 +85,7 @@ def chunk_scan(delta, decay, st: Static, *, reverse: bool):
         scratch_shapes=[pltpu.VMEM((width, slots), F32)], input_output_aliases={0: 0},
         compiler_params=_params(3, True), interpret=_interpret(st),
         name="nha_chunk_scan_reverse" if reverse else "nha_chunk_scan",
-    )(delta, decay)
+    )(delta, log_decay)
 
 
 # --- window kernels: the band on the grid ---------------------------------------------------
