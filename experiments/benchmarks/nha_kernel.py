@@ -163,16 +163,27 @@ def part_table(args):
     return rows
 
 
+# Tile variants for --blocks, --variants and --profile-variants: each differs from the current
+# defaults only in the fields shown (so "v3" is v3's chunk-state pass with today's other tiles).
 VARIANTS = {
     "default": BlockSizes(),
-    "q64": BlockSizes(block_q=64, num_warps=4),
+    "q128": BlockSizes(block_q=128, num_warps=8),  # the window blocks up to run 8
+    "q64_k128": BlockSizes(block_k=128),
+    "q64_w8": BlockSizes(num_warps=8),
+    "q64_s2": BlockSizes(num_stages=2),
     "bwd_w8": BlockSizes(backward_num_warps=8, block_q_dkv=64, block_k_dkv=128),
+    "bwd_w8_only": BlockSizes(backward_num_warps=8),
+    "bwd_s3": BlockSizes(backward_num_stages=3),
+    "dkv_k128": BlockSizes(block_k_dkv=128),
     "slot_w8": BlockSizes(slot_num_warps=8),
-    "v2_measured": BlockSizes(slot_backward_num_warps=4, state_block=32),
+    "slot_bwd_w4": BlockSizes(slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
     "slots_bf16": BlockSizes(slot_precision="input"),
-    "v3": BlockSizes(state_block=32),
     "mixed": BlockSizes(slot_precision="mixed"),
+    "v3": BlockSizes(state_group=1, state_block=32),  # one chunk step per scan iteration
+    "v4": BlockSizes(state_group=1),
+    "scan8": BlockSizes(state_group=8),
+    "scan32": BlockSizes(state_group=32),
 }
 
 
@@ -266,10 +277,10 @@ def part_profile(args):
         stage("forward (api, whole)", whole, *inputs)
         stage("fwd+bwd (api, whole)", lambda *a, st: forward_and_backward(
             functools.partial(whole, st=st), len(NAMES))[1](*a), *inputs)
-        gc, k_writes, v_writes, decay = stage("chunk_prepare", gpu.chunk_prepare, ks, vs, ss, gs)
-        scan = lambda d, a, st: gpu.chunk_scan(d, a, st, reverse=False)
-        kst = stage("chunk_scan K", scan, k_writes, decay)
-        vst = stage("chunk_scan V", scan, v_writes, decay)
+        gc, k_writes, v_writes, log_decay = stage("chunk_prepare", gpu.chunk_prepare,
+                                                  ks, vs, ss, gs)
+        kst, vst = stage("chunk_scan K, V", lambda k, v, a, st: gpu.chunk_scan(
+            (k, v), a, st, reverse=False), k_writes, v_writes, log_decay)
         logits = stage("slot_logits", gpu.slot_logits, q, ks, ss, gc, kst)
         o_w, lse = stage("window_attention", gpu.window_attention, qw, kw, v, logits)
         o = stage("slot_readout_add", gpu.slot_readout_add, o_w, logits, lse, vs, ss, gc, vst)
@@ -282,9 +293,8 @@ def part_profile(args):
                               q, logits, lse, delta, do, *slot_inputs)
         k_pull, v_pull = stage("bwd: chunk deltas reverse", gpu.chunk_deltas_reverse,
                                q, da, do, p, gc)
-        reverse = lambda d, a, st: gpu.chunk_scan(d, a, st, reverse=True)
-        k_end = stage("bwd: chunk_scan reverse K", reverse, k_pull, decay)
-        vt_end = stage("bwd: chunk_scan reverse V", reverse, v_pull, decay)
+        k_end, vt_end = stage("bwd: chunk_scan reverse K, V", lambda k, v, a, st: gpu.chunk_scan(
+            (k, v), a, st, reverse=True), k_pull, v_pull, log_decay)
         stage("bwd: slot inputs",
               lambda *a, st: gpu.backward_slot_inputs(a[0], a[1], a[2:5], a[5:11], a[11], a[12],
                                                        st),
