@@ -60,6 +60,25 @@ def mkar_length_generalisation() -> Sweep:
         eval_variants=(("length 200", (("seq_len", 200),)), ("length 400", (("seq_len", 400),))))
 
 
+def _learned_positions(sweep: Sweep) -> Sweep:
+    """`sweep` with GPT-2-style learned absolute positions instead of RoPE in every
+    architecture (the `[100, d_model]` table counts in each budget)."""
+    return dataclasses.replace(
+        sweep, name=f"{sweep.name}-learned-pos",
+        description=f"{sweep.description} Learned absolute position embeddings, no RoPE.",
+        family=dataclasses.replace(sweep.family, position="learned"))
+
+
+@register_sweep("expressivity/selective-copying-learned-pos")
+def selective_copying_learned_pos() -> Sweep:
+    return _learned_positions(selective_copying())
+
+
+@register_sweep("expressivity/mkar-learned-pos")
+def mkar_learned_pos() -> Sweep:
+    return _learned_positions(mkar())
+
+
 @register_sweep("expressivity/ar-decoding")
 def ar_decoding() -> Sweep:
     return Sweep(

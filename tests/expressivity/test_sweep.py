@@ -1,6 +1,7 @@
 """Model sizing and a 2-cell sweep end to end: training, variants, resumption, CSV/MD/PNG."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -67,6 +68,11 @@ def test_every_registered_sweep_builds():
     for name in registry.sweep_names():
         sweep = registry.get_sweep(name)
         assert sweep.cells() and name.startswith("expressivity/")
+        assert (sweep.family.position == "learned") == name.endswith("-learned-pos")
+    base, learned = (registry.get_sweep(f"expressivity/mkar{s}") for s in ("", "-learned-pos"))
+    assert learned.short_name == "mkar-learned-pos" and learned.paper == base.paper
+    assert dataclasses.replace(learned, name=base.name, description=base.description,
+                               family=base.family) == base
 
 
 def test_two_cell_sweep_end_to_end(tmp_path, capsys):
