@@ -179,7 +179,7 @@ VARIANTS = {
     "slot_bwd_w4": BlockSizes(slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
     "slots_bf16": BlockSizes(slot_precision="input"),
-    "mixed": BlockSizes(slot_precision="mixed"),
+    "float32": BlockSizes(slot_precision="float32"),  # the default up to run 11
     "v3": BlockSizes(state_group=1, state_block=32),  # one chunk step per scan iteration
     "v4": BlockSizes(state_group=1),
     "scan8": BlockSizes(state_group=8),

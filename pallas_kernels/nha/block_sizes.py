@@ -22,10 +22,10 @@ class BlockSizes:
     num_warps / num_stages: Triton launch parameters (GPU) of the window attention forward;
       backward_*: of its backward kernels; slot_num_warps / slot_backward_num_warps: of the
       per-chunk slot kernels of the forward / backward pass.
-    slot_precision: operand dtype of the slot products, "float32" (TF32 on the GPU), "input"
-      (the input dtype: faster, gradients about 4x less accurate) or "mixed" (the input dtype
-      except dP's within-chunk product and the slot-input gradients: 8 % faster fwd+bwd at
-      w = 512, but dq and dk reach 1.3 % error at w = 0 on the H200; NOTES.md, v4).
+    slot_precision: operand dtype of the slot products (`layout.slot_dtype`): "mixed" (bf16
+      only in the backward's gradient products dq, dk̄, dv̄: 7 % faster fwd+bwd than "float32"
+      on the H200 at the same ≤ 0.4 % gradient error, also at w = 0; NOTES.md, v5), "float32"
+      (TF32 on the GPU) or "input" (bf16 everywhere: faster, gradients about 4x less accurate).
     """
 
     chunk: int = 64
@@ -42,7 +42,7 @@ class BlockSizes:
     backward_num_stages: int = 2
     slot_num_warps: int = 4
     slot_backward_num_warps: int = 8
-    slot_precision: str = "float32"
+    slot_precision: str = "mixed"
 
     def __post_init__(self):
         if self.slot_precision not in ("float32", "input", "mixed"):

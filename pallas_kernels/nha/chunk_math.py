@@ -172,50 +172,57 @@ def _slot_readout_subchunks(p, y: Rows, u: Rows, g: Rows, state_t, *, S: int, dt
 
 
 def slot_input_grads(heads, k_in: jax.Array, v_in: jax.Array, s_in: jax.Array, g: Rows,
-                     k_end: jax.Array, vt_end: jax.Array, *, S: int, scale: float, dtype):
+                     k_end: jax.Array, vt_end: jax.Array, *, S: int, scale: float, dtype,
+                     ds_dtype):
     """Gradients of one chunk's slot inputs (k̄ `[C, K]`, v̄ `[C, V]`, s̄ `[C, M]`, values).
 
     heads: per query head of the group `(q, dO, dA, P)` Rows (query rows of this chunk; dA the
     gradient of the scaled slot logits, P the slot probabilities). k_end `[K, M]`, vt_end
-    `[V, M]`: gradients of K̃ and Ṽᵀ after the chunk. Returns float32 `(dk̄, dv̄, ds̄)`.
+    `[V, M]`: gradients of K̃ and Ṽᵀ after the chunk. dtype: operands of the products of dk̄
+    and dv̄; ds_dtype: of those of ds̄ (it feeds the log-gate gradient, a difference of nearly
+    equal sums). Returns float32 `(dk̄, dv̄, ds̄)`.
     """
     C = k_in.shape[0]
     G = g(0, C)
     exit_decay = jnp.exp(g(C - 1, 1) - G)  # write n as seen at the chunk end, ≤ 1
-    written = s_in.astype(F32) * exit_decay
-    dk = mm_nt(written, k_end)
-    dv = mm_nt(written, vt_end)
-    ds = exit_decay * (mm(k_in.astype(F32), k_end) + mm(v_in.astype(F32), vt_end))
+    written = (s_in.astype(F32) * exit_decay).astype(dtype)
+    dk = mm_nt(written, k_end.astype(dtype))
+    dv = mm_nt(written, vt_end.astype(dtype))
+    ds = exit_decay * (mm(k_in.astype(ds_dtype), k_end.astype(ds_dtype))
+                       + mm(v_in.astype(ds_dtype), vt_end.astype(ds_dtype)))
     # (Computing the within-chunk part first measured 1.4 ms slower on the H200: NOTES.md, v5.)
+    dtypes = dict(dtype=dtype, ds_dtype=ds_dtype)
     intra = lax.cond(
         _fast_path(g, C),
-        lambda: _input_grads_fast(heads, k_in, v_in, s_in, g, scale=scale, dtype=dtype),
-        lambda: _input_grads_subchunks(heads, k_in, v_in, s_in, g, S=S, scale=scale,
-                                       dtype=dtype))
+        lambda: _input_grads_fast(heads, k_in, v_in, s_in, g, scale=scale, **dtypes),
+        lambda: _input_grads_subchunks(heads, k_in, v_in, s_in, g, S=S, scale=scale, **dtypes))
     return dk + intra[0], dv + intra[1], ds + intra[2]
 
 
-def _input_grads_fast(heads, k_in, v_in, s_in, g: Rows, *, scale: float, dtype):
+def _input_grads_fast(heads, k_in, v_in, s_in, g: Rows, *, scale: float, dtype, ds_dtype):
     C = k_in.shape[0]
     G = g(0, C)
     entry, inverse = jnp.exp(G), jnp.exp(-G)
     s_inv = (s_in.astype(F32) * inverse).astype(dtype)
     mask = iota((C, C), 0) <= iota((C, C), 1)  # key row n ≤ query row t
-    k_in, v_in = k_in.astype(dtype), v_in.astype(dtype)
+    k_in, v_in = k_in.astype(ds_dtype), v_in.astype(ds_dtype)
     dk = dv = inner = 0.0
     for q, do, da, p in heads:
-        q_all, do_all = q(0, C).astype(dtype), do(0, C).astype(dtype)
-        da_entry = (da(0, C) * entry).astype(dtype)
-        p_entry = (p(0, C) * entry).astype(dtype)
-        dk += scale * mm(jnp.where(mask, mm_nt(s_inv, da_entry), 0.0).astype(dtype), q_all)
-        dv += mm(jnp.where(mask, mm_nt(s_inv, p_entry), 0.0).astype(dtype), do_all)
-        qk = jnp.where(mask, scale * mm_nt(k_in, q_all), 0.0)
-        ov = jnp.where(mask, mm_nt(v_in, do_all), 0.0)
-        inner += mm(qk.astype(dtype), da_entry) + mm(ov.astype(dtype), p_entry)
+        q_all, do_all = q(0, C), do(0, C)
+        da_entry, p_entry = da(0, C) * entry, p(0, C) * entry
+        dk += scale * mm(jnp.where(mask, mm_nt(s_inv, da_entry.astype(dtype)), 0.0
+                                   ).astype(dtype), q_all.astype(dtype))
+        dv += mm(jnp.where(mask, mm_nt(s_inv, p_entry.astype(dtype)), 0.0).astype(dtype),
+                 do_all.astype(dtype))
+        qk = jnp.where(mask, scale * mm_nt(k_in, q_all.astype(ds_dtype)), 0.0)
+        ov = jnp.where(mask, mm_nt(v_in, do_all.astype(ds_dtype)), 0.0)
+        inner += (mm(qk.astype(ds_dtype), da_entry.astype(ds_dtype))
+                  + mm(ov.astype(ds_dtype), p_entry.astype(ds_dtype)))
     return dk, dv, inverse * inner
 
 
-def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: float, dtype):
+def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: float, dtype,
+                           ds_dtype):
     C = k_in.shape[0]
     G = g(0, C)
     dk = dv = ds = 0.0
@@ -225,13 +232,15 @@ def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: f
         s_key = (s_in.astype(F32) * key).astype(dtype)
         inner = jnp.zeros_like(G)
         for q, do, da, p in heads:
-            q_ib, do_ib = q(ib * S, S).astype(dtype), do(ib * S, S).astype(dtype)
-            da_ib = (da(ib * S, S) * query).astype(dtype)
-            p_ib = (p(ib * S, S) * query).astype(dtype)
-            dk += scale * mm(jnp.where(mask, mm_nt(s_key, da_ib), 0.0).astype(dtype), q_ib)
-            dv += mm(jnp.where(mask, mm_nt(s_key, p_ib), 0.0).astype(dtype), do_ib)
-            qk = jnp.where(mask, scale * mm_nt(k_in.astype(dtype), q_ib), 0.0)
-            ov = jnp.where(mask, mm_nt(v_in.astype(dtype), do_ib), 0.0)
-            inner += mm(qk.astype(dtype), da_ib) + mm(ov.astype(dtype), p_ib)
+            q_ib, do_ib = q(ib * S, S), do(ib * S, S)
+            da_ib, p_ib = da(ib * S, S) * query, p(ib * S, S) * query
+            dk += scale * mm(jnp.where(mask, mm_nt(s_key, da_ib.astype(dtype)), 0.0
+                                       ).astype(dtype), q_ib.astype(dtype))
+            dv += mm(jnp.where(mask, mm_nt(s_key, p_ib.astype(dtype)), 0.0).astype(dtype),
+                     do_ib.astype(dtype))
+            qk = jnp.where(mask, scale * mm_nt(k_in.astype(ds_dtype), q_ib.astype(ds_dtype)), 0.0)
+            ov = jnp.where(mask, mm_nt(v_in.astype(ds_dtype), do_ib.astype(ds_dtype)), 0.0)
+            inner += (mm(qk.astype(ds_dtype), da_ib.astype(ds_dtype))
+                      + mm(ov.astype(ds_dtype), p_ib.astype(ds_dtype)))
         ds += key * inner
     return dk, dv, ds

@@ -43,11 +43,16 @@ class Static:
     shift_chunks: int = 0
 
 
-def slot_dtype(st: Static, input_dtype, sensitive: bool = False):
-    """Operand dtype of the slot products (`BlockSizes.slot_precision`); `sensitive`: a product
-    whose rounding the backward's cancellations amplify (kept float32 under "mixed")."""
+def slot_dtype(st: Static, input_dtype, gradient: bool = False):
+    """Operand dtype of a slot product (`BlockSizes.slot_precision`): "float32" always float32,
+    "input" always the 16-bit type, "mixed" the 16-bit type only for the `gradient` products
+    of the backward (dq, dk̄, dv̄), float32 for the forward and for what feeds the backward's
+    cancellations (dP, D = o·dO, ds̄ and the log-gate gradient). The 16-bit type is bfloat16
+    even for float16 inputs: the fast path's factors reach e^{±60}, beyond float16's range."""
     precision = st.blocks.slot_precision
-    return F32 if precision == "float32" or (precision == "mixed" and sensitive) else input_dtype
+    if precision == "float32" or (precision == "mixed" and not gradient):
+        return F32
+    return jnp.bfloat16 if input_dtype == jnp.float16 else input_dtype
 
 
 def visible(rows: jax.Array, st: Static) -> jax.Array:

@@ -229,11 +229,11 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, st: Static, la
                vst_ref, dq_ref, da_ref, p_ref, qg_ref):
         rows = pl.program_id(2) * C + iota((C, 1), 0)
         do, logits = do_ref[...], a_ref[...]
-        dtype = slot_dtype(st, do.dtype)
+        dtype = slot_dtype(st, do.dtype, gradient=True)
         gate = rows_of(gc_ref)
         writes = masked(rows_of(ss_ref), chunk_valid(st, 2))
         [dp] = slot_scores([(do, rows_of(vs_ref), vst_ref[...])], writes, gate, S=S,
-                           dtype=slot_dtype(st, do.dtype, sensitive=True))
+                           dtype=slot_dtype(st, do.dtype))
         p = jnp.where(visible(rows, st), jnp.exp(logits - lse_ref[...][:, None]), 0.0)
         da = p * (dp - delta_ref[...][:, None])
         dq = slot_readout(da, writes, rows_of(ks_ref), gate, kst_ref[...], S=S,
@@ -267,7 +267,7 @@ def _backward_slots_kernel(q_ref, do_ref, da_ref, p_ref, qg_ref, ks_ref, vs_ref,
     dk, dv, ds = slot_input_grads(
         heads, ks_ref[...], vs_ref[...], s_in, rows_of(gc_ref), kend_ref[...],
         vend_ref[...], S=st.blocks.sub_chunk, scale=st.scale,
-        dtype=slot_dtype(st, ks_ref.dtype, sensitive=True))
+        dtype=slot_dtype(st, ks_ref.dtype, gradient=True), ds_dtype=slot_dtype(st, ks_ref.dtype))
     dG = sum(layout.head_rows(qg_ref, r)(0, C) for r in range(st.group)) - s_in * ds
     # The log gate g_j enters every G_t with t ≥ j: reverse cumulative sum within the chunk.
     dg_ref[...] = jnp.where(valid, layout.reverse_cumsum(dG), 0.0)

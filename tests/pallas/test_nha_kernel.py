@@ -182,3 +182,28 @@ def test_unsupported_reasons():
     assert "k has shape" in api.unsupported(args[0], bad_k, *args[2:], window=1, interpret=True)
     with pytest.raises(ValueError, match="cannot|platform"):
         api.native_hybrid_attention(*args, window=2, backend="cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("window", "dtype"), [(0, jnp.bfloat16), (16, jnp.bfloat16),
+                                               (0, jnp.float16)])
+def test_gpu_kernel_16bit_slot_precisions(window, dtype):
+    """16-bit inputs: the "float32" and (default) "mixed" slot precisions stay within 16-bit
+    rounding (2 %) of the float64 reference, values and gradients, with all the softmax mass on
+    the slots (w = 0) too; "mixed" does round some gradient products (it differs)."""
+    x = {n: a.astype(dtype) for n, a in make_inputs(5, 1, 37, 2, 2).items()}
+    weights = normals(7, (1, 37, 2, 8), dtype=np.float32)
+    with jax.enable_x64(True):
+        x64 = {n: jnp.asarray(a, jnp.float64) for n, a in x.items()}
+        ref_out, ref_grads = value_and_grads(lambda x: scan_nha(x, window, 0.5, "mask"), x64,
+                                             jnp.asarray(weights, jnp.float64))
+    grads = {}
+    for precision in ("float32", "mixed"):
+        blocks = dataclasses.replace(TINY, slot_precision=precision)
+        out, grads[precision] = value_and_grads(
+            lambda x, blocks=blocks: kernel_nha(x, window, 0.5, "mask", blocks=blocks
+                                                ).astype(jnp.float32), x, weights)
+        assert_close(out, ref_out, 2e-2, f"{precision} values")
+        for name in NAMES:
+            assert_close(grads[precision][name], ref_grads[name], 2e-2, f"{precision} d{name}")
+    assert any(not np.array_equal(grads["float32"][n], grads["mixed"][n]) for n in ("q", "k"))
