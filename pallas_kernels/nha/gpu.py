@@ -66,7 +66,7 @@ def chunk_scan(deltas, log_decay, st: Static, *, reverse: bool):
     (`S_{c+1} = S_c·e^{G_last,c} + Δ_c`); reverse, the gradient of the state after chunk c
     (`D_{c−1} = D_c·e^{G_last,c} + Δ_c`). Deltas of one width share a kernel."""
     out = list(deltas)
-    for width in {d.shape[3] for d in deltas}:
+    for width in sorted({d.shape[3] for d in deltas}):
         same = [i for i, d in enumerate(deltas) if d.shape[3] == width]
         for i, state in zip(same, _chunk_scan([deltas[i] for i in same], log_decay, st,
                                               reverse), strict=True):
