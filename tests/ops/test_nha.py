@@ -92,9 +92,9 @@ def numpy_nha(q, k, v, s, g, window, scale, q_window=None, k_window=None, segmen
 
 def _inputs(T, *, B=2, H=2, G=1, K=3, V=4, M=3, D=5, seed=0, dtype=jnp.float64):
     """q, k, v, s, g (g ≤ 0 from mild to strong forgetting, s = 1 − e^g), q_window, k_window."""
-    q, k, v, f, q_window, k_window = normals(
-        seed, (B, T, H, K), (B, T, G, K), (B, T, G, V), (B, T, G, M), (B, T, H, D),
-        (B, T, G, D), dtype=np.float64)
+    rng = np.random.default_rng(seed)  # numpy float64 draws (normals' draws, without jax)
+    q, k, v, f, q_window, k_window = (rng.standard_normal(shape) for shape in (
+        (B, T, H, K), (B, T, G, K), (B, T, G, V), (B, T, G, M), (B, T, H, D), (B, T, G, D)))
     g = -np.exp(np.asarray(f)) * np.resize([0.05, 0.5, 3.0], M)
     arrays = (q, k, v, 1 - np.exp(g), g, q_window, k_window)
     return tuple(jnp.asarray(a, dtype) for a in arrays)
