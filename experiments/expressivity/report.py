@@ -148,11 +148,13 @@ def _d_model(rows: list[dict[str, Any]], arch: str, budget: int) -> str:
 
 
 def plot(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
-    """Accuracy vs parameters per architecture; one panel per evaluation (matplotlib Agg)."""
+    """Accuracy vs parameters per architecture, bars from the min to the max over seeds; one
+    panel per evaluation (matplotlib Agg). The x ticks are the budgets."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     best = aggregate(sweep, rows)
     names = metric_names(sweep)
@@ -160,12 +162,21 @@ def plot(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6), squeeze=False)
     for ax, name, title in zip(axes[0], names, titles, strict=True):
         for arch in sweep.architectures:
-            points = sorted((e["params"], e[name]) for (a, _), e in best.items() if a == arch)
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=LABELS[arch])
+            entries = sorted((e for (a, _), e in best.items() if a == arch),
+                             key=lambda e: e["params"])
+            if entries:
+                y = [e[name] for e in entries]
+                spread = [[v - e[name + " min"] for v, e in zip(y, entries, strict=True)],
+                          [e[name + " max"] - v for v, e in zip(y, entries, strict=True)]]
+                ax.errorbar([e["params"] for e in entries], y, yerr=spread, marker="o",
+                            capsize=3, label=LABELS[arch])
         ax.set_xscale("log")
+        xs = [e["params"] for e in best.values()] + list(sweep.budgets)
+        ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(sweep.budgets, [_budget_label(b) for b in sweep.budgets])
         ax.set_ylim(0, 1.02)
-        ax.set_xlabel("parameters")
+        ax.set_xlabel("parameters (ticks: budgets)")
         ax.set_ylabel("token accuracy")
         ax.set_title(title)
         ax.grid(alpha=0.3)
