@@ -25,11 +25,13 @@ gates of one slot sum below about −87 (float32 overflow; with g = logsigmoid(f
 that needs f < −46 on 15 consecutive tokens). Rows outside a sub-chunk's pairs are masked
 before `exp`, so nothing overflows there.
 
-Every dot accumulates in float32. The operands of the products with the float32 slot states are
-float32 (TF32 on the GPU's tensor cores, exact in interpret mode); the operands of the
-within-chunk products take `dtype`: float32 by default, because the slot softmax backward
-subtracts nearly equal numbers (dA = P·(dP − D)) and bf16 operands there cost an order of
-magnitude in the gradients' accuracy (NOTES.md), or the input dtype for speed.
+Every dot accumulates in float32. The products with the float32 slot states take float32
+operands (TF32 on the GPU's tensor cores, exact in interpret mode), except those of the
+slot-input gradients dk̄, dv̄; every other product takes the `dtype` its caller passes
+(`layout.slot_dtype`). Under the default precision that is bf16 only where the result is itself
+a gradient (dq, dk̄, dv̄), and float32 wherever the backward subtracts nearly equal numbers
+(dA = P·(dP − D), the log-gate gradient): bf16 operands there cost an order of magnitude in the
+gradients' accuracy (NOTES.md).
 """
 
 from __future__ import annotations
