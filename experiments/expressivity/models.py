@@ -2,8 +2,9 @@
 
 An architecture is a pattern of layer kinds, "A" (sliding-window attention) and "S" (an SSM
 block type from the registry, `mamba1` or `mamba2`): pure transformer "AA", pure SSM "SS" and
-the hybrids "SA" (SSM → attention) and "AS" (attention → SSM). `size_model` picks the width
-(d_model) whose exact parameter count, embeddings included, is closest to the budget.
+the hybrids "SA" (SSM → attention) and "AS" (attention → SSM), the study's four; plus
+"transformer-1layer" ("A"), a depth ablation. `size_model` picks the width (d_model) whose
+exact parameter count, embeddings included, is closest to the budget.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ ARCHITECTURES = {
     "ssm": "SS",
     "ssm-attention": "SA",
     "attention-ssm": "AS",
+    "transformer-1layer": "A",
 }
+STUDY_ARCHITECTURES = ("transformer", "ssm", "ssm-attention", "attention-ssm")
 POSITIONS = ("rope", "learned")
 
 

@@ -18,6 +18,7 @@ LABELS = {
     "ssm": "SSM",
     "ssm-attention": "Hybrid SSM→Attn",
     "attention-ssm": "Hybrid Attn→SSM",
+    "transformer-1layer": "Transformer (1 layer)",
 }
 _FIRST_COLUMNS = ["architecture", "budget", "params", "d_model", "learning_rate", "seed",
                   "steps", "accuracy", "loss"]

@@ -24,7 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.expressivity.models import ARCHITECTURES, ModelFamily, size_model
+from experiments.expressivity.models import (
+    ARCHITECTURES,
+    STUDY_ARCHITECTURES,
+    ModelFamily,
+    size_model,
+)
 from hybrid_jax.config import ExperimentConfig, TrainConfig
 
 # Tiny models, short runs: no weight decay, one synchronous checkpoint per cell (at the end).
@@ -49,7 +54,7 @@ class Sweep:
     data: Any
     description: str = ""
     family: ModelFamily = ModelFamily()
-    architectures: tuple[str, ...] = tuple(ARCHITECTURES)
+    architectures: tuple[str, ...] = STUDY_ARCHITECTURES
     budgets: tuple[int, ...] = (2000, 6000)
     learning_rates: tuple[float, ...] = (3e-3,)
     seeds: tuple[int, ...] = (0,)

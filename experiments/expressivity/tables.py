@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from experiments.expressivity.models import ModelFamily
+from experiments.expressivity.models import STUDY_ARCHITECTURES, ModelFamily
 from experiments.expressivity.sweep import DEFAULT_TRAIN, Sweep
 from experiments.registry import register_sweep
 from hybrid_jax.data.mqar import MQARConfig
@@ -23,6 +23,10 @@ SSM = dict(ssm_type="mamba1", ssm_options=(("state_size", 8), ("implementation",
 # limit here is its width, not its window (measured: 0.956 at 2k, 0.985 at 6k parameters).
 COPY_WINDOW = SelectiveCopyingConfig().max_distance + 1
 LEARNING_RATES = (3e-3, 1e-2)
+# The selective-copying and MKAR sweeps add a one-layer transformer: a two-layer RoPE
+# transformer solves selective copying, a one-layer one cannot chain "find the last number"
+# and "copy from d back" (experiments/README.md, "Depth and positions").
+WITH_ONE_LAYER = STUDY_ARCHITECTURES + ("transformer-1layer",)
 
 
 @register_sweep("expressivity/selective-copying")
@@ -32,6 +36,7 @@ def selective_copying() -> Sweep:
         description="Selective copying (distances 5..10, number probability 0.2, length 100): "
                     "pure sliding-window transformer, pure SSM and both hybrids at small "
                     "parameter budgets.",
+        architectures=WITH_ONE_LAYER,
         family=ModelFamily(window=COPY_WINDOW, **SSM), budgets=(2000, 6000),
         learning_rates=LEARNING_RATES,
         paper=((2000, (("ssm-attention", 0.999), ("transformer", 0.352), ("ssm", 0.305))),
@@ -45,6 +50,7 @@ def mkar() -> Sweep:
         name="expressivity/mkar", data=MKARConfig(),
         description="Multi-key associative recall (vocabulary 8, keys of 2 tokens, length 100; "
                     "every position whose key occurred before is scored).",
+        architectures=WITH_ONE_LAYER,
         family=ModelFamily(window=None, **SSM), budgets=(6000,),
         learning_rates=LEARNING_RATES, train=dataclasses.replace(DEFAULT_TRAIN, steps=1500),
         paper=((6000, (("ssm-attention", 0.990), ("transformer", 0.230), ("ssm", 0.356))),),
@@ -115,6 +121,7 @@ def length_generalisation() -> Sweep:
     return Sweep(
         name="expressivity/length-generalisation", data=SelectiveCopyingConfig(),
         description="Selective copying trained at length 100, evaluated at 200 and 400.",
+        architectures=WITH_ONE_LAYER,
         family=ModelFamily(window=COPY_WINDOW, **SSM), budgets=(6000,),
         learning_rates=LEARNING_RATES,
         eval_variants=(("length 200", (("seq_len", 200),)),
@@ -127,6 +134,7 @@ def ood() -> Sweep:
         name="expressivity/ood", data=SelectiveCopyingConfig(),
         description="Selective copying trained with number probability 0.2, evaluated with "
                     "sparser (0.1) and denser (0.4) number tokens.",
+        architectures=WITH_ONE_LAYER,
         family=ModelFamily(window=COPY_WINDOW, **SSM), budgets=(6000,),
         learning_rates=LEARNING_RATES,
         eval_variants=(("number prob 0.1", (("number_prob", 0.1),)),

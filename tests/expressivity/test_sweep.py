@@ -7,7 +7,13 @@ import json
 import pytest
 
 from experiments import registry
-from experiments.expressivity.models import ARCHITECTURES, ModelFamily, parameter_count, size_model
+from experiments.expressivity.models import (
+    ARCHITECTURES,
+    STUDY_ARCHITECTURES,
+    ModelFamily,
+    parameter_count,
+    size_model,
+)
 from experiments.expressivity.sweep import Sweep
 from experiments.run import main as run_main
 from hybrid_jax.data.tasks import SelectiveCopyingConfig
@@ -73,6 +79,11 @@ def test_every_registered_sweep_builds():
     assert learned.short_name == "mkar-learned-pos" and learned.paper == base.paper
     assert dataclasses.replace(learned, name=base.name, description=base.description,
                                family=base.family) == base
+    # The one-layer transformer is a depth ablation: only the sweeps that ask for it run it.
+    assert Sweep(name="x", data=SelectiveCopyingConfig()).architectures == STUDY_ARCHITECTURES
+    assert "transformer-1layer" not in STUDY_ARCHITECTURES
+    copying = registry.get_sweep("expressivity/selective-copying")
+    assert "transformer-1layer" in copying.architectures
 
 
 def test_two_cell_sweep_end_to_end(tmp_path, capsys):
