@@ -74,16 +74,19 @@ def test_every_registered_sweep_builds():
     for name in registry.sweep_names():
         sweep = registry.get_sweep(name)
         assert sweep.cells() and name.startswith("expressivity/")
-        assert (sweep.family.position == "learned") == name.endswith("-learned-pos")
-    base, learned = (registry.get_sweep(f"expressivity/mkar{s}") for s in ("", "-learned-pos"))
-    assert learned.short_name == "mkar-learned-pos" and learned.paper == base.paper
-    assert dataclasses.replace(learned, name=base.name, description=base.description,
-                               family=base.family) == base
+    # The selective-copying sweeps share their cells: one family, window 20, the paper's
+    # attention (one head, RoPE on a quarter of it); MKAR has the same attention, full window.
+    copying = [registry.get_sweep(f"expressivity/{n}")
+               for n in ("selective-copying", "length-generalisation", "ood")]
+    assert {s.family for s in copying} == {copying[0].family}
+    assert (copying[0].family.window, copying[0].family.num_heads,
+            copying[0].family.rope_fraction) == (20, 1, 0.25)
+    mkar = registry.get_sweep("expressivity/mkar").family
+    assert mkar == dataclasses.replace(copying[0].family, window=None)
     # The one-layer transformer is a depth ablation: only the sweeps that ask for it run it.
     assert Sweep(name="x", data=SelectiveCopyingConfig()).architectures == STUDY_ARCHITECTURES
     assert "transformer-1layer" not in STUDY_ARCHITECTURES
-    copying = registry.get_sweep("expressivity/selective-copying")
-    assert "transformer-1layer" in copying.architectures
+    assert "transformer-1layer" in copying[0].architectures
 
 
 def test_two_cell_sweep_end_to_end(tmp_path, capsys):
