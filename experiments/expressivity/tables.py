@@ -20,10 +20,11 @@ SSM = dict(ssm_type="mamba1", ssm_options=(("state_size", 8), ("implementation",
 # The paper's attention layer (its authors' code, as a public reproduction describes it): a
 # GPT-NeoX layer with one head and rotary embeddings on a quarter of the head's channels (the
 # GPT-NeoX default), windowed to 20 tokens for selective copying and full for MKAR. The
-# partial rotation is what makes position hard for a pure transformer: at d_model 8 it leaves
-# one rotary pair turning 1 rad per token, which aliases offsets 2π apart within the window.
-# With RoPE on every channel of two heads a 2-layer transformer solves selective copying
-# (0.957 / 0.980 at 2k / 6k: experiments/README.md, "Depth and positions").
+# partial rotation is what makes position hard for a pure transformer (with two heads too): at
+# d_model 8 it leaves one rotary pair turning 1 rad per token, which aliases offsets 2π apart
+# within the window. With RoPE on every channel of two heads a 2-layer transformer solves
+# selective copying (0.957 / 0.980 at 2k / 6k: experiments/README.md, "What makes a pure
+# transformer fail").
 PAPER_ATTENTION = dict(num_heads=1, rope_fraction=0.25)
 COPY_WINDOW = 20
 LEARNING_RATES = (3e-3, 1e-2)
