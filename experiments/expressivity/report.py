@@ -102,8 +102,7 @@ def markdown(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
                 f"{list(sweep.seeds)} run at that rate." if seeds > 1 else ", one seed.")
              + f" Positions: {_position_text(sweep)}. SSM layers: `{sweep.family.ssm_type}`; "
              f"attention heads {sweep.family.num_heads}, window {sweep.family.window or 'full'}; "
-             f"FFN ratio "
-             f"{sweep.family.ffn_ratio:g}.", ""]
+             f"FFN ratio {sweep.family.ffn_ratio:g}.", ""]
     header = ["architecture"] + [_budget_label(b) for b in sweep.budgets]
     body = [[LABELS[a]] + [_entry_text(best.get((a, b))) for b in sweep.budgets]
             for a in sweep.architectures]
