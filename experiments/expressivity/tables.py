@@ -26,7 +26,8 @@ SSM = dict(ssm_type="mamba1", ssm_options=(("state_size", 8), ("implementation",
 # selective copying (0.957 / 0.980 at 2k / 6k: experiments/README.md, "What makes a pure
 # transformer fail").
 PAPER_ATTENTION = dict(num_heads=1, rope_fraction=0.25)
-COPY_WINDOW = 20
+# One family for the selective-copying sweeps: they train and evaluate the same cells.
+COPY_FAMILY = ModelFamily(window=20, **PAPER_ATTENTION, **SSM)
 LEARNING_RATES = (3e-3, 1e-2)
 PAPER_NOTE = ("the paper's figures, as the issue and a public reproduction of the authors' "
               "code quote them (experiments/README.md).")
@@ -43,7 +44,7 @@ def selective_copying() -> Sweep:
                     "pure sliding-window transformer, pure SSM and both hybrids at small "
                     "parameter budgets.",
         architectures=WITH_ONE_LAYER,
-        family=ModelFamily(window=COPY_WINDOW, **PAPER_ATTENTION, **SSM), budgets=(2000, 6000),
+        family=COPY_FAMILY, budgets=(2000, 6000),
         learning_rates=LEARNING_RATES,
         paper=((2000, (("ssm-attention", 0.999), ("transformer", 0.352), ("ssm", 0.305))),
                (6000, (("ssm-attention", 1.000), ("transformer", 0.727), ("ssm", 0.485))),
@@ -111,7 +112,7 @@ def length_generalisation() -> Sweep:
         name="expressivity/length-generalisation", data=SelectiveCopyingConfig(),
         description="Selective copying trained at length 100, evaluated at 200 and 400.",
         architectures=WITH_ONE_LAYER,
-        family=ModelFamily(window=COPY_WINDOW, **PAPER_ATTENTION, **SSM), budgets=(6000,),
+        family=COPY_FAMILY, budgets=(6000,),
         learning_rates=LEARNING_RATES,
         eval_variants=(("length 200", (("seq_len", 200),)),
                        ("length 400", (("seq_len", 400),))))
@@ -124,7 +125,7 @@ def ood() -> Sweep:
         description="Selective copying trained with number probability 0.2, evaluated with "
                     "sparser (0.1) and denser (0.4) number tokens.",
         architectures=WITH_ONE_LAYER,
-        family=ModelFamily(window=COPY_WINDOW, **PAPER_ATTENTION, **SSM), budgets=(6000,),
+        family=COPY_FAMILY, budgets=(6000,),
         learning_rates=LEARNING_RATES,
         eval_variants=(("number prob 0.1", (("number_prob", 0.1),)),
                        ("number prob 0.4", (("number_prob", 0.4),))))
