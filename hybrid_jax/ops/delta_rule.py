@@ -13,8 +13,9 @@ the final state is float32 (float64 for float64 inputs).
 
 Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked
 form runs a `lax.scan` over chunks of C steps; each step takes the state entering the chunk,
-solves one unit-lower-triangular C×C system (`solve_triangular`, float32/float64) for the
-delta-rule corrections of the chunk, and returns the chunk's outputs and the state after it
+solves one unit-lower-triangular C×C system (`unit_lower_triangular_inverse`: matmuls and
+forward substitution, float32/float64; jaxlib's CPU `solve_triangular` deadlocks when two
+solves run at once on a small thread pool) for the delta-rule corrections of the chunk, and returns the chunk's outputs and the state after it
 (`_chunk_step`). The step is under `jax.checkpoint`, so the backward pass keeps only the
 entering states (one K×V per chunk) and recomputes one chunk's C×C tensors at a time: memory
 O(T·(K + V)) plus the chunk states, never a state per token. (Solving with the entering state
@@ -26,11 +27,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
-
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.scan import causal_decay_matrix, compute_dtype, from_time_chunks, time_chunks
+from hybrid_jax.ops.scan import (
+    causal_decay_matrix,
+    compute_dtype,
+    from_time_chunks,
+    time_chunks,
+    unit_lower_triangular_inverse,
+)
 
 _OP = "gated_delta_rule"
 
@@ -167,7 +172,7 @@ def _chunk_step(state, chunk):
     decay = causal_decay_matrix(log_decay)  # [B, H, C(t), C(j)], zero above the diagonal
     a = jnp.tril(beta[..., None] * jnp.einsum("bhtk,bhjk->bhtj", k, k) * decay, -1)
     from_state = jnp.exp(log_decay)[..., None] * jnp.einsum("bhck,bhkv->bhcv", k, state)
-    u = solve_triangular(a, beta[..., None] * (v - from_state), lower=True, unit_diagonal=True)
+    u = unit_lower_triangular_inverse(a) @ (beta[..., None] * (v - from_state))
     out = (jnp.einsum("bhck,bhkv->bhcv", q * jnp.exp(log_decay)[..., None], state)
            + jnp.einsum("bhtj,bhjv->bhtv", jnp.einsum("bhtk,bhjk->bhtj", q, k) * decay, u))
     k_to_end = k * jnp.exp(log_decay[..., -1:] - log_decay)[..., None]

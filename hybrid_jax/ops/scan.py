@@ -11,12 +11,16 @@ Two kinds of state:
 
 Inside a chunk, `causal_decay_matrix` gives the decay between every pair of steps from the
 cumulative log decay, masked before `exp` so no `inf·0` reaches values or gradients.
+`unit_lower_triangular_inverse` inverts the chunk's `I + A` systems (delta rule) with matmuls
+only: jaxlib's CPU triangular solve (`lapack_strsm_ffi`) blocks on XLA's intra-op thread pool
+and deadlocks when two solves run at once on a 2-thread pool.
 `to_chunks` pads time with zeros (decay exp(0) = 1, no input: padding leaves states unchanged
 when the op builds its log decay and inputs from the padded arrays) and folds it into chunks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -135,6 +139,57 @@ def causal_decay_matrix(cum_log_decay: jax.Array) -> jax.Array:
     diff = cum_log_decay[..., :, None] - cum_log_decay[..., None, :]
     causal = jnp.tril(jnp.ones((length, length), dtype=bool))
     return jnp.exp(jnp.where(causal, diff, -jnp.inf))
+
+
+_SUBSTITUTION_BLOCK = 16
+
+
+def unit_lower_triangular_inverse(a: jax.Array) -> jax.Array:
+    """`(I + A)⁻¹` for strictly lower-triangular `A` `[..., n, n]` (the upper triangle and the
+    diagonal of `a` are ignored), without a LAPACK call.
+
+    Row-by-row forward substitution on diagonal blocks of 16, then block doubling:
+    `[[A₁₁, 0], [A₂₁, A₂₂]]` inverts to `[[T₁₁, 0], [−T₂₂ A₂₁ T₁₁, T₂₂]]`, the two halves
+    inverted together as one batch. This is exact forward substitution reordered (no power
+    series, whose terms can grow as binomials), with its matmuls at full float32 precision.
+    `n` is zero-padded to `16·2^k`; padding is the identity and is sliced off.
+    """
+    n = a.shape[-1]
+    a = jnp.tril(a, -1)
+    block = min(n, _SUBSTITUTION_BLOCK)
+    padded = block * 2 ** max(0, math.ceil(math.log2(n / block)))
+    if padded != n:
+        a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, padded - n)] * 2)
+    return _inverse_by_halves(a, block)[..., :n, :n]
+
+
+def _inverse_by_halves(a: jax.Array, block: int) -> jax.Array:
+    n = a.shape[-1]
+    if n <= block:
+        return _forward_substitution(a)
+    h = n // 2
+    halves = _inverse_by_halves(jnp.stack([a[..., :h, :h], a[..., h:, h:]]), block)
+    upper, lower = halves[0], halves[1]
+    below = -_matmul(lower, _matmul(a[..., h:, :h], upper))
+    top = jnp.concatenate([upper, jnp.zeros_like(below.swapaxes(-1, -2))], axis=-1)
+    return jnp.concatenate([top, jnp.concatenate([below, lower], axis=-1)], axis=-2)
+
+
+def _forward_substitution(a: jax.Array) -> jax.Array:
+    """Row i of `T = (I + A)⁻¹` is `e_i − A[i] T` once rows < i are final (A[i, j≥i] = 0)."""
+    n = a.shape[-1]
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape)
+
+    def row(i, t):
+        a_i = jax.lax.dynamic_index_in_dim(a, i, axis=-2)  # [..., 1, n]
+        e_i = jax.lax.dynamic_index_in_dim(eye, i, axis=-2)
+        return jax.lax.dynamic_update_index_in_dim(t, e_i - _matmul(a_i, t), i, axis=-2)
+
+    return jax.lax.fori_loop(1, n, row, eye)
+
+
+def _matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST)
 
 
 def to_chunks(x: jax.Array, chunk_size: int, *, axis: int = 1) -> jax.Array:

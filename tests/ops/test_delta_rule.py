@@ -107,6 +107,16 @@ def test_gradients_match_reference_and_numpy(x64, T, chunk_size):
         assert abs(analytic - numeric) < 1e-6 * max(1.0, abs(numeric)), (impl, analytic, numeric)
 
 
+def test_no_lapack_triangular_solve_in_training_graph():
+    """jaxlib's CPU triangular solve deadlocks when two run at once on XLA's intra-op pool (every
+    GDN model hung at its first training step on 2 cores): the chunked rung and its gradient
+    must not contain one."""
+    args = _inputs(40, seed=6, dtype=jnp.float32)[:5]
+    grad = jax.grad(lambda *a: jnp.sum(gated_delta_rule(*a, chunk_size=16, implementation="xla")),
+                    argnums=(0, 1, 2, 3, 4))
+    assert "triangular_solve" not in str(jax.make_jaxpr(grad)(*args))
+
+
 def test_step_matches_numpy(x64):
     q, k, v, g, beta, state = _inputs(7, seed=6)
     expected_out, expected_state = numpy_delta_rule(q, k, v, g, beta, 4**-0.5, state)

@@ -12,6 +12,7 @@ from hybrid_jax.ops.scan import (
     compute_dtype,
     linear_scan,
     to_chunks,
+    unit_lower_triangular_inverse,
 )
 from tests.helpers import assert_close, normals
 
@@ -112,3 +113,19 @@ def test_compute_dtype():
     assert compute_dtype(bf16, None, f32.astype(jnp.complex64)) == jnp.float32
     with jax.enable_x64(True):
         assert compute_dtype(bf16, jnp.zeros(1, jnp.float64)) == jnp.float64
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 64, 100])
+def test_unit_lower_triangular_inverse(x64, n):
+    """Against numpy's inverse of I + tril(A, -1), entries of A up to 1 (the delta rule's range);
+    the diagonal and upper triangle of the input are ignored. Gradient against the closed form
+    d(tr(W T)) / dA = −(T W T)ᵀ restricted to the strict lower triangle."""
+    a = normals(n, (3, n, n))
+    a = jnp.tanh(a)
+    t = unit_lower_triangular_inverse(a)
+    expected = np.linalg.inv(np.eye(n) + np.tril(np.asarray(a), -1))
+    assert_close(t, expected, 1e-12, "inverse")
+    w = normals(n + 1, (3, n, n))
+    grad = jax.grad(lambda x: jnp.sum(w * unit_lower_triangular_inverse(x)))(a)
+    closed = -np.swapaxes(expected @ np.swapaxes(np.asarray(w), -1, -2) @ expected, -1, -2)
+    assert_close(grad, np.tril(closed, -1), 1e-11, "gradient")
