@@ -2,7 +2,7 @@
 
 Experiment modules under `experiments/configs/` register on import. Sweeps (grids of runs,
 `python -m experiments.run SWEEP --out DIR`) register with `register_sweep`; the expressivity
-study's are in `experiments/expressivity/tables.py`.
+study's are in `experiments/expressivity/tables.py`. Both are `hybrid_jax.registry.Registry`s.
 """
 
 from __future__ import annotations
@@ -11,66 +11,44 @@ from collections.abc import Callable
 from typing import Any
 
 from hybrid_jax.config import ExperimentConfig
+from hybrid_jax.registry import Registry
 
-_EXPERIMENTS: dict[str, Callable[[], ExperimentConfig]] = {}
-_SWEEPS: dict[str, Callable[[], Any]] = {}
+_LOAD = ("experiments.configs", "experiments.expressivity.tables")
+EXPERIMENTS = Registry("experiment", load=_LOAD)
+SWEEPS = Registry("sweep", load=_LOAD)
 
 
 def register(name: str) -> Callable:
     """Decorator for a zero-argument function returning an ExperimentConfig named `name`."""
-
-    def decorate(fn: Callable[[], ExperimentConfig]) -> Callable[[], ExperimentConfig]:
-        if name in _EXPERIMENTS:
-            raise ValueError(f"experiment {name!r} is already registered")
-        _EXPERIMENTS[name] = fn
-        return fn
-
-    return decorate
+    return EXPERIMENTS.decorator(name)
 
 
 def register_sweep(name: str) -> Callable:
     """Decorator for a zero-argument function returning a sweep named `name` (an object with
     `name` and `description`, e.g. `experiments.expressivity.sweep.Sweep`)."""
-
-    def decorate(fn: Callable[[], Any]) -> Callable[[], Any]:
-        if name in _SWEEPS or name in _EXPERIMENTS:
-            raise ValueError(f"sweep {name!r} is already registered")
-        _SWEEPS[name] = fn
-        return fn
-
-    return decorate
+    if name in EXPERIMENTS._entries:
+        raise ValueError(f"sweep {name!r} is already registered as an experiment")
+    return SWEEPS.decorator(name)
 
 
-def _load() -> None:
-    import experiments.configs  # noqa: F401
-    import experiments.expressivity.tables  # noqa: F401
+def _named(registry: Registry, name: str) -> Any:
+    value = registry.get(name)()
+    if value.name != name:
+        raise ValueError(f"{registry.kind} registered as {name!r} calls itself {value.name!r}")
+    return value
 
 
 def names() -> list[str]:
-    _load()
-    return sorted(_EXPERIMENTS)
+    return EXPERIMENTS.names()
 
 
 def get(name: str) -> ExperimentConfig:
-    _load()
-    if name not in _EXPERIMENTS:
-        raise ValueError(f"unknown experiment {name!r}; available experiments: {names()}")
-    experiment = _EXPERIMENTS[name]()
-    if experiment.name != name:
-        raise ValueError(f"experiment registered as {name!r} calls itself {experiment.name!r}")
-    return experiment
+    return _named(EXPERIMENTS, name)
 
 
 def sweep_names() -> list[str]:
-    _load()
-    return sorted(_SWEEPS)
+    return SWEEPS.names()
 
 
 def get_sweep(name: str) -> Any:
-    _load()
-    if name not in _SWEEPS:
-        raise ValueError(f"unknown sweep {name!r}; available sweeps: {sweep_names()}")
-    sweep = _SWEEPS[name]()
-    if sweep.name != name:
-        raise ValueError(f"sweep registered as {name!r} calls itself {sweep.name!r}")
-    return sweep
+    return _named(SWEEPS, name)

@@ -88,6 +88,14 @@ class NHACache:
 
 
 @struct.dataclass
+class BlockCache:
+    """A block's decode state: one cache per branch, in branch order (None for stateless
+    branches such as FFNs)."""
+
+    branches: tuple[Any, ...]
+
+
+@struct.dataclass
 class LMCache:
     """A language model's decode state: the next position and one cache per layer."""
 

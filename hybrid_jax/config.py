@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hybrid_jax.registry import block_type
+from hybrid_jax.registry import Registry, block_type
 
 DTYPES = ("float32", "bfloat16", "float16")
 POSITION_EMBEDDINGS = ("none", "learned")
@@ -46,12 +46,34 @@ class LayerSpec:
         )
 
     def to_json(self) -> str | dict[str, Any]:
-        return self.type if not self.options else {"type": self.type, **dict(self.options)}
+        if not self.options:
+            return self.type
+        return {"type": self.type, **{k: _json_value(v) for k, v in self.options}}
 
 
 def layer(type: str, **options: Any) -> LayerSpec:
-    """`layer("attention", window=16)`: a layer spec with option overrides."""
-    return LayerSpec(type, tuple(sorted(options.items())))
+    """`layer("attention", window=16)`: a layer spec with option overrides.
+
+    Nested specs (a parallel block's `branches`) may be given as names, dicts with "type" or
+    `LayerSpec`s; lists become tuples, so a spec stays hashable and JSON round-trips.
+    """
+    return LayerSpec(type, tuple(sorted((k, _hashable(v)) for k, v in options.items())))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping) and "type" in value:
+        return LayerSpec.parse(value)
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, LayerSpec):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    return value
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -155,24 +177,7 @@ class ModelConfig:
             kind = block_type(spec.type)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        fields = {f.name for f in dataclasses.fields(kind.options)}
-        overrides = dict(spec.options)
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ValueError(f"{where}: unknown option(s) {unknown}; allowed: {sorted(fields)}")
-        values = {name: getattr(self, name) for name in fields if name in _MODEL_FIELDS}
-        values.update(overrides)
-        try:
-            options = kind.options(**values)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{where}: {e}") from None
-        check = getattr(options, "check", None)
-        if check is not None:
-            try:
-                check(self)
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-        return options
+        return resolve_options(kind.options, self, spec.options, where, kind.defaults)
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -181,13 +186,45 @@ class ModelConfig:
 _MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"layers"}
 
 
+def resolve_options(options_cls: type, model: ModelConfig, overrides: Sequence[tuple[str, Any]],
+                    where: str, defaults: Sequence[tuple[str, Any]] = ()) -> Any:
+    """`options_cls` of a block or mixer: the model's fields of the same names, then the
+    registered `defaults`, then `overrides`; checked against `model` (its `check(model)`)."""
+    fields = {f.name for f in dataclasses.fields(options_cls)}
+    overrides = dict(overrides)
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {unknown}; allowed: {sorted(fields)}")
+    values = {name: getattr(model, name) for name in fields if name in _MODEL_FIELDS}
+    values.update(defaults)
+    values.update(overrides)
+    try:
+        options = options_cls(**values)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    check = getattr(options, "check", None)
+    if check is not None:
+        try:
+            check(model)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    return options
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh sizes; one axis may be -1 (all remaining devices)."""
+    """Device mesh sizes; one axis may be -1 (all remaining devices).
+
+    `axis_rules` names the logical-axis rule set (`hybrid_jax.sharding.AXIS_RULE_SETS`, e.g.
+    "default"); `axis_rule_overrides` changes single rules, each "logical=mesh axes" with axes
+    joined by "+" or "none", e.g. `("embed=none", "mlp=tensor+fsdp")`.
+    """
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    axis_rules: str = "default"
+    axis_rule_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         sizes = (self.data, self.fsdp, self.tensor)
@@ -252,7 +289,7 @@ class TrainConfig:
 
 
 # Data configs register here by kind so experiment configs can name and deserialise them.
-_DATA_KINDS: dict[str, type] = {}
+DATA_KINDS = Registry("data kind", load=("hybrid_jax.data",))
 
 
 def register_data(kind: str) -> Callable[[type], type]:
@@ -260,18 +297,13 @@ def register_data(kind: str) -> Callable[[type], type]:
 
     def decorate(cls: type) -> type:
         cls.kind = kind
-        _DATA_KINDS[kind] = cls
-        return cls
+        return DATA_KINDS.register(kind, cls)
 
     return decorate
 
 
 def data_config_class(kind: str) -> type:
-    import hybrid_jax.data  # noqa: F401  (the built-in data kinds register on import)
-
-    if kind not in _DATA_KINDS:
-        raise ValueError(f"unknown data kind {kind!r}; known kinds: {sorted(_DATA_KINDS)}")
-    return _DATA_KINDS[kind]
+    return DATA_KINDS.get(kind)
 
 
 @dataclasses.dataclass(frozen=True)

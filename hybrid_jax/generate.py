@@ -25,11 +25,14 @@ def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float,
 
 def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
-             max_len: int | None = None) -> jax.Array:
+             max_len: int | None = None, extras: dict[str, jax.Array] | None = None
+             ) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     The cache holds `max_len` positions (default: prompt + new tokens); sliding-window layers
-    keep only their window.
+    keep only their window. `extras`: per-token arrays `[B, prompt + max_new_tokens, ...]` for
+    mixers that read them (the `TokenContext` of the prompt, then of each generated token, e.g.
+    a per-token mode schedule).
     """
     prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
     if prompt_BT.ndim != 2 or prompt_BT.shape[1] < 1:
@@ -43,24 +46,37 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     max_len = needed if max_len is None else max_len
     if max_len < needed:
         raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
+    extras = dict(extras or {})
+    for name, array in extras.items():
+        if tuple(array.shape[:2]) != (prompt_BT.shape[0], needed):
+            raise ValueError(f"extras[{name!r}]: expected leading shape [batch, prompt + "
+                             f"max_new_tokens] = {[prompt_BT.shape[0], needed]}, got "
+                             f"{list(array.shape)}")
     graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, prompt_BT, jax.random.key(seed), max_new_tokens,
+    return _generate(graphdef, state, prompt_BT, jax.random.key(seed), extras, max_new_tokens,
                      temperature, top_k, max_len)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
-def _generate(graphdef, state, prompt_BT, key, max_new_tokens, temperature, top_k, max_len):
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8))
+def _generate(graphdef, state, prompt_BT, key, extras, max_new_tokens, temperature, top_k,
+              max_len):
     model = nnx.merge(graphdef, state)
+    prompt_len = prompt_BT.shape[1]
     cache = model.init_cache(prompt_BT.shape[0], max_len)
-    logits, cache = model.decode(prompt_BT, cache)
+    logits, cache = model.decode(prompt_BT, cache,
+                                 extras={k: v[:, :prompt_len] for k, v in extras.items()})
     keys = jax.random.split(key, max_new_tokens)
     first = sample_token(logits[:, -1], keys[0], temperature=temperature, top_k=top_k)
+    # Step j feeds the token at position prompt_len + j with its extras.
+    step_extras = {k: jnp.moveaxis(v[:, prompt_len:prompt_len + max_new_tokens - 1], 1, 0)
+                   for k, v in extras.items()}
 
-    def step(carry, key):
-        token, cache = carry
-        logits, cache = model.decode(token[:, None], cache)
+    def step(carry, inputs):
+        (token, cache), (key, token_extras) = carry, inputs
+        logits, cache = model.decode(token[:, None], cache,
+                                     extras={k: v[:, None] for k, v in token_extras.items()})
         next_token = sample_token(logits[:, -1], key, temperature=temperature, top_k=top_k)
         return (next_token, cache), token
 
-    (last, _), tokens = jax.lax.scan(step, (first, cache), keys[1:])
+    (last, _), tokens = jax.lax.scan(step, (first, cache), (keys[1:], step_extras))
     return jnp.concatenate([tokens.T, last[:, None]], axis=1)

@@ -6,40 +6,27 @@ shapes. Each block type adds at least one tiny preset.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.registry import Registry
 
-_PRESETS: dict[str, Callable[[], ModelConfig]] = {}
-_DESCRIPTIONS: dict[str, str] = {}
+PRESETS = Registry("preset")
 
 
-def register(name: str, description: str = "") -> Callable:
+def register(name: str, description: str = ""):
     """Decorator registering a zero-argument function that returns a ModelConfig."""
-
-    def decorate(fn: Callable[[], ModelConfig]) -> Callable[[], ModelConfig]:
-        if name in _PRESETS:
-            raise ValueError(f"preset {name!r} is already registered")
-        _PRESETS[name] = fn
-        _DESCRIPTIONS[name] = description or (fn.__doc__ or "").strip().splitlines()[0]
-        return fn
-
-    return decorate
+    return PRESETS.decorator(name, description)
 
 
 def names() -> list[str]:
-    return sorted(_PRESETS)
+    return PRESETS.names()
 
 
 def describe(name: str) -> str:
-    get(name)
-    return _DESCRIPTIONS[name]
+    return PRESETS.describe(name)
 
 
 def get(name: str) -> ModelConfig:
-    if name not in _PRESETS:
-        raise ValueError(f"unknown preset {name!r}; available presets: {names()}")
-    return _PRESETS[name]()
+    return PRESETS.get(name)()
 
 
 @register("transformer-125m")
@@ -189,3 +176,4 @@ def nha_hybrid_340m() -> ModelConfig:
     """
     return _nha_340m(tuple(layer("nha", window=None) if i % 6 == 5 else layer("nha")
                            for i in range(24)))
+

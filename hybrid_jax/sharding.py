@@ -12,7 +12,9 @@ hidden units split). A dimension that its mesh axis does not divide stays replic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -20,6 +22,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.config import MeshConfig
+from hybrid_jax.registry import Registry
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -58,6 +61,47 @@ def validate_rules(rules: Mapping[str, MeshAxes]) -> None:
 
 validate_rules(LOGICAL_AXIS_RULES)
 
+AXIS_RULE_SETS = Registry("axis rule set")
+AXIS_RULE_SETS.register("default", LOGICAL_AXIS_RULES,
+                        "batch over data+fsdp, embed over fsdp, heads/mlp/vocab over tensor")
+AXIS_RULE_SETS.register("replicated", {**{name: None for name in LOGICAL_AXIS_RULES},
+                                       "batch": ("data", "fsdp")},
+                        "pure data parallelism: every parameter replicated")
+
+_active = threading.local()
+
+
+def axis_rules(config: MeshConfig) -> Mapping[str, MeshAxes]:
+    """The rule table `config` chooses: a named set with single-rule overrides, validated."""
+    rules = dict(AXIS_RULE_SETS.get(config.axis_rules))
+    for override in config.axis_rule_overrides:
+        name, sep, axes = override.partition("=")
+        if not sep or name.strip() not in rules:
+            raise ValueError(f"MeshConfig.axis_rule_overrides: {override!r} must be "
+                             f"'logical=axis[+axis]' or 'logical=none' with logical one of "
+                             f"{sorted(rules)}")
+        parts = tuple(a.strip() for a in axes.split("+") if a.strip())
+        rules[name.strip()] = None if parts in ((), ("none",)) else (
+            parts[0] if len(parts) == 1 else parts)
+    validate_rules(rules)
+    return rules
+
+
+def current_rules() -> Mapping[str, MeshAxes]:
+    return getattr(_active, "rules", LOGICAL_AXIS_RULES)
+
+
+@contextlib.contextmanager
+def use_rules(rules: Mapping[str, MeshAxes]) -> Iterator[None]:
+    """Makes `rules` the table of `constrain`, `state_shardings` and `batch_sharding` (at trace
+    time) within the context."""
+    previous = current_rules()
+    _active.rules = rules
+    try:
+        yield
+    finally:
+        _active.rules = previous
+
 
 def make_mesh(config: MeshConfig | None = None, devices: Sequence | None = None) -> Mesh:
     """A `(data, fsdp, tensor)` mesh over `devices` (default: all), sizes from `config`."""
@@ -72,9 +116,11 @@ def logical_to_spec(
     logical_axes: Sequence[str | None],
     shape: Sequence[int] | None = None,
     mesh: Mesh | None = None,
-    rules: Mapping[str, MeshAxes] = LOGICAL_AXIS_RULES,
+    rules: Mapping[str, MeshAxes] | None = None,
 ) -> PartitionSpec:
-    """PartitionSpec for named dimensions; with `shape` and `mesh`, indivisible dims replicate."""
+    """PartitionSpec for named dimensions; with `shape` and `mesh`, indivisible dims replicate.
+    `rules` default to the active table (`use_rules`)."""
+    rules = current_rules() if rules is None else rules
     spec, used = [], set()
     for dim, name in enumerate(logical_axes):
         if name is None:

@@ -12,7 +12,13 @@ from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig
 from hybrid_jax.data.mqar import MQARConfig
-from hybrid_jax.sharding import logical_to_spec, make_mesh
+from hybrid_jax.sharding import (
+    LOGICAL_AXIS_RULES,
+    axis_rules,
+    logical_to_spec,
+    make_mesh,
+    use_rules,
+)
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.trainer import init_train_state, to_device
 from tests.helpers import assert_close
@@ -93,3 +99,20 @@ def test_batch_is_split_over_data_axes():
     assert batch["inputs"].sharding.spec == P(("data", "fsdp"), None)
     assert batch["inputs"].addressable_shards[0].data.shape == (1, 16)
     assert jnp.array_equal(batch["inputs"], _batch()["inputs"])
+
+
+def test_rule_set_chosen_by_config():
+
+    assert axis_rules(MeshConfig()) == dict(LOGICAL_AXIS_RULES)
+    rules = axis_rules(MeshConfig(axis_rules="replicated",
+                                  axis_rule_overrides=("mlp=tensor+fsdp", "vocab=none")))
+    assert rules["embed"] is None and rules["mlp"] == ("tensor", "fsdp") and rules["vocab"] is None
+    with use_rules(rules):
+        assert logical_to_spec(("embed", "mlp")) == P(None, ("tensor", "fsdp"))
+    assert logical_to_spec(("embed", "mlp")) == P("fsdp", "tensor")  # default back
+    with pytest.raises(ValueError, match="unknown axis rule set 'nope'"):
+        axis_rules(MeshConfig(axis_rules="nope"))
+    with pytest.raises(ValueError, match="'logical=axis"):
+        axis_rules(MeshConfig(axis_rule_overrides=("embd=fsdp",)))
+    with pytest.raises(ValueError, match="mesh axis 'model' is not one of"):
+        axis_rules(MeshConfig(axis_rule_overrides=("embed=model",)))

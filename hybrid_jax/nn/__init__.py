@@ -1,9 +1,10 @@
 """Flax NNX modules: parameters and projections around the ops. Importing this package
-registers the built-in block types."""
+registers the built-in mixers and block types."""
 
 from hybrid_jax.nn import attention  # noqa: F401  (registers "attention")
 from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
-from hybrid_jax.nn.blocks import MixerBlock, mixer_block_builder
+from hybrid_jax.nn.blocks import Block, BlockOptions, register_mixer_block
+from hybrid_jax.nn.ffn import FFN, DualFFN, DualFFNOptions, FFNOptions
 from hybrid_jax.nn.gated_deltanet import (  # registers "gdn"
     GatedDeltaNetMixer,
     GatedDeltaNetOptions,
@@ -27,6 +28,12 @@ from hybrid_jax.nn.nha import NHAMixer, NHAOptions  # registers "nha"
 __all__ = [
     "AttentionMixer",
     "AttentionOptions",
+    "Block",
+    "BlockOptions",
+    "DualFFN",
+    "DualFFNOptions",
+    "FFN",
+    "FFNOptions",
     "Embedding",
     "GSAMixer",
     "GSAOptions",
@@ -41,7 +48,6 @@ __all__ = [
     "Mamba1Options",
     "Mamba2Mixer",
     "Mamba2Options",
-    "MixerBlock",
     "NHAMixer",
     "NHAOptions",
     "RMSNorm",
@@ -50,5 +56,5 @@ __all__ = [
     "SwiGLU",
     "count_params",
     "create_model",
-    "mixer_block_builder",
+    "register_mixer_block",
 ]

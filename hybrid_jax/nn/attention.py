@@ -1,8 +1,14 @@
-"""Grouped-query softmax attention with RoPE, optional sliding window and cosine attention."""
+"""Grouped-query softmax attention with RoPE, optional sliding window and cosine attention.
+
+Parts: `project(x, ctx)` (q, k, v with RoPE at `ctx.positions`), `mix(q, k, v, ...)` (the op)
+and `output(o)` (W_o); the projections `q_proj`, `k_proj`, `v_proj`, `o_proj` can be passed in
+through `shared=` so that another mixer of the same block owns them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -13,9 +19,10 @@ from flax import nnx
 from hybrid_jax import ops
 from hybrid_jax.cache import AttentionCache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
 from hybrid_jax.nn.layers import Linear, RoPE
-from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
 
 
@@ -30,6 +37,7 @@ class AttentionOptions:
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0  # share of each head's channels that RoPE rotates
     cosine: bool = False  # scaled-cosine attention with a learnable per-head temperature
+    temperature_init: float | None = None  # cosine's initial temperature; None: √head_dim
     implementation: str | None = None  # see hybrid_jax.ops.attention
 
     def __post_init__(self) -> None:
@@ -45,14 +53,22 @@ class AttentionOptions:
             raise ValueError(f"num_heads={heads} does not divide d_model={model.d_model}")
 
 
+@register_mixer_block("attention", AttentionOptions,
+                      "GQA softmax attention (RoPE, optional window / cosine)")
 class AttentionMixer(nnx.Module):
     """Causal multi-head / grouped-query attention.
 
     Decoding keeps an `AttentionCache`: `window` entries (a ring buffer) when windowed, else
-    `max_len`.
+    `max_len`. With `cosine`, queries and keys are L2-normalised and the logits scaled by a
+    learnable per-head temperature `exp(log_temperature)`, initialised to √head_dim
+    (`temperature_init`): cos(q, k) of random vectors has std 1/√head_dim, so training starts
+    at ordinary attention's logit scale (std 1 for q·k/√head_dim).
     """
 
-    def __init__(self, config: ModelConfig, options: AttentionOptions, *, rngs: nnx.Rngs):
+    deepnorm_scaled = ("v_proj", "o_proj")
+
+    def __init__(self, config: ModelConfig, options: AttentionOptions, *, rngs: nnx.Rngs,
+                 shared: dict[str, nnx.Module] | None = None):
         self.num_heads = options.num_heads
         self.num_kv_heads = options.num_kv_heads or options.num_heads
         self.head_dim = options.head_dim or config.d_model // options.num_heads
@@ -61,17 +77,25 @@ class AttentionMixer(nnx.Module):
         self.dtype = compute_dtype(config)
         d, h, kv, hd = config.d_model, self.num_heads, self.num_kv_heads, self.head_dim
         kw = dense_kwargs(config, rngs)
-        self.q_proj = Linear(d, (h, hd), axes=("embed", "heads", "head_dim"), **kw)
-        self.k_proj = Linear(d, (kv, hd), axes=("embed", "kv_heads", "head_dim"), **kw)
-        self.v_proj = Linear(d, (kv, hd), axes=("embed", "kv_heads", "head_dim"), **kw)
-        self.o_proj = Linear((h, hd), d, axes=("heads", "head_dim", "embed"),
-                             **{**kw, "std": output_std(config)})
+        part = functools.partial(shared_or_new, shared)
+        self.q_proj = part("q_proj", lambda: Linear(d, (h, hd), axes=("embed", "heads",
+                                                                       "head_dim"), **kw))
+        self.k_proj = part("k_proj", lambda: Linear(d, (kv, hd), axes=("embed", "kv_heads",
+                                                                        "head_dim"), **kw))
+        self.v_proj = part("v_proj", lambda: Linear(d, (kv, hd), axes=("embed", "kv_heads",
+                                                                        "head_dim"), **kw))
+        self.o_proj = part("o_proj", lambda: Linear((h, hd), d, axes=("heads", "head_dim",
+                                                                       "embed"),
+                                                     **{**kw, "std": output_std(config)}))
         self.rope = RoPE(theta=options.rope_theta, fraction=options.rope_fraction)
         if options.cosine:
-            self.log_temperature = nnx.Param(jnp.full((h,), math.log(10.0), jnp.float32),
+            init = options.temperature_init or math.sqrt(hd)
+            self.log_temperature = nnx.Param(jnp.full((h,), math.log(init), jnp.float32),
                                              logical_axes=("heads",))
 
-    def _project(self, x_BTD: jax.Array, positions_BT: jax.Array):
+    def project(self, x_BTD: jax.Array, ctx: TokenContext):
+        """q `[B,T,H,D]`, k, v `[B,T,Hkv,D]`; RoPE on q and k at `ctx.positions`."""
+        positions_BT = ctx.positions
         q = constrain(self.rope(self.q_proj(x_BTD), positions_BT),
                       ("batch", "seq", "heads", "head_dim"))
         k = constrain(self.rope(self.k_proj(x_BTD), positions_BT),
@@ -79,18 +103,21 @@ class AttentionMixer(nnx.Module):
         v = constrain(self.v_proj(x_BTD), ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, v
 
-    def _attend(self, q, k, v, **kwargs) -> jax.Array:
+    def mix(self, q, k, v, **kwargs) -> jax.Array:
+        """The attention op (causal, this mixer's window and temperature): `[B, T, H, D]`."""
         kwargs.update(causal=True, window=self.window, implementation=self.implementation)
         if self.cosine:
             out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...], **kwargs)
         else:
             out = ops.attention(q, k, v, **kwargs)
-        return self.o_proj(constrain(out, ("batch", "seq", "heads", "head_dim")))
+        return constrain(out, ("batch", "seq", "heads", "head_dim"))
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        q, k, v = self._project(x_BTD, positions_BT)
-        return self._attend(q, k, v, segment_ids=segment_ids_BT)
+    def output(self, o_BTHD: jax.Array) -> jax.Array:
+        return self.o_proj(o_BTHD)
+
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        q, k, v = self.project(x_BTD, ctx)
+        return self.output(self.mix(q, k, v, segment_ids=ctx.segment_ids))
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> AttentionCache:
         length = max_len if self.window is None else min(self.window, max_len)
@@ -98,17 +125,17 @@ class AttentionMixer(nnx.Module):
         return AttentionCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
                               positions=jnp.full((length,), -1, jnp.int32))
 
-    def decode(self, x_BTD: jax.Array, cache: AttentionCache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: AttentionCache, ctx: TokenContext
                ) -> tuple[jax.Array, AttentionCache]:
         """Attends new tokens to the cached ones and to each other, then stores the newest."""
-        q, k, v = self._project(x_BTD, positions_BT)
-        new_positions = positions_BT[0].astype(jnp.int32)  # positions are shared by the batch
+        q, k, v = self.project(x_BTD, ctx)
+        new_positions = ctx.positions[0].astype(jnp.int32)  # positions are shared by the batch
         keys = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
         values = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
         key_positions = jnp.concatenate([cache.positions, new_positions])
-        out = self._attend(q, keys.astype(q.dtype), values.astype(q.dtype),
-                           q_positions=new_positions, kv_positions=key_positions)
-        return out, _store(cache, k, v, new_positions)
+        out = self.mix(q, keys.astype(q.dtype), values.astype(q.dtype),
+                       q_positions=new_positions, kv_positions=key_positions)
+        return self.output(out), _store(cache, k, v, new_positions)
 
 
 def _store(cache: AttentionCache, k: jax.Array, v: jax.Array, positions: jax.Array
@@ -124,7 +151,3 @@ def _store(cache: AttentionCache, k: jax.Array, v: jax.Array, positions: jax.Arr
         positions=cache.positions.at[slots].set(positions),
     )
 
-
-register_block("attention", AttentionOptions,
-               "pre-norm GQA softmax attention (RoPE, optional window / cosine) + SwiGLU")(
-    mixer_block_builder(AttentionMixer))

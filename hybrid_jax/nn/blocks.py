@@ -1,96 +1,268 @@
-"""The standard residual block: pre-norm mixer, then pre-norm SwiGLU FFN.
+"""Blocks: mixers composed with a branch layout and a residual scheme, all chosen by config.
 
-Every mixer (attention, Mamba-2, Gated DeltaNet, ...) implements the `Mixer` protocol; wrapping
-it in `MixerBlock` and registering a builder makes it a block type for `ModelConfig.layers`.
+A **mixer** (attention, Mamba-2, Gated DeltaNet, GSS, an FFN, ...) maps `x_BTD` to `y_BTD`
+given the per-token `TokenContext` (`Mixer` protocol) and registers with `register_mixer`.
+A **block** (`Block`, the one implementation) holds named branches, each a mixer, and combines
+them in one of two layouts:
+
+    sequential   for each branch f in order:  x ← residual(x, f)          (mixer → FFN)
+    parallel     y = Σ_i w_i · bn_i(f_i(h)),  x ← residual(x, y)          (all branches on h)
+
+with one of three residual schemes (`residual=`):
+
+    pre_norm     x + f(norm(x))                (h = norm(x) in a parallel block)
+    post_norm    norm(x + f(x))                (h = x)
+    deepnorm     norm(α·x + f(x)),  α = (2L)^{1/4}   (Wang et al. 2022, L = number of layers),
+                 and the initial value/output/FFN kernels of the branches scaled by
+                 β = (8L)^{−1/4} (each mixer names them in `deepnorm_scaled`)
+
+Parallel options: `branch_norm` (an RMSNorm `bn_i` on each branch's output) and `mixing`:
+"sum" (w_i = 1), "fixed" (w_i = 1/n) or "learned" (w_i = softplus(p_i) / Σ_j softplus(p_j),
+one raw scalar p_i per branch, initialised to `mixing_init`; the weights are reported as
+diagnostics `mixing_<branch>`).
+
+Block types (names in `ModelConfig.layers`): every mixer registered with
+`register_mixer_block` is also a block type of the same name: a pre-norm sequential block of
+the mixer then a SwiGLU "ffn" (none when `ffn_dim == 0`) whose branches are named `mixer` and
+`ffn`. The generic types "sequential" and "parallel" take `branches` (mixer names or
+`layer(name, **options)`), e.g. `layer("parallel", branches=("gdn", "attention", "ffn"))`;
+further block types are presets of `BlockOptions` (registered `defaults`), e.g. "pha".
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.layers import RMSNorm, SwiGLU
+from hybrid_jax.cache import BlockCache
+from hybrid_jax.config import LayerSpec, ModelConfig, resolve_options
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.common import norm
+from hybrid_jax.nn.diagnostics import report
+from hybrid_jax.nn.ffn import FFN, FFNOptions
+from hybrid_jax.registry import mixer_type, register_block, register_mixer
 from hybrid_jax.sharding import constrain
+
+LAYOUTS = ("sequential", "parallel")
+RESIDUALS = ("pre_norm", "post_norm", "deepnorm")
+MIXINGS = ("sum", "fixed", "learned")
+SOFTPLUS_INV_1 = math.log(math.e - 1.0)  # softplus(p) = 1: equal weights at init
 
 
 class Mixer(Protocol):
-    """What a block needs from a sequence mixer; `x_BTD` in, `y_BTD` out."""
+    """What a block needs from a branch; `x_BTD` in, `y_BTD` out.
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None) -> jax.Array: ...
+    Optional class attribute `deepnorm_scaled`: dotted names of the `Linear`s whose initial
+    kernels DeepNorm scales by β (value, output and FFN projections).
+    """
+
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array: ...
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Any: ...
 
-    def decode(self, x_BTD: jax.Array, cache: Any, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: Any, ctx: TokenContext
                ) -> tuple[jax.Array, Any]: ...
 
 
-def compute_dtype(config: ModelConfig):
-    return jnp.dtype(config.dtype)
+def deepnorm_constants(num_layers: int) -> tuple[float, float]:
+    """DeepNorm's `(α, β) = ((2L)^{1/4}, (8L)^{−1/4})` for a decoder of L layers."""
+    return (2 * num_layers) ** 0.25, (8 * num_layers) ** -0.25
 
 
-def param_dtype(config: ModelConfig):
-    return jnp.dtype(config.param_dtype)
+def mixing_weights(logits: jax.Array) -> jax.Array:
+    """`softplus(p) / Σ softplus(p)` in float32: positive and summing to 1 for any p."""
+    w = jax.nn.softplus(logits.astype(jnp.float32))
+    return w / jnp.sum(w)
 
 
-def output_std(config: ModelConfig) -> float:
-    """Init std of projections writing into the residual stream: std / √(2·num_layers) (GPT-2)."""
-    return config.init_std / math.sqrt(2 * len(config.layers))
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+    """Options of the generic blocks ("sequential", "parallel") and their presets ("pha").
+
+    `branches`: mixer names or `layer(name, **options)`; `names`: attribute names of the
+    branches (None: their mixer names, repeated ones numbered `attention_2`, ...).
+    `deepnorm_alpha` / `deepnorm_beta`: None for DeepNorm's formulas of the model's depth.
+    """
+
+    branches: tuple[Any, ...] = ("attention", "ffn")
+    names: tuple[str, ...] | None = None
+    layout: str = "sequential"
+    residual: str = "pre_norm"
+    branch_norm: bool = False
+    mixing: str = "sum"
+    mixing_init: float = SOFTPLUS_INV_1
+    deepnorm_alpha: float | None = None
+    deepnorm_beta: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "branches", tuple(LayerSpec.parse(b) for b in self.branches))
+        for field, value, allowed in (("layout", self.layout, LAYOUTS),
+                                      ("residual", self.residual, RESIDUALS),
+                                      ("mixing", self.mixing, MIXINGS)):
+            if value not in allowed:
+                raise ValueError(f"BlockOptions.{field}={value!r}: expected one of {list(allowed)}")
+        if not self.branches:
+            raise ValueError("BlockOptions.branches: expected at least one branch")
+        if self.names is not None and len(self.names) != len(self.branches):
+            raise ValueError(f"BlockOptions.names={self.names}: expected one name per branch "
+                             f"({len(self.branches)})")
+        if self.layout == "sequential" and (self.branch_norm or self.mixing != "sum"):
+            raise ValueError("BlockOptions: branch_norm and mixing apply to layout='parallel' "
+                             f"only, got branch_norm={self.branch_norm}, mixing={self.mixing!r}")
+
+    def branch_names(self) -> tuple[str, ...]:
+        if self.names is not None:
+            return tuple(self.names)
+        names, seen = [], {}
+        for spec in self.branches:
+            seen[spec.type] = seen.get(spec.type, 0) + 1
+            names.append(spec.type if seen[spec.type] == 1 else f"{spec.type}_{seen[spec.type]}")
+        return tuple(names)
+
+    def branch_options(self, model: ModelConfig) -> list[tuple[str, type, Any]]:
+        """`(name, module class, resolved options)` of every branch."""
+        out = []
+        for name, spec in zip(self.branch_names(), self.branches, strict=True):
+            kind = mixer_type(spec.type)
+            where = f"branch {name!r} ({spec.type!r})"
+            out.append((name, kind.module, resolve_options(kind.options, model, spec.options,
+                                                           where)))
+        return out
+
+    def check(self, model: ModelConfig) -> None:
+        self.branch_options(model)
 
 
-def dense_kwargs(config: ModelConfig, rngs: nnx.Rngs) -> dict[str, Any]:
-    """The keyword arguments every `Linear` of a model shares."""
-    return dict(rngs=rngs, std=config.init_std, dtype=compute_dtype(config),
-                param_dtype=param_dtype(config))
+class Block(nnx.Module):
+    """Named branches in a sequential or parallel layout with a residual scheme (module
+    docstring). Branch `name` is the attribute `name`; its norm is `name_norm` (the input norm
+    in pre-norm sequential blocks, the output norm otherwise)."""
 
+    def __init__(self, config: ModelConfig, branches: Sequence[tuple[str, nnx.Module]], *,
+                 layout: str = "sequential", residual: str = "pre_norm",
+                 branch_norm: bool = False, mixing: str = "sum",
+                 mixing_init: float = SOFTPLUS_INV_1, alpha: float = 1.0, beta: float = 1.0):
+        self.names = tuple(name for name, _ in branches)
+        self.layout, self.residual, self.mixing = layout, residual, mixing
+        self.alpha, self.beta = float(alpha), float(beta)
+        parallel = layout == "parallel"
+        for name, module in branches:
+            setattr(self, f"{name}_norm", norm(config) if not parallel or branch_norm else None)
+            setattr(self, name, module)
+            for path in getattr(type(module), "deepnorm_scaled", ()) if beta != 1.0 else ():
+                kernel = functools.reduce(getattr, path.split("."), module).kernel
+                kernel[...] = kernel[...] * beta
+        self.input_norm = norm(config) if parallel and residual == "pre_norm" else None
+        self.output_norm = norm(config) if parallel and residual != "pre_norm" else None
+        # One raw scalar per branch, float32 whatever the model's parameter dtype.
+        self.mixing_logits = (nnx.Param(jnp.full((len(branches),), mixing_init, jnp.float32),
+                                        logical_axes=(None,)) if mixing == "learned" else None)
 
-def norm(config: ModelConfig, dim: int | None = None) -> RMSNorm:
-    return RMSNorm(config.d_model if dim is None else dim, eps=config.norm_eps,
-                   dtype=compute_dtype(config), param_dtype=param_dtype(config))
+    def weights(self) -> jax.Array:
+        """The `[n]` float32 branch weights of a parallel block."""
+        n = len(self.names)
+        if self.mixing == "learned":
+            return mixing_weights(self.mixing_logits[...])
+        return jnp.full((n,), 1.0 / n if self.mixing == "fixed" else 1.0, jnp.float32)
 
-
-class MixerBlock(nnx.Module):
-    """`x + mixer(norm(x))`, then `x + ffn(norm(x))` (no FFN sublayer when `ffn_dim == 0`)."""
-
-    def __init__(self, config: ModelConfig, mixer: nnx.Module, *, rngs: nnx.Rngs):
-        self.mixer_norm = norm(config)
-        self.mixer = mixer
-        hidden = config.resolved_ffn_dim
-        self.ffn_norm = norm(config) if hidden else None
-        self.ffn = SwiGLU(config.d_model, hidden, rngs=rngs, std=config.init_std,
-                          out_std=output_std(config), dtype=compute_dtype(config),
-                          param_dtype=param_dtype(config)) if hidden else None
-
-    def _ffn(self, x: jax.Array) -> jax.Array:
-        if self.ffn is not None:
-            x = x + self.ffn(self.ffn_norm(x))
+    def _residual(self, x: jax.Array, y: jax.Array, out_norm: nnx.Module | None) -> jax.Array:
+        if self.residual == "pre_norm":
+            x = x + y
+        else:
+            x = out_norm(self.alpha * x + y)
         return constrain(x, ("batch", "seq", "embed"))
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        mixed = self.mixer(self.mixer_norm(x_BTD), positions_BT=positions_BT,
-                           segment_ids_BT=segment_ids_BT)
-        return self._ffn(x_BTD + mixed)
+    def _apply(self, x_BTD: jax.Array, ctx: TokenContext, caches: tuple | None):
+        """The block on `x_BTD`; with `caches` (decoding) each branch continues its cache."""
+        new_caches = []
 
-    def init_cache(self, batch: int, max_len: int, dtype: Any) -> Any:
-        return self.mixer.init_cache(batch, max_len, dtype)
+        def run(name: str, h: jax.Array) -> jax.Array:
+            branch = getattr(self, name)
+            if caches is None:
+                return branch(h, ctx)
+            y, cache = branch.decode(h, caches[len(new_caches)], ctx)
+            new_caches.append(cache)
+            return y
 
-    def decode(self, x_BTD: jax.Array, cache: Any, *, positions_BT: jax.Array
-               ) -> tuple[jax.Array, Any]:
-        mixed, cache = self.mixer.decode(self.mixer_norm(x_BTD), cache, positions_BT=positions_BT)
-        return self._ffn(x_BTD + mixed), cache
+        if self.layout == "sequential":
+            for name in self.names:
+                branch_norm = getattr(self, f"{name}_norm")
+                if self.residual == "pre_norm":
+                    x_BTD = self._residual(x_BTD, run(name, branch_norm(x_BTD)), None)
+                else:
+                    x_BTD = self._residual(x_BTD, run(name, x_BTD), branch_norm)
+        else:
+            h = x_BTD if self.input_norm is None else self.input_norm(x_BTD)
+            weights = self.weights()
+            mixed = 0.0
+            for i, name in enumerate(self.names):
+                y = run(name, h)
+                branch_norm = getattr(self, f"{name}_norm")
+                y = y if branch_norm is None else branch_norm(y)
+                mixed = mixed + weights[i].astype(y.dtype) * y
+                if self.mixing == "learned":
+                    report(self, f"mixing_{name}", weights[i])
+            x_BTD = self._residual(x_BTD, mixed, self.output_norm)
+        return x_BTD, BlockCache(tuple(new_caches))
+
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        return self._apply(x_BTD, ctx, None)[0]
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any) -> BlockCache:
+        return BlockCache(tuple(getattr(self, name).init_cache(batch, max_len, dtype)
+                                for name in self.names))
+
+    def decode(self, x_BTD: jax.Array, cache: BlockCache, ctx: TokenContext
+               ) -> tuple[jax.Array, BlockCache]:
+        return self._apply(x_BTD, ctx, cache.branches)
 
 
-def mixer_block_builder(mixer_cls: type):
-    """A registry builder making `MixerBlock(config, mixer_cls(config, options, rngs=rngs))`."""
+def build_block(config: ModelConfig, options: BlockOptions, *, layer_index: int,
+                rngs: nnx.Rngs) -> Block:
+    """The registry builder of "sequential", "parallel" and their presets."""
+    del layer_index
+    alpha = beta = 1.0
+    if options.residual == "deepnorm":
+        alpha, beta = deepnorm_constants(len(config.layers))
+        alpha = alpha if options.deepnorm_alpha is None else options.deepnorm_alpha
+        beta = beta if options.deepnorm_beta is None else options.deepnorm_beta
+    branches = [(name, module(config, branch_options, rngs=rngs))
+                for name, module, branch_options in options.branch_options(config)]
+    return Block(config, branches, layout=options.layout, residual=options.residual,
+                 branch_norm=options.branch_norm, mixing=options.mixing,
+                 mixing_init=options.mixing_init, alpha=alpha, beta=beta)
 
-    def build(config: ModelConfig, options: Any, *, layer_index: int, rngs: nnx.Rngs):
-        return MixerBlock(config, mixer_cls(config, options, rngs=rngs), rngs=rngs)
 
-    build.__name__ = f"build_{mixer_cls.__name__}_block"
-    return build
+register_block("sequential", BlockOptions,
+               "branches in sequence, each with its residual (pre-norm by default)")(build_block)
+register_block("parallel", BlockOptions,
+               "branches in parallel on one input, combined by a (learnable) mixer",
+               defaults={"layout": "parallel"})(build_block)
+
+
+def register_mixer_block(name: str, options: type, description: str):
+    """Class decorator: registers a mixer module as mixer `name` and as block type `name` (a
+    pre-norm sequential block: the mixer, then a SwiGLU "ffn" unless `ffn_dim == 0`)."""
+
+    def decorate(module: type) -> type:
+        register_mixer(name, options, description)(module)
+
+        def build(config: ModelConfig, layer_options: Any, *, layer_index: int,
+                  rngs: nnx.Rngs) -> Block:
+            branches = [("mixer", module(config, layer_options, rngs=rngs))]
+            if config.resolved_ffn_dim:
+                branches.append(("ffn", FFN(config, FFNOptions(), rngs=rngs)))
+            return Block(config, branches)
+
+        build.__name__ = f"build_{name}_block"
+        register_block(name, options, f"pre-norm {description} + SwiGLU")(build)
+        return module
+
+    return decorate

@@ -27,28 +27,13 @@ from flax import nnx
 
 from hybrid_jax.cache import GatedDeltaNetCache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
-from hybrid_jax.nn.mamba2 import document_starts
 from hybrid_jax.ops.attention import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
-from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
-
-# Subtracted from the log decay at each document start of a packed sequence: exp(−120) is 0 in
-# float32, so no state crosses the boundary, while the chunk's cumulative log decays stay small
-# enough to keep float32 precision.
-RESET_LOG_DECAY = 120.0
-
-
-def reset_at_document_starts(log_decay: jax.Array, segment_ids_BT: jax.Array | None
-                             ) -> jax.Array:
-    """`log_decay` `[B, T, ...]` minus `RESET_LOG_DECAY` where a new document starts."""
-    if segment_ids_BT is None:
-        return log_decay
-    starts = document_starts(segment_ids_BT).reshape(
-        segment_ids_BT.shape + (1,) * (log_decay.ndim - 2))
-    return log_decay - jnp.where(starts, RESET_LOG_DECAY, 0.0).astype(log_decay.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,12 +90,23 @@ def _dt_bias_init(key, shape, dtype):
     return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
 
 
+@register_mixer_block("gdn", GatedDeltaNetOptions,
+                      "Gated DeltaNet (gated delta rule, short convs, gated output norm)")
 class GatedDeltaNetMixer(nnx.Module):
     """The Gated DeltaNet mixer; decoding keeps a `GatedDeltaNetCache` (the short convs' last
     inputs and the `[B, H, K, V]` float32 state), so its memory does not grow with the
-    sequence."""
+    sequence.
 
-    def __init__(self, config: ModelConfig, options: GatedDeltaNetOptions, *, rngs: nnx.Rngs):
+    Parts: `projections(x)` (un-convolved q, k, v), `heads(q, k, v)` (split, L2-normalised),
+    `gates(x)` (g, β), the op `gated_delta_rule`, `output(o, x)` (gated norm with `g_proj`,
+    `o_proj`). `shared=` takes any of `q_proj, k_proj, v_proj, g_proj, o_proj, q_conv, k_conv,
+    v_conv` owned by another mixer of the block (Oryx's shared W_K, W_V, W_G, W_O).
+    """
+
+    deepnorm_scaled = ("v_proj", "o_proj")
+
+    def __init__(self, config: ModelConfig, options: GatedDeltaNetOptions, *, rngs: nnx.Rngs,
+                 shared: dict[str, nnx.Module] | None = None):
         options.check(config)
         self.num_heads = h = options.num_heads
         self.key_dim, self.value_dim = k, v = options.key_dim(config), options.value_dim(config)
@@ -118,26 +114,29 @@ class GatedDeltaNetMixer(nnx.Module):
         self.dtype = compute_dtype(config)
         d, kw = config.d_model, dense_kwargs(config, rngs)
         pdtype = kw["param_dtype"]
-        self.q_proj = Linear(d, (h, k), axes=("embed", "heads", "head_dim"), **kw)
-        self.k_proj = Linear(d, (h, k), axes=("embed", "heads", "head_dim"), **kw)
-        self.v_proj = Linear(d, (h, v), axes=("embed", "heads", "head_dim"), **kw)
-        self.g_proj = Linear(d, (h, v), axes=("embed", "heads", "head_dim"), **kw)
+        part = functools.partial(shared_or_new, shared)
+        head_axes = ("embed", "heads", "head_dim")
+        self.q_proj = part("q_proj", lambda: Linear(d, (h, k), axes=head_axes, **kw))
+        self.k_proj = part("k_proj", lambda: Linear(d, (h, k), axes=head_axes, **kw))
+        self.v_proj = part("v_proj", lambda: Linear(d, (h, v), axes=head_axes, **kw))
+        self.g_proj = part("g_proj", lambda: Linear(d, (h, v), axes=head_axes, **kw))
         self.a_proj = Linear(d, h, axes=("embed", "heads"), **kw)
         self.b_proj = Linear(d, h, axes=("embed", "heads"), **kw)
         conv = functools.partial(ShortConv, size=options.conv_size, axis="heads", rngs=rngs,
                                  dtype=self.dtype, param_dtype=pdtype)
         use_conv = options.use_short_conv
-        self.q_conv = conv(h * k) if use_conv else None
-        self.k_conv = conv(h * k) if use_conv else None
-        self.v_conv = conv(h * v) if use_conv else None
+        self.q_conv = part("q_conv", lambda: conv(h * k)) if use_conv else None
+        self.k_conv = part("k_conv", lambda: conv(h * k)) if use_conv else None
+        self.v_conv = part("v_conv", lambda: conv(h * v)) if use_conv else None
         self.A_log = param(rngs, _a_log_init, h, jnp.float32, ("heads",))
         self.dt_bias = param(rngs, _dt_bias_init, h, jnp.float32, ("heads",))
         self.o_norm = GatedRMSNorm(v, norm_before_gate=True, eps=config.norm_eps,
                                    dtype=self.dtype, param_dtype=pdtype)
-        self.o_proj = Linear((h, v), d, axes=("heads", "head_dim", "embed"),
-                             **{**kw, "std": output_std(config)})
+        self.o_proj = part("o_proj", lambda: Linear((h, v), d, axes=("heads", "head_dim",
+                                                                      "embed"),
+                                                     **{**kw, "std": output_std(config)}))
 
-    def _projections(self, x_BTD: jax.Array) -> list[jax.Array]:
+    def projections(self, x_BTD: jax.Array) -> list[jax.Array]:
         """The un-convolved q, k, v, flattened to `[B, T, H·dim]` for the short convs."""
         batch, T = x_BTD.shape[:2]
         return [proj(x_BTD).reshape(batch, T, -1) for proj in (self.q_proj, self.k_proj,
@@ -147,7 +146,7 @@ class GatedDeltaNetMixer(nnx.Module):
     def _convs(self) -> tuple[ShortConv, ShortConv, ShortConv]:
         return self.q_conv, self.k_conv, self.v_conv
 
-    def _heads(self, q, k, v):
+    def heads(self, q, k, v):
         """Splits heads, L2-normalises q and k: `[B,T,H,K]`, `[B,T,H,K]`, `[B,T,H,V]`."""
         batch, T = q.shape[:2]
         names = ("batch", "seq", "heads", "head_dim")
@@ -155,26 +154,26 @@ class GatedDeltaNetMixer(nnx.Module):
                 for x in (q, k))
         return q, k, constrain(v.reshape(batch, T, self.num_heads, -1), names)
 
-    def _gates(self, x_BTD: jax.Array):
+    def gates(self, x_BTD: jax.Array):
         """β = σ(W_b x) and g = −exp(A_log)·softplus(W_a x + dt_bias), `[B, T, H]` float32."""
         beta = jax.nn.sigmoid(self.b_proj(x_BTD).astype(jnp.float32))
         dt = jax.nn.softplus(self.a_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...])
         return -jnp.exp(self.A_log[...]) * dt, beta
 
-    def _output(self, o_BTHV: jax.Array, x_BTD: jax.Array) -> jax.Array:
+    def output(self, o_BTHV: jax.Array, x_BTD: jax.Array) -> jax.Array:
         return self.o_proj(self.o_norm(o_BTHV, self.g_proj(x_BTD)))
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        qkv = self._projections(x_BTD)
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        segment_ids = ctx.segment_ids
+        qkv = self.projections(x_BTD)
         if self.q_conv is None:
             qkv = [jax.nn.silu(x) for x in qkv]
         else:
-            qkv = [conv(x, segment_ids_BT) for conv, x in zip(self._convs, qkv, strict=True)]
-        g, beta = self._gates(x_BTD)
-        o = gated_delta_rule(*self._heads(*qkv), reset_at_document_starts(g, segment_ids_BT),
-                             beta, chunk_size=self.chunk_size, implementation=self.implementation)
-        return self._output(o, x_BTD)
+            qkv = [conv(x, segment_ids) for conv, x in zip(self._convs, qkv, strict=True)]
+        g, beta = self.gates(x_BTD)
+        o = gated_delta_rule(*self.heads(*qkv), g, beta, chunk_size=self.chunk_size,
+                             segment_ids=segment_ids, implementation=self.implementation)
+        return self.output(o, x_BTD)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GatedDeltaNetCache:
         del max_len  # the state has a fixed size
@@ -184,19 +183,19 @@ class GatedDeltaNetMixer(nnx.Module):
             for conv, dim in zip(self._convs, (k, k, v), strict=True)]
         return GatedDeltaNetCache(*convs, state=jnp.zeros((batch, h, k, v), jnp.float32))
 
-    def decode(self, x_BTD: jax.Array, cache: GatedDeltaNetCache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: GatedDeltaNetCache, ctx: TokenContext
                ) -> tuple[jax.Array, GatedDeltaNetCache]:
         """Continues from `cache`: one token with the recurrence step, a prefill chunked."""
-        del positions_BT
-        qkv, convs = self._projections(x_BTD), [cache.q_conv, cache.k_conv, cache.v_conv]
+        del ctx
+        qkv, convs = self.projections(x_BTD), [cache.q_conv, cache.k_conv, cache.v_conv]
         if self.q_conv is None:
             qkv = [jax.nn.silu(x) for x in qkv]
         else:
             stepped = [conv.decode(x, c) for conv, x, c in zip(self._convs, qkv, convs,
                                                                  strict=True)]
             qkv, convs = [y for y, _ in stepped], [c for _, c in stepped]
-        q, k, v = self._heads(*qkv)
-        g, beta = self._gates(x_BTD)
+        q, k, v = self.heads(*qkv)
+        g, beta = self.gates(x_BTD)
         if x_BTD.shape[1] == 1:
             o, state = gated_delta_rule_step(cache.state, q[:, 0], k[:, 0], v[:, 0], g[:, 0],
                                              beta[:, 0])
@@ -206,9 +205,5 @@ class GatedDeltaNetMixer(nnx.Module):
                                         initial_state=cache.state, return_final_state=True,
                                         implementation=self.implementation)
         new_cache = GatedDeltaNetCache(*convs, state=state.astype(cache.state.dtype))
-        return self._output(o, x_BTD), new_cache
+        return self.output(o, x_BTD), new_cache
 
-
-register_block("gdn", GatedDeltaNetOptions,
-               "pre-norm Gated DeltaNet (gated delta rule, short convs, gated output norm) + "
-               "SwiGLU")(mixer_block_builder(GatedDeltaNetMixer))

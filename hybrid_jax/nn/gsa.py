@@ -24,17 +24,11 @@ from flax import nnx
 
 from hybrid_jax.cache import GSACache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import (
-    compute_dtype,
-    dense_kwargs,
-    mixer_block_builder,
-    norm,
-    output_std,
-)
-from hybrid_jax.nn.gated_deltanet import reset_at_document_starts
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std
 from hybrid_jax.nn.layers import Linear
 from hybrid_jax.ops.gsa import gated_slot_attention, gated_slot_attention_step
-from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
 
 
@@ -80,9 +74,13 @@ def slot_attention_output(o_norm: nnx.Module, o_proj: nnx.Module, o_BTHK: jax.Ar
     return o_proj(o.reshape(o_BTHK.shape))
 
 
+@register_mixer_block("gsa", GSAOptions, "Gated Slot Attention (M gated slots, softmax readout)")
 class GSAMixer(nnx.Module):
     """The GSA mixer; decoding keeps a `GSACache` (slot keys and values, float32), so its
-    memory does not grow with the sequence."""
+    memory does not grow with the sequence. Parts: `inputs(x)` (q, k, v, s, g), the op
+    `gated_slot_attention`, `slot_attention_output`."""
+
+    deepnorm_scaled = ("v_proj", "o_proj")
 
     def __init__(self, config: ModelConfig, options: GSAOptions, *, rngs: nnx.Rngs):
         options.check(config)
@@ -101,7 +99,7 @@ class GSAMixer(nnx.Module):
         self.o_proj = Linear((h, k), d, axes=("heads", "head_dim", "embed"),
                              **{**kw, "std": output_std(config)})
 
-    def _inputs(self, x_BTD: jax.Array):
+    def inputs(self, x_BTD: jax.Array):
         """q, k, v `[B, T, H, K]` (feature maps applied) and s, g `[B, T, H, M]` float32."""
         names = ("batch", "seq", "heads", "head_dim")
         q, k, v = (constrain(jax.nn.silu(proj(x_BTD)), names)
@@ -109,13 +107,10 @@ class GSAMixer(nnx.Module):
         g = jax.nn.log_sigmoid(self.f_proj(x_BTD).astype(jnp.float32)) / self.gate_logit_normalizer
         return q, k, v, -jnp.expm1(g), g
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        q, k, v, s, g = self._inputs(x_BTD)
-        # A document start forgets the slots (zero decay) but writes as it would alone.
-        o = gated_slot_attention(q, k, v, s, reset_at_document_starts(g, segment_ids_BT),
-                                 scale=self.scale, chunk_size=self.chunk_size,
-                                 implementation=self.implementation)
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        q, k, v, s, g = self.inputs(x_BTD)
+        o = gated_slot_attention(q, k, v, s, g, scale=self.scale, chunk_size=self.chunk_size,
+                                 segment_ids=ctx.segment_ids, implementation=self.implementation)
         return slot_attention_output(self.o_norm, self.o_proj, o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSACache:
@@ -124,11 +119,11 @@ class GSAMixer(nnx.Module):
         return GSACache(slot_keys=jnp.zeros((batch, h, k, m), jnp.float32),
                         slot_values=jnp.zeros((batch, h, m, k), jnp.float32))
 
-    def decode(self, x_BTD: jax.Array, cache: GSACache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: GSACache, ctx: TokenContext
                ) -> tuple[jax.Array, GSACache]:
         """Continues from `cache`: one token with the recurrence step, a prefill chunked."""
-        del positions_BT
-        q, k, v, s, g = self._inputs(x_BTD)
+        del ctx
+        q, k, v, s, g = self.inputs(x_BTD)
         state = (cache.slot_keys, cache.slot_values)
         if x_BTD.shape[1] == 1:
             o, state = gated_slot_attention_step(state, q[:, 0], k[:, 0], v[:, 0], s[:, 0],
@@ -142,7 +137,3 @@ class GSAMixer(nnx.Module):
         new_cache = GSACache(*(x.astype(jnp.float32) for x in state))
         return slot_attention_output(self.o_norm, self.o_proj, o), new_cache
 
-
-register_block("gsa", GSAOptions,
-               "pre-norm Gated Slot Attention (M gated slots, softmax readout) + SwiGLU")(
-    mixer_block_builder(GSAMixer))

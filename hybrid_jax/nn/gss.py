@@ -29,12 +29,11 @@ from flax import nnx
 
 from hybrid_jax.cache import GSSCache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, norm, output_std
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std
 from hybrid_jax.nn.layers import Linear, param
-from hybrid_jax.nn.mamba2 import document_starts
 from hybrid_jax.ops.dss import dss, dss_discretize, dss_step
-from hybrid_jax.ops.scan import linear_scan
-from hybrid_jax.registry import register_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +92,13 @@ def _log_uniform_init(low: float, high: float):
                                                         math.log(high))
 
 
+@register_mixer_block("gss", GSSOptions,
+                      "Gated State Space (GELU gates, DSS on a reduced width)")
 class GSSMixer(nnx.Module):
-    """The GSS mixer; decoding keeps a `GSSCache` (the `[B, H, N]` complex DSS state)."""
+    """The GSS mixer; decoding keeps a `GSSCache` (the `[B, H, N]` complex DSS state).
+    Parts: `inputs(x)` (u, gate v), `discretize()`, the op `dss`, `output(y, u, v)`."""
+
+    deepnorm_scaled = ("u_proj", "uc_proj", "out_proj")
 
     def __init__(self, config: ModelConfig, options: GSSOptions, *, rngs: nnx.Rngs):
         options.check(config)
@@ -124,24 +128,21 @@ class GSSMixer(nnx.Module):
         return dss_discretize(self.log_dt[...], self.lambda_log_neg_re[...],
                               jnp.exp(self.lambda_log_im[...]), self.w_re[...], self.w_im[...])
 
-    def _inputs(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def inputs(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The DSS input u `[B, T, H]` and the gate v `[B, T, F]`."""
         u = self.ssm_norm(jax.nn.gelu(self.u_proj(x_BTD)))
         return u, jax.nn.gelu(self.v_proj(x_BTD))
 
-    def _output(self, y_BTH: jax.Array, u_BTH: jax.Array, v_BTF: jax.Array) -> jax.Array:
+    def output(self, y_BTH: jax.Array, u_BTH: jax.Array, v_BTF: jax.Array) -> jax.Array:
         y = y_BTH.astype(jnp.float32) + self.D[...] * u_BTH.astype(jnp.float32)
         return self.out_proj(self.uc_proj(y) * v_BTF)
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        u, v = self._inputs(x_BTD)
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        u, v = self.inputs(x_BTD)
         log_decay, coeff = self.discretize()
-        if segment_ids_BT is None:
-            y = dss(u, log_decay, coeff, implementation=self.implementation)
-        else:
-            y = _dss_with_resets(u, log_decay, coeff, document_starts(segment_ids_BT))
-        return self._output(y, u, v)
+        y = dss(u, log_decay, coeff, segment_ids=ctx.segment_ids,
+                implementation=self.implementation)
+        return self.output(y, u, v)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSSCache:
         del max_len, dtype  # the state has a fixed size and is complex
@@ -149,11 +150,11 @@ class GSSMixer(nnx.Module):
         return GSSCache(dss=jnp.zeros((batch, h, n), jnp.promote_types(self.w_re.dtype,
                                                                        jnp.complex64)))
 
-    def decode(self, x_BTD: jax.Array, cache: GSSCache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: GSSCache, ctx: TokenContext
                ) -> tuple[jax.Array, GSSCache]:
         """Continues from `cache`: one token with `dss_step`, a prefill with `dss`."""
-        del positions_BT
-        u, v = self._inputs(x_BTD)
+        del ctx
+        u, v = self.inputs(x_BTD)
         log_decay, coeff = self.discretize()
         if x_BTD.shape[1] == 1:
             y, state = dss_step(cache.dss, u[:, 0], log_decay, coeff)
@@ -161,23 +162,5 @@ class GSSMixer(nnx.Module):
         else:
             y, state = dss(u, log_decay, coeff, initial_state=cache.dss, return_final_state=True,
                            implementation=self.implementation)
-        return self._output(y, u, v), GSSCache(dss=state.astype(cache.dss.dtype))
+        return self.output(y, u, v), GSSCache(dss=state.astype(cache.dss.dtype))
 
-
-def _dss_with_resets(u_BTH: jax.Array, log_decay: jax.Array, coeff: jax.Array,
-                     starts_BT: jax.Array) -> jax.Array:
-    """The DSS recurrence with the state zeroed at each document start (packed sequences).
-
-    An LTI convolution cannot restart mid-sequence, so this runs the recurrence itself: the
-    associative scan of `dss`'s "xla" rung with the decay set to 0 at document starts.
-    """
-    dtype = coeff.dtype
-    decay = jnp.where(starts_BT[:, :, None, None], 0, jnp.exp(log_decay))  # [b,t,h,n]
-    inputs = jnp.broadcast_to(u_BTH.astype(dtype)[..., None], decay.shape)
-    states = linear_scan(decay, inputs, axis=1)
-    return jnp.einsum("bthn,hn->bth", states, coeff).real.astype(u_BTH.dtype)
-
-
-register_block("gss", GSSOptions,
-               "pre-norm Gated State Space (GELU gates, DSS on a reduced width) + SwiGLU")(
-    mixer_block_builder(GSSMixer))

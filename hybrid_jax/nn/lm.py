@@ -1,4 +1,9 @@
-"""A decoder-only language model built from `ModelConfig.layers` through the block registry."""
+"""A decoder-only language model built from `ModelConfig.layers` through the block registry.
+
+Every call builds one `TokenContext` (positions, segment ids, extra per-token arrays) and hands
+it to every block, which hands it to every mixer: in the parallel forward pass, in `decode`
+(positions continue from the cache) and so in `generate`.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ from jax.sharding import Mesh
 
 from hybrid_jax.cache import LMCache
 from hybrid_jax.config import ModelConfig, layer
-from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, norm, param_dtype
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
 from hybrid_jax.nn.layers import Embedding, Linear, param
 from hybrid_jax.registry import block_type
 from hybrid_jax.sharding import constrain, state_shardings
@@ -76,24 +82,29 @@ class LanguageModel(nnx.Module):
             logits = self.lm_head(x).astype(jnp.float32)
         return constrain(logits, ("batch", "seq", "vocab"))
 
-    def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, context: TokenContext | None = None, *,
+                 positions_BT: jax.Array | None = None, segment_ids_BT: jax.Array | None = None,
+                 extras: dict[str, jax.Array] | None = None) -> jax.Array:
         """Parallel forward pass: `[B, T]` tokens → `[B, T, vocab]` float32 logits.
 
-        `segment_ids_BT` marks packed documents (no mixing across them); `positions_BT`
-        (default `0..T−1`) restart at each document when packing.
+        Either a `TokenContext`, or its parts: `segment_ids_BT` marks packed documents (no
+        mixing across them); `positions_BT` (default `0..T−1`) restart at each document when
+        packing; `extras` are further per-token arrays `[B, T, ...]` for mixers that read them.
         """
         self._check_tokens(tokens_BT)
         self._check_length(tokens_BT.shape[1], "a sequence")
-        if positions_BT is None:
-            positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        x = constrain(self._embed(tokens_BT, positions_BT), ("batch", "seq", "embed"))
+        if context is None:
+            context = TokenContext.create(tuple(tokens_BT.shape), positions=positions_BT,
+                                          segment_ids=segment_ids_BT, extras=extras)
+        elif positions_BT is not None or segment_ids_BT is not None or extras is not None:
+            raise ValueError("pass either context= or positions_BT / segment_ids_BT / extras, "
+                             "not both")
+        x = constrain(self._embed(tokens_BT, context.positions), ("batch", "seq", "embed"))
         for block in self.blocks:
             if self.config.remat:
-                x = nnx.remat(lambda b, x: b(x, positions_BT=positions_BT,
-                                             segment_ids_BT=segment_ids_BT))(block, x)
+                x = nnx.remat(lambda b, x, ctx: b(x, ctx))(block, x, context)
             else:
-                x = block(x, positions_BT=positions_BT, segment_ids_BT=segment_ids_BT)
+                x = block(x, context)
         return self._logits(x)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> LMCache:
@@ -106,15 +117,19 @@ class LanguageModel(nnx.Module):
         return LMCache(index=jnp.zeros((), jnp.int32),
                        layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks))
 
-    def decode(self, tokens_BT: jax.Array, cache: LMCache) -> tuple[jax.Array, LMCache]:
-        """Consumes `tokens_BT` after what `cache` holds; returns their logits and the new cache."""
+    def decode(self, tokens_BT: jax.Array, cache: LMCache, *,
+               extras: dict[str, jax.Array] | None = None) -> tuple[jax.Array, LMCache]:
+        """Consumes `tokens_BT` after what `cache` holds; returns their logits and the new cache.
+
+        Positions continue from the cache (one document per row); `extras` are the per-token
+        arrays `[B, T, ...]` of these tokens, as in `__call__`.
+        """
         self._check_tokens(tokens_BT)
-        positions = cache.index + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-        positions_BT = jnp.broadcast_to(positions, tokens_BT.shape)
-        x = self._embed(tokens_BT, positions_BT)
+        context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras)
+        x = self._embed(tokens_BT, context.positions)
         layer_caches = []
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            x, layer_cache = block.decode(x, layer_cache, positions_BT=positions_BT)
+            x, layer_cache = block.decode(x, layer_cache, context)
             layer_caches.append(layer_cache)
         new_cache = LMCache(index=cache.index + tokens_BT.shape[1], layers=tuple(layer_caches))
         return self._logits(x), new_cache

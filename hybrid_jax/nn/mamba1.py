@@ -26,14 +26,11 @@ from flax import nnx
 
 from hybrid_jax.cache import Mamba1Cache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
 from hybrid_jax.nn.layers import Linear, ShortConv, param, symmetric_uniform
 from hybrid_jax.ops.selective_scan import selective_scan, selective_scan_step
-from hybrid_jax.registry import register_block
-
-# Added to dt·min|A| at each document start of a packed sequence: every decay becomes
-# exp(−120) = 0 in float32, so no state crosses the boundary.
-_RESET_LOG_DECAY = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +81,17 @@ def _a_log_init(key, shape, dtype):
                             shape).astype(dtype)
 
 
+@register_mixer_block("mamba1", Mamba1Options,
+                      "Mamba-1 (selective scan) mixer (ffn_dim=0: Mamba's FFN-free blocks)")
 class Mamba1Mixer(nnx.Module):
     """The Mamba-1 mixer; decoding keeps a `Mamba1Cache` (conv inputs and the `[B, 1, E, N]`
-    float32 scan state), so its memory does not grow with the sequence."""
+    float32 scan state), so its memory does not grow with the sequence.
+
+    Parts: `x_proj`/`conv`, `z_proj`, `scan_inputs` (dt, B, C), the op `selective_scan` and
+    `output(y, x, z)`.
+    """
+
+    deepnorm_scaled = ("x_proj", "out_proj")
 
     def __init__(self, config: ModelConfig, options: Mamba1Options, *, rngs: nnx.Rngs):
         self.channels = e = options.expand * config.d_model
@@ -111,34 +116,25 @@ class Mamba1Mixer(nnx.Module):
     def _A(self) -> jax.Array:
         return -jnp.exp(self.A_log[...])
 
-    def _scan_inputs(self, x_conv_BTE: jax.Array):
+    def scan_inputs(self, x_conv_BTE: jax.Array):
         """`(dt [B,T,E] float32, B [B,T,N], C [B,T,N])` from the convolved channels."""
         dt_low = self.dt_low(x_conv_BTE).astype(jnp.float32)
         dt = jax.nn.softplus(dt_low @ self.dt_proj[...].astype(jnp.float32) + self.dt_bias[...])
         return dt, self.b_proj(x_conv_BTE), self.c_proj(x_conv_BTE)
 
-    def _output(self, y_BTE: jax.Array, x_BTE: jax.Array, z_BTE: jax.Array) -> jax.Array:
+    def output(self, y_BTE: jax.Array, x_BTE: jax.Array, z_BTE: jax.Array) -> jax.Array:
         y = y_BTE.astype(jnp.float32) + self.D[...] * x_BTE.astype(jnp.float32)
         return self.out_proj((y * jax.nn.silu(z_BTE.astype(jnp.float32))).astype(self.dtype))
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        x = self.conv(self.x_proj(x_BTD), segment_ids_BT)
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        x = self.conv(self.x_proj(x_BTD), ctx.segment_ids)
         z = self.z_proj(x_BTD)
-        dt, B, C = self._scan_inputs(x)
-        A = self._A()
-        x_in, dt_in = x, dt
-        if segment_ids_BT is not None:
-            # State reset at document starts: raise dt there until every decay exp(dt·A) is
-            # exp(−120) = 0, and rescale x so that the input dt·x is unchanged.
-            previous = jnp.pad(segment_ids_BT, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]
-            starts = (segment_ids_BT != previous)[..., None]
-            dt_in = dt + jnp.where(starts, _RESET_LOG_DECAY / jnp.min(-A, axis=-1), 0.0)
-            x_in = (x * (dt / dt_in)).astype(x.dtype)
-        y = selective_scan(x_in[:, :, None], dt_in[:, :, None], A[None], B[:, :, None],
+        dt, B, C = self.scan_inputs(x)
+        y = selective_scan(x[:, :, None], dt[:, :, None], self._A()[None], B[:, :, None],
                            C[:, :, None], chunk_size=self.chunk_size,
+                           segment_ids=ctx.segment_ids,
                            implementation=self.implementation)[:, :, 0]
-        return self._output(y, x, z)
+        return self.output(y, x, z)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba1Cache:
         del max_len  # the state has a fixed size
@@ -146,13 +142,13 @@ class Mamba1Mixer(nnx.Module):
                            ssm=jnp.zeros((batch, 1, self.channels, self.state_size),
                                          jnp.float32))
 
-    def decode(self, x_BTD: jax.Array, cache: Mamba1Cache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: Mamba1Cache, ctx: TokenContext
                ) -> tuple[jax.Array, Mamba1Cache]:
         """Continues from `cache`: one token with the scan step, a prefill with the scan."""
-        del positions_BT
+        del ctx
         x, conv_cache = self.conv.decode(self.x_proj(x_BTD), cache.conv)
         z = self.z_proj(x_BTD)
-        dt, B, C = self._scan_inputs(x)
+        dt, B, C = self.scan_inputs(x)
         A = self._A()[None]
         if x_BTD.shape[1] == 1:
             y, state = selective_scan_step(cache.ssm, x[:, 0, None], dt[:, 0, None], A,
@@ -165,9 +161,5 @@ class Mamba1Mixer(nnx.Module):
                                       implementation=self.implementation)
             y = y[:, :, 0]
         new_cache = Mamba1Cache(conv=conv_cache, ssm=state.astype(cache.ssm.dtype))
-        return self._output(y, x, z), new_cache
+        return self.output(y, x, z), new_cache
 
-
-register_block("mamba1", Mamba1Options,
-               "pre-norm Mamba-1 (selective scan) mixer + SwiGLU (ffn_dim=0: Mamba's FFN-free "
-               "blocks)")(mixer_block_builder(Mamba1Mixer))

@@ -25,16 +25,12 @@ from flax import nnx
 
 from hybrid_jax.cache import Mamba2Cache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
 from hybrid_jax.ops.ssd import ssd, ssd_step
-from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
-
-# Added to dt·|A| at each document start of a packed sequence: exp(−120) is 0 in float32, so
-# no state crosses the boundary, while the chunk's cumulative log decays stay small enough to
-# keep float32 precision (ordinary decays already sum to ~100 over a 64-token chunk at init).
-_RESET_LOG_DECAY = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,15 +104,17 @@ def _a_log_init(options: Mamba2Options):
     return init
 
 
-def document_starts(segment_ids_BT: jax.Array) -> jax.Array:
-    """`[B, T]` bool: True where a token starts a new document (its id differs from the last)."""
-    previous = jnp.pad(segment_ids_BT, ((0, 0), (1, 0)), constant_values=-1)[:, :-1]
-    return segment_ids_BT != previous
-
-
+@register_mixer_block("mamba2", Mamba2Options,
+                      "Mamba-2 (SSD) mixer (ffn_dim=0: Mamba-2's FFN-free blocks)")
 class Mamba2Mixer(nnx.Module):
     """The Mamba-2 mixer; decoding keeps a `Mamba2Cache` (conv inputs and the `[B, H, P, N]`
-    float32 SSM state), so its memory does not grow with the sequence."""
+    float32 SSM state), so its memory does not grow with the sequence.
+
+    Parts: `project(x)` (the un-convolved x, [B; C], z, dt), `split` (heads after the short
+    convs), the op `ssd`, and `output(y, x, z)` (D skip, gated norm, `out_proj`).
+    """
+
+    deepnorm_scaled = ("x_proj", "out_proj")
 
     def __init__(self, config: ModelConfig, options: Mamba2Options, *, rngs: nnx.Rngs):
         options.check(config)
@@ -142,7 +140,7 @@ class Mamba2Mixer(nnx.Module):
         self.out_proj = Linear((h, p), d, axes=("heads", "head_dim", "embed"),
                                **{**kw, "std": output_std(config)})
 
-    def _project(self, x_BTD: jax.Array):
+    def project(self, x_BTD: jax.Array):
         """The un-convolved `x [B,T,H·P]`, `[B; C] [B,T,2·G·N]`, and `z`, `dt` (float32)."""
         batch, T = x_BTD.shape[:2]
         x = self.x_proj(x_BTD).reshape(batch, T, -1)
@@ -151,14 +149,14 @@ class Mamba2Mixer(nnx.Module):
         dt = jax.nn.softplus(self.dt_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...])
         return x, bc, z, dt
 
-    def _split(self, x_conv: jax.Array, bc_conv: jax.Array):
+    def split(self, x_conv: jax.Array, bc_conv: jax.Array):
         batch, T = x_conv.shape[:2]
         x = constrain(x_conv.reshape(batch, T, self.heads, self.head_dim),
                       ("batch", "seq", "heads", "head_dim"))
         bc = bc_conv.reshape(batch, T, 2, self.groups, self.state_size)
         return x, bc[:, :, 0], bc[:, :, 1]
 
-    def _output(self, y_BTHP: jax.Array, x_BTHP: jax.Array, z_BTHP: jax.Array) -> jax.Array:
+    def output(self, y_BTHP: jax.Array, x_BTHP: jax.Array, z_BTHP: jax.Array) -> jax.Array:
         y = y_BTHP.astype(jnp.float32) + self.D[...][:, None] * x_BTHP.astype(jnp.float32)
         batch, T = y.shape[:2]
         y = self.norm(y.reshape(batch, T, -1), z_BTHP.reshape(batch, T, -1))
@@ -167,21 +165,13 @@ class Mamba2Mixer(nnx.Module):
     def _A(self) -> jax.Array:
         return -jnp.exp(self.A_log[...])
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        x, bc, z, dt = self._project(x_BTD)
-        x, B, C = self._split(self.x_conv(x, segment_ids_BT), self.bc_conv(bc, segment_ids_BT))
-        A = self._A()
-        x_in, dt_in = x, dt
-        if segment_ids_BT is not None:
-            # State reset at document starts: add _RESET_LOG_DECAY to dt·|A| there (the decay
-            # becomes exp(−120) = 0) and rescale x so that the input dt·x is unchanged.
-            dt_in = dt + jnp.where(document_starts(segment_ids_BT)[..., None],
-                                   _RESET_LOG_DECAY / -A, 0.0)
-            x_in = (x * (dt / dt_in)[..., None]).astype(x.dtype)
-        y = ssd(x_in, dt_in, A, B, C, chunk_size=self.chunk_size,
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        segment_ids = ctx.segment_ids
+        x, bc, z, dt = self.project(x_BTD)
+        x, B, C = self.split(self.x_conv(x, segment_ids), self.bc_conv(bc, segment_ids))
+        y = ssd(x, dt, self._A(), B, C, chunk_size=self.chunk_size, segment_ids=segment_ids,
                 implementation=self.implementation)
-        return self._output(y, x, z)
+        return self.output(y, x, z)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba2Cache:
         del max_len  # the state has a fixed size
@@ -190,14 +180,14 @@ class Mamba2Mixer(nnx.Module):
             bc_conv=self.bc_conv.init_cache(batch, 2 * self.groups * self.state_size, dtype),
             ssm=jnp.zeros((batch, self.heads, self.head_dim, self.state_size), jnp.float32))
 
-    def decode(self, x_BTD: jax.Array, cache: Mamba2Cache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: Mamba2Cache, ctx: TokenContext
                ) -> tuple[jax.Array, Mamba2Cache]:
         """Continues from `cache`: one token with `ssd_step`, a prefill with the chunked SSD."""
-        del positions_BT
-        x, bc, z, dt = self._project(x_BTD)
+        del ctx
+        x, bc, z, dt = self.project(x_BTD)
         x_conv, x_conv_cache = self.x_conv.decode(x, cache.x_conv)
         bc_conv, bc_conv_cache = self.bc_conv.decode(bc, cache.bc_conv)
-        x, B, C = self._split(x_conv, bc_conv)
+        x, B, C = self.split(x_conv, bc_conv)
         if x_BTD.shape[1] == 1:
             y, state = ssd_step(cache.ssm, x[:, 0], dt[:, 0], self._A(), B[:, 0], C[:, 0])
             y = y[:, None]
@@ -207,9 +197,5 @@ class Mamba2Mixer(nnx.Module):
                            implementation=self.implementation)
         new_cache = Mamba2Cache(x_conv=x_conv_cache, bc_conv=bc_conv_cache,
                                 ssm=state.astype(cache.ssm.dtype))
-        return self._output(y, x, z), new_cache
+        return self.output(y, x, z), new_cache
 
-
-register_block("mamba2", Mamba2Options,
-               "pre-norm Mamba-2 (SSD) mixer + SwiGLU (ffn_dim=0: Mamba-2's FFN-free blocks)")(
-    mixer_block_builder(Mamba2Mixer))

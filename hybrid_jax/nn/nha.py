@@ -36,14 +36,9 @@ from flax import nnx
 
 from hybrid_jax.cache import NHACache
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.nn.blocks import (
-    compute_dtype,
-    dense_kwargs,
-    mixer_block_builder,
-    norm,
-    output_std,
-    param_dtype,
-)
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std, param_dtype
 from hybrid_jax.nn.gsa import slot_attention_output
 from hybrid_jax.nn.layers import Linear, RoPE, ShortConv
 from hybrid_jax.ops.attention import rotary_dim
@@ -53,7 +48,6 @@ from hybrid_jax.ops.nha import (
     native_hybrid_attention_step,
     nha_empty_state,
 )
-from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
 
 FEATURE_MAPS = {"swish": jax.nn.silu, "identity": lambda x: x}
@@ -114,8 +108,14 @@ class NHAOptions:
                              f"{model.d_model} (set head_dim)")
 
 
+@register_mixer_block("nha", NHAOptions,
+                      "Native Hybrid Attention (gated slots + sliding window under one softmax)")
 class NHAMixer(nnx.Module):
-    """The NHA mixer (see the module docstring)."""
+    """The NHA mixer (see the module docstring). Parts: `inputs(x, ctx)` (the op's q, k, v, s,
+    g and window q, k; short convs), the op `native_hybrid_attention`, `slot_attention_output`.
+    """
+
+    deepnorm_scaled = ("v_proj", "o_proj")
 
     def __init__(self, config: ModelConfig, options: NHAOptions, *, rngs: nnx.Rngs):
         options.check(config)
@@ -151,8 +151,10 @@ class NHAMixer(nnx.Module):
                                                                                         cache)
         return y.reshape(x_BTHK.shape), cache
 
-    def _inputs(self, x_BTD, positions_BT, segment_ids_BT=None, caches=(None, None, None)):
-        """The op's inputs (q, k, v, s, g and the window-branch q, k) and the new conv caches."""
+    def inputs(self, x_BTD, ctx: TokenContext, caches=(None, None, None)):
+        """The op's inputs (q, k, v, s, g and the window-branch q, k) and the new conv caches
+        (parallel short convs, or continuing `caches` when decoding)."""
+        positions_BT, segment_ids_BT = ctx.positions, ctx.segment_ids
         qkv, new_caches = [], []
         for proj, conv, cache in zip((self.q_proj, self.k_proj, self.v_proj),
                                      (self.q_conv, self.k_conv, self.v_conv), caches,
@@ -172,11 +174,10 @@ class NHAMixer(nnx.Module):
             k_window=constrain(self.rope(k, positions_BT), kv_heads))
         return inputs, new_caches
 
-    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        inputs, _ = self._inputs(x_BTD, positions_BT, segment_ids_BT)
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        inputs, _ = self.inputs(x_BTD, ctx)
         window = x_BTD.shape[1] if self.window is None else self.window
-        o = native_hybrid_attention(**inputs, window=window, segment_ids=segment_ids_BT,
+        o = native_hybrid_attention(**inputs, window=window, segment_ids=ctx.segment_ids,
                                     empty_slots=self.empty_slots, chunk_size=self.chunk_size,
                                     implementation=self.implementation)
         return slot_attention_output(self.o_norm, self.o_proj, o)
@@ -194,11 +195,11 @@ class NHAMixer(nnx.Module):
                                         (self.v_conv, self.num_kv_heads * k)))
         return NHACache(state, *convs)
 
-    def decode(self, x_BTD: jax.Array, cache: NHACache, *, positions_BT: jax.Array
+    def decode(self, x_BTD: jax.Array, cache: NHACache, ctx: TokenContext
                ) -> tuple[jax.Array, NHACache]:
         """Continues from `cache`: one token with the decode step, a prefill chunked."""
-        inputs, convs = self._inputs(x_BTD, positions_BT,
-                                     caches=(cache.q_conv, cache.k_conv, cache.v_conv))
+        inputs, convs = self.inputs(x_BTD, ctx, caches=(cache.q_conv, cache.k_conv,
+                                                        cache.v_conv))
         if x_BTD.shape[1] == 1:
             o, state = native_hybrid_attention_step(
                 cache.state, **{name: x[:, 0] for name, x in inputs.items()},
@@ -211,7 +212,3 @@ class NHAMixer(nnx.Module):
                 chunk_size=self.chunk_size, implementation=self.implementation)
         return slot_attention_output(self.o_norm, self.o_proj, o), NHACache(state, *convs)
 
-
-register_block("nha", NHAOptions,
-               "pre-norm Native Hybrid Attention (gated slots + sliding window under one "
-               "softmax) + SwiGLU")(mixer_block_builder(NHAMixer))

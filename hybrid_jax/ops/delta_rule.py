@@ -36,6 +36,7 @@ from hybrid_jax.ops.scan import (
     time_chunks,
     unit_lower_triangular_inverse,
 )
+from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
 
 _OP = "gated_delta_rule"
 
@@ -51,6 +52,7 @@ def gated_delta_rule(
     chunk_size: int = 64,
     initial_state: jax.Array | None = None,
     return_final_state: bool = False,
+    segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The gated delta rule over a sequence (see the module docstring for the recurrence).
@@ -65,6 +67,8 @@ def gated_delta_rule(
       chunk_size: chunk length of the "xla" rung (any T: time is zero-padded internally).
       initial_state: `[B, H, K, V]` state before the first step; None for zeros.
       return_final_state: also return the state after the last step.
+      segment_ids: `[B, T]` packed-document ids; the state resets at each document start
+        (`hybrid_jax.ops.segments`).
       implementation: "reference", "xla" or None (auto).
 
     Returns:
@@ -73,9 +77,10 @@ def gated_delta_rule(
     """
     _check(q, k, v, g, beta, initial_state, chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    starts = document_starts(_OP, segment_ids, q.shape[0], q.shape[1])
     out, final_state = dispatch(
         _OP, _RUNGS, implementation, q, k, v, g, beta,
-        scale=scale, chunk_size=chunk_size, initial_state=initial_state,
+        scale=scale, chunk_size=chunk_size, initial_state=initial_state, starts=starts,
     )
     return (out, final_state) if return_final_state else out
 
@@ -134,21 +139,26 @@ def _zero_state(q, v, dtype):
     return jnp.zeros((batch, heads, key_dim, v.shape[-1]), dtype)
 
 
-def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_state):
-    """The definition: `_step` token by token with `lax.scan`."""
+def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts):
+    """The definition: `_step` token by token with `lax.scan`, the state zeroed at document
+    starts."""
     del chunk_size
     dtype = compute_dtype(q, k, v, g, beta, initial_state)
     state = _zero_state(q, v, dtype) if initial_state is None else initial_state.astype(dtype)
+    starts = jnp.zeros(q.shape[:2], bool) if starts is None else starts
     time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, g, beta)]
     final_state, out_TBHV = jax.lax.scan(
-        lambda s, xs: _step(s, *xs, scale=scale), state, time_major)
+        lambda s, xs: _step(reset_state(s, xs[0]), *xs[1:], scale=scale), state,
+        [jnp.moveaxis(starts, 1, 0)] + time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
 
 
-def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state):
-    """Chunked form: a `lax.scan` over chunks of `_chunk_step` (module docstring)."""
+def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts):
+    """Chunked form: a `lax.scan` over chunks of `_chunk_step` (module docstring); document
+    starts enter through the log decay g."""
     dtype = compute_dtype(q, k, v, g, beta, initial_state)
     state = _zero_state(q, v, dtype) if initial_state is None else initial_state.astype(dtype)
+    g = reset_log_decay(g.astype(dtype), starts)
     inputs = [scale * q.astype(dtype)] + [x.astype(dtype) for x in (k, v, g, beta)]
     final_state, out = jax.lax.scan(
         _chunk_step, state, [time_chunks(x, chunk_size) for x in inputs])

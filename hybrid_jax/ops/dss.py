@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, linear_scan
+from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
 
 _OP = "dss"
 
@@ -80,6 +81,7 @@ def dss(
     *,
     initial_state: jax.Array | None = None,
     return_final_state: bool = False,
+    segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The diagonal SSM over a sequence (see the module docstring for the equations).
@@ -90,16 +92,20 @@ def dss(
       coeff: `[H, N]` complex output coefficients from `dss_discretize`.
       initial_state: `[B, H, N]` complex state before the first token; None for zeros.
       return_final_state: also return the state after the last token.
-      implementation: "fft", "xla", "reference" or None (auto: "fft").
+      segment_ids: `[B, T]` packed-document ids; the state resets at each document start
+        (`hybrid_jax.ops.segments`). A convolution cannot restart mid-sequence, so "fft" does
+        not take them (auto then picks "xla").
+      implementation: "fft", "xla", "reference" or None (auto: "fft", "xla" with segment_ids).
 
     Returns:
       y `[B, T, H]` in u's dtype; with `return_final_state`, `(y, final_state)` where
       final_state is `[B, H, N]` complex64 (complex128 for float64 inputs).
     """
     _check(u, log_decay, coeff, initial_state)
+    starts = document_starts(_OP, segment_ids, u.shape[0], u.shape[1])
     y, final_state = dispatch(_OP, _RUNGS, implementation, u, log_decay, coeff,
                               initial_state=initial_state,
-                              return_final_state=return_final_state)
+                              return_final_state=return_final_state, starts=starts)
     return (y, final_state) if return_final_state else y
 
 
@@ -135,28 +141,35 @@ def dss_step(
     return y.astype(u.dtype), state
 
 
-def dss_reference(u, log_decay, coeff, *, initial_state, return_final_state):
-    """The definition: `dss_step` token by token with `lax.scan`."""
+def dss_reference(u, log_decay, coeff, *, initial_state, return_final_state, starts):
+    """The definition: `dss_step` token by token with `lax.scan`, the state zeroed at document
+    starts."""
     del return_final_state
     dtype = _complex_dtype(u, log_decay, coeff, initial_state)
     if initial_state is None:
         initial_state = jnp.zeros((u.shape[0], u.shape[2], log_decay.shape[-1]), dtype)
+    starts = jnp.zeros(u.shape[:2], bool) if starts is None else starts
 
-    def step(state, u_t):
-        y_t, state = dss_step(state, u_t, log_decay, coeff)
+    def step(state, inputs):
+        start, u_t = inputs
+        y_t, state = dss_step(reset_state(state, start), u_t, log_decay, coeff)
         return state, y_t
 
-    final_state, y = jax.lax.scan(step, initial_state.astype(dtype), jnp.moveaxis(u, 1, 0))
+    final_state, y = jax.lax.scan(step, initial_state.astype(dtype),
+                                  (jnp.moveaxis(starts, 1, 0), jnp.moveaxis(u, 1, 0)))
     return jnp.moveaxis(y, 0, 1), final_state
 
 
-def dss_xla(u, log_decay, coeff, *, initial_state, return_final_state):
-    """All states by `associative_scan` (memory O(B·T·H·N) complex)."""
+def dss_xla(u, log_decay, coeff, *, initial_state, return_final_state, starts):
+    """All states by `associative_scan` (memory O(B·T·H·N) complex); the decay is 0 at
+    document starts."""
     del return_final_state
     dtype = _complex_dtype(u, log_decay, coeff, initial_state)
-    states = linear_scan(jnp.exp(log_decay.astype(dtype)),
-                         jnp.broadcast_to(u.astype(dtype)[..., None], u.shape + coeff.shape[-1:]),
-                         initial_state, axis=1)  # [b,t,h,n]
+    inputs = jnp.broadcast_to(u.astype(dtype)[..., None], u.shape + coeff.shape[-1:])
+    decay = jnp.exp(log_decay.astype(dtype))
+    if starts is not None:
+        decay = reset_decay(jnp.broadcast_to(decay, inputs.shape), starts)
+    states = linear_scan(decay, inputs, initial_state, axis=1)  # [b,t,h,n]
     y = jnp.einsum("bthn,hn->bth", states, coeff.astype(dtype)).real
     return y.astype(u.dtype), states[:, -1]
 
@@ -189,12 +202,13 @@ def dss_kernel(log_decay: jax.Array, coeff: jax.Array, length: int) -> jax.Array
     return _power_sum(log_decay, coeff, length).real
 
 
-def dss_fft(u, log_decay, coeff, *, initial_state, return_final_state):
+def dss_fft(u, log_decay, coeff, *, initial_state, return_final_state, starts):
     """Causal convolution with the materialised kernel via real FFTs of length ≥ 2T − 1.
 
     The initial state adds `Re(Σ_n c_n exp(λΔ)^{t+1} s_n)`; the final state is
     `exp(λΔ)^T s + Σ_j exp(λΔ)^{T−1−j} u_j`.
     """
+    del starts  # unsupported (see _fft_unsupported)
     T = u.shape[1]
     dtype = _complex_dtype(u, log_decay, coeff, initial_state)
     real_dtype = jnp.finfo(dtype).dtype
@@ -221,8 +235,12 @@ def dss_fft(u, log_decay, coeff, *, initial_state, return_final_state):
     return y.astype(u.dtype), final_state
 
 
+def _fft_unsupported(*args, starts, **kwargs) -> str | None:
+    return None if starts is None else "a convolution cannot restart at document starts"
+
+
 _RUNGS = (
-    Rung("fft", dss_fft),
+    Rung("fft", dss_fft, _fft_unsupported),
     Rung("xla", dss_xla),
     Rung("reference", dss_reference, auto=False),
 )

@@ -61,6 +61,7 @@ import numpy as np
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks
+from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
 
 _OP = "gated_slot_attention"
 
@@ -79,6 +80,7 @@ def gated_slot_attention(
     initial_state: SlotState | None = None,
     return_final_state: bool = False,
     chunk_size: int = 64,
+    segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, SlotState]:
     """Gated slot attention over a sequence (see the module docstring for the recurrence).
@@ -92,6 +94,8 @@ def gated_slot_attention(
       initial_state: `(K̃ [B, H, K, M], Ṽ [B, H, M, V])` before the first step; None for zeros.
       return_final_state: also return the state after the last step.
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
+      segment_ids: `[B, T]` packed-document ids; the slots reset at each document start
+        (`hybrid_jax.ops.segments`), whose token then writes as it would alone.
       implementation: "reference", "xla" or None (auto).
 
     Returns:
@@ -102,9 +106,10 @@ def gated_slot_attention(
     _check(_OP, chunk_size, q=(q, "BTHK"), k=(k, "BTHK"), v=(v, "BTHV"), s=(s, "BTHM"),
            g=(g, "BTHM"), slot_keys=(slot_keys, "BHKM"), slot_values=(slot_values, "BHMV"))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    starts = document_starts(_OP, segment_ids, q.shape[0], q.shape[1])
     out, final_state = dispatch(
         _OP, _RUNGS, implementation, q, k, v, s, g,
-        scale=scale, chunk_size=chunk_size, initial_state=initial_state,
+        scale=scale, chunk_size=chunk_size, initial_state=initial_state, starts=starts,
     )
     return (out, final_state) if return_final_state else out
 
@@ -314,8 +319,9 @@ def _step(state, q, k, v, s, g, *, scale):
     return (slot_keys, slot_values), out
 
 
-def gated_slot_attention_reference(q, k, v, s, g, *, scale, chunk_size, initial_state):
-    """The definition: `_step` token by token with `lax.scan`."""
+def gated_slot_attention_reference(q, k, v, s, g, *, scale, chunk_size, initial_state, starts):
+    """The definition: `_step` token by token with `lax.scan`, the slots zeroed at document
+    starts."""
     del chunk_size
     dtype = compute_dtype(q, k, v, s, g, *(initial_state or ()))
     if initial_state is None:
@@ -324,15 +330,19 @@ def gated_slot_attention_reference(q, k, v, s, g, *, scale, chunk_size, initial_
         initial_state = (jnp.zeros((batch, heads, key_dim, slots), dtype),
                          jnp.zeros((batch, heads, slots, v.shape[-1]), dtype))
     state = tuple(x.astype(dtype) for x in initial_state)
+    starts = jnp.zeros(q.shape[:2], bool) if starts is None else starts
     time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, s, g)]
     final_state, out_TBHV = jax.lax.scan(
-        lambda st, xs: _step(st, *xs, scale=scale), state, time_major)
+        lambda st, xs: _step(tuple(reset_state(x, xs[0]) for x in st), *xs[1:], scale=scale),
+        state, [jnp.moveaxis(starts, 1, 0)] + time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
 
 
-def gated_slot_attention_xla(q, k, v, s, g, *, scale, chunk_size, initial_state):
-    """Two chunked passes: slot logits, softmax over slots (float32), slot readout."""
+def gated_slot_attention_xla(q, k, v, s, g, *, scale, chunk_size, initial_state, starts):
+    """Two chunked passes: slot logits, softmax over slots (float32), slot readout; document
+    starts enter through the log forget gate g."""
     slot_keys, slot_values = _unpack_state(_OP, initial_state)
+    g = reset_log_decay(g.astype(compute_dtype(q, g)), starts)
     logits, final_keys = gsa_slot_logits(q, k, s, g, scale=scale, initial_state=slot_keys,
                                          chunk_size=chunk_size, return_final_state=True)
     probs = jax.nn.softmax(logits, axis=-1)

@@ -24,9 +24,9 @@ Heads. q, q_window have H heads; k, v, s, g, k_window have G heads, G dividing H
 query heads h·G/H share kv head ⌊h·G/H⌋: its slot memory and its window keys/values).
 
 Documents. `segment_ids` `[B, T]` marks packed documents: a token whose id differs from the
-previous token's starts a document. Windows never cross a document start, and a document start
-resets the slots when it enters them (its log gate becomes `RESET_LOG_DECAY`, e^{−120} = 0 in
-float32); until then the slots count as empty.
+previous token's starts a document (`hybrid_jax.ops.segments`). Windows never cross a document
+start, and a document start resets the slots when it enters them (its log gate becomes
+`segments.RESET_LOG_DECAY`, e^{−120} = 0 in float32); until then the slots count as empty.
 
 State (continuing a sequence). `NHAState` is the decode state after L tokens: the slots
 (tokens ≤ L − 1 − w), a ring buffer with every input of the last w tokens (token p at index
@@ -72,14 +72,12 @@ from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
+from hybrid_jax.ops.segments import document_starts, reset_log_decay
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "native_hybrid_attention"
 
 EMPTY_SLOTS = ("mask", "sink")
-RESET_LOG_DECAY = -120.0
-"""Log gate of a document start in the slot inputs: e^{−120} is 0 in float32, and finite, so
-the chunked cumulative sums stay finite."""
 
 
 class NHAState(NamedTuple):
@@ -354,10 +352,9 @@ class _Tokens(NamedTuple):
 
 def _tokens(k, v, s, g, k_window, segment_ids, state, ring, dtype) -> _Tokens:
     batch, num_steps = k.shape[:2]
-    starts = jnp.zeros((batch, num_steps), bool)
-    if segment_ids is not None:  # the first token continues the state's document
-        starts = starts.at[:, 1:].set(segment_ids[:, 1:] != segment_ids[:, :-1])
-    g = jnp.where(starts[:, :, None, None], RESET_LOG_DECAY, g.astype(dtype))
+    starts = document_starts(_OP, segment_ids, batch, num_steps)
+    starts = jnp.zeros((batch, num_steps), bool) if starts is None else starts
+    g = reset_log_decay(g.astype(dtype), starts)
     call = (k, v, s, g, k_window)
     if state is None:
         length, document_start = jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32)
@@ -403,8 +400,7 @@ def _final_state(tokens, slot_keys, slot_values, segment_ids, state, window, num
                       else state.document_start)
     if segment_ids is not None:
         steps = jnp.arange(num_steps)
-        starts = jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
-                                  segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        starts = document_starts(_OP, segment_ids, *segment_ids.shape)
         latest = jnp.max(jnp.where(starts, steps, -1), axis=1)
         document_start = jnp.where(latest >= 0, length + latest, document_start)
     new_length = length + num_steps
@@ -658,10 +654,7 @@ def _check(q, k, v, s, g, q_window, k_window, *, window, segment_ids, state, emp
 def _check_window_and_documents(op, sizes, window, segment_ids, state) -> None:
     if not isinstance(window, int | np.integer) or window < 0:
         raise ValueError(f"{op}: window must be an int >= 0, got {window!r}")
-    if segment_ids is not None:
-        check_dims(op, sizes, segment_ids=(segment_ids, "BT"))
-        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-            raise ValueError(f"{op}: segment_ids must be integers, got dtype {segment_ids.dtype}")
+    document_starts(op, segment_ids, sizes["B"], sizes["T"])  # checks shape and dtype
     if state is not None:
         try:
             _check_state(op, state, sizes, window)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks
+from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
 
 _OP = "selective_scan"
 
@@ -36,6 +37,7 @@ def selective_scan(
     chunk_size: int = 64,
     initial_state: jax.Array | None = None,
     return_final_state: bool = False,
+    segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The selective scan over a sequence.
@@ -49,6 +51,8 @@ def selective_scan(
       chunk_size: chunk length of the "xla" rung (T need not be a multiple).
       initial_state: `[B, H, P, N]` state before the first token; None for zeros.
       return_final_state: also return the state after the last token.
+      segment_ids: `[B, T]` packed-document ids; the state resets at each document start
+        (`hybrid_jax.ops.segments`).
       implementation: "reference", "xla" or None (auto: "xla").
 
     Returns:
@@ -57,8 +61,9 @@ def selective_scan(
     """
     check_ssm_inputs(_OP, x, dt, A, B, C, chunk_size, initial_state, dt_layout="BTHP",
                      A_layout="HPN")
+    starts = document_starts(_OP, segment_ids, x.shape[0], x.shape[1])
     y, final_state = dispatch(_OP, _RUNGS, implementation, x, dt, A, B, C,
-                              chunk_size=chunk_size, initial_state=initial_state)
+                              chunk_size=chunk_size, initial_state=initial_state, starts=starts)
     return (y, final_state) if return_final_state else y
 
 
@@ -94,24 +99,28 @@ def selective_scan_step(
     return y.astype(x.dtype), state
 
 
-def selective_scan_reference(x, dt, A, B, C, *, chunk_size, initial_state):
-    """The definition: `selective_scan_step` token by token with `lax.scan`."""
+def selective_scan_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts):
+    """The definition: `selective_scan_step` token by token with `lax.scan`, the state zeroed
+    at document starts."""
     del chunk_size
-    batch, _, H, P = x.shape
+    batch, T, H, P = x.shape
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
     if initial_state is None:
         initial_state = jnp.zeros((batch, H, P, A.shape[-1]), dtype)
+    if starts is None:
+        starts = jnp.zeros((batch, T), bool)
 
     def step(state, token):
-        y, state = selective_scan_step(state, *token[:2], A, *token[2:])
+        start, token = token[0], token[1:]
+        y, state = selective_scan_step(reset_state(state, start), *token[:2], A, *token[2:])
         return state, y
 
-    tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (x, dt, B, C))
+    tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
     final_state, y = jax.lax.scan(step, initial_state.astype(dtype), tokens)
     return jnp.moveaxis(y, 0, 1), final_state
 
 
-def selective_scan_xla(x, dt, A, B, C, *, chunk_size, initial_state):
+def selective_scan_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     """Chunks of `chunk_size` steps: an associative scan inside, the state carried across."""
     batch, T, H, P = x.shape
     N = A.shape[-1]
@@ -123,18 +132,21 @@ def selective_scan_xla(x, dt, A, B, C, *, chunk_size, initial_state):
     B_c, C_c = (jnp.moveaxis(to_chunks(_per_head(a.astype(dtype), H, 2), L), 1, 0)
                 for a in (B, C))  # [c,b,l,h,n]
     A = A.astype(dtype)
+    starts_c = jnp.moveaxis(to_chunks(jnp.zeros((batch, T), bool) if starts is None else starts,
+                                      L), 1, 0)  # [c,b,l]
 
     @jax.checkpoint  # the backward pass recomputes a chunk's states instead of storing them
     def chunk(state, inputs):
-        x_l, dt_l, B_l, C_l = inputs  # [b,l,h,p], [b,l,h,p], [b,l,h,n], [b,l,h,n]
-        decay = jnp.exp(dt_l[..., None] * A)  # [b,l,h,p,n]
+        x_l, dt_l, B_l, C_l, starts_l = inputs  # [b,l,h,p], [b,l,h,p], [b,l,h,n] x2, [b,l]
+        decay = reset_decay(jnp.exp(dt_l[..., None] * A), starts_l)  # [b,l,h,p,n]
         states = linear_scan(decay, (dt_l * x_l)[..., None] * B_l[:, :, :, None], state, axis=1)
         y = jnp.einsum("blhpn,blhn->blhp", states, C_l)
         return states[:, -1], y
 
     if initial_state is None:
         initial_state = jnp.zeros((batch, H, P, N), dtype)
-    final_state, y = jax.lax.scan(chunk, initial_state.astype(dtype), (x_c, dt_c, B_c, C_c))
+    final_state, y = jax.lax.scan(chunk, initial_state.astype(dtype),
+                                  (x_c, dt_c, B_c, C_c, starts_c))
     y = jnp.moveaxis(y, 0, 1).reshape(batch, -1, H, P)[:, :T]
     return y.astype(x.dtype), final_state
 

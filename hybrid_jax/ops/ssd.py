@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import causal_decay_matrix, chunk_state_scan, compute_dtype, to_chunks
+from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
 
 _OP = "ssd"
 
@@ -32,6 +33,7 @@ def ssd(
     chunk_size: int = 64,
     initial_state: jax.Array | None = None,
     return_final_state: bool = False,
+    segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The SSD recurrence over a sequence.
@@ -45,6 +47,8 @@ def ssd(
       chunk_size: chunk length of the "xla" rung (T need not be a multiple).
       initial_state: `[B, H, P, N]` state before the first token; None for zeros.
       return_final_state: also return the state after the last token.
+      segment_ids: `[B, T]` packed-document ids; the state resets at each document start
+        (`hybrid_jax.ops.segments`).
       implementation: "reference", "xla" or None (auto: "xla").
 
     Returns:
@@ -53,8 +57,9 @@ def ssd(
     """
     check_ssm_inputs(_OP, x, dt, A, B, C, chunk_size, initial_state, dt_layout="BTH",
                      A_layout="H")
+    starts = document_starts(_OP, segment_ids, x.shape[0], x.shape[1])
     y, final_state = dispatch(_OP, _RUNGS, implementation, x, dt, A, B, C,
-                              chunk_size=chunk_size, initial_state=initial_state)
+                              chunk_size=chunk_size, initial_state=initial_state, starts=starts)
     return (y, final_state) if return_final_state else y
 
 
@@ -92,24 +97,28 @@ def ssd_step(
     return y.reshape(x.shape).astype(x.dtype), state_g.reshape(state.shape)
 
 
-def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state):
-    """The definition: `ssd_step` token by token with `lax.scan`."""
+def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts):
+    """The definition: `ssd_step` token by token with `lax.scan`, the state zeroed at
+    document starts."""
     del chunk_size
-    batch, _, H, P = x.shape
+    batch, T, H, P = x.shape
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
     if initial_state is None:
         initial_state = jnp.zeros((batch, H, P, B.shape[-1]), dtype)
+    if starts is None:
+        starts = jnp.zeros((batch, T), bool)
 
     def step(state, token):
-        y, state = ssd_step(state, *token[:2], A, *token[2:])
+        start, token = token[0], token[1:]
+        y, state = ssd_step(reset_state(state, start), *token[:2], A, *token[2:])
         return state, y
 
-    tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (x, dt, B, C))
+    tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
     final_state, y = jax.lax.scan(step, initial_state.astype(dtype), tokens)
     return jnp.moveaxis(y, 0, 1), final_state
 
 
-def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state):
+def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     """Chunked SSD: quadratic attention-like form inside chunks, a state scan across chunks.
 
     Memory: O(T·H·(P + L)) for the within-chunk blocks plus O(T/L·H·P·N) chunk states; the
@@ -124,7 +133,8 @@ def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state):
     x_c = _by_group(to_chunks(x.astype(dtype), L), G, 3)  # [b,c,l,g,r,p]
     dt_c = _by_group(to_chunks(dt.astype(dtype), L), G, 3)  # [b,c,l,g,r]
     B_c, C_c = (to_chunks(a.astype(dtype), L) for a in (B, C))  # [b,c,l,g,n]
-    cum_log_decay = jnp.cumsum(dt_c * _by_group(A.astype(dtype), G, 0), axis=2)
+    log_decay = reset_log_decay(dt.astype(dtype) * A.astype(dtype), starts)  # [b,t,h]
+    cum_log_decay = jnp.cumsum(_by_group(to_chunks(log_decay, L), G, 3), axis=2)
     x_dt = x_c * dt_c[..., None]
 
     # 1. Within chunks: y_t = Σ_{s≤t} (C_t·B_s) exp(cum_t − cum_s) dt_s x_s.

@@ -1,7 +1,8 @@
 """The training loop: one jitted step (NNX merge/split inside jit) under a device mesh.
 
 Outputs in the run directory: `config.json` (the experiment), `tokenizer.json` (text data),
-`metrics.jsonl` and `tensorboard/` (one record per log step and eval), `results.json` (final
+`metrics.jsonl` and `tensorboard/` (one record per log step and eval, with every module
+diagnostic as `diag/...`, see `hybrid_jax.nn.diagnostics`), `results.json` (final
 metrics) and `checkpoints/` (model, optimizer, step, data-iterator state; see `checkpoint.py`).
 
 `train(..., resume=True)` continues from the latest checkpoint so that every loss after it is
@@ -28,9 +29,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, to_dict
+from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
-from hybrid_jax.sharding import batch_sharding, make_mesh, state_shardings
+from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
 from hybrid_jax.train.checkpoint import Checkpointer, saved_steps
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
@@ -86,14 +89,14 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
     """Loads a run's checkpoint (latest, or `step`) onto `mesh`, whatever mesh saved it."""
     checkpointer = Checkpointer(Path(run_dir), keep=None)
     try:
-        return _restore(experiment, checkpointer, mesh, step)
+        with use_rules(axis_rules(experiment.train.mesh)):
+            return _restore(experiment, checkpointer, mesh, step)
     finally:
         checkpointer.close()
 
 
 def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Array:
-    return model(batch["inputs"], positions_BT=batch.get("positions"),
-                 segment_ids_BT=batch.get("segment_ids"))
+    return model(batch["inputs"], TokenContext.from_batch(batch))
 
 
 def make_train_step(ts: TrainState) -> Callable:
@@ -103,13 +106,15 @@ def make_train_step(ts: TrainState) -> Callable:
         model, optimizer = nnx.merge(ts.graphdef, state)
 
         def loss_fn(model):
-            stats = token_stats(_batch_inputs(model, batch), batch["targets"], batch["mask"])
-            return mean_loss(stats), stats
+            with diagnostics.recording():
+                logits = _batch_inputs(model, batch)
+            stats = token_stats(logits, batch["targets"], batch["mask"])
+            return mean_loss(stats), (stats, diagnostics.collect(model))
 
-        (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        (loss, (stats, reported)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "accuracy": stats["correct"] / jnp.maximum(stats["count"], 1.0),
-                   "grad_norm": optax.tree.norm(grads)}
+                   "grad_norm": optax.tree.norm(grads), **diagnostics.scalars(reported)}
         return nnx.state((model, optimizer)), metrics
 
     return jax.jit(step, donate_argnums=0, out_shardings=(ts.shardings, None))
@@ -349,6 +354,12 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    with use_rules(axis_rules(experiment.train.mesh)):
+        return _train(experiment, out, progress, resume, start)
+
+
+def _train(experiment: ExperimentConfig, out: Path | None, progress: bool, resume: bool,
+           start: float) -> dict[str, Any]:
     run = _Run(experiment, out, progress, resume)
     try:
         with StopSignals() as stop, jax.set_mesh(run.mesh):

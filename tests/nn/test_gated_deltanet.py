@@ -10,6 +10,7 @@ from flax import nnx
 import hybrid_jax as hj
 from experiments.cli import main
 from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
 from tests.helpers import assert_close, normals
 from tests.nn.test_lm import check_decode_matches
 
@@ -43,8 +44,8 @@ def jitted_mixer(config: ModelConfig):
 
     @jax.jit
     def forward(x, segment_ids):
-        positions = jnp.zeros(x.shape[:2], jnp.int32)  # the linear mixers use no positions
-        return nnx.merge(graphdef, state)(x, positions_BT=positions, segment_ids_BT=segment_ids)
+        ctx = TokenContext.create(x.shape[:2], segment_ids=segment_ids)
+        return nnx.merge(graphdef, state)(x, ctx)
 
     return mixer, forward
 

@@ -11,6 +11,7 @@ import hybrid_jax as hj
 from experiments.cli import main as cli_main
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
 from tests.helpers import assert_close
 from tests.nn.test_lm import check_decode_matches
 
@@ -36,9 +37,8 @@ def mixer():
 def mixer_forward(mixer, x_BTD, segment_ids_BT=None):
     """The mixer's parallel forward pass, jitted."""
     graphdef, state = nnx.split(mixer)
-    positions = jnp.broadcast_to(jnp.arange(x_BTD.shape[1]), x_BTD.shape[:2])
     return jax.jit(lambda s, x, seg: nnx.merge(graphdef, s)(
-        x, positions_BT=positions, segment_ids_BT=seg))(state, x_BTD, segment_ids_BT)
+        x, TokenContext.create(x.shape[:2], segment_ids=seg)))(state, x_BTD, segment_ids_BT)
 
 
 def numpy_params(module) -> dict:

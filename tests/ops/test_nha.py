@@ -10,7 +10,6 @@ import pytest
 from hybrid_jax.ops.attention import attention
 from hybrid_jax.ops.gsa import gated_slot_attention
 from hybrid_jax.ops.nha import (
-    RESET_LOG_DECAY,
     NHAState,
     native_hybrid_attention,
     native_hybrid_attention_step,
@@ -18,6 +17,7 @@ from hybrid_jax.ops.nha import (
     nha_empty_state,
     nha_slot_stream,
 )
+from hybrid_jax.ops.segments import RESET_LOG_DECAY
 from tests.helpers import assert_close, normals
 
 C = 16  # chunk size of the xla rung in these tests

@@ -1,0 +1,67 @@
+"""The per-token context: what a mixer may need about each token besides its features.
+
+One `TokenContext` travels from the batch (or `generate`'s schedule) through
+`LanguageModel.__call__` / `decode`, every block and every mixer, in training, eval, decode and
+generation:
+
+    positions    [B, T] int32   position of each token in its document (RoPE, learned tables)
+    segment_ids  [B, T] int     packed-document ids, or None (one document per row); a token
+                                whose id differs from the previous token's starts a document
+    extras       {name: [B, T, ...]}  any other per-token array a mixer reads by name (e.g.
+                                Oryx's mode array); blocks and the model pass it through untouched
+
+It is a pytree (a `flax.struct` dataclass), so it crosses `jit`, `scan` and `remat`. A batch
+dict becomes one with `TokenContext.from_batch`: its `positions` and `segment_ids` entries, and
+every entry named `extra.NAME` as `extras[NAME]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+EXTRA_PREFIX = "extra."
+
+
+@struct.dataclass
+class TokenContext:
+    """Per-token arrays shared by every layer of one forward or decode call (module docstring)."""
+
+    positions: jax.Array  # [B, T] int32
+    segment_ids: jax.Array | None = None  # [B, T] int
+    extras: dict[str, jax.Array] = struct.field(default_factory=dict)  # name -> [B, T, ...]
+
+    @classmethod
+    def create(cls, shape_BT: tuple[int, int], *, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None, start: jax.Array | int = 0,
+               extras: Mapping[str, jax.Array] | None = None) -> TokenContext:
+        """A checked context for `[B, T]` tokens; positions default to `start + 0..T−1`."""
+        if positions is None:
+            positions = jnp.broadcast_to(start + jnp.arange(shape_BT[1], dtype=jnp.int32),
+                                         shape_BT)
+        extras = dict(extras or {})
+        for name, array in [("positions", positions), ("segment_ids", segment_ids),
+                            *((f"extras[{n!r}]", a) for n, a in extras.items())]:
+            if array is not None and tuple(array.shape[:2]) != tuple(shape_BT):
+                raise ValueError(f"TokenContext.{name}: expected leading shape [batch, time] = "
+                                 f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
+        return cls(positions=positions, segment_ids=segment_ids, extras=extras)
+
+    @classmethod
+    def from_batch(cls, batch: Mapping[str, jax.Array]) -> TokenContext:
+        """The context of a training/eval batch dict (see the module docstring)."""
+        extras = {k[len(EXTRA_PREFIX):]: v for k, v in batch.items() if k.startswith(EXTRA_PREFIX)}
+        return cls.create(tuple(batch["inputs"].shape), positions=batch.get("positions"),
+                          segment_ids=batch.get("segment_ids"), extras=extras)
+
+    def extra(self, name: str) -> jax.Array:
+        """`extras[name]`, or a ValueError naming the extras this context has."""
+        if name not in self.extras:
+            raise ValueError(f"this mixer needs the per-token array {name!r} in the context "
+                             f"(batch key '{EXTRA_PREFIX}{name}', or extras={{{name!r}: ...}} "
+                             f"of the model call / generate); the context has "
+                             f"{sorted(self.extras)}")
+        return self.extras[name]

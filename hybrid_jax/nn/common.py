@@ -1,0 +1,44 @@
+"""What every module of a model shares: dtypes, init scales and the RMSNorm of its width."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.nn.layers import RMSNorm
+
+
+def compute_dtype(config: ModelConfig):
+    return jnp.dtype(config.dtype)
+
+
+def param_dtype(config: ModelConfig):
+    return jnp.dtype(config.param_dtype)
+
+
+def output_std(config: ModelConfig) -> float:
+    """Init std of projections writing into the residual stream: std / √(2·num_layers) (GPT-2)."""
+    return config.init_std / math.sqrt(2 * len(config.layers))
+
+
+def dense_kwargs(config: ModelConfig, rngs: nnx.Rngs) -> dict[str, Any]:
+    """The keyword arguments every `Linear` of a model shares."""
+    return dict(rngs=rngs, std=config.init_std, dtype=compute_dtype(config),
+                param_dtype=param_dtype(config))
+
+
+def norm(config: ModelConfig, dim: int | None = None) -> RMSNorm:
+    return RMSNorm(config.d_model if dim is None else dim, eps=config.norm_eps,
+                   dtype=compute_dtype(config), param_dtype=param_dtype(config))
+
+
+def shared_or_new(shared: dict[str, nnx.Module] | None, name: str, build) -> nnx.Module:
+    """`shared[name]` when a block passes that part in (parameters shared between mixers), else
+    `build()`: how a mixer takes projections owned by another mixer (Oryx's shared W_K, W_V)."""
+    if shared and name in shared:
+        return shared[name]
+    return build()

@@ -1,0 +1,181 @@
+"""The block interface: a new mixer is one op, one module and one registration; the per-token
+context reaches mixers in the parallel forward, decode and generate; parallel blocks and the
+residual schemes."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
+from hybrid_jax.generate import generate
+from hybrid_jax.nn import diagnostics
+from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import dense_kwargs
+from hybrid_jax.nn.layers import Linear
+from hybrid_jax.ops.segments import document_starts, reset_state
+from tests.helpers import assert_close
+from tests.nn.test_lm import check_decode_matches
+
+# --- a toy mixer: the op, the module, the registration ---------------------------------------
+
+
+def toy_op(x_BTD, decay, *, initial_state=None, segment_ids=None):
+    """y_t = decay·y_{t−1} + x_t per channel, reset at document starts; returns (y, state)."""
+    starts = document_starts("toy_op", segment_ids, *x_BTD.shape[:2])
+    starts = jnp.zeros(x_BTD.shape[:2], bool) if starts is None else starts
+    state = jnp.zeros_like(x_BTD[:, 0]) if initial_state is None else initial_state
+
+    def step(state, inputs):
+        start, x_t = inputs
+        state = decay * reset_state(state, start) + x_t
+        return state, state
+
+    state, y = jax.lax.scan(step, state, (starts.T, jnp.moveaxis(x_BTD, 1, 0)))
+    return jnp.moveaxis(y, 0, 1), state
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyOptions:
+    decay: float = 0.5
+
+
+@register_mixer_block("toy", ToyOptions, "a decayed running sum (test mixer)")
+class ToyMixer(nnx.Module):
+    def __init__(self, config, options, *, rngs):
+        self.decay = options.decay
+        self.in_proj = Linear(config.d_model, config.d_model, axes=("embed", "mlp"),
+                              **dense_kwargs(config, rngs))
+        self.out_proj = Linear(config.d_model, config.d_model, axes=("mlp", "embed"),
+                               **dense_kwargs(config, rngs))
+
+    def __call__(self, x, ctx):
+        return self.out_proj(toy_op(self.in_proj(x), self.decay,
+                                    segment_ids=ctx.segment_ids)[0])
+
+    def init_cache(self, batch, max_len, dtype):
+        return jnp.zeros((batch, self.in_proj.out_shape[0]), jnp.float32)
+
+    def decode(self, x, cache, ctx):
+        y, state = toy_op(self.in_proj(x), self.decay, initial_state=cache)
+        return self.out_proj(y), state
+
+
+SMALL = dict(vocab_size=32, d_model=16, num_heads=2)
+
+
+def _train_step_changes_the_loss(config):
+    model = hj.create_model(config)
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 9)), jnp.int32)
+
+    def loss_fn(model):
+        logits = model(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    before, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    assert float(loss_fn(model)) < float(before)
+
+
+def test_toy_mixer_in_sequential_and_parallel_blocks_trains_and_decodes():
+    config = ModelConfig(layers=("toy", layer("parallel", branches=("toy", "attention", "ffn"),
+                                              mixing="learned", branch_norm=True)), **SMALL)
+    check_decode_matches(config, T=9, splits=(0, 4))
+    _train_step_changes_the_loss(config)
+
+
+# --- the per-token context reaches the mixers --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EchoOptions:
+    pass
+
+
+@register_mixer_block("echo", EchoOptions, "writes the per-token 'mode' array (test mixer)")
+class EchoMixer(nnx.Module):
+    def __init__(self, config, options, *, rngs):
+        self.width = config.d_model
+
+    def __call__(self, x, ctx):
+        return jnp.broadcast_to(ctx.extra("mode")[..., None].astype(x.dtype), x.shape)
+
+    def init_cache(self, batch, max_len, dtype):
+        return None
+
+    def decode(self, x, cache, ctx):
+        return self(x, ctx), None
+
+
+ECHO = ModelConfig(layers=("echo", layer("parallel", branches=("echo", "attention"))),
+                   ffn_dim=0, **SMALL)
+
+
+def test_extras_reach_mixers_in_forward_and_decode():
+    model = hj.create_model(ECHO)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 7)), jnp.int32)
+    mode = jnp.asarray(np.random.default_rng(1).integers(0, 3, (2, 7)), jnp.float32)
+    parallel = model(tokens, extras={"mode": mode})
+    assert float(jnp.max(jnp.abs(parallel - model(tokens, extras={"mode": mode + 1})))) > 1e-3
+    batch_ctx = TokenContext.from_batch({"inputs": tokens, "extra.mode": mode})
+    assert_close(model(tokens, batch_ctx), parallel, 1e-6, "from_batch")
+    cache = model.init_cache(2, 7)
+    logits, cache = model.decode(tokens[:, :3], cache, extras={"mode": mode[:, :3]})
+    steps = [logits]
+    for t in range(3, 7):
+        logits, cache = model.decode(tokens[:, t:t + 1], cache, extras={"mode": mode[:, t:t + 1]})
+        steps.append(logits)
+    assert_close(jnp.concatenate(steps, axis=1), parallel, 1e-5, "decode")
+    with pytest.raises(ValueError, match="needs the per-token array 'mode'"):
+        model(tokens)
+    schedule = jnp.zeros((2, 7 + 3))
+    assert generate(model, tokens, 3, extras={"mode": schedule}).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"extras\['mode'\]: expected leading shape"):
+        generate(model, tokens, 3, extras={"mode": mode})
+
+
+# --- parallel blocks, residual schemes, diagnostics --------------------------------------------
+
+
+def test_deepnorm_and_post_norm_decode_equals_parallel():
+    for residual in ("post_norm", "deepnorm"):
+        config = ModelConfig(layers=(layer("sequential", branches=("gdn", "ffn"),
+                                           residual=residual),
+                                     layer("parallel", branches=("gss", "attention"),
+                                           residual=residual)), **SMALL)
+        check_decode_matches(config, T=7, splits=(3,))
+
+
+def test_bad_block_options_are_named():
+    with pytest.raises(ValueError, match="BlockOptions.residual='deep'"):
+        ModelConfig(layers=(layer("parallel", residual="deep"),), **SMALL)
+    with pytest.raises(ValueError, match=r"branch 'attention' \('attention'\): unknown option"):
+        ModelConfig(layers=(layer("parallel", branches=(layer("attention", slots=2),)),), **SMALL)
+    with pytest.raises(ValueError, match="unknown mixer 'nope'"):
+        ModelConfig(layers=(layer("parallel", branches=("nope",)),), **SMALL)
+    with pytest.raises(ValueError, match="layout='parallel' only"):
+        ModelConfig(layers=(layer("sequential", mixing="learned"),), **SMALL)
+
+
+def test_diagnostics_are_recorded_only_when_asked():
+    config = ModelConfig(layers=(layer("parallel", branches=("attention", "ffn"),
+                                       mixing="learned"),), **SMALL)
+    model = hj.create_model(config)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    model(tokens)
+    assert diagnostics.collect(model) == {}
+    with diagnostics.recording():
+        model(tokens)
+    reported = diagnostics.collect(model)
+    assert sorted(reported) == ["blocks.0.mixing_attention", "blocks.0.mixing_ffn"]
+    assert_close([reported["blocks.0.mixing_attention"]], [jnp.asarray(0.5)], 1e-6)
+    assert diagnostics.collect(model) == {}  # popped
+    assert sorted(diagnostics.scalars(reported)) == ["diag/blocks.0.mixing_attention",
+                                                     "diag/blocks.0.mixing_ffn"]
