@@ -12,15 +12,20 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# Errors that describe bad input (configs, names, paths): one line, no traceback. Set
-# HYBRID_JAX_DEBUG=1 to see the traceback anyway.
-USER_ERRORS = (ValueError, FileNotFoundError)
+# Errors that describe bad input or a failed run (configs, names, paths, damaged checkpoints,
+# non-finite losses, I/O such as a full disk): one line, no traceback. Anything else is a bug,
+# also reported on one line. HYBRID_JAX_DEBUG=1 shows the traceback.
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+DEBUG_ENV = "HYBRID_JAX_DEBUG"
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its latest checkpoint (its "
                             "config.json, plus --set overrides); starts fresh if it has none")
+    train.add_argument("--force", action="store_true",
+                       help="start afresh in --out even if it holds another run (its "
+                            "checkpoints, metrics and config are deleted)")
     _add_overrides(train)
 
     evaluate = sub.add_parser("eval", help="evaluate a trained run on its held-out data")
@@ -87,13 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import signal
-
     from experiments.run import run_experiment
 
     out = Path("runs") / args.name if args.out is None else args.out
     results = run_experiment(args.name, out_dir=out, overrides=args.overrides,
-                             progress=not args.quiet, resume=args.resume)
+                             progress=not args.quiet, resume=args.resume, force=args.force)
     if results.get("interrupted"):
         print(f"{results['interrupted']} at step {results['step']}: checkpoint saved in {out}; "
               f"continue with: hybrid-jax train {args.name} --out {out} --resume")
@@ -102,37 +108,47 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_run(run_dir: Path, overrides: Sequence[str], step: int | None):
-    from hybrid_jax.config import ExperimentConfig, apply_overrides, from_dict
+def _at_least(value: int | float | None, low: float, option: str) -> None:
+    if value is not None and not (value >= low and math.isfinite(value)):
+        raise ValueError(f"{option}={value}: expected a finite value >= {low}")
+
+
+def _load_run(run_dir: Path, overrides: Sequence[str], step: int | None, command: str):
+    """The run's experiment and train state; says on stderr which checkpoint step it uses."""
+    from experiments.run import read_experiment
+    from hybrid_jax.config import apply_overrides
     from hybrid_jax.sharding import make_mesh
     from hybrid_jax.train.trainer import restore_train_state
 
+    _at_least(step, 0, "--step")
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found: is {run_dir} a run directory?")
-    experiment = apply_overrides(from_dict(ExperimentConfig, json.loads(config_path.read_text())),
-                                 overrides)
-    return experiment, restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh),
-                                           step=step)[0]
+    experiment = apply_overrides(read_experiment(config_path), overrides)
+    ts, meta = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh),
+                                   step=step)
+    print(f"{command}: checkpoint step {meta['step']} of {run_dir}", file=sys.stderr)
+    return experiment, ts, int(meta["step"])
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
+    _at_least(args.batches, 0, "--batches")
     if args.windows is not None:
         from experiments.window_sweep import run
 
         run(args.run_dir, args.windows, layers_text=args.layers, out=args.sweep_out,
             step=args.step, batches=args.batches, overrides=args.overrides)
         return 0
-    experiment, ts = _load_run(args.run_dir, args.overrides, args.step)
+    experiment, ts, step = _load_run(args.run_dir, args.overrides, args.step, "eval")
     cfg = experiment.train
     data = bind_data(experiment.data, args.run_dir, resume=True)
     batches, words = held_out_set(data, cfg.batch_size,
                                   cfg.eval_batches if args.batches is None else args.batches,
                                   cfg.seed)
     metrics = evaluate(ts, batches, num_words=words)
-    print(json.dumps(metrics))
+    print(json.dumps({**metrics, "step": step}))
     shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
     return 0
@@ -147,7 +163,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
     except ValueError:
         raise ValueError(f"--prompt-ids must be integers, got {args.prompt_ids!r}") from None
-    _, ts = _load_run(args.run_dir, args.overrides, None)
+    if not prompt:
+        raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
+    _at_least(args.max_new_tokens, 1, "--max-new-tokens")
+    _at_least(args.temperature, 0.0, "--temperature")
+    _at_least(args.top_k, 1, "--top-k")
+    _at_least(args.seed, 0, "--seed")
+    _, ts, _ = _load_run(args.run_dir, args.overrides, None, "generate")
     tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     print(" ".join(str(int(t)) for t in tokens[0]))
@@ -203,14 +225,34 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "lis
             "tokenizer": cmd_tokenizer, "plot": cmd_plot}
 
 
+def error_line(error: BaseException) -> str:
+    """One line for an error: ours are one line already; others are cut to their first line
+    (tensorstore and orbax messages carry long dumps)."""
+    if isinstance(error, OSError) and error.strerror and not isinstance(error, FileNotFoundError):
+        where = f": {error.filename}" if error.filename else ""
+        full = " (disk full)" if error.errno == errno.ENOSPC else ""
+        return f"I/O error{full}: {error.strerror}{where}"
+    text = str(error).strip()
+    if not isinstance(error, USER_ERRORS):
+        first = text.splitlines()[0] if text else ""
+        return (f"unexpected {type(error).__name__}: {first} (set {DEBUG_ENV}=1 for the "
+                "traceback)")
+    return " ".join(text.split("\n"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except USER_ERRORS as e:
-        if os.environ.get("HYBRID_JAX_DEBUG"):
+    except KeyboardInterrupt:
+        if os.environ.get(DEBUG_ENV):
             raise
-        print(f"hybrid-jax {args.command}: error: {e}", file=sys.stderr)
+        print(f"hybrid-jax {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"hybrid-jax {args.command}: error: {error_line(e)}", file=sys.stderr)
         return 2
 
 

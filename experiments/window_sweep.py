@@ -65,7 +65,7 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
     from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
     run_dir = Path(run_dir)
-    experiment, ts = _load_run(run_dir, overrides, step)
+    experiment, ts, _ = _load_run(run_dir, overrides, step, "eval --windows")
     cfg = experiment.train
     data = bind_data(experiment.data, run_dir, resume=True)
     held_out, words = held_out_set(data, cfg.batch_size,

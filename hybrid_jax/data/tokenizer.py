@@ -11,6 +11,7 @@ loses spacing.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -215,6 +216,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return HFTokenizer(HF.from_file(str(path)), name=str(path))
     except Exception as e:  # the library raises a bare Exception for malformed files
         raise ValueError(f"tokenizer file {path} could not be loaded: {e}") from None
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """SHA-256 of the tokenizer's JSON: checkpoints record it, restores compare it."""
+    return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
 def _atomic_write(path: Path, text: str) -> None:
