@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import errno
 import json
 import math
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("files", nargs="+", help="text / .gz / .xz / ArrayRecord files or globs")
     tok_train.add_argument("--vocab-size", type=int, default=8192)
     tok_train.add_argument("--kind", choices=("bpe", "word"), default="bpe")
+    tok_train.add_argument("--encoding", default="utf-8", help="of the text files")
     tok_train.add_argument("--out", type=Path, required=True,
                            help="tokenizer.json path, or a (run) directory to write it into")
 
@@ -203,8 +205,12 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     from hybrid_jax.data.text import TOKENIZER_FILE, corpus_texts
     from hybrid_jax.data.tokenizer import build_word_vocab, train_bpe
 
+    try:
+        codecs.lookup(args.encoding)
+    except LookupError:
+        raise ValueError(f"--encoding={args.encoding!r}: not a known text encoding") from None
     files = [f for spec in args.files for f in resolve_files(spec, "files")]
-    texts = corpus_texts(files)
+    texts = corpus_texts(files, encoding=args.encoding)
     tokenizer = build_word_vocab(texts) if args.kind == "word" else train_bpe(texts,
                                                                               args.vocab_size)
     out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
