@@ -115,22 +115,28 @@ def _at_least(value: int | float | None, low: float, option: str) -> None:
         raise ValueError(f"{option}={value}: expected a finite value >= {low}")
 
 
-def _load_run(run_dir: Path, overrides: Sequence[str], step: int | None, command: str):
-    """The run's experiment and train state; says on stderr which checkpoint step it uses."""
+def _read_run(run_dir: Path, overrides: Sequence[str]):
+    """The experiment of a run directory, with `overrides`."""
     from experiments.run import read_experiment
     from hybrid_jax.config import apply_overrides
+
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: is {run_dir} a run directory?")
+    return apply_overrides(read_experiment(config_path), overrides)
+
+
+def _load_run(run_dir: Path, experiment, step: int | None, command: str):
+    """The train state of checkpoint `step` (default latest) of a run of `experiment`; says on
+    stderr which step it uses. Returns (train state, step)."""
     from hybrid_jax.sharding import make_mesh
     from hybrid_jax.train.trainer import restore_train_state
 
     _at_least(step, 0, "--step")
-    config_path = run_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: is {run_dir} a run directory?")
-    experiment = apply_overrides(read_experiment(config_path), overrides)
     ts, meta = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh),
                                    step=step)
     print(f"{command}: checkpoint step {meta['step']} of {run_dir}", file=sys.stderr)
-    return experiment, ts, int(meta["step"])
+    return ts, int(meta["step"])
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -143,7 +149,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         run(args.run_dir, args.windows, layers_text=args.layers, out=args.sweep_out,
             step=args.step, batches=args.batches, overrides=args.overrides)
         return 0
-    experiment, ts, step = _load_run(args.run_dir, args.overrides, args.step, "eval")
+    experiment = _read_run(args.run_dir, args.overrides)
+    ts, step = _load_run(args.run_dir, experiment, args.step, "eval")
     cfg = experiment.train
     data = bind_data(experiment.data, args.run_dir, resume=True)
     batches, words = held_out_set(data, cfg.batch_size,
@@ -158,7 +165,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     import jax.numpy as jnp
+    import numpy as np
 
+    from hybrid_jax.cache import check_token_ids
     from hybrid_jax.generate import generate
 
     try:
@@ -171,7 +180,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _at_least(args.temperature, 0.0, "--temperature")
     _at_least(args.top_k, 1, "--top-k")
     _at_least(args.seed, 0, "--seed")
-    _, ts, _ = _load_run(args.run_dir, args.overrides, None, "generate")
+    experiment = _read_run(args.run_dir, args.overrides)
+    vocab = experiment.model.vocab_size
+    check_token_ids(np.asarray([prompt]), vocab, "prompt token")
+    if args.top_k is not None and args.top_k > vocab:
+        raise ValueError(f"--top-k={args.top_k}: expected at most the vocabulary size {vocab}")
+    ts, _ = _load_run(args.run_dir, experiment, None, "generate")
     tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     print(" ".join(str(int(t)) for t in tokens[0]))
