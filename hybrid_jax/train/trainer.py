@@ -444,19 +444,26 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
 def _train(experiment: ExperimentConfig, out: Path | None, progress: bool, resume: bool
            ) -> dict[str, Any]:
     start = time.perf_counter()
-    run = _Run(experiment, out, progress, resume)
-    try:
-        with StopSignals(run.cfg.stop_grace_s, run.on_force_exit) as stop, \
-                jax.set_mesh(run.mesh):
-            run.loop(stop)
-            run.save()
-            if stop.received:
-                run.log.write({"step": run.step, "event": "interrupted", "signal": stop.received})
-                return {"experiment": experiment.name, "interrupted": stop.received,
-                        "step": run.step, "accuracy": None}
-        final = run.evaluate()
-    finally:
-        run.close()
+    runs: list[_Run] = []  # the run, once built: signals during setup are covered too
+
+    def on_force_exit(signal_name: str) -> str:
+        return runs[0].on_force_exit(signal_name) if runs else "Nothing was saved yet."
+
+    with StopSignals(experiment.train.stop_grace_s, on_force_exit) as stop:
+        run = _Run(experiment, out, progress, resume)
+        runs.append(run)
+        try:
+            with jax.set_mesh(run.mesh):
+                run.loop(stop)
+                run.save()
+                if stop.received:
+                    run.log.write({"step": run.step, "event": "interrupted",
+                                   "signal": stop.received})
+                    return {"experiment": experiment.name, "interrupted": stop.received,
+                            "step": run.step, "accuracy": None}
+            final = run.evaluate()
+        finally:
+            run.close()
     results = {"experiment": experiment.name, "steps": run.cfg.steps,
                "params": count_params(run.ts.model()),
                "train_loss": next((r["loss"] for r in reversed(run.log.history) if "loss" in r),

@@ -20,17 +20,14 @@ from hybrid_jax.train.metrics import MetricsLog, read_metrics
 from hybrid_jax.train.run_dir import RunLock
 from hybrid_jax.train.trainer import nonfinite_message, restore_train_state, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+from tests.train.test_text_cli import tiny as text_cli_run
 
 NAME = "lm-wikitext2-transformer-tiny"
 
 
 def tiny(corpus: Path, steps: int = 4) -> list[str]:
-    sets = [f"data.path={corpus}/train-*.txt", f"data.eval_path={corpus}/valid.txt",
-            "data.seq_len=16", "model.d_model=16", "model.num_heads=2",
-            'model.layers=["attention"]', f"train.steps={steps}", "train.warmup_steps=1",
-            "train.batch_size=4", "train.log_every=1", "train.eval_batches=1",
-            "train.checkpoint_every=2", "train.mesh.data=1"]
-    return [arg for s in sets for arg in ("--set", s)]
+    """A width-16 one-layer byte-level run, checkpoints every 2 steps."""
+    return text_cli_run(corpus, "byte", vocab=257, steps=steps)
 
 
 @pytest.fixture(scope="module")
