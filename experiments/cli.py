@@ -12,15 +12,21 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import errno
 import json
+import math
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-# Errors that describe bad input (configs, names, paths): one line, no traceback. Set
-# HYBRID_JAX_DEBUG=1 to see the traceback anyway.
-USER_ERRORS = (ValueError, FileNotFoundError)
+# Errors that describe bad input or a failed run (configs, names, paths, damaged checkpoints,
+# non-finite losses, I/O such as a full disk): one line, no traceback. Anything else is a bug,
+# also reported on one line. HYBRID_JAX_DEBUG=1 shows the traceback.
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
+DEBUG_ENV = "HYBRID_JAX_DEBUG"
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its latest checkpoint (its "
                             "config.json, plus --set overrides); starts fresh if it has none")
+    train.add_argument("--force", action="store_true",
+                       help="start afresh in --out even if it holds another run (its "
+                            "checkpoints, metrics and config are deleted)")
     _add_overrides(train)
 
     evaluate = sub.add_parser("eval", help="evaluate a trained run on its held-out data")
@@ -76,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("files", nargs="+", help="text / .gz / .xz / ArrayRecord files or globs")
     tok_train.add_argument("--vocab-size", type=int, default=8192)
     tok_train.add_argument("--kind", choices=("bpe", "word"), default="bpe")
+    tok_train.add_argument("--encoding", default="utf-8", help="of the text files")
     tok_train.add_argument("--out", type=Path, required=True,
                            help="tokenizer.json path, or a (run) directory to write it into")
 
@@ -87,13 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import signal
-
     from experiments.run import run_experiment
 
     out = Path("runs") / args.name if args.out is None else args.out
     results = run_experiment(args.name, out_dir=out, overrides=args.overrides,
-                             progress=not args.quiet, resume=args.resume)
+                             progress=not args.quiet, resume=args.resume, force=args.force)
     if results.get("interrupted"):
         print(f"{results['interrupted']} at step {results['step']}: checkpoint saved in {out}; "
               f"continue with: hybrid-jax train {args.name} --out {out} --resume")
@@ -102,37 +110,54 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_run(run_dir: Path, overrides: Sequence[str], step: int | None):
-    from hybrid_jax.config import ExperimentConfig, apply_overrides, from_dict
-    from hybrid_jax.sharding import make_mesh
-    from hybrid_jax.train.trainer import restore_train_state
+def _at_least(value: int | float | None, low: float, option: str) -> None:
+    if value is not None and not (value >= low and math.isfinite(value)):
+        raise ValueError(f"{option}={value}: expected a finite value >= {low}")
+
+
+def _read_run(run_dir: Path, overrides: Sequence[str]):
+    """The experiment of a run directory, with `overrides`."""
+    from experiments.run import read_experiment
+    from hybrid_jax.config import apply_overrides
 
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found: is {run_dir} a run directory?")
-    experiment = apply_overrides(from_dict(ExperimentConfig, json.loads(config_path.read_text())),
-                                 overrides)
-    return experiment, restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh),
-                                           step=step)[0]
+    return apply_overrides(read_experiment(config_path), overrides)
+
+
+def _load_run(run_dir: Path, experiment, step: int | None, command: str):
+    """The train state of checkpoint `step` (default latest) of a run of `experiment`; says on
+    stderr which step it uses. Returns (train state, step)."""
+    from hybrid_jax.sharding import make_mesh
+    from hybrid_jax.train.trainer import restore_train_state
+
+    _at_least(step, 0, "--step")
+    ts, meta = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh),
+                                   step=step)
+    print(f"{command}: checkpoint step {meta['step']} of {run_dir}", file=sys.stderr)
+    return ts, int(meta["step"])
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
+    _at_least(args.batches, 0, "--batches")
     if args.windows is not None:
         from experiments.window_sweep import run
 
         run(args.run_dir, args.windows, layers_text=args.layers, out=args.sweep_out,
             step=args.step, batches=args.batches, overrides=args.overrides)
         return 0
-    experiment, ts = _load_run(args.run_dir, args.overrides, args.step)
+    experiment = _read_run(args.run_dir, args.overrides)
+    ts, step = _load_run(args.run_dir, experiment, args.step, "eval")
     cfg = experiment.train
     data = bind_data(experiment.data, args.run_dir, resume=True)
     batches, words = held_out_set(data, cfg.batch_size,
                                   cfg.eval_batches if args.batches is None else args.batches,
                                   cfg.seed)
     metrics = evaluate(ts, batches, num_words=words)
-    print(json.dumps(metrics))
+    print(json.dumps({**metrics, "step": step}))
     shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
     return 0
@@ -140,14 +165,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     import jax.numpy as jnp
+    import numpy as np
 
+    from hybrid_jax.cache import check_token_ids
     from hybrid_jax.generate import generate
 
     try:
         prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
     except ValueError:
         raise ValueError(f"--prompt-ids must be integers, got {args.prompt_ids!r}") from None
-    _, ts = _load_run(args.run_dir, args.overrides, None)
+    if not prompt:
+        raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
+    _at_least(args.max_new_tokens, 1, "--max-new-tokens")
+    _at_least(args.temperature, 0.0, "--temperature")
+    _at_least(args.top_k, 1, "--top-k")
+    _at_least(args.seed, 0, "--seed")
+    experiment = _read_run(args.run_dir, args.overrides)
+    vocab = experiment.model.vocab_size
+    check_token_ids(np.asarray([prompt]), vocab, "prompt token")
+    if args.top_k is not None and args.top_k > vocab:
+        raise ValueError(f"--top-k={args.top_k}: expected at most the vocabulary size {vocab}")
+    ts, _ = _load_run(args.run_dir, experiment, None, "generate")
     tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     print(" ".join(str(int(t)) for t in tokens[0]))
@@ -181,8 +219,12 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     from hybrid_jax.data.text import TOKENIZER_FILE, corpus_texts
     from hybrid_jax.data.tokenizer import build_word_vocab, train_bpe
 
+    try:
+        codecs.lookup(args.encoding)
+    except LookupError:
+        raise ValueError(f"--encoding={args.encoding!r}: not a known text encoding") from None
     files = [f for spec in args.files for f in resolve_files(spec, "files")]
-    texts = corpus_texts(files)
+    texts = corpus_texts(files, encoding=args.encoding)
     tokenizer = build_word_vocab(texts) if args.kind == "word" else train_bpe(texts,
                                                                               args.vocab_size)
     out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
@@ -203,14 +245,34 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "lis
             "tokenizer": cmd_tokenizer, "plot": cmd_plot}
 
 
+def error_line(error: BaseException) -> str:
+    """One line for an error: ours are one line already; others are cut to their first line
+    (tensorstore and orbax messages carry long dumps)."""
+    if isinstance(error, OSError) and error.strerror and not isinstance(error, FileNotFoundError):
+        where = f": {error.filename}" if error.filename else ""
+        full = " (disk full)" if error.errno == errno.ENOSPC else ""
+        return f"I/O error{full}: {error.strerror}{where}"
+    text = str(error).strip()
+    if not isinstance(error, USER_ERRORS):
+        first = text.splitlines()[0] if text else ""
+        return (f"unexpected {type(error).__name__}: {first} (set {DEBUG_ENV}=1 for the "
+                "traceback)")
+    return " ".join(text.split("\n"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except USER_ERRORS as e:
-        if os.environ.get("HYBRID_JAX_DEBUG"):
+    except KeyboardInterrupt:
+        if os.environ.get(DEBUG_ENV):
             raise
-        print(f"hybrid-jax {args.command}: error: {e}", file=sys.stderr)
+        print(f"hybrid-jax {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"hybrid-jax {args.command}: error: {error_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -19,18 +19,19 @@ from hybrid_jax.config import ExperimentConfig, apply_overrides, from_dict
 
 def run_experiment(name: str, *, out_dir: str | Path | None = None,
                    overrides: Sequence[str] = (), progress: bool = True,
-                   resume: bool = False) -> dict[str, Any]:
+                   resume: bool = False, force: bool = False) -> dict[str, Any]:
     """Trains experiment `name` (with `key=value` overrides) into `out_dir` (default runs/NAME).
 
     `resume`: continue the run saved in `out_dir` (its config.json plus `overrides`) from its
-    latest checkpoint; a directory without one starts fresh.
+    latest checkpoint; a directory without one starts fresh. `force`: overwrite a directory
+    that holds another run.
     """
     from hybrid_jax.train import train
 
     out_dir = Path("runs") / name if out_dir is None else Path(out_dir)
     saved = out_dir / "config.json"
-    if resume and saved.is_file():
-        experiment = from_dict(ExperimentConfig, json.loads(saved.read_text()))
+    if resume and saved.is_file() and not force:
+        experiment = read_experiment(saved)
         if experiment.name != name:
             raise ValueError(f"{out_dir} holds a run of {experiment.name!r}, not {name!r}")
         experiment = apply_overrides(experiment, overrides)
@@ -38,7 +39,18 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
         experiment = apply_overrides(registry.get(name), overrides)
     if progress:
         print(f"{name}: {experiment.description}\nrun directory: {out_dir}", flush=True)
-    return train(experiment, out_dir, progress=progress, resume=resume)
+    return train(experiment, out_dir, progress=progress, resume=resume, force=force)
+
+
+def read_experiment(path: Path) -> ExperimentConfig:
+    """The experiment of a run's `config.json`; a damaged file raises a one-line ValueError."""
+    try:
+        return from_dict(ExperimentConfig, json.loads(path.read_text()))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): restore it or start a new run") \
+            from None
+    except (TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{path} does not describe an experiment: {e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from flax import struct
 
 
@@ -97,7 +98,46 @@ class BlockCache:
 
 @struct.dataclass
 class LMCache:
-    """A language model's decode state: the next position and one cache per layer."""
+    """A language model's decode state: the next position and one cache per layer.
+
+    `max_len` is the number of positions the cache was made for; decoding past it is an error
+    unless `windowed` (then full-attention layers keep the last `max_len` tokens, a sliding
+    window, and recurrent layers go on as usual).
+    """
 
     index: jax.Array  # [] int32: number of tokens consumed so far
     layers: tuple[Any, ...]
+    max_len: int = struct.field(pytree_node=False, default=0)
+    windowed: bool = struct.field(pytree_node=False, default=False)
+
+
+def check_token_ids(tokens: Any, vocab_size: int, what: str = "token") -> None:
+    """Raises ValueError naming the first id outside `[0, vocab_size)` of a concrete array;
+    traced arrays pass (the model embeds such ids as NaN, see `LanguageModel._embed`)."""
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    ids = np.asarray(tokens)
+    bad = np.argwhere((ids < 0) | (ids >= vocab_size))
+    if len(bad):
+        where = tuple(int(i) for i in bad[0])
+        raise ValueError(f"{what} id {ids[where]} at index {list(where)} is outside the "
+                         f"vocabulary [0, {vocab_size}) (ModelConfig.vocab_size)"
+                         + (f" ({len(bad)} ids in all)" if len(bad) > 1 else ""))
+
+
+def check_cache_room(cache: LMCache, length: int) -> jax.Array | None:
+    """Refuses to decode `length` more tokens past `cache.max_len` (unless `cache.windowed`).
+
+    Returns None when nothing can overflow or the check was done here (concrete index), else a
+    traced bool that is True when this call overflows (the caller turns its logits into NaN).
+    """
+    if cache.windowed or cache.max_len <= 0:
+        return None
+    end = cache.index + length
+    if isinstance(end, jax.core.Tracer):
+        return end > cache.max_len
+    if int(end) > cache.max_len:
+        raise ValueError(f"decoding {length} token(s) after {int(cache.index)} overflows the "
+                         f"cache's max_len={cache.max_len}: make the cache with a larger "
+                         "max_len, or init_cache(..., windowed=True) for a sliding window")
+    return None

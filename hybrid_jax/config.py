@@ -8,6 +8,7 @@ JSON round trips go through `replace_path`, `to_dict` and `from_dict`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -23,6 +24,56 @@ POSITION_EMBEDDINGS = ("none", "learned")
 
 def _fail(owner: str, name: str, value: Any, expected: str) -> None:
     raise ValueError(f"{owner}.{name}={value!r}: {expected}")
+
+
+def _union_members(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _is_instance(value: Any, kind: type) -> bool:
+    if kind is float:  # an int is a fine float; a bool is neither an int nor a float here
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+@functools.cache
+def _scalar_fields(cls: type) -> tuple[tuple[str, tuple[type, ...]], ...]:
+    """(name, allowed types) of the fields of `cls` typed int / float / bool / str (or None)."""
+    fields = []
+    for name, hint in typing.get_type_hints(cls).items():
+        members = _union_members(hint)
+        if members and all(m in _SCALARS or m is type(None) for m in members):
+            fields.append((name, members))
+    return tuple(fields)
+
+
+def check_types(config: Any) -> None:
+    """Raises ValueError naming the first scalar field whose value has the wrong type (e.g. a
+    float step count or a string learning rate from the Python API)."""
+    for name, kinds in _scalar_fields(type(config)):
+        value = getattr(config, name)
+        if not any(value is None if k is type(None) else _is_instance(value, k) for k in kinds):
+            expected = " or ".join("None" if k is type(None) else _SCALARS[k] for k in kinds)
+            _fail(type(config).__name__, name, value, f"expected {expected}")
+
+
+def check_finite(owner: str, name: str, value: float, low: float, *, open_low: bool = False,
+                 high: float | None = None, open_high: bool = False) -> None:
+    """Raises ValueError unless `value` is finite and inside the interval."""
+    ok = math.isfinite(value) and (value > low if open_low else value >= low)
+    if ok and high is not None:
+        ok = value < high if open_high else value <= high
+    if not ok:
+        lo = f"{'(' if open_low else '['}{low}"
+        hi = "inf)" if high is None else f"{high}{')' if open_high else ']'}"
+        _fail(owner, name, value, f"expected a finite value in {lo}, {hi}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +167,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         own = "ModelConfig"
+        if isinstance(self.layers, str) or not isinstance(self.layers, Sequence):
+            _fail(own, "layers", self.layers, "expected a tuple of block types or layer specs")
         object.__setattr__(self, "layers", tuple(LayerSpec.parse(s) for s in self.layers))
+        check_types(self)
         for name in ("vocab_size", "d_model", "num_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
@@ -151,6 +205,9 @@ class ModelConfig:
             _fail(own, "max_positions", self.max_positions,
                   f"expected None with position_embedding={self.position_embedding!r} "
                   "(the table length of position_embedding='learned')")
+        check_finite(own, "rope_theta", self.rope_theta, 0.0, open_low=True)
+        check_finite(own, "norm_eps", self.norm_eps, 0.0, open_low=True, high=1.0)
+        check_finite(own, "init_std", self.init_std, 0.0, open_low=True)
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 _fail(own, name, getattr(self, name), f"expected one of {list(DTYPES)}")
@@ -227,6 +284,7 @@ class MeshConfig:
     axis_rule_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_types(self)
         sizes = (self.data, self.fsdp, self.tensor)
         if sum(s == -1 for s in sizes) > 1 or any(s == 0 or s < -1 for s in sizes):
             raise ValueError(
@@ -258,7 +316,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    grad_clip: float | None = 1.0  # global-norm clipping; None disables
     seed: int = 0
     log_every: int = 50
     eval_every: int = 0  # 0: evaluate only at the end
@@ -269,23 +327,38 @@ class TrainConfig:
     on_nonfinite: str = "stop"  # "stop", or "rollback" to the last checkpoint skipping the batch
     mesh: MeshConfig = MeshConfig()
 
+    stop_grace_s: float = 10.0  # after SIGTERM/SIGINT, force the exit if no step ends in this
+
     def __post_init__(self) -> None:
+        own = "TrainConfig"
+        check_types(self)
+        if not isinstance(self.mesh, MeshConfig):
+            _fail(own, "mesh", self.mesh, "expected a MeshConfig")
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
-                _fail("TrainConfig", name, getattr(self, name), "expected a positive integer")
+                _fail(own, name, getattr(self, name), "expected a positive integer")
         for name in ("warmup_steps", "log_every", "eval_every", "eval_batches",
-                     "checkpoint_every"):
+                     "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
-                _fail("TrainConfig", name, getattr(self, name), "expected an integer >= 0")
-        if self.learning_rate <= 0:
-            _fail("TrainConfig", "learning_rate", self.learning_rate, "expected > 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            _fail("TrainConfig", "min_lr_ratio", self.min_lr_ratio, "expected a value in [0, 1]")
+                _fail(own, name, getattr(self, name), "expected an integer >= 0")
+        if self.warmup_steps > self.steps:
+            _fail(own, "warmup_steps", self.warmup_steps,
+                  f"expected <= steps={self.steps} (the learning rate would never reach its "
+                  "peak); lower train.warmup_steps too")
+        check_finite(own, "learning_rate", self.learning_rate, 0.0, open_low=True)
+        check_finite(own, "min_lr_ratio", self.min_lr_ratio, 0.0, high=1.0)
+        check_finite(own, "weight_decay", self.weight_decay, 0.0)
+        for name in ("beta1", "beta2"):
+            check_finite(own, name, getattr(self, name), 0.0, high=1.0, open_high=True)
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip)
+                                               and self.grad_clip > 0):
+            _fail(own, "grad_clip", self.grad_clip,
+                  "expected None (no clipping) or a finite value > 0")
+        check_finite(own, "stop_grace_s", self.stop_grace_s, 0.0, open_low=True)
         if self.keep_checkpoints < 1:
-            _fail("TrainConfig", "keep_checkpoints", self.keep_checkpoints, "expected >= 1")
+            _fail(own, "keep_checkpoints", self.keep_checkpoints, "expected >= 1")
         if self.on_nonfinite not in ("stop", "rollback"):
-            _fail("TrainConfig", "on_nonfinite", self.on_nonfinite,
-                  "expected 'stop' or 'rollback'")
+            _fail(own, "on_nonfinite", self.on_nonfinite, "expected 'stop' or 'rollback'")
 
 
 # Data configs register here by kind so experiment configs can name and deserialise them.
@@ -297,9 +370,25 @@ def register_data(kind: str) -> Callable[[type], type]:
 
     def decorate(cls: type) -> type:
         cls.kind = kind
+        own_checks = getattr(cls, "__post_init__", None)
+
+        def post_init(self) -> None:  # field types first: range checks compare numbers
+            check_types(self)
+            _check_example_counts(self)
+            if own_checks is not None:
+                own_checks(self)
+
+        cls.__post_init__ = post_init
         return DATA_KINDS.register(kind, cls)
 
     return decorate
+
+
+def _check_example_counts(config: Any) -> None:
+    for name in ("vocab_size", "seq_len", "num_train_examples", "num_eval_examples"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value < 1:
+            _fail(type(config).__name__, name, value, "expected a positive integer")
 
 
 def data_config_class(kind: str) -> type:
@@ -315,6 +404,17 @@ class ExperimentConfig:
     data: Any  # a registered data config (see register_data)
     train: TrainConfig = TrainConfig()
     description: str = ""
+
+    def __post_init__(self) -> None:
+        own = "ExperimentConfig"
+        check_types(self)
+        if not isinstance(self.model, ModelConfig):
+            _fail(own, "model", self.model, "expected a ModelConfig")
+        if not isinstance(self.train, TrainConfig):
+            _fail(own, "train", self.train, "expected a TrainConfig")
+        if type(self.data) not in (DATA_KINDS.get(kind) for kind in DATA_KINDS.names()):
+            _fail(own, "data", self.data,
+                  f"expected a registered data config (kinds: {DATA_KINDS.names()})")
 
 
 # --- overrides and JSON ------------------------------------------------------------------------
@@ -434,12 +534,6 @@ def parse_value(hint: Any, value: Any, name: str = "value") -> Any:
         except (ValueError, json.JSONDecodeError) as e:
             errors.append(str(e))
     raise ValueError(f"cannot parse {name}={value!r} as {hint}: {'; '.join(errors)}")
-
-
-def _union_members(hint: Any) -> tuple[Any, ...]:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return typing.get_args(hint)
-    return (hint,)
 
 
 def _parse_as(kind: Any, value: str) -> Any:

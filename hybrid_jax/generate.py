@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from hybrid_jax.cache import check_token_ids
 from hybrid_jax.nn.lm import LanguageModel
 
 
@@ -32,19 +35,29 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     The cache holds `max_len` positions (default: prompt + new tokens); sliding-window layers
     keep only their window. `extras`: per-token arrays `[B, prompt + max_new_tokens, ...]` for
     mixers that read them (the `TokenContext` of the prompt, then of each generated token, e.g.
-    a per-token mode schedule).
+    a per-token mode schedule). Prompt ids outside the vocabulary, a negative or non-finite
+    temperature and a `top_k` outside `[1, vocab_size]` raise ValueError.
     """
-    prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
-    if prompt_BT.ndim != 2 or prompt_BT.shape[1] < 1:
-        raise ValueError(f"prompt must be [batch, time] with time >= 1, got {prompt_BT.shape}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
-        raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], "
-                         f"got {top_k}")
+    prompt = np.asarray(prompt_BT)
+    if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
+        raise ValueError(f"prompt must be an integer array [batch, time] with time >= 1, got "
+                         f"shape {prompt.shape} dtype {prompt.dtype}")
+    check_token_ids(prompt, model.config.vocab_size, "prompt token")
+    prompt_BT = jnp.asarray(prompt, jnp.int32)
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not _is_int(seed):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    if not isinstance(temperature, int | float) or not (math.isfinite(temperature)
+                                                          and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got "
+                         f"{temperature!r}")
+    if top_k is not None and (not _is_int(top_k) or not 1 <= top_k <= model.config.vocab_size):
+        raise ValueError(f"top_k must be an integer in [1, vocab_size="
+                         f"{model.config.vocab_size}] or None, got {top_k!r}")
     needed = prompt_BT.shape[1] + max_new_tokens
     max_len = needed if max_len is None else max_len
-    if max_len < needed:
+    if not _is_int(max_len) or max_len < needed:
         raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
     extras = dict(extras or {})
     for name, array in extras.items():
@@ -55,6 +68,10 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     graphdef, state = nnx.split(model)
     return _generate(graphdef, state, prompt_BT, jax.random.key(seed), extras, max_new_tokens,
                      temperature, top_k, max_len)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6, 7, 8))

@@ -6,7 +6,8 @@ import pytest
 
 from experiments.cli import main
 
-TINY_RUN = ["--set", "train.steps=6", "--set", "train.batch_size=8", "--set", "train.log_every=2",
+TINY_RUN = ["--set", "train.steps=6", "--set", "train.warmup_steps=2",
+            "--set", "train.batch_size=8", "--set", "train.log_every=2",
             "--set", "train.eval_batches=1", "--set", "data.seq_len=16",
             "--set", "data.num_kv_pairs=2", "--set", "train.mesh.data=1", "--set",
             "model.d_model=16", "--set", "model.num_heads=2"]

@@ -82,7 +82,8 @@ def test_every_experiment_loads_and_round_trips_through_json():
 def test_overrides_parse_by_type():
     experiment = registry.get(registry.names()[0])
     changed = apply_overrides(experiment, [
-        "train.steps=7", "train.learning_rate=0.5", "model.window=none", "model.window=8",
+        "train.steps=7", "train.warmup_steps=7",
+        "train.learning_rate=0.5", "model.window=none", "model.window=8",
         "model.tie_embeddings=false", "train.mesh.data=1", 'model.layers=["attention"]',
     ])
     assert changed.train.steps == 7 and changed.train.learning_rate == 0.5

@@ -28,7 +28,7 @@ EXPERIMENT = ExperimentConfig(
     model=ModelConfig(layers=("attention", "attention"), vocab_size=64, d_model=32, num_heads=4,
                       num_kv_heads=2, ffn_dim=64),
     data=MQARConfig(vocab_size=64, seq_len=16, num_kv_pairs=2),
-    train=TrainConfig(batch_size=8, steps=1),
+    train=TrainConfig(batch_size=8, steps=1, warmup_steps=0),
 )
 
 

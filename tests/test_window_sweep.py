@@ -8,7 +8,8 @@ import pytest
 from experiments.cli import main
 from experiments.window_sweep import parse_windows
 
-TINY_RUN = ["--set", "train.steps=4", "--set", "train.batch_size=4", "--set", "train.log_every=2",
+TINY_RUN = ["--set", "train.steps=4", "--set", "train.warmup_steps=2",
+            "--set", "train.batch_size=4", "--set", "train.log_every=2",
             "--set", "train.eval_batches=1", "--set", "data.seq_len=16",
             "--set", "data.num_kv_pairs=2", "--set", "train.mesh.data=1", "--set",
             "model.d_model=16", "--set", "model.num_heads=2", "--set", "model.num_slots=4",

@@ -1,4 +1,5 @@
-"""Language modelling on real text: WikiText-2 (raw) and Project Gutenberg, from `../shared/data`.
+"""Language modelling on real text: WikiText-2 (raw) and Project Gutenberg, from `../shared/data`
+next to the project root (not the current directory).
 
 The data paths are options (`--set data.path=... --set data.eval_path=...`), so the same
 experiments run on any corpus. Tiny variants use the byte tokenizer and train on a CPU in
@@ -8,14 +9,17 @@ run (recorded as RUN_DIR/tokenizer.json) and are sized for one GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from experiments.registry import register
 from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, TrainConfig
 from hybrid_jax.data.text import TextConfig
 
-DATA = "../shared/data"
+# The corpora live next to the project (`<project>/../shared/data`), wherever it is run from.
+DATA = os.path.normpath(Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
 # WikiText articles start with a top-level heading line " = Title = " (sections use " = = ").
 WIKITEXT_ARTICLE = r"^ = [^=].* = $"
 BPE_VOCAB = 32768

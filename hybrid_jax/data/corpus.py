@@ -1,8 +1,10 @@
 """Corpora as token streams: the documents of a set of files, tokenized and concatenated.
 
 Inputs (one kind per file list, chosen by extension):
-- text: `.txt`, `.raw`, `.tokens`, ... and `.gz` / `.xz` compressed, read as streams of lines.
-  A line matching `document_regex` starts a new document; without one, each file is a document.
+- text: `.txt`, `.raw`, `.tokens`, ... and `.gz` / `.xz` compressed, read as streams of lines
+  in `encoding` (UTF-8 by default). A line matching `document_regex` starts a new document;
+  without one, each file is a document. Bytes that do not decode, NUL bytes (binary files) and
+  damaged compressed streams raise ValueError naming the file and line.
 - ArrayRecord (`.arrayrecord`, `.array_record`): one UTF-8 document per record.
 - token arrays: `.npy` (memory-mapped) or raw `.bin` (`token_dtype`), already tokenized;
   documents start at each end-of-document id.
@@ -23,6 +25,7 @@ import json
 import lzma
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -84,43 +87,81 @@ def file_kind(path: Path) -> str:
     return "text"
 
 
-def open_text(path: Path) -> IO[str]:
-    """A text stream of `path`, decompressing `.gz` / `.xz` on the fly; newlines untranslated."""
+def open_text(path: Path, encoding: str = "utf-8") -> IO[str]:
+    """A text stream of `path`, decompressing `.gz` / `.xz` on the fly; newlines untranslated;
+    undecodable bytes raise."""
     opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
-    return opener(path, "rt", encoding="utf-8", errors="replace", newline="")
+    return opener(path, "rt", encoding=encoding, errors="strict", newline="")
 
 
-def text_pieces(path: Path, document_regex: str = "") -> Iterator[tuple[bool, str]]:
+def _checked_lines(path: Path, encoding: str) -> Iterator[str]:
+    """The lines of a text file; a decoding error, a NUL byte or a damaged .gz/.xz stream
+    raises ValueError naming the file and line."""
+    number = 0
+    try:
+        with open_text(path, encoding) as f:
+            for number, line in enumerate(f, 1):  # noqa: B007 (read in the except clauses)
+                if "\0" in line:
+                    raise ValueError(
+                        f"data file {path} looks binary (a NUL byte on line {number}): give "
+                        "text, ArrayRecord (.arrayrecord) or token (.npy, .bin) files, or set "
+                        "data.encoding (e.g. utf-16) if it is text")
+                yield line
+    except UnicodeDecodeError as e:
+        raise ValueError(f"data file {path} is not valid {encoding} text (near line "
+                         f"{number + 1}: {e.reason}): set data.encoding to its "
+                         "encoding (e.g. latin-1, cp1252)") from None
+    except (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"data file {path} is a damaged {path.suffix} stream (after line "
+                         f"{number}): {e}") from None
+
+
+def document_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8"
+                    ) -> Iterator[tuple[bool, str]]:
+    """`(starts_document, text)` pieces of a text or ArrayRecord file."""
+    if file_kind(path) == "arrayrecord":
+        return array_record_pieces(path, encoding)
+    return text_pieces(path, document_regex, encoding)
+
+
+def text_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8"
+                ) -> Iterator[tuple[bool, str]]:
     """`(starts_document, text)` pieces of a text file, each at most ~1M characters (cut at line
     ends, so a file never sits whole in memory)."""
     starts = re.compile(document_regex) if document_regex else None
     lines: list[str] = []
     size, new_document = 0, True
-    with open_text(path) as f:
-        for line in f:
-            if starts is not None and starts.match(line.rstrip("\r\n")):
-                if lines:
-                    yield new_document, "".join(lines)
-                    lines, size = [], 0
-                new_document = True
-            lines.append(line)
-            size += len(line)
-            if size >= PIECE_CHARS:
+    for line in _checked_lines(path, encoding):
+        if starts is not None and starts.match(line.rstrip("\r\n")):
+            if lines:
                 yield new_document, "".join(lines)
-                lines, size, new_document = [], 0, False
+                lines, size = [], 0
+            new_document = True
+        lines.append(line)
+        size += len(line)
+        if size >= PIECE_CHARS:
+            yield new_document, "".join(lines)
+            lines, size, new_document = [], 0, False
     if lines:
         yield new_document, "".join(lines)
 
 
-def array_record_pieces(path: Path) -> Iterator[tuple[bool, str]]:
-    """One document per record (UTF-8 text)."""
+def array_record_pieces(path: Path, encoding: str = "utf-8") -> Iterator[tuple[bool, str]]:
+    """One document per record (text in `encoding`)."""
     from array_record.python.array_record_module import ArrayRecordReader
 
     reader = ArrayRecordReader(str(path))
     try:
         for start in range(0, reader.num_records(), 1024):
-            for record in reader.read(range(start, min(start + 1024, reader.num_records()))):
-                yield True, record.decode("utf-8", errors="replace")
+            records = reader.read(range(start, min(start + 1024, reader.num_records())))
+            for index, record in enumerate(records, start):
+                try:
+                    text = record.decode(encoding)
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"data file {path}: record {index} is not valid {encoding} "
+                                     f"text ({e.reason} at byte {e.start}): set data.encoding"
+                                     ) from None
+                yield True, text
     finally:
         reader.close()
 
@@ -180,19 +221,21 @@ def _load_cached(path: Path) -> TokenStream | None:
     return TokenStream(tokens, np.load(path.with_suffix(".docs.npy")), meta["num_words"])
 
 
-def _cache_key(files: list[Path], tokenizer: Tokenizer, document_regex: str) -> str:
+def _cache_key(files: list[Path], tokenizer: Tokenizer, document_regex: str,
+               encoding: str) -> str:
     stats = [(str(f.absolute()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    blob = json.dumps([CACHE_VERSION, stats, tokenizer.to_json(), document_regex])
+    blob = json.dumps([CACHE_VERSION, stats, tokenizer.to_json(), document_regex]
+                      + ([encoding] if encoding != "utf-8" else []))
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def tokenize_documents(files: list[Path], tokenizer: Tokenizer, *, document_regex: str = "",
-                       cache_dir: Path | None = None) -> TokenStream:
+                       cache_dir: Path | None = None, encoding: str = "utf-8") -> TokenStream:
     """Tokenizes text or ArrayRecord `files` into one stream (cached under `cache_dir`)."""
     cache = None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        cache = cache_dir / _cache_key(files, tokenizer, document_regex)
+        cache = cache_dir / _cache_key(files, tokenizer, document_regex, encoding)
         cached = _load_cached(cache)
         if cached is not None:
             return cached
@@ -206,9 +249,7 @@ def tokenize_documents(files: list[Path], tokenizer: Tokenizer, *, document_rege
         batch.clear()
 
     for path in files:
-        pieces = (array_record_pieces(path) if file_kind(path) == "arrayrecord"
-                  else text_pieces(path, document_regex))
-        for new_document, text in pieces:
+        for new_document, text in document_pieces(path, document_regex, encoding):
             writer.num_words += count_words(text)
             batch.append((new_document, text))
             if len(batch) >= 8:
@@ -246,7 +287,8 @@ def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
 
 
 def load_stream(files: list[Path], tokenizer: Tokenizer, *, document_regex: str = "",
-                token_dtype: str = "uint16", cache_dir: Path | None = None) -> TokenStream:
+                token_dtype: str = "uint16", cache_dir: Path | None = None,
+                encoding: str = "utf-8") -> TokenStream:
     """The token stream of `files` (all token arrays, or all text / ArrayRecord)."""
     kinds = {file_kind(f) == "tokens" for f in files}
     if len(kinds) > 1:
@@ -256,4 +298,4 @@ def load_stream(files: list[Path], tokenizer: Tokenizer, *, document_regex: str 
         return load_token_files(files, eos_id=tokenizer.eos_id, vocab_size=tokenizer.vocab_size,
                                 token_dtype=token_dtype)
     return tokenize_documents(files, tokenizer, document_regex=document_regex,
-                              cache_dir=cache_dir)
+                              cache_dir=cache_dir, encoding=encoding)

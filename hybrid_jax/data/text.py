@@ -12,6 +12,7 @@ resuming), records it as `RUN_DIR/tokenizer.json` and returns a `TextData`, whos
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -22,11 +23,10 @@ import numpy as np
 from hybrid_jax.config import register_data
 from hybrid_jax.data.corpus import (
     TokenStream,
-    array_record_pieces,
+    document_pieces,
     file_kind,
     load_stream,
     resolve_files,
-    text_pieces,
 )
 from hybrid_jax.data.packing import PackedWindows
 from hybrid_jax.data.tokenizer import (
@@ -54,6 +54,7 @@ class TextConfig:
     token_dtype: str = "uint16"  # element type of raw .bin token files
     word_perplexity: bool = False  # also report word-level perplexity (WikiText)
     cache_dir: str = ""  # tokenized-data cache; "": RUN_DIR/data_cache
+    encoding: str = "utf-8"  # of the text files (any Python codec name, e.g. latin-1)
 
     def __post_init__(self) -> None:
         name = "TextConfig"
@@ -63,6 +64,11 @@ class TextConfig:
             raise ValueError(f"{name}.token_dtype={self.token_dtype!r}: expected one of "
                              f"{list(TOKEN_DTYPES)}")
         _bpe_vocab(self.tokenizer)
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ValueError(f"{name}.encoding={self.encoding!r}: not a known text encoding "
+                             "(e.g. utf-8, latin-1, cp1252, utf-16)") from None
         try:
             re.compile(self.document_regex)
         except re.error as e:
@@ -89,14 +95,13 @@ def _bpe_vocab(spec: str) -> int | None:
                      "(e.g. bpe:8192), 'word' or the path of a tokenizer.json")
 
 
-def corpus_texts(files: list[Path], document_regex: str = "") -> Iterator[str]:
+def corpus_texts(files: list[Path], document_regex: str = "", encoding: str = "utf-8"
+                 ) -> Iterator[str]:
     """The text of `files` in pieces (text or ArrayRecord), for training a tokenizer."""
     for path in files:
         if file_kind(path) == "tokens":
             raise ValueError(f"cannot train a tokenizer on token file {path}: give text files")
-        pieces = (array_record_pieces(path) if file_kind(path) == "arrayrecord"
-                  else text_pieces(path, document_regex))
-        for _, text in pieces:
+        for _, text in document_pieces(path, document_regex, encoding):
             yield text
 
 
@@ -118,13 +123,15 @@ def resolve_tokenizer(config: TextConfig, run_dir: Path | None, *,
         if isinstance(previous, HFTokenizer) and previous.vocab_size == vocab:
             tokenizer = previous
         else:
-            texts = corpus_texts(resolve_files(config.path, "data.path"), config.document_regex)
+            texts = corpus_texts(resolve_files(config.path, "data.path"), config.document_regex,
+                                 config.encoding)
             tokenizer = train_bpe(texts, vocab)
     elif spec == "word":
         if isinstance(previous, WordTokenizer):
             tokenizer = previous
         else:
-            texts = corpus_texts(resolve_files(config.path, "data.path"), config.document_regex)
+            texts = corpus_texts(resolve_files(config.path, "data.path"), config.document_regex,
+                                 config.encoding)
             tokenizer = build_word_vocab(texts)
     else:
         tokenizer = load_tokenizer(spec)
@@ -159,7 +166,7 @@ class TextData:
             self._streams[split] = load_stream(
                 resolve_files(spec, what), self.tokenizer,
                 document_regex=self.config.document_regex, token_dtype=self.config.token_dtype,
-                cache_dir=self.cache_dir)
+                cache_dir=self.cache_dir, encoding=self.config.encoding)
         return self._streams[split]
 
     def source(self, split: str, seed: int = 0) -> PackedWindows:

@@ -11,6 +11,7 @@ loses spacing.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -56,7 +57,7 @@ class ByteTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        data = bytes(int(i) for i in ids if int(i) < 256)
+        data = bytes(i for i in checked_ids(ids, self.vocab_size, self.name) if i < 256)
         return data.decode("utf-8", errors="replace")
 
     def token_bytes(self) -> np.ndarray:
@@ -92,7 +93,7 @@ class HFTokenizer:
         return [np.asarray(e.ids, np.int32) for e in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
+        return self.tokenizer.decode(checked_ids(ids, self.vocab_size, self.name))
 
     def token_bytes(self) -> np.ndarray:
         specials = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()
@@ -144,12 +145,12 @@ class WordTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         lines, line = [], []
-        for i in ids:
-            if int(i) == self.eos_id:
+        for i in checked_ids(ids, self.vocab_size, self.name):
+            if i == self.eos_id:
                 lines.append(" ".join(line) + "\n")
                 line = []
             else:
-                line.append(self.vocab[int(i)])
+                line.append(self.vocab[i])
         return "".join(lines) + " ".join(line)
 
     def token_bytes(self) -> np.ndarray:
@@ -162,6 +163,16 @@ class WordTokenizer:
 
     def save(self, path: str | Path) -> None:
         _atomic_write(Path(path), self.to_json())
+
+
+def checked_ids(ids: Iterable[int], vocab_size: int, name: str) -> list[int]:
+    """`ids` as ints; an id outside `[0, vocab_size)` raises ValueError naming it."""
+    out = [int(i) for i in ids]
+    bad = [i for i in out if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"cannot decode token id {bad[0]} with tokenizer {name!r}: expected "
+                         f"ids in [0, {vocab_size})")
+    return out
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> HFTokenizer:
@@ -215,6 +226,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return HFTokenizer(HF.from_file(str(path)), name=str(path))
     except Exception as e:  # the library raises a bare Exception for malformed files
         raise ValueError(f"tokenizer file {path} could not be loaded: {e}") from None
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """SHA-256 of the tokenizer's JSON: checkpoints record it, restores compare it."""
+    return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
 def _atomic_write(path: Path, text: str) -> None:

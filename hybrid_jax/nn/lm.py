@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from hybrid_jax.cache import LMCache
+from hybrid_jax.cache import LMCache, check_cache_room, check_token_ids
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
@@ -56,10 +56,16 @@ class LanguageModel(nnx.Module):
         if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
             raise ValueError(f"tokens must be an integer array [batch, time], got shape "
                              f"{tuple(tokens_BT.shape)} dtype {tokens_BT.dtype}")
+        check_token_ids(tokens_BT, self.config.vocab_size)
 
     def _embed(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:
-        """`[B, T]` tokens at `[B, T]` positions → `[B, T, D]` input of the first block."""
+        """`[B, T]` tokens at `[B, T]` positions → `[B, T, D]` input of the first block.
+
+        Traced ids outside `[0, vocab_size)` (which `_check_tokens` cannot see inside jit)
+        embed as NaN, so the logits and the loss show them instead of a wrapped-around row."""
         x = self.embed(tokens_BT)
+        valid_BT = (tokens_BT >= 0) & (tokens_BT < self.config.vocab_size)
+        x = jnp.where(valid_BT[..., None], x, jnp.nan)
         if self.position_table is None:
             return x
         # A traced position past the table (packed positions_BT, decode past init_cache's
@@ -107,32 +113,42 @@ class LanguageModel(nnx.Module):
                 x = block(x, context)
         return self._logits(x)
 
-    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> LMCache:
-        """An empty decode state for `batch` sequences of up to `max_len` tokens."""
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None, *,
+                   windowed: bool = False) -> LMCache:
+        """An empty decode state for `batch` sequences of up to `max_len` tokens; `windowed`:
+        decoding may go on past `max_len`, attention then seeing the last `max_len` tokens."""
         if batch < 1 or max_len < 1:
             raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got batch={batch}, "
                              f"max_len={max_len}")
         self._check_length(max_len, "a decode cache")
         dtype = compute_dtype(self.config) if dtype is None else jnp.dtype(dtype)
         return LMCache(index=jnp.zeros((), jnp.int32),
-                       layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks))
+                       layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks),
+                       max_len=max_len, windowed=windowed)
 
     def decode(self, tokens_BT: jax.Array, cache: LMCache, *,
                extras: dict[str, jax.Array] | None = None) -> tuple[jax.Array, LMCache]:
         """Consumes `tokens_BT` after what `cache` holds; returns their logits and the new cache.
 
         Positions continue from the cache (one document per row); `extras` are the per-token
-        arrays `[B, T, ...]` of these tokens, as in `__call__`.
+        arrays `[B, T, ...]` of these tokens, as in `__call__`. Past the cache's `max_len`
+        (unless it is `windowed`) this raises; inside jit, where the position is traced, the
+        logits of such a call are NaN instead.
         """
         self._check_tokens(tokens_BT)
+        overflow = check_cache_room(cache, tokens_BT.shape[1])
         context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras)
         x = self._embed(tokens_BT, context.positions)
         layer_caches = []
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
             x, layer_cache = block.decode(x, layer_cache, context)
             layer_caches.append(layer_cache)
-        new_cache = LMCache(index=cache.index + tokens_BT.shape[1], layers=tuple(layer_caches))
-        return self._logits(x), new_cache
+        new_cache = cache.replace(index=cache.index + tokens_BT.shape[1],
+                                  layers=tuple(layer_caches))
+        logits = self._logits(x)
+        if overflow is not None:
+            logits = jnp.where(overflow, jnp.nan, logits)
+        return logits, new_cache
 
     def with_window(self, window: int | None, *, layers: Sequence[int] | None = None
                     ) -> LanguageModel:

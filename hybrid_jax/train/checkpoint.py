@@ -3,7 +3,11 @@
 
 Each save is a step directory written under a temporary name and renamed when complete
 (orbax's atomic commit), so an interrupted save never looks like a valid checkpoint; leftover
-temporary directories are removed when the next run opens the directory. Saves are asynchronous
+temporary directories are removed when the next run opens the directory. Once a save is
+committed, `checksums.json` in its step directory records the size and CRC-32 of every file;
+`restore` verifies them first, so flipped bytes or a truncated file raise
+`DamagedCheckpointError` naming the file instead of restoring wrong numbers (a step killed
+between its commit and its checksums is restored unverified). Saves are asynchronous
 (the arrays are copied to host memory, then written in the background); `keep` bounds how many
 stay on disk. Restoring takes an abstract target state with shardings, so a run can resume on
 another mesh; a checkpoint whose arrays do not match the target raises `CheckpointError` naming
@@ -13,15 +17,68 @@ the directory and each mismatched array.
 from __future__ import annotations
 
 import json
+import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+CHECKSUMS = "checksums.json"
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that does not fit the model/optimizer."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose files changed since they were saved, or that cannot be read."""
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _file_sums(step_dir: Path) -> dict[str, list[int]]:
+    return {str(p.relative_to(step_dir)): [p.stat().st_size, _crc32(p)]
+            for p in sorted(step_dir.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Records size and CRC-32 of every file of a committed step directory."""
+    tmp = step_dir / (CHECKSUMS + ".tmp")
+    tmp.write_text(json.dumps(_file_sums(step_dir)))
+    tmp.replace(step_dir / CHECKSUMS)
+
+
+def verify_checksums(step_dir: Path) -> bool:
+    """Raises DamagedCheckpointError naming the first file that is missing, truncated or
+    changed; returns False when the step has no checksums (saved before they were written)."""
+    path = step_dir / CHECKSUMS
+    if not path.is_file():
+        return False
+    try:
+        expected = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DamagedCheckpointError(f"checkpoint {step_dir} is damaged: {path.name} is "
+                                     f"unreadable ({_first_line(e)})") from e
+    for name, (size, crc) in expected.items():
+        file = step_dir / name
+        if not file.is_file():
+            problem = "is missing"
+        elif file.stat().st_size != size:
+            problem = f"has {file.stat().st_size} bytes, {size} were saved (truncated?)"
+        elif _crc32(file) != crc:
+            problem = "changed since it was saved (checksum mismatch)"
+        else:
+            continue
+        raise DamagedCheckpointError(f"checkpoint {step_dir} is damaged: {name} {problem}")
+    return True
 
 
 def leaf_name(path: tuple) -> str:
@@ -54,9 +111,11 @@ class Checkpointer:
 
     def __init__(self, run_dir: str | Path, *, keep: int | None = 3, async_save: bool = True):
         self.directory = Path(run_dir).absolute() / "checkpoints"
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=async_save,
-                                               cleanup_tmp_directories=True)
+        self._sealing, self.async_save = threading.Lock(), async_save
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal))
         handlers = {"state": ocp.StandardCheckpointHandler(),
                     "meta": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.directory, options=options,
@@ -69,6 +128,21 @@ class Checkpointer:
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         meta=ocp.args.JsonSave(meta)),
                           force=True)
+        if not self.async_save:  # a synchronous save has no finalization callback
+            self._seal()
+
+    def _seal(self) -> None:
+        """Writes the checksums of every committed step that has none yet."""
+        with self._sealing:
+            for step in saved_steps(self.directory.parent):
+                step_dir = self.directory / str(step)
+                if step_dir.is_dir() and not (step_dir / CHECKSUMS).is_file():
+                    write_checksums(step_dir)
+
+    def steps(self) -> list[int]:
+        """The committed steps, oldest first."""
+        self.manager.reload()
+        return sorted(self.manager.all_steps())
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict, int]:
         """Restores into `target`, a pytree of `jax.ShapeDtypeStruct`s with shardings; returns
@@ -81,13 +155,14 @@ class Checkpointer:
         if step not in self.manager.all_steps():
             raise FileNotFoundError(f"checkpoint {where} not found; available steps: "
                                     f"{sorted(self.manager.all_steps())}")
+        verify_checksums(where)
         meta = self._read_json(where / "meta" / "metadata")
         self._check_matches(where, target, step)
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
-            raise CheckpointError(f"checkpoint {where / 'state'} is corrupt or unreadable: "
+            raise DamagedCheckpointError(f"checkpoint {where / 'state'} is corrupt or unreadable: "
                                   f"{type(e).__name__}: {_first_line(e)}") from e
         return restored["state"], meta, step
 
@@ -95,7 +170,7 @@ class Checkpointer:
         try:
             return json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"checkpoint file {path} is missing or corrupt: "
+            raise DamagedCheckpointError(f"checkpoint file {path} is missing or corrupt: "
                                   f"{_first_line(e)}") from e
 
     def _check_matches(self, where: Path, target: Any, step: int) -> None:
@@ -103,7 +178,7 @@ class Checkpointer:
         try:
             saved = self.manager.item_metadata(step)["state"].tree
         except Exception as e:  # tensorstore names the damaged file in its message
-            raise CheckpointError(f"checkpoint {where / 'state'} is corrupt or unreadable: "
+            raise DamagedCheckpointError(f"checkpoint {where / 'state'} is corrupt or unreadable: "
                                   f"{type(e).__name__}: {_first_line(e)}") from e
         if saved is None:
             raise CheckpointError(f"checkpoint {where / 'state'} has no array metadata")
@@ -124,9 +199,10 @@ class Checkpointer:
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
+        self._seal()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.close()
 
 

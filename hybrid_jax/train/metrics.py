@@ -41,11 +41,13 @@ class MetricsLog:
             self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), flush_secs=30)
 
     def truncate(self, step: int) -> None:
-        """Drops records after `step` (a resumed or rolled-back run writes them again)."""
+        """Drops the metric records after `step` (a resumed or rolled-back run writes them
+        again); events (rollbacks, resumes, interruptions) are history and stay."""
+        keep = lambda r: r["step"] <= step or "event" in r
         if self.path is None or not self.path.is_file():
-            self.history = [r for r in self.history if r["step"] <= step]
+            self.history = [r for r in self.history if keep(r)]
             return
-        self.history = [r for r in read_metrics(self.path.parent) if r["step"] <= step]
+        self.history = [r for r in read_metrics(self.path.parent) if keep(r)]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         tmp.replace(self.path)
@@ -60,6 +62,11 @@ class MetricsLog:
                 if key != "step" and isinstance(value, int | float) and math.isfinite(value):
                     tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
                     self.writer.add_scalar(tag, value, record["step"])
+            self.writer.flush()  # a kill loses nothing already logged
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
 
     def close(self) -> None:
         if self.writer is not None:

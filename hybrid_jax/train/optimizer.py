@@ -27,7 +27,7 @@ def _decay_mask(params):
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     transforms = []
-    if config.grad_clip > 0:
+    if config.grad_clip is not None:
         transforms.append(optax.clip_by_global_norm(config.grad_clip))
     transforms.append(optax.adamw(learning_rate_schedule(config), b1=config.beta1,
                                   b2=config.beta2, weight_decay=config.weight_decay,

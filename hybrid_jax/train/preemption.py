@@ -1,34 +1,126 @@
-"""Preemption: SIGTERM / SIGINT ask the training loop to checkpoint and stop, not to die."""
+"""Preemption: SIGTERM / SIGINT ask the training loop to checkpoint and stop, not to die; a
+watchdog makes sure the process ends within seconds even when the loop cannot get there.
+
+Python runs signal handlers on the main thread between bytecodes, so a main thread blocked in a
+device computation (waiting in `jax.device_get`) never sees the signal. The C-level handler
+still writes the signal number to the wakeup fd (`signal.set_wakeup_fd`); a watchdog thread
+reads it, sets `received`, and — when the loop has not acknowledged the stop within
+`grace_s`, or on a second signal — calls `on_force_exit` (flush logs, say what was saved) and
+ends the process with status 128 + signal.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignals:
-    """While active, SIGTERM and SIGINT set `received` (the signal's name) instead of killing the
-    process; the loop polls it between steps. A second signal of the same kind acts as usual.
-    Outside the main thread (where handlers cannot be installed) it does nothing."""
+    """While active, SIGTERM and SIGINT set `received` (the signal's name) instead of killing
+    the process; the loop polls it between steps and calls `acknowledge()` once it is stopping.
 
-    def __init__(self):
+    If nothing acknowledges within `grace_s` seconds, or a second signal arrives before the run
+    stops, `on_force_exit(signal_name)` runs on the watchdog thread (it must be quick: flush and
+    describe what is on disk; its text is printed) and the process exits with 128 + signal.
+    Outside the main thread (where handlers cannot be installed) it does nothing.
+    """
+
+    def __init__(self, grace_s: float = 10.0,
+                 on_force_exit: Callable[[str], str] | None = None):
         self.received: str | None = None
+        self.grace_s, self.on_force_exit = grace_s, on_force_exit
         self._previous: dict[int, object] = {}
+        self._previous_fd = -1
+        self._sockets: tuple[socket.socket, socket.socket] | None = None
+        self._stopping = threading.Event()  # acknowledged by the loop, or the context is left
+        self._watchdog: threading.Thread | None = None
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._sockets = (reader, writer)
+        self._previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self._watchdog = threading.Thread(target=self._watch, name="stop-signal-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signal.Signals(signum).name
-        signal.signal(signum, self._previous[signum])
+        # Runs on the main thread when it is free; the watchdog has usually seen it already.
+        self.received = self.received or signal.Signals(signum).name
+
+    def acknowledge(self) -> None:
+        """The loop has seen `received` and is checkpointing: no forced exit on a timeout (a
+        second signal still forces one)."""
+        self._stopping.set()
+
+    def _watch(self) -> None:
+        reader = self._sockets[0]
+        first = self._read_signal(reader, None)
+        if first is None:
+            return
+        self.received = self.received or first.name
+        second = self._read_signal(reader, self.grace_s)
+        if second is None and (self._stopping.is_set() or self._sockets is None):
+            second = self._read_signal(reader, None)  # stopping cleanly: only a 2nd signal
+            if second is None:
+                return
+        self._force_exit(second or first, timed_out=second is None)
+
+    def _read_signal(self, reader: socket.socket, timeout: float | None
+                     ) -> signal.Signals | None:
+        """The next caught signal, None on timeout or when the context closes the socket."""
+        while True:
+            reader.settimeout(timeout)
+            try:
+                data = reader.recv(1)
+            except (TimeoutError, OSError):
+                return None
+            if not data:
+                return None
+            try:
+                sig = signal.Signals(data[0])
+            except ValueError:
+                continue
+            if sig in SIGNALS:
+                return sig
+
+    def _force_exit(self, sig: signal.Signals, *, timed_out: bool) -> None:
+        why = (f"the run did not stop within {self.grace_s:g} s of {self.received} (stuck in a "
+               "device computation?)" if timed_out else f"second signal ({sig.name})")
+        saved = ""
+        if self.on_force_exit is not None:
+            try:
+                saved = self.on_force_exit(sig.name)
+            except Exception as e:  # the exit must happen whatever the flush does
+                saved = f"could not flush the logs: {type(e).__name__}: {e}"
+        print(f"{why}: exiting now with status {128 + sig.value}. {saved}".strip(),
+              file=sys.stderr, flush=True)
+        os._exit(128 + sig.value)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._sockets is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            reader, writer = self._sockets
+            self._sockets = None
+            self._stopping.set()
+            writer.close()
+            reader.shutdown(socket.SHUT_RDWR)
+            reader.close()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=1.0)
+            self._watchdog = None

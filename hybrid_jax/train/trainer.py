@@ -5,10 +5,14 @@ Outputs in the run directory: `config.json` (the experiment), `tokenizer.json` (
 diagnostic as `diag/...`, see `hybrid_jax.nn.diagnostics`), `results.json` (final
 metrics) and `checkpoints/` (model, optimizer, step, data-iterator state; see `checkpoint.py`).
 
-`train(..., resume=True)` continues from the latest checkpoint so that every loss after it is
-the one the uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop the
-run (`results["interrupted"]`). A non-finite loss or gradient stops the run naming the step, or
-with `train.on_nonfinite=rollback` restores the last checkpoint and skips that step's batch.
+`train(..., resume=True)` continues from the latest intact checkpoint (a damaged later one is
+moved to `damaged_checkpoints/`, saying so) so that every loss after it is the one the
+uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop the run
+(`results["interrupted"]`); if the loop cannot get there within `train.stop_grace_s` (stuck in
+a device computation), or on a second signal, the logs are flushed and the process exits with
+128 + signal. A non-finite loss or gradient stops the run naming the step and which of the two
+it was, or with `train.on_nonfinite=rollback` restores the last checkpoint and skips that
+step's batch. One process at a time writes a run directory (`run_dir.RunLock`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,14 +36,21 @@ from jax.sharding import Mesh
 from hybrid_jax.config import ExperimentConfig, to_dict
 from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.data.tokenizer import tokenizer_fingerprint
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
-from hybrid_jax.train.checkpoint import Checkpointer, saved_steps
+from hybrid_jax.train.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    DamagedCheckpointError,
+    saved_steps,
+)
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_jax.train.preemption import StopSignals
+from hybrid_jax.train.run_dir import RunLock, prepare_run_dir
 
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
 
@@ -84,15 +96,41 @@ def _restore(experiment: ExperimentConfig, checkpointer: Checkpointer, mesh: Mes
     return TrainState(graphdef, state, shardings, mesh), meta
 
 
+def check_tokenizer(meta: dict[str, Any], tokenizer: Any, where: Path) -> None:
+    """Refuses a tokenizer other than the one checkpoint `meta` was trained with."""
+    saved = meta.get("tokenizer_sha256")
+    if saved is None or tokenizer is None:
+        return
+    found = tokenizer_fingerprint(tokenizer)
+    if found != saved:
+        raise CheckpointError(
+            f"{where} is not the tokenizer checkpoint step {meta['step']} was trained with "
+            f"(fingerprint {found[:12]}, the checkpoint recorded {saved[:12]}): restore the "
+            "run's own tokenizer.json")
+
+
 def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh: Mesh, *,
                         step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
-    """Loads a run's checkpoint (latest, or `step`) onto `mesh`, whatever mesh saved it."""
-    checkpointer = Checkpointer(Path(run_dir), keep=None)
+    """Loads a run's checkpoint (latest, or `step`) onto `mesh`, whatever mesh saved it.
+
+    A text run's `tokenizer.json` must be the one the checkpoint was trained with."""
+    run_dir = Path(run_dir)
+    checkpointer = Checkpointer(run_dir, keep=None)
     try:
         with use_rules(axis_rules(experiment.train.mesh)):
-            return _restore(experiment, checkpointer, mesh, step)
+            ts, meta = _restore(experiment, checkpointer, mesh, step)
     finally:
         checkpointer.close()
+    if meta.get("tokenizer_sha256") is not None:
+        from hybrid_jax.data.text import TOKENIZER_FILE
+        from hybrid_jax.data.tokenizer import load_tokenizer
+
+        path = run_dir / TOKENIZER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: checkpoint step {meta['step']} was "
+                                    "trained with a tokenizer recorded there")
+        check_tokenizer(meta, load_tokenizer(path), path)
+    return ts, meta
 
 
 def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Array:
@@ -158,7 +196,10 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
             stats = jax.device_get(eval_step(ts.state, to_device(batch, ts.mesh)))
             for key in totals:
                 totals[key] += float(stats[key])
-    count = max(totals["count"], 1.0)
+    if totals["count"] == 0:
+        raise ValueError(f"the held-out set of {len(batches)} batches has no scored tokens: "
+                         "nothing to evaluate (check data.eval_path and --batches)")
+    count = totals["count"]
     loss = totals["loss_sum"] / count
     metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
                "accuracy": totals["correct"] / count, "tokens": totals["count"]}
@@ -171,6 +212,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
 
 
 class NonFiniteLossError(FloatingPointError):
+    """The loss or the gradient of a step is NaN/inf (`str` says which, and the step)."""
+
     def __init__(self, message: str, step: int):
         super().__init__(message)
         self.step = step
@@ -190,6 +233,12 @@ def held_out_set(data: Any, batch_size: int, num_batches: int, seed: int
         batches = data.eval_batches(batch_size, num_batches)
         return batches, data.eval_words(batches)
     return eval_batches(data, batch_size=batch_size, num_batches=num_batches, seed=seed), None
+
+
+def nonfinite_message(step: int, loss: float, grad_norm: float) -> str:
+    if not math.isfinite(loss):
+        return f"non-finite loss {loss} at step {step} (gradient norm {grad_norm})"
+    return f"non-finite gradient (norm {grad_norm}) at step {step}; the loss {loss:.6g} is finite"
 
 
 def _check_vocab(experiment: ExperimentConfig, data: Any) -> None:
@@ -212,10 +261,6 @@ class _Run:
                  resume: bool):
         cfg = self.cfg = experiment.train
         self.experiment, self.out = experiment, out
-        saved = [] if out is None or resume else saved_steps(out)
-        if saved:
-            raise ValueError(f"{out} already holds checkpoints (latest step {max(saved)}): pass "
-                             "--resume to continue that run, or choose another --out")
         # Data next: a missing file or a too-small vocabulary fails before anything compiles.
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
@@ -226,10 +271,11 @@ class _Run:
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
         self.checkpointer = None if out is None else Checkpointer(
             out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+        damaged: list[dict[str, Any]] = []
         try:
-            latest = None if self.checkpointer is None else self.checkpointer.latest_step()
-            self.ts = self._restore() if latest is not None else init_train_state(experiment,
-                                                                                  self.mesh)
+            latest = None if self.checkpointer is None else self._latest_intact(damaged)
+            if latest is None:
+                self.ts = init_train_state(experiment, self.mesh)
         except BaseException:
             if self.checkpointer is not None:
                 self.checkpointer.close()
@@ -243,12 +289,36 @@ class _Run:
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
         self.tokens_per_step = cfg.batch_size * int(getattr(self.data, "seq_len", 0))
         self.last_time, self.last_step = time.perf_counter(), self.step
+        for record in damaged:
+            self.log.write(record)
+            self.bar.message(f"{record['message']}: moved to {record['moved_to']}")
         if latest is not None:
             self.log.write({"step": self.step, "event": "resumed"})
             self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
+        elif damaged:
+            self.bar.message("no intact checkpoint left: starting from step 0")
 
-    def _restore(self) -> TrainState:
-        ts, meta = _restore(self.experiment, self.checkpointer, self.mesh)
+    def _latest_intact(self, damaged: list[dict[str, Any]]) -> int | None:
+        """Restores the latest step that is intact; each damaged later one is moved to
+        RUN_DIR/damaged_checkpoints/ (never deleted) and recorded in `damaged`."""
+        for step in reversed(self.checkpointer.steps()):
+            try:
+                self.ts = self._restore(step)
+                return step
+            except DamagedCheckpointError as error:
+                moved = self.out / "damaged_checkpoints" / str(step)
+                moved.parent.mkdir(exist_ok=True)
+                shutil.rmtree(moved, ignore_errors=True)
+                (self.checkpointer.directory / str(step)).rename(moved)
+                self.checkpointer.manager.reload()
+                damaged.append({"step": step, "event": "damaged_checkpoint",
+                                "moved_to": str(moved), "message": str(error)})
+        return None
+
+    def _restore(self, step: int | None = None) -> TrainState:
+        ts, meta = _restore(self.experiment, self.checkpointer, self.mesh, step)
+        check_tokenizer(meta, getattr(self.data, "tokenizer", None),
+                        self.checkpointer.directory.parent / "tokenizer.json")
         self.step = self.saved_step = int(meta["step"])
         self.skipped = set(meta.get("skipped_steps", []))
         self.batches.set_state(meta["data_state"])
@@ -260,6 +330,9 @@ class _Run:
         meta = {"step": self.step, "data_state": self.batches.get_state(),
                 "skipped_steps": sorted(self.skipped), "seed": self.cfg.seed,
                 "config": to_dict(self.experiment)}
+        tokenizer = getattr(self.data, "tokenizer", None)
+        if tokenizer is not None:
+            meta["tokenizer_sha256"] = tokenizer_fingerprint(tokenizer)
         self.checkpointer.save(self.step, self.ts.state, meta)
         self.saved_step = self.step
 
@@ -267,8 +340,8 @@ class _Run:
         """Checks and logs the metrics of `step` (read one step late: dispatch stays async)."""
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
-            raise NonFiniteLossError(f"non-finite loss {values['loss']} (gradient norm "
-                                     f"{values['grad_norm']}) at step {step}", step)
+            raise NonFiniteLossError(nonfinite_message(step, values["loss"],
+                                                       values["grad_norm"]), step)
         cfg = self.cfg
         if step % max(cfg.log_every, 1) == 0 or step == cfg.steps:
             now = time.perf_counter()
@@ -306,11 +379,24 @@ class _Run:
         self.bar.set(self.step)
         self.last_time, self.last_step = time.perf_counter(), self.step
 
+    def on_force_exit(self, signal_name: str) -> str:
+        """Runs on the watchdog thread before a forced exit: flush, say what is on disk."""
+        self.log.flush()
+        if self.out is None:
+            return "Nothing was saved (no run directory)."
+        steps = [] if self.checkpointer is None else saved_steps(self.out)
+        saved = (f"the last complete checkpoint is step {max(steps)} "
+                 f"({self.checkpointer.directory / str(max(steps))}); resume with --resume"
+                 if steps else "no checkpoint was saved")
+        return f"{self.out / 'metrics.jsonl'} and tensorboard/ are flushed; {saved}."
+
     def loop(self, stop: StopSignals) -> None:
         cfg, pending = self.cfg, None
         while True:
             try:
                 if self.step >= cfg.steps or stop.received:
+                    if stop.received:
+                        stop.acknowledge()
                     if pending is not None:
                         self.flush(*pending)
                     return
@@ -343,35 +429,51 @@ class _Run:
 
 
 def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
-          progress: bool = True, resume: bool = False) -> dict[str, Any]:
+          progress: bool = True, resume: bool = False, force: bool = False) -> dict[str, Any]:
     """Trains `experiment`, evaluates it, and returns the final metrics (also in results.json).
 
-    `resume`: continue from the latest checkpoint in `out_dir` (a fresh start if it has none).
-    Interrupted by SIGTERM / SIGINT, it saves a checkpoint and returns `{"interrupted": name,
-    "step": ...}` instead.
+    `resume`: continue from the latest intact checkpoint in `out_dir` (a fresh start if it has
+    none). A fresh run refuses a directory holding another run's outputs unless `force` (which
+    removes them). Interrupted by SIGTERM / SIGINT, it saves a checkpoint and returns
+    `{"interrupted": name, "step": ...}` instead.
     """
     out = None if out_dir is None else Path(out_dir)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    if out is None:
+        return _train(experiment, None, progress, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out):
+        prepare_run_dir(out, experiment.name, resume=resume, force=force)
+        return _train(experiment, out, progress, resume)
+
+
+def _train(experiment: ExperimentConfig, out: Path | None, progress: bool, resume: bool
+           ) -> dict[str, Any]:
     with use_rules(axis_rules(experiment.train.mesh)):
-        return _train(experiment, out, progress, resume, start)
+        return _train_with_rules(experiment, out, progress, resume, time.perf_counter())
 
 
-def _train(experiment: ExperimentConfig, out: Path | None, progress: bool, resume: bool,
-           start: float) -> dict[str, Any]:
-    run = _Run(experiment, out, progress, resume)
-    try:
-        with StopSignals() as stop, jax.set_mesh(run.mesh):
-            run.loop(stop)
-            run.save()
-            if stop.received:
-                run.log.write({"step": run.step, "event": "interrupted", "signal": stop.received})
-                return {"experiment": experiment.name, "interrupted": stop.received,
-                        "step": run.step, "accuracy": None}
-        final = run.evaluate()
-    finally:
-        run.close()
+def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: bool,
+                      resume: bool, start: float) -> dict[str, Any]:
+    runs: list[_Run] = []  # the run, once built: signals during setup are covered too
+
+    def on_force_exit(signal_name: str) -> str:
+        return runs[0].on_force_exit(signal_name) if runs else "Nothing was saved yet."
+
+    with StopSignals(experiment.train.stop_grace_s, on_force_exit) as stop:
+        run = _Run(experiment, out, progress, resume)
+        runs.append(run)
+        try:
+            with jax.set_mesh(run.mesh):
+                run.loop(stop)
+                run.save()
+                if stop.received:
+                    run.log.write({"step": run.step, "event": "interrupted",
+                                   "signal": stop.received})
+                    return {"experiment": experiment.name, "interrupted": stop.received,
+                            "step": run.step, "accuracy": None}
+            final = run.evaluate()
+        finally:
+            run.close()
     results = {"experiment": experiment.name, "steps": run.cfg.steps,
                "params": count_params(run.ts.model()),
                "train_loss": next((r["loss"] for r in reversed(run.log.history) if "loss" in r),

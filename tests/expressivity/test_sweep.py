@@ -96,6 +96,7 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     argv = ["expressivity/length-generalisation", "--out", str(tmp_path), "--jobs", "1",
             "--set", 'architectures=["transformer","ssm-attention"]', "--set", "budgets=[400]",
             "--set", "learning_rates=[0.01]", "--set", "train.steps=3",
+            "--set", "train.warmup_steps=1",
             "--set", "train.batch_size=8", "--set", "train.eval_batches=1",
             "--set", "train.log_every=1", "--set", "data.seq_len=24",
             "--set", "eval_variants=[]"]

@@ -81,10 +81,12 @@ def test_mismatched_checkpoint_names_the_arrays(run8):
     ("state/manifest.ocdbt", "checkpoint {}/state is corrupt or unreadable.*manifest.ocdbt"),
 ])
 def test_corrupt_checkpoint_names_the_file(run8, tmp_path, victim, message):
+    """Without checksums (a step killed before they were written), orbax's own reads fail."""
     experiment, run = run8
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     step_dir = copy.absolute() / "checkpoints" / "4"
+    (step_dir / "checksums.json").unlink()
     (step_dir / victim).write_text("garbage{")
     with pytest.raises(CheckpointError, match=message.format(step_dir)):
         restore_train_state(experiment, copy, make_mesh(MeshConfig(data=1)))
@@ -92,7 +94,8 @@ def test_corrupt_checkpoint_names_the_file(run8, tmp_path, victim, message):
 
 def test_a_new_run_refuses_a_directory_with_checkpoints(run8):
     experiment, run = run8
-    with pytest.raises(ValueError, match="already holds checkpoints.*pass --resume"):
+    with pytest.raises(ValueError, match="already holds a run of 'text-test' "
+                                         r"\(config.json, .*checkpoints.*pass --resume"):
         train(experiment, run, progress=False)
 
 
@@ -137,7 +140,7 @@ def test_non_finite_loss_stops_naming_the_step(corpus, poison):
     experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=100)
     bad, token = poison_for(experiment, after=0)
     poison(token)
-    with pytest.raises(NonFiniteLossError, match=f"non-finite loss nan .* at step {bad}$"):
+    with pytest.raises(NonFiniteLossError, match=f"^non-finite loss nan at step {bad} "):
         train(experiment, None, progress=False)
 
 

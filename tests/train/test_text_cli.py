@@ -19,7 +19,8 @@ def tiny(corpus, tokenizer, vocab=300, steps=4):
     sets = [f"data.path={corpus}/train-*.txt", f"data.eval_path={corpus}/valid.txt",
             f"data.tokenizer={tokenizer}", "data.seq_len=16", f"model.vocab_size={vocab}",
             "model.d_model=16", "model.num_heads=2", "model.layers=[\"attention\"]",
-            f"train.steps={steps}", "train.batch_size=4", "train.log_every=1",
+            f"train.steps={steps}",
+            "train.warmup_steps=1", "train.batch_size=4", "train.log_every=1",
             "train.eval_every=2", "train.eval_batches=1", "train.checkpoint_every=2",
             "train.mesh.data=1"]
     return [arg for s in sets for arg in ("--set", s)]

@@ -1,0 +1,102 @@
+"""Run-directory safety: one writer at a time, and no silent overwrite of another run.
+
+`RunLock` holds an exclusive `flock` on `RUN_DIR/.lock` (released by the kernel when the process
+dies, so a killed run never leaves a stale lock) and records the holder's pid there.
+`prepare_run_dir` refuses to start a fresh run in a directory that holds another run's outputs
+unless `force` (then those outputs are removed; a `tokenizer.json` put there for the run is kept).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+# What a run writes; a fresh run refuses a directory holding any of them (without --force).
+RUN_OUTPUTS = ("config.json", "metrics.jsonl", "results.json", "checkpoints", "tensorboard",
+               "damaged_checkpoints")
+
+
+class RunDirError(ValueError):
+    """A run directory that is in use, or that holds another run."""
+
+
+class RunLock:
+    """`with RunLock(run_dir):` — raises RunDirError naming the holder's pid if it is taken."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._file = None
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        file = open(self.path, "a+")  # noqa: SIM115 (held until release)
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "unknown"
+            file.close()
+            raise RunDirError(f"{self.path.parent} is in use by another run (process {holder}, "
+                              f"lock {self.path}): wait for it to finish, stop it, or choose "
+                              "another --out") from None
+        file.seek(0)
+        file.truncate()
+        file.write(str(os.getpid()))
+        file.flush()
+        self._file = file
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def recorded_experiment(run_dir: Path) -> str | None:
+    """The experiment name in `run_dir/config.json` (None without one; '?' if unreadable)."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return str(json.loads(path.read_text()).get("name", "?"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return "?"
+
+
+def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> None:
+    """Checks `run_dir` before a run of experiment `name` writes to it (the lock is held).
+
+    Resuming needs a directory of the same experiment (or an empty one). A fresh run needs a
+    directory without run outputs; `force` removes them first.
+    """
+    recorded = recorded_experiment(run_dir)
+    if resume:
+        if recorded is not None and recorded != name and not force:
+            raise RunDirError(f"{run_dir} holds a run of {recorded!r}, not {name!r}: choose "
+                              "another --out (or --force to start over there)")
+        if recorded is None or recorded == name:
+            return
+    present = [n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+    if not present:
+        return
+    if not force:
+        what = f"a run of {recorded!r}" if recorded else "run outputs"
+        raise RunDirError(f"{run_dir} already holds {what} ({', '.join(present)}): pass --resume "
+                          "to continue it, --force to overwrite it, or choose another --out")
+    for item in present:
+        path = run_dir / item
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

@@ -1,0 +1,130 @@
+"""Bad inputs to the Python API: token ids outside the vocabulary (concrete: ValueError; traced
+inside jit: NaN logits, never a wrapped-around embedding), decoding past the cache's max_len,
+sampling arguments, tokenizers, and an eval with nothing to score."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.data.tokenizer import ByteTokenizer, WordTokenizer, train_bpe
+from hybrid_jax.generate import generate
+from hybrid_jax.nn.lm import create_model
+
+VOCAB = 32
+
+
+@pytest.fixture(scope="module")
+def model():
+    return create_model(ModelConfig(layers=("attention",), vocab_size=VOCAB, d_model=16,
+                                    num_heads=2, ffn_dim=0))
+
+
+@pytest.mark.parametrize("tokens, message", [
+    ([[1, 32]], r"token id 32 at index \[0, 1\] is outside the vocabulary \[0, 32\)"),
+    ([[-1, 2]], r"token id -1 at index \[0, 0\] is outside the vocabulary"),
+    ([[40, 50, 3]], r"token id 40 at index \[0, 0\] .* \(2 ids in all\)"),
+])
+def test_model_call_checks_concrete_ids(model, tokens, message):
+    with pytest.raises(ValueError, match=message):
+        model(jnp.asarray(tokens))
+
+
+def test_model_call_refuses_float_tokens(model):
+    with pytest.raises(ValueError, match=r"tokens must be an integer array \[batch, time\], "
+                                         r"got shape \(1, 2\) dtype float32"):
+        model(jnp.ones((1, 2)))
+
+
+def test_traced_ids_outside_the_vocabulary_give_nan_not_a_wrapped_row(model):
+    logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray([[1, 2, 3], [1, -1, 3], [4, 5, 99]]))
+    finite = np.isfinite(np.asarray(logits)).all(axis=-1)
+    assert finite[0].all()
+    assert not finite[1, 1:].any() and not finite[2, 2]  # the bad id and what follows it
+
+
+def test_decode_refuses_to_pass_max_len(model):
+    cache = model.init_cache(1, 4)
+    _, cache = model.decode(jnp.asarray([[1, 2, 3]]), cache)
+    with pytest.raises(ValueError, match=r"decoding 2 token\(s\) after 3 overflows the cache's "
+                                         r"max_len=4.*windowed=True"):
+        model.decode(jnp.asarray([[4, 5]]), cache)
+    _, cache = model.decode(jnp.asarray([[4]]), cache)  # exactly full is fine
+
+
+def test_decode_past_max_len_inside_jit_gives_nan(model):
+    cache = model.init_cache(1, 2)
+    step = nnx.jit(lambda m, t, c: m.decode(t, c))
+    logits, cache = step(model, jnp.asarray([[1, 2]]), cache)
+    assert np.isfinite(np.asarray(logits)).all()
+    logits, _ = step(model, jnp.asarray([[3]]), cache)
+    assert np.isnan(np.asarray(logits)).all()
+
+
+def test_windowed_cache_may_decode_past_max_len(model):
+    cache = model.init_cache(1, 2, windowed=True)
+    logits, cache = model.decode(jnp.asarray([[1, 2, 3, 4]]), cache)
+    assert np.isfinite(np.asarray(logits)).all() and int(cache.index) == 4
+
+
+def test_decode_checks_ids(model):
+    with pytest.raises(ValueError, match="token id 77"):
+        model.decode(jnp.asarray([[77]]), model.init_cache(1, 4))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1.0), r"temperature must be a finite number >= 0 \(0: greedy\), got -1.0"),
+    (dict(temperature=float("inf")), r"temperature must be a finite number >= 0"),
+    (dict(top_k=0), r"top_k must be an integer in \[1, vocab_size=32\] or None, got 0"),
+    (dict(top_k=33), r"top_k must be an integer in \[1, vocab_size=32\]"),
+    (dict(top_k=2.5), r"top_k must be an integer"),
+    (dict(seed=1.5), r"seed must be an integer, got 1.5"),
+    (dict(max_len=3), r"max_len=3 is shorter than prompt \+ new tokens = 5"),
+])
+def test_generate_arguments(model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(model, jnp.asarray([[1, 2]]), 3, **kwargs)
+
+
+@pytest.mark.parametrize("prompt, new, message", [
+    ([[1, 32]], 3, r"prompt token id 32 at index \[0, 1\] is outside the vocabulary"),
+    ([[-4]], 3, r"prompt token id -4"),
+    ([[1, 2]], 0, r"max_new_tokens must be an integer >= 1, got 0"),
+    ([1, 2], 3, r"prompt must be an integer array \[batch, time\] with time >= 1, got shape "
+                r"\(2,\)"),
+    (np.zeros((1, 2), np.float32), 3, r"prompt must be an integer array .* dtype float32"),
+])
+def test_generate_prompts(model, prompt, new, message):
+    with pytest.raises(ValueError, match=message):
+        generate(model, prompt, new)
+
+
+@pytest.mark.parametrize("tokenizer", [ByteTokenizer(), WordTokenizer(["<eos>", "<unk>", "a"])],
+                         ids=["byte", "word"])
+@pytest.mark.parametrize("bad", [-1, 1000])
+def test_tokenizer_decode_checks_ids(tokenizer, bad):
+    with pytest.raises(ValueError, match=f"cannot decode token id {bad} with tokenizer "
+                                         f"'{tokenizer.name}': expected ids in"):
+        tokenizer.decode([1, bad])
+
+
+def test_bpe_vocabulary_too_small():
+    with pytest.raises(ValueError, match="a byte-level BPE needs vocab_size > 257"):
+        train_bpe(["some text"], 100)
+
+
+def test_eval_with_nothing_to_score_is_an_error():
+    from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
+    from hybrid_jax.data.mqar import MQARConfig
+    from hybrid_jax.sharding import make_mesh
+    from hybrid_jax.train.trainer import evaluate, init_train_state
+
+    experiment = ExperimentConfig(
+        name="x", model=ModelConfig(layers=("attention",), d_model=16, num_heads=2, ffn_dim=0),
+        data=MQARConfig(seq_len=16, num_kv_pairs=2), train=TrainConfig(mesh=MeshConfig(data=1)))
+    ts = init_train_state(experiment, make_mesh(experiment.train.mesh))
+    batch = {"inputs": np.ones((2, 16), np.int32), "targets": np.ones((2, 16), np.int32),
+             "mask": np.zeros((2, 16), bool)}
+    with pytest.raises(ValueError, match="the held-out set of 1 batches has no scored tokens"):
+        evaluate(ts, [batch])

@@ -1,0 +1,124 @@
+"""Bad configs and overrides: each raises ValueError naming the field, what is allowed and what
+was found (Python API and `--set`), before anything is built."""
+
+import math
+
+import jax.numpy as jnp
+import pytest
+
+from hybrid_jax.config import (
+    ExperimentConfig,
+    MeshConfig,
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+)
+from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.data.text import TextConfig
+
+TRAIN_CASES = [
+    (dict(steps=0), r"TrainConfig.steps=0: expected a positive integer"),
+    (dict(steps=1.5), r"TrainConfig.steps=1.5: expected an integer"),
+    (dict(batch_size=-4), r"TrainConfig.batch_size=-4: expected a positive integer"),
+    (dict(learning_rate=0.0), r"TrainConfig.learning_rate=0.0: expected a finite value in \(0"),
+    (dict(learning_rate=math.nan), r"TrainConfig.learning_rate=nan"),
+    (dict(learning_rate="1e-3"), r"TrainConfig.learning_rate='1e-3': expected a number"),
+    (dict(warmup_steps=2000), r"TrainConfig.warmup_steps=2000: expected <= steps=1000"),
+    (dict(min_lr_ratio=2.0), r"TrainConfig.min_lr_ratio=2.0: expected a finite value in \[0"),
+    (dict(weight_decay=-0.1), r"TrainConfig.weight_decay=-0.1"),
+    (dict(beta1=1.0), r"TrainConfig.beta1=1.0: expected a finite value in \[0.0, 1.0\)"),
+    (dict(beta2=-0.5), r"TrainConfig.beta2=-0.5"),
+    (dict(grad_clip=-1.0), r"TrainConfig.grad_clip=-1.0: expected None \(no clipping\) or"),
+    (dict(grad_clip=0.0), r"TrainConfig.grad_clip=0.0: expected None \(no clipping\) or"),
+    (dict(keep_checkpoints=0), r"TrainConfig.keep_checkpoints=0: expected >= 1"),
+    (dict(on_nonfinite="ignore"), r"TrainConfig.on_nonfinite='ignore': expected 'stop' or"),
+    (dict(seed=-1), r"TrainConfig.seed=-1: expected an integer >= 0"),
+    (dict(eval_batches=-1), r"TrainConfig.eval_batches=-1: expected an integer >= 0"),
+    (dict(log_every=True), r"TrainConfig.log_every=True: expected an integer"),
+    (dict(stop_grace_s=0), r"TrainConfig.stop_grace_s=0: expected a finite value in \(0"),
+    (dict(async_checkpoint="yes"), r"TrainConfig.async_checkpoint='yes': expected true or"),
+    (dict(mesh=(1, 1, 1)), r"TrainConfig.mesh=\(1, 1, 1\): expected a MeshConfig"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", TRAIN_CASES)
+def test_train_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+MODEL_CASES = [
+    (dict(vocab_size=0), r"ModelConfig.vocab_size=0: expected a positive integer"),
+    (dict(vocab_size=2.5), r"ModelConfig.vocab_size=2.5: expected an integer"),
+    (dict(d_model=True), r"ModelConfig.d_model=True: expected an integer"),
+    (dict(norm_eps=0.0), r"ModelConfig.norm_eps=0.0: expected a finite value in \(0"),
+    (dict(init_std=-0.02), r"ModelConfig.init_std=-0.02"),
+    (dict(rope_theta=0.0), r"ModelConfig.rope_theta=0.0"),
+    (dict(layers="attention"), r"ModelConfig.layers='attention': expected a tuple"),
+    (dict(tie_embeddings="false"), r"ModelConfig.tie_embeddings='false': expected true or"),
+    (dict(head_dim=0), r"ModelConfig.head_dim=0: expected a positive integer or None"),
+    (dict(ffn_dim=-1), r"ModelConfig.ffn_dim=-1"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", MODEL_CASES)
+def test_model_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+DATA_CASES = [
+    (MQARConfig, dict(vocab_size=0), r"MQARConfig.vocab_size=0: expected a positive integer"),
+    (MQARConfig, dict(seq_len="64"), r"MQARConfig.seq_len='64': expected an integer"),
+    (MQARConfig, dict(seq_len=7), r"MQARConfig.seq_len=7: expected an even length"),
+    (MQARConfig, dict(num_kv_pairs=0), r"MQARConfig.num_kv_pairs=0"),
+    (MQARConfig, dict(power_a=2.0), r"MQARConfig.power_a=2.0: expected a value in \(0, 1\]"),
+    (MQARConfig, dict(num_train_examples=0), r"MQARConfig.num_train_examples=0"),
+    (TextConfig, dict(seq_len=0), r"TextConfig.seq_len=0: expected a positive integer"),
+    (TextConfig, dict(tokenizer="bpe:lots"), r"TextConfig.tokenizer='bpe:lots': expected"),
+    (TextConfig, dict(encoding="klingon"), r"TextConfig.encoding='klingon': not a known"),
+    (TextConfig, dict(token_dtype="float32"), r"TextConfig.token_dtype='float32'"),
+    (TextConfig, dict(document_regex="(unclosed"), r"TextConfig.document_regex='\(unclosed'"),
+    (TextConfig, dict(word_perplexity=1), r"TextConfig.word_perplexity=1: expected true or"),
+]
+
+
+@pytest.mark.parametrize("cls, kwargs, message", DATA_CASES)
+def test_data_config(cls, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cls(**kwargs)
+
+
+def test_mesh_and_experiment_configs():
+    with pytest.raises(ValueError, match=r"MeshConfig.data='2': expected an integer"):
+        MeshConfig(data="2")
+    with pytest.raises(ValueError, match=r"ExperimentConfig.model=\{\}: expected a ModelConfig"):
+        ExperimentConfig(name="x", model={}, data=MQARConfig())
+    with pytest.raises(ValueError, match=r"ExperimentConfig.data=.*expected a registered data"):
+        ExperimentConfig(name="x", model=ModelConfig(), data={"kind": "mqar"})
+
+
+OVERRIDE_CASES = [
+    ("train.grad_clip=-1", r"TrainConfig.grad_clip=-1.0: expected None \(no clipping\)"),
+    ("train.learning_rate=-3e-4", r"TrainConfig.learning_rate=-0.0003"),
+    ("train.steps=ten", r"cannot parse steps='ten'"),
+    ("train.beta2=1", r"TrainConfig.beta2=1"),
+    ("data.encoding=utf-99", r"TextConfig.encoding='utf-99'"),
+    ("model.vocab_size=-1", r"ModelConfig.vocab_size=-1"),
+]
+
+
+@pytest.mark.parametrize("override, message", OVERRIDE_CASES)
+def test_overrides(override, message):
+    experiment = ExperimentConfig(name="x", model=ModelConfig(), data=TextConfig(),
+                                  train=TrainConfig(steps=10, warmup_steps=1))
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(experiment, [override])
+
+
+def test_none_disables_gradient_clipping():
+    from hybrid_jax.train.optimizer import make_optimizer
+
+    params = {"w": jnp.ones((2, 2))}
+    assert len(make_optimizer(TrainConfig(grad_clip=None)).init(params)) == 1  # adamw only
+    assert len(make_optimizer(TrainConfig(grad_clip=1.0)).init(params)) == 2  # clip, adamw

@@ -1,0 +1,306 @@
+"""Bad inputs and faults around a trained run, through the CLI (`main()` in-process) and the
+Python API: damaged checkpoints, swapped tokenizers, run-directory clashes, bad eval/generate
+arguments, text files that are not text. Each ends in a one-line error naming the culprit, or
+in the correct behaviour (a resume that falls back past a damaged checkpoint)."""
+
+import errno
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.run import read_experiment
+from hybrid_jax.config import MeshConfig
+from hybrid_jax.data.tokenizer import WordTokenizer
+from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train.metrics import MetricsLog, read_metrics
+from hybrid_jax.train.run_dir import RunLock
+from hybrid_jax.train.trainer import nonfinite_message, restore_train_state, train
+from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+from tests.train.test_text_cli import tiny as text_cli_run
+
+NAME = "lm-wikitext2-transformer-tiny"
+
+
+def tiny(corpus: Path, steps: int = 4) -> list[str]:
+    """A width-16 one-layer byte-level run, checkpoints every 2 steps."""
+    return text_cli_run(corpus, "byte", vocab=257, steps=steps)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "run"
+    assert main(["train", NAME, "--out", str(out), "--quiet", *tiny(corpus)]) == 0
+    return out
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    """A copy of the trained run (checkpoints at steps 2 and 4) to damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def largest_array_file(step_dir: Path) -> Path:
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file()
+             and "METADATA" not in p.name and p.suffix != ".json"]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (flip_byte, "changed since it was saved"),
+    (truncate, "truncated"),
+    (Path.unlink, "is missing"),
+])
+def test_damaged_checkpoint_is_refused_by_eval(run, capsys, damage, problem):
+    victim = largest_array_file(run / "checkpoints" / "4")
+    damage(victim)
+    err = one_line_error(capsys, ["eval", str(run)])
+    name = victim.relative_to(run.absolute() / "checkpoints" / "4")
+    assert f"checkpoints/4 is damaged: {name} " in err and problem in err
+
+
+def test_damaged_checkpoint_is_refused_by_generate(run, capsys):
+    flip_byte(largest_array_file(run / "checkpoints" / "4"))
+    err = one_line_error(capsys, ["generate", str(run), "--prompt-ids", "1 2"])
+    assert "checkpoints/4 is damaged" in err
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint(run, corpus, capsys):
+    truncate(largest_array_file(run / "checkpoints" / "4"))
+    assert main(["train", NAME, "--out", str(run), "--resume", *tiny(corpus, steps=6)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints/4 is damaged" in out and "damaged_checkpoints/4" in out
+    assert "resumed from" in out and out.index("damaged") < out.index("resumed from")
+    assert (run / "damaged_checkpoints" / "4").is_dir()
+    events = [r for r in read_metrics(run) if "event" in r]
+    assert [(e["event"], e["step"]) for e in events] == [("damaged_checkpoint", 4),
+                                                         ("resumed", 2)]
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4, 6]
+
+
+def test_eval_names_its_checkpoint_step(trained, capsys):
+    assert main(["eval", str(trained), "--step", "2"]) == 0
+    captured = capsys.readouterr()
+    assert f"eval: checkpoint step 2 of {trained}" in captured.err
+    assert json.loads(captured.out.splitlines()[0])["step"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "{run}", "--step", "3"], "checkpoints/3 not found; available steps: [2, 4]"),
+    (["eval", "{run}", "--step", "-1"], "--step=-1: expected a finite value >= 0"),
+    (["eval", "{run}", "--batches", "-1"], "--batches=-1: expected a finite value >= 0"),
+    (["generate", "{run}", "--prompt-ids", "1 999"],
+     "prompt token id 999 at index [0, 1] is outside the vocabulary [0, 257)"),
+    (["generate", "{run}", "--prompt-ids", "5,-3"],
+     "prompt token id -3 at index [0, 1] is outside the vocabulary"),
+    (["generate", "{run}", "--prompt-ids", "1 two"], "--prompt-ids must be integers"),
+    (["generate", "{run}", "--prompt-ids", " "], "--prompt-ids is empty"),
+    (["generate", "{run}", "--prompt-ids", "1", "--temperature", "-0.5"],
+     "--temperature=-0.5: expected a finite value >= 0"),
+    (["generate", "{run}", "--prompt-ids", "1", "--temperature", "nan"], "--temperature=nan"),
+    (["generate", "{run}", "--prompt-ids", "1", "--top-k", "0"], "--top-k=0: expected"),
+    (["generate", "{run}", "--prompt-ids", "1", "--top-k", "1000"],
+     "--top-k=1000: expected at most the vocabulary size 257"),
+    (["generate", "{run}", "--prompt-ids", "1", "--max-new-tokens", "0"],
+     "--max-new-tokens=0: expected a finite value >= 1"),
+    (["eval", "{run}", "--set", "train.grad_clip=-2"], "TrainConfig.grad_clip=-2.0"),
+    (["eval", "{run}", "--set", "model.d_model=32"], "does not match the experiment config"),
+])
+def test_bad_eval_and_generate_arguments(trained, capsys, argv, message):
+    err = one_line_error(capsys, [a.format(run=trained) for a in argv])
+    assert message in err
+
+
+def test_config_json_damaged(run, capsys):
+    (run / "config.json").write_text("{not json")
+    assert "config.json is not valid JSON" in one_line_error(capsys, ["eval", str(run)])
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+def test_swapped_tokenizer_is_refused(run, capsys):
+    WordTokenizer(["<eos>", "<unk>", "a"]).save(run / "tokenizer.json")
+    err = one_line_error(capsys, ["eval", str(run)])
+    assert "tokenizer.json is not the tokenizer checkpoint step 4 was trained with" in err
+
+
+def test_swapped_tokenizer_is_refused_on_resume(run, corpus, capsys):
+    WordTokenizer(["<eos>", "<unk>", "a"]).save(run / "tokenizer.json")
+    err = one_line_error(capsys, ["train", NAME, "--out", str(run), "--resume",
+                                  *tiny(corpus, steps=6)])
+    assert "is not the tokenizer checkpoint step 4 was trained with" in err
+
+
+def test_missing_tokenizer_is_named(run, capsys):
+    (run / "tokenizer.json").unlink()
+    err = one_line_error(capsys, ["eval", str(run)])
+    assert "tokenizer.json not found: checkpoint step 4 was trained with a tokenizer" in err
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{oops", "is not valid JSON"),
+    ('{"hybrid_jax_tokenizer": "morse"}', "unknown hybrid_jax_tokenizer 'morse'"),
+])
+def test_bad_tokenizer_file(corpus, tmp_path, capsys, content, message):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text(content)
+    err = one_line_error(capsys, ["train", NAME, "--out", str(tmp_path / "r"), *tiny(corpus),
+                                  "--set", f"data.tokenizer={bad}"])
+    assert f"tokenizer file {bad}" in err and message in err
+
+
+# --- run directory -----------------------------------------------------------------------------
+
+def test_a_second_writer_is_refused_naming_the_holder(run, corpus, capsys):
+    with RunLock(run):
+        err = one_line_error(capsys, ["train", NAME, "--out", str(run), "--resume",
+                                      *tiny(corpus, steps=6)])
+    import os
+
+    assert f"{run} is in use by another run (process {os.getpid()}, lock" in err
+
+
+def test_another_experiments_directory_needs_force(run, corpus, capsys):
+    err = one_line_error(capsys, ["train", NAME, "--out", str(run), *tiny(corpus)])
+    assert f"{run} already holds a run of '{NAME}' (config.json, metrics.jsonl" in err
+    assert "--force to overwrite it" in err
+    other = ["train", "mqar-transformer-tiny", "--out", str(run), "--resume"]
+    err = one_line_error(capsys, other)
+    assert f"holds a run of '{NAME}', not 'mqar-transformer-tiny'" in err
+
+
+def test_force_starts_afresh(run, corpus, capsys):
+    assert main(["train", NAME, "--out", str(run), "--force", "--quiet",
+                 *tiny(corpus, steps=2)]) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["2"]
+    assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2]
+
+
+def test_rollback_and_resume_events_all_stay_in_the_metrics(tmp_path):
+    log = MetricsLog(tmp_path, tensorboard=False)
+    for step in range(1, 7):
+        log.write({"step": step, "loss": 1.0})
+        if step in (3, 5):
+            log.write({"step": step, "event": "rollback", "to_step": 2})
+    log.truncate(2)
+    kept = read_metrics(tmp_path)
+    assert [r["step"] for r in kept if "loss" in r] == [1, 2]
+    assert [r["step"] for r in kept if r.get("event") == "rollback"] == [3, 5]
+
+
+def test_nonfinite_message_says_loss_or_gradient():
+    assert nonfinite_message(7, float("nan"), 1.0).startswith("non-finite loss nan at step 7")
+    gradient = nonfinite_message(7, 5.549, float("inf"))
+    assert gradient.startswith("non-finite gradient (norm inf) at step 7")
+    assert "the loss 5.549 is finite" in gradient
+
+
+def test_disk_full_is_one_line(corpus, tmp_path, capsys, monkeypatch):
+    def full(self, record):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
+
+    monkeypatch.setattr(MetricsLog, "write", full)
+    err = one_line_error(capsys, ["train", NAME, "--out", str(tmp_path / "r"), *tiny(corpus)])
+    assert "I/O error (disk full): No space left on device: " in err and "metrics.jsonl" in err
+
+
+def test_unexpected_errors_are_one_line_unless_debugging(corpus, tmp_path, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr("hybrid_jax.train.trainer.init_train_state", broken)
+    argv = ["train", NAME, "--out", str(tmp_path / "r"), *tiny(corpus)]
+    err = one_line_error(capsys, argv)
+    assert "unexpected RuntimeError: boom (set HYBRID_JAX_DEBUG=1 for the traceback)" in err
+    monkeypatch.setenv("HYBRID_JAX_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(argv + ["--force"])
+
+
+# --- text data ---------------------------------------------------------------------------------
+
+def text_run(corpus: Path, tmp_path: Path, train_file: Path, *extra: str) -> list[str]:
+    return ["train", NAME, "--out", str(tmp_path / "r"), "--quiet", *tiny(corpus, steps=2),
+            "--set", f"data.path={train_file}", *extra]
+
+
+def test_text_in_another_encoding_is_named_and_readable_with_data_encoding(corpus, tmp_path,
+                                                                           capsys):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(("caf\u00e9 na\u00efve\n" * 200).encode("latin-1"))
+    err = one_line_error(capsys, text_run(corpus, tmp_path, latin))
+    assert f"data file {latin} is not valid utf-8 text (near line 1" in err
+    assert "set data.encoding" in err
+    assert main(text_run(corpus, tmp_path, latin, "--set", "data.encoding=latin-1")) == 0
+
+
+def test_binary_file_is_named(corpus, tmp_path, capsys):
+    binary = tmp_path / "weights.txt"
+    binary.write_bytes(b"header\n" + bytes(range(256)) * 8)
+    err = one_line_error(capsys, text_run(corpus, tmp_path, binary))
+    assert f"data file {binary}" in err
+
+
+def test_nul_bytes_are_named(corpus, tmp_path, capsys):
+    binary = tmp_path / "nul.txt"
+    binary.write_bytes(b"line one\nline\x00two\n")
+    err = one_line_error(capsys, text_run(corpus, tmp_path, binary))
+    assert f"data file {binary} looks binary (a NUL byte on line 2)" in err
+
+
+def test_damaged_gzip_is_named(corpus, tmp_path, capsys):
+    packed = tmp_path / "corpus.txt.gz"
+    packed.write_bytes(gzip.compress(b"some text\n" * 1000)[:-30])
+    err = one_line_error(capsys, text_run(corpus, tmp_path, packed))
+    assert f"data file {packed} is a damaged .gz stream" in err
+
+
+def test_token_ids_beyond_the_vocabulary_in_a_token_file(corpus, tmp_path, capsys):
+    import numpy as np
+
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.array([1, 2, 300], np.uint16))
+    err = one_line_error(capsys, text_run(corpus, tmp_path, tokens))
+    assert f"token file {tokens} holds id 300, outside the vocabulary of 257" in err
+
+
+def test_restore_api_names_a_bad_step(trained):
+    experiment = read_experiment(trained / "config.json")
+    with pytest.raises(FileNotFoundError, match=r"checkpoints/99 not found; available steps: "
+                                                r"\[2, 4\]"):
+        restore_train_state(experiment, trained, make_mesh(MeshConfig(data=1)), step=99)
+
+
+def test_train_api_refuses_a_locked_directory(trained, tmp_path):
+    experiment = tiny_text_experiment(trained.parent)
+    with RunLock(tmp_path), pytest.raises(ValueError, match="is in use by another run"):
+        train(experiment, tmp_path, progress=False)

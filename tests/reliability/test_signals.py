@@ -1,0 +1,73 @@
+"""Signals stop a run within seconds even when a step never finishes (the watchdog), and the
+logs written so far are on disk with a message saying what was saved."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hybrid_jax.config import to_dict
+from hybrid_jax.train.metrics import read_metrics
+from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+from tests.reliability.stuck_driver import STUCK_STEP
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def start_stuck_run(corpus: Path, run: Path, grace: float) -> subprocess.Popen:
+    experiment = tiny_text_experiment(corpus, steps=50, checkpoint_every=2, stop_grace_s=grace)
+    config = run.parent / "config.json"
+    config.write_text(json.dumps(to_dict(experiment)))
+    return subprocess.Popen([sys.executable, "-m", "tests.reliability.stuck_driver",
+                             str(config), str(run)], cwd=ROOT, env=os.environ.copy(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_until_stuck(run: Path, process: subprocess.Popen) -> None:
+    """Until the step before the stuck one is logged (the next flush then blocks)."""
+    deadline = time.monotonic() + 240
+    while not ((run / "metrics.jsonl").is_file() and any(
+            r.get("step") == STUCK_STEP - 1 and "loss" in r for r in read_metrics(run))):
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the run never reached the stuck step"
+        time.sleep(0.05)
+    time.sleep(1.0)  # the main thread is now waiting on the stuck step's metrics
+
+
+@pytest.mark.parametrize("signals, grace", [
+    ((signal.SIGTERM,), 2.0),  # no second signal: the watchdog's timeout ends the run
+    ((signal.SIGINT, signal.SIGINT), 600.0),  # a second signal ends it at once
+])
+def test_a_stuck_run_exits_within_seconds(corpus, tmp_path, signals, grace):
+    run = tmp_path / "run"
+    process = start_stuck_run(corpus, run, grace)
+    wait_until_stuck(run, process)
+    sent = time.monotonic()
+    for sig in signals:
+        process.send_signal(sig)
+        time.sleep(0.3)
+    try:
+        code = process.wait(timeout=30)
+    finally:
+        process.kill()
+    elapsed = time.monotonic() - sent
+    err = process.stderr.read().decode()
+    assert code == 128 + signals[-1], err[-3000:]
+    assert elapsed < grace + 10 if len(signals) == 1 else elapsed < 10
+    why = "did not stop within 2 s of SIGTERM" if len(signals) == 1 else "second signal (SIGINT)"
+    assert why in err, err[-3000:]
+    assert f"the last complete checkpoint is step 2 ({run.absolute()}/checkpoints/2)" in err
+    assert "metrics.jsonl and tensorboard/ are flushed" in err
+    logged = [r["step"] for r in read_metrics(run) if "loss" in r]
+    assert logged == list(range(1, STUCK_STEP))
+    assert list((run / "tensorboard").iterdir())  # event file written, not lost in a buffer
