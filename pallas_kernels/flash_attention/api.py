@@ -53,14 +53,15 @@ def flash_attention(
     Returns:
       `[B, T, H, D]` in the dtype of q.
     """
-    reason = unsupported(q, k, v, segment_ids, window=window, interpret=interpret)
-    if reason is not None:
-        raise ValueError(f"pallas flash_attention: {reason}")
     if implementation is None:
         implementation = "gpu" if interpret or jax.default_backend() == "gpu" else "reference"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"pallas flash_attention: implementation must be one of "
                          f"{IMPLEMENTATIONS} or None, got {implementation!r}")
+    reason = unsupported(q, k, v, segment_ids, window=window,
+                         interpret=interpret or implementation == "reference")
+    if reason is not None:
+        raise ValueError(f"pallas flash_attention: {reason}")
     batch, length = q.shape[:2]
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     segment_ids = (jnp.zeros((batch, length), jnp.int32) if segment_ids is None
@@ -112,7 +113,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def unsupported(q, k, v, segment_ids=None, *, window=None, interpret=False) -> str | None:
-    """None when the kernels can run this call, else the reason."""
+    """None when the kernels can run this call, else the reason. `interpret`: no accelerator
+    limits (dtype, head dims), as in interpret mode and for the reference."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return (f"q, k, v must be [batch, time, heads, head_dim], got shapes {q.shape}, "
                 f"{k.shape}, {v.shape}")
