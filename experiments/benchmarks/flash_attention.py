@@ -47,11 +47,12 @@ def packed_segments(batch: int, length: int, median: float, seed: int = 0) -> np
     return np.stack(rows).astype(np.int32)
 
 
-def useful_pairs(segment_ids, length, window) -> int:
-    lowest, _ = visible_span(None if segment_ids is None else jnp.asarray(segment_ids), length,
-                             window)
-    return int(jnp.sum(jnp.arange(length) - jnp.broadcast_to(lowest, (
-        1 if segment_ids is None else segment_ids.shape[0], length)) + 1))
+def useful_pairs(segment_ids, batch, length, window) -> int:
+    """(query, visible key) pairs of a batch; documents are contiguous here."""
+    ids = jnp.zeros((batch, length), jnp.int32) if segment_ids is None else jnp.asarray(
+        segment_ids)
+    lowest = visible_span(ids, window)[0]
+    return int(jnp.sum(jnp.arange(length) - lowest + 1))
 
 
 def inputs(batch, length, heads, kv_heads, dim, dtype=jnp.bfloat16, seed=0):
@@ -108,8 +109,7 @@ def part_table(args):
         batch, length, heads, kv_heads, dim, window = SHAPES[name]
         x = inputs(batch, length, heads, kv_heads, dim)
         segments = jnp.asarray(packed_segments(batch, length, args.doc_median))
-        flops = lambda seg, w: 4 * dim * heads * useful_pairs(seg, length, w) * (
-            batch if seg is None else 1)
+        flops = lambda seg, w: 4 * dim * heads * useful_pairs(seg, batch, length, w)
         cases = [("cudnn causal", cudnn_op(None), None, None),
                  ("cudnn swa", cudnn_op(window), None, window),
                  ("pallas causal", kernel_op(None, None), None, None),
@@ -148,7 +148,7 @@ def part_variants(args):
         batch, length, heads, kv_heads, dim, _ = SHAPES[name]
         x = inputs(batch, length, heads, kv_heads, dim)
         segments = jnp.asarray(packed_segments(batch, length, args.doc_median))
-        flops = 4 * dim * heads * useful_pairs(np.asarray(segments), length, None)
+        flops = 4 * dim * heads * useful_pairs(segments, batch, length, None)
         base = default_block_sizes(dim)
         for variant in ["default", *VARIANTS]:
             blocks = base if variant == "default" else dataclasses.replace(base, **VARIANTS[variant])

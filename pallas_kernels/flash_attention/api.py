@@ -73,40 +73,30 @@ def flash_attention(
     blocks = block_sizes or default_block_sizes(q.shape[-1])
     st = gpu.Static(window=window, scale=scale, group=q.shape[2] // k.shape[2], blocks=blocks,
                     interpret=interpret)
-    lowest_key, highest_query = visible_span(segment_ids, length, window)
     padded = -(-length // blocks.time_multiple) * blocks.time_multiple
-    # Padding sits after every real token: causal masking keeps it out of real rows; padded
-    # rows see themselves, so their statistics stay finite, and their dO is zero.
+    # Padding goes after every real token and joins the last document: causal masking keeps it
+    # out of real rows, and the padded rows' dO is zero.
     pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2),
                             mode="edge" if x.ndim == 2 else "constant")
-    lowest_key = jnp.broadcast_to(lowest_key, (batch, length))
-    highest_query = jnp.broadcast_to(highest_query, (batch, length))
-    out = _flash(st, *(pad(x) for x in (q, k, v, segment_ids, lowest_key)),
-                 _pad_highest(highest_query, padded))
+    segment_ids = pad(segment_ids)
+    out = _flash(st, pad(q), pad(k), pad(v), segment_ids, *visible_span(segment_ids, window))
     return out[:, :length]
 
 
-def _pad_highest(highest_query, padded):
-    """Padded keys are seen by the padded queries only (themselves and later)."""
-    length = highest_query.shape[1]
-    tail = jnp.full((highest_query.shape[0], padded - length), padded - 1, jnp.int32)
-    return jnp.concatenate([highest_query, tail], axis=1)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(st, q, k, v, segment_ids, lowest_key, highest_query):
-    return gpu.forward(q, k, v, segment_ids, lowest_key, st)[0]
+def _flash(st, q, k, v, segment_ids, *spans):
+    return gpu.forward(q, k, v, segment_ids, spans, st)[0]
 
 
-def _flash_fwd(st, q, k, v, segment_ids, lowest_key, highest_query):
-    o, lse = gpu.forward(q, k, v, segment_ids, lowest_key, st)
-    return o, (q, k, v, o, lse, segment_ids, lowest_key, highest_query)
+def _flash_fwd(st, q, k, v, segment_ids, *spans):
+    o, lse = gpu.forward(q, k, v, segment_ids, spans, st)
+    return o, (q, k, v, o, lse, segment_ids, spans)
 
 
 def _flash_bwd(st, residuals, do):
-    q, k, v, o, lse, segment_ids, lowest_key, highest_query = residuals
-    dq, dk, dv = gpu.backward(q, k, v, o, lse, do, segment_ids, lowest_key, highest_query, st)
-    return dq, dk, dv, None, None, None
+    q, k, v, o, lse, segment_ids, spans = residuals
+    dq, dk, dv = gpu.backward(q, k, v, o, lse, do, segment_ids, spans, st)
+    return (dq, dk, dv, None) + (None,) * len(spans)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

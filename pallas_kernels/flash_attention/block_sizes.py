@@ -39,10 +39,12 @@ class BlockSizes:
 
 
 def default_block_sizes(head_dim: int) -> BlockSizes:
-    """GPU defaults: wider heads take smaller tiles so the float32 accumulators fit registers."""
+    """GPU defaults, the fastest of the variants measured on the H200 (NOTES.md); wider heads
+    take smaller tiles so the float32 accumulators fit the registers."""
     if head_dim <= 64:
-        return BlockSizes(block_q=128, block_k=64, num_warps=4, backward_num_warps=4)
+        return BlockSizes(block_q=64, block_k=64, num_warps=4, backward_num_warps=4)
     if head_dim <= 128:
-        return BlockSizes(block_q=128, block_k=64, num_warps=8, backward_num_warps=8)
+        return BlockSizes(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=128, num_warps=8,
+                          backward_num_warps=8)
     return BlockSizes(block_q=64, block_k=32, block_q_dkv=32, block_k_dkv=32, num_warps=8,
                       num_stages=2, backward_num_warps=8)

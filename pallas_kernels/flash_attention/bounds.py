@@ -30,16 +30,30 @@ def segment_extents(segment_ids_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(first, inverse, 1), jnp.take_along_axis(last, inverse, 1)
 
 
-def visible_span(segment_ids_BT: jax.Array | None, length: int, window: int | None
-                 ) -> tuple[jax.Array, jax.Array]:
-    """`lowest_key, highest_query` `[B, T]` int32: the first key query t can see, and the
-    last query that can see key t (causal, window w, same document)."""
-    index = jnp.arange(length, dtype=jnp.int32)[None]
-    if segment_ids_BT is None:
-        first, last = jnp.zeros_like(index), jnp.full_like(index, length - 1)
-    else:
-        first, last = segment_extents(segment_ids_BT)
+def run_extents(segment_ids_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`start, end` `[B, T]` int32: the first and last index of each token's contiguous run of
+    equal ids (inside it every pair of tokens is in the same document)."""
+    batch, length = segment_ids_BT.shape
+    index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    change = segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]
+    edge = jnp.ones((batch, 1), bool)
+    start = lax.cummax(jnp.where(jnp.concatenate([edge, change], 1), index, 0), axis=1)
+    end = lax.cummin(jnp.where(jnp.concatenate([change, edge], 1), index, length - 1), axis=1,
+                     reverse=True)
+    return start, end
+
+
+def visible_span(segment_ids_BT: jax.Array, window: int | None) -> tuple[jax.Array, ...]:
+    """Per token, `[B, T]` int32 each (causal, window w, same document):
+
+    lowest_key: the first key query t can see; highest_query: the last query that sees key t.
+    unmasked_from: every key in [unmasked_from, t] is visible from query t; unmasked_until:
+    every query in [t, unmasked_until] sees key t. Key blocks inside these need no mask.
+    """
+    first, last = segment_extents(segment_ids_BT)
+    run_start, run_end = run_extents(segment_ids_BT)
     if window is not None:
-        first = jnp.maximum(first, index - window + 1)
-        last = jnp.minimum(last, index + window - 1)
-    return first, last
+        index = jnp.arange(segment_ids_BT.shape[1], dtype=jnp.int32)[None]
+        first, run_start = (jnp.maximum(x, index - window + 1) for x in (first, run_start))
+        last, run_end = (jnp.minimum(x, index + window - 1) for x in (last, run_end))
+    return first, last, run_start, run_end

@@ -73,12 +73,19 @@ def test_head_dims(head_dim):
 
 
 def test_bounds_match_the_mask():
+    """lowest/highest are the first/last visible ones; the unmasked spans are fully visible."""
     length, window = PACKED.shape[1], 6
-    lowest, highest = visible_span(PACKED, length, window)
-    t = jnp.arange(length)
-    mask = visible(t[:, None], t[None, :], PACKED[:, :, None], PACKED[:, None, :], window)
-    np.testing.assert_array_equal(lowest, jnp.argmax(mask, axis=2))  # first visible key
-    np.testing.assert_array_equal(highest, length - 1 - jnp.argmax(mask[:, ::-1], axis=1))
+    ids = PACKED.at[0, 30:33].set(0)  # a document id that comes back
+    for w in (None, window):
+        lowest, highest, unmasked_from, unmasked_until = visible_span(ids, w)
+        t = jnp.arange(length)
+        mask = visible(t[:, None], t[None, :], ids[:, :, None], ids[:, None, :], w)
+        np.testing.assert_array_equal(lowest, jnp.argmax(mask, axis=2))
+        np.testing.assert_array_equal(highest, length - 1 - jnp.argmax(mask[:, ::-1], axis=1))
+        keys_inside = (t[None, None, :] >= unmasked_from[:, :, None]) & (t <= t[:, None])
+        queries_inside = (t[None, :, None] <= unmasked_until[:, None, :]) & (t[:, None] >= t)
+        assert bool(jnp.all(mask | ~keys_inside)) and bool(jnp.all(mask | ~queries_inside))
+        assert int(keys_inside.sum()) > length  # not trivially empty
 
 
 def test_rejects_bad_inputs():
