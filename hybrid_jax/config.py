@@ -58,6 +58,9 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
+REMAT_POLICIES = ("none", "full", "dots_saveable")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model: embeddings, `layers` (block specs), final norm, LM head.
@@ -90,7 +93,8 @@ class ModelConfig:
     init_std: float = 0.02
     dtype: str = "float32"  # compute dtype; parameters stay in param_dtype
     param_dtype: str = "float32"
-    remat: bool = False  # rematerialise each block in the backward pass
+    remat: str = "none"  # per block in the backward pass: "none", "full" or "dots_saveable"
+    scan_layers: bool = False  # one compiled layer group under nnx.scan (fast compiles)
 
     def __post_init__(self) -> None:
         own = "ModelConfig"
@@ -132,6 +136,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 _fail(own, name, getattr(self, name), f"expected one of {list(DTYPES)}")
+        if self.remat not in REMAT_POLICIES:
+            _fail(own, "remat", self.remat, f"expected one of {list(REMAT_POLICIES)}")
         for index in range(len(self.layers)):
             self.block_options(index)
 
