@@ -236,16 +236,25 @@ class TrainConfig:
     keep_checkpoints: int = 3  # the most recent checkpoints kept on disk
     async_checkpoint: bool = True  # write checkpoints in the background
     on_nonfinite: str = "stop"  # "stop", or "rollback" to the last checkpoint skipping the batch
+    grad_accum: int = 1  # micro-batches per step (batch_size / grad_accum examples each)
+    prefetch: int = 2  # batches placed on the devices ahead of the step (0: none)
+    peak_tflops: float = 0.0  # per-device peak for MFU; 0: the device's dense bf16 peak if known
     mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size"):
+        for name in ("steps", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 _fail("TrainConfig", name, getattr(self, name), "expected a positive integer")
         for name in ("warmup_steps", "log_every", "eval_every", "eval_batches",
                      "checkpoint_every"):
             if getattr(self, name) < 0:
                 _fail("TrainConfig", name, getattr(self, name), "expected an integer >= 0")
+        if self.batch_size % self.grad_accum:
+            _fail("TrainConfig", "grad_accum", self.grad_accum,
+                  f"expected a divisor of batch_size={self.batch_size}")
+        if self.prefetch < 0 or self.peak_tflops < 0:
+            _fail("TrainConfig", "prefetch" if self.prefetch < 0 else "peak_tflops",
+                  min(self.prefetch, self.peak_tflops), "expected >= 0")
         if self.learning_rate <= 0:
             _fail("TrainConfig", "learning_rate", self.learning_rate, "expected > 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
