@@ -5,7 +5,8 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
         [--models transformer-125m,transformer-350m,gdn-340m,mamba2-130m,nha-340m,
                   nha-hybrid-340m] [--lengths 2048,8192,32768] [--tokens 32768] [--steps 10]
         [--scan/--no-scan] [--remat none] [--unpacked transformer-125m]
-        [--torch transformer-125m] [--compile-check transformer-350m] [--out F.json]
+        [--torch transformer-125m] [--compile-check transformer-350m]
+        [--ablate transformer-125m] [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
 (`packed_data.py`: WikiText-2 articles, BPE 32768), so each row holds whole and cut documents
@@ -36,7 +37,7 @@ from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.packed_data import document_stats, packed_batches
 from experiments.benchmarks.timing import device_name, print_table, write_json
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig
+from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig, layer
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
@@ -81,13 +82,23 @@ def random_batch(batch: int, length: int, packed: bool, seed: int = 0) -> dict[s
     return row
 
 
+def with_attention(config: ModelConfig, implementation: str | None) -> ModelConfig:
+    """`config` with every attention layer forced to an `ops.attention` implementation."""
+    if implementation is None:
+        return config
+    return config.replace(layers=tuple(
+        layer("attention", **{**dict(spec.options), "implementation": implementation})
+        if spec.type == "attention" else spec for spec in config.layers))
+
+
 def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = None,
-            steps: int | None = None) -> dict:
+            steps: int | None = None, attention: str | None = None) -> dict:
     scan = args.scan if scan is None else scan
-    config = MODELS[name]().replace(vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32",
-                                    remat=args.remat, scan_layers=scan)
+    config = with_attention(MODELS[name](), attention).replace(
+        vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=args.remat,
+        scan_layers=scan)
     batch = max(args.tokens // length, 1)
-    row = {"model": name, "T": length, "B": batch, "scan": scan,
+    row = {"model": name, "T": length, "B": batch, "scan": scan, "attn": attention or "auto",
            "data": ("text" if args.data else "synthetic") if packed else "random, unpacked"}
     try:
         experiment = ExperimentConfig(name=name, model=config, data=None,
@@ -163,6 +174,8 @@ def main():
     parser.add_argument("--unpacked", default="transformer-125m")
     parser.add_argument("--torch", default="transformer-125m")
     parser.add_argument("--compile-check", default="")
+    parser.add_argument("--ablate", default="", help="models to rerun at the first length with "
+                        "attention forced: pallas unpacked, xla packed (the kernel's share)")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--out", default="train_throughput.json")
@@ -179,9 +192,6 @@ def main():
     args.matmul_tflops = matmul_tflops(args.matmul_size)
     print(f"bf16 matmul {args.matmul_size}³: {args.matmul_tflops:.0f} TFLOP/s; dense peak "
           f"{(args.peak or 0) / 1e12:.0f}", flush=True)
-    for name in split(args.compile_check):  # the unscanned compile of a deep model
-        if not over():
-            rows.append(run_one(name, lengths[0], args, packed=True, scan=False, steps=3))
     for length in lengths:
         for name in split(args.models):
             if over():
@@ -189,9 +199,16 @@ def main():
             rows.append(run_one(name, length, args, packed=True))
             if name in split(args.unpacked) and not over():
                 rows.append(run_one(name, length, args, packed=False))
+    for name in split(args.ablate):
+        for packed, attention in ((False, "pallas"), (True, "xla")):
+            if not over():
+                rows.append(run_one(name, lengths[0], args, packed=packed, attention=attention))
+    for name in split(args.compile_check):  # the unscanned compile of a deep model
+        if not over():
+            rows.append(run_one(name, lengths[0], args, packed=True, scan=False, steps=3))
     for row in rows:
         row.setdefault("impl", "jax")
-    print_table(rows, ["model", "impl", "T", "B", "data", "scan", "tokens_per_s", "tflops",
+    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "tokens_per_s", "tflops",
                        "mfu_peak", "mfu_matmul", "mem_GiB", "compile_s", "docs_per_row",
                        "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,

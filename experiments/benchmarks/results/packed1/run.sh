@@ -8,6 +8,7 @@ timeout 100 python3 -m experiments.benchmarks.flash_attention --parts table --sh
     --out $OUT/fa.json > $OUT/fa.log 2>&1
 DATA=""; [ -f data/wikitext2_bpe32k.npz ] && DATA="--data data/wikitext2_bpe32k.npz"
 timeout 390 python3 -m experiments.benchmarks.train_throughput $DATA --lengths 2048 \
-    --torch transformer-125m --unpacked transformer-125m --compile-check transformer-350m \
+    --torch transformer-125m --unpacked transformer-125m --ablate transformer-125m \
+    --compile-check transformer-350m \
     --time-limit 300 --out $OUT/tt.json > $OUT/tt.log 2>&1
 grep -v "^{" $OUT/fa.log | tail -12; grep -v "^{" $OUT/tt.log | tail -30
