@@ -16,13 +16,15 @@ says which. `--unpacked` adds runs on random tokens without segment ids (the pac
 Every model: vocabulary 32768, bf16 compute, float32 parameters and AdamW state, the
 trainer's own `init_train_state` / `make_train_step`. FLOPs per token from `hybrid_jax.flops`
 (the trainer's MFU); MFU against the dense bf16 peak and against a bf16 8192³ matmul measured
-in the same run. Memory: what the compiled step needs (arguments + temporaries). The PyTorch
+in the same run. Memory: what the compiled step needs (arguments + temporaries); a model that
+needs more than 90 % of the device without remat is run with `remat="full"`. The PyTorch
 peers run first, each in its own process (before JAX takes the GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -98,7 +100,8 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=args.remat,
         scan_layers=scan)
     batch = max(args.tokens // length, 1)
-    row = {"model": name, "T": length, "B": batch, "scan": scan, "attn": attention or "auto",
+    row = {"model": name, "T": length, "B": batch, "scan": scan, "remat": args.remat,
+           "attn": attention or "auto",
            "data": ("text" if args.data else "synthetic") if packed else "random, unpacked"}
     try:
         experiment = ExperimentConfig(name=name, model=config, data=None,
@@ -116,9 +119,15 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
             start = time.perf_counter()
             step = make_train_step(ts).lower(ts.state, batches[0]).compile()
             row["compile_s"] = time.perf_counter() - start
-            memory = step.memory_analysis()
-            if memory is not None:
-                row["mem_GiB"] = (memory.argument_size_in_bytes + memory.temp_size_in_bytes) / 2**30
+            row["mem_GiB"] = _memory_gib(step)
+            if args.remat == "none" and row["mem_GiB"] > 0.9 * _device_gib():
+                # Too large for the device without remat: rematerialise every block.
+                config, row["remat"] = config.replace(remat="full"), "full"
+                ts = init_train_state(dataclasses.replace(experiment, model=config), mesh)
+                start = time.perf_counter()
+                step = make_train_step(ts).lower(ts.state, batches[0]).compile()
+                row["compile_s"] = time.perf_counter() - start
+                row["mem_GiB"] = _memory_gib(step)
             state = ts.state
             for i in range(2):
                 state, metrics = step(state, batches[i % 4])
@@ -138,6 +147,16 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     print(json.dumps(row), flush=True)
     return row
+
+
+def _memory_gib(compiled) -> float:
+    memory = compiled.memory_analysis()
+    return (memory.argument_size_in_bytes + memory.temp_size_in_bytes) / 2**30
+
+
+def _device_gib() -> float:
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit", 2**62) / 2**30
 
 
 def torch_peer(name: str, length: int, args) -> dict:
@@ -192,6 +211,9 @@ def main():
     args.matmul_tflops = matmul_tflops(args.matmul_size)
     print(f"bf16 matmul {args.matmul_size}³: {args.matmul_tflops:.0f} TFLOP/s; dense peak "
           f"{(args.peak or 0) / 1e12:.0f}", flush=True)
+    for name in split(args.compile_check):  # the unscanned compile of a deep model
+        if not over():
+            rows.append(run_one(name, lengths[0], args, packed=True, scan=False, steps=3))
     for length in lengths:
         for name in split(args.models):
             if over():
@@ -203,12 +225,9 @@ def main():
         for packed, attention in ((False, "pallas"), (True, "xla")):
             if not over():
                 rows.append(run_one(name, lengths[0], args, packed=packed, attention=attention))
-    for name in split(args.compile_check):  # the unscanned compile of a deep model
-        if not over():
-            rows.append(run_one(name, lengths[0], args, packed=True, scan=False, steps=3))
     for row in rows:
         row.setdefault("impl", "jax")
-    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "tokens_per_s", "tflops",
+    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s", "tflops",
                        "mfu_peak", "mfu_matmul", "mem_GiB", "compile_s", "docs_per_row",
                        "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,
