@@ -3,7 +3,8 @@
 The kernels visit only the key blocks between these bounds, so attention over packed documents
 and sliding windows costs the band they cover, not the full causal triangle. Segment ids need
 not be contiguous: a document's extent is the span from its first to its last token (found by
-one sort), so the bounds stay exact (conservative) for any id pattern.
+one sort), so the bounds are exact for contiguous documents and never too tight for any id
+pattern.
 """
 
 from __future__ import annotations
