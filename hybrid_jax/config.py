@@ -131,6 +131,9 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
+REMAT_POLICIES = ("none", "full", "dots_saveable")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model: embeddings, `layers` (block specs), final norm, LM head.
@@ -163,7 +166,8 @@ class ModelConfig:
     init_std: float = 0.02
     dtype: str = "float32"  # compute dtype; parameters stay in param_dtype
     param_dtype: str = "float32"
-    remat: bool = False  # rematerialise each block in the backward pass
+    remat: str = "none"  # per block in the backward pass: "none", "full" or "dots_saveable"
+    scan_layers: bool = False  # one compiled layer group under nnx.scan (fast compiles)
 
     def __post_init__(self) -> None:
         own = "ModelConfig"
@@ -211,6 +215,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 _fail(own, name, getattr(self, name), f"expected one of {list(DTYPES)}")
+        if self.remat not in REMAT_POLICIES:
+            _fail(own, "remat", self.remat, f"expected one of {list(REMAT_POLICIES)}")
         for index in range(len(self.layers)):
             self.block_options(index)
 
@@ -325,6 +331,9 @@ class TrainConfig:
     keep_checkpoints: int = 3  # the most recent checkpoints kept on disk
     async_checkpoint: bool = True  # write checkpoints in the background
     on_nonfinite: str = "stop"  # "stop", or "rollback" to the last checkpoint skipping the batch
+    grad_accum: int = 1  # micro-batches per step (batch_size / grad_accum examples each)
+    prefetch: int = 2  # batches placed on the devices ahead of the step (0: none)
+    peak_tflops: float = 0.0  # per-device peak for MFU; 0: the device's dense bf16 peak if known
     mesh: MeshConfig = MeshConfig()
 
     stop_grace_s: float = 10.0  # after SIGTERM/SIGINT, force the exit if no step ends in this
@@ -334,13 +343,19 @@ class TrainConfig:
         check_types(self)
         if not isinstance(self.mesh, MeshConfig):
             _fail(own, "mesh", self.mesh, "expected a MeshConfig")
-        for name in ("steps", "batch_size"):
+        for name in ("steps", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
         for name in ("warmup_steps", "log_every", "eval_every", "eval_batches",
                      "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
                 _fail(own, name, getattr(self, name), "expected an integer >= 0")
+        if self.grad_accum < 1 or self.batch_size % self.grad_accum:
+            _fail(own, "grad_accum", self.grad_accum,
+                  f"expected a divisor of batch_size={self.batch_size}")
+        if self.prefetch < 0 or self.peak_tflops < 0:
+            _fail(own, "prefetch" if self.prefetch < 0 else "peak_tflops",
+                  min(self.prefetch, self.peak_tflops), "expected >= 0")
         if self.warmup_steps > self.steps:
             _fail(own, "warmup_steps", self.warmup_steps,
                   f"expected <= steps={self.steps} (the learning rate would never reach its "

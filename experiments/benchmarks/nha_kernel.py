@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 
 from experiments.benchmarks.timing import (
+    cudnn_op,
     device_name,
     forward_and_backward,
+    measure,
     print_table,
     time_compiled,
     write_json,
@@ -64,13 +66,6 @@ def xla_op(window):
     return op
 
 
-def cudnn_op(window):
-    """Sliding-window (w keys, itself included) or causal (window None) cuDNN attention."""
-    local = None if window is None else (window - 1, 0)
-    return lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, local_window_size=local, implementation="cudnn")
-
-
 def window_pairs(length, window):
     window = min(window, length)
     return window * (window + 1) // 2 + (length - window) * window
@@ -80,25 +75,6 @@ def nha_flops(length, window):
     attention = 4 * DIM * window_pairs(length, window) * BATCH * HEADS
     slots = 8 * DIM * SLOTS * length * BATCH * HEADS if window < length else 0
     return attention + slots
-
-
-def measure(fn, inputs, flops, memory=True):
-    """Compiles fwd and fwd+bwd once each, times them, reads the fwd+bwd temp memory."""
-    fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
-    row = {}
-    try:
-        fwd = fwd.lower(*inputs).compile()
-        row["fwd_ms"] = time_compiled(fwd, *inputs)
-        row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
-        fwd_bwd = fwd_bwd.lower(*inputs).compile()
-        row["fwd_bwd_ms"] = time_compiled(fwd_bwd, *inputs)
-        row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
-        analysis = fwd_bwd.memory_analysis() if memory else None
-        if analysis is not None:
-            row["temp_MiB"] = analysis.temp_size_in_bytes / 2**20
-    except Exception as e:  # out of memory, unsupported shape: report and go on
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    return row
 
 
 def _reference_op(q, k, v, s, g, qw, kw, *, window):

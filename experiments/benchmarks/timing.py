@@ -37,6 +37,35 @@ def forward_and_backward(op: Callable, num_args: int) -> tuple[Callable, Callabl
     return fwd, bwd
 
 
+def measure(fn: Callable, inputs: Sequence[Any], flops: float, memory: bool = True
+            ) -> dict[str, Any]:
+    """Compiles fwd and fwd+bwd once each, times them (TFLOP/s from the forward's useful
+    `flops`, fwd+bwd counted as 3.5 × fwd, the flash-attention convention), reads the fwd+bwd
+    temp memory; an error (out of memory, unsupported shape) is reported in the row."""
+    fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
+    row: dict[str, Any] = {}
+    try:
+        fwd = fwd.lower(*inputs).compile()
+        row["fwd_ms"] = time_compiled(fwd, *inputs)
+        row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
+        fwd_bwd = fwd_bwd.lower(*inputs).compile()
+        row["fwd_bwd_ms"] = time_compiled(fwd_bwd, *inputs)
+        row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
+        analysis = fwd_bwd.memory_analysis() if memory else None
+        if analysis is not None:
+            row["temp_MiB"] = analysis.temp_size_in_bytes / 2**20
+    except Exception as e:  # noqa: BLE001  (report and go on with the next row)
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return row
+
+
+def cudnn_op(window: int | None) -> Callable:
+    """Sliding-window (w keys, itself included) or causal (window None) cuDNN attention."""
+    local = None if window is None else (window - 1, 0)
+    return lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, local_window_size=local, implementation="cudnn")
+
+
 def temp_bytes(fn: Callable, *args: Any) -> int | None:
     """Temporary device memory the compiled `fn` needs (None where the backend cannot say)."""
     analysis = fn.lower(*args).compile().memory_analysis()

@@ -43,10 +43,8 @@ class LanguageModel(nnx.Module):
             param(rngs, nnx.initializers.normal(config.init_std),
                   (config.max_positions, config.d_model), param_dtype(config), ("seq", "embed"))
             if config.position_embedding == "learned" else None)
-        self.blocks = nnx.List([
-            block_type(spec.type).build(config, config.block_options(i), layer_index=i, rngs=rngs)
-            for i, spec in enumerate(config.layers)
-        ])
+        self.blocks = (_stacked_blocks(config, rngs) if config.scan_layers else
+                       nnx.List(_build_blocks(config, range(len(config.layers)), rngs)))
         self.final_norm = norm(config)
         self.lm_head = (None if config.tie_embeddings else
                         Linear(config.d_model, config.vocab_size, axes=("embed", "vocab"),
@@ -106,17 +104,14 @@ class LanguageModel(nnx.Module):
             raise ValueError("pass either context= or positions_BT / segment_ids_BT / extras, "
                              "not both")
         x = constrain(self._embed(tokens_BT, context.positions), ("batch", "seq", "embed"))
-        for block in self.blocks:
-            if self.config.remat:
-                x = nnx.remat(lambda b, x, ctx: b(x, ctx))(block, x, context)
-            else:
-                x = block(x, context)
+        x = _run_blocks(self.config, self.blocks, x, context)
         return self._logits(x)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None, *,
                    windowed: bool = False) -> LMCache:
         """An empty decode state for `batch` sequences of up to `max_len` tokens; `windowed`:
         decoding may go on past `max_len`, attention then seeing the last `max_len` tokens."""
+        _check_unscanned(self.config, "decoding")
         if batch < 1 or max_len < 1:
             raise ValueError(f"init_cache needs batch >= 1 and max_len >= 1, got batch={batch}, "
                              f"max_len={max_len}")
@@ -135,6 +130,7 @@ class LanguageModel(nnx.Module):
         (unless it is `windowed`) this raises; inside jit, where the position is traced, the
         logits of such a call are NaN instead.
         """
+        _check_unscanned(self.config, "decoding")
         self._check_tokens(tokens_BT)
         overflow = check_cache_room(cache, tokens_BT.shape[1])
         context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras)
@@ -158,6 +154,63 @@ class LanguageModel(nnx.Module):
         config = _with_window(self.config, window, layers)
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
         return nnx.merge(graphdef, nnx.state(self))
+
+
+def _build_blocks(config: ModelConfig, indices, rngs: nnx.Rngs) -> list[nnx.Module]:
+    return [block_type(config.layers[i].type).build(config, config.block_options(i),
+                                                    layer_index=i, rngs=rngs) for i in indices]
+
+
+def layer_period(layers: Sequence[Any]) -> int:
+    """The shortest p such that `layers` is its first p entries repeated."""
+    return next(p for p in range(1, len(layers) + 1)
+                if len(layers) % p == 0 and tuple(layers) == tuple(layers[:p]) * (len(layers) // p))
+
+
+def _stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> nnx.List:
+    """One group of `layer_period` blocks with every parameter stacked over the groups (a
+    leading axis, unsharded), for `nnx.scan`. Every group draws its own initial values."""
+    period = layer_period(config.layers)
+
+    @nnx.split_rngs(splits=len(config.layers) // period)
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def build(rngs: nnx.Rngs) -> nnx.List:
+        return nnx.List(_build_blocks(config, range(period), rngs))
+
+    group = build(rngs)
+    for _, variable in nnx.iter_graph(group):
+        axes = variable.get_metadata().get("logical_axes") if isinstance(
+            variable, nnx.Variable) else None
+        if axes is not None and len(axes) == variable.get_value().ndim - 1:
+            variable.set_metadata(logical_axes=(None, *axes))
+    return group
+
+
+def _run_blocks(config: ModelConfig, blocks: nnx.List, x: jax.Array, context: TokenContext
+                ) -> jax.Array:
+    """The blocks on `x`, rematerialised per `config.remat`, scanned when stacked."""
+    def run(blocks, x):
+        for block in blocks:
+            x = block(x, context)
+        return x
+
+    if config.remat != "none":
+        policy = (jax.checkpoint_policies.dots_saveable if config.remat == "dots_saveable"
+                  else None)
+        run = nnx.remat(run, policy=policy)
+    if not config.scan_layers:
+        for block in blocks:
+            x = run([block], x)
+        return x
+    scanned = nnx.scan(lambda x, group: run(group, x), in_axes=(nnx.Carry, 0),
+                       out_axes=nnx.Carry)
+    return scanned(x, blocks)
+
+
+def _check_unscanned(config: ModelConfig, what: str) -> None:
+    if config.scan_layers:
+        raise ValueError(f"{what} needs ModelConfig.scan_layers=False (a scanned model stacks "
+                         "its layers for training); build the model without it")
 
 
 def _with_window(config: ModelConfig, window: int | None, layers: Sequence[int] | None

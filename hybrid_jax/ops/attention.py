@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
-from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+from hybrid_jax.ops.dispatch import Rung, backend, choose, dispatch
+from pallas_kernels.flash_attention import api as pallas_flash
 
 _OP = "attention"
 
@@ -51,7 +52,9 @@ def attention(
       segment_ids: `[B, T]` int document ids for packed sequences (requires T == S).
       q_positions: `[B, T]` or `[T]` int positions of the queries.
       kv_positions: `[B, S]` or `[S]` int positions of the keys; < 0 marks an empty slot.
-      implementation: "reference", "xla", "cudnn" (GPU) or None (auto).
+      implementation: "reference", "xla", "cudnn" (GPU, no segment_ids), "pallas" (GPU flash
+        attention with segment_ids, `pallas_kernels.flash_attention`) or None (auto: cudnn,
+        then pallas, then xla; `attention_rung` says which).
 
     Returns:
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
@@ -192,11 +195,36 @@ def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions,
     )
 
 
+def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
+                        kv_positions) -> str | None:
+    if backend() != "gpu":
+        return f"needs a GPU backend, running on {backend()}"
+    if not causal:
+        return "needs causal=True"
+    if q_positions is not None or kv_positions is not None:
+        return "explicit positions are not supported"
+    return pallas_flash.unsupported(q, k, v, segment_ids, window=window)
+
+
+def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+    return pallas_flash.flash_attention(q, k, v, segment_ids, window=window, scale=scale)
+
+
 _RUNGS = (
     Rung("cudnn", attention_cudnn, _cudnn_unsupported),
+    Rung("pallas", attention_pallas, _pallas_unsupported),
     Rung("xla", attention_xla),
     Rung("reference", attention_reference, auto=False),
 )
+
+
+def attention_rung(q, k, v, *, causal: bool = True, window: int | None = None,
+                   segment_ids=None, implementation: str | None = None) -> str:
+    """The name of the rung `attention` runs for these arguments (arrays or ShapeDtypeStructs)
+    on the current backend."""
+    rung, _ = choose(_OP, _RUNGS, implementation, q, k, v, causal=causal, window=window,
+                     scale=1.0, segment_ids=segment_ids, q_positions=None, kv_positions=None)
+    return rung.name
 
 
 def rotary_dim(head_dim: int, fraction: float) -> int:

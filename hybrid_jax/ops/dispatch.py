@@ -2,18 +2,23 @@
 
 Every op takes `implementation=`: a name picks that rung (and fails loudly if it cannot run the
 call), `None` picks the first rung, in the op's order (fastest first), that supports the backend
-and the shapes, so auto never warns and never fails where the XLA rung works.
+and the shapes, so auto never fails where the XLA rung works. On an accelerator, when auto passes
+over a faster rung, it logs once per op, shape and rung which rung ran and why the faster ones
+could not (a warning when it fell to the XLA rung): no silent fallback.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn")
+logger = logging.getLogger("hybrid_jax.dispatch")
+_LOGGED: set[tuple] = set()
 
 
 def _always(*args: Any, **kwargs: Any) -> str | None:
@@ -39,9 +44,9 @@ def backend() -> str:
     return jax.default_backend()
 
 
-def dispatch(
-    op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any, **kwargs: Any
-) -> Any:
+def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any,
+           **kwargs: Any) -> tuple[Rung, list[str]]:
+    """The rung that runs this call, and the reasons of the faster auto rungs that could not."""
     if implementation is not None:
         names = [rung.name for rung in rungs]
         if implementation not in names:
@@ -55,13 +60,36 @@ def dispatch(
             raise ValueError(
                 f"{op}: implementation={implementation!r} cannot run this call: {reason}"
             )
-        return rung.fn(*args, **kwargs)
+        return rung, []
     reasons = []
     for rung in rungs:
         if not rung.auto:
             continue
         reason = rung.unsupported(*args, **kwargs)
         if reason is None:
-            return rung.fn(*args, **kwargs)
+            return rung, reasons
         reasons.append(f"{rung.name}: {reason}")
     raise ValueError(f"{op}: no implementation supports this call ({'; '.join(reasons)})")
+
+
+def _shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
+    return tuple((name, tuple(x.shape), str(x.dtype)) for name, x in
+                 [*enumerate(args), *kwargs.items()] if hasattr(x, "shape"))
+
+
+def _log_fallback(op: str, rung: Rung, reasons: list[str], shapes: tuple) -> None:
+    key = (op, rung.name, shapes)
+    if not reasons or backend() == "cpu" or key in _LOGGED:
+        return
+    _LOGGED.add(key)
+    level = logging.WARNING if rung.name == "xla" else logging.INFO
+    logger.log(level, "%s: ran the %s rung for %s; faster rungs could not: %s", op, rung.name,
+               ", ".join(f"{n}{list(s)} {d}" for n, s, d in shapes), "; ".join(reasons))
+
+
+def dispatch(
+    op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any, **kwargs: Any
+) -> Any:
+    rung, reasons = choose(op, rungs, implementation, *args, **kwargs)
+    _log_fallback(op, rung, reasons, _shapes(args, kwargs))
+    return rung.fn(*args, **kwargs)

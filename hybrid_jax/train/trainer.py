@@ -37,6 +37,7 @@ from hybrid_jax.config import ExperimentConfig, to_dict
 from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
 from hybrid_jax.data.tokenizer import tokenizer_fingerprint
+from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
@@ -49,6 +50,7 @@ from hybrid_jax.train.checkpoint import (
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_jax.train.prefetch import DevicePrefetcher
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.run_dir import RunLock, prepare_run_dir
 
@@ -137,25 +139,56 @@ def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Arra
     return model(batch["inputs"], TokenContext.from_batch(batch))
 
 
-def make_train_step(ts: TrainState) -> Callable:
-    """`state, metrics = step(state, batch)`; donates the old state."""
+def make_train_step(ts: TrainState, grad_accum: int = 1) -> Callable:
+    """`state, metrics = step(state, batch)`; donates the old state.
+
+    `grad_accum` > 1 splits the batch into that many micro-batches (a `lax.scan`, so one of them
+    is live at a time) and applies the gradient of their summed loss / count once.
+    """
 
     def step(state: nnx.State, batch: dict[str, jax.Array]):
         model, optimizer = nnx.merge(ts.graphdef, state)
+        if grad_accum == 1:
+            def loss_fn(model):
+                with diagnostics.recording():
+                    logits = _batch_inputs(model, batch)
+                stats = token_stats(logits, batch["targets"], batch["mask"])
+                return mean_loss(stats), (stats, diagnostics.collect(model))
 
-        def loss_fn(model):
-            with diagnostics.recording():
-                logits = _batch_inputs(model, batch)
-            stats = token_stats(logits, batch["targets"], batch["mask"])
-            return mean_loss(stats), (stats, diagnostics.collect(model))
-
-        (loss, (stats, reported)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+            (loss, (stats, reported)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        else:
+            loss, stats, grads, reported = _accumulated_grads(model, batch, grad_accum)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "accuracy": stats["correct"] / jnp.maximum(stats["count"], 1.0),
                    "grad_norm": optax.tree.norm(grads), **diagnostics.scalars(reported)}
         return nnx.state((model, optimizer)), metrics
 
     return jax.jit(step, donate_argnums=0, out_shardings=(ts.shardings, None))
+
+
+def _accumulated_grads(model: LanguageModel, batch: dict[str, jax.Array], parts: int):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def micro_grads(carry, micro):
+        def loss_sum(params):
+            model = nnx.merge(graphdef, params, rest)
+            with diagnostics.recording():
+                logits = _batch_inputs(model, micro)
+            stats = token_stats(logits, micro["targets"], micro["mask"])
+            return stats["loss_sum"], (stats, diagnostics.collect(model))
+
+        grads, (stats, reported) = jax.grad(loss_sum, has_aux=True)(params)
+        return jax.tree.map(jnp.add, carry, (grads, stats)), reported
+
+    micro = {k: v.reshape(parts, v.shape[0] // parts, *v.shape[1:]) for k, v in batch.items()}
+    zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+             {k: jnp.zeros((), jnp.float32) for k in ("loss_sum", "correct", "count")})
+    (grads, stats), reported = jax.lax.scan(micro_grads, zeros, micro)
+    count = jnp.maximum(stats["count"], 1.0)
+    grads = jax.tree.map(lambda g, p: (g / count).astype(p.dtype), grads, params)
+    # Diagnostics are logged as their mean over the micro-batches.
+    return (stats["loss_sum"] / count, stats, grads,
+            jax.tree.map(lambda x: jnp.mean(x, axis=0), reported))
 
 
 def make_eval_step(ts: TrainState) -> Callable:
@@ -264,10 +297,12 @@ class _Run:
         # Data next: a missing file or a too-small vocabulary fails before anything compiles.
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
-        self.batches = train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed)
+        self.mesh = make_mesh(cfg.mesh)
+        self.batches = DevicePrefetcher(
+            train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
+            lambda batch: to_device(batch, self.mesh), depth=cfg.prefetch)
         self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
                                                       cfg.eval_batches, cfg.seed)
-        self.mesh = make_mesh(cfg.mesh)
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
         self.checkpointer = None if out is None else Checkpointer(
             out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
@@ -282,12 +317,17 @@ class _Run:
             raise
         if out is not None:
             (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
-        self.step_fn, self.eval_step = make_train_step(self.ts), make_eval_step(self.ts)
+        self.step_fn = make_train_step(self.ts, cfg.grad_accum)
+        self.eval_step = make_eval_step(self.ts)
         self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
         self.log = MetricsLog(out)
         self.log.truncate(self.step)  # records past the checkpoint are written again
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
-        self.tokens_per_step = cfg.batch_size * int(getattr(self.data, "seq_len", 0))
+        seq_len = int(getattr(self.data, "seq_len", 0))
+        self.tokens_per_step = cfg.batch_size * seq_len
+        self.flops_per_step = (step_flops(experiment.model, seq_len).training_per_token
+                               * self.tokens_per_step if seq_len else 0.0)
+        self.peak_flops = cfg.peak_tflops * 1e12 or device_peak_flops()
         self.last_time, self.last_step = time.perf_counter(), self.step
         for record in damaged:
             self.log.write(record)
@@ -345,13 +385,23 @@ class _Run:
         cfg = self.cfg
         if step % max(cfg.log_every, 1) == 0 or step == cfg.steps:
             now = time.perf_counter()
-            values["tokens_per_s"] = (self.tokens_per_step * (step - self.last_step)
-                                      / max(now - self.last_time, 1e-9))
+            seconds, devices = max(now - self.last_time, 1e-9), jax.device_count()
+            values["tokens_per_s"] = self.tokens_per_step * (step - self.last_step) / seconds
+            values["tokens_per_s_per_device"] = values["tokens_per_s"] / devices
+            if self.flops_per_step:
+                values["tflops_per_device"] = (self.flops_per_step * (step - self.last_step)
+                                               / seconds / devices / 1e12)
+                if self.peak_flops:
+                    values["mfu"] = values["tflops_per_device"] * 1e12 / self.peak_flops
             values["lr"] = float(self.schedule(step))
             self.last_time, self.last_step = now, step
             self.log.write({"step": step, **values})
-            self.bar.log(step, {"loss": values["loss"], "acc": values["accuracy"],
-                                "tok/s": values["tokens_per_s"]})
+            shown = {"loss": values["loss"], "acc": values["accuracy"],
+                     "tok/s": values["tokens_per_s"]}
+            for key, name in (("tflops_per_device", "TFLOP/s/dev"), ("mfu", "mfu")):
+                if key in values:
+                    shown[name] = values[key]
+            self.bar.log(step, shown)
 
     def evaluate(self) -> dict[str, float]:
         metrics = evaluate(self.ts, self.held_out, self.eval_step, num_words=self.eval_words)
@@ -403,7 +453,7 @@ class _Run:
                 batch = next(self.batches)
                 if self.step + 1 in self.skipped:
                     batch = next(self.batches)  # the batch on which this step diverged before
-                self.ts.state, metrics = self.step_fn(self.ts.state, to_device(batch, self.mesh))
+                self.ts.state, metrics = self.step_fn(self.ts.state, batch)
                 self.step += 1
                 self.bar.update()
                 if pending is not None:
@@ -422,6 +472,7 @@ class _Run:
                 pending = None
 
     def close(self) -> None:
+        self.batches.close()
         self.bar.close()
         self.log.close()
         if self.checkpointer is not None:

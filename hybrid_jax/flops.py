@@ -1,0 +1,129 @@
+"""FLOPs of a training step, written once for the throughput benchmark and the trainer's MFU.
+
+Per token of a length-T sequence, forward:
+  matmuls      2·N, N the parameters of every weight matrix (the projections, FFNs and the LM
+               head; the embedding lookup is no matmul, a tied embedding counts once as head)
+  attention    4·D per (query, key) pair per head: causal attention counted half (a query at t
+               sees t+1 keys), a window w by its band (min(t+1, w) keys)
+  recurrences  the work of their chunked form (chunk C): intra-chunk C×C products, the state
+               reads and writes (e.g. Mamba-2: 2C(N + P) + 4NP per head)
+Training multiplies everything by 3 (backward = 2 × forward). Packed documents do not change
+the count: it is the work of the dense-causal schedule, so packed and unpacked runs compare.
+Mixers without a sequence term here (GSS, Mamba-1) count their matmuls only; `uncounted` lists
+them.
+
+MFU = achieved FLOP/s per device / peak. `device_peak_flops` knows the dense bf16 peaks of the
+usual accelerators (None for others: then the trainer logs no MFU unless given a peak).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+
+from hybrid_jax.config import ModelConfig
+from hybrid_jax.registry import block_type
+
+# Dense bf16 peaks (FLOP/s) by device_kind substring, most specific first.
+PEAK_BF16 = (("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12),
+             ("L4", 121e12), ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12),
+             ("TPU v4", 275e12))
+
+
+def device_peak_flops(device_kind: str | None = None) -> float | None:
+    """Dense bf16 FLOP/s of a device kind (default: the first device's), None if unknown."""
+    kind = jax.devices()[0].device_kind if device_kind is None else device_kind
+    return next((peak for name, peak in PEAK_BF16 if name.lower() in kind.lower()), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFlops:
+    """Forward FLOPs per token, by kind; `training_per_token` is 3 × their sum."""
+
+    matmul: float
+    attention: float
+    recurrence: float
+    uncounted: tuple[str, ...] = ()
+
+    @property
+    def forward_per_token(self) -> float:
+        return self.matmul + self.attention + self.recurrence
+
+    @property
+    def training_per_token(self) -> float:
+        return 3.0 * self.forward_per_token
+
+
+def matmul_params(config: ModelConfig) -> int:
+    """Parameters of the weight matrices a token multiplies (module docstring)."""
+    from hybrid_jax.nn.lm import LanguageModel  # nn builds the model; flops only reads shapes
+
+    model = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+    total = config.d_model * config.vocab_size if config.tie_embeddings else 0
+    for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        names = [str(p) for p in path]
+        if len(leaf.shape) < 2 or names[0] in ("embed", "position_table"):
+            continue
+        if any("conv" in n for n in names):
+            continue
+        total += int(np.prod(leaf.shape))
+    return total
+
+
+def mean_keys(length: int, window: int | None) -> float:
+    """Mean number of keys a causal query sees over t = 0..T−1 (window w: min(t+1, w))."""
+    if window is None or window >= length:
+        return (length + 1) / 2
+    return (window * (window + 1) / 2 + (length - window) * window) / length
+
+
+def _head_dim(config: ModelConfig, options, heads: int) -> int:
+    return options.head_dim or config.head_dim or config.d_model // heads
+
+
+def _sequence_flops(kind: str, options, config: ModelConfig, length: int
+                    ) -> tuple[float, float] | None:
+    """(attention, recurrence) forward FLOPs per token of one mixer; None if not modelled."""
+    d = config.d_model
+    if kind == "attention":
+        dim = _head_dim(config, options, options.num_heads)
+        return 4 * dim * options.num_heads * mean_keys(length, options.window), 0.0
+    if kind == "mamba2":
+        heads = options.expand * d // options.ssm_head_dim
+        c, n, p = options.chunk_size, options.state_size, options.ssm_head_dim
+        return 0.0, options.n_groups * 2 * c * n + heads * (2 * c * p + 4 * n * p)
+    if kind == "gdn":
+        k = _head_dim(config, options, options.num_heads)
+        v, c = int(options.expand_v * k), options.chunk_size
+        return 0.0, options.num_heads * (2 * c * (3 * k + 2 * v) + c * c / 3 + 6 * k * v)
+    if kind in ("gsa", "nha"):
+        k = _head_dim(config, options, options.num_heads)
+        m, c = options.num_slots, options.chunk_size
+        window = getattr(options, "window", 0)
+        attention = 0.0 if window == 0 else 4 * k * options.num_heads * mean_keys(length, window)
+        if kind == "nha" and (window is None or window >= length):
+            return attention, 0.0  # slots stay empty: causal attention
+        # Two chunked gated linear-attention passes (keys → slot logits, slots → values),
+        # each 2C(K + M) intra-chunk and 4KM state work per head.
+        recurrence = options.num_heads * (4 * c * (k + m) + 8 * k * m)
+        return attention, recurrence
+    return None
+
+
+def step_flops(config: ModelConfig, length: int) -> StepFlops:
+    """Forward FLOPs per token of `config` on sequences of `length` tokens."""
+    attention = recurrence = 0.0
+    uncounted = []
+    for i, spec in enumerate(config.layers):
+        options = config.block_options(i)
+        sequence = _sequence_flops(spec.type, options, config, length)
+        if sequence is None:
+            uncounted.append(spec.type)
+            continue
+        attention += sequence[0]
+        recurrence += sequence[1]
+    return StepFlops(matmul=2.0 * matmul_params(config), attention=attention,
+                     recurrence=recurrence, uncounted=tuple(sorted(set(uncounted))))

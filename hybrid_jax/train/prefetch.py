@@ -1,0 +1,79 @@
+"""Host-to-device prefetch: a thread reads the next batches and places them on the mesh while
+the device runs the current step, so input never stalls it.
+
+The position of the underlying iterator stays checkpointable: `get_state()` is its state just
+after the last batch handed out (not after the batches queued ahead).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class DevicePrefetcher:
+    """Iterates `put(batch)` for the batches of `iterator`, `depth` of them transferred ahead
+    (0: in the caller's thread). `iterator` needs `get_state` / `set_state` (grain)."""
+
+    def __init__(self, iterator: Iterator, put: Callable[[Any], Any], depth: int = 2):
+        if depth < 0:
+            raise ValueError(f"prefetch depth must be >= 0, got {depth}")
+        self.iterator, self.put, self.depth = iterator, put, depth
+        self._state = iterator.get_state()
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _work(self, out: queue.Queue, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                batch = self.put(next(self.iterator))
+                item = (batch, self.iterator.get_state(), None)
+                while not stop.is_set():
+                    try:
+                        out.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as error:  # noqa: BLE001  (handed to the consumer, raised there)
+            out.put((None, None, error))
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.depth)
+        self._thread = threading.Thread(target=self._work, args=(self._queue, self._stop),
+                                        daemon=True, name="device-prefetch")
+        self._thread.start()
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    def __next__(self) -> Any:
+        if self.depth == 0:
+            batch = self.put(next(self.iterator))
+            self._state = self.iterator.get_state()
+            return batch
+        if self._thread is None:
+            self._start()
+        batch, state, error = self._queue.get()
+        if error is not None:
+            raise error
+        self._state = state
+        return batch
+
+    def get_state(self) -> Any:
+        return self._state
+
+    def set_state(self, state: Any) -> None:
+        self.close()
+        self.iterator.set_state(state)
+        self._state = state
+
+    def close(self) -> None:
+        """Stops the thread; batches queued ahead are dropped (the state is kept)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,130 @@
+"""Causal / sliding-window flash attention over packed documents: entry point, support checks,
+custom VJP.
+
+    o_t = Σ_s softmax_s(scale·q_t·k_s) v_s  over keys s ≤ t, t − s < w (window), seg_s = seg_t
+
+Queries `[B, T, H, D]`, keys and values `[B, T, G, D]` (G | H: grouped-query attention),
+segment ids `[B, T]` int (None: one document per row). Every query sees itself, so no row is
+empty. The kernels skip every key block that no query of a block can see (causal, window and
+documents: `bounds.py`), so packed and windowed attention cost less than full causal.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.flash_attention import gpu
+from pallas_kernels.flash_attention.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.flash_attention.bounds import visible_span
+from pallas_kernels.flash_attention.reference import flash_attention_reference
+
+IMPLEMENTATIONS = ("gpu", "reference")
+HEAD_DIMS = (64, 128, 256)
+_ACCELERATOR_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def flash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None = None,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    block_sizes: BlockSizes | None = None,
+    implementation: str | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Causal attention (window `w`: keys t−w+1..t) within documents; differentiable.
+
+    Args:
+      q: `[B, T, H, D]`; k, v: `[B, T, G, D]` with G dividing H.
+      segment_ids: `[B, T]` integer document ids, or None.
+      window: w >= 1, or None for full causal.
+      scale: logit scale, default `D**-0.5`.
+      block_sizes: tiles (default `default_block_sizes(D)`).
+      implementation: "gpu" (the Pallas kernels), "reference" (XLA, O(T²) memory) or None:
+        the kernels on a GPU or when interpreting, else the reference.
+      interpret: run the kernels in Pallas interpret mode (CPU tests).
+
+    Returns:
+      `[B, T, H, D]` in the dtype of q.
+    """
+    if implementation is None:
+        implementation = "gpu" if interpret or jax.default_backend() == "gpu" else "reference"
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"pallas flash_attention: implementation must be one of "
+                         f"{IMPLEMENTATIONS} or None, got {implementation!r}")
+    reason = unsupported(q, k, v, segment_ids, window=window,
+                         interpret=interpret or implementation == "reference")
+    if reason is not None:
+        raise ValueError(f"pallas flash_attention: {reason}")
+    batch, length = q.shape[:2]
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    segment_ids = (jnp.zeros((batch, length), jnp.int32) if segment_ids is None
+                   else segment_ids.astype(jnp.int32))
+    if window is not None and window >= length:
+        window = None  # the band covers the whole causal triangle
+    if implementation == "reference":
+        return flash_attention_reference(q, k, v, segment_ids, window=window, scale=scale)
+    blocks = block_sizes or default_block_sizes(q.shape[-1])
+    st = gpu.Static(window=window, scale=scale, group=q.shape[2] // k.shape[2], blocks=blocks,
+                    interpret=interpret)
+    padded = -(-length // blocks.time_multiple) * blocks.time_multiple
+    # Padding goes after every real token and joins the last document: causal masking keeps it
+    # out of real rows, and the padded rows' dO is zero.
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2),
+                            mode="edge" if x.ndim == 2 else "constant")
+    segment_ids = pad(segment_ids)
+    out = _flash(st, pad(q), pad(k), pad(v), segment_ids, *visible_span(segment_ids, window))
+    return out[:, :length]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(st, q, k, v, segment_ids, *spans):
+    return gpu.forward(q, k, v, segment_ids, spans, st)[0]
+
+
+def _flash_fwd(st, q, k, v, segment_ids, *spans):
+    o, lse = gpu.forward(q, k, v, segment_ids, spans, st)
+    return o, (q, k, v, o, lse, segment_ids, spans)
+
+
+def _flash_bwd(st, residuals, do):
+    q, k, v, o, lse, segment_ids, spans = residuals
+    dq, dk, dv = gpu.backward(q, k, v, o, lse, do, segment_ids, spans, st)
+    return (dq, dk, dv, None) + (None,) * len(spans)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def unsupported(q, k, v, segment_ids=None, *, window=None, interpret=False) -> str | None:
+    """None when the kernels can run this call, else the reason. `interpret`: no accelerator
+    limits (dtype, head dims), as in interpret mode and for the reference."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return (f"q, k, v must be [batch, time, heads, head_dim], got shapes {q.shape}, "
+                f"{k.shape}, {v.shape}")
+    batch, length, heads, head_dim = q.shape
+    if k.shape != v.shape or k.shape[:2] != (batch, length) or k.shape[3] != head_dim:
+        return (f"k and v must both be [B, T, G, D] = [{batch}, {length}, G, {head_dim}] "
+                f"(self-attention, value dim = head dim), got {k.shape} and {v.shape}")
+    if heads % k.shape[2]:
+        return f"kv heads {k.shape[2]} must divide query heads {heads}"
+    if segment_ids is not None and (segment_ids.shape != (batch, length)
+                                    or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
+        return (f"segment_ids must be integer [B, T] = [{batch}, {length}], got "
+                f"{segment_ids.dtype} {segment_ids.shape}")
+    if window is not None and window < 1:
+        return f"window must be >= 1 or None, got {window}"
+    if not interpret:
+        if head_dim not in HEAD_DIMS:
+            return f"head_dim must be one of {HEAD_DIMS} on the GPU, got {head_dim}"
+        if q.dtype not in _ACCELERATOR_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+            return f"needs bfloat16/float16 q, k, v on the GPU, got {q.dtype}, {k.dtype}, {v.dtype}"
+    elif head_dim < 8 or head_dim & (head_dim - 1):
+        return f"head_dim must be a power of two >= 8, got {head_dim}"
+    return None

@@ -1,0 +1,71 @@
+"""Which attention rung auto picks on a GPU for the benchmark shapes, and that a fallback logs
+(the backend is patched to "gpu"; shapes only, nothing runs on a GPU)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax import ops
+from hybrid_jax.ops import dispatch
+
+attention_module = importlib.import_module("hybrid_jax.ops.attention")  # ops.attention: the op
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    monkeypatch.setattr(attention_module, "backend", lambda: "gpu")
+    dispatch._LOGGED.clear()
+
+
+def shapes(batch, length, heads, kv_heads, head_dim, dtype=jnp.bfloat16):
+    q = jax.ShapeDtypeStruct((batch, length, heads, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((batch, length, kv_heads, head_dim), dtype)
+    return q, kv, kv
+
+
+# (name, B, T, H, G, D, window): the attention layers of the throughput benchmark.
+BENCHMARK = [("transformer-125m", 16, 2048, 12, 12, 64, None),
+             ("transformer-125m", 4, 8192, 12, 12, 64, None),
+             ("transformer-350m", 8, 2048, 16, 16, 64, None),
+             ("transformer-350m", 1, 32768, 16, 16, 64, None),
+             ("gqa-swa", 4, 8192, 16, 4, 128, 1024),
+             ("head-dim-256", 4, 8192, 4, 4, 256, None)]
+
+
+@pytest.mark.parametrize("name,B,T,H,G,D,window", BENCHMARK)
+def test_packed_batches_take_the_pallas_kernel(on_gpu, name, B, T, H, G, D, window):
+    q, k, v = shapes(B, T, H, G, D)
+    segments = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    assert ops.attention_rung(q, k, v, window=window, segment_ids=segments) == "pallas", name
+    unpacked = ops.attention_rung(q, k, v, window=window)
+    assert unpacked == ("pallas" if D > 128 else "cudnn"), name
+
+
+def test_fallback_to_xla_logs_once_per_shape(on_gpu, caplog):
+    q, k, v = (jnp.asarray(np.random.default_rng(0).standard_normal((1, 16, 2, 64)),
+                           jnp.float32) for _ in range(3))
+    segments = jnp.zeros((1, 16), jnp.int32)
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        ops.attention(q, k, v, segment_ids=segments)
+        ops.attention(q, k, v, segment_ids=segments)  # same shape: no second record
+        ops.attention(q[:, :8], k[:, :8], v[:, :8], segment_ids=segments[:, :8])
+    records = [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+    assert len(records) == 2
+    assert records[0].levelno == logging.WARNING
+    message = records[0].getMessage()
+    assert "ran the xla rung" in message and "bfloat16/float16" in message, message
+
+
+def test_no_log_on_cpu(caplog, monkeypatch):
+    dispatch._LOGGED.clear()
+    q = jnp.zeros((1, 8, 2, 64))
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        ops.attention(q, q, q, segment_ids=jnp.zeros((1, 8), jnp.int32))
+    assert not [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]

@@ -1,0 +1,106 @@
+"""Flash-attention Pallas kernels (interpret mode, float32) against the XLA reference with
+segment ids: values and gradients of q, k, v; the block bounds against the mask they summarise.
+
+Tiny tiles (8/16) so that short sequences span several query and key blocks, with document
+boundaries on and off block edges, documents of length 1, odd lengths and documents longer
+than the window.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.flash_attention import api
+from pallas_kernels.flash_attention.block_sizes import BlockSizes
+from pallas_kernels.flash_attention.bounds import visible_span
+from pallas_kernels.flash_attention.reference import visible
+from tests.helpers import assert_close, normals
+
+TINY = BlockSizes(block_q=16, block_k=8, block_q_dkv=8, block_k_dkv=16)
+
+
+def segments_from_lengths(*rows):
+    """`[B, T]` ids from per-row document lengths (ids 0, 1, ...)."""
+    return jnp.asarray([np.repeat(np.arange(len(r)), r) for r in rows], jnp.int32)
+
+
+# Row 0: boundaries at 8 and 16 (on key/query block edges), a 1-token document, odd lengths;
+# row 1: boundaries off the edges and a document (23) longer than every window tested.
+PACKED = segments_from_lengths([8, 8, 1, 13, 3, 1, 5], [5, 1, 23, 2, 8])
+
+
+def run(q, k, v, segment_ids, window, implementation, head_dim_blocks=TINY):
+    return api.flash_attention(q, k, v, segment_ids, window=window, block_sizes=head_dim_blocks,
+                               implementation=implementation, interpret=True)
+
+
+def check(q, k, v, segment_ids, window, blocks=TINY, tol=1e-5):
+    def loss(impl):
+        def f(q, k, v):
+            out = run(q, k, v, segment_ids, window, impl, blocks)
+            return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape))), out
+        return jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)
+
+    (_, out), grads = loss("gpu")(q, k, v)
+    (_, ref), ref_grads = loss("reference")(q, k, v)
+    what = f"window={window} segments={segment_ids is not None} D={q.shape[-1]}"
+    assert_close(out, ref, tol, what + " values")
+    assert_close(grads, ref_grads, tol, what + " gradients")
+
+
+@pytest.mark.parametrize("window", [None, 1, 6])
+def test_packed_gqa_matches_reference(window):
+    q, k, v = normals(0, (2, 39, 4, 8), (2, 39, 2, 8), (2, 39, 2, 8), dtype=np.float32)
+    check(q, k, v, PACKED, window)
+
+
+def test_unpacked_and_non_contiguous_ids():
+    q, k, v = normals(1, (2, 39, 2, 8), (2, 39, 1, 8), (2, 39, 1, 8), dtype=np.float32)
+    check(q, k, v, None, None)
+    # The same id in two runs: the second run still sees the first (the mask's definition).
+    ids = jnp.asarray([[0] * 10 + [1] * 9 + [0] * 20, [2] * 39], jnp.int32)
+    check(q, k, v, ids, 15)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_head_dims(head_dim):
+    q, k, v = normals(2, (1, 39, 2, head_dim), (1, 39, 1, head_dim), (1, 39, 1, head_dim),
+                      dtype=np.float32)
+    check(q, k, v, PACKED[1:], 6)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_bounds_match_the_mask(window):
+    """lowest/highest are the first/last visible ones (conservative when an id comes back);
+    the unmasked spans are fully visible."""
+    length = PACKED.shape[1]
+    t = jnp.arange(length)
+    for ids, exact in ((PACKED, True), (PACKED.at[0, 30:33].set(0), False)):
+        lowest, highest, unmasked_from, unmasked_until = visible_span(ids, window)
+        mask = visible(t[:, None], t[None, :], ids[:, :, None], ids[:, None, :], window)
+        first_visible = jnp.argmax(mask, axis=2)
+        last_visible = length - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+        if exact:
+            np.testing.assert_array_equal(lowest, first_visible)
+            np.testing.assert_array_equal(highest, last_visible)
+        assert bool(jnp.all(lowest <= first_visible)) and bool(jnp.all(highest >= last_visible))
+        keys_inside = (t[None, None, :] >= unmasked_from[:, :, None]) & (t <= t[:, None])
+        queries_inside = (t[None, :, None] <= unmasked_until[:, None, :]) & (t[:, None] >= t)
+        assert bool(jnp.all(mask | ~keys_inside)) and bool(jnp.all(mask | ~queries_inside))
+        assert int(keys_inside.sum()) > length  # not trivially empty
+
+
+def test_rejects_bad_inputs():
+    q = jnp.zeros((1, 16, 2, 8))
+    with pytest.raises(ValueError, match="segment_ids must be integer"):
+        api.flash_attention(q, q, q, jnp.zeros((1, 15), jnp.int32), interpret=True)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        api.flash_attention(q, q, q, window=0, interpret=True)
+    q64 = jnp.zeros((1, 16, 2, 64))
+    assert "bfloat16" in api.unsupported(q64, q64, q64)  # float32 is for interpret mode only
+    assert "head_dim must be one of" in api.unsupported(*(x.astype(jnp.bfloat16) for x in (q,) * 3))
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        api.flash_attention(q, q, q, implementation="cudnn", interpret=True)

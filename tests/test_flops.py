@@ -1,0 +1,38 @@
+"""FLOP counting against hand-counted small models."""
+
+import pytest
+
+from hybrid_jax import presets
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.flops import device_peak_flops, matmul_params, mean_keys, step_flops
+
+
+def test_transformer_by_hand():
+    config = presets.get("transformer-tiny")  # 2 layers, d 64, 4 heads, vocab 256, tied
+    d, ffn, vocab, length = 64, config.resolved_ffn_dim, 256, 10
+    matmuls = 2 * (4 * d * d + 3 * d * ffn) + d * vocab
+    assert matmul_params(config) == matmuls
+    flops = step_flops(config, length)
+    assert flops.matmul == 2 * matmuls
+    assert flops.attention == 2 * 4 * d * (length + 1) / 2  # 2 layers, H·D = d, causal half
+    assert flops.training_per_token == 3 * (2 * matmuls + flops.attention)
+
+
+def test_window_counts_its_band():
+    assert mean_keys(10, None) == 5.5
+    assert mean_keys(10, 3) == (1 + 2 + 3 * 8) / 10
+    assert mean_keys(10, 50) == mean_keys(10, None)
+    base = ModelConfig(layers=(layer("attention", window=3),), d_model=32, num_heads=2)
+    assert step_flops(base, 10).attention == 4 * 32 * mean_keys(10, 3)
+
+
+def test_recurrences_and_uncounted():
+    mamba = step_flops(presets.get("mamba2-tiny"), 64)
+    assert mamba.attention == 0 and mamba.recurrence > 0 and not mamba.uncounted
+    assert step_flops(presets.get("gss-tiny"), 64).uncounted == ("gss",)
+
+
+@pytest.mark.parametrize("kind, peak", [("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12),
+                                         ("TPU v5 lite", 197e12), ("cpu", None)])
+def test_peaks(kind, peak):
+    assert device_peak_flops(kind) == peak

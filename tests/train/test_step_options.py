@@ -1,0 +1,71 @@
+"""Gradient accumulation equals the whole-batch step; the device prefetcher keeps the iterator
+state of the batches handed out, not of those queued ahead."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax import presets
+from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
+from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train.prefetch import DevicePrefetcher
+from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
+from tests.helpers import assert_close
+
+
+def test_grad_accumulation_matches_one_batch():
+    experiment = ExperimentConfig(name="accum", model=presets.get("transformer-tiny"),
+                                  data=MQARConfig(vocab_size=64, seq_len=12, num_kv_pairs=2), train=TrainConfig(batch_size=4))
+    mesh = make_mesh(MeshConfig(data=1))
+    rng = np.random.default_rng(0)
+    batch = {"inputs": rng.integers(0, 256, (4, 12)), "targets": rng.integers(0, 256, (4, 12)),
+             "mask": rng.random((4, 12)) < 0.8,
+             "segment_ids": np.repeat([[1] * 5 + [2] * 7], 4, 0)}
+    states, metrics = [], []
+    with jax.set_mesh(mesh):
+        for parts in (1, 2):
+            ts = init_train_state(experiment, mesh)
+            state, m = make_train_step(ts, parts)(ts.state, to_device(batch, mesh))
+            states.append(jax.tree.leaves(state))
+            metrics.append(m)
+    assert_close(metrics[1], metrics[0], 1e-5, "metrics")
+    assert_close(states[1], states[0], 1e-5, "state after one step")
+
+
+class Counter:
+    """A checkpointable iterator over 0, 1, 2, ..."""
+
+    def __init__(self):
+        self.position = 0
+
+    def __next__(self):
+        self.position += 1
+        return self.position - 1
+
+    def get_state(self):
+        return self.position
+
+    def set_state(self, state):
+        self.position = state
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_prefetcher_state_is_of_the_batches_handed_out(depth):
+    prefetcher = DevicePrefetcher(Counter(), lambda x: jnp.asarray(x) * 10, depth=depth)
+    assert [int(next(prefetcher)) for _ in range(4)] == [0, 10, 20, 30]
+    assert prefetcher.get_state() == 4  # the thread may have read further ahead
+    prefetcher.set_state(1)
+    assert [int(next(prefetcher)) for _ in range(2)] == [10, 20]
+    assert prefetcher.get_state() == 3
+    prefetcher.close()
+
+
+def test_prefetcher_raises_the_readers_error():
+    class Broken(Counter):
+        def __next__(self):
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        next(DevicePrefetcher(Broken(), lambda x: x, depth=2))
