@@ -83,6 +83,9 @@ class ModelConfig:
     window: int | None = None  # default attention window; None = full causal
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0
+    # Llama-3 frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
+    rope_scaling: tuple[float, float, float, float] | None = None
+    qkv_bias: bool = False  # biases on the q, k, v projections of attention layers (Qwen2)
     position_embedding: str = "none"  # "none" | "learned" (absolute, added to the embeddings)
     max_positions: int | None = None  # length of the learned table; None without one
     norm_eps: float = 1e-6
@@ -95,6 +98,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         own = "ModelConfig"
         object.__setattr__(self, "layers", tuple(LayerSpec.parse(s) for s in self.layers))
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
+            if len(self.rope_scaling) != 4:
+                _fail(own, "rope_scaling", self.rope_scaling, "expected None or (factor, "
+                      "low_freq_factor, high_freq_factor, original_max_positions)")
         for name in ("vocab_size", "d_model", "num_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
