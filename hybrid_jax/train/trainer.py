@@ -246,7 +246,8 @@ class _Run:
         ts, meta = _restore(self.experiment, self.checkpointer, self.mesh)
         self.step = self.saved_step = int(meta["step"])
         self.skipped = set(meta.get("skipped_steps", []))
-        self.batches.set_state(meta["data_state"])
+        if "data_state" in meta:  # an imported or converted model has not read data yet
+            self.batches.set_state(meta["data_state"])
         return ts
 
     def save(self) -> None:
