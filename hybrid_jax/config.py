@@ -50,8 +50,10 @@ class LayerSpec:
 
 
 def layer(type: str, **options: Any) -> LayerSpec:
-    """`layer("attention", window=16)`: a layer spec with option overrides."""
-    return LayerSpec(type, tuple(sorted(options.items())))
+    """`layer("attention", window=16)`: a layer spec with option overrides (JSON lists become
+    tuples, so specs stay hashable)."""
+    return LayerSpec(type, tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                        for k, v in options.items())))
 
 
 def _round_up(x: int, multiple: int) -> int:
