@@ -110,4 +110,6 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, max_new_tokens, temper
     carry = (jnp.int32(prefix), logits[:, -1], cache, tokens_BW, jnp.zeros((batch,), bool))
     carry = jax.lax.while_loop(lambda c: (c[0] < width) & ~jnp.all(c[4]), step, carry)
     index_BN = lengths_B[:, None] + jnp.arange(max_new_tokens)
-    return jnp.take_along_axis(carry[3], index_BN, axis=1)
+    # Rows that all ended early leave the later columns unwritten: they read as stopped.
+    return jnp.where(index_BN < carry[0], jnp.take_along_axis(carry[3], index_BN, axis=1),
+                     stop_value)

@@ -64,13 +64,21 @@ def name_map(num_layers: int) -> dict[str, tuple[str, str]]:
     return names
 
 
+def hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The Hugging Face shape of a parameter of ours with `shape` (see NAME_TABLE)."""
+    if kind == "in":
+        return (math.prod(shape[1:]), shape[0])
+    if kind == "out":
+        return (shape[-1], math.prod(shape[:-1]))
+    return shape if kind == "table" else (math.prod(shape),)
+
+
 def to_ours(tensor: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
     """A Hugging Face tensor in our layout `shape` (see NAME_TABLE)."""
-    value = tensor.T if kind in ("in", "out") else tensor
-    if value.size != math.prod(shape):
-        raise ValueError(f"expected {math.prod(shape)} values for shape {shape}, found "
+    if tensor.shape != hf_shape(kind, shape):
+        raise ValueError(f"expected shape {hf_shape(kind, shape)} (the config's), found "
                          f"{tensor.shape}")
-    return value.reshape(shape)
+    return (tensor.T if kind in ("in", "out") else tensor).reshape(shape)
 
 
 def to_hf(value: np.ndarray, kind: str) -> np.ndarray:
