@@ -240,6 +240,7 @@ class TrainConfig:
     keep_checkpoints: int = 3  # the most recent checkpoints kept on disk
     async_checkpoint: bool = True  # write checkpoints in the background
     on_nonfinite: str = "stop"  # "stop", or "rollback" to the last checkpoint skipping the batch
+    freeze: str = ""  # regex of parameter names never updated, e.g. "/ffn/" (frozen MLPs)
     mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self) -> None:
