@@ -274,10 +274,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from hybrid_jax.convert.nha import convert_to_nha
-    from hybrid_jax.convert.run_dir import write_run
+    from hybrid_jax.convert.nha import convert_run
 
     if args.to != "nha":
         detail = (" (the Oryx block does not exist yet)" if args.to == "oryx" else "")
@@ -286,15 +283,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment, ts = _load_run(args.run_dir, [], None)
-    model = convert_to_nha(ts.model(), window=window, num_slots=args.slots, layers=layers,
-                           seed=args.seed)
-    converted = dataclasses.replace(
-        experiment, name=f"{experiment.name}-nha", model=model.config,
-        description=f"{experiment.name} converted to NHA (window {args.window}, "
-                    f"{args.slots} slots)")
-    files = tuple(p for p in args.run_dir.iterdir() if p.is_file() and p.suffix == ".json"
-                  and p.name != "config.json" and p.name != "results.json")
-    write_run(args.out, converted, model, files=files, source=str(args.run_dir))
+    convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
+                num_slots=args.slots, layers=layers, seed=args.seed)
     print(f"converted layers {layers or 'all'} of {args.run_dir} to NHA in {args.out}")
     return 0
 

@@ -103,7 +103,8 @@ def hf_config_from_model(config: ModelConfig, base: dict[str, Any] | None = None
     windows = [s.window for s in specs]
     window = next((w for w in windows if w is not None), None)
     if any(w not in (None, window) for w in windows):
-        raise ValueError(f"export needs one sliding window size, found {sorted(set(windows), key=str)}")
+        raise ValueError(f"export needs one sliding window size, found "
+                         f"{sorted(set(windows), key=str)}")
     hf = dict(base or {})
     kind = "qwen2" if config.qkv_bias else ("mistral" if window else hf.get("model_type",
                                                                             "llama"))
@@ -133,7 +134,7 @@ def hf_config_from_model(config: ModelConfig, base: dict[str, Any] | None = None
     hf["rope_theta"] = config.rope_theta
     hf["rope_scaling"] = (None if config.rope_scaling is None else
                           {"rope_type": "llama3", **dict(zip(LLAMA3_SCALING_KEYS,
-                                                             config.rope_scaling))})
+                                                             config.rope_scaling, strict=True))})
     if hf["rope_scaling"]:
         hf["rope_scaling"]["original_max_position_embeddings"] = int(config.rope_scaling[3])
     return hf

@@ -17,12 +17,15 @@ fine-tuning starts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 from flax import nnx
 
-from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.config import ExperimentConfig, ModelConfig, layer
+from hybrid_jax.convert.run_dir import write_run
 from hybrid_jax.nn.lm import LanguageModel, create_model
 from hybrid_jax.train.checkpoint import leaf_name
 
@@ -76,6 +79,23 @@ def convert_to_nha(model: LanguageModel, *, window: int | None, num_slots: int,
     if missing:
         raise ValueError(f"convert: parameters of the original model left out: {missing[:4]}")
     return nnx.merge(graphdef, state)
+
+
+def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path, out: Path,
+                *, window: int | None, num_slots: int, layers: Sequence[int] | None = None,
+                seed: int = 0) -> tuple[ExperimentConfig, LanguageModel]:
+    """Writes the NHA conversion of the run in `source` (its `experiment` and `model`) as the
+    run directory `out`, with the source's tokenizer and Hugging Face files."""
+    converted = convert_to_nha(model, window=window, num_slots=num_slots, layers=layers,
+                               seed=seed)
+    experiment = dataclasses.replace(
+        experiment, name=f"{experiment.name}-nha", model=converted.config,
+        description=f"{experiment.name} converted to NHA (window {window or 'full'}, "
+                    f"{num_slots} slots)")
+    files = tuple(p for p in Path(source).iterdir() if p.suffix == ".json"
+                  and p.name not in ("config.json", "results.json"))
+    write_run(out, experiment, converted, files=files, source=str(source))
+    return experiment, converted
 
 
 def _is_variable(x) -> bool:
