@@ -1,9 +1,15 @@
-"""The `hybrid-jax` command: train / eval / generate / list / tokenizer / plot.
+"""The `hybrid-jax` command: train / eval / generate / list / tokenizer / plot / import / export
+/ convert.
 
     hybrid-jax train NAME [--out DIR] [--resume] [--set key=value ...]
     hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N]
                    [--windows 0,4,16,full [--layers I,...] [--sweep-out DIR]]
-    hybrid-jax generate RUN_DIR --prompt-ids "1 2 3" [--max-new-tokens N] [--temperature T]
+    hybrid-jax generate RUN_DIR (--prompt TEXT ... | --prompt-file F | --prompt-ids "1 2 3")
+                       [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
+                       [--stop S ...] [--seed N]
+    hybrid-jax import hf HF_DIR --out RUN_DIR [--dtype float32|bfloat16] [--fsdp N]
+    hybrid-jax export hf RUN_DIR --out HF_DIR
+    hybrid-jax convert RUN_DIR --to nha --out NEW_RUN_DIR [--window W] [--slots M] [--layers I,J]
     hybrid-jax list
     hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
@@ -66,15 +72,46 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --windows: output folder (default RUN_DIR/window_sweep)")
     _add_overrides(evaluate)
 
-    gen = sub.add_parser("generate", help="continue a prompt with a trained run's model")
+    gen = sub.add_parser("generate", help="continue prompts with a run's model")
     gen.add_argument("run_dir", type=Path)
-    gen.add_argument("--prompt-ids", required=True,
-                     help="prompt token ids separated by spaces or commas")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    prompt.add_argument("--prompt-file", type=Path,
+                        help="a UTF-8 file with one prompt per line")
+    prompt.add_argument("--prompt-ids", help="prompt token ids separated by spaces or commas")
     gen.add_argument("--max-new-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--no-stream", action="store_true", help="print texts only at the end")
     gen.add_argument("--seed", type=int, default=0)
     _add_overrides(gen)
+
+    imp = sub.add_parser("import", help="import a pretrained model as a run directory")
+    imp.add_argument("format", choices=("hf",), help="hf: a Hugging Face Llama/Qwen2/Mistral "
+                     "directory (config.json, *.safetensors, tokenizer.json)")
+    imp.add_argument("source", type=Path)
+    imp.add_argument("--out", type=Path, required=True, help="the run directory to write")
+    imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    imp.add_argument("--fsdp", type=int, default=1,
+                     help="shard the parameters over this many devices as they are read")
+
+    exp = sub.add_parser("export", help="export a run's model in a pretrained-model layout")
+    exp.add_argument("format", choices=("hf",))
+    exp.add_argument("run_dir", type=Path)
+    exp.add_argument("--out", type=Path, required=True, help="the directory to write")
+    exp.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+
+    conv = sub.add_parser("convert", help="convert a run's transformer into a hybrid")
+    conv.add_argument("run_dir", type=Path)
+    conv.add_argument("--to", required=True, help="nha (oryx is not available yet)")
+    conv.add_argument("--out", type=Path, required=True, help="the new run directory")
+    conv.add_argument("--window", default="512", help="NHA window W, or 'full'")
+    conv.add_argument("--slots", type=int, default=64, help="NHA slots M per kv head")
+    conv.add_argument("--layers", default=None, metavar="I,J,...",
+                      help="the attention layers to convert (default: all)")
+    conv.add_argument("--seed", type=int, default=0, help="seed of the new slot gates")
 
     sub.add_parser("list", help="list presets, block types and experiments")
 
@@ -163,33 +200,141 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompt is not None:
+        return args.prompt
+    try:
+        lines = args.prompt_file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text "
+                         f"({type(e).__name__})") from None
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompt-file {args.prompt_file} has no non-empty line")
+    return prompts
+
+
+def _run_tokenizer(run_dir: Path):
+    from hybrid_jax.data.text import TOKENIZER_FILE
+    from hybrid_jax.data.tokenizer import load_tokenizer
+
+    path = run_dir / TOKENIZER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: generating text needs the run's tokenizer "
+                                "(use --prompt-ids for a run without one)")
+    return load_tokenizer(path)
+
+
+def _generation_limits(run_dir: Path, tokenizer) -> tuple[int | None, list[int]]:
+    """The model's position limit and end-of-sequence ids of an imported run."""
+    from hybrid_jax.convert.hf import GENERATION_CONFIG, HF_CONFIG
+
+    hf = json.loads((run_dir / HF_CONFIG).read_text()) if (run_dir / HF_CONFIG).is_file() else {}
+    gen = (json.loads((run_dir / GENERATION_CONFIG).read_text())
+           if (run_dir / GENERATION_CONFIG).is_file() else {})
+    eos = gen.get("eos_token_id", hf.get("eos_token_id"))
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return hf.get("max_position_embeddings"), sorted({tokenizer.eos_id, *eos})
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import jax.numpy as jnp
     import numpy as np
 
     from hybrid_jax.cache import check_token_ids
     from hybrid_jax.generate import generate
+    from hybrid_jax.generate_text import generate_text
 
-    try:
-        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"--prompt-ids must be integers, got {args.prompt_ids!r}") from None
-    if not prompt:
-        raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
     _at_least(args.max_new_tokens, 1, "--max-new-tokens")
     _at_least(args.temperature, 0.0, "--temperature")
     _at_least(args.top_k, 1, "--top-k")
     _at_least(args.seed, 0, "--seed")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p={args.top_p}: expected a value in (0, 1]")
     experiment = _read_run(args.run_dir, args.overrides)
     vocab = experiment.model.vocab_size
-    check_token_ids(np.asarray([prompt]), vocab, "prompt token")
     if args.top_k is not None and args.top_k > vocab:
         raise ValueError(f"--top-k={args.top_k}: expected at most the vocabulary size {vocab}")
+    if args.prompt_ids is not None:
+        try:
+            prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise ValueError(f"--prompt-ids must be integers, got {args.prompt_ids!r}") from None
+        if not prompt:
+            raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
+        check_token_ids(np.asarray([prompt]), vocab, "prompt token")
+        ts, _ = _load_run(args.run_dir, experiment, None, "generate")
+        tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed)
+        print(" ".join(str(int(t)) for t in tokens[0]))
+        return 0
+    prompts = _prompts(args)
+    tokenizer = _run_tokenizer(args.run_dir)
+    max_positions, eos_ids = _generation_limits(args.run_dir, tokenizer)
     ts, _ = _load_run(args.run_dir, experiment, None, "generate")
-    tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
-                      temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    print(" ".join(str(int(t)) for t in tokens[0]))
+    stream = len(prompts) == 1 and not args.no_stream
+    shown = []
+
+    def show(row: int, text: str) -> None:  # streaming: the prompt once, then each piece
+        print(("" if shown else prompts[0]) + text, end="", flush=True)
+        shown.append(text)
+
+    result = generate_text(
+        ts.model(), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
+        on_text=show if stream else None)
+    for prompt, text in zip(prompts, result.texts, strict=True):
+        print("" if shown else f"{prompt}{text}")
+    print(f"{sum(len(t) for t in result.tokens)} tokens in {result.seconds:.2f} s "
+          f"({result.tokens_per_second:.1f} tokens/s, compile included)", file=sys.stderr)
     return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from hybrid_jax.config import MeshConfig
+    from hybrid_jax.convert.hf import import_hf
+    from hybrid_jax.sharding import make_mesh
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=args.fsdp))
+    experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh)
+    print(f"imported {experiment.description} into {args.out}: "
+          f"{len(experiment.model.layers)} layers, d_model {experiment.model.d_model}, "
+          f"vocab {experiment.model.vocab_size}, {args.dtype}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from hybrid_jax.convert.hf import export_hf
+
+    ts, _ = _load_run(args.run_dir, _read_run(args.run_dir, []), args.step, "export")
+    print(f"wrote {export_hf(ts.model(), args.run_dir, args.out)}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from hybrid_jax.convert.nha import convert_run
+
+    if args.to != "nha":
+        detail = (" (the Oryx block does not exist yet)" if args.to == "oryx" else "")
+        raise ValueError(f"--to {args.to!r} is not supported{detail}; expected 'nha'")
+    window = None if args.window == "full" else _int_arg("--window", args.window)
+    layers = (None if args.layers is None else
+              [_int_arg("--layers", x) for x in args.layers.split(",")])
+    experiment = _read_run(args.run_dir, [])
+    ts, _ = _load_run(args.run_dir, experiment, None, "convert")
+    convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
+                num_slots=args.slots, layers=layers, seed=args.seed)
+    print(f"converted layers {layers or 'all'} of {args.run_dir} to NHA in {args.out}")
+    return 0
+
+
+def _int_arg(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{flag} expects integers, got {text!r}") from None
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -242,7 +387,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "list": cmd_list,
-            "tokenizer": cmd_tokenizer, "plot": cmd_plot}
+            "tokenizer": cmd_tokenizer, "plot": cmd_plot, "import": cmd_import,
+            "export": cmd_export, "convert": cmd_convert}
 
 
 def error_line(error: BaseException) -> str:

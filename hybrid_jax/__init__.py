@@ -9,6 +9,7 @@ from hybrid_jax.config import (
     TrainConfig,
     layer,
 )
+from hybrid_jax.generate_text import generate_text
 from hybrid_jax.nn import LanguageModel, count_params, create_model
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "TrainConfig",
     "count_params",
     "create_model",
+    "generate_text",
     "layer",
     "ops",
     "presets",

@@ -159,6 +159,9 @@ class ModelConfig:
     window: int | None = None  # default attention window; None = full causal
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0
+    # Llama-3 frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_pos)
+    rope_scaling: tuple[float, float, float, float] | None = None
+    qkv_bias: bool = False  # biases on the q, k, v projections of attention layers (Qwen2)
     position_embedding: str = "none"  # "none" | "learned" (absolute, added to the embeddings)
     max_positions: int | None = None  # length of the learned table; None without one
     norm_eps: float = 1e-6
@@ -175,6 +178,11 @@ class ModelConfig:
             _fail(own, "layers", self.layers, "expected a tuple of block types or layer specs")
         object.__setattr__(self, "layers", tuple(LayerSpec.parse(s) for s in self.layers))
         check_types(self)
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
+            if len(self.rope_scaling) != 4:
+                _fail(own, "rope_scaling", self.rope_scaling, "expected None or (factor, "
+                      "low_freq_factor, high_freq_factor, original_max_positions)")
         for name in ("vocab_size", "d_model", "num_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
@@ -334,6 +342,7 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per step (batch_size / grad_accum examples each)
     prefetch: int = 2  # batches placed on the devices ahead of the step (0: none)
     peak_tflops: float = 0.0  # per-device peak for MFU; 0: the device's dense bf16 peak if known
+    freeze: str = ""  # regex of parameter names never updated, e.g. "/ffn/" (frozen MLPs)
     mesh: MeshConfig = MeshConfig()
 
     stop_grace_s: float = 10.0  # after SIGTERM/SIGINT, force the exit if no step ends in this

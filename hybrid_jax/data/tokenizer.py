@@ -23,6 +23,7 @@ EOS = "<|endoftext|>"
 WORD_EOS, WORD_UNK = "<eos>", "<unk>"
 # Our own tokenizer.json files say which kind they are under this key; others are HF files.
 KIND_KEY = "hybrid_jax_tokenizer"
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # a Hugging Face model's special tokens
 
 
 class Tokenizer(Protocol):
@@ -33,6 +34,11 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> np.ndarray: ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """Ids of a generation prompt: `encode` plus the special tokens that the tokenizer's
+        template adds (a Llama tokenizer's BOS)."""
+        ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
@@ -56,6 +62,8 @@ class ByteTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode(t) for t in texts]
 
+    encode_prompt = encode
+
     def decode(self, ids: Iterable[int]) -> str:
         data = bytes(i for i in checked_ids(ids, self.vocab_size, self.name) if i < 256)
         return data.decode("utf-8", errors="replace")
@@ -71,19 +79,23 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A `tokenizers.Tokenizer` (e.g. the byte-level BPE of `train_bpe`, or a user's file)."""
+    """A `tokenizers.Tokenizer` (e.g. the byte-level BPE of `train_bpe`, or a user's file).
 
-    def __init__(self, tokenizer: Any, name: str = "bpe"):
+    `eos` is the end-of-document token (a Hugging Face model's, from its
+    `tokenizer_config.json`, e.g. "</s>"); our BPE's is "<|endoftext|>".
+    """
+
+    def __init__(self, tokenizer: Any, name: str = "bpe", eos: str = EOS):
         self.tokenizer = tokenizer
         # Text that happens to contain "<|endoftext|>" is encoded as text, never as the special.
         tokenizer.encode_special_tokens = True
         self.name = name
         self.vocab_size = tokenizer.get_vocab_size()
-        eos = tokenizer.token_to_id(EOS)
-        if eos is None:
-            raise ValueError(f"tokenizer {name!r} has no {EOS!r} token (the document separator); "
+        eos_id = tokenizer.token_to_id(eos)
+        if eos_id is None:
+            raise ValueError(f"tokenizer {name!r} has no {eos!r} token (the document separator); "
                              f"train one with `hybrid-jax tokenizer train`")
-        self.eos_id = eos
+        self.eos_id = eos_id
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
@@ -91,6 +103,9 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, np.int32) for e in encodings]
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=True).ids, np.int32)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(checked_ids(ids, self.vocab_size, self.name))
@@ -142,6 +157,8 @@ class WordTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         return [self.encode(t) for t in texts]
+
+    encode_prompt = encode
 
     def decode(self, ids: Iterable[int]) -> str:
         lines, line = [], []
@@ -223,7 +240,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     from tokenizers import Tokenizer as HF
 
     try:
-        return HFTokenizer(HF.from_file(str(path)), name=str(path))
+        return HFTokenizer(HF.from_file(str(path)), name=str(path), eos=_hf_eos(path))
     except Exception as e:  # the library raises a bare Exception for malformed files
         raise ValueError(f"tokenizer file {path} could not be loaded: {e}") from None
 
@@ -231,6 +248,18 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     """SHA-256 of the tokenizer's JSON: checkpoints record it, restores compare it."""
     return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
+
+
+def _hf_eos(path: Path) -> str:
+    """The EOS of a Hugging Face `tokenizer_config.json` beside `path`, else ours."""
+    config = path.with_name(HF_TOKENIZER_CONFIG)
+    if not config.is_file():
+        return EOS
+    try:
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token") or EOS
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config} is not valid JSON: {e}") from None
+    return eos["content"] if isinstance(eos, dict) else eos
 
 
 def _atomic_write(path: Path, text: str) -> None:

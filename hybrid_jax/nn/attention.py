@@ -36,6 +36,8 @@ class AttentionOptions:
     window: int | None = None  # None: full causal; w: keys t−w+1..t
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0  # share of each head's channels that RoPE rotates
+    rope_scaling: tuple[float, float, float, float] | None = None  # Llama-3 (see ops)
+    qkv_bias: bool = False  # biases on q, k, v (Qwen2)
     cosine: bool = False  # scaled-cosine attention with a learnable per-head temperature
     temperature_init: float | None = None  # cosine's initial temperature; None: √head_dim
     implementation: str | None = None  # see hybrid_jax.ops.attention
@@ -78,16 +80,18 @@ class AttentionMixer(nnx.Module):
         d, h, kv, hd = config.d_model, self.num_heads, self.num_kv_heads, self.head_dim
         kw = dense_kwargs(config, rngs)
         part = functools.partial(shared_or_new, shared)
+        qkv = dict(kw, use_bias=options.qkv_bias)
         self.q_proj = part("q_proj", lambda: Linear(d, (h, hd), axes=("embed", "heads",
-                                                                       "head_dim"), **kw))
+                                                                       "head_dim"), **qkv))
         self.k_proj = part("k_proj", lambda: Linear(d, (kv, hd), axes=("embed", "kv_heads",
-                                                                        "head_dim"), **kw))
+                                                                        "head_dim"), **qkv))
         self.v_proj = part("v_proj", lambda: Linear(d, (kv, hd), axes=("embed", "kv_heads",
-                                                                        "head_dim"), **kw))
+                                                                        "head_dim"), **qkv))
         self.o_proj = part("o_proj", lambda: Linear((h, hd), d, axes=("heads", "head_dim",
                                                                        "embed"),
                                                      **{**kw, "std": output_std(config)}))
-        self.rope = RoPE(theta=options.rope_theta, fraction=options.rope_fraction)
+        self.rope = RoPE(theta=options.rope_theta, fraction=options.rope_fraction,
+                         scaling=options.rope_scaling)
         if options.cosine:
             init = options.temperature_init or math.sqrt(hd)
             self.log_temperature = nnx.Param(jnp.full((h,), math.log(init), jnp.float32),

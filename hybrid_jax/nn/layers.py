@@ -142,11 +142,13 @@ class GatedRMSNorm(nnx.Module):
 class RoPE(nnx.Module):
     """Rotary position embedding (no parameters): see `hybrid_jax.ops.apply_rope`."""
 
-    def __init__(self, *, theta: float = 10000.0, fraction: float = 1.0):
-        self.theta, self.fraction = theta, fraction
+    def __init__(self, *, theta: float = 10000.0, fraction: float = 1.0,
+                 scaling: tuple[float, ...] | None = None):
+        self.theta, self.fraction, self.scaling = theta, fraction, scaling
 
     def __call__(self, x_BTHD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-        return ops.apply_rope(x_BTHD, positions_BT, theta=self.theta, fraction=self.fraction)
+        return ops.apply_rope(x_BTHD, positions_BT, theta=self.theta, fraction=self.fraction,
+                              scaling=self.scaling)
 
 
 class SwiGLU(nnx.Module):

@@ -51,6 +51,7 @@ from hybrid_jax.ops.nha import (
 from hybrid_jax.sharding import constrain
 
 FEATURE_MAPS = {"swish": jax.nn.silu, "identity": lambda x: x}
+VALUE_ACTIVATIONS = ("silu", "identity")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,12 @@ class NHAOptions:
     conv_size: int = 4
     rope_theta: float = 10000.0
     rope_fraction: float = 1.0
+    rope_scaling: tuple[float, float, float, float] | None = None  # Llama-3 (see ops)
+    qkv_bias: bool = False  # biases on q, k, v (a converted Qwen2)
+    # The attention-compatible form of a converted transformer: "identity" values and no
+    # output norm make window >= T exactly its softmax attention (hybrid_jax.convert.nha).
+    value_activation: str = "silu"  # "silu" or "identity"
+    output_norm: bool = True  # W_o·RMSNorm(silu(o)); False: W_o·o
     empty_slots: str = "mask"  # "sink": the original code's zero-value sinks (see the op)
     chunk_size: int = 64  # of the chunked form, a power of two
     implementation: str | None = None  # of hybrid_jax.ops.native_hybrid_attention
@@ -94,6 +101,9 @@ class NHAOptions:
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(f"NHAOptions.feature_map={self.feature_map!r}: expected one of "
                              f"{sorted(FEATURE_MAPS)}")
+        if self.value_activation not in VALUE_ACTIVATIONS:
+            raise ValueError(f"NHAOptions.value_activation={self.value_activation!r}: expected "
+                             f"one of {sorted(VALUE_ACTIVATIONS)}")
         if self.empty_slots not in EMPTY_SLOTS:
             raise ValueError(f"NHAOptions.empty_slots={self.empty_slots!r}: expected one of "
                              f"{list(EMPTY_SLOTS)}")
@@ -128,17 +138,20 @@ class NHAMixer(nnx.Module):
         self.feature_map = options.feature_map
         self.chunk_size, self.implementation = options.chunk_size, options.implementation
         self.dtype = compute_dtype(config)
+        self.value_activation = options.value_activation
         d, kw = config.d_model, dense_kwargs(config, rngs)
-        self.q_proj = Linear(d, (h, k), axes=("embed", "heads", "head_dim"), **kw)
-        self.k_proj = Linear(d, (g, k), axes=("embed", "kv_heads", "head_dim"), **kw)
-        self.v_proj = Linear(d, (g, k), axes=("embed", "kv_heads", "head_dim"), **kw)
+        qkv = dict(kw, use_bias=options.qkv_bias)
+        self.q_proj = Linear(d, (h, k), axes=("embed", "heads", "head_dim"), **qkv)
+        self.k_proj = Linear(d, (g, k), axes=("embed", "kv_heads", "head_dim"), **qkv)
+        self.v_proj = Linear(d, (g, k), axes=("embed", "kv_heads", "head_dim"), **qkv)
         self.f_proj = Linear(d, (g, m), axes=("embed", "kv_heads", "slots"), **kw)
         self.q_conv, self.k_conv, self.v_conv = (
             ShortConv(channels, options.conv_size, rngs=rngs, axis=axis, dtype=self.dtype,
                       param_dtype=param_dtype(config)) if options.short_conv else None
             for channels, axis in ((h * k, "heads"), (g * k, "kv_heads"), (g * k, "kv_heads")))
-        self.rope = RoPE(theta=options.rope_theta, fraction=options.rope_fraction)
-        self.o_norm = norm(config, h * k)
+        self.rope = RoPE(theta=options.rope_theta, fraction=options.rope_fraction,
+                         scaling=options.rope_scaling)
+        self.o_norm = norm(config, h * k) if options.output_norm else None
         self.o_proj = Linear((h, k), d, axes=("heads", "head_dim", "embed"),
                              **{**kw, "std": output_std(config)})
 
@@ -169,10 +182,16 @@ class NHAMixer(nnx.Module):
         g = jax.nn.log_sigmoid(self.f_proj(x_BTD).astype(jnp.float32)) / self.gate_logit_normalizer
         inputs = dict(
             q=constrain(phi(q), heads), k=constrain(phi(k), kv_heads),
-            v=constrain(jax.nn.silu(v), kv_heads), s=-jnp.expm1(g), g=g,
+            v=constrain(jax.nn.silu(v) if self.value_activation == "silu" else v, kv_heads),
+            s=-jnp.expm1(g), g=g,
             q_window=constrain(self.rope(q, positions_BT), heads),
             k_window=constrain(self.rope(k, positions_BT), kv_heads))
         return inputs, new_caches
+
+    def _output(self, o_BTHK: jax.Array) -> jax.Array:
+        if self.o_norm is None:
+            return self.o_proj(o_BTHK.astype(self.dtype))
+        return slot_attention_output(self.o_norm, self.o_proj, o_BTHK)
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
         inputs, _ = self.inputs(x_BTD, ctx)
@@ -180,7 +199,7 @@ class NHAMixer(nnx.Module):
         o = native_hybrid_attention(**inputs, window=window, segment_ids=ctx.segment_ids,
                                     empty_slots=self.empty_slots, chunk_size=self.chunk_size,
                                     implementation=self.implementation)
-        return slot_attention_output(self.o_norm, self.o_proj, o)
+        return self._output(o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> NHACache:
         """Slots in float32 and a ring of min(window, max_len) tokens (keys/values in `dtype`):
@@ -210,5 +229,5 @@ class NHAMixer(nnx.Module):
                 **inputs, window=cache.state.keys.shape[1], initial_state=cache.state,
                 return_final_state=True, empty_slots=self.empty_slots,
                 chunk_size=self.chunk_size, implementation=self.implementation)
-        return slot_attention_output(self.o_norm, self.o_proj, o), NHACache(state, *convs)
+        return self._output(o), NHACache(state, *convs)
 

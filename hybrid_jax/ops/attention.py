@@ -234,19 +234,43 @@ def rotary_dim(head_dim: int, fraction: float) -> int:
     return int(head_dim * fraction) // 2 * 2
 
 
+def rope_frequencies(rot: int, theta: float, scaling: tuple[float, ...] | None = None
+                     ) -> jax.Array:
+    """The `rot/2` angular frequencies `theta^(−2i/rot)`, optionally rescaled Llama-3 style.
+
+    `scaling = (factor, low_freq_factor, high_freq_factor, original_max_positions)`: waves
+    longer than `original_max_positions / low_freq_factor` slow down by `factor`, waves shorter
+    than `original_max_positions / high_freq_factor` stay, and those between interpolate.
+    """
+    inv_freq = theta ** (-jnp.arange(rot // 2, dtype=jnp.float32) * 2 / rot)
+    if scaling is None:
+        return inv_freq
+    if len(scaling) != 4 or not scaling[2] > scaling[1]:
+        raise ValueError("rope scaling must be (factor, low_freq_factor, high_freq_factor, "
+                         f"original_max_positions) with high > low, got {scaling}")
+    factor, low, high, original = (float(s) for s in scaling)
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (original / wavelength - low) / (high - low)
+    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return jnp.where(wavelength > original / low, inv_freq / factor,
+                     jnp.where(wavelength < original / high, inv_freq, mid))
+
+
 def apply_rope(
-    x: jax.Array, positions: jax.Array, *, theta: float = 10000.0, fraction: float = 1.0
+    x: jax.Array, positions: jax.Array, *, theta: float = 10000.0, fraction: float = 1.0,
+    scaling: tuple[float, ...] | None = None,
 ) -> jax.Array:
     """Rotary position embedding on the first `rotary_dim` channels of `x` `[B, T, H, D]`.
 
-    Pairs channel i with channel i + r/2 (the "rotate half" convention of Llama / GPT-NeoX),
-    frequencies `theta^(−2i/r)`; `positions` is `[B, T]` or `[T]`. Channels past `r` pass through.
+    Pairs channel i with channel i + r/2 (the "rotate half" convention of Llama / GPT-NeoX and
+    Hugging Face checkpoints), frequencies from `rope_frequencies(r, theta, scaling)`;
+    `positions` is `[B, T]` or `[T]`. Channels past `r` pass through.
     """
     rot = rotary_dim(x.shape[-1], fraction)
     if rot == 0:
         return x
     half = rot // 2
-    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2 / rot)
+    inv_freq = rope_frequencies(rot, theta, scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B?, T, half]
     angles = jnp.broadcast_to(angles, (x.shape[0], x.shape[1], half))[:, :, None, :]
     cos, sin = jnp.cos(angles), jnp.sin(angles)

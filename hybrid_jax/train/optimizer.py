@@ -1,6 +1,9 @@
-"""AdamW with linear warmup and cosine decay, global-norm clipping, decay on matrices only."""
+"""AdamW with linear warmup and cosine decay, global-norm clipping, decay on matrices only;
+`TrainConfig.freeze` keeps the matching parameters fixed (fine-tuning with frozen MLPs)."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import optax
@@ -25,6 +28,14 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def _frozen_mask(pattern: str):
+    """Parameters whose name (`blocks/0/ffn/up/kernel`) matches `pattern`: never updated."""
+    from hybrid_jax.train.checkpoint import leaf_name
+
+    return lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: bool(pattern) and re.search(pattern, leaf_name(path)) is not None, params)
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     transforms = []
     if config.grad_clip is not None:
@@ -32,4 +43,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     transforms.append(optax.adamw(learning_rate_schedule(config), b1=config.beta1,
                                   b2=config.beta2, weight_decay=config.weight_decay,
                                   mask=_decay_mask))
+    # Zeroing the final updates (not the gradients) also keeps weight decay off frozen
+    # parameters. Always present (it holds no arrays), so `freeze` can change on --resume.
+    transforms.append(optax.masked(optax.set_to_zero(), _frozen_mask(config.freeze)))
     return optax.chain(*transforms)

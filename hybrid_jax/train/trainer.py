@@ -361,7 +361,8 @@ class _Run:
                         self.checkpointer.directory.parent / "tokenizer.json")
         self.step = self.saved_step = int(meta["step"])
         self.skipped = set(meta.get("skipped_steps", []))
-        self.batches.set_state(meta["data_state"])
+        if "data_state" in meta:  # an imported or converted model has not read data yet
+            self.batches.set_state(meta["data_state"])
         return ts
 
     def save(self) -> None:

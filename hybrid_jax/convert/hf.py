@@ -1,0 +1,77 @@
+"""`hybrid-jax import hf DIR --out RUN_DIR` and `hybrid-jax export hf RUN_DIR --out DIR`.
+
+A Hugging Face directory (`config.json`, `model.safetensors` or shards + index,
+`tokenizer.json`, optionally `tokenizer_config.json` / `generation_config.json`) becomes a run
+directory, and back. The imported `config.json` is kept as `RUN_DIR/hf_config.json`: export
+starts from it (token ids, max positions), and generation reads the model's position limit
+from it. Round trip: export → import gives the same parameters, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from jax.sharding import Mesh
+
+from hybrid_jax.config import ExperimentConfig
+from hybrid_jax.convert.hf_config import hf_config_from_model, model_config_from_hf
+from hybrid_jax.convert.hf_weights import hf_tensors, load_hf_model, save_safetensors
+from hybrid_jax.convert.run_dir import pretrained_experiment, write_run
+from hybrid_jax.data.text import TOKENIZER_FILE
+from hybrid_jax.data.tokenizer import HF_TOKENIZER_CONFIG, load_tokenizer
+from hybrid_jax.nn.lm import LanguageModel
+
+HF_CONFIG = "hf_config.json"  # the imported config.json, inside a run directory
+GENERATION_CONFIG = "generation_config.json"
+TOKENIZER_FILES = (TOKENIZER_FILE, HF_TOKENIZER_CONFIG, GENERATION_CONFIG)
+
+
+def read_hf_config(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: expected a Hugging Face model directory")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float32",
+              mesh: Mesh | None = None) -> tuple[ExperimentConfig, LanguageModel]:
+    """Reads the Hugging Face model in `directory` (parameters in `dtype`, sharded over `mesh`)
+    and writes it as the run directory `run_dir`."""
+    directory, run_dir = Path(directory), Path(run_dir)
+    hf = read_hf_config(directory / "config.json")
+    config = model_config_from_hf(hf, dtype=dtype)
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise FileNotFoundError(f"{directory / TOKENIZER_FILE} not found: the import needs the "
+                                "model's tokenizer")
+    tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens, more than "
+                         f"the model's vocab_size={config.vocab_size}")
+    model = load_hf_model(directory, config, mesh=mesh)
+    experiment = pretrained_experiment(
+        f"hf-{hf['model_type']}", config, run_dir,
+        description=f"{hf['model_type']} imported from {directory.absolute()}")
+    files = tuple(directory / f for f in TOKENIZER_FILES if (directory / f).is_file())
+    write_run(run_dir, experiment, model, files=files, source=str(directory.absolute()))
+    (run_dir / HF_CONFIG).write_text(json.dumps(hf, indent=2))
+    return experiment, model
+
+
+def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
+              max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Writes `model` (of the run in `run_dir`) as a Hugging Face directory `out`: config.json,
+    safetensors in the parameters' dtype, and the run's tokenizer files."""
+    run_dir, out = Path(run_dir), Path(out)
+    base = (read_hf_config(run_dir / HF_CONFIG) if (run_dir / HF_CONFIG).is_file() else None)
+    hf = hf_config_from_model(model.config, base)
+    save_safetensors(hf_tensors(model), out, max_shard_bytes=max_shard_bytes)
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    for name in TOKENIZER_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, out / name)
+    return out
+

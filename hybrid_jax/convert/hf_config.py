@@ -1,0 +1,140 @@
+"""Hugging Face `config.json` of a Llama-family model ↔ our `ModelConfig`.
+
+Llama 2/3, Qwen2 and Mistral are one architecture here: pre-norm GQA attention with split-half
+RoPE (our `ops.apply_rope` layout, so no permutation of q/k is needed) and a SwiGLU MLP, every
+layer an `"attention"` block. Their differences are config: q/k/v biases (Qwen2), sliding
+windows (Mistral; Qwen2's `layer_types`), tied embeddings, RoPE theta and Llama-3 frequency
+scaling, RMSNorm eps. Anything else (other RoPE scalings, MLP or output biases, other
+activations) is refused with the field and value named, never approximated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybrid_jax.config import ModelConfig, layer
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+LLAMA3_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                       "original_max_position_embeddings")
+
+
+def _require(hf: dict[str, Any], key: str) -> Any:
+    if key not in hf:
+        raise ValueError(f"Hugging Face config.json has no {key!r}: expected a Llama, Qwen2 or "
+                         "Mistral config")
+    return hf[key]
+
+
+def _refuse(key: str, value: Any, expected: str) -> None:
+    raise ValueError(f"Hugging Face config {key}={value!r} is not supported: expected {expected}")
+
+
+def _rope(hf: dict[str, Any]) -> tuple[float, tuple[float, ...] | None]:
+    """(theta, Llama-3 scaling or None) from `rope_theta`/`rope_scaling` or `rope_parameters`."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or params)
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        _refuse("rope type", kind, "'default' or 'llama3'")
+    return theta, tuple(float(scaling[k]) for k in LLAMA3_SCALING_KEYS)
+
+
+def _windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:
+    """Each layer's sliding window (None: full causal), as Hugging Face decides it."""
+    window = hf.get("sliding_window")
+    if "layer_types" in hf:
+        types = hf["layer_types"]
+        if len(types) != num_layers or set(types) - {"full_attention", "sliding_attention"}:
+            _refuse("layer_types", types, f"{num_layers} of 'full_attention' / "
+                    "'sliding_attention'")
+        return [window if t == "sliding_attention" else None for t in types]
+    if hf["model_type"] == "qwen2":
+        first = hf.get("max_window_layers", num_layers)
+        use = hf.get("use_sliding_window", False)
+        return [window if use and i >= first else None for i in range(num_layers)]
+    return [window] * num_layers
+
+
+def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32") -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face Llama / Qwen2 / Mistral config.json dict."""
+    kind = _require(hf, "model_type")
+    if kind not in MODEL_TYPES:
+        _refuse("model_type", kind, f"one of {list(MODEL_TYPES)}")
+    if hf.get("hidden_act", "silu") != "silu":
+        _refuse("hidden_act", hf["hidden_act"], "'silu'")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            _refuse(key, hf[key], "false (only Qwen2's q/k/v biases are supported)")
+    heads, d_model = _require(hf, "num_attention_heads"), _require(hf, "hidden_size")
+    num_layers = _require(hf, "num_hidden_layers")
+    head_dim = hf.get("head_dim") or d_model // heads
+    theta, scaling = _rope(hf)
+    windows = _windows(hf, num_layers)
+    default = windows[0] if len(set(windows)) == 1 else None
+    return ModelConfig(
+        layers=tuple("attention" if w == default else layer("attention", window=w)
+                     for w in windows),
+        vocab_size=_require(hf, "vocab_size"), d_model=d_model, num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=None if head_dim * heads == d_model else head_dim,
+        ffn_dim=_require(hf, "intermediate_size"), window=default, rope_theta=theta,
+        rope_scaling=scaling, qkv_bias=kind == "qwen2", norm_eps=float(hf.get("rms_norm_eps",
+                                                                             1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), dtype=dtype,
+        param_dtype=dtype)
+
+
+def hf_config_from_model(config: ModelConfig, base: dict[str, Any] | None = None
+                         ) -> dict[str, Any]:
+    """A Hugging Face config.json dict for `config` (an all-attention model).
+
+    `base` (the imported config.json) keeps what we do not model (token ids, max positions,
+    ...); the architecture fields are always written from `config`.
+    """
+    specs = [config.block_options(i) for i in range(len(config.layers))]
+    kinds = {spec.type for spec in config.layers}
+    if kinds != {"attention"}:
+        raise ValueError(f"export to Hugging Face needs an all-attention model, found block "
+                         f"types {sorted(kinds)}")
+    windows = [s.window for s in specs]
+    window = next((w for w in windows if w is not None), None)
+    if any(w not in (None, window) for w in windows):
+        raise ValueError(f"export needs one sliding window size, found "
+                         f"{sorted(set(windows), key=str)}")
+    hf = dict(base or {})
+    kind = "qwen2" if config.qkv_bias else ("mistral" if window else hf.get("model_type",
+                                                                            "llama"))
+    if kind not in MODEL_TYPES:
+        kind = "llama"
+    head_dim = config.resolved_head_dim
+    hf.update(
+        architectures=[{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                        "mistral": "MistralForCausalLM"}[kind]],
+        model_type=kind, vocab_size=config.vocab_size, hidden_size=config.d_model,
+        intermediate_size=config.resolved_ffn_dim, num_hidden_layers=len(config.layers),
+        num_attention_heads=config.num_heads, num_key_value_heads=config.kv_heads,
+        head_dim=head_dim, hidden_act="silu", rms_norm_eps=config.norm_eps,
+        tie_word_embeddings=config.tie_embeddings, sliding_window=window)
+    hf["dtype" if "dtype" in hf else "torch_dtype"] = config.param_dtype
+    hf.pop("rope_parameters", None)
+    hf.pop("layer_types", None)
+    if kind == "llama":
+        hf.update(attention_bias=False, mlp_bias=False)
+    if kind == "qwen2":
+        hf.update(use_sliding_window=window is not None, max_window_layers=0)
+        hf["layer_types"] = ["full_attention" if w is None else "sliding_attention"
+                             for w in windows]
+    elif window is not None and None in windows:
+        raise ValueError("export: a Llama/Mistral config has one window for every layer, "
+                         f"found {windows}")
+    hf["rope_theta"] = config.rope_theta
+    hf["rope_scaling"] = (None if config.rope_scaling is None else
+                          {"rope_type": "llama3", **dict(zip(LLAMA3_SCALING_KEYS,
+                                                             config.rope_scaling, strict=True))})
+    if hf["rope_scaling"]:
+        hf["rope_scaling"]["original_max_position_embeddings"] = int(config.rope_scaling[3])
+    return hf

@@ -1,0 +1,54 @@
+"""A run directory for a model that did not come from training (an import or a conversion).
+
+It has what a trained run has, so `eval`, `generate` and `train --resume` take it:
+`config.json` (the experiment), `checkpoints/0` (the model and a fresh optimizer state, no data
+position yet: fine-tuning starts at step 0 on whatever `data.*` says) and `tokenizer.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from flax import nnx
+
+from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, to_dict
+from hybrid_jax.data.text import TOKENIZER_FILE, TextConfig
+from hybrid_jax.nn.lm import LanguageModel
+from hybrid_jax.train.checkpoint import Checkpointer, saved_steps
+from hybrid_jax.train.optimizer import make_optimizer
+
+# A short fine-tuning schedule at a small learning rate; override with --set train.*.
+FINETUNE = TrainConfig(steps=200, batch_size=8, learning_rate=2e-5, warmup_steps=20,
+                       min_lr_ratio=0.1, weight_decay=0.0, log_every=10, eval_batches=8)
+
+
+def pretrained_experiment(name: str, model: ModelConfig, run_dir: Path, *,
+                          description: str) -> ExperimentConfig:
+    """The experiment of a run directory holding a pretrained model and its tokenizer."""
+    data = TextConfig(tokenizer=str((run_dir / TOKENIZER_FILE).absolute()), seq_len=512)
+    return ExperimentConfig(name=name, model=model, data=data, train=FINETUNE,
+                            description=description)
+
+
+def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: LanguageModel, *,
+              files: tuple[Path, ...] = (), source: str = "") -> Path:
+    """Writes `experiment`'s config, a step-0 checkpoint of `model` and copies of `files`
+    (tokenizer.json, ...) into `run_dir`, which must not hold checkpoints yet."""
+    run_dir = Path(run_dir)
+    if saved_steps(run_dir):
+        raise ValueError(f"{run_dir} already holds checkpoints: choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for file in files:
+        shutil.copyfile(file, run_dir / file.name)
+    optimizer = nnx.Optimizer(model, make_optimizer(experiment.train), wrt=nnx.Param)
+    meta = {"step": 0, "skipped_steps": [], "seed": experiment.train.seed,
+            "config": to_dict(experiment), "source": source}
+    checkpointer = Checkpointer(run_dir, keep=None, async_save=False)
+    try:
+        checkpointer.save(0, nnx.state((model, optimizer)), meta)
+    finally:
+        checkpointer.close()
+    (run_dir / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
+    return run_dir

@@ -1,0 +1,129 @@
+"""Text generation: prompts as strings through a tokenizer, stop strings, streaming.
+
+    result = hj.generate_text(model, tokenizer, ["Once upon a time", "The"], max_new_tokens=32,
+                              temperature=0.8, top_p=0.95, stop=["\\n\\n"])
+    result.texts          # one continuation per prompt
+
+Prompts of different lengths run in one batch (see `hybrid_jax.generate.generate`: each row
+sees exactly its own prompt). A row ends at the tokenizer's EOS (or any of `eos_ids`), at a
+stop string (checked on the host as tokens arrive; the text is cut before it) or after
+`max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hybrid_jax.data.tokenizer import Tokenizer
+from hybrid_jax.generate import generate
+from hybrid_jax.nn.lm import LanguageModel
+
+
+@dataclasses.dataclass(frozen=True)
+class TextGeneration:
+    texts: list[str]  # one continuation per prompt, cut at EOS / stop strings
+    tokens: list[np.ndarray]  # the generated ids of each prompt (up to and without EOS)
+    seconds: float  # wall time of the generation, compile included on a first call
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(len(t) for t in self.tokens) / max(self.seconds, 1e-9)
+
+
+class _Streamer:
+    """Host side of the decode loop: decodes each row as it grows, reports new text and stops
+    rows whose text reached a stop string."""
+
+    def __init__(self, tokenizer: Tokenizer, batch: int, stop: Sequence[str],
+                 eos: Sequence[int], on_text: Callable[[int, str], None] | None):
+        self.tokenizer, self.stop, self.eos, self.on_text = tokenizer, tuple(stop), eos, on_text
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.shown = [""] * batch
+        self.stopped = np.zeros(batch, bool)
+
+    def __call__(self, position, tokens_B, new_B) -> np.ndarray:
+        for row in np.flatnonzero(np.asarray(new_B) & ~self.stopped):
+            if int(tokens_B[row]) in self.eos:
+                self.stopped[row] = True
+                continue
+            self.ids[row].append(int(tokens_B[row]))
+            text = cut_at_stop(self.tokenizer.decode(self.ids[row]), self.stop)
+            self.stopped[row] = len(text) < len(self.tokenizer.decode(self.ids[row]))
+            # Show only text that can no longer turn into a stop string or change (an
+            # incomplete UTF-8 sequence decodes as U+FFFD until its last byte arrives).
+            held = 0 if self.stopped[row] else max((len(s) - 1 for s in self.stop), default=0)
+            ready = text[:len(text) - held] if held else text
+            ready = ready[:len(ready) - 1] if ready.endswith("\ufffd") else ready
+            if self.on_text is not None and len(ready) > len(self.shown[row]):
+                self.on_text(int(row), ready[len(self.shown[row]):])
+                self.shown[row] = ready
+        return self.stopped.copy()
+
+    def flush(self, texts: Sequence[str]) -> None:
+        if self.on_text is not None:
+            for row, text in enumerate(texts):
+                if len(text) > len(self.shown[row]):
+                    self.on_text(row, text[len(self.shown[row]):])
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """`text` up to (without) the earliest stop string in it."""
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return text[:min(cuts)] if cuts else text
+
+
+def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[str], *,
+                  max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, seed: int = 0, stop: Sequence[str] = (),
+                  eos_ids: Sequence[int] | None = None, max_positions: int | None = None,
+                  on_text: Callable[[int, str], None] | None = None) -> TextGeneration:
+    """Continues each prompt (see the module docstring).
+
+    `eos_ids`: the ids that end a row (default: the tokenizer's EOS). `max_positions`: the
+    model's position limit (e.g. a Hugging Face model's max_position_embeddings); a prompt
+    that leaves no room for `max_new_tokens` is an error. `on_text(row, text)` receives each
+    row's text as it is generated (streaming).
+    """
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings")
+    ids = [tokenizer.encode_prompt(p) for p in prompts]
+    empty = [i for i, x in enumerate(ids) if len(x) == 0]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} encodes to no tokens: give some text")
+    lengths = np.array([len(x) for x in ids])
+    limit = max_positions or model.config.max_positions
+    if limit is not None and lengths.max() + max_new_tokens > limit:
+        raise ValueError(f"prompt of {lengths.max()} tokens + {max_new_tokens} new tokens is "
+                         f"longer than the model's {limit} positions")
+    too_big = [int(x.max()) for x in ids if x.max() >= model.config.vocab_size]
+    if too_big:
+        raise ValueError(f"tokenizer id {too_big[0]} is outside the model's vocab_size="
+                         f"{model.config.vocab_size}: is it the run's tokenizer?")
+    prompt_BT = np.zeros((len(ids), lengths.max()), np.int32)
+    for row, x in enumerate(ids):
+        prompt_BT[row, :len(x)] = x
+    eos = [tokenizer.eos_id] if eos_ids is None else list(eos_ids)
+    streamer = _Streamer(tokenizer, len(ids), stop, eos, on_text)
+    start = time.perf_counter()
+    out = np.asarray(generate(model, prompt_BT, max_new_tokens, temperature=temperature,
+                              top_k=top_k, top_p=top_p, seed=seed, lengths=lengths,
+                              eos_id=eos[0] if len(eos) == 1 else None,
+                              on_tokens=streamer if stop or on_text or len(eos) > 1 else None))
+    seconds = time.perf_counter() - start
+    tokens, texts = [], []
+    for row in out:
+        ends = [i for i, t in enumerate(row) if t in eos]
+        row = row[:ends[0]] if ends else row
+        text = tokenizer.decode(row)
+        cut = cut_at_stop(text, stop)
+        if len(cut) < len(text):  # keep the ids up to the stop string's
+            row = row[:next(i for i in range(len(row) + 1)
+                            if len(tokenizer.decode(row[:i])) >= len(cut))]
+        tokens.append(row)
+        texts.append(cut)
+    streamer.flush(texts)
+    return TextGeneration(texts, tokens, seconds)

@@ -1,0 +1,50 @@
+"""`hybrid-jax import hf / generate --prompt / export hf / convert` end to end, and their
+one-line errors."""
+
+import pytest
+
+from experiments.cli import main
+from tests.convert.test_hf import FIXTURES
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "llama"
+    assert main(["import", "hf", str(FIXTURES / "llama"), "--out", str(out)]) == 0
+    return out
+
+
+def test_import_then_generate_text(run_dir, capsys):
+    assert main(["generate", str(run_dir), "--prompt", "the cat sat on the mat",
+                 "--max-new-tokens", "6", "--no-stream"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("the cat sat on the mat") and "tokens/s" in err
+
+
+def test_export_and_convert(run_dir, tmp_path, capsys):
+    assert main(["export", "hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert main(["convert", str(run_dir), "--to", "nha", "--out", str(tmp_path / "nha"),
+                 "--window", "full", "--slots", "4"]) == 0
+    assert (tmp_path / "nha" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-file", "/nonexistent/prompts.txt"], "--prompt-file /nonexistent/prompts.txt"),
+    (["--prompt", "the cat " * 40], "longer than the model's 64 positions"),
+])
+def test_generate_errors_are_one_line(run_dir, capsys, args, message):
+    assert main(["generate", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_tokenizer_and_oryx_are_one_line(run_dir, tmp_path, capsys):
+    bad = tmp_path / "run"
+    bad.mkdir()
+    (bad / "config.json").write_text((run_dir / "config.json").read_text())
+    (bad / "tokenizer.json").write_text('{"hybrid_jax_tokenizer": "sentencepiece"}')
+    assert main(["generate", str(bad), "--prompt", "x"]) == 2
+    assert "unknown hybrid_jax_tokenizer 'sentencepiece'" in capsys.readouterr().err
+    assert main(["convert", str(run_dir), "--to", "oryx", "--out", str(tmp_path / "o")]) == 2
+    assert "Oryx block does not exist yet" in capsys.readouterr().err
