@@ -13,6 +13,7 @@
     hybrid-jax list
     hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
+    hybrid-jax inspect mixing RUN_DIR [--out mixing.png]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import errno
+import functools
 import json
 import math
 import os
@@ -130,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dirs", nargs="+", type=Path)
     plot.add_argument("--out", type=Path, default=Path("curves.png"))
     plot.add_argument("--log-y", action="store_true", help="log scale for every panel")
+
+    inspect = sub.add_parser("inspect", help="inspect a trained run")
+    inspect.add_argument("what", choices=["mixing"],
+                         help="mixing: the learned branch weights of parallel blocks per layer")
+    inspect.add_argument("run_dir", type=Path)
+    inspect.add_argument("--out", type=Path, default=None,
+                         help="heat-map PNG (default RUN_DIR/mixing.png)")
     return parser
 
 
@@ -337,6 +346,18 @@ def _int_arg(flag: str, text: str) -> int:
         raise ValueError(f"{flag} expects integers, got {text!r}") from None
 
 
+@functools.cache
+def _param_count(preset: str) -> int:
+    """Parameters of a preset (built abstractly: shapes only, no arrays)."""
+    from flax import nnx
+
+    from hybrid_jax import presets
+    from hybrid_jax.nn.lm import LanguageModel, count_params
+
+    config = presets.get(preset)
+    return count_params(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     import textwrap
 
@@ -344,9 +365,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     from hybrid_jax import presets
     from hybrid_jax.registry import block_names, block_type
 
-    print("presets:")
+    print("presets:  (name, parameters, description)")
     for name in presets.names():
-        print(f"  {name:32s} {presets.describe(name)}")
+        count = _param_count(name)
+        print(f"  {name:32s} {count / 1e6:8.2f}M  {presets.describe(name)}")
     print("block types:")
     for name in block_names():
         print(f"  {name:32s} {block_type(name).description}")
@@ -386,9 +408,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from hybrid_jax.train.mixing import format_mixing, mixing_weights, plot_mixing
+
+    found = mixing_weights(args.run_dir)
+    print(format_mixing(*found))
+    print(f"wrote {plot_mixing(*found, args.out or args.run_dir / 'mixing.png')}")
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "list": cmd_list,
             "tokenizer": cmd_tokenizer, "plot": cmd_plot, "import": cmd_import,
-            "export": cmd_export, "convert": cmd_convert}
+            "export": cmd_export, "convert": cmd_convert, "inspect": cmd_inspect}
 
 
 def error_line(error: BaseException) -> str:

@@ -9,6 +9,7 @@ from hybrid_jax.config import (
     TrainConfig,
     layer,
 )
+from hybrid_jax.context import TokenContext
 from hybrid_jax.generate_text import generate_text
 from hybrid_jax.nn import LanguageModel, count_params, create_model
 
@@ -18,6 +19,7 @@ __all__ = [
     "LayerSpec",
     "MeshConfig",
     "ModelConfig",
+    "TokenContext",
     "TrainConfig",
     "count_params",
     "create_model",

@@ -177,3 +177,64 @@ def nha_hybrid_340m() -> ModelConfig:
     return _nha_340m(tuple(layer("nha", window=None) if i % 6 == 5 else layer("nha")
                            for i in range(24)))
 
+
+# PHA (the parallel hybrid block, hybrid_jax/nn/pha.py). Sizes are ours: the paper gives only
+# the parameter counts (90M / 125M / 180M on WikiText-103 with GPT-2's tokenizer); GQA with 4
+# query heads per key/value head, head size 64.
+_PHA_ATTENTION = layer("attention", cosine=True)
+_PHA_GSS = layer("gss", expansion=2, state_size=64)
+_PHA_SIZES = {"90m": (512, 14), "125m": (640, 13), "180m": (768, 14), "tiny": (32, 2)}
+PHA_ABLATIONS = {
+    "sequential": dict(layout="sequential", branch_norm=False, mixing="sum"),
+    "no-attention": dict(branches=(_PHA_GSS, "dual_ffn")),
+    "no-gss": dict(branches=(_PHA_ATTENTION, "dual_ffn")),
+    "no-ffn-aux": dict(branches=(_PHA_GSS, _PHA_ATTENTION, "ffn")),
+    "fixed-mixing": dict(mixing="fixed"),
+}
+
+
+def pha_config(size: str, **block_options) -> ModelConfig:
+    """A PHA model of one of `_PHA_SIZES` ("tiny": d_model 32, 2 layers, byte vocabulary)."""
+    d, depth = _PHA_SIZES[size]
+    tiny = size == "tiny"
+    block = layer("pha", **block_options)
+    if tiny:  # a small GSS and a 4-token window keep the CPU tests fast and windowed
+        block = layer("pha", **{"branches": (layer("gss", expansion=2, state_size=8),
+                                             layer("attention", cosine=True, window=4),
+                                             "dual_ffn"), **block_options})
+    return ModelConfig(layers=(block,) * depth, vocab_size=256 if tiny else 50304, d_model=d,
+                       num_heads=4 if tiny else d // 64, num_kv_heads=2 if tiny else d // 256)
+
+
+def _register_pha() -> None:
+    for size in _PHA_SIZES:
+        name = "pha-tiny" if size == "tiny" else f"pha-{size}"
+        d, depth = _PHA_SIZES[size]
+        register(name, f"PHA: {depth} parallel GSS ‖ GQA ‖ Dual-FFN blocks, d_model {d}, "
+                 "DeepNorm")(lambda size=size: pha_config(size))
+    for ablation, options in PHA_ABLATIONS.items():
+        for size, suffix in (("180m", ""), ("tiny", "-tiny")):
+            if size == "tiny" and "branches" in options:
+                options = {**options, "branches": tuple(
+                    layer("gss", expansion=2, state_size=8) if b == _PHA_GSS else
+                    layer("attention", cosine=True, window=4) if b == _PHA_ATTENTION else b
+                    for b in options["branches"])}
+            register(f"pha-{ablation}{suffix}", f"PHA ablation ({ablation}) of pha-{size}")(
+                lambda size=size, options=options: pha_config(size, **options))
+
+
+_register_pha()
+
+
+@register("attention-only-180m")
+def attention_only_180m() -> ModelConfig:
+    """The paper's baseline for pha-180m: pre-norm GQA transformer of matched size."""
+    return ModelConfig(layers=("attention",) * 14, vocab_size=50304, d_model=768, num_heads=12,
+                       num_kv_heads=3, ffn_dim=3776)
+
+
+@register("attention-only-tiny")
+def attention_only_tiny() -> ModelConfig:
+    """attention-only-180m's shape at pha-tiny's width and depth (4-token window)."""
+    return ModelConfig(layers=(layer("attention", window=4),) * 2, vocab_size=256, d_model=32,
+                       num_heads=4, num_kv_heads=2, ffn_dim=176)

@@ -1,7 +1,10 @@
 """Flax NNX modules: parameters and projections around the ops. Importing this package
 registers the built-in mixers and block types."""
 
-from hybrid_jax.nn import attention  # noqa: F401  (registers "attention")
+from hybrid_jax.nn import (
+    attention,  # noqa: F401  (registers "attention")
+    pha,  # noqa: F401  (registers "pha")
+)
 from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import Block, BlockOptions, register_mixer_block
 from hybrid_jax.nn.ffn import FFN, DualFFN, DualFFNOptions, FFNOptions

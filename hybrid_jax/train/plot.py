@@ -45,6 +45,13 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = 
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="small")
+    return save_figure(fig, out)
+
+
+def save_figure(fig, out: str | Path) -> Path:
+    """Writes a matplotlib figure to `out` (folders created) and closes it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,118 @@
+"""PHA (block type "pha", a preset of the parallel block): mixing weights, gradients, DeepNorm
+constants, reduction to one branch, and mixing introspection of a trained run.
+(Decode = parallel for every PHA preset and ablation: the `-tiny` presets in test_lm.)"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from experiments.cli import main as cli_main
+from hybrid_jax import presets
+from hybrid_jax.config import ExperimentConfig, TrainConfig, layer
+from hybrid_jax.context import TokenContext
+from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.nn.blocks import deepnorm_constants, mixing_weights
+from hybrid_jax.train.trainer import train
+from tests.helpers import assert_close
+
+
+def test_mixing_weights_are_positive_and_sum_to_one():
+    rng = np.random.default_rng(0)
+    for raw in [*(rng.normal(0, s, 3) for s in (0.1, 3.0, 30.0)), [-80.0, 0.0, 80.0],
+                [-5.0, -5.0]]:
+        w = np.asarray(mixing_weights(jnp.asarray(raw, jnp.float32)))
+        assert np.all(w >= 0) and abs(w.sum() - 1) < 1e-6, raw
+        assert np.all(np.diff(w[np.argsort(raw)]) >= 0), "monotone in the raw parameter"
+
+
+def test_gradients_reach_every_branch_and_mixing_scalar():
+    model = hj.create_model(presets.get("pha-tiny"))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 9)), jnp.int32)
+
+    def loss(model):
+        return jnp.mean(jax.nn.log_softmax(model(tokens))[..., 7])
+
+    grads = nnx.grad(loss)(model)
+    for i in range(len(model.blocks)):
+        block = grads.blocks[i]
+        assert block.mixing_logits[...].shape == (3,)
+        assert np.all(np.abs(np.asarray(block.mixing_logits[...])) > 0), f"layer {i} mixing"
+        for name in ("gss", "attention", "dual_ffn"):
+            leaves = jax.tree.leaves(getattr(block, name))
+            norm = sum(float(jnp.sum(jnp.abs(jnp.asarray(x)))) for x in leaves)
+            assert norm > 0, f"layer {i} branch {name}"
+
+
+@pytest.mark.parametrize("depth", [1, 3, 6])
+def test_deepnorm_constants_follow_the_formulas(depth):
+    base = presets.get("pha-tiny")
+    model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
+    spec = base.layers[0]
+    plain_spec = layer(spec.type, **{**dict(spec.options), "residual": "pre_norm"})
+    pre_norm = hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
+    alpha, beta = (2 * depth) ** 0.25, (8 * depth) ** -0.25
+    assert deepnorm_constants(depth) == pytest.approx((alpha, beta))
+    for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
+        assert block.alpha == pytest.approx(alpha) and plain.alpha == 1.0
+        scaled = {"attention": ("v_proj", "o_proj"), "gss": ("u_proj", "uc_proj", "out_proj")}
+        for branch, names in scaled.items():
+            for name in names:
+                ratio = (getattr(getattr(block, branch), name).kernel[...]
+                         / getattr(getattr(plain, branch), name).kernel[...])
+                assert_close(ratio, jnp.full_like(ratio, beta), 1e-6, f"{branch}.{name}")
+        same = block.attention.q_proj.kernel[...] / plain.attention.q_proj.kernel[...]
+        assert_close(same, jnp.ones_like(same), 1e-6, "queries are not scaled")
+        for arm in ("primary", "aux"):
+            ratio = (getattr(block.dual_ffn, arm).down.kernel[...]
+                     / getattr(plain.dual_ffn, arm).down.kernel[...])
+            assert_close(ratio, jnp.full_like(ratio, beta), 1e-6, f"dual_ffn.{arm}.down")
+
+
+@pytest.mark.parametrize("index,branch", [(0, "gss"), (1, "attention"), (2, "dual_ffn")])
+def test_one_weight_forced_to_one_reduces_the_block_to_that_branch(index, branch):
+    model = hj.create_model(presets.get("pha-tiny"), seed=1)
+    block = model.blocks[0]
+    logits = np.full(3, -1e4, np.float32)
+    logits[index] = 30.0
+    block.mixing_logits[...] = jnp.asarray(logits)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 7, 32)), jnp.float32)
+    ctx = TokenContext.create((2, 7))
+    alone = getattr(block, f"{branch}_norm")(getattr(block, branch)(x, ctx))
+    expected = block.output_norm(block.alpha * x + alone)
+    assert_close(block(x, ctx), expected, 1e-6, branch)
+
+
+def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys):
+    experiment = ExperimentConfig(
+        name="pha-mixing-test", model=presets.get("pha-tiny").replace(vocab_size=32),
+        data=MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2),
+        train=TrainConfig(steps=2, batch_size=4, log_every=1, warmup_steps=0))
+    train(experiment, tmp_path, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in records if "diag/blocks.1.mixing_attention" in r]
+    assert [r["step"] for r in logged] == [1, 2]
+    weights = [logged[-1][f"diag/blocks.1.mixing_{b}"] for b in ("attention", "dual_ffn", "gss")]
+    assert abs(sum(weights) - 1) < 1e-5 and weights != [1 / 3] * 3  # trained away from equal
+    assert cli_main(["inspect", "mixing", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "mixing weights at step 2" in out and "dual_ffn" in out
+    assert (tmp_path / "mixing.png").stat().st_size > 1000
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    assert cli_main(["inspect", "mixing", str(tmp_path)]) == 2
+    assert "no mixing weights" in capsys.readouterr().err
+
+
+def test_presets_have_the_papers_sizes(capsys):
+    for name, paper in (("pha-90m", 90e6), ("pha-125m", 125e6), ("pha-180m", 180e6),
+                        ("attention-only-180m", 180e6)):
+        model = nnx.eval_shape(lambda name=name: hj.LanguageModel(presets.get(name),
+                                                                   rngs=nnx.Rngs(0)))
+        assert abs(hj.count_params(model) / paper - 1) < 0.02, name
+    assert cli_main(["list"]) == 0
+    assert any(line.split()[:2] == ["pha-180m", "181.47M"]
+               for line in capsys.readouterr().out.splitlines())
