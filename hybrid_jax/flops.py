@@ -25,7 +25,6 @@ import numpy as np
 from flax import nnx
 
 from hybrid_jax.config import ModelConfig
-from hybrid_jax.registry import block_type
 
 # Dense bf16 peaks (FLOP/s) by device_kind substring, most specific first.
 PEAK_BF16 = (("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12),

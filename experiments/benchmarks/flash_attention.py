@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ import numpy as np
 from experiments.benchmarks.timing import cudnn_op, device_name, measure, print_table, write_json
 from hybrid_jax.ops.attention import attention_xla
 from pallas_kernels.flash_attention import api
-from pallas_kernels.flash_attention.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.flash_attention.block_sizes import default_block_sizes
 from pallas_kernels.flash_attention.bounds import visible_span
 
 # name: (batch, length, heads, kv_heads, head_dim, window of the windowed rows)
@@ -55,6 +56,10 @@ def useful_pairs(segment_ids, batch, length, window) -> int:
     return int(jnp.sum(jnp.arange(length) - lowest + 1))
 
 
+def _useful_flops(width, batch, length, segment_ids, window) -> int:
+    return 4 * width * useful_pairs(segment_ids, batch, length, window)
+
+
 def inputs(batch, length, heads, kv_heads, dim, dtype=jnp.bfloat16, seed=0):
     keys = jax.random.split(jax.random.key(seed), 3)
     q = jax.random.normal(keys[0], (batch, length, heads, dim), jnp.float32)
@@ -74,6 +79,11 @@ def xla_op(segments, window):
                                          q_positions=None, kv_positions=None)
 
 
+def _value_and_grads(op, x, weights):
+    loss = lambda *x: jnp.sum(op(*x).astype(jnp.float32) * weights)
+    return jax.jit(op)(*x), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*x)
+
+
 def part_check(args):
     rows = []
     for length, heads, kv_heads, dim, window in ((2048, 8, 2, 64, None), (2048, 8, 8, 128, 256),
@@ -83,14 +93,10 @@ def part_check(args):
         segments = jnp.asarray(packed_segments(2, length, args.doc_median, seed=1))
         weights = jax.random.normal(jax.random.key(2), x[0].shape, jnp.float32)
 
-        def value_and_grads(op, x):
-            loss = lambda *x: jnp.sum(op(*x).astype(jnp.float32) * weights)
-            return jax.jit(op)(*x), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*x)
-
-        ref_out, ref_grads = value_and_grads(
-            lambda q, k, v: api.flash_attention(q, k, v, segments, window=window,
-                                                implementation="reference"), x32)
-        out, grads = value_and_grads(kernel_op(segments, window), x)
+        reference = functools.partial(api.flash_attention, segment_ids=segments, window=window,
+                                      implementation="reference")
+        ref_out, ref_grads = _value_and_grads(reference, x32, weights)
+        out, grads = _value_and_grads(kernel_op(segments, window), x, weights)
         rel = lambda a, b: float(jnp.linalg.norm((a.astype(jnp.float32) - b).ravel())
                                  / jnp.linalg.norm(b.ravel()))
         row = {"T": length, "H": heads, "G": kv_heads, "D": dim, "w": window,
@@ -109,7 +115,7 @@ def part_table(args):
         batch, length, heads, kv_heads, dim, window = SHAPES[name]
         x = inputs(batch, length, heads, kv_heads, dim)
         segments = jnp.asarray(packed_segments(batch, length, args.doc_median))
-        flops = lambda seg, w: 4 * dim * heads * useful_pairs(seg, batch, length, w)
+        pairs_flops = functools.partial(_useful_flops, dim * heads, batch, length)
         cases = [("cudnn causal", cudnn_op(None), None, None),
                  ("cudnn swa", cudnn_op(window), None, window),
                  ("pallas causal", kernel_op(None, None), None, None),
@@ -123,7 +129,7 @@ def part_table(args):
                 continue
             row = {"shape": name, "impl": impl, "B": batch, "T": length, "H": heads,
                    "G": kv_heads, "D": dim, "w": w,
-                   **measure(op, x, flops(None if seg is None else np.asarray(seg), w))}
+                   **measure(op, x, pairs_flops(seg, w))}
             rows.append(row)
             print(row, flush=True)
     print_table(rows, ["shape", "impl", "w", "fwd_ms", "fwd_TFLOPs", "fwd_bwd_ms",
@@ -151,7 +157,8 @@ def part_variants(args):
         flops = 4 * dim * heads * useful_pairs(segments, batch, length, None)
         base = default_block_sizes(dim)
         for variant in ["default", *VARIANTS]:
-            blocks = base if variant == "default" else dataclasses.replace(base, **VARIANTS[variant])
+            blocks = (base if variant == "default"
+                      else dataclasses.replace(base, **VARIANTS[variant]))
             row = {"shape": name, "variant": variant,
                    **measure(kernel_op(segments, None, blocks), x, flops, memory=False)}
             rows.append(row)

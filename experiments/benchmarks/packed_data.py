@@ -50,7 +50,8 @@ def document_stats(batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """Documents per window and mean document length within windows."""
     ids = np.concatenate([b["segment_ids"] for b in batches])
     docs = np.array([len(np.unique(row)) for row in ids])
-    return {"docs_per_row": float(docs.mean()), "mean_doc_tokens": float(ids.shape[1] / docs.mean())}
+    return {"docs_per_row": float(docs.mean()),
+            "mean_doc_tokens": float(ids.shape[1] / docs.mean())}
 
 
 def main():

@@ -227,7 +227,8 @@ def main():
                 rows.append(run_one(name, lengths[0], args, packed=packed, attention=attention))
     for row in rows:
         row.setdefault("impl", "jax")
-    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s", "tflops",
+    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s",
+                       "tflops",
                        "mfu_peak", "mfu_matmul", "mem_GiB", "compile_s", "docs_per_row",
                        "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,

@@ -17,7 +17,8 @@ from tests.helpers import assert_close
 
 def test_grad_accumulation_matches_one_batch():
     experiment = ExperimentConfig(name="accum", model=presets.get("transformer-tiny"),
-                                  data=MQARConfig(vocab_size=64, seq_len=12, num_kv_pairs=2), train=TrainConfig(batch_size=4))
+                                  data=MQARConfig(vocab_size=64, seq_len=12, num_kv_pairs=2),
+                                  train=TrainConfig(batch_size=4))
     mesh = make_mesh(MeshConfig(data=1))
     rng = np.random.default_rng(0)
     batch = {"inputs": rng.integers(0, 256, (4, 12)), "targets": rng.integers(0, 256, (4, 12)),
