@@ -11,22 +11,23 @@ Layout `[batch, time, heads, dim]`. The op does not normalise q and k (the modul
 them). Recurrent math runs in float32 (float64 stays float64); outputs have the dtype of `q`,
 the final state is float32 (float64 for float64 inputs).
 
-Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked
-form runs a `lax.scan` over chunks of C steps; each step takes the state entering the chunk,
-solves one unit-lower-triangular C×C system (`unit_lower_triangular_inverse`: matmuls and
-forward substitution, float32/float64; jaxlib's CPU `solve_triangular` deadlocks when two
-solves run at once on a small thread pool) for the delta-rule corrections of the chunk, and returns the chunk's outputs and the state after it
-(`_chunk_step`). The step is under `jax.checkpoint`, so the backward pass keeps only the
-entering states (one K×V per chunk) and recomputes one chunk's C×C tensors at a time: memory
-O(T·(K + V)) plus the chunk states, never a state per token. (Solving with the entering state
-known replaces the WY split `U = U₀ − W S₀`, which only pays off when the solves run for all
-chunks in parallel.) `gated_delta_rule_step` advances one token (decoding).
+Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked form
+runs a `lax.scan` over chunks of C steps; each step takes the state entering the chunk, solves one
+unit-lower-triangular C×C system (`unit_lower_triangular_inverse`: matmuls and forward
+substitution, float32/float64; jaxlib's CPU `solve_triangular` deadlocks when two solves run at
+once on a small thread pool) for the delta-rule corrections of the chunk, and returns the chunk's
+outputs and the state after it (`_chunk_step`). The step is under `jax.checkpoint`, so the backward
+pass keeps only the entering states (one K×V per chunk) and recomputes one chunk's C×C tensors at a
+time: memory O(T·(K + V)) plus the chunk states, never a state per token. (Solving with the
+entering state known replaces the WY split `U = U₀ − W S₀`, which only pays off when the solves run
+for all chunks in parallel.) `gated_delta_rule_step` advances one token (decoding).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import (

@@ -51,6 +51,7 @@ from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import learning_rate_schedule, make_optimizer
 from hybrid_jax.train.preemption import StopSignals
+from hybrid_jax.train.prefetch import DevicePrefetcher
 from hybrid_jax.train.run_dir import RunLock, prepare_run_dir
 
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
