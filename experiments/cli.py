@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -260,8 +261,17 @@ def error_line(error: BaseException) -> str:
     return " ".join(text.split("\n"))
 
 
+def _thread_error(hook: threading.ExceptHookArgs, command: str) -> None:
+    name = hook.thread.name if hook.thread is not None else "?"
+    print(f"hybrid-jax {command}: error in thread {name}: {error_line(hook.exc_value)}",
+          file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous_hook = threading.excepthook
+    if not os.environ.get(DEBUG_ENV):  # a failing writer thread (e.g. disk full): one line
+        threading.excepthook = lambda hook: _thread_error(hook, args.command)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -274,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"hybrid-jax {args.command}: error: {error_line(e)}", file=sys.stderr)
         return 2
+    finally:
+        threading.excepthook = previous_hook
 
 
 if __name__ == "__main__":

@@ -122,3 +122,14 @@ def test_none_disables_gradient_clipping():
     params = {"w": jnp.ones((2, 2))}
     assert len(make_optimizer(TrainConfig(grad_clip=None)).init(params)) == 1  # adamw only
     assert len(make_optimizer(TrainConfig(grad_clip=1.0)).init(params)) == 2  # clip, adamw
+
+
+def test_lm_experiments_find_shared_data_from_the_project_root(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from experiments import registry
+
+    monkeypatch.chdir(tmp_path)  # not the project root
+    root = Path(__file__).resolve().parents[2]
+    path = Path(registry.get("lm-wikitext2-transformer-tiny").data.path)
+    assert path == (root.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.train.raw")

@@ -304,3 +304,24 @@ def test_train_api_refuses_a_locked_directory(trained, tmp_path):
     experiment = tiny_text_experiment(trained.parent)
     with RunLock(tmp_path), pytest.raises(ValueError, match="is in use by another run"):
         train(experiment, tmp_path, progress=False)
+
+
+def test_a_failing_background_thread_is_one_line(capsys, monkeypatch):
+    import threading
+
+    import experiments.cli as cli
+
+    def writer_fails(args):
+        def write():
+            raise OSError(errno.ENOSPC, "No space left on device", "events.out")
+
+        thread = threading.Thread(target=write, name="tensorboard-writer")
+        thread.start()
+        thread.join()
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "list", writer_fails)
+    assert main(["list"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == ("hybrid-jax list: error in thread tensorboard-writer: I/O error (disk full): "
+                   "No space left on device: events.out")
