@@ -325,3 +325,21 @@ def test_a_failing_background_thread_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err == ("hybrid-jax list: error in thread tensorboard-writer: I/O error (disk full): "
                    "No space left on device: events.out")
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_saves_are_checksummed_and_verified(tmp_path, async_save):
+    import jax
+    import jax.numpy as jnp
+
+    from hybrid_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
+
+    checkpointer = Checkpointer(tmp_path, async_save=async_save)
+    checkpointer.save(1, {"w": jnp.arange(64.0)}, {"step": 1})
+    checkpointer.close()
+    step_dir = tmp_path.absolute() / "checkpoints" / "1"
+    assert (step_dir / "checksums.json").is_file()
+    flip_byte(largest_array_file(step_dir))
+    target = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
+    with pytest.raises(DamagedCheckpointError, match=f"checkpoint {step_dir} is damaged: "):
+        Checkpointer(tmp_path).restore(target)
