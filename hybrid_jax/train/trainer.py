@@ -34,7 +34,8 @@ from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, to_dict
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
-from hybrid_jax.data.tokenizer import tokenizer_fingerprint
+from hybrid_jax.data.text import TOKENIZER_FILE
+from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.sharding import batch_sharding, make_mesh, state_shardings
 from hybrid_jax.train.checkpoint import (
@@ -118,9 +119,6 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
     finally:
         checkpointer.close()
     if meta.get("tokenizer_sha256") is not None:
-        from hybrid_jax.data.text import TOKENIZER_FILE
-        from hybrid_jax.data.tokenizer import load_tokenizer
-
         path = run_dir / TOKENIZER_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: checkpoint step {meta['step']} was "
@@ -313,7 +311,7 @@ class _Run:
     def _restore(self, step: int | None = None) -> TrainState:
         ts, meta = _restore(self.experiment, self.checkpointer, self.mesh, step)
         check_tokenizer(meta, getattr(self.data, "tokenizer", None),
-                        self.checkpointer.directory.parent / "tokenizer.json")
+                        self.checkpointer.directory.parent / TOKENIZER_FILE)
         self.step = self.saved_step = int(meta["step"])
         self.skipped = set(meta.get("skipped_steps", []))
         self.batches.set_state(meta["data_state"])
