@@ -12,6 +12,7 @@ from hybrid_jax.config import (
     ModelConfig,
     TrainConfig,
     apply_overrides,
+    layer,
 )
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.data.text import TextConfig
@@ -58,6 +59,10 @@ MODEL_CASES = [
     (dict(tie_embeddings="false"), r"ModelConfig.tie_embeddings='false': expected true or"),
     (dict(head_dim=0), r"ModelConfig.head_dim=0: expected a positive integer or None"),
     (dict(ffn_dim=-1), r"ModelConfig.ffn_dim=-1"),
+    (dict(layers=(layer("attention", window="8"),)),
+     r"layers\[0\] \('attention'\): AttentionOptions.window='8': expected an integer or None"),
+    (dict(layers=(layer("gdn", chunk_size=2.5),)),
+     r"layers\[0\] \('gdn'\): GatedDeltaNetOptions.chunk_size=2.5: expected an integer"),
 ]
 
 
