@@ -435,7 +435,7 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
         return _train(experiment, None, progress, resume)
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out):
-        prepare_run_dir(out, experiment.name, resume=resume, force=force)
+        resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
         return _train(experiment, out, progress, resume)
 
 
