@@ -212,4 +212,7 @@ class Checkpointer:
 def _first_line(error: Exception) -> str:
     """The gist of an error: its first line, without tensorstore's long spec dump."""
     text = str(error).strip()
-    return text.splitlines()[0].split(" [tensorstore_spec=")[0] if text else ""
+    if not text:
+        return ""
+    return text.splitlines()[0].split(" [tensorstore_spec=")[0].split(
+        " See full TensorStore details")[0]
