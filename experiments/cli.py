@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import errno
+import gc
 import json
 import math
 import os
@@ -283,9 +284,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENV):
             raise
         print(f"hybrid-jax {args.command}: error: {error_line(e)}", file=sys.stderr)
+        _collect_quietly()
         return 2
     finally:
         threading.excepthook = previous_hook
+
+
+def _collect_quietly() -> None:
+    """Frees what the failed command left behind (e.g. orbax's abandoned read coroutines)
+    without their 'Exception ignored in' echoes of the error already reported."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
 
 
 if __name__ == "__main__":
