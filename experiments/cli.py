@@ -22,11 +22,13 @@ import argparse
 import codecs
 import errno
 import functools
+import gc
 import json
 import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -437,8 +439,17 @@ def error_line(error: BaseException) -> str:
     return " ".join(text.split("\n"))
 
 
+def _thread_error(hook: threading.ExceptHookArgs, command: str) -> None:
+    name = hook.thread.name if hook.thread is not None else "?"
+    print(f"hybrid-jax {command}: error in thread {name}: {error_line(hook.exc_value)}",
+          file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous_hook = threading.excepthook
+    if not os.environ.get(DEBUG_ENV):  # a failing writer thread (e.g. disk full): one line
+        threading.excepthook = lambda hook: _thread_error(hook, args.command)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -450,7 +461,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(DEBUG_ENV):
             raise
         print(f"hybrid-jax {args.command}: error: {error_line(e)}", file=sys.stderr)
+        _collect_quietly()
         return 2
+    finally:
+        threading.excepthook = previous_hook
+
+
+def _collect_quietly() -> None:
+    """Frees what the failed command left behind (e.g. orbax's abandoned read coroutines)
+    without their 'Exception ignored in' echoes of the error already reported."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
 
 
 if __name__ == "__main__":

@@ -57,11 +57,19 @@ def _scalar_fields(cls: type) -> tuple[tuple[str, tuple[type, ...]], ...]:
 def check_types(config: Any) -> None:
     """Raises ValueError naming the first scalar field whose value has the wrong type (e.g. a
     float step count or a string learning rate from the Python API)."""
-    for name, kinds in _scalar_fields(type(config)):
-        value = getattr(config, name)
+    check_values(type(config), {f.name: getattr(config, f.name)
+                                for f in dataclasses.fields(config)})
+
+
+def check_values(cls: type, values: Mapping[str, Any]) -> None:
+    """`check_types` for the field `values` a dataclass `cls` is about to be built from."""
+    for name, kinds in _scalar_fields(cls):
+        if name not in values:
+            continue
+        value = values[name]
         if not any(value is None if k is type(None) else _is_instance(value, k) for k in kinds):
             expected = " or ".join("None" if k is type(None) else _SCALARS[k] for k in kinds)
-            _fail(type(config).__name__, name, value, f"expected {expected}")
+            _fail(cls.__name__, name, value, f"expected {expected}")
 
 
 def check_finite(owner: str, name: str, value: float, low: float, *, open_low: bool = False,
@@ -270,6 +278,7 @@ def resolve_options(options_cls: type, model: ModelConfig, overrides: Sequence[t
     values.update(defaults)
     values.update(overrides)
     try:
+        check_values(options_cls, values)
         options = options_cls(**values)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
@@ -344,8 +353,8 @@ class TrainConfig:
     peak_tflops: float = 0.0  # per-device peak for MFU; 0: the device's dense bf16 peak if known
     freeze: str = ""  # regex of parameter names never updated, e.g. "/ffn/" (frozen MLPs)
     mesh: MeshConfig = MeshConfig()
-
-    stop_grace_s: float = 10.0  # after SIGTERM/SIGINT, force the exit if no step ends in this
+    stop_grace_s: float = 10.0  # after SIGTERM/SIGINT: seconds for the loop to reach its
+    # checkpoint before the process is ended anyway (a step stuck in a device computation)
 
     def __post_init__(self) -> None:
         own = "TrainConfig"

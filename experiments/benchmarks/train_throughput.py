@@ -40,6 +40,7 @@ from experiments.benchmarks.packed_data import document_stats, packed_batches
 from experiments.benchmarks.timing import device_name, print_table, write_json
 from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig, layer
+from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
@@ -54,7 +55,8 @@ def transformer_350m() -> ModelConfig:
 
 
 MODELS = {name: (lambda name=name: presets.get(name)) for name in
-          ("transformer-125m", "gdn-340m", "mamba2-130m", "nha-340m", "nha-hybrid-340m")}
+          ("transformer-125m", "gdn-340m", "mamba2-130m", "nha-340m", "nha-hybrid-340m",
+           "pha-180m", "attention-only-180m")}
 MODELS["transformer-350m"] = transformer_350m
 
 
@@ -104,7 +106,8 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
            "attn": attention or "auto",
            "data": ("text" if args.data else "synthetic") if packed else "random, unpacked"}
     try:
-        experiment = ExperimentConfig(name=name, model=config, data=None,
+        # The benchmark feeds its own batches; the data config only has to be a valid one.
+        experiment = ExperimentConfig(name=name, model=config, data=MQARConfig(),
                                       train=TrainConfig(batch_size=batch, steps=100,
                                                         learning_rate=3e-4, warmup_steps=10))
         mesh = make_mesh(MeshConfig())

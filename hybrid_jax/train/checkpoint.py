@@ -112,10 +112,13 @@ class Checkpointer:
     def __init__(self, run_dir: str | Path, *, keep: int | None = 3, async_save: bool = True):
         self.directory = Path(run_dir).absolute() / "checkpoints"
         self._sealing, self.async_save = threading.Lock(), async_save
+        # An async save writes its checksums when orbax has committed it; a synchronous one
+        # right after `save` (orbax accepts the callback only for async saves).
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal))
+            async_options=(ocp.AsyncOptions(post_finalization_callback=self._seal)
+                           if async_save else None))
         handlers = {"state": ocp.StandardCheckpointHandler(),
                     "meta": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.directory, options=options,
@@ -209,4 +212,7 @@ class Checkpointer:
 def _first_line(error: Exception) -> str:
     """The gist of an error: its first line, without tensorstore's long spec dump."""
     text = str(error).strip()
-    return text.splitlines()[0].split(" [tensorstore_spec=")[0] if text else ""
+    if not text:
+        return ""
+    return text.splitlines()[0].split(" [tensorstore_spec=")[0].split(
+        " See full TensorStore details")[0]

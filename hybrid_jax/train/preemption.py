@@ -51,8 +51,8 @@ class StopSignals:
         self._previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
-        self._watchdog = threading.Thread(target=self._watch, name="stop-signal-watchdog",
-                                          daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, args=(reader,),
+                                          name="stop-signal-watchdog", daemon=True)
         self._watchdog.start()
         return self
 
@@ -65,8 +65,7 @@ class StopSignals:
         second signal still forces one)."""
         self._stopping.set()
 
-    def _watch(self) -> None:
-        reader = self._sockets[0]
+    def _watch(self, reader: socket.socket) -> None:
         first = self._read_signal(reader, None)
         if first is None:
             return
@@ -82,8 +81,8 @@ class StopSignals:
                      ) -> signal.Signals | None:
         """The next caught signal, None on timeout or when the context closes the socket."""
         while True:
-            reader.settimeout(timeout)
-            try:
+            try:  # the socket may be closed under us when the context exits
+                reader.settimeout(timeout)
                 data = reader.recv(1)
             except (TimeoutError, OSError):
                 return None

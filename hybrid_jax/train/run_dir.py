@@ -74,11 +74,13 @@ def recorded_experiment(run_dir: Path) -> str | None:
         return "?"
 
 
-def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> None:
-    """Checks `run_dir` before a run of experiment `name` writes to it (the lock is held).
+def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> bool:
+    """Checks `run_dir` before a run of experiment `name` writes to it (the lock is held);
+    returns whether the run resumes.
 
     Resuming needs a directory of the same experiment (or an empty one). A fresh run needs a
-    directory without run outputs; `force` removes them first.
+    directory without run outputs; `force` removes them first (and makes a resume of another
+    experiment's directory a fresh start).
     """
     recorded = recorded_experiment(run_dir)
     if resume:
@@ -86,10 +88,10 @@ def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> N
             raise RunDirError(f"{run_dir} holds a run of {recorded!r}, not {name!r}: choose "
                               "another --out (or --force to start over there)")
         if recorded is None or recorded == name:
-            return
+            return True
     present = [n for n in RUN_OUTPUTS if (run_dir / n).exists()]
     if not present:
-        return
+        return False
     if not force:
         what = f"a run of {recorded!r}" if recorded else "run outputs"
         raise RunDirError(f"{run_dir} already holds {what} ({', '.join(present)}): pass --resume "
@@ -100,3 +102,4 @@ def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> N
             shutil.rmtree(path)
         else:
             path.unlink()
+    return False

@@ -36,7 +36,8 @@ from jax.sharding import Mesh
 from hybrid_jax.config import ExperimentConfig, to_dict
 from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
-from hybrid_jax.data.tokenizer import tokenizer_fingerprint
+from hybrid_jax.data.text import TOKENIZER_FILE
+from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
@@ -124,9 +125,6 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
     finally:
         checkpointer.close()
     if meta.get("tokenizer_sha256") is not None:
-        from hybrid_jax.data.text import TOKENIZER_FILE
-        from hybrid_jax.data.tokenizer import load_tokenizer
-
         path = run_dir / TOKENIZER_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: checkpoint step {meta['step']} was "
@@ -358,7 +356,7 @@ class _Run:
     def _restore(self, step: int | None = None) -> TrainState:
         ts, meta = _restore(self.experiment, self.checkpointer, self.mesh, step)
         check_tokenizer(meta, getattr(self.data, "tokenizer", None),
-                        self.checkpointer.directory.parent / "tokenizer.json")
+                        self.checkpointer.directory.parent / TOKENIZER_FILE)
         self.step = self.saved_step = int(meta["step"])
         self.skipped = set(meta.get("skipped_steps", []))
         if "data_state" in meta:  # an imported or converted model has not read data yet
@@ -494,7 +492,7 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
         return _train(experiment, None, progress, resume)
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out):
-        prepare_run_dir(out, experiment.name, resume=resume, force=force)
+        resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
         return _train(experiment, out, progress, resume)
 
 

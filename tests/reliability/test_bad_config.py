@@ -12,6 +12,7 @@ from hybrid_jax.config import (
     ModelConfig,
     TrainConfig,
     apply_overrides,
+    layer,
 )
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.data.text import TextConfig
@@ -58,6 +59,10 @@ MODEL_CASES = [
     (dict(tie_embeddings="false"), r"ModelConfig.tie_embeddings='false': expected true or"),
     (dict(head_dim=0), r"ModelConfig.head_dim=0: expected a positive integer or None"),
     (dict(ffn_dim=-1), r"ModelConfig.ffn_dim=-1"),
+    (dict(layers=(layer("attention", window="8"),)),
+     r"layers\[0\] \('attention'\): AttentionOptions.window='8': expected an integer or None"),
+    (dict(layers=(layer("gdn", chunk_size=2.5),)),
+     r"layers\[0\] \('gdn'\): GatedDeltaNetOptions.chunk_size=2.5: expected an integer"),
 ]
 
 
@@ -122,3 +127,14 @@ def test_none_disables_gradient_clipping():
     params = {"w": jnp.ones((2, 2))}
     assert len(make_optimizer(TrainConfig(grad_clip=None)).init(params)) == 1  # adamw only
     assert len(make_optimizer(TrainConfig(grad_clip=1.0)).init(params)) == 2  # clip, adamw
+
+
+def test_lm_experiments_find_shared_data_from_the_project_root(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from experiments import registry
+
+    monkeypatch.chdir(tmp_path)  # not the project root
+    root = Path(__file__).resolve().parents[2]
+    path = Path(registry.get("lm-wikitext2-transformer-tiny").data.path)
+    assert path == (root.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.train.raw")

@@ -304,3 +304,42 @@ def test_train_api_refuses_a_locked_directory(trained, tmp_path):
     experiment = tiny_text_experiment(trained.parent)
     with RunLock(tmp_path), pytest.raises(ValueError, match="is in use by another run"):
         train(experiment, tmp_path, progress=False)
+
+
+def test_a_failing_background_thread_is_one_line(capsys, monkeypatch):
+    import threading
+
+    import experiments.cli as cli
+
+    def writer_fails(args):
+        def write():
+            raise OSError(errno.ENOSPC, "No space left on device", "events.out")
+
+        thread = threading.Thread(target=write, name="tensorboard-writer")
+        thread.start()
+        thread.join()
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "list", writer_fails)
+    assert main(["list"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == ("hybrid-jax list: error in thread tensorboard-writer: I/O error (disk full): "
+                   "No space left on device: events.out")
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_saves_are_checksummed_and_verified(tmp_path, async_save):
+    import jax
+    import jax.numpy as jnp
+
+    from hybrid_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
+
+    checkpointer = Checkpointer(tmp_path, async_save=async_save)
+    checkpointer.save(1, {"w": jnp.arange(64.0)}, {"step": 1})
+    checkpointer.close()
+    step_dir = tmp_path.absolute() / "checkpoints" / "1"
+    assert (step_dir / "checksums.json").is_file()
+    flip_byte(largest_array_file(step_dir))
+    target = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
+    with pytest.raises(DamagedCheckpointError, match=f"checkpoint {step_dir} is damaged: "):
+        Checkpointer(tmp_path).restore(target)
