@@ -12,15 +12,15 @@ them). Recurrent math runs in float32 (float64 stays float64); outputs have the 
 the final state is float32 (float64 for float64 inputs).
 
 Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked form
-runs a `lax.scan` over chunks of C steps; each step takes the state entering the chunk, solves one
-unit-lower-triangular C×C system (`unit_lower_triangular_inverse`: matmuls and forward
-substitution, float32/float64; jaxlib's CPU `solve_triangular` deadlocks when two solves run at
-once on a small thread pool) for the delta-rule corrections of the chunk, and returns the chunk's
-outputs and the state after it (`_chunk_step`). The step is under `jax.checkpoint`, so the backward
-pass keeps only the entering states (one K×V per chunk) and recomputes one chunk's C×C tensors at a
-time: memory O(T·(K + V)) plus the chunk states, never a state per token. (Solving with the
-entering state known replaces the WY split `U = U₀ − W S₀`, which only pays off when the solves run
-for all chunks in parallel.) `gated_delta_rule_step` advances one token (decoding).
+first solves the unit-lower-triangular C×C system `(I + A)` of every chunk at once
+(`unit_lower_triangular_inverse`: batched forward substitution and matmuls, float32/float64;
+jaxlib's CPU `solve_triangular` deadlocks when two solves run at once on a small thread pool)
+into the WY terms `W`, `U₀` (`_wy_terms`, state-independent), then runs a `lax.scan` over chunks
+of C steps: each step takes the state entering the chunk, forms its corrections `U = U₀ − W S₀`,
+and returns the chunk's outputs and the state after it (`_chunk_step`, under `jax.checkpoint`,
+so the backward pass keeps only the entering states, one K×V per chunk). Memory O(T·(K + V + C))
+plus the chunk states, never a state per token. `gated_delta_rule_step` advances one token
+(decoding).
 """
 
 from __future__ import annotations
@@ -155,35 +155,47 @@ def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_s
 
 
 def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts):
-    """Chunked form: a `lax.scan` over chunks of `_chunk_step` (module docstring); document
-    starts enter through the log decay g."""
+    """Chunked form (module docstring): the WY terms of every chunk at once, then a `lax.scan`
+    of `_chunk_step` over chunks; document starts enter through the log decay g."""
     dtype = compute_dtype(q, k, v, g, beta, initial_state)
     state = _zero_state(q, v, dtype) if initial_state is None else initial_state.astype(dtype)
     g = reset_log_decay(g.astype(dtype), starts)
-    inputs = [scale * q.astype(dtype)] + [x.astype(dtype) for x in (k, v, g, beta)]
-    final_state, out = jax.lax.scan(
-        _chunk_step, state, [time_chunks(x, chunk_size) for x in inputs])
+    chunks = [time_chunks(x, chunk_size) for x in
+              [scale * q.astype(dtype)] + [x.astype(dtype) for x in (k, v, g, beta)]]
+    q_c, k_c, v_c, g_c, beta_c = chunks  # [NC, B, H, C, ...]
+    log_decay = jnp.cumsum(g_c, axis=-1)  # [NC, B, H, C]
+    w, u0 = _wy_terms(k_c, v_c, beta_c, log_decay)
+    final_state, out = jax.lax.scan(_chunk_step, state, (q_c, k_c, log_decay, w, u0))
     return from_time_chunks(out, q.shape[1]).astype(q.dtype), final_state
+
+
+def _wy_terms(k, v, beta, log_decay):
+    """`W = T·(β e^Γ K)` and `U₀ = T·(βV)` of every chunk, `T = (I + A)⁻¹` (module docstring), so
+    a chunk's corrections from its entering state S₀ are `U = U₀ − W S₀`. None of it depends on
+    the state, so all chunks are solved at once (batched forward substitution, not one per step
+    of the chunk scan): O(T·C) temporaries for the C×C systems of every chunk."""
+    decay = causal_decay_matrix(log_decay)  # [..., C(t), C(j)], zero above the diagonal
+    a = jnp.tril(beta[..., None] * jnp.einsum("...tk,...jk->...tj", k, k) * decay, -1)
+    t = unit_lower_triangular_inverse(a)
+    w = t @ ((beta * jnp.exp(log_decay))[..., None] * k)
+    return w, t @ (beta[..., None] * v)
 
 
 @jax.checkpoint
 def _chunk_step(state, chunk):
     """Outputs of one chunk and the state after it, from the entering state S₀ `[B, H, K, V]`.
 
-    q (scaled), k `[B, H, C, K]`, v `[B, H, C, V]`, g, β `[B, H, C]`. With Γ the cumulative log
-    decay from the chunk start, the corrections satisfy
+    q (scaled), k `[B, H, C, K]`, Γ `[B, H, C]` the cumulative log decay from the chunk start,
+    and the chunk's WY terms W `[B, H, C, K]`, U₀ `[B, H, C, V]`. The corrections satisfy
     `u_t = β_t(v_t − e^{Γ_t} S₀ᵀk_t − Σ_{j<t} e^{Γ_t−Γ_j}(k_t·k_j) u_j)`, i.e. the
-    unit-lower-triangular system `(I + A) U = β(V − e^Γ K S₀)`, A strictly lower triangular;
-    then `o_t = e^{Γ_t} S₀ᵀq_t + Σ_{j≤t} e^{Γ_t−Γ_j}(q_t·k_j) u_j` and
+    unit-lower-triangular system `(I + A) U = β(V − e^Γ K S₀)`, A strictly lower triangular, so
+    `U = U₀ − W S₀`; then `o_t = e^{Γ_t} S₀ᵀq_t + Σ_{j≤t} e^{Γ_t−Γ_j}(q_t·k_j) u_j` and
     `S = e^{Γ_C} S₀ + Σ_j e^{Γ_C−Γ_j} k_j u_jᵀ`. Every exponent is Γ_t − Γ_j with j ≤ t (masked
     before exp), so strongly negative g cannot overflow.
     """
-    q, k, v, g, beta = chunk
-    log_decay = jnp.cumsum(g, axis=-1)  # [B, H, C]
-    decay = causal_decay_matrix(log_decay)  # [B, H, C(t), C(j)], zero above the diagonal
-    a = jnp.tril(beta[..., None] * jnp.einsum("bhtk,bhjk->bhtj", k, k) * decay, -1)
-    from_state = jnp.exp(log_decay)[..., None] * jnp.einsum("bhck,bhkv->bhcv", k, state)
-    u = unit_lower_triangular_inverse(a) @ (beta[..., None] * (v - from_state))
+    q, k, log_decay, w, u0 = chunk
+    decay = causal_decay_matrix(log_decay)
+    u = u0 - w @ state
     out = (jnp.einsum("bhck,bhkv->bhcv", q * jnp.exp(log_decay)[..., None], state)
            + jnp.einsum("bhtj,bhjv->bhtv", jnp.einsum("bhtk,bhjk->bhtj", q, k) * decay, u))
     k_to_end = k * jnp.exp(log_decay[..., -1:] - log_decay)[..., None]

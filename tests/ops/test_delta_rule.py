@@ -172,11 +172,12 @@ def _grad_temp_bytes(T, K, V, chunk_size=64):
 
 def test_memory_is_linear_in_time_and_far_below_per_token_states():
     """Forward + backward of the chunked rung at T=4096: temporaries grow linearly with T and
-    stay far below one K×V state per token (T·K·V·4 bytes)."""
+    stay far below one K×V state per token (T·K·V·4 bytes). The C×C systems of every chunk are
+    solved at once (O(T·C) temporaries: 11 % of the per-token states at K = V = 128)."""
     K = V = 128
     small, large = _grad_temp_bytes(1024, K, V), _grad_temp_bytes(4096, K, V)
     assert large < 4.4 * small, (small, large)
-    assert large < 0.1 * 4096 * K * V * 4, large
+    assert large < 0.15 * 4096 * K * V * 4, large
 
 
 @pytest.mark.parametrize(
