@@ -29,7 +29,7 @@ def document_starts(op: str, segment_ids: jax.Array | None, batch: int, length: 
         return None
     check_dims(op, {"B": batch, "T": length}, segment_ids=(segment_ids, "BT"))
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-        raise ValueError(f"{op}: segment_ids must be an integer array, got dtype "
+        raise ValueError(f"{op}: segment_ids must be integers, got dtype "
                          f"{segment_ids.dtype}")
     return jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)

@@ -91,7 +91,7 @@ def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys):
     experiment = ExperimentConfig(
         name="pha-mixing-test", model=presets.get("pha-tiny").replace(vocab_size=32),
         data=MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2),
-        train=TrainConfig(steps=2, batch_size=4, log_every=1, warmup_steps=0))
+        train=TrainConfig(steps=2, batch_size=8, log_every=1, warmup_steps=0))
     train(experiment, tmp_path, progress=False)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in records if "diag/blocks.1.mixing_attention" in r]

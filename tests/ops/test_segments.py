@@ -103,7 +103,7 @@ def test_packed_document_equals_document_alone(x64, name):
 def test_document_starts_convention_and_errors():
     starts = document_starts("op", jnp.asarray([[4, 4, 7, 7, 4]]), 1, 5)
     assert starts.tolist() == [[False, False, True, False, True]]  # the first token continues
-    with pytest.raises(ValueError, match="segment_ids must be an integer array"):
+    with pytest.raises(ValueError, match="segment_ids must be integers"):
         document_starts("op", jnp.zeros((1, 5)), 1, 5)
     with pytest.raises(ValueError, match="axis T of segment_ids"):
         document_starts("op", jnp.zeros((1, 4), jnp.int32), 1, 5)
