@@ -1,0 +1,68 @@
+"""Per-token mode schedules of Oryx models (0 = linear, 1 = attention; `nn/oryx.py`).
+
+Training (`train.mode_schedule`, a `config.ModeSchedule`): "random_chunks" cuts each row into chunks of
+`chunk` tokens and draws each chunk's mode (attention with probability `attention_prob`) from
+`fold_in(key(seed), step)`: reproducible from the step and the same on every device (the draw
+runs inside the jitted step on replicated inputs). One draw per row is shared by all layers.
+"attention" / "linear" fix every token's mode (baselines); "none" adds no mode array (the
+blocks' `default_mode`).
+
+Inference (`inference_modes`): "linear", "attention", "prefill=linear,decode=attention" (any
+mode for each part), or an explicit `[B, T]` array.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_jax.config import ModeSchedule
+from hybrid_jax.context import EXTRA_PREFIX
+from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE, MODE_NAMES
+
+def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,
+                   step: jax.Array) -> jax.Array | None:
+    """The `[B, T]` int32 modes of a training step's batch, None for kind "none"."""
+    if schedule.kind == "none":
+        return None
+    if schedule.kind != "random_chunks":
+        return jnp.full(shape_BT, MODE_NAMES[schedule.kind], jnp.int32)
+    batch, T = shape_BT
+    chunks = -(-T // schedule.chunk)
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    drawn = jax.random.bernoulli(key, schedule.attention_prob, (batch, chunks))
+    return jnp.repeat(drawn.astype(jnp.int32), schedule.chunk, axis=1)[:, :T]
+
+
+def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) -> dict:
+    """`batch` with its modes as the context extra `extra.mode`, unless the kind is "none"."""
+    modes = training_modes(schedule, tuple(batch["inputs"].shape), seed, step)
+    return batch if modes is None else {**batch, f"{EXTRA_PREFIX}{MODE}": modes}
+
+
+def inference_modes(schedule, batch: int, prompt_len: int, total_len: int) -> np.ndarray:
+    """`[batch, total_len]` int32 modes of a prompt of `prompt_len` tokens and what follows
+    from a schedule string (module docstring) or an explicit array."""
+    if not isinstance(schedule, str):
+        modes = np.asarray(schedule, np.int32)
+        if modes.shape != (batch, total_len) or not np.isin(modes, (LINEAR, ATTENTION)).all():
+            raise ValueError(f"mode schedule array: expected [batch, prompt + new tokens] = "
+                             f"{[batch, total_len]} of 0/1, got shape {list(modes.shape)}")
+        return modes
+    parts = {"prefill": schedule, "decode": schedule}
+    if "=" in schedule:
+        try:
+            given = dict(part.split("=") for part in schedule.split(","))
+        except ValueError:
+            given = {"": schedule}
+        if set(given) != {"prefill", "decode"}:
+            raise ValueError(f"mode schedule {schedule!r}: expected 'prefill=MODE,decode=MODE'")
+        parts = given
+    for name, mode in parts.items():
+        if mode not in MODE_NAMES:
+            raise ValueError(f"mode schedule {schedule!r}: {name} mode {mode!r} is not one of "
+                             f"{list(MODE_NAMES)}")
+    modes = np.full((batch, total_len), MODE_NAMES[parts["decode"]], np.int32)
+    modes[:, :prompt_len] = MODE_NAMES[parts["prefill"]]
+    return modes
