@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from hybrid_jax.cache import GatedDeltaNetCache, OryxCache
@@ -97,7 +98,7 @@ def modes_of(ctx: TokenContext, default: str) -> jax.Array:
         raise ValueError(f"extras[{MODE!r}]: expected a [batch, time] array of 0 (linear) / 1 "
                          f"(attention), got shape {list(mode.shape)}")
     if not isinstance(mode, jax.core.Tracer):
-        bad = sorted(set(jnp.unique(mode).tolist()) - {LINEAR, ATTENTION})
+        bad = sorted(set(np.unique(np.asarray(mode)).tolist()) - {LINEAR, ATTENTION})
         if bad:
             raise ValueError(f"extras[{MODE!r}]: expected modes 0 (linear) / 1 (attention), "
                              f"found {bad}")
