@@ -41,28 +41,26 @@ def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) 
     return batch if modes is None else {**batch, f"{EXTRA_PREFIX}{MODE}": modes}
 
 
-def inference_modes(schedule, batch: int, prompt_len: int, total_len: int) -> np.ndarray:
-    """`[batch, total_len]` int32 modes of a prompt of `prompt_len` tokens and what follows
-    from a schedule string (module docstring) or an explicit array."""
+def inference_modes(schedule, lengths_B, total_len: int) -> np.ndarray:
+    """`[B, total_len]` int32 modes of prompts of `lengths_B` tokens and what follows them,
+    from a schedule string (module docstring) or an explicit `[B, total_len]` 0/1 array."""
+    lengths_B = np.asarray(lengths_B)
+    batch = lengths_B.shape[0]
     if not isinstance(schedule, str):
-        modes = np.asarray(schedule, np.int32)
+        modes = np.asarray(schedule)
         if modes.shape != (batch, total_len) or not np.isin(modes, (LINEAR, ATTENTION)).all():
             raise ValueError(f"mode schedule array: expected [batch, prompt + new tokens] = "
                              f"{[batch, total_len]} of 0/1, got shape {list(modes.shape)}")
-        return modes
+        return modes.astype(np.int32)
     parts = {"prefill": schedule, "decode": schedule}
     if "=" in schedule:
-        try:
-            given = dict(part.split("=") for part in schedule.split(","))
-        except ValueError:
-            given = {"": schedule}
-        if set(given) != {"prefill", "decode"}:
+        parts = dict(part.partition("=")[::2] for part in schedule.split(","))
+        if set(parts) != {"prefill", "decode"}:
             raise ValueError(f"mode schedule {schedule!r}: expected 'prefill=MODE,decode=MODE'")
-        parts = given
     for name, mode in parts.items():
         if mode not in MODE_NAMES:
             raise ValueError(f"mode schedule {schedule!r}: {name} mode {mode!r} is not one of "
                              f"{list(MODE_NAMES)}")
-    modes = np.full((batch, total_len), MODE_NAMES[parts["decode"]], np.int32)
-    modes[:, :prompt_len] = MODE_NAMES[parts["prefill"]]
-    return modes
+    in_prompt = np.arange(total_len)[None, :] < lengths_B[:, None]
+    return np.where(in_prompt, MODE_NAMES[parts["prefill"]],
+                    MODE_NAMES[parts["decode"]]).astype(np.int32)

@@ -131,3 +131,34 @@ def test_shared_fraction_of_the_tiny_preset():
     model = hj.create_model(presets.get("oryx-gdn-tiny"))
     assert shared_fraction(model.blocks[0]) == pytest.approx(0.857, abs=1e-3)
     assert shared_fraction(model) == pytest.approx(0.874, abs=1e-3)
+
+
+def test_schedules_for_training_and_inference():
+    from hybrid_jax.config import ModeSchedule
+    from hybrid_jax.modes import inference_modes, training_modes
+
+    schedule = ModeSchedule(kind="random_chunks", chunk=3, attention_prob=0.5)
+    a = np.asarray(training_modes(schedule, (4, 8), 0, 7))
+    assert (a == np.asarray(training_modes(schedule, (4, 8), 0, 7))).all()
+    assert (a[:, :3] == a[:, :1]).all() and (a[:, 3:6] == a[:, 3:4]).all()
+    assert 0 < a.mean() < 1
+    assert (np.asarray(training_modes(ModeSchedule(kind="linear"), (1, 3), 0, 0)) == 0).all()
+    assert training_modes(ModeSchedule(), (1, 3), 0, 0) is None
+    modes = inference_modes("prefill=linear,decode=attention", [2, 3], 5)
+    assert modes.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+    with pytest.raises(ValueError, match="prefill=MODE"):
+        inference_modes("prefill=linear", [2], 4)
+    with pytest.raises(ValueError, match="kind"):
+        ModeSchedule(kind="mixed")
+
+
+def test_generate_takes_a_mode_schedule():
+    from hybrid_jax.generate import generate
+
+    model = hj.create_model(CONFIG, seed=1)
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 4)), jnp.int32)
+    default = np.asarray(generate(model, prompt, 3))
+    assert (np.asarray(generate(model, prompt, 3, modes="attention")) == default).all()
+    linear = np.asarray(generate(model, prompt, 3, modes="linear"))
+    explicit = np.zeros((2, 7), np.int32)
+    assert (np.asarray(generate(model, prompt, 3, modes=explicit)) == linear).all()
