@@ -66,12 +66,10 @@ class OryxOptions:
     default_mode: str = "attention"  # of every token when the context has no "mode" extra
 
     def __post_init__(self) -> None:
-        if self.default_mode not in MODE_NAMES:
-            raise ValueError(f"OryxOptions.default_mode={self.default_mode!r}: expected one of "
-                             f"{list(MODE_NAMES)}")
-        if self.linear_mixer not in LINEAR_MIXERS:
-            raise ValueError(f"OryxOptions.linear_mixer={self.linear_mixer!r}: expected one of "
-                             f"{list(LINEAR_MIXERS)} (mamba2 is not built yet)")
+        for field, allowed in (("default_mode", MODE_NAMES), ("linear_mixer", LINEAR_MIXERS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"OryxOptions.{field}={getattr(self, field)!r}: expected one "
+                                 f"of {list(allowed)}")
 
     def linear_options(self) -> GatedDeltaNetOptions:
         return GatedDeltaNetOptions(num_heads=self.num_heads, head_dim=self.head_dim,
