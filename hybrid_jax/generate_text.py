@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

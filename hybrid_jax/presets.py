@@ -254,13 +254,19 @@ def oryx_gdn_tiny() -> ModelConfig:
 
 @register("oryx-gdn-130m")
 def oryx_gdn_130m() -> ModelConfig:
-    """12 Oryx-GDN layers, d_model 768, 12 heads of 64, SwiGLU FFN 2048 (GPT-2-small shape, ~138M params)."""
+    """12 Oryx-GDN layers, d_model 768, 12 heads of 64, SwiGLU FFN 2048 (~138M params).
+
+    Shared by both modes: 85.5 % of each block, 89.6 % of the model with the embeddings.
+    """
     return ModelConfig(layers=("oryx",) * 12, vocab_size=50304, d_model=768, num_heads=12,
                        ffn_dim=2048)
 
 
 @register("oryx-gdn-340m")
 def oryx_gdn_340m() -> ModelConfig:
-    """21 Oryx-GDN layers, d_model 1024, 16 heads of 64, SwiGLU FFN 2816 (~348M params)."""
+    """21 Oryx-GDN layers, d_model 1024, 16 heads of 64, SwiGLU FFN 2816 (~348M params).
+
+    Shared by both modes: 85.8 % of each block (`hybrid_jax.nn.oryx.shared_fraction`).
+    """
     return ModelConfig(layers=("oryx",) * 21, vocab_size=32000, d_model=1024, num_heads=16,
                        ffn_dim=2816)

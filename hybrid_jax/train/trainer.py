@@ -51,8 +51,8 @@ from hybrid_jax.train.checkpoint import (
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import learning_rate_schedule, make_optimizer
-from hybrid_jax.train.prefetch import DevicePrefetcher
 from hybrid_jax.train.preemption import StopSignals
+from hybrid_jax.train.prefetch import DevicePrefetcher
 from hybrid_jax.train.run_dir import RunLock, prepare_run_dir
 
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
@@ -141,7 +141,7 @@ def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Arra
 
 
 def make_train_step(ts: TrainState, grad_accum: int = 1,
-                    modes: ModeSchedule = ModeSchedule(), seed: int = 0) -> Callable:
+                    modes: ModeSchedule | None = None, seed: int = 0) -> Callable:
     """`state, metrics = step(state, batch)`; donates the old state.
 
     `modes`: Oryx's per-token mode schedule, drawn in the step from `seed` and the optimizer's
@@ -153,7 +153,7 @@ def make_train_step(ts: TrainState, grad_accum: int = 1,
 
     def step(state: nnx.State, batch: dict[str, jax.Array]):
         model, optimizer = nnx.merge(ts.graphdef, state)
-        batch = with_modes(batch, modes, seed, optimizer.step[...])
+        batch = with_modes(batch, modes or ModeSchedule(), seed, optimizer.step[...])
         if grad_accum == 1:
             def loss_fn(model):
                 with diagnostics.recording():
@@ -197,14 +197,14 @@ def _accumulated_grads(model: LanguageModel, batch: dict[str, jax.Array], parts:
             jax.tree.map(lambda x: jnp.mean(x, axis=0), reported))
 
 
-def make_eval_step(ts: TrainState, modes: ModeSchedule = ModeSchedule(),
+def make_eval_step(ts: TrainState, modes: ModeSchedule | None = None,
                    seed: int = 0) -> Callable:
     """`stats = eval_step(state, batch)`: summed loss / correct / count over scored positions;
     `modes` as in training, drawn at step 0 (the same for every eval)."""
 
     def eval_step(state: nnx.State, batch: dict[str, jax.Array]):
         model = nnx.merge(ts.graphdef, state)[0]
-        batch = with_modes(batch, modes, seed, 0)
+        batch = with_modes(batch, modes or ModeSchedule(), seed, 0)
         return token_stats(_batch_inputs(model, batch), batch["targets"], batch["mask"])
 
     return jax.jit(eval_step)
