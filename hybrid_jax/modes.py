@@ -2,8 +2,9 @@
 
 Training (`train.mode_schedule`, a `config.ModeSchedule`): "random_chunks" cuts each row
 into chunks of `chunk` tokens and draws each chunk's mode (attention with probability
-`attention_prob`) from `fold_in(key(seed), step)`: reproducible from the step and the same on every device (the draw
-runs inside the jitted step on replicated inputs). One draw per row is shared by all layers.
+`attention_prob`) from `fold_in(key(seed), step)`: reproducible from the step and the same
+on every device (the draw runs inside the jitted step on replicated inputs). One draw per row
+is shared by all layers.
 "attention" / "linear" fix every token's mode (baselines); "none" adds no mode array (the
 blocks' `default_mode`).
 
