@@ -320,7 +320,7 @@ class MeshConfig:
         return tuple(sizes)
 
 
-MODE_SCHEDULE_KINDS = ("none", "random_chunks", "attention", "linear")
+MODE_PATTERNS = ("none", "random_chunks", "attention", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,14 +329,15 @@ class ModeSchedule:
     tokens, each in attention mode with probability `attention_prob`), "attention" / "linear"
     (every token), or "none" (no mode array: the blocks' default mode)."""
 
-    kind: str = "none"
+    pattern: str = "none"  # (not `kind`: that key names data configs in config JSON)
     chunk: int = 128
     attention_prob: float = 0.5
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.kind not in MODE_SCHEDULE_KINDS:
-            _fail("ModeSchedule", "kind", self.kind, f"expected one of {list(MODE_SCHEDULE_KINDS)}")
+        if self.pattern not in MODE_PATTERNS:
+            _fail("ModeSchedule", "pattern", self.pattern,
+                  f"expected one of {list(MODE_PATTERNS)}")
         if self.chunk < 1:
             _fail("ModeSchedule", "chunk", self.chunk, "expected a positive integer")
         check_finite("ModeSchedule", "attention_prob", self.attention_prob, 0.0, high=1.0)

@@ -25,11 +25,11 @@ from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE, MODE_NAMES
 
 def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,
                    step: jax.Array) -> jax.Array | None:
-    """The `[B, T]` int32 modes of a training step's batch, None for kind "none"."""
-    if schedule.kind == "none":
+    """The `[B, T]` int32 modes of a training step's batch, None for pattern "none"."""
+    if schedule.pattern == "none":
         return None
-    if schedule.kind != "random_chunks":
-        return jnp.full(shape_BT, MODE_NAMES[schedule.kind], jnp.int32)
+    if schedule.pattern != "random_chunks":
+        return jnp.full(shape_BT, MODE_NAMES[schedule.pattern], jnp.int32)
     batch, T = shape_BT
     chunks = -(-T // schedule.chunk)
     key = jax.random.fold_in(jax.random.key(seed), step)
@@ -38,7 +38,7 @@ def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,
 
 
 def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) -> dict:
-    """`batch` with its modes as the context extra `extra.mode`, unless the kind is "none"."""
+    """`batch` with its modes as the context extra `extra.mode`, unless the pattern is "none"."""
     modes = training_modes(schedule, tuple(batch["inputs"].shape), seed, step)
     return batch if modes is None else {**batch, f"{EXTRA_PREFIX}{MODE}": modes}
 

@@ -83,7 +83,7 @@ def mqar_oryx_gdn_tiny() -> ExperimentConfig:
     """Oryx-GDN trained in mixed mode: chunks of 16 tokens, each in attention mode with
     probability 0.5 (`train.mode_schedule`), so both modes learn the task."""
     train = dataclasses.replace(MQAR_TRAIN, steps=800, mode_schedule=ModeSchedule(
-        kind="random_chunks", chunk=16, attention_prob=0.5))
+        pattern="random_chunks", chunk=16, attention_prob=0.5))
     return ExperimentConfig(name="mqar-oryx-gdn-tiny", model=presets.get("oryx-gdn-tiny"),
                             data=MQAR_TINY, train=train,
                             description="Oryx (attention | GDN per 16-token chunk) on MQAR")

@@ -137,19 +137,19 @@ def test_schedules_for_training_and_inference():
     from hybrid_jax.config import ModeSchedule
     from hybrid_jax.modes import inference_modes, training_modes
 
-    schedule = ModeSchedule(kind="random_chunks", chunk=3, attention_prob=0.5)
+    schedule = ModeSchedule(pattern="random_chunks", chunk=3, attention_prob=0.5)
     a = np.asarray(training_modes(schedule, (4, 8), 0, 7))
     assert (a == np.asarray(training_modes(schedule, (4, 8), 0, 7))).all()
     assert (a[:, :3] == a[:, :1]).all() and (a[:, 3:6] == a[:, 3:4]).all()
     assert 0 < a.mean() < 1
-    assert (np.asarray(training_modes(ModeSchedule(kind="linear"), (1, 3), 0, 0)) == 0).all()
+    assert (np.asarray(training_modes(ModeSchedule(pattern="linear"), (1, 3), 0, 0)) == 0).all()
     assert training_modes(ModeSchedule(), (1, 3), 0, 0) is None
     modes = inference_modes("prefill=linear,decode=attention", [2, 3], 5)
     assert modes.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
     with pytest.raises(ValueError, match="prefill=MODE"):
         inference_modes("prefill=linear", [2], 4)
-    with pytest.raises(ValueError, match="kind"):
-        ModeSchedule(kind="mixed")
+    with pytest.raises(ValueError, match="pattern"):
+        ModeSchedule(pattern="mixed")
 
 
 def test_generate_takes_a_mode_schedule():
