@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--no-stream", action="store_true", help="print texts only at the end")
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--modes", default=None, metavar="SCHEDULE",
+                     help="Oryx modes: linear, attention or prefill=linear,decode=attention")
     _add_overrides(gen)
 
     imp = sub.add_parser("import", help="import a pretrained model as a run directory")
@@ -277,7 +279,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ts, _ = _load_run(args.run_dir, experiment, None, "generate")
         tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed)
+                          seed=args.seed, modes=args.modes)
         print(" ".join(str(int(t)) for t in tokens[0]))
         return 0
     prompts = _prompts(args)
@@ -295,7 +297,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ts.model(), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
-        on_text=show if stream else None)
+        on_text=show if stream else None, modes=args.modes)
     for prompt, text in zip(prompts, result.texts, strict=True):
         print("" if shown else f"{prompt}{text}")
     print(f"{sum(len(t) for t in result.tokens)} tokens in {result.seconds:.2f} s "

@@ -141,3 +141,17 @@ def check_cache_room(cache: LMCache, length: int) -> jax.Array | None:
                          f"cache's max_len={cache.max_len}: make the cache with a larger "
                          "max_len, or init_cache(..., windowed=True) for a sliding window")
     return None
+
+
+@struct.dataclass
+class OryxCache:
+    """Oryx decode state: BOTH the linear mixer's state and the KV cache, since every token
+    writes its key/value into both whatever its mode (so the mode may change at any token)."""
+
+    linear: Any  # GatedDeltaNetCache
+    attention: AttentionCache
+
+
+def cache_nbytes(cache: Any) -> int:
+    """Bytes held by the arrays of a decode cache (any pytree of caches)."""
+    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache))

@@ -329,6 +329,29 @@ class MeshConfig:
         return tuple(sizes)
 
 
+MODE_PATTERNS = ("none", "random_chunks", "attention", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeSchedule:
+    """Oryx's training mode schedule (`hybrid_jax.modes`): "random_chunks" (chunks of `chunk`
+    tokens, each in attention mode with probability `attention_prob`), "attention" / "linear"
+    (every token), or "none" (no mode array: the blocks' default mode)."""
+
+    pattern: str = "none"  # (not `kind`: that key names data configs in config JSON)
+    chunk: int = 128
+    attention_prob: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        if self.pattern not in MODE_PATTERNS:
+            _fail("ModeSchedule", "pattern", self.pattern,
+                  f"expected one of {list(MODE_PATTERNS)}")
+        if self.chunk < 1:
+            _fail("ModeSchedule", "chunk", self.chunk, "expected a positive integer")
+        check_finite("ModeSchedule", "attention_prob", self.attention_prob, 0.0, high=1.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     steps: int = 1000
@@ -353,6 +376,7 @@ class TrainConfig:
     peak_tflops: float = 0.0  # per-device peak for MFU; 0: the device's dense bf16 peak if known
     freeze: str = ""  # regex of parameter names never updated, e.g. "/ffn/" (frozen MLPs)
     mesh: MeshConfig = MeshConfig()
+    mode_schedule: ModeSchedule = ModeSchedule()  # per-token modes of Oryx models
     stop_grace_s: float = 10.0  # after SIGTERM/SIGINT: seconds for the loop to reach its
     # checkpoint before the process is ended anyway (a step stuck in a device computation)
 
@@ -361,6 +385,8 @@ class TrainConfig:
         check_types(self)
         if not isinstance(self.mesh, MeshConfig):
             _fail(own, "mesh", self.mesh, "expected a MeshConfig")
+        if not isinstance(self.mode_schedule, ModeSchedule):
+            _fail(own, "mode_schedule", self.mode_schedule, "expected a ModeSchedule")
         for name in ("steps", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")

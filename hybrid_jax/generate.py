@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,9 @@ from flax import nnx
 from jax.experimental import io_callback
 
 from hybrid_jax.cache import check_token_ids
+from hybrid_jax.modes import inference_modes
 from hybrid_jax.nn.lm import LanguageModel
+from hybrid_jax.nn.oryx import MODE
 
 
 def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float,
@@ -42,7 +45,7 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None, lengths: Sequence[int] | None = None,
              eos_id: int | None = None, on_tokens: Callable | None = None,
-             extras: dict[str, jax.Array] | None = None) -> jax.Array:
+             extras: dict[str, jax.Array] | None = None, modes: Any = None) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     Prompts of different lengths: `lengths[b]` tokens of row b are its prompt (right padding
@@ -57,7 +60,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     The cache holds `max_len` positions (default: longest prompt + new tokens); sliding-window
     layers keep only their window. `extras`: per-token arrays `[B, T + max_new_tokens, ...]`
     (T = `prompt_BT.shape[1]`) for mixers that read them, indexed by position (the
-    `TokenContext` of each fed token, e.g. a per-token mode schedule).
+    `TokenContext` of each fed token). `modes`: Oryx's per-token mode schedule, "linear",
+    "attention", "prefill=linear,decode=attention" (each row's own prompt is its prefill) or
+    a `[B, T + max_new_tokens]` 0/1 array (`hybrid_jax.modes.inference_modes`).
     Prompt ids outside the vocabulary, a negative or non-finite temperature, a `top_k` outside
     `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
     """
@@ -92,6 +97,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
         raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
     extras = dict(extras or {})
     width = prompt_BT.shape[1] + max_new_tokens
+    if modes is not None:
+        extras[MODE] = jnp.asarray(inference_modes(modes, lengths, width))
     for name, array in extras.items():
         if tuple(array.shape[:2]) != (prompt_BT.shape[0], width):
             raise ValueError(f"extras[{name!r}]: expected leading shape [batch, prompt + "

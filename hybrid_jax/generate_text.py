@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -80,13 +81,14 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
                   max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
                   top_p: float | None = None, seed: int = 0, stop: Sequence[str] = (),
                   eos_ids: Sequence[int] | None = None, max_positions: int | None = None,
-                  on_text: Callable[[int, str], None] | None = None) -> TextGeneration:
+                  on_text: Callable[[int, str], None] | None = None,
+                  modes: Any = None) -> TextGeneration:
     """Continues each prompt (see the module docstring).
 
     `eos_ids`: the ids that end a row (default: the tokenizer's EOS). `max_positions`: the
     model's position limit (e.g. a Hugging Face model's max_position_embeddings); a prompt
     that leaves no room for `max_new_tokens` is an error. `on_text(row, text)` receives each
-    row's text as it is generated (streaming).
+    row's text as it is generated (streaming). `modes`: an Oryx mode schedule (`generate`).
     """
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
@@ -111,7 +113,7 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     start = time.perf_counter()
     out = np.asarray(generate(model, prompt_BT, max_new_tokens, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed, lengths=lengths,
-                              eos_id=eos[0] if len(eos) == 1 else None,
+                              eos_id=eos[0] if len(eos) == 1 else None, modes=modes,
                               on_tokens=streamer if stop or on_text or len(eos) > 1 else None))
     seconds = time.perf_counter() - start
     tokens, texts = [], []

@@ -238,3 +238,35 @@ def attention_only_tiny() -> ModelConfig:
     """attention-only-180m's shape at pha-tiny's width and depth (4-token window)."""
     return ModelConfig(layers=(layer("attention", window=4),) * 2, vocab_size=256, d_model=32,
                        num_heads=4, num_kv_heads=2, ffn_dim=176)
+
+
+@register("oryx-gdn-tiny")
+def oryx_gdn_tiny() -> ModelConfig:
+    """2 Oryx layers (attention ‖ Gated DeltaNet per token), d_model 64, 4 heads of 16.
+
+    Shared by both modes (`hybrid_jax.nn.oryx.shared_fraction`): 85.7 % of each block's
+    parameters (W_K, W_V, W_G, W_O, convs, norms, FFN), 87.4 % of the model's with the
+    embeddings; each mode owns its W_Q, the linear mode its β / decay parameters.
+    """
+    return ModelConfig(layers=(layer("oryx", chunk_size=16),) * 2, vocab_size=256, d_model=64,
+                       num_heads=4)
+
+
+@register("oryx-gdn-130m")
+def oryx_gdn_130m() -> ModelConfig:
+    """12 Oryx-GDN layers, d_model 768, 12 heads of 64, SwiGLU FFN 2048 (~138M params).
+
+    Shared by both modes: 85.5 % of each block, 89.6 % of the model with the embeddings.
+    """
+    return ModelConfig(layers=("oryx",) * 12, vocab_size=50304, d_model=768, num_heads=12,
+                       ffn_dim=2048)
+
+
+@register("oryx-gdn-340m")
+def oryx_gdn_340m() -> ModelConfig:
+    """21 Oryx-GDN layers, d_model 1024, 16 heads of 64, SwiGLU FFN 2816 (~348M params).
+
+    Shared by both modes: 85.8 % of each block (`hybrid_jax.nn.oryx.shared_fraction`).
+    """
+    return ModelConfig(layers=("oryx",) * 21, vocab_size=32000, d_model=1024, num_heads=16,
+                       ffn_dim=2816)

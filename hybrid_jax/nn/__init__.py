@@ -27,6 +27,7 @@ from hybrid_jax.nn.lm import LanguageModel, count_params, create_model
 from hybrid_jax.nn.mamba1 import Mamba1Mixer, Mamba1Options  # registers "mamba1"
 from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options  # registers "mamba2"
 from hybrid_jax.nn.nha import NHAMixer, NHAOptions  # registers "nha"
+from hybrid_jax.nn.oryx import OryxMixer, OryxOptions  # registers "oryx"
 
 __all__ = [
     "AttentionMixer",
@@ -53,6 +54,8 @@ __all__ = [
     "Mamba2Options",
     "NHAMixer",
     "NHAOptions",
+    "OryxMixer",
+    "OryxOptions",
     "RMSNorm",
     "RoPE",
     "ShortConv",

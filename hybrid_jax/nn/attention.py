@@ -133,13 +133,30 @@ class AttentionMixer(nnx.Module):
                ) -> tuple[jax.Array, AttentionCache]:
         """Attends new tokens to the cached ones and to each other, then stores the newest."""
         q, k, v = self.project(x_BTD, ctx)
-        new_positions = ctx.positions[0].astype(jnp.int32)  # positions are shared by the batch
+        out, cache = self.attend_cached(q, k, v, cache, ctx.positions[0].astype(jnp.int32))
+        return self.output(out), cache
+
+    def attend_cached(self, q, k, v, cache: AttentionCache, new_positions: jax.Array, *,
+                      skip: jax.Array | None = None) -> tuple[jax.Array, AttentionCache]:
+        """`mix` of q `[B,T,H,D]` over the cached keys and k, and the cache holding k, v at
+        `new_positions [T]` (shared by the batch). With a traced bool `skip`, the op is not
+        evaluated when it is True (zeros out) while the cache is still written (Oryx)."""
+
+        def attend(q, keys, values, key_positions):
+            return self.mix(q, keys.astype(q.dtype), values.astype(q.dtype),
+                            q_positions=new_positions, kv_positions=key_positions)
+
         keys = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
         values = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
         key_positions = jnp.concatenate([cache.positions, new_positions])
-        out = self.mix(q, keys.astype(q.dtype), values.astype(q.dtype),
-                       q_positions=new_positions, kv_positions=key_positions)
-        return self.output(out), _store(cache, k, v, new_positions)
+        args = (q, keys, values, key_positions)
+        if skip is None:
+            out = attend(*args)
+        else:
+            shape = jax.eval_shape(attend, *args)
+            out = jax.lax.cond(skip, lambda *_: jnp.zeros(shape.shape, shape.dtype), attend,
+                               *args)
+        return out, _store(cache, k, v, new_positions)
 
 
 def _store(cache: AttentionCache, k: jax.Array, v: jax.Array, positions: jax.Array

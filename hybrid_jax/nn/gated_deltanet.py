@@ -163,16 +163,40 @@ class GatedDeltaNetMixer(nnx.Module):
     def output(self, o_BTHV: jax.Array, x_BTD: jax.Array) -> jax.Array:
         return self.o_proj(self.o_norm(o_BTHV, self.g_proj(x_BTD)))
 
-    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
-        segment_ids = ctx.segment_ids
+    def features(self, x_BTD: jax.Array, segment_ids: jax.Array | None = None,
+                 conv_caches: list | None = None):
+        """q, k, v (`heads`), g, β and the short convs' new caches (with `conv_caches`, decoding
+        continues them; else `segment_ids` reset the convs at document starts)."""
         qkv = self.projections(x_BTD)
         if self.q_conv is None:
-            qkv = [jax.nn.silu(x) for x in qkv]
-        else:
+            qkv, conv_caches = [jax.nn.silu(x) for x in qkv], [None] * 3
+        elif conv_caches is None:
             qkv = [conv(x, segment_ids) for conv, x in zip(self._convs, qkv, strict=True)]
-        g, beta = self.gates(x_BTD)
-        o = gated_delta_rule(*self.heads(*qkv), g, beta, chunk_size=self.chunk_size,
-                             segment_ids=segment_ids, implementation=self.implementation)
+        else:
+            stepped = [conv.decode(x, c) for conv, x, c in zip(self._convs, qkv, conv_caches,
+                                                                 strict=True)]
+            qkv, conv_caches = [y for y, _ in stepped], [c for _, c in stepped]
+        return (*self.heads(*qkv), *self.gates(x_BTD), conv_caches)
+
+    def recurrence(self, q, k, v, g, beta, *, segment_ids: jax.Array | None = None,
+                   state: jax.Array | None = None):
+        """The gated delta rule: `o [B,T,H,V]`, and with `state` (decoding: one token with the
+        step, more chunked) the new state, else None."""
+        if state is None:
+            return gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
+                                    segment_ids=segment_ids,
+                                    implementation=self.implementation), None
+        if q.shape[1] == 1:
+            o, state = gated_delta_rule_step(state, q[:, 0], k[:, 0], v[:, 0], g[:, 0],
+                                             beta[:, 0])
+            return o[:, None], state
+        return gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
+                                initial_state=state, return_final_state=True,
+                                implementation=self.implementation)
+
+    def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
+        q, k, v, g, beta, _ = self.features(x_BTD, ctx.segment_ids)
+        o, _ = self.recurrence(q, k, v, g, beta, segment_ids=ctx.segment_ids)
         return self.output(o, x_BTD)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GatedDeltaNetCache:
@@ -187,23 +211,8 @@ class GatedDeltaNetMixer(nnx.Module):
                ) -> tuple[jax.Array, GatedDeltaNetCache]:
         """Continues from `cache`: one token with the recurrence step, a prefill chunked."""
         del ctx
-        qkv, convs = self.projections(x_BTD), [cache.q_conv, cache.k_conv, cache.v_conv]
-        if self.q_conv is None:
-            qkv = [jax.nn.silu(x) for x in qkv]
-        else:
-            stepped = [conv.decode(x, c) for conv, x, c in zip(self._convs, qkv, convs,
-                                                                 strict=True)]
-            qkv, convs = [y for y, _ in stepped], [c for _, c in stepped]
-        q, k, v = self.heads(*qkv)
-        g, beta = self.gates(x_BTD)
-        if x_BTD.shape[1] == 1:
-            o, state = gated_delta_rule_step(cache.state, q[:, 0], k[:, 0], v[:, 0], g[:, 0],
-                                             beta[:, 0])
-            o = o[:, None]
-        else:
-            o, state = gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
-                                        initial_state=cache.state, return_final_state=True,
-                                        implementation=self.implementation)
+        q, k, v, g, beta, convs = self.features(
+            x_BTD, conv_caches=[cache.q_conv, cache.k_conv, cache.v_conv])
+        o, state = self.recurrence(q, k, v, g, beta, state=cache.state)
         new_cache = GatedDeltaNetCache(*convs, state=state.astype(cache.state.dtype))
         return self.output(o, x_BTD), new_cache
-

@@ -33,12 +33,13 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from hybrid_jax.config import ExperimentConfig, to_dict
+from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
 from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.flops import device_peak_flops, step_flops
+from hybrid_jax.modes import with_modes
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
@@ -137,8 +138,12 @@ def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Arra
     return model(batch["inputs"], TokenContext.from_batch(batch))
 
 
-def make_train_step(ts: TrainState, grad_accum: int = 1) -> Callable:
+def make_train_step(ts: TrainState, grad_accum: int = 1,
+                    modes: ModeSchedule | None = None, seed: int = 0) -> Callable:
     """`state, metrics = step(state, batch)`; donates the old state.
+
+    `modes`: Oryx's per-token mode schedule, drawn in the step from `seed` and the optimizer's
+    step count (`hybrid_jax.modes`), added to the batch as the context extra "mode".
 
     `grad_accum` > 1 splits the batch into that many micro-batches (a `lax.scan`, so one of them
     is live at a time) and applies the gradient of their summed loss / count once.
@@ -146,6 +151,7 @@ def make_train_step(ts: TrainState, grad_accum: int = 1) -> Callable:
 
     def step(state: nnx.State, batch: dict[str, jax.Array]):
         model, optimizer = nnx.merge(ts.graphdef, state)
+        batch = with_modes(batch, modes or ModeSchedule(), seed, optimizer.step[...])
         if grad_accum == 1:
             def loss_fn(model):
                 with diagnostics.recording():
@@ -189,11 +195,14 @@ def _accumulated_grads(model: LanguageModel, batch: dict[str, jax.Array], parts:
             jax.tree.map(lambda x: jnp.mean(x, axis=0), reported))
 
 
-def make_eval_step(ts: TrainState) -> Callable:
-    """`stats = eval_step(state, batch)`: summed loss / correct / count over scored positions."""
+def make_eval_step(ts: TrainState, modes: ModeSchedule | None = None,
+                   seed: int = 0) -> Callable:
+    """`stats = eval_step(state, batch)`: summed loss / correct / count over scored positions;
+    `modes` as in training, drawn at step 0 (the same for every eval)."""
 
     def eval_step(state: nnx.State, batch: dict[str, jax.Array]):
         model = nnx.merge(ts.graphdef, state)[0]
+        batch = with_modes(batch, modes or ModeSchedule(), seed, 0)
         return token_stats(_batch_inputs(model, batch), batch["targets"], batch["mask"])
 
     return jax.jit(eval_step)
@@ -315,8 +324,8 @@ class _Run:
             raise
         if out is not None:
             (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
-        self.step_fn = make_train_step(self.ts, cfg.grad_accum)
-        self.eval_step = make_eval_step(self.ts)
+        self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed)
+        self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)
         self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
         self.log = MetricsLog(out)
         self.log.truncate(self.step)  # records past the checkpoint are written again

@@ -1,0 +1,68 @@
+"""Per-token mode schedules of Oryx models (0 = linear, 1 = attention; `nn/oryx.py`).
+
+Training (`train.mode_schedule`, a `config.ModeSchedule`): "random_chunks" cuts each row
+into chunks of `chunk` tokens and draws each chunk's mode (attention with probability
+`attention_prob`) from `fold_in(key(seed), step)`: reproducible from the step and the same
+on every device (the draw runs inside the jitted step on replicated inputs). One draw per row
+is shared by all layers.
+"attention" / "linear" fix every token's mode (baselines); "none" adds no mode array (the
+blocks' `default_mode`).
+
+Inference (`inference_modes`): "linear", "attention", "prefill=linear,decode=attention" (any
+mode for each part), or an explicit `[B, T]` array.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_jax.config import ModeSchedule
+from hybrid_jax.context import EXTRA_PREFIX
+from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE, MODE_NAMES
+
+
+def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,
+                   step: jax.Array) -> jax.Array | None:
+    """The `[B, T]` int32 modes of a training step's batch, None for pattern "none"."""
+    if schedule.pattern == "none":
+        return None
+    if schedule.pattern != "random_chunks":
+        return jnp.full(shape_BT, MODE_NAMES[schedule.pattern], jnp.int32)
+    batch, T = shape_BT
+    chunks = -(-T // schedule.chunk)
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    drawn = jax.random.bernoulli(key, schedule.attention_prob, (batch, chunks))
+    return jnp.repeat(drawn.astype(jnp.int32), schedule.chunk, axis=1)[:, :T]
+
+
+def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) -> dict:
+    """`batch` with its modes as the context extra `extra.mode`, unless the pattern is "none"."""
+    modes = training_modes(schedule, tuple(batch["inputs"].shape), seed, step)
+    return batch if modes is None else {**batch, f"{EXTRA_PREFIX}{MODE}": modes}
+
+
+def inference_modes(schedule, lengths_B, total_len: int) -> np.ndarray:
+    """`[B, total_len]` int32 modes of prompts of `lengths_B` tokens and what follows them,
+    from a schedule string (module docstring) or an explicit `[B, total_len]` 0/1 array."""
+    lengths_B = np.asarray(lengths_B)
+    batch = lengths_B.shape[0]
+    if not isinstance(schedule, str):
+        modes = np.asarray(schedule)
+        if modes.shape != (batch, total_len) or not np.isin(modes, (LINEAR, ATTENTION)).all():
+            raise ValueError(f"mode schedule array: expected [batch, prompt + new tokens] = "
+                             f"{[batch, total_len]} of 0/1, got shape {list(modes.shape)}")
+        return modes.astype(np.int32)
+    parts = {"prefill": schedule, "decode": schedule}
+    if "=" in schedule:
+        parts = dict(part.partition("=")[::2] for part in schedule.split(","))
+        if set(parts) != {"prefill", "decode"}:
+            raise ValueError(f"mode schedule {schedule!r}: expected 'prefill=MODE,decode=MODE'")
+    for name, mode in parts.items():
+        if mode not in MODE_NAMES:
+            raise ValueError(f"mode schedule {schedule!r}: {name} mode {mode!r} is not one of "
+                             f"{list(MODE_NAMES)}")
+    in_prompt = np.arange(total_len)[None, :] < lengths_B[:, None]
+    return np.where(in_prompt, MODE_NAMES[parts["prefill"]],
+                    MODE_NAMES[parts["decode"]]).astype(np.int32)

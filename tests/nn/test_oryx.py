@@ -1,0 +1,164 @@
+"""Oryx: all-attention / all-linear equal the single mixers with the same weights, mixed modes
+decode exactly like the parallel pass (values and gradients), both modes' parameters learn."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from hybrid_jax import presets
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer
+from hybrid_jax.nn.oryx import MODE, OryxMixer, OryxOptions, shared_fraction
+from tests.helpers import assert_close, normals
+
+CONFIG = ModelConfig(layers=(layer("oryx", chunk_size=4),) * 2, vocab_size=32, d_model=16,
+                     num_heads=2)
+T = 7  # chunks of 4: switches below fall on a chunk edge (4) and mid-chunk (2, 5, 6)
+MODES = np.array([[0, 0, 1, 1, 0, 1, 1],
+                  [1, 1, 1, 1, 0, 0, 1]], np.int32)
+
+
+def mixer_and_input(seed=0):
+    options = OryxOptions(num_heads=2, chunk_size=4)
+    mixer = OryxMixer(CONFIG, options, rngs=nnx.Rngs(seed))
+    x = normals(seed, (2, T, 16), dtype=np.float32)
+    return mixer, options, x
+
+
+def ctx_with(mode):
+    return TokenContext.create((2, T), extras={MODE: jnp.asarray(mode, jnp.int32)})
+
+
+def test_all_linear_equals_the_gated_deltanet_mixer():
+    mixer, options, x = mixer_and_input()
+    gdn = GatedDeltaNetMixer(CONFIG, options.linear_options(), rngs=nnx.Rngs(5))
+    nnx.update(gdn, nnx.state(mixer.linear))
+    ctx = ctx_with(np.zeros((2, T)))
+    assert_close(mixer(x, ctx), gdn(x, TokenContext.create((2, T))), 1e-6, "all-linear")
+
+
+def test_all_attention_equals_softmax_attention_on_the_shared_keys_and_values():
+    """Reference written out: RoPE'd W_Q^att x against RoPE'd shared keys, causal softmax."""
+    mixer, _, x = mixer_and_input()
+    ctx = ctx_with(np.ones((2, T)))
+    lin = mixer.linear
+    k = lin.k_conv(lin.k_proj(x).reshape(2, T, -1), None).reshape(2, T, 2, 8)
+    v = lin.v_conv(lin.v_proj(x).reshape(2, T, -1), None).reshape(2, T, 2, 8)
+    k = k / jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True) + 1e-6)  # GDN's eps
+    rope, positions = mixer.attention.rope, ctx.positions
+    q, k = rope(mixer.attention.q_proj(x), positions), rope(k, positions)
+    logits = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(8)
+    logits = jnp.where(np.tril(np.ones((T, T), bool)), logits, -jnp.inf)
+    o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, axis=-1), v)
+    assert_close(mixer(x, ctx), lin.output(o, x), 1e-6, "all-attention")
+
+
+def decode_tokens(model, tokens, modes, split):
+    """Logits of a prefill of `split` tokens then one token at a time, with the given modes."""
+    cache = model.init_cache(2, T)
+    out = []
+    if split:
+        logits, cache = model.decode(tokens[:, :split], cache,
+                                     extras={MODE: modes[:, :split]})
+        out.append(logits)
+    for t in range(split, T):
+        logits, cache = model.decode(tokens[:, t:t + 1], cache,
+                                     extras={MODE: modes[:, t:t + 1]})
+        out.append(logits)
+    return jnp.concatenate(out, axis=1)
+
+
+@pytest.mark.parametrize("split", [0, 5])
+def test_mixed_modes_decode_equals_parallel_values_and_gradients(split):
+    """Token by token (split 0: the one-token steps, values), and a prefill of 5 (the chunked
+    form with a carried state and the cache) then steps (values and gradients)."""
+    model = hj.create_model(CONFIG, seed=1)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, T)), jnp.int32)
+    modes = jnp.asarray(MODES)
+    weights = normals(3, (2, T, 32), dtype=np.float32)
+    graphdef, state = nnx.split(model)
+
+    def parallel(state):
+        return jnp.sum(weights * nnx.merge(graphdef, state)(tokens, extras={MODE: modes}))
+
+    def decoded(state):
+        return jnp.sum(weights * decode_tokens(nnx.merge(graphdef, state), tokens, modes,
+                                               split))
+
+    assert_close(decode_tokens(model, tokens, modes, split),
+                 model(tokens, extras={MODE: modes}), 1e-5, "logits")
+    if split:
+        assert_close(jax.jit(jax.grad(decoded))(state), jax.jit(jax.grad(parallel))(state),
+                     1e-5, "gradients")
+
+
+def test_gradients_reach_both_modes_and_only_the_modes_used():
+    model = hj.create_model(CONFIG, seed=1)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, T)), jnp.int32)
+    graphdef, state = nnx.split(model)
+
+    grad = jax.jit(jax.grad(lambda s, modes: jnp.sum(nnx.merge(graphdef, s)(
+        tokens, extras={MODE: modes}) ** 2)))
+
+    def norms(modes):
+        grads = grad(state, jnp.asarray(modes))
+        mixer = nnx.merge(graphdef, grads).blocks[0].mixer
+        return {name: float(jnp.linalg.norm(part.kernel[...])) for name, part in [
+            ("q_att", mixer.attention.q_proj), ("q_lin", mixer.linear.q_proj),
+            ("beta", mixer.linear.b_proj), ("k", mixer.linear.k_proj)]}
+
+    mixed = norms(MODES)
+    assert min(mixed.values()) > 0, mixed
+    linear_only = norms(np.zeros_like(MODES))
+    assert linear_only["q_att"] == 0 and linear_only["q_lin"] > 0, linear_only
+    attention_only = norms(np.ones_like(MODES))
+    assert attention_only["q_lin"] == 0 and attention_only["beta"] == 0, attention_only
+
+
+def test_modes_are_checked():
+    mixer, _, x = mixer_and_input()
+    with pytest.raises(ValueError, match="expected modes 0"):
+        mixer(x, ctx_with(np.full((2, T), 2)))
+    with pytest.raises(ValueError, match="linear_mixer"):
+        OryxOptions(linear_mixer="mamba3")
+
+
+def test_shared_fraction_of_the_tiny_preset():
+    model = hj.create_model(presets.get("oryx-gdn-tiny"))
+    assert shared_fraction(model.blocks[0]) == pytest.approx(0.857, abs=1e-3)
+    assert shared_fraction(model) == pytest.approx(0.874, abs=1e-3)
+
+
+def test_schedules_for_training_and_inference():
+    from hybrid_jax.config import ModeSchedule
+    from hybrid_jax.modes import inference_modes, training_modes
+
+    schedule = ModeSchedule(pattern="random_chunks", chunk=3, attention_prob=0.5)
+    a = np.asarray(training_modes(schedule, (4, 8), 0, 7))
+    assert (a == np.asarray(training_modes(schedule, (4, 8), 0, 7))).all()
+    assert (a[:, :3] == a[:, :1]).all() and (a[:, 3:6] == a[:, 3:4]).all()
+    assert 0 < a.mean() < 1
+    assert (np.asarray(training_modes(ModeSchedule(pattern="linear"), (1, 3), 0, 0)) == 0).all()
+    assert training_modes(ModeSchedule(), (1, 3), 0, 0) is None
+    modes = inference_modes("prefill=linear,decode=attention", [2, 3], 5)
+    assert modes.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+    with pytest.raises(ValueError, match="prefill=MODE"):
+        inference_modes("prefill=linear", [2], 4)
+    with pytest.raises(ValueError, match="pattern"):
+        ModeSchedule(pattern="mixed")
+
+
+def test_generate_takes_a_mode_schedule():
+    from hybrid_jax.generate import generate
+
+    model = hj.create_model(CONFIG, seed=1)
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 4)), jnp.int32)
+    default = np.asarray(generate(model, prompt, 3))
+    assert (np.asarray(generate(model, prompt, 3, modes="attention")) == default).all()
+    linear = np.asarray(generate(model, prompt, 3, modes="linear"))
+    explicit = np.zeros((2, 7), np.int32)
+    assert (np.asarray(generate(model, prompt, 3, modes=explicit)) == linear).all()
