@@ -1,0 +1,229 @@
+"""Context-parallel forms of the linear recurrences: the same calls and results as the ops.
+
+Every shard runs the op's own rung (chunked XLA, kernel) twice on its time shard:
+
+1. from a zero entering state, keeping only the final state: the offset `U` of the shard's
+   affine map `h_out = M·h_in + U`. `M` is the shard's decay product (diagonal decays: SSD,
+   Mamba-1, DSS, GSA slots) or a dense K×K matrix (the gated delta rule: the op run on the
+   identity state with zero values).
+2. `incoming_states` combines the maps across the `seq` axis (float32; complex for DSS) into
+   the true state entering each shard, and the op runs again from it: the shard's outputs,
+   and the final state of the sequence from the last shard.
+
+Pass 1 keeps only states (its outputs are dead code), so the extra work is the state pass of a
+chunked form. Gradients flow through the same structure (the collectives transpose to their
+reverse). Without a `seq` mesh axis of size > 1 every function here is the op itself.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.ops import scan as scan_op
+from hybrid_jax.ops.context_parallel.collectives import (
+    DEFAULT_COMBINE,
+    SEQ_AXIS,
+    dense,
+    diagonal,
+    from_last_shard,
+    incoming_states,
+    seq_shards,
+    shard_over_seq,
+    varying,
+)
+from hybrid_jax.ops.delta_rule import gated_delta_rule as _gated_delta_rule
+from hybrid_jax.ops.dss import dss as _dss
+from hybrid_jax.ops.gsa import gated_slot_attention as _gated_slot_attention
+from hybrid_jax.ops.scan import compute_dtype
+from hybrid_jax.ops.selective_scan import selective_scan as _selective_scan
+from hybrid_jax.ops.ssd import ssd as _ssd
+
+Run = Callable[[Any, Any, Any], tuple[Any, Any]]
+
+
+def sharded_recurrence(run: Run, transition: Callable[[Any, Any], Any], seq_args: Any,
+                       params: Any, initial_state: Any, *, apply=diagonal,
+                       return_final_state: bool, axis_name: str, combine: str) -> Any:
+    """`run(seq_args, params, h_in) -> (y, h_out)` over the whole sequence, split over shards.
+
+    `transition(seq_args, params)` is a shard's map M (applied to states by `apply`);
+    `initial_state` is the (zero or given) state before the sequence, every leaf concrete.
+    """
+
+    def local(seq, replicated):
+        params, h0 = replicated
+        _, offset = run(seq, params, varying(jax.tree.map(jnp.zeros_like, h0), axis_name))
+        h_in = incoming_states(transition(seq, params), offset, h0, apply=apply,
+                               axis_name=axis_name, combine=combine)
+        y, final = run(seq, params, h_in)
+        return y, (from_last_shard(final, axis_name) if return_final_state else None)
+
+    y, final = shard_over_seq(local, seq_args, (params, initial_state), out_seq=(True, False),
+                              axis_name=axis_name)
+    return (y, final) if return_final_state else y
+
+
+def _cp_kwargs(axis_name, combine):
+    return dict(axis_name=axis_name, combine=combine)
+
+
+def ssd(x, dt, A, B, C, *, chunk_size=64, initial_state=None, return_final_state=False,
+        implementation=None, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
+    """`hybrid_jax.ops.ssd`, context-parallel over `axis_name` (state `[B, H, P, N]`)."""
+    op = functools.partial(_ssd, chunk_size=chunk_size, implementation=implementation)
+    if seq_shards(axis_name) == 1:
+        return op(x, dt, A, B, C, initial_state=initial_state,
+                  return_final_state=return_final_state)
+    dtype = compute_dtype(x, dt, A, B, C)
+    h0 = _state_or_zeros(initial_state, (x.shape[0], x.shape[2], x.shape[3], B.shape[3]), dtype)
+
+    def run(seq, A, h):
+        x, dt, B, C = seq
+        return op(x, dt, A, B, C, initial_state=h, return_final_state=True)
+
+    def transition(seq, A):  # exp(Σ_t dt_t·A) per head: [B, H, 1, 1]
+        return jnp.exp(jnp.sum(seq[1].astype(dtype), axis=1) * A.astype(dtype))[..., None, None]
+
+    return sharded_recurrence(run, transition, (x, dt, B, C), A, h0,
+                              return_final_state=return_final_state,
+                              **_cp_kwargs(axis_name, combine))
+
+
+def selective_scan(x, dt, A, B, C, *, chunk_size=64, initial_state=None,
+                   return_final_state=False, implementation=None, axis_name=SEQ_AXIS,
+                   combine=DEFAULT_COMBINE):
+    """`hybrid_jax.ops.selective_scan.selective_scan`, context-parallel (state `[B,H,P,N]`)."""
+    op = functools.partial(_selective_scan, chunk_size=chunk_size,
+                           implementation=implementation)
+    if seq_shards(axis_name) == 1:
+        return op(x, dt, A, B, C, initial_state=initial_state,
+                  return_final_state=return_final_state)
+    dtype = compute_dtype(x, dt, A, B, C)
+    h0 = _state_or_zeros(initial_state, x.shape[:1] + A.shape, dtype)
+
+    def run(seq, A, h):
+        x, dt, B, C = seq
+        return op(x, dt, A, B, C, initial_state=h, return_final_state=True)
+
+    def transition(seq, A):  # exp(Σ_t dt_t·A) per (head, channel, state): [B, H, P, N]
+        return jnp.exp(jnp.sum(seq[1].astype(dtype), axis=1)[..., None] * A.astype(dtype))
+
+    return sharded_recurrence(run, transition, (x, dt, B, C), A, h0,
+                              return_final_state=return_final_state,
+                              **_cp_kwargs(axis_name, combine))
+
+
+def dss(u, log_decay, coeff, *, initial_state=None, return_final_state=False,
+        implementation=None, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
+    """`hybrid_jax.ops.dss`, context-parallel (complex state `[B, H, N]`)."""
+    op = functools.partial(_dss, implementation=implementation)
+    if seq_shards(axis_name) == 1:
+        return op(u, log_decay, coeff, initial_state=initial_state,
+                  return_final_state=return_final_state)
+    dtype = jnp.promote_types(compute_dtype(u, log_decay, coeff), jnp.complex64)
+    h0 = _state_or_zeros(initial_state, u.shape[:1] + log_decay.shape, dtype)
+
+    def run(u, params, h):
+        return op(u, *params, initial_state=h, return_final_state=True)
+
+    def transition(u, params):  # exp(λΔ·T_shard), the same for every batch row
+        return jnp.broadcast_to(jnp.exp(u.shape[1] * params[0].astype(dtype)), h0.shape)
+
+    return sharded_recurrence(run, transition, u, (log_decay, coeff), h0,
+                              return_final_state=return_final_state,
+                              **_cp_kwargs(axis_name, combine))
+
+
+def linear_scan(a, b, initial_state=None, *, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
+    """`hybrid_jax.ops.scan.linear_scan` along axis 1 (all states of `h_t = a_t·h_{t−1} + b_t`),
+    context-parallel; `a` `[B, T, ...]` with the shape of `b`."""
+    if seq_shards(axis_name) == 1:
+        return scan_op.linear_scan(a, b, initial_state, axis=1)
+    dtype = jnp.result_type(a, b)
+    h0 = _state_or_zeros(initial_state, b.shape[:1] + b.shape[2:], dtype)
+
+    def run(seq, params, h):
+        states = scan_op.linear_scan(*seq, h, axis=1)
+        return states, states[:, -1]
+
+    def transition(seq, params):
+        return jnp.prod(jnp.broadcast_to(seq[0], seq[1].shape).astype(dtype), axis=1)
+
+    return sharded_recurrence(run, transition, (a, b), (), h0, return_final_state=False,
+                              **_cp_kwargs(axis_name, combine))
+
+
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, chunk_size=64, initial_state=None,
+                     return_final_state=False, implementation=None, axis_name=SEQ_AXIS,
+                     combine=DEFAULT_COMBINE):
+    """`hybrid_jax.ops.gated_delta_rule`, context-parallel (state `[B, H, K, V]`).
+
+    A shard's map is the dense `M = Π_t e^{g_t}(I − β_t k_t k_tᵀ)` `[B, H, K, K]`: the op's
+    final state from the identity with zero values.
+    """
+    op = functools.partial(_gated_delta_rule, scale=scale, chunk_size=chunk_size,
+                           implementation=implementation)
+    if seq_shards(axis_name) == 1:
+        return op(q, k, v, g, beta, initial_state=initial_state,
+                  return_final_state=return_final_state)
+    dtype = compute_dtype(q, k, v, g, beta)
+    batch, _, heads, key_dim = k.shape
+    h0 = _state_or_zeros(initial_state, (batch, heads, key_dim, v.shape[3]), dtype)
+
+    def run(seq, params, h):
+        return op(*seq, initial_state=h, return_final_state=True)
+
+    def transition(seq, params):
+        q, k, v, g, beta = seq
+        identity = varying(jnp.broadcast_to(jnp.eye(key_dim, dtype=dtype),
+                                            (batch, heads, key_dim, key_dim)), axis_name)
+        return op(q, k, jnp.zeros_like(k), g, beta, initial_state=identity,
+                  return_final_state=True)[1]
+
+    return sharded_recurrence(run, transition, (q, k, v, g, beta), (), h0, apply=dense,
+                              return_final_state=return_final_state,
+                              **_cp_kwargs(axis_name, combine))
+
+
+def gated_slot_attention(q, k, v, s, g, *, scale=None, chunk_size=64, initial_state=None,
+                         return_final_state=False, implementation=None, axis_name=SEQ_AXIS,
+                         combine=DEFAULT_COMBINE):
+    """`hybrid_jax.ops.gated_slot_attention`, context-parallel (state `(K̃ [B,H,K,M],
+    Ṽ [B,H,M,V])`); a shard's map is the slot decay product `e^{Σ g}` on the slot axis."""
+    op = functools.partial(_gated_slot_attention, scale=scale, chunk_size=chunk_size,
+                           implementation=implementation)
+    if seq_shards(axis_name) == 1:
+        return op(q, k, v, s, g, initial_state=initial_state,
+                  return_final_state=return_final_state)
+    dtype = compute_dtype(q, k, v, s, g)
+    batch, _, heads, key_dim = k.shape
+    slots = s.shape[3]
+    zeros = (jnp.zeros((batch, heads, key_dim, slots), dtype),
+             jnp.zeros((batch, heads, slots, v.shape[3]), dtype))
+    h0 = zeros if initial_state is None else tuple(x.astype(dtype) for x in initial_state)
+
+    def run(seq, params, h):
+        return op(*seq, initial_state=tuple(h), return_final_state=True)
+
+    def transition(seq, params):
+        return slot_decay(seq[4], dtype)
+
+    return sharded_recurrence(run, transition, (q, k, v, s, g), (), h0,
+                              return_final_state=return_final_state,
+                              **_cp_kwargs(axis_name, combine))
+
+
+def slot_decay(g: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """A shard's map of the slot state from its log gates `g` `[B, T, H, M]`: `e^{Σ_t g_t}` on
+    the slot axis of K̃ `[B, H, 1, M]` and of Ṽ `[B, H, M, 1]`."""
+    decay = jnp.exp(jnp.sum(g.astype(dtype), axis=1))
+    return decay[:, :, None, :], decay[..., None]
+
+
+def _state_or_zeros(state, shape, dtype):
+    return jnp.zeros(shape, dtype) if state is None else state.astype(dtype)
