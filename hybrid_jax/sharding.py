@@ -8,7 +8,8 @@ means changing that table (or passing another), never the model code.
 Mesh axes: `data` (pure data parallelism: parameters replicated), `fsdp` (data parallel with
 parameters and optimizer state sharded along `embed`), `tensor` (Megatron-style: heads and MLP
 hidden units split), `seq` (context parallelism: the time axis of activations split; the
-mixers run their context-parallel forms, `hybrid_jax.ops.context_parallel`). A dimension that its mesh axis does not divide stays replicated.
+mixers run their context-parallel forms, `hybrid_jax.ops.context_parallel`). A dimension that
+its mesh axis does not divide stays replicated.
 """
 
 from __future__ import annotations

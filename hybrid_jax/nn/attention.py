@@ -15,6 +15,7 @@ from hybrid_jax.cache import AttentionCache
 from hybrid_jax.config import ModelConfig
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
 from hybrid_jax.nn.layers import Linear, RoPE
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
 
@@ -82,9 +83,10 @@ class AttentionMixer(nnx.Module):
     def _attend(self, q, k, v, **kwargs) -> jax.Array:
         kwargs.update(causal=True, window=self.window, implementation=self.implementation)
         if self.cosine:
-            out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...], **kwargs)
+            out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...],
+                                              attend=context_parallel.attention, **kwargs)
         else:
-            out = ops.attention(q, k, v, **kwargs)
+            out = context_parallel.attention(q, k, v, **kwargs)
         return self.o_proj(constrain(out, ("batch", "seq", "heads", "head_dim")))
 
     def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array,

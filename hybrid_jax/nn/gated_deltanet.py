@@ -30,6 +30,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
 from hybrid_jax.nn.mamba2 import document_starts
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from hybrid_jax.registry import register_block
@@ -172,8 +173,9 @@ class GatedDeltaNetMixer(nnx.Module):
         else:
             qkv = [conv(x, segment_ids_BT) for conv, x in zip(self._convs, qkv, strict=True)]
         g, beta = self._gates(x_BTD)
-        o = gated_delta_rule(*self._heads(*qkv), reset_at_document_starts(g, segment_ids_BT),
-                             beta, chunk_size=self.chunk_size, implementation=self.implementation)
+        o = context_parallel.gated_delta_rule(
+            *self._heads(*qkv), reset_at_document_starts(g, segment_ids_BT), beta,
+            chunk_size=self.chunk_size, implementation=self.implementation)
         return self._output(o, x_BTD)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GatedDeltaNetCache:

@@ -33,6 +33,7 @@ from hybrid_jax.nn.blocks import (
 )
 from hybrid_jax.nn.gated_deltanet import reset_at_document_starts
 from hybrid_jax.nn.layers import Linear
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.gsa import gated_slot_attention, gated_slot_attention_step
 from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
@@ -113,9 +114,9 @@ class GSAMixer(nnx.Module):
                  segment_ids_BT: jax.Array | None = None) -> jax.Array:
         q, k, v, s, g = self._inputs(x_BTD)
         # A document start forgets the slots (zero decay) but writes as it would alone.
-        o = gated_slot_attention(q, k, v, s, reset_at_document_starts(g, segment_ids_BT),
-                                 scale=self.scale, chunk_size=self.chunk_size,
-                                 implementation=self.implementation)
+        o = context_parallel.gated_slot_attention(
+            q, k, v, s, reset_at_document_starts(g, segment_ids_BT), scale=self.scale,
+            chunk_size=self.chunk_size, implementation=self.implementation)
         return slot_attention_output(self.o_norm, self.o_proj, o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSACache:

@@ -32,8 +32,8 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, norm, output_std
 from hybrid_jax.nn.layers import Linear, param
 from hybrid_jax.nn.mamba2 import document_starts
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.dss import dss, dss_discretize, dss_step
-from hybrid_jax.ops.scan import linear_scan
 from hybrid_jax.registry import register_block
 
 
@@ -138,7 +138,7 @@ class GSSMixer(nnx.Module):
         u, v = self._inputs(x_BTD)
         log_decay, coeff = self.discretize()
         if segment_ids_BT is None:
-            y = dss(u, log_decay, coeff, implementation=self.implementation)
+            y = context_parallel.dss(u, log_decay, coeff, implementation=self.implementation)
         else:
             y = _dss_with_resets(u, log_decay, coeff, document_starts(segment_ids_BT))
         return self._output(y, u, v)
@@ -174,7 +174,7 @@ def _dss_with_resets(u_BTH: jax.Array, log_decay: jax.Array, coeff: jax.Array,
     dtype = coeff.dtype
     decay = jnp.where(starts_BT[:, :, None, None], 0, jnp.exp(log_decay))  # [b,t,h,n]
     inputs = jnp.broadcast_to(u_BTH.astype(dtype)[..., None], decay.shape)
-    states = linear_scan(decay, inputs, axis=1)
+    states = context_parallel.linear_scan(decay, inputs)
     return jnp.einsum("bthn,hn->bth", states, coeff).real.astype(u_BTH.dtype)
 
 

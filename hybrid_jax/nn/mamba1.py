@@ -28,6 +28,7 @@ from hybrid_jax.cache import Mamba1Cache
 from hybrid_jax.config import ModelConfig
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
 from hybrid_jax.nn.layers import Linear, ShortConv, param, symmetric_uniform
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.selective_scan import selective_scan, selective_scan_step
 from hybrid_jax.registry import register_block
 
@@ -135,9 +136,9 @@ class Mamba1Mixer(nnx.Module):
             starts = (segment_ids_BT != previous)[..., None]
             dt_in = dt + jnp.where(starts, _RESET_LOG_DECAY / jnp.min(-A, axis=-1), 0.0)
             x_in = (x * (dt / dt_in)).astype(x.dtype)
-        y = selective_scan(x_in[:, :, None], dt_in[:, :, None], A[None], B[:, :, None],
-                           C[:, :, None], chunk_size=self.chunk_size,
-                           implementation=self.implementation)[:, :, 0]
+        y = context_parallel.selective_scan(
+            x_in[:, :, None], dt_in[:, :, None], A[None], B[:, :, None], C[:, :, None],
+            chunk_size=self.chunk_size, implementation=self.implementation)[:, :, 0]
         return self._output(y, x, z)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba1Cache:

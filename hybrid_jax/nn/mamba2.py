@@ -27,6 +27,7 @@ from hybrid_jax.cache import Mamba2Cache
 from hybrid_jax.config import ModelConfig
 from hybrid_jax.nn.blocks import compute_dtype, dense_kwargs, mixer_block_builder, output_std
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.ssd import ssd, ssd_step
 from hybrid_jax.registry import register_block
 from hybrid_jax.sharding import constrain
@@ -179,8 +180,8 @@ class Mamba2Mixer(nnx.Module):
             dt_in = dt + jnp.where(document_starts(segment_ids_BT)[..., None],
                                    _RESET_LOG_DECAY / -A, 0.0)
             x_in = (x * (dt / dt_in)[..., None]).astype(x.dtype)
-        y = ssd(x_in, dt_in, A, B, C, chunk_size=self.chunk_size,
-                implementation=self.implementation)
+        y = context_parallel.ssd(x_in, dt_in, A, B, C, chunk_size=self.chunk_size,
+                                 implementation=self.implementation)
         return self._output(y, x, z)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba2Cache:

@@ -46,6 +46,7 @@ from hybrid_jax.nn.blocks import (
 )
 from hybrid_jax.nn.gsa import slot_attention_output
 from hybrid_jax.nn.layers import Linear, RoPE, ShortConv
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import rotary_dim
 from hybrid_jax.ops.nha import (
     EMPTY_SLOTS,
@@ -176,9 +177,9 @@ class NHAMixer(nnx.Module):
                  segment_ids_BT: jax.Array | None = None) -> jax.Array:
         inputs, _ = self._inputs(x_BTD, positions_BT, segment_ids_BT)
         window = x_BTD.shape[1] if self.window is None else self.window
-        o = native_hybrid_attention(**inputs, window=window, segment_ids=segment_ids_BT,
-                                    empty_slots=self.empty_slots, chunk_size=self.chunk_size,
-                                    implementation=self.implementation)
+        o = context_parallel.native_hybrid_attention(
+            **inputs, window=window, segment_ids=segment_ids_BT, empty_slots=self.empty_slots,
+            chunk_size=self.chunk_size, implementation=self.implementation)
         return slot_attention_output(self.o_norm, self.o_proj, o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> NHACache:

@@ -107,9 +107,10 @@ def incoming_states(maps: Any, offsets: Any, initial_state: Any, *,
             jax.tree.map(lambda x, perm=perm: jax.lax.ppermute(x, axis_name, perm), t)
             for t in (maps, offsets))
         take = index >= step
-        offsets = jax.tree.map(lambda m, u, ue: jnp.where(take, apply(m, ue) + u, u),
+        offsets = jax.tree.map(lambda m, u, ue, take=take: jnp.where(take, apply(m, ue) + u, u),
                                maps, offsets, earlier_offsets)
-        maps = jax.tree.map(lambda m, me: jnp.where(take, apply(m, me), m), maps, earlier_maps)
+        maps = jax.tree.map(lambda m, me, take=take: jnp.where(take, apply(m, me), m), maps,
+                            earlier_maps)
         step *= 2
     return offsets
 
@@ -142,3 +143,18 @@ def halo(x: jax.Array, width: int, axis_name: str = SEQ_AXIS) -> jax.Array:
 def shard_start(axis_name: str = SEQ_AXIS, local_length: int = 0) -> jax.Array:
     """The position of this shard's first token in the whole sequence."""
     return jax.lax.axis_index(axis_name) * local_length
+
+
+def with_past(fn: Callable[..., jax.Array], width: int, seq_args: Any, replicated_args: Any = (),
+              *, axis_name: str = SEQ_AXIS) -> jax.Array:
+    """`fn(seq_args, replicated_args) -> [B, T, ...]` for a causal op that looks back at most
+    `width` tokens (a short convolution), run on time shards that each see a halo of `width`
+    tokens before them; without a `seq` axis > 1 simply `fn(seq_args, replicated_args)`."""
+    if seq_shards(axis_name) == 1 or width == 0:
+        return fn(seq_args, replicated_args)
+
+    def local(seq, replicated):
+        extended = jax.tree.map(lambda x: jnp.concatenate([halo(x, width, axis_name), x], 1), seq)
+        return fn(extended, replicated)[:, width:]
+
+    return shard_over_seq(local, seq_args, replicated_args, out_seq=True, axis_name=axis_name)
