@@ -59,8 +59,8 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
         g = jnp.where(starts[:, :, None, None], RESET_LOG_DECAY, g.astype(dtype))
         # The window's tokens before the shard, oldest first (zeros before the sequence).
         past = [halo(x.astype(dtype), window, axis_name) for x in (k, v, s, g, k_window)]
-        stream = [jnp.concatenate([p, x.astype(dtype)], 1)[:, :local_length]
-                  for p, x in zip(past[:4], (k, v, s, g), strict=True)]
+        stream = [jnp.concatenate([p, x.astype(dtype)], 1)[:, :local_length] if window
+                  else x.astype(dtype) for p, x in zip(past[:4], (k, v, s, g), strict=True)]
         slot_keys, slot_values = incoming_states(
             slot_decay(stream[3], dtype), _slot_offsets(*stream), _slot_zeros(k, s, v, dtype),
             apply=diagonal, axis_name=axis_name, combine=combine)
