@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, to_dict
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.distributed import is_main_process
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.sharding import batch_sharding, make_mesh, state_shardings
 from hybrid_jax.train.checkpoint import Checkpointer, saved_steps
@@ -229,11 +230,12 @@ class _Run:
             if self.checkpointer is not None:
                 self.checkpointer.close()
             raise
-        if out is not None:
+        self.writes = out is not None and is_main_process()  # logs: process 0 only
+        if self.writes:
             (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
         self.step_fn, self.eval_step = make_train_step(self.ts), make_eval_step(self.ts)
         self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
-        self.log = MetricsLog(out)
+        self.log = MetricsLog(out if self.writes else None)
         self.log.truncate(self.step)  # records past the checkpoint are written again
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
         self.tokens_per_step = cfg.batch_size * int(getattr(self.data, "seq_len", 0))
@@ -305,7 +307,7 @@ class _Run:
         cfg, pending = self.cfg, None
         while True:
             try:
-                if self.step >= cfg.steps or stop.received:
+                if self.step >= cfg.steps or stop.everywhere():
                     if pending is not None:
                         self.flush(*pending)
                     return
@@ -367,6 +369,6 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
                                   None),
                **{f"eval_{k}": v for k, v in final.items()},
                "accuracy": final["accuracy"], "wall_time_s": time.perf_counter() - start}
-    if out is not None:
+    if run.writes:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
