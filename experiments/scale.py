@@ -70,17 +70,6 @@ def scaled_experiment(experiment, strategy: str, devices: int, weak: bool):
     return dataclasses.replace(experiment, train=train, data=data)
 
 
-def _median_ms(fn, *args, steps: int) -> float:
-    import jax
-
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def _peak_bytes(compiled, devices) -> int | None:
     stats = [d.memory_stats() for d in devices]
     if all(s and "peak_bytes_in_use" in s for s in stats):
@@ -97,6 +86,7 @@ def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int) 
     import jax
     import numpy as np
 
+    from experiments.benchmarks.timing import time_compiled
     from hybrid_jax.sharding import make_mesh
     from hybrid_jax.train.trainer import (
         init_train_state,
@@ -133,8 +123,7 @@ def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int) 
             state = jax.block_until_ready(train(state))
             times.append((time.perf_counter() - start) * 1e3)
         train_ms = statistics.median(times)
-        jax.block_until_ready(eval_step(state, batch))  # compiles
-        forward_ms = _median_ms(eval_step, state, batch, steps=steps)
+        forward_ms = time_compiled(eval_step, state, batch, warmup=1, iters=steps)
     tokens_per_step = batch_size * seq_len
     return dict(
         strategy=strategy, devices=devices, batch=batch_size, seq_len=seq_len,

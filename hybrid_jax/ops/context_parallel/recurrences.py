@@ -47,13 +47,21 @@ Run = Callable[[Any, Any, Any], tuple[Any, Any]]
 
 
 def sharded_recurrence(run: Run, transition: Callable[[Any, Any], Any], seq_args: Any,
-                       params: Any, initial_state: Any, *, apply=diagonal,
-                       return_final_state: bool, axis_name: str, combine: str) -> Any:
-    """`run(seq_args, params, h_in) -> (y, h_out)` over the whole sequence, split over shards.
+                       params: Any, initial_state: Any, zero_state: Callable[[], Any], *,
+                       apply=diagonal, return_final_state: bool, axis_name: str,
+                       combine: str) -> Any:
+    """`run(seq_args, params, h_in) -> (y, h_out)` over the whole sequence, split over shards
+    when the mesh has a `seq` axis > 1 (else simply run from `initial_state`).
 
     `transition(seq_args, params)` is a shard's map M (applied to states by `apply`);
-    `initial_state` is the (zero or given) state before the sequence, every leaf concrete.
+    `zero_state()` the zero state before the sequence (its dtypes are the map chain's).
     """
+    if seq_shards(axis_name) == 1:
+        y, final = run(seq_args, params, initial_state)
+        return (y, final) if return_final_state else y
+    zeros = zero_state()
+    h0 = zeros if initial_state is None else jax.tree.map(lambda z, h: h.astype(z.dtype), zeros,
+                                                          initial_state)
 
     def local(seq, replicated):
         params, h0 = replicated
@@ -63,7 +71,7 @@ def sharded_recurrence(run: Run, transition: Callable[[Any, Any], Any], seq_args
         y, final = run(seq, params, h_in)
         return y, (from_last_shard(final, axis_name) if return_final_state else None)
 
-    y, final = shard_over_seq(local, seq_args, (params, initial_state), out_seq=(True, False),
+    y, final = shard_over_seq(local, seq_args, (params, h0), out_seq=(True, False),
                               axis_name=axis_name)
     return (y, final) if return_final_state else y
 
@@ -72,15 +80,15 @@ def _cp_kwargs(axis_name, combine):
     return dict(axis_name=axis_name, combine=combine)
 
 
+def _zeros(shape, dtype):
+    return lambda: jnp.zeros(shape, dtype)
+
+
 def ssd(x, dt, A, B, C, *, chunk_size=64, initial_state=None, return_final_state=False,
         implementation=None, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.ssd`, context-parallel over `axis_name` (state `[B, H, P, N]`)."""
     op = functools.partial(_ssd, chunk_size=chunk_size, implementation=implementation)
-    if seq_shards(axis_name) == 1:
-        return op(x, dt, A, B, C, initial_state=initial_state,
-                  return_final_state=return_final_state)
     dtype = compute_dtype(x, dt, A, B, C)
-    h0 = _state_or_zeros(initial_state, (x.shape[0], x.shape[2], x.shape[3], B.shape[3]), dtype)
 
     def run(seq, A, h):
         x, dt, B, C = seq
@@ -89,22 +97,18 @@ def ssd(x, dt, A, B, C, *, chunk_size=64, initial_state=None, return_final_state
     def transition(seq, A):  # exp(Σ_t dt_t·A) per head: [B, H, 1, 1]
         return jnp.exp(jnp.sum(seq[1].astype(dtype), axis=1) * A.astype(dtype))[..., None, None]
 
-    return sharded_recurrence(run, transition, (x, dt, B, C), A, h0,
-                              return_final_state=return_final_state,
-                              **_cp_kwargs(axis_name, combine))
+    return sharded_recurrence(
+        run, transition, (x, dt, B, C), A, initial_state,
+        _zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]), dtype),
+        return_final_state=return_final_state, **_cp_kwargs(axis_name, combine))
 
 
 def selective_scan(x, dt, A, B, C, *, chunk_size=64, initial_state=None,
                    return_final_state=False, implementation=None, axis_name=SEQ_AXIS,
                    combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.selective_scan.selective_scan`, context-parallel (state `[B,H,P,N]`)."""
-    op = functools.partial(_selective_scan, chunk_size=chunk_size,
-                           implementation=implementation)
-    if seq_shards(axis_name) == 1:
-        return op(x, dt, A, B, C, initial_state=initial_state,
-                  return_final_state=return_final_state)
+    op = functools.partial(_selective_scan, chunk_size=chunk_size, implementation=implementation)
     dtype = compute_dtype(x, dt, A, B, C)
-    h0 = _state_or_zeros(initial_state, x.shape[:1] + A.shape, dtype)
 
     def run(seq, A, h):
         x, dt, B, C = seq
@@ -113,7 +117,8 @@ def selective_scan(x, dt, A, B, C, *, chunk_size=64, initial_state=None,
     def transition(seq, A):  # exp(Σ_t dt_t·A) per (head, channel, state): [B, H, P, N]
         return jnp.exp(jnp.sum(seq[1].astype(dtype), axis=1)[..., None] * A.astype(dtype))
 
-    return sharded_recurrence(run, transition, (x, dt, B, C), A, h0,
+    return sharded_recurrence(run, transition, (x, dt, B, C), A, initial_state,
+                              _zeros(x.shape[:1] + A.shape, dtype),
                               return_final_state=return_final_state,
                               **_cp_kwargs(axis_name, combine))
 
@@ -121,31 +126,25 @@ def selective_scan(x, dt, A, B, C, *, chunk_size=64, initial_state=None,
 def dss(u, log_decay, coeff, *, initial_state=None, return_final_state=False,
         implementation=None, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.dss`, context-parallel (complex state `[B, H, N]`)."""
-    op = functools.partial(_dss, implementation=implementation)
-    if seq_shards(axis_name) == 1:
-        return op(u, log_decay, coeff, initial_state=initial_state,
-                  return_final_state=return_final_state)
     dtype = jnp.promote_types(compute_dtype(u, log_decay, coeff), jnp.complex64)
-    h0 = _state_or_zeros(initial_state, u.shape[:1] + log_decay.shape, dtype)
+    state_shape = u.shape[:1] + log_decay.shape
 
     def run(u, params, h):
-        return op(u, *params, initial_state=h, return_final_state=True)
+        return _dss(u, *params, initial_state=h, return_final_state=True,
+                    implementation=implementation)
 
     def transition(u, params):  # exp(λΔ·T_shard), the same for every batch row
-        return jnp.broadcast_to(jnp.exp(u.shape[1] * params[0].astype(dtype)), h0.shape)
+        return jnp.broadcast_to(jnp.exp(u.shape[1] * params[0].astype(dtype)), state_shape)
 
-    return sharded_recurrence(run, transition, u, (log_decay, coeff), h0,
-                              return_final_state=return_final_state,
+    return sharded_recurrence(run, transition, u, (log_decay, coeff), initial_state,
+                              _zeros(state_shape, dtype), return_final_state=return_final_state,
                               **_cp_kwargs(axis_name, combine))
 
 
 def linear_scan(a, b, initial_state=None, *, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.scan.linear_scan` along axis 1 (all states of `h_t = a_t·h_{t−1} + b_t`),
     context-parallel; `a` `[B, T, ...]` with the shape of `b`."""
-    if seq_shards(axis_name) == 1:
-        return scan_op.linear_scan(a, b, initial_state, axis=1)
     dtype = jnp.result_type(a, b)
-    h0 = _state_or_zeros(initial_state, b.shape[:1] + b.shape[2:], dtype)
 
     def run(seq, params, h):
         states = scan_op.linear_scan(*seq, h, axis=1)
@@ -154,7 +153,8 @@ def linear_scan(a, b, initial_state=None, *, axis_name=SEQ_AXIS, combine=DEFAULT
     def transition(seq, params):
         return jnp.prod(jnp.broadcast_to(seq[0], seq[1].shape).astype(dtype), axis=1)
 
-    return sharded_recurrence(run, transition, (a, b), (), h0, return_final_state=False,
+    return sharded_recurrence(run, transition, (a, b), (), initial_state,
+                              _zeros(b.shape[:1] + b.shape[2:], dtype), return_final_state=False,
                               **_cp_kwargs(axis_name, combine))
 
 
@@ -168,12 +168,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, chunk_size=64, initial_sta
     """
     op = functools.partial(_gated_delta_rule, scale=scale, chunk_size=chunk_size,
                            implementation=implementation)
-    if seq_shards(axis_name) == 1:
-        return op(q, k, v, g, beta, initial_state=initial_state,
-                  return_final_state=return_final_state)
     dtype = compute_dtype(q, k, v, g, beta)
     batch, _, heads, key_dim = k.shape
-    h0 = _state_or_zeros(initial_state, (batch, heads, key_dim, v.shape[3]), dtype)
 
     def run(seq, params, h):
         return op(*seq, initial_state=h, return_final_state=True)
@@ -185,7 +181,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, chunk_size=64, initial_sta
         return op(q, k, jnp.zeros_like(k), g, beta, initial_state=identity,
                   return_final_state=True)[1]
 
-    return sharded_recurrence(run, transition, (q, k, v, g, beta), (), h0, apply=dense,
+    return sharded_recurrence(run, transition, (q, k, v, g, beta), (), initial_state,
+                              _zeros((batch, heads, key_dim, v.shape[3]), dtype), apply=dense,
                               return_final_state=return_final_state,
                               **_cp_kwargs(axis_name, combine))
 
@@ -195,25 +192,20 @@ def gated_slot_attention(q, k, v, s, g, *, scale=None, chunk_size=64, initial_st
                          combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.gated_slot_attention`, context-parallel (state `(K̃ [B,H,K,M],
     Ṽ [B,H,M,V])`); a shard's map is the slot decay product `e^{Σ g}` on the slot axis."""
-    op = functools.partial(_gated_slot_attention, scale=scale, chunk_size=chunk_size,
-                           implementation=implementation)
-    if seq_shards(axis_name) == 1:
-        return op(q, k, v, s, g, initial_state=initial_state,
-                  return_final_state=return_final_state)
     dtype = compute_dtype(q, k, v, s, g)
-    batch, _, heads, key_dim = k.shape
-    slots = s.shape[3]
-    zeros = (jnp.zeros((batch, heads, key_dim, slots), dtype),
-             jnp.zeros((batch, heads, slots, v.shape[3]), dtype))
-    h0 = zeros if initial_state is None else tuple(x.astype(dtype) for x in initial_state)
 
     def run(seq, params, h):
-        return op(*seq, initial_state=tuple(h), return_final_state=True)
+        return _gated_slot_attention(*seq, scale=scale, chunk_size=chunk_size,
+                                     initial_state=None if h is None else tuple(h),
+                                     return_final_state=True, implementation=implementation)
 
-    def transition(seq, params):
-        return slot_decay(seq[4], dtype)
+    def zero_state():
+        batch, _, heads, key_dim = k.shape
+        return (jnp.zeros((batch, heads, key_dim, s.shape[3]), dtype),
+                jnp.zeros((batch, heads, s.shape[3], v.shape[3]), dtype))
 
-    return sharded_recurrence(run, transition, (q, k, v, s, g), (), h0,
+    return sharded_recurrence(run, lambda seq, params: slot_decay(seq[4], dtype),
+                              (q, k, v, s, g), (), initial_state, zero_state,
                               return_final_state=return_final_state,
                               **_cp_kwargs(axis_name, combine))
 
@@ -223,7 +215,3 @@ def slot_decay(g: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
     the slot axis of K̃ `[B, H, 1, M]` and of Ṽ `[B, H, M, 1]`."""
     decay = jnp.exp(jnp.sum(g.astype(dtype), axis=1))
     return decay[:, :, None, :], decay[..., None]
-
-
-def _state_or_zeros(state, shape, dtype):
-    return jnp.zeros(shape, dtype) if state is None else state.astype(dtype)
