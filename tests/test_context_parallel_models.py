@@ -1,5 +1,6 @@
 """Whole tiny models under context parallelism on 8 fake CPU devices: with a `seq` mesh axis
-of 2, 4 and 8 (alone and with data and tensor axes), the loss and every parameter's gradient
+of 2, 4 and 8 (alone, and with data, FSDP and tensor axes, parameters laid out by the rules
+table), the loss and every parameter's gradient
 equal the single-device ones, for a stack holding every block type on packed documents that
 start on and off shard boundaries."""
 
@@ -13,7 +14,7 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.config import MeshConfig, ModelConfig, layer
-from hybrid_jax.sharding import make_mesh
+from hybrid_jax.sharding import make_mesh, state_shardings
 from hybrid_jax.train.loss import mean_loss, token_stats
 from tests.helpers import assert_close
 
@@ -61,14 +62,16 @@ def loss_and_grads(mesh_config: MeshConfig | None):
     batch = {name: jnp.asarray(x) for name, x in _batch().items()}
     if mesh_config is None:
         return jax.device_get(f(state, batch))
-    with jax.set_mesh(make_mesh(mesh_config)):
-        return jax.device_get(f(state, batch))
+    mesh = make_mesh(mesh_config)
+    with jax.set_mesh(mesh):  # parameters laid out by the rules table (FSDP, tensor)
+        return jax.device_get(f(jax.device_put(state, state_shardings(state, mesh)), batch))
 
 
 @pytest.mark.parametrize("mesh_config", [MeshConfig(data=1, seq=2), MeshConfig(data=1, seq=4),
                                          MeshConfig(data=1, seq=8),
-                                         MeshConfig(data=2, seq=2, tensor=2)],
-                         ids=lambda m: f"d{m.data}s{m.seq}t{m.tensor}")
+                                         MeshConfig(data=2, seq=2, tensor=2),
+                                         MeshConfig(data=1, fsdp=2, seq=2, tensor=2)],
+                         ids=lambda m: f"d{m.data}f{m.fsdp}s{m.seq}t{m.tensor}")
 def test_every_block_type_matches_single_device(mesh_config):
     ref_loss, ref_grads = loss_and_grads(None)
     loss, grads = loss_and_grads(mesh_config)
