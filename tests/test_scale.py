@@ -10,14 +10,14 @@ from experiments.cli import main
 
 
 def test_scale_writes_table_and_plot(tmp_path, capsys):
-    assert main(["scale", "mqar-hybrid-tiny", "--devices", "1,2", "--strategy", "seq,fsdp",
+    assert main(["scale", "mqar-hybrid-tiny", "--devices", "1,2", "--strategy", "seq",
                  "--steps", "1", "--weak", "--out", str(tmp_path),
                  "--set", "train.batch_size=2", "--set", "data.seq_len=32"]) == 0
     record = json.loads((tmp_path / "scale.json").read_text())
     rows = {(r["strategy"], r["devices"]): r for r in record["rows"]}
-    assert sorted(rows) == [("fsdp", 1), ("fsdp", 2), ("seq", 1), ("seq", 2)]
+    assert sorted(rows) == [("seq", 1), ("seq", 2)]
     assert record["mode"] == "weak"
-    assert rows[("seq", 2)]["seq_len"] == 64 and rows[("fsdp", 2)]["batch"] == 4
+    assert rows[("seq", 2)]["seq_len"] == 64 and rows[("seq", 2)]["batch"] == 2
     for (_, devices), row in rows.items():
         assert row["tokens_per_s"] > 0 and row["tflops_per_device"] > 0
         assert row["peak_mb_per_device"] > 0

@@ -21,9 +21,10 @@ from jax.sharding import PartitionSpec as P
 
 SEQ_AXIS = "seq"
 COMBINES = ("all_gather", "ppermute")
-DEFAULT_COMBINE = "all_gather"
-"""Measured on 8 fake CPU devices (experiments/benchmarks/context_parallel_combine.py): the
-all-gather fold is faster at D ≤ 8; the ppermute scan keeps O(log D) latency for larger D."""
+DEFAULT_COMBINE = "ppermute"
+"""Measured on fake CPU devices (experiments/benchmarks/context_parallel_combine.py, BENCHMARKS.md):
+fwd+bwd, the ppermute scan takes 0.38–0.55× the all-gather fold's time on 8 shards and
+0.65–0.9× on 4; the all-gather is faster on 2 (one exchange either way)."""
 
 
 def seq_shards(axis_name: str = SEQ_AXIS) -> int:
