@@ -31,6 +31,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from hybrid_jax.sharding import constrain
@@ -171,8 +172,9 @@ class GatedDeltaNetMixer(nnx.Module):
         else:
             qkv = [conv(x, segment_ids) for conv, x in zip(self._convs, qkv, strict=True)]
         g, beta = self.gates(x_BTD)
-        o = gated_delta_rule(*self.heads(*qkv), g, beta, chunk_size=self.chunk_size,
-                             segment_ids=segment_ids, implementation=self.implementation)
+        o = context_parallel.gated_delta_rule(
+            *self.heads(*qkv), g, beta, chunk_size=self.chunk_size, segment_ids=segment_ids,
+            implementation=self.implementation)
         return self.output(o, x_BTD)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GatedDeltaNetCache:

@@ -38,6 +38,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from hybrid_jax.distributed import is_main_process
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
@@ -313,12 +314,13 @@ class _Run:
             if self.checkpointer is not None:
                 self.checkpointer.close()
             raise
-        if out is not None:
+        self.writes = out is not None and is_main_process()  # logs: process 0 only
+        if self.writes:
             (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
         self.step_fn = make_train_step(self.ts, cfg.grad_accum)
         self.eval_step = make_eval_step(self.ts)
         self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
-        self.log = MetricsLog(out)
+        self.log = MetricsLog(out if self.writes else None)
         self.log.truncate(self.step)  # records past the checkpoint are written again
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
         seq_len = int(getattr(self.data, "seq_len", 0))
@@ -443,7 +445,7 @@ class _Run:
         cfg, pending = self.cfg, None
         while True:
             try:
-                if self.step >= cfg.steps or stop.received:
+                if self.step >= cfg.steps or stop.everywhere():
                     if stop.received:
                         stop.acknowledge()
                     if pending is not None:
@@ -530,6 +532,6 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
                                   None),
                **{f"eval_{k}": v for k, v in final.items()},
                "accuracy": final["accuracy"], "wall_time_s": time.perf_counter() - start}
-    if out is not None:
+    if run.writes:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
