@@ -493,9 +493,21 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
     if out is None:
         return _train(experiment, None, progress, resume)
     out.mkdir(parents=True, exist_ok=True)
+    if not is_main_process():  # process 0 holds the lock and prepares the directory
+        return _train(experiment, out, progress, _agreed(resume))
     with RunLock(out):
         resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
-        return _train(experiment, out, progress, resume)
+        return _train(experiment, out, progress, _agreed(resume))
+
+
+def _agreed(resume: bool) -> bool:
+    """Process 0's decision to resume, on every process (also a barrier: the others start
+    once the run directory is prepared)."""
+    if jax.process_count() == 1:
+        return resume
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(resume)))
 
 
 def _train(experiment: ExperimentConfig, out: Path | None, progress: bool, resume: bool
