@@ -14,6 +14,7 @@
     hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
     hybrid-jax inspect mixing RUN_DIR [--out mixing.png]
+    hybrid-jax scale NAME --devices 1,2,4,8 --strategy data,fsdp,tensor,seq [--weak|--strong]
 """
 
 from __future__ import annotations
@@ -45,6 +46,28 @@ def _add_overrides(parser: argparse.ArgumentParser) -> None:
                         help="override a config field, e.g. train.steps=100 or model.window=16")
 
 
+def _add_distributed(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("multi-process (see hybrid_jax.distributed; the "
+                                      "HYBRID_JAX_* environment variables work too)")
+    group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="address of process 0")
+    group.add_argument("--num-processes", type=int, default=None)
+    group.add_argument("--process-id", type=int, default=None)
+    group.add_argument("--local-device-ids", default=None, metavar="I,I,...",
+                       help="this process's devices (default: all of the host's)")
+    group.add_argument("--distributed-auto", action="store_true",
+                       help="let JAX detect the cluster (SLURM, MPI, TPU pods, ...)")
+
+
+def _initialize_distributed(args: argparse.Namespace) -> None:
+    from hybrid_jax.distributed import initialize
+
+    ids = (None if args.local_device_ids is None
+           else [int(i) for i in args.local_device_ids.split(",")])
+    initialize(args.coordinator, args.num_processes, args.process_id, ids,
+               auto=args.distributed_auto)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybrid-jax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start afresh in --out even if it holds another run (its "
                             "checkpoints, metrics and config are deleted)")
     _add_overrides(train)
+    _add_distributed(train)
 
     evaluate = sub.add_parser("eval", help="evaluate a trained run on its held-out data")
     evaluate.add_argument("run_dir", type=Path)
@@ -132,6 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("--out", type=Path, required=True,
                            help="tokenizer.json path, or a (run) directory to write it into")
 
+    scale = sub.add_parser("scale", help="timed train / forward steps per mesh strategy and "
+                                         "device count: a scaling table and plot")
+    scale.add_argument("name", help="experiment name (see `hybrid-jax list`)")
+    scale.add_argument("--devices", default="1,2,4,8", help="device counts, e.g. 1,2,4,8")
+    scale.add_argument("--strategy", default="data", help="comma-separated: data,fsdp,tensor,seq")
+    mode = scale.add_mutually_exclusive_group()
+    mode.add_argument("--weak", action="store_true",
+                      help="work grows with the devices (batch; sequence length for seq)")
+    mode.add_argument("--strong", action="store_true", help="fixed global work (the default)")
+    scale.add_argument("--steps", type=int, default=5, help="timed steps per setting")
+    scale.add_argument("--out", type=Path, default=None, help="output folder (default "
+                       "runs/scale-NAME)")
+    _add_overrides(scale)
+
     plot = sub.add_parser("plot", help="loss / perplexity curves of runs on one PNG")
     plot.add_argument("run_dirs", nargs="+", type=Path)
     plot.add_argument("--out", type=Path, default=Path("curves.png"))
@@ -148,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from experiments.run import run_experiment
+
+    _initialize_distributed(args)  # before anything touches a device
 
     out = Path("runs") / args.name if args.out is None else args.out
     results = run_experiment(args.name, out_dir=out, overrides=args.overrides,
@@ -421,9 +461,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from experiments import scale
+
+    devices = [int(n) for n in scale.parse_list(args.devices, "devices")]
+    if min(devices) < 1:
+        raise ValueError(f"--devices: expected positive counts, got {args.devices!r}")
+    scale.request_cpu_devices(max(devices))  # fake CPU devices, where no accelerator has them
+    strategies = scale.parse_list(args.strategy, "strategy", scale.STRATEGIES)
+    out = Path("runs") / f"scale-{args.name}" if args.out is None else args.out
+    scale.run(args.name, devices, strategies, weak=args.weak, steps=args.steps, out=out,
+              overrides=args.overrides)
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "list": cmd_list,
             "tokenizer": cmd_tokenizer, "plot": cmd_plot, "import": cmd_import,
-            "export": cmd_export, "convert": cmd_convert, "inspect": cmd_inspect}
+            "export": cmd_export, "convert": cmd_convert, "inspect": cmd_inspect,
+            "scale": cmd_scale}
 
 
 def error_line(error: BaseException) -> str:

@@ -298,25 +298,34 @@ class MeshConfig:
     `axis_rules` names the logical-axis rule set (`hybrid_jax.sharding.AXIS_RULE_SETS`, e.g.
     "default"); `axis_rule_overrides` changes single rules, each "logical=mesh axes" with axes
     joined by "+" or "none", e.g. `("embed=none", "mlp=tensor+fsdp")`.
+
+    `seq` splits the time axis of activations (context parallelism: every mixer then runs its
+    context-parallel form, `hybrid_jax.ops.context_parallel`).
     """
 
     data: int = -1
     fsdp: int = 1
+    seq: int = 1
     tensor: int = 1
     axis_rules: str = "default"
     axis_rule_overrides: tuple[str, ...] = ()
 
+    def sizes(self) -> tuple[int, int, int, int]:
+        """`(data, fsdp, seq, tensor)`: the order of `hybrid_jax.sharding.MESH_AXES`."""
+        return (self.data, self.fsdp, self.seq, self.tensor)
+
     def __post_init__(self) -> None:
         check_types(self)
-        sizes = (self.data, self.fsdp, self.tensor)
+        sizes = self.sizes()
         if sum(s == -1 for s in sizes) > 1 or any(s == 0 or s < -1 for s in sizes):
             raise ValueError(
-                f"MeshConfig(data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}): "
-                "expected positive sizes with at most one -1 (the remaining devices)"
+                f"MeshConfig(data={self.data}, fsdp={self.fsdp}, seq={self.seq}, "
+                f"tensor={self.tensor}): expected positive sizes with at most one -1 (the "
+                "remaining devices)"
             )
 
-    def shape(self, num_devices: int) -> tuple[int, int, int]:
-        sizes = [self.data, self.fsdp, self.tensor]
+    def shape(self, num_devices: int) -> tuple[int, int, int, int]:
+        sizes = list(self.sizes())
         known = math.prod(s for s in sizes if s != -1)
         if -1 in sizes:
             if num_devices % known:

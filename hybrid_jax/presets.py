@@ -270,3 +270,19 @@ def oryx_gdn_340m() -> ModelConfig:
     """
     return ModelConfig(layers=("oryx",) * 21, vocab_size=32000, d_model=1024, num_heads=16,
                        ffn_dim=2816)
+
+
+@register("nha-hybrid-1b")
+def nha_hybrid_1b() -> ModelConfig:
+    """nha-hybrid-340m scaled to ~1.4B for FSDP: 24 layers, d_model 2048, 8 heads of 256, FFN
+    5632, full windows in every 6th layer.
+
+    Our choice of shape (a Llama-1B-like width and FFN with NHA's head size); at this size the
+    parameters and Adam moments (~16 GB in float32) are meant to be sharded: train it with
+    `--set train.mesh.fsdp=-1 --set train.mesh.data=1` (and `--set model.remat=full`).
+    """
+    return ModelConfig(
+        layers=tuple(layer("nha", window=None) if i % 6 == 5 else layer("nha")
+                     for i in range(24)),
+        vocab_size=32000, d_model=2048, num_heads=8, ffn_dim=5632, window=32,
+        tie_embeddings=False)

@@ -7,7 +7,9 @@ means changing that table (or passing another), never the model code.
 
 Mesh axes: `data` (pure data parallelism: parameters replicated), `fsdp` (data parallel with
 parameters and optimizer state sharded along `embed`), `tensor` (Megatron-style: heads and MLP
-hidden units split). A dimension that its mesh axis does not divide stays replicated.
+hidden units split), `seq` (context parallelism: the time axis of activations split; the
+mixers run their context-parallel forms, `hybrid_jax.ops.context_parallel`). A dimension that
+its mesh axis does not divide stays replicated.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from hybrid_jax.config import MeshConfig
 from hybrid_jax.registry import Registry
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "seq", "tensor")
 
 MeshAxes = str | tuple[str, ...] | None
 
 LOGICAL_AXIS_RULES: Mapping[str, MeshAxes] = {
     "batch": ("data", "fsdp"),
-    "seq": None,
+    "seq": "seq",
     "embed": "fsdp",
     "vocab": "tensor",
     "mlp": "tensor",
@@ -104,7 +106,7 @@ def use_rules(rules: Mapping[str, MeshAxes]) -> Iterator[None]:
 
 
 def make_mesh(config: MeshConfig | None = None, devices: Sequence | None = None) -> Mesh:
-    """A `(data, fsdp, tensor)` mesh over `devices` (default: all), sizes from `config`."""
+    """A `(data, fsdp, seq, tensor)` mesh over `devices` (default: all), sizes from `config`."""
     devices = list(jax.devices() if devices is None else devices)
     shape = (config or MeshConfig()).shape(len(devices))
     used = int(np.prod(shape))

@@ -59,7 +59,7 @@ def test_bad_train_and_mesh_configs():
         MeshConfig(data=-1, fsdp=-1)
     with pytest.raises(ValueError, match="needs 16 devices"):
         MeshConfig(data=4, fsdp=4).shape(8)
-    assert MeshConfig(data=-1, tensor=2).shape(8) == (4, 1, 2)
+    assert MeshConfig(data=-1, tensor=2).shape(8) == (4, 1, 1, 2)
 
 
 def test_every_preset_constructs_and_unknown_preset_fails():

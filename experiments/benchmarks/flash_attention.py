@@ -76,7 +76,7 @@ def kernel_op(segments, window, blocks=None):
 def xla_op(segments, window):
     return lambda q, k, v: attention_xla(q, k, v, causal=True, window=window,
                                          scale=q.shape[-1] ** -0.5, segment_ids=segments,
-                                         q_positions=None, kv_positions=None)
+                                         q_positions=None, kv_positions=None, kv_segment_ids=None)
 
 
 def _value_and_grads(op, x, weights):

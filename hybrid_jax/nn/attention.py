@@ -23,6 +23,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
 from hybrid_jax.nn.layers import Linear, RoPE
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.sharding import constrain
 
 
@@ -111,9 +112,10 @@ class AttentionMixer(nnx.Module):
         """The attention op (causal, this mixer's window and temperature): `[B, T, H, D]`."""
         kwargs.update(causal=True, window=self.window, implementation=self.implementation)
         if self.cosine:
-            out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...], **kwargs)
+            out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...],
+                                              attend=context_parallel.attention, **kwargs)
         else:
-            out = ops.attention(q, k, v, **kwargs)
+            out = context_parallel.attention(q, k, v, **kwargs)
         return constrain(out, ("batch", "seq", "heads", "head_dim"))
 
     def output(self, o_BTHD: jax.Array) -> jax.Array:

@@ -31,6 +31,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from hybrid_jax.sharding import constrain
@@ -182,10 +183,10 @@ class GatedDeltaNetMixer(nnx.Module):
                    state: jax.Array | None = None):
         """The gated delta rule: `o [B,T,H,V]`, and with `state` (decoding: one token with the
         step, more chunked) the new state, else None."""
-        if state is None:
-            return gated_delta_rule(q, k, v, g, beta, chunk_size=self.chunk_size,
-                                    segment_ids=segment_ids,
-                                    implementation=self.implementation), None
+        if state is None:  # training / eval: the context-parallel form when the mesh has one
+            return context_parallel.gated_delta_rule(
+                q, k, v, g, beta, chunk_size=self.chunk_size, segment_ids=segment_ids,
+                implementation=self.implementation), None
         if q.shape[1] == 1:
             o, state = gated_delta_rule_step(state, q[:, 0], k[:, 0], v[:, 0], g[:, 0],
                                              beta[:, 0])

@@ -28,6 +28,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std
 from hybrid_jax.nn.layers import Linear
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.gsa import gated_slot_attention, gated_slot_attention_step
 from hybrid_jax.sharding import constrain
 
@@ -109,8 +110,9 @@ class GSAMixer(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
         q, k, v, s, g = self.inputs(x_BTD)
-        o = gated_slot_attention(q, k, v, s, g, scale=self.scale, chunk_size=self.chunk_size,
-                                 segment_ids=ctx.segment_ids, implementation=self.implementation)
+        o = context_parallel.gated_slot_attention(
+            q, k, v, s, g, scale=self.scale, chunk_size=self.chunk_size,
+            segment_ids=ctx.segment_ids, implementation=self.implementation)
         return slot_attention_output(self.o_norm, self.o_proj, o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSACache:

@@ -33,6 +33,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std
 from hybrid_jax.nn.layers import Linear, param
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.dss import dss, dss_discretize, dss_step
 
 
@@ -140,8 +141,8 @@ class GSSMixer(nnx.Module):
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
         u, v = self.inputs(x_BTD)
         log_decay, coeff = self.discretize()
-        y = dss(u, log_decay, coeff, segment_ids=ctx.segment_ids,
-                implementation=self.implementation)
+        y = context_parallel.dss(u, log_decay, coeff, segment_ids=ctx.segment_ids,
+                                 implementation=self.implementation)
         return self.output(y, u, v)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSSCache:

@@ -14,6 +14,7 @@ from flax import nnx
 
 from hybrid_jax import ops
 from hybrid_jax.cache import ConvCache
+from hybrid_jax.ops.context_parallel import with_past
 
 Shape = int | Sequence[int]
 
@@ -166,6 +167,21 @@ class SwiGLU(nnx.Module):
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
 
 
+def _causal_conv(inputs: tuple[jax.Array, jax.Array | None], weight: jax.Array) -> jax.Array:
+    """`Σ_{i<size} w_i ⊙ x_{t−i}` in float32, inputs of another document counted as zeros."""
+    x_BTC, segment_ids_BT = inputs
+    x = x_BTC.astype(jnp.float32)
+    y = x * weight[0]
+    for lag in range(1, min(weight.shape[0], x.shape[1] + 1)):
+        shifted = jnp.pad(x, ((0, 0), (lag, 0), (0, 0)))[:, : x.shape[1]]
+        if segment_ids_BT is not None:
+            prev = jnp.pad(segment_ids_BT, ((0, 0), (lag, 0)), constant_values=-1)
+            same = (prev[:, : x.shape[1]] == segment_ids_BT)[..., None]
+            shifted = jnp.where(same, shifted, 0.0)
+        y = y + shifted * weight[lag]
+    return y
+
+
 class ShortConv(nnx.Module):
     """Depthwise causal 1-D convolution over time (kernel `size`), optionally followed by SiLU.
 
@@ -191,16 +207,9 @@ class ShortConv(nnx.Module):
         return (jax.nn.silu(y) if self.activation else y).astype(self.dtype)
 
     def __call__(self, x_BTC: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
-        weight = self.weight[...].astype(jnp.float32)
-        x = x_BTC.astype(jnp.float32)
-        y = x * weight[0]
-        for lag in range(1, min(self.size, x.shape[1] + 1)):
-            shifted = jnp.pad(x, ((0, 0), (lag, 0), (0, 0)))[:, : x.shape[1]]
-            if segment_ids_BT is not None:
-                prev = jnp.pad(segment_ids_BT, ((0, 0), (lag, 0)), constant_values=-1)
-                same = (prev[:, : x.shape[1]] == segment_ids_BT)[..., None]
-                shifted = jnp.where(same, shifted, 0.0)
-            y = y + shifted * weight[lag]
+        # Under context parallelism each time shard convolves with a halo of the previous one.
+        y = with_past(_causal_conv, self.size - 1, (x_BTC, segment_ids_BT),
+                      self.weight[...].astype(jnp.float32))
         return self._finish(y)
 
     def init_cache(self, batch: int, channels: int, dtype) -> ConvCache:

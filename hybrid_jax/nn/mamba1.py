@@ -30,6 +30,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
 from hybrid_jax.nn.layers import Linear, ShortConv, param, symmetric_uniform
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.selective_scan import selective_scan, selective_scan_step
 
 
@@ -130,10 +131,10 @@ class Mamba1Mixer(nnx.Module):
         x = self.conv(self.x_proj(x_BTD), ctx.segment_ids)
         z = self.z_proj(x_BTD)
         dt, B, C = self.scan_inputs(x)
-        y = selective_scan(x[:, :, None], dt[:, :, None], self._A()[None], B[:, :, None],
-                           C[:, :, None], chunk_size=self.chunk_size,
-                           segment_ids=ctx.segment_ids,
-                           implementation=self.implementation)[:, :, 0]
+        y = context_parallel.selective_scan(
+            x[:, :, None], dt[:, :, None], self._A()[None], B[:, :, None], C[:, :, None],
+            chunk_size=self.chunk_size, segment_ids=ctx.segment_ids,
+            implementation=self.implementation)[:, :, 0]
         return self.output(y, x, z)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba1Cache:

@@ -29,6 +29,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
 from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.ssd import ssd, ssd_step
 from hybrid_jax.sharding import constrain
 
@@ -169,8 +170,8 @@ class Mamba2Mixer(nnx.Module):
         segment_ids = ctx.segment_ids
         x, bc, z, dt = self.project(x_BTD)
         x, B, C = self.split(self.x_conv(x, segment_ids), self.bc_conv(bc, segment_ids))
-        y = ssd(x, dt, self._A(), B, C, chunk_size=self.chunk_size, segment_ids=segment_ids,
-                implementation=self.implementation)
+        y = context_parallel.ssd(x, dt, self._A(), B, C, chunk_size=self.chunk_size,
+                                 segment_ids=segment_ids, implementation=self.implementation)
         return self.output(y, x, z)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba2Cache:

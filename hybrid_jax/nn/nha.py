@@ -41,6 +41,7 @@ from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std, param_dtype
 from hybrid_jax.nn.gsa import slot_attention_output
 from hybrid_jax.nn.layers import Linear, RoPE, ShortConv
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import rotary_dim
 from hybrid_jax.ops.nha import (
     EMPTY_SLOTS,
@@ -196,9 +197,9 @@ class NHAMixer(nnx.Module):
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
         inputs, _ = self.inputs(x_BTD, ctx)
         window = x_BTD.shape[1] if self.window is None else self.window
-        o = native_hybrid_attention(**inputs, window=window, segment_ids=ctx.segment_ids,
-                                    empty_slots=self.empty_slots, chunk_size=self.chunk_size,
-                                    implementation=self.implementation)
+        o = context_parallel.native_hybrid_attention(
+            **inputs, window=window, segment_ids=ctx.segment_ids, empty_slots=self.empty_slots,
+            chunk_size=self.chunk_size, implementation=self.implementation)
         return self._output(o)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> NHACache:

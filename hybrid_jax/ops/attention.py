@@ -16,6 +16,7 @@ empty cache slot. `segment_ids` (self-attention only) keep packed documents apar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ def attention(
     segment_ids: jax.Array | None = None,
     q_positions: jax.Array | None = None,
     kv_positions: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
     """Softmax attention `softmax(scale·q kᵀ + mask) v`.
@@ -49,9 +51,12 @@ def attention(
       causal: mask keys at later positions than the query.
       window: band width (see module docstring); None for no band. Must be >= 1.
       scale: logit scale, default `D**-0.5`.
-      segment_ids: `[B, T]` int document ids for packed sequences (requires T == S).
+      segment_ids: `[B, T]` int document ids of the queries in packed sequences; without
+        `kv_segment_ids` also those of the keys (then T == S).
       q_positions: `[B, T]` or `[T]` int positions of the queries.
       kv_positions: `[B, S]` or `[S]` int positions of the keys; < 0 marks an empty slot.
+      kv_segment_ids: `[B, S]` document ids of the keys, when they are not the queries' (a
+        context-parallel shard attending to gathered keys); needs `segment_ids`.
       implementation: "reference", "xla", "cudnn" (GPU, no segment_ids), "pallas" (GPU flash
         attention with segment_ids, `pallas_kernels.flash_attention`) or None (auto: cudnn,
         then pallas, then xla; `attention_rung` says which).
@@ -59,7 +64,7 @@ def attention(
     Returns:
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
     """
-    _check(q, k, v, window, segment_ids, q_positions, kv_positions)
+    _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return dispatch(
         _OP,
@@ -74,20 +79,25 @@ def attention(
         segment_ids=segment_ids,
         q_positions=q_positions,
         kv_positions=kv_positions,
+        kv_segment_ids=kv_segment_ids,
     )
 
 
-def _check(q, k, v, window, segment_ids, q_positions, kv_positions) -> None:
+def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids) -> None:
     sizes = check_dims(_OP, {}, q=(q, "BTHD"), k=(k, "BSGD"), v=(v, "BSG_"))
     check_floating(_OP, q=q, k=k, v=v)
     check_divides(_OP, "num_kv_heads (axis 2 of k) must divide num_heads (axis 2 of q)",
                   sizes["G"], sizes["H"])
     if window is not None and window < 1:
         raise ValueError(f"{_OP}: window must be >= 1 or None, got {window}")
+    if kv_segment_ids is not None:
+        if segment_ids is None:
+            raise ValueError(f"{_OP}: kv_segment_ids need segment_ids (of the queries)")
+        check_dims(_OP, sizes, kv_segment_ids=(kv_segment_ids, "BS"))
     if segment_ids is not None:
-        if sizes["T"] != sizes["S"]:
-            raise ValueError(f"{_OP}: segment_ids need self-attention (T == S), "
-                             f"got T={sizes['T']}, S={sizes['S']}")
+        if kv_segment_ids is None and sizes["T"] != sizes["S"]:
+            raise ValueError(f"{_OP}: segment_ids without kv_segment_ids need self-attention "
+                             f"(T == S), got T={sizes['T']}, S={sizes['S']}")
         check_dims(_OP, sizes, segment_ids=(segment_ids, "BT"))
     for name, pos, axis in (("q_positions", q_positions, "T"), ("kv_positions", kv_positions, "S")):
         if pos is not None and pos.shape not in ((sizes[axis],), (sizes["B"], sizes[axis])):
@@ -109,8 +119,10 @@ def attention_mask(
     segment_ids: jax.Array | None = None,
     q_positions: jax.Array | None = None,
     kv_positions: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
 ) -> jax.Array:
-    """The boolean `[B, T, S]` mask of which key each query may attend to."""
+    """The boolean `[B, T, S]` mask of which key each query may attend to (`kv_segment_ids`
+    default: `segment_ids`)."""
     if q_positions is None:
         q_positions = jnp.arange(num_queries) + (num_keys - num_queries)
     if kv_positions is None:
@@ -125,7 +137,8 @@ def attention_mask(
         if not causal:
             mask &= k_pos - q_pos < window
     if segment_ids is not None:
-        mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+        kv_segment_ids = segment_ids if kv_segment_ids is None else kv_segment_ids
+        mask &= segment_ids[:, :, None] == kv_segment_ids[:, None, :]
     return mask
 
 
@@ -139,7 +152,8 @@ def masked_softmax(logits: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Ar
     return weights / jnp.where(total > 0, total, 1.0)
 
 
-def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
+                        kv_segment_ids):
     """The definition: every query against every key of its head, in float32/float64."""
     dtype = _compute_dtype(q)
     group = q.shape[2] // k.shape[2]
@@ -148,12 +162,13 @@ def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positi
     logits = scale * jnp.einsum("bthd,bshd->bhts", q.astype(dtype), k)
     mask = attention_mask(q.shape[0], q.shape[1], k.shape[1], causal=causal, window=window,
                           segment_ids=segment_ids, q_positions=q_positions,
-                          kv_positions=kv_positions)
+                          kv_positions=kv_positions, kv_segment_ids=kv_segment_ids)
     probs = masked_softmax(logits, mask[:, None])
     return jnp.einsum("bhts,bshd->bthd", probs, v).astype(q.dtype)
 
 
-def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
+                  kv_segment_ids):
     """Grouped heads without repeating K/V; matmuls in the input dtype, softmax in float32."""
     batch, num_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -162,14 +177,14 @@ def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, k
     logits = jnp.einsum("btkgd,bskd->bkgts", q_grouped, k, preferred_element_type=dtype)
     mask = attention_mask(batch, num_q, k.shape[1], causal=causal, window=window,
                           segment_ids=segment_ids, q_positions=q_positions,
-                          kv_positions=kv_positions)
+                          kv_positions=kv_positions, kv_segment_ids=kv_segment_ids)
     probs = masked_softmax(logits * scale, mask[:, None, None])
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=dtype)
     return out.reshape(batch, num_q, num_heads, v.shape[-1]).astype(q.dtype)
 
 
 def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                       kv_positions) -> str | None:
+                       kv_positions, kv_segment_ids) -> str | None:
     if backend() != "gpu":
         return f"needs a GPU backend, running on {backend()}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -186,7 +201,8 @@ def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positio
     return None
 
 
-def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
+                    kv_segment_ids):
     # Always `is_causal=True` together with a local window: without it JAX attends to the future.
     local_window = None if window is None else (window - 1, 0)
     return jax.nn.dot_product_attention(
@@ -196,17 +212,20 @@ def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions,
 
 
 def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                        kv_positions) -> str | None:
+                        kv_positions, kv_segment_ids) -> str | None:
     if backend() != "gpu":
         return f"needs a GPU backend, running on {backend()}"
     if not causal:
         return "needs causal=True"
     if q_positions is not None or kv_positions is not None:
         return "explicit positions are not supported"
+    if kv_segment_ids is not None:
+        return "separate key segment ids (context-parallel gathered keys) are not supported"
     return pallas_flash.unsupported(q, k, v, segment_ids, window=window)
 
 
-def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions):
+def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
+                     kv_segment_ids):
     return pallas_flash.flash_attention(q, k, v, segment_ids, window=window, scale=scale)
 
 
@@ -223,7 +242,8 @@ def attention_rung(q, k, v, *, causal: bool = True, window: int | None = None,
     """The name of the rung `attention` runs for these arguments (arrays or ShapeDtypeStructs)
     on the current backend."""
     rung, _ = choose(_OP, _RUNGS, implementation, q, k, v, causal=causal, window=window,
-                     scale=1.0, segment_ids=segment_ids, q_positions=None, kv_positions=None)
+                     scale=1.0, segment_ids=segment_ids, q_positions=None, kv_positions=None,
+                     kv_segment_ids=None)
     return rung.name
 
 
@@ -299,13 +319,16 @@ def scaled_cosine_attention(
     k: jax.Array,
     v: jax.Array,
     log_temperature: jax.Array,
+    *,
+    attend: Callable[..., jax.Array] | None = None,
     **attention_kwargs,
 ) -> jax.Array:
     """Attention on `cos(q, k)·exp(min(τ_h, log 100))` (Swin Transformer v2).
 
     `log_temperature` is `[Hq]`, one learnable τ per query head. The per-head scale is folded
     into the normalised queries, so every `attention` rung (cuDNN included) can run it.
-    Other keyword arguments go to `attention` (except `scale`).
+    Other keyword arguments go to `attend` (default `attention`; e.g. its context-parallel
+    form), except `scale`.
     """
     if "scale" in attention_kwargs:
         raise ValueError("scaled_cosine_attention: the scale comes from log_temperature; "
@@ -314,4 +337,5 @@ def scaled_cosine_attention(
         raise ValueError(f"scaled_cosine_attention: log_temperature must have shape [Hq] = "
                          f"[{q.shape[2]}], got {log_temperature.shape}")
     q_scaled = l2_normalize(q) * cosine_logit_scale(log_temperature)[:, None].astype(q.dtype)
-    return attention(q_scaled, l2_normalize(k), v, scale=1.0, **attention_kwargs)
+    attend = attention if attend is None else attend
+    return attend(q_scaled, l2_normalize(k), v, scale=1.0, **attention_kwargs)

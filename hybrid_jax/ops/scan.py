@@ -178,7 +178,9 @@ def _inverse_by_halves(a: jax.Array, block: int) -> jax.Array:
 def _forward_substitution(a: jax.Array) -> jax.Array:
     """Row i of `T = (I + A)⁻¹` is `e_i − A[i] T` once rows < i are final (A[i, j≥i] = 0)."""
     n = a.shape[-1]
-    eye = jnp.broadcast_to(jnp.eye(n, dtype=a.dtype), a.shape)
+    # `+ zeros_like(a)` gives the carry `a`'s varying mesh axes (inside a context-parallel
+    # shard_map the loop's carry must match its body's output).
+    eye = jnp.eye(n, dtype=a.dtype) + jnp.zeros_like(a)
 
     def row(i, t):
         a_i = jax.lax.dynamic_index_in_dim(a, i, axis=-2)  # [..., 1, n]

@@ -7,6 +7,10 @@ still writes the signal number to the wakeup fd (`signal.set_wakeup_fd`); a watc
 reads it, sets `received`, and — when the loop has not acknowledged the stop within
 `grace_s`, or on a second signal — calls `on_force_exit` (flush logs, say what was saved) and
 ends the process with status 128 + signal.
+
+In a multi-process job a signal may reach only some processes; `everywhere()` makes every
+process stop at the same step (a checkpoint needs all of them), taking the first signal name
+any process received.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+
+import jax
+import numpy as np
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -55,6 +62,18 @@ class StopSignals:
                                           name="stop-signal-watchdog", daemon=True)
         self._watchdog.start()
         return self
+
+    def everywhere(self) -> bool:
+        """Whether any process of the job received a signal (then `received` names one)."""
+        if jax.process_count() == 1:
+            return self.received is not None
+        from jax.experimental import multihost_utils
+
+        codes = multihost_utils.process_allgather(
+            np.int32(0 if self.received is None else signal.Signals[self.received].value))
+        if self.received is None and np.any(codes):
+            self.received = signal.Signals(int(codes[np.flatnonzero(codes)[0]])).name
+        return self.received is not None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Runs on the main thread when it is free; the watchdog has usually seen it already.

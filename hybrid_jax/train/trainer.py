@@ -38,6 +38,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.data.pipeline import eval_batches, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from hybrid_jax.distributed import is_main_process
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.modes import with_modes
 from hybrid_jax.nn import diagnostics
@@ -322,12 +323,13 @@ class _Run:
             if self.checkpointer is not None:
                 self.checkpointer.close()
             raise
-        if out is not None:
+        self.writes = out is not None and is_main_process()  # logs: process 0 only
+        if self.writes:
             (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
         self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed)
         self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)
         self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
-        self.log = MetricsLog(out)
+        self.log = MetricsLog(out if self.writes else None)
         self.log.truncate(self.step)  # records past the checkpoint are written again
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
         seq_len = int(getattr(self.data, "seq_len", 0))
@@ -452,7 +454,7 @@ class _Run:
         cfg, pending = self.cfg, None
         while True:
             try:
-                if self.step >= cfg.steps or stop.received:
+                if self.step >= cfg.steps or stop.everywhere():
                     if stop.received:
                         stop.acknowledge()
                     if pending is not None:
@@ -500,9 +502,21 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
     if out is None:
         return _train(experiment, None, progress, resume)
     out.mkdir(parents=True, exist_ok=True)
+    if not is_main_process():  # process 0 holds the lock and prepares the directory
+        return _train(experiment, out, progress, _agreed(resume))
     with RunLock(out):
         resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
-        return _train(experiment, out, progress, resume)
+        return _train(experiment, out, progress, _agreed(resume))
+
+
+def _agreed(resume: bool) -> bool:
+    """Process 0's decision to resume, on every process (also a barrier: the others start
+    once the run directory is prepared)."""
+    if jax.process_count() == 1:
+        return resume
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(resume)))
 
 
 def _train(experiment: ExperimentConfig, out: Path | None, progress: bool, resume: bool
@@ -539,6 +553,6 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
                                   None),
                **{f"eval_{k}": v for k, v in final.items()},
                "accuracy": final["accuracy"], "wall_time_s": time.perf_counter() - start}
-    if out is not None:
+    if run.writes:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     return results

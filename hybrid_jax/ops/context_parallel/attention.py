@@ -1,0 +1,56 @@
+"""Context-parallel softmax attention: each time shard's queries against the keys they see.
+
+Full attention all-gathers K/V (and their document ids) over the `seq` axis. Causal windowed
+attention whose window reaches back less than the whole sequence takes only a halo of the
+`window − 1` tokens before the shard (`ppermute` of whole shards, several when the window is
+wider than a shard). Queries and keys attend by their positions in the whole sequence, and
+packed documents by their segment ids on both sides, so a document may cross a shard boundary
+anywhere. (A ring variant that streams K/V blocks instead of gathering them saves memory at
+long T; it is not built.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.ops.attention import attention as _attention
+from hybrid_jax.ops.context_parallel.collectives import SEQ_AXIS, halo, seq_shards, shard_over_seq
+
+
+def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
+              q_positions=None, kv_positions=None, implementation=None, axis_name=SEQ_AXIS):
+    """`hybrid_jax.ops.attention`, context-parallel over `axis_name` for self-attention (the
+    positions are then the sequence's own); shapes and result as the op."""
+    op_kwargs = dict(causal=causal, window=window, scale=scale, implementation=implementation)
+    shards = seq_shards(axis_name)
+    if shards == 1:
+        return _attention(q, k, v, segment_ids=segment_ids, q_positions=q_positions,
+                          kv_positions=kv_positions, **op_kwargs)
+    if q_positions is not None or kv_positions is not None or q.shape[1] != k.shape[1]:
+        raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
+                         "self-attention without explicit positions (a decode step runs "
+                         f"without a '{axis_name}' axis); got q {q.shape}, k {k.shape}")
+    if segment_ids is None:
+        segment_ids = jnp.zeros(q.shape[:2], jnp.int32)
+    local_length = q.shape[1] // shards
+    use_halo = causal and window is not None and window - 1 < (shards - 1) * local_length
+
+    def local(seq, _):
+        q, k, v, segment_ids = seq
+        start = jax.lax.axis_index(axis_name) * local_length
+        q_positions = start + jnp.arange(local_length)
+        if use_halo:
+            width = window - 1
+            k_all, v_all, kv_segment_ids = (jnp.concatenate([halo(x, width, axis_name), x], 1)
+                                            for x in (k, v, segment_ids))
+            kv_positions = start - width + jnp.arange(width + local_length)  # < 0: masked
+        else:
+            k_all, v_all, kv_segment_ids = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True)
+                                            for x in (k, v, segment_ids))
+            kv_positions = jnp.arange(k_all.shape[1])
+        return _attention(q, k_all, v_all, segment_ids=segment_ids,
+                          kv_segment_ids=kv_segment_ids, q_positions=q_positions,
+                          kv_positions=kv_positions, **op_kwargs)
+
+    return shard_over_seq(local, (q, k, v, segment_ids), (), out_seq=True, axis_name=axis_name)
