@@ -125,8 +125,10 @@ def test_none_disables_gradient_clipping():
     from hybrid_jax.train.optimizer import make_optimizer
 
     params = {"w": jnp.ones((2, 2))}
-    assert len(make_optimizer(TrainConfig(grad_clip=None)).init(params)) == 1  # adamw only
-    assert len(make_optimizer(TrainConfig(grad_clip=1.0)).init(params)) == 2  # clip, adamw
+    # The chain is (clip,) adamw, freeze mask: clipping adds exactly one transform.
+    unclipped = make_optimizer(TrainConfig(grad_clip=None)).init(params)
+    clipped = make_optimizer(TrainConfig(grad_clip=1.0)).init(params)
+    assert len(clipped) == len(unclipped) + 1 == 3
 
 
 def test_lm_experiments_find_shared_data_from_the_project_root(tmp_path, monkeypatch):
