@@ -23,8 +23,8 @@ def _sleep_forever(x):
     return x
 
 
-def stuck_steps(ts):
-    step_fn, calls = trainer_make_train_step(ts), [0]
+def stuck_steps(ts, *args, **kwargs):
+    step_fn, calls = trainer_make_train_step(ts, *args, **kwargs), [0]
     hang = jax.jit(lambda x: jax.pure_callback(_sleep_forever, jax.ShapeDtypeStruct(x.shape,
                                                                                     x.dtype), x))
 
