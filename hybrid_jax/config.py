@@ -72,6 +72,13 @@ def check_values(cls: type, values: Mapping[str, Any]) -> None:
             _fail(cls.__name__, name, value, f"expected {expected}")
 
 
+def _check_nested(config: Any, owner: str, **classes: type) -> None:
+    """Raises ValueError naming the first field whose value is not an instance of its class."""
+    for name, cls in classes.items():
+        if not isinstance(getattr(config, name), cls):
+            _fail(owner, name, getattr(config, name), f"expected a {cls.__name__}")
+
+
 def check_finite(owner: str, name: str, value: float, low: float, *, open_low: bool = False,
                  high: float | None = None, open_high: bool = False) -> None:
     """Raises ValueError unless `value` is finite and inside the interval."""
@@ -392,10 +399,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         own = "TrainConfig"
         check_types(self)
-        if not isinstance(self.mesh, MeshConfig):
-            _fail(own, "mesh", self.mesh, "expected a MeshConfig")
-        if not isinstance(self.mode_schedule, ModeSchedule):
-            _fail(own, "mode_schedule", self.mode_schedule, "expected a ModeSchedule")
+        _check_nested(self, own, mesh=MeshConfig, mode_schedule=ModeSchedule)
         for name in ("steps", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
@@ -476,10 +480,7 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         own = "ExperimentConfig"
         check_types(self)
-        if not isinstance(self.model, ModelConfig):
-            _fail(own, "model", self.model, "expected a ModelConfig")
-        if not isinstance(self.train, TrainConfig):
-            _fail(own, "train", self.train, "expected a TrainConfig")
+        _check_nested(self, own, model=ModelConfig, train=TrainConfig)
         if type(self.data) not in (DATA_KINDS.get(kind) for kind in DATA_KINDS.names()):
             _fail(own, "data", self.data,
                   f"expected a registered data config (kinds: {DATA_KINDS.names()})")
