@@ -51,7 +51,7 @@ def ssd(
       `(y [B, T, H, P] in x's dtype, final state [B, H, P, N] float32)`.
     """
     reason = unsupported(x, dt, A, B, C, segment_ids=segment_ids, initial_state=initial_state,
-                         block_sizes=block_sizes, interpret=interpret)
+                         interpret=interpret)
     if reason is not None:
         raise ValueError(f"pallas ssd: {reason}")
     batch, length, heads, head_dim = x.shape
@@ -104,10 +104,11 @@ def _core_bwd(st, residuals, cotangents):
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, block_sizes=None,
+def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None,
                 interpret=False) -> str | None:
     """None when the kernels can run this call, else the reason. On the GPU: head and state
-    dims in `DIMS`, bf16 / f16 / f32 inputs; interpreted: any power-of-two dims."""
+    dims in `DIMS`, bf16 / f16 / f32 inputs; interpreted: any power-of-two dims (the tiles,
+    powers of two clipped to P, then divide P)."""
     if x.ndim != 4 or dt.ndim != 3 or A.ndim != 1 or B.ndim != 4 or C.ndim != 4:
         return (f"expected x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N]; got "
                 f"shapes {x.shape}, {dt.shape}, {A.shape}, {B.shape}, {C.shape}")
@@ -130,10 +131,6 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, block_s
     for name, array in arrays.items():
         if array is not None and array.dtype not in _DTYPES:
             return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
-    blocks = (block_sizes or default_block_sizes(head_dim, state_dim)).for_dims(head_dim)
-    for name in ("block_p", "backward_block_p", "grads_block_p"):
-        if head_dim % getattr(blocks, name):
-            return f"BlockSizes.{name}={getattr(blocks, name)} must divide P={head_dim}"
     if interpret:
         if any(d & (d - 1) for d in (head_dim, state_dim)):
             return f"P={head_dim} and N={state_dim} must be powers of two"
