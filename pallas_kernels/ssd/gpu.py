@@ -70,6 +70,26 @@ def _doc_args(st: Static, doc):
 # --- forward ---------------------------------------------------------------------------------
 
 
+def _chunk_loop(num_chunks: int, load, body, init, *, reverse: bool = False):
+    """`lax.fori_loop` over the chunks (last to first with `reverse`) carrying a state. Each
+    step issues `load(next chunk)` (the per-step vectors) before `body(chunk, loaded, state)`
+    runs, so those small loads' latency overlaps a chunk's work instead of stalling each step
+    of the serial loop (the larger matmul operands are left to Triton's pipelining)."""
+    order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
+
+    def step(i, carry):
+        state, loaded = carry
+        ahead = load(order(jnp.minimum(i + 1, num_chunks - 1)))
+        return body(order(i), loaded, state), ahead
+
+    return lax.fori_loop(0, num_chunks, step, (init, load(order(0))))[0]
+
+
+def _vector_loader(L: int, *refs):
+    """The per-step vectors `[L]` of chunk c of each ref (None stays None)."""
+    return lambda c: tuple(None if ref is None else ref[pl.ds(c * L, L)] for ref in refs)
+
+
 def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
@@ -78,12 +98,12 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
     L = st.blocks.chunk
     dtype = x_ref.dtype  # matmul operands
 
-    def chunk(c, state):
+    def chunk(c, vectors, state):
+        dt, a, doc = vectors
         rows = pl.ds(c * L, L)
-        doc = None if doc_ref is None else doc_ref[rows]
-        w = chunk_weights(a_ref[rows], doc)
+        w = chunk_weights(a, doc)
         keys, queries = b_ref[rows, :], c_ref[rows, :]
-        u = x_ref[rows, :].astype(F32) * dt_ref[rows][:, None]  # [L, block_p]
+        u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
         scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
         y = mm(scores.astype(dtype), u.astype(dtype))
         y += w.into[:, None] * mm_nt(queries, state.astype(dtype))
@@ -92,7 +112,8 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
             states_ref[c] = state.astype(states_ref.dtype)
         return w.carry * state + mm_tn((u * w.out[:, None]).astype(dtype), keys)
 
-    final_ref[...] = lax.fori_loop(0, num_chunks, chunk, s0_ref[...])
+    final_ref[...] = _chunk_loop(num_chunks, _vector_loader(L, dt_ref, a_ref, doc_ref), chunk,
+                                 s0_ref[...])
 
 
 def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
@@ -134,15 +155,15 @@ def _state_grads_kernel(*refs, st: Static, num_chunks: int):
     L = st.blocks.chunk
     dtype = d_states_ref.dtype
 
-    def chunk(i, d_state):
-        c = num_chunks - 1 - i
+    def chunk(c, vectors, d_state):
         rows = pl.ds(c * L, L)
-        w = chunk_weights(a_ref[rows], None if doc_ref is None else doc_ref[rows])
+        w = chunk_weights(*vectors)
         d_states_ref[c] = d_state.astype(dtype)  # the gradient of the state leaving chunk c
         pulled = (dy_ref[rows, :].astype(F32) * w.into[:, None]).astype(dtype)
         return w.carry * d_state + mm_tn(pulled, c_ref[rows, :])
 
-    d_initial_ref[...] = lax.fori_loop(0, num_chunks, chunk, d_final_ref[...])
+    d_initial_ref[...] = _chunk_loop(num_chunks, _vector_loader(L, a_ref, doc_ref), chunk,
+                                     d_final_ref[...], reverse=True)
 
 
 def state_grads(dy, a, C, doc, d_final, st: Static):
