@@ -22,21 +22,6 @@ from jax import lax
 F32 = jnp.float32
 
 
-def mm(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ b, float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
-
-
-def mm_nt(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ bᵀ, float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-
-
-def mm_tn(a: jax.Array, b: jax.Array) -> jax.Array:
-    """aᵀ @ b, float32 accumulation."""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
-
-
 class ChunkWeights(NamedTuple):
     """Per-step decays of one chunk (vectors `[L]`, float32)."""
 

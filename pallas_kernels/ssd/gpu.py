@@ -34,16 +34,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.ssd.block_sizes import BlockSizes
-from pallas_kernels.ssd.chunk_math import (
-    F32,
-    chunk_weights,
-    mm,
-    mm_nt,
-    mm_tn,
-    pair_decay,
-    reverse_cumsum,
-)
+from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
 
 
 @dataclasses.dataclass(frozen=True)
