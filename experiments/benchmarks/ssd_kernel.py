@@ -136,23 +136,24 @@ def _kernel_ms(kernel: str, blocks: BlockSizes, inputs: _Padded) -> float:
 
 
 def _variants(kernel: str, base: BlockSizes):
+    """Each kernel's variants, likelier winners first (a cut-off sweep keeps those)."""
     if kernel == "forward":
-        for chunk in (64, 128):
-            for block_p in (32, 64, 128):
+        for stages in (2, 1):
+            for block_p in (64, 32, 128):
                 for warps in (4, 8):
-                    for stages in (1, 2, 3):
+                    for chunk in (64, 128):
                         yield dataclasses.replace(base, chunk=chunk, block_p=block_p,
                                                   num_warps=warps, num_stages=stages)
     elif kernel == "state_grads":
-        for block_p in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (1, 2, 3):
+        for stages in (2, 1):
+            for block_p in (64, 32, 128):
+                for warps in (4, 8):
                     yield dataclasses.replace(base, backward_block_p=block_p,
                                               backward_num_warps=warps,
                                               backward_num_stages=stages)
     else:
-        for block_p in (64, 128):
-            for warps in (4, 8):
+        for block_p in (128, 64):
+            for warps in (8, 4):
                 for stages in (1, 2):
                     yield dataclasses.replace(base, grads_block_p=block_p,
                                               grads_num_warps=warps, grads_num_stages=stages)

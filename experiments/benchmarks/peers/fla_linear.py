@@ -66,7 +66,7 @@ def fla_op(name: str):
     raise ValueError(name)
 
 
-def time_ms(fn, warmup: int = 3, iters: int = 10) -> float:
+def time_ms(fn, warmup: int = 2, iters: int = 10) -> float:
     """Median of CUDA-event times (warm-up calls also run fla's Triton autotuning)."""
     for _ in range(warmup):
         fn()
