@@ -18,7 +18,8 @@ class BlockSizes:
       registers over the chunk loop (more programs, more redundant chunk scores C·Bᵀ).
     backward_block_p: the same for the reverse pass over chunks (state gradients).
     grads_block_p: feature tile of the per-chunk gradient kernel's loops over P (bounds the
-      `[block, N]` state operands it holds at once).
+      `[block, N]` state operands it holds at once: 64 keeps that kernel's shared memory well
+      inside the H200's at N = 128; the sweep also tries 128).
     num_warps / num_stages: the forward; backward_*: the reverse pass; grads_*: the per-chunk
       gradient kernel.
     """
@@ -26,7 +27,7 @@ class BlockSizes:
     chunk: int = 64
     block_p: int = 64
     backward_block_p: int = 64
-    grads_block_p: int = 128
+    grads_block_p: int = 64
     num_warps: int = 4
     num_stages: int = 2
     backward_num_warps: int = 4
