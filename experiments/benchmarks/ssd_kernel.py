@@ -44,7 +44,7 @@ def _check_inputs(batch, length, heads, groups, P, N, documents, seed=0):
                   C=bf16(normal(batch, length, groups, N) / np.sqrt(N)),
                   initial_state=normal(batch, heads, P, N))
     ids = None
-    if documents:  # documents of log-normal length, median ~150 tokens
+    if documents:  # a start with probability 1/150 per token: mean document ~150 tokens
         starts = jax.random.uniform(next(keys), (batch, length)) < 1 / 150
         ids = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
     weights = (normal(batch, length, heads, P), normal(batch, heads, P, N))
