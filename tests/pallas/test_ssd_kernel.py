@@ -107,10 +107,12 @@ def test_forward_only_and_bfloat16_inputs():
     assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
 
 
-@pytest.mark.parametrize("head_dim, state_dim, groups", [(128, 128, 1), (64, 256, 4)])
-def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups):
+@pytest.mark.parametrize("head_dim, state_dim, groups, packed",
+                         [(128, 128, 1, True), (64, 256, 4, False)])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
+                                               packed):
     """Forward and backward build Triton kernels (Pallas' Triton lowering, no GPU needed) at
-    the default tiles, with documents."""
+    the default tiles, with and without documents."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     batch, length, heads = 2, 1000, 8
@@ -119,7 +121,8 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim,
             spec(batch, length, groups, state_dim), spec(batch, length, dtype=jnp.int32))
 
     def grads(x, dt, A, B, C, ids):
-        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids), x, dt, A, B, C)
+        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids if packed else None),
+                           x, dt, A, B, C)
         return vjp(out)
 
     text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
