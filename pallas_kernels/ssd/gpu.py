@@ -60,9 +60,6 @@ def _doc_args(st: Static, doc):
     return (doc,) if st.documents else ()
 
 
-# --- forward ---------------------------------------------------------------------------------
-
-
 def _chunk_loop(num_chunks: int, load, body, init, *, reverse: bool = False):
     """`lax.fori_loop` over the chunks (last to first with `reverse`) carrying a state. Each
     step issues `load(next chunk)` (the per-step vectors) before `body(chunk, loaded, state)`
@@ -81,6 +78,9 @@ def _chunk_loop(num_chunks: int, load, body, init, *, reverse: bool = False):
 def _vector_loader(L: int, *refs):
     """The per-step vectors `[L]` of chunk c of each ref (None stays None)."""
     return lambda c: tuple(None if ref is None else ref[pl.ds(c * L, L)] for ref in refs)
+
+
+# --- forward ---------------------------------------------------------------------------------
 
 
 def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
