@@ -86,7 +86,13 @@ def main():
     args = parser.parse_args()
     print(device_name(), flush=True)
     trace_dir = Path(args.trace_dir or tempfile.mkdtemp(prefix="profile_step_"))
-    profiles = [profile_mode(args, mode, trace_dir) for mode in args.modes.split(",")]
+    profiles, failed = [], []
+    for mode in args.modes.split(","):
+        try:
+            profiles.append(profile_mode(args, mode, trace_dir))
+        except Exception as e:  # noqa: BLE001  (one failed mode must not cost the other)
+            failed.append({"mode": mode, "error": f"{type(e).__name__}: {str(e)[:1000]}"})
+            print(f"mode {mode} failed: {failed[-1]['error']}", flush=True)
     diff = []
     if len(profiles) == 2:
         a, b = (p["mode"] for p in profiles)
@@ -104,7 +110,8 @@ def main():
     for profile in profiles:  # the JSON keeps the top kernels only
         profile["kernels"] = profile["kernels"][:4 * args.top]
     write_json(args.out, "profile_step", [], model=args.model, length=args.length,
-               tokens=args.tokens, steps=args.steps, profiles=profiles, differences=diff,
+               tokens=args.tokens, steps=args.steps, profiles=profiles, failed=failed,
+               differences=diff,
                trace_dir=str(trace_dir))
 
 
