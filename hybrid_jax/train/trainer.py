@@ -395,8 +395,10 @@ class _Run:
         self.checkpointer.save(self.step, self.ts.state, meta)
         self.saved_step = self.step
 
-    def flush(self, step: int, metrics: dict) -> None:
-        """Checks and logs the metrics of `step` (read one step late: dispatch stays async)."""
+    def flush(self, step: int, metrics: dict, flops: float = 0.0) -> None:
+        """Checks and logs the metrics of `step` (read one step late: dispatch stays async);
+        `flops`: the step's training FLOPs by the model count."""
+        self.model_flops += flops
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
             raise NonFiniteLossError(nonfinite_message(step, values["loss"],
@@ -477,12 +479,11 @@ class _Run:
                     # the batch on which this step diverged before
                     batch, flops = next(self.batches)
                 self.ts.state, metrics = self.step_fn(self.ts.state, batch)
-                self.model_flops += flops
                 self.step += 1
                 self.bar.update()
                 if pending is not None:
                     self.flush(*pending)
-                pending = (self.step, metrics)
+                pending = (self.step, metrics, flops)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.flush(*pending)  # never checkpoint a diverged state
                     pending = None
