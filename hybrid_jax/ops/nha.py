@@ -38,8 +38,11 @@ the ring length. `nha_empty_state` builds the state of an empty sequence;
 `native_hybrid_attention_step` advances it by one token (decoding), O(M·(K+V) + w·(D+V)) per
 head.
 
-Rungs: "pallas" (the kernels of `pallas_kernels.nha`: GPU bf16/fp16 calls without
-`segment_ids`, `initial_state` or `return_final_state`; auto picks it where supported),
+Rungs: "pallas" (the kernels of `pallas_kernels.nha`: GPU bf16/fp16 calls, head dims 64, 128
+or 256, with segment ids, states and GQA; auto picks it where supported; a gate of
+`RESET_LOG_DECAY` in every slot and kv head counts as a document start there, as it does in
+the other rungs numerically; per-slot gates summing below about −87 over 15 consecutive tokens
+overflow the kernels' exact path, `pallas_kernels.nha.chunk_math`),
 "reference" (per-token `lax.scan`, the definition; every query against all keys, masked to its
 window) and "xla" (chunkwise parallel, chunks of C tokens):
 

@@ -297,22 +297,11 @@ def _input_grads_fast(heads, k_in, v_in, s_in, g: Rows, *, scale: float, intra: 
                       gradient: Products, sigma):
     C = k_in.shape[0]
     G = g(0, C)
-    entry, inverse = jnp.exp(G), jnp.exp(-G)
-    s_inv = s_in.astype(F32) * inverse
-    # key row n ≤ query row t, same document
     mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
-    dk = dv = inner = 0.0
-    for q, do, da, p in heads:
-        q_all, do_all = q(0, C), do(0, C)
-        da_entry, p_entry = da(0, C) * entry, p(0, C) * entry
-        dk += scale * gradient.mm(jnp.where(mask, gradient.mm_nt(s_inv, da_entry), 0.0), q_all,
-                                  exact_b=True)
-        dv += gradient.mm(jnp.where(mask, gradient.mm_nt(s_inv, p_entry), 0.0), do_all,
-                          exact_b=True)
-        qk = jnp.where(mask, scale * intra.mm_nt(k_in, q_all, True, True), 0.0)
-        ov = jnp.where(mask, intra.mm_nt(v_in, do_all, True, True), 0.0)
-        inner += intra.mm(qk, da_entry) + intra.mm(ov, p_entry)
-    return dk, dv, inverse * inner
+    dk, dv, inner = _query_rows_pull(heads, k_in, v_in, s_in.astype(F32) * jnp.exp(-G), 0, C,
+                                     jnp.exp(G), mask, scale=scale, intra=intra,
+                                     gradient=gradient)
+    return dk, dv, jnp.exp(-G) * inner
 
 
 def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: float,
@@ -322,19 +311,29 @@ def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: f
     dk = dv = ds = 0.0
     for ib in range(C // S):
         query, key = _query_subchunk_decays(G, g, ib, S)
-        mask = _and(iota((C, S), 0) <= iota((C, S), 1) + ib * S,  # key row n ≤ query row t
+        mask = _and(iota((C, S), 0) <= iota((C, S), 1) + ib * S,
                     _same_segment(sigma, C, ib * S, S))
-        s_key = s_in.astype(F32) * key
-        inner = jnp.zeros_like(G)
-        for q, do, da, p in heads:
-            q_ib, do_ib = q(ib * S, S), do(ib * S, S)
-            da_ib, p_ib = da(ib * S, S) * query, p(ib * S, S) * query
-            dk += scale * gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, da_ib), 0.0), q_ib,
-                                      exact_b=True)
-            dv += gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, p_ib), 0.0), do_ib,
-                              exact_b=True)
-            qk = jnp.where(mask, scale * intra.mm_nt(k_in, q_ib, True, True), 0.0)
-            ov = jnp.where(mask, intra.mm_nt(v_in, do_ib, True, True), 0.0)
-            inner += intra.mm(qk, da_ib) + intra.mm(ov, p_ib)
-        ds += key * inner
+        pull = _query_rows_pull(heads, k_in, v_in, s_in.astype(F32) * key, ib * S, S, query,
+                                mask, scale=scale, intra=intra, gradient=gradient)
+        dk, dv, ds = dk + pull[0], dv + pull[1], ds + key * pull[2]
     return dk, dv, ds
+
+
+def _query_rows_pull(heads, k_in, v_in, s_key, start: int, size: int, query, mask, *,
+                     scale: float, intra: Products, gradient: Products):
+    """What query rows start..start+size−1 contribute to the gradients of every key row n:
+    dk̄, dv̄ and the inner sum of ds̄ (before its key-side decay). s_key: s̄ with the key-side
+    decay factors; query `[size, M]`: the query-side ones; mask `[C, size]`: key row n ≤ query
+    row t, same document."""
+    dk = dv = inner = 0.0
+    for q, do, da, p in heads:
+        q_rows, do_rows = q(start, size), do(start, size)
+        da_rows, p_rows = da(start, size) * query, p(start, size) * query
+        dk += scale * gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, da_rows), 0.0), q_rows,
+                                  exact_b=True)
+        dv += gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, p_rows), 0.0), do_rows,
+                          exact_b=True)
+        qk = jnp.where(mask, scale * intra.mm_nt(k_in, q_rows, True, True), 0.0)
+        ov = jnp.where(mask, intra.mm_nt(v_in, do_rows, True, True), 0.0)
+        inner += intra.mm(qk, da_rows) + intra.mm(ov, p_rows)
+    return dk, dv, inner

@@ -123,6 +123,9 @@ class _Specs:
         return pl.BlockSpec((None, self.C), lambda *g: (lambda b, h, c: (b, to(c)))(*self._bhc(g)))
 
 
+_QUERY_DOCS = ("sigma", "holds")  # the document arrays of the per-query-head slot kernels
+
+
 def _kv(bhc, group):
     b, h, c = bhc
     return b, h // group, c
@@ -252,14 +255,11 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
     """Scaled slot logits `scale·K̃_tᵀ q_t` of every step (0 where the slots hold nothing of
     t's document), float32, q's shape with M features."""
     batch, length, heads, key_dim = _dims(q, layout)
-    slots = ss.shape[-1]
     C = st.blocks.chunk
-    specs = _Specs(layout, st, length // C)
     products = slot_products(st, q.dtype)
-    names = ("sigma", "holds")
 
     def kernel(*refs):
-        refs, doc = _doc_refs(refs, names, st)
+        refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         q_ref, ks_ref, ss_ref, gc_ref, kst_ref, out_ref = refs
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         [logits] = slot_scores([(q_ref[...], rows_of(ks_ref), kst_ref[...])], writes,
@@ -267,7 +267,8 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
                                intra=products.intra, sigma=_segments(doc["sigma"]))
         out_ref[...] = jnp.where(_held(st, doc["holds"], C), st.scale * logits, 0.0)
 
-    doc_specs, doc_arrays = _doc_args(docs, specs, names)
+    specs, slots = _Specs(layout, st, length // C), ss.shape[-1]
+    doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     return _call(
         kernel, layout, st, (batch, heads, length // C),
         doc_specs + [specs.head(key_dim), specs.stream(key_dim), specs.stream(slots),
@@ -287,11 +288,10 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
     C = st.blocks.chunk
     specs = _Specs(layout, st, length // C)
     products = slot_products(st, vs.dtype)
-    names = ("sigma", "holds")
     alone = o_window is None
 
     def kernel(*refs):
-        refs, doc = _doc_refs(refs, names, st)
+        refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         if alone:
             a_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref, lse_ref = refs
         else:
@@ -313,7 +313,7 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
                            sigma=_segments(doc["sigma"]))
         out_ref[...] = out if alone else o_ref[...] + out
 
-    doc_specs, doc_arrays = _doc_args(docs, specs, names)
+    doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_specs = [specs.stream(value_dim), specs.stream(slots), specs.kv(slots),
                   specs.state(value_dim, slots)]
     out_shape = jax.ShapeDtypeStruct(logits.shape[:-1] + (value_dim,), F32)
@@ -350,10 +350,9 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
     C, S = st.blocks.chunk, st.blocks.sub_chunk
     specs = _Specs(layout, st, length // C)
     products = slot_products(st, q.dtype)
-    names = ("sigma", "holds")
 
     def kernel(*refs):
-        refs, doc = _doc_refs(refs, names, st)
+        refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         (q_ref, a_ref, lse_ref, delta_ref, do_ref, ks_ref, vs_ref, ss_ref, gc_ref, kst_ref,
          vst_ref, dq_ref, da_ref, p_ref, qg_ref) = refs
         do, logits = do_ref[...], a_ref[...]
@@ -371,7 +370,7 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         p_ref[...] = p
         qg_ref[...] = da * logits + p * dp
 
-    doc_specs, doc_arrays = _doc_args(docs, specs, names)
+    doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_shape = jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32)
     return _call(
         kernel, layout, st, (batch, heads, length // C),
