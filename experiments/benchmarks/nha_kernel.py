@@ -351,7 +351,8 @@ VARIANTS = {
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
     "scan8": BlockSizes(state_group=8),
     "scan32": BlockSizes(state_group=32),
-    "d256": BlockSizes(num_warps=8, backward_num_warps=8, slot_num_warps=8),
+    "k32_w8": BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
+                         slot_num_warps=8),  # the head dim 256 defaults, at 128
 }
 
 

@@ -134,7 +134,8 @@ def native_hybrid_attention(
     if reason is not None:
         raise ValueError(f"pallas native_hybrid_attention: {reason}")
     backend = backend or _platform(interpret)
-    blocks = block_sizes or default_block_sizes(backend, max(q.shape[-1], q_window.shape[-1]))
+    head_dim = max(q.shape[-1], v.shape[-1], q_window.shape[-1])
+    blocks = block_sizes or default_block_sizes(backend, head_dim)
     length = q.shape[1]
     state = initial_state
     window = int(window) if state is not None else min(int(window), length)
@@ -169,7 +170,7 @@ def native_hybrid_attention(
         batch, kv_heads, num_slots = k.shape[0], k.shape[2], s.shape[3]
         initial = (jnp.zeros((batch, kv_heads, k.shape[3], num_slots), jnp.float32),
                    jnp.zeros((batch, kv_heads, v.shape[3], num_slots), jnp.float32))
-    docs = _slot_docs(documents, st, ring, padded) if st.documents else None
+    docs = _slot_docs(documents, st, q.shape[0], ring, padded) if st.documents else None
     args = [pad(q), pad(q_window), kw, vw]
     head_major = _kernels(backend).LAYOUT.head_major
     if head_major:
@@ -301,15 +302,15 @@ def _stream(x: jax.Array, window: int, shift_chunks: int, ring: jax.Array | None
     return _front(x, length + window)[:, :length]
 
 
-def _slot_docs(documents: Documents | None, st: Static, ring: int, padded: int) -> SlotDocs:
+def _slot_docs(documents: Documents | None, st: Static, batch: int, ring: int,
+               padded: int) -> SlotDocs:
     """The kernels' per-token arrays (`SlotDocs`) from `Documents` (None: every token visible,
     no document starts)."""
     length = st.length
     if documents is None:
-        batch_shape = (1, ring + length)
-        documents = Documents(jnp.zeros(batch_shape, jnp.int32), jnp.zeros(batch_shape, bool))
+        shape = (batch, ring + length)
+        documents = Documents(jnp.zeros(shape, jnp.int32), jnp.zeros(shape, bool))
     ids, starts = documents.ids.astype(jnp.int32), documents.starts
-    batch = ids.shape[0]
     query_ids = ids[:, ring:]
     # The newest token in the slots at step t is index t of [ring; call] (t − w of the call
     # without a ring); padded rows count as holding (so that no row's softmax is empty).
@@ -329,9 +330,9 @@ def _slot_docs(documents: Documents | None, st: Static, ring: int, padded: int) 
     stream_starts &= jnp.arange(padded) < length - st.shift_chunks * st.blocks.chunk
     by_chunk = stream_starts.reshape(stream_starts.shape[0], -1, st.blocks.chunk)
     sigma = jnp.cumsum(by_chunk, axis=2, dtype=jnp.int32).reshape(stream_starts.shape)
-    full = lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]).astype(jnp.int32)
-    return SlotDocs(ids=full(window_ids), holds=full(holds), sigma=full(sigma),
-                    starts=full(stream_starts))
+    as_int = lambda x: x.astype(jnp.int32)
+    return SlotDocs(ids=as_int(window_ids), holds=as_int(holds), sigma=sigma,
+                    starts=as_int(stream_starts))
 
 
 def _swap_time_heads(x: jax.Array) -> jax.Array:

@@ -72,12 +72,15 @@ class BlockSizes:
 
 
 def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
-    """Defaults measured on an H200 at head dim 128 (GPU; see NOTES.md); head dim 256 doubles
-    the warps of every kernel (its [64, 256] float32 accumulators would take 128 registers per
-    thread at 4 warps; not yet measured); TPU tiles fill the 128-lane axis."""
+    """Defaults measured on an H200 at head dim 128 (GPU; see NOTES.md); TPU tiles fill the
+    128-lane axis. Head dim 256 (not yet measured): twice the warps (a [64, 256] float32
+    accumulator is 128 registers a thread at 4 warps) and key / query tiles of 32 rows in the
+    pipelined window loops, so that their stages fit the 227 KB of shared memory a block may
+    use (forward: q 32 KB + 3 stages of k, v at 32 KB; dq and dk/dv: 64 KB + 2 stages of 32 KB)."""
     if backend == "tpu":
         return BlockSizes(chunk=128, sub_chunk=16, block_q=128, block_k=128, block_q_dkv=128,
                           block_k_dkv=128, state_block=128)
     if head_dim > 128:
-        return BlockSizes(num_warps=8, backward_num_warps=8, slot_num_warps=8)
+        return BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
+                          slot_num_warps=8)
     return BlockSizes()

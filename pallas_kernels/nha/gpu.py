@@ -146,9 +146,10 @@ def _in_window(st: Static, positions, cols, query_ids, key_ids):
 
 def _window_attention_kernel(*refs, st: Static, length: int):
     qw_ref, kw_ref, v_ref = refs[:3]
-    optional = list(refs[3:-2])
+    optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids] (_doc_inputs)
     a_ref = optional.pop(0) if st.slots else None
-    holds_ref, qid_ref, kid_ref = optional if st.documents else (None, None, None)
+    holds_ref = optional.pop(0) if st.slots and st.documents else None
+    qid_ref, kid_ref = optional if st.documents else (None, None)
     o_ref, lse_ref = refs[-2:]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ

@@ -197,7 +197,7 @@ def _op_loss(implementation, args, state, *, window, segment_ids, empty_slots, w
 
 
 def check_op(T, window, *, state=True, segment_ids=PACKED, empty_slots="mask", H=4, G=2, K=3,
-             V=4, M=3, D=5):
+             V=4, M=3, D=5, grads=True):
     """The NHA op's pallas rung (float32, interpret mode) against the numpy loop (outputs,
     final slots) and the float64 reference rung (gradients of every input and of the initial
     state's arrays, through the outputs and the final slots)."""
@@ -213,8 +213,13 @@ def check_op(T, window, *, state=True, segment_ids=PACKED, empty_slots="mask", H
     grad = lambda impl, dtype, ws: jax.jit(jax.value_and_grad(
         functools.partial(_op_loss, impl, **options, weights=ws), argnums=(0, 1),
         has_aux=True, allow_int=True))
-    (_, (out, final)), grads = grad("pallas", jnp.float32, weights)(args, floats(base,
-                                                                                 jnp.float32))
+    if grads:
+        (_, (out, final)), kernel_grads = grad("pallas", jnp.float32, weights)(
+            args, floats(base, jnp.float32))
+    else:
+        _, (out, final) = jax.jit(functools.partial(_op_loss, "pallas", **options,
+                                                    weights=weights))(args, floats(base,
+                                                                                   jnp.float32))
     expected, (slot_keys, slot_values, starts) = op_tests.numpy_nha(
         *args[:5], window, K**-0.5, *args[5:], segment_ids=segment_ids, state=base,
         empty_slots=empty_slots)
@@ -223,15 +228,17 @@ def check_op(T, window, *, state=True, segment_ids=PACKED, empty_slots="mask", H
     assert_close((final.slot_keys, final.slot_values), (slot_keys, slot_values), 1e-5,
                  what + " final slots")
     np.testing.assert_array_equal(final.document_start, starts)
+    if not grads:
+        return
     with jax.enable_x64(True):
         _, ref_grads = grad("reference", jnp.float64, [jnp.asarray(w, jnp.float64)
                                                         for w in weights])(
             floats(args, jnp.float64), floats(base, jnp.float64))
-    for name, got, ref in zip(NAMES, grads[0], ref_grads[0], strict=True):
+    for name, got, ref in zip(NAMES, kernel_grads[0], ref_grads[0], strict=True):
         assert_close(got, ref, 1e-5, f"{what} d{name}")
     if state:
         for name in base._fields[:7]:
-            assert_close(getattr(grads[1], name), getattr(ref_grads[1], name), 1e-5,
+            assert_close(getattr(kernel_grads[1], name), getattr(ref_grads[1], name), 1e-5,
                          f"{what} d state.{name}")
 
 
@@ -242,10 +249,11 @@ def test_op_documents_state_gqa(interpret_kernels):
     check_op(29, 5)
 
 
-def test_gsa_pallas_rung(interpret_kernels):
+@pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_gsa_pallas_rung(interpret_kernels, grads):
     """GSA's pallas rung (the NHA kernels at w = 0, float32) against GSA's float64 reference
-    rung: packed documents, an initial state, the final state; values and gradients (of the
-    initial state too)."""
+    rung: packed documents, an initial state, the final state; values, and (slow) gradients
+    of every input and of the initial state."""
     from hybrid_jax.ops.gsa import gated_slot_attention
 
     T, H = 27, 2
@@ -263,14 +271,24 @@ def test_gsa_pallas_rung(interpret_kernels):
             return total, (out, final)
 
         cast = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, dtype), tree)
+        if not grads:
+            return jax.jit(loss)(cast(x), cast(state)), None
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(cast(x),
                                                                                cast(state))
 
-    (_, got), grads = run("pallas", jnp.float32)
+    (_, got), kernel_grads = run("pallas", jnp.float32)
     with jax.enable_x64(True):
         (_, expected), ref_grads = run("reference", jnp.float64)
     assert_close(got, expected, 1e-5, "GSA values and final slots")
-    assert_close(grads, ref_grads, 1e-5, "GSA gradients")
+    if grads:
+        assert_close(kernel_grads, ref_grads, 1e-5, "GSA gradients")
+
+
+def test_op_documents_full_window(interpret_kernels):
+    """w ≥ T without a state (nha-hybrid's full-window layers on packed text): the slots stay
+    idle and the window kernels alone run, masked to each document (values; gradients in the
+    slow suite)."""
+    check_op(21, 30, state=False, grads=False)
 
 
 @pytest.mark.slow
@@ -281,6 +299,7 @@ def test_gsa_pallas_rung(interpret_kernels):
     (29, 5, dict(segment_ids=None, empty_slots="sink")),  # a state without segment ids
     (21, 40, {}),  # w > T: the whole call inside the ring's window
     (21, 1, dict(state=False, segment_ids=None)),
+    (21, 30, dict(state=False)),  # idle slots, documents: gradients
 ])
 def test_op_documents_and_states(interpret_kernels, T, window, options):
     check_op(T, window, **options)
