@@ -7,9 +7,9 @@ With no part named: check, table, sweep (in that order; the composition peer run
 subprocess, before JAX takes the GPU). Parts:
   check     bf16 kernels vs float32 references, relative errors of the outputs, the final
             slots and the gradients of every input (the initial state's too): the kernel API
-            at w = 0 and 200 (per-token reference), and the ops' pallas rungs against their
-            float32 XLA rungs with packed documents and an initial state (NHA w = 200 GQA,
-            w = 0, head dim 256; GSA)
+            at w = 0 (per-token reference; default and --check-variants), and the ops' pallas
+            rungs against their float32 XLA rungs with packed documents and an initial state
+            (NHA w = 200 GQA, w = 0, head dim 256 at w = 128; GSA)
   table     the issue's target (B4 T8192 and B1 T32768, H16 D128 M64, w = 512): NHA pallas
             fwd and fwd+bwd beside cuDNN sliding-window and causal attention, the fla
             chunk_gsa + flex-attention composition (peer), GSA pallas vs xla vs fla, ratios
@@ -52,7 +52,8 @@ from pallas_kernels.nha.reference import nha_reference
 
 HEADS, DIM, SLOTS, WINDOW = 16, 128, 64, 512
 TABLE_SHAPES = ((4, 8192), (1, 32768))  # (B, T) of the issue's target
-API_CHECKS = ((777, 2, 2, 0), (1000, 4, 2, 200))  # (T, H, G, w) of the kernel API checks
+API_CHECKS = ((777, 2, 2, 0),)  # (T, H, G, w) of the kernel API checks (w = 0: all the
+# softmax mass on the slots, where bf16 slot products failed before: NOTES v4)
 OP_CHECKS = ((200, DIM), (0, DIM), (128, 256))  # (w, head dim) of the op checks (GQA 4 / 2)
 CHECK_LENGTH, CHECK_PREFIX = 1000, 300  # the op checks' call, after a state of this many tokens
 NAMES = ("q", "k", "v", "s", "g", "q_window", "k_window")
@@ -510,7 +511,7 @@ def main() -> None:
     parser.add_argument("--profile-variants", type=names, default=["default"])
     parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                         help="run the fla + flex composition peer (table)")
-    parser.add_argument("--budget-s", type=float, default=280.0,
+    parser.add_argument("--budget-s", type=float, default=270.0,
                         help="the sweep stops starting variants past this many seconds")
     parser.add_argument("--out", default="nha_kernel.json")
     args = parser.parse_args()
