@@ -24,6 +24,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.reference import visible
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
 MASK_VALUE = -1e30  # finite: running maxima never meet inf − inf
@@ -38,18 +39,6 @@ class Static:
     group: int  # query heads per kv head
     blocks: BlockSizes
     interpret: bool
-
-
-def _mm(a, b):
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
-
-
-def _mm_nt(a, b):
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-
-
-def _mm_tn(a, b):
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
 
 
 def _iota(shape, axis):
@@ -95,7 +84,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmaske
     def visit(kb, carry, masked):
         m, l, acc = carry
         span = pl.ds(kb * BK, BK)
-        logits = st.scale * _mm_nt(q, k_ref[span, :])
+        logits = st.scale * mm_nt(q, k_ref[span, :])
         if masked:
             inside = _mask(st, rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :])
             logits = jnp.where(inside, logits, MASK_VALUE)
@@ -104,7 +93,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmaske
         if masked:  # a row with no visible key yet has m_new = MASK_VALUE
             p = jnp.where(inside, p, 0.0)
         correction = jnp.exp(m - m_new)
-        acc = acc * correction[:, None] + _mm(p.astype(v_ref.dtype), v_ref[span, :])
+        acc = acc * correction[:, None] + mm(p.astype(v_ref.dtype), v_ref[span, :])
         return m_new, l * correction + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((BQ,), MASK_VALUE, F32), jnp.zeros((BQ,), F32),
@@ -154,12 +143,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_r
     def visit(kb, dq, masked):
         span = pl.ds(kb * BK, BK)
         keys = k_ref[span, :]
-        p = jnp.exp(st.scale * _mm_nt(q, keys) - lse)
+        p = jnp.exp(st.scale * mm_nt(q, keys) - lse)
         if masked:
             inside = _mask(st, rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :])
             p = jnp.where(inside, p, 0.0)
-        ds = p * (_mm_nt(do, v_ref[span, :]) - delta)
-        return dq + _mm(ds.astype(keys.dtype), keys)
+        ds = p * (mm_nt(do, v_ref[span, :]) - delta)
+        return dq + mm(ds.astype(keys.dtype), keys)
 
     dq = _loop(*_key_blocks(st, start, lowest_ref, unmasked_ref), visit,
                jnp.zeros(dq_ref.shape, F32))
@@ -200,14 +189,14 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
             span = pl.ds(qb * BQ, BQ)
             q, do = q_ref[span, r, :], do_ref[span, r, :]
             lse, delta = lse_ref[r, span][:, None], delta_ref[r, span][:, None]
-            p = jnp.exp(st.scale * _mm_nt(q, keys) - lse)
+            p = jnp.exp(st.scale * mm_nt(q, keys) - lse)
             if masked:
                 inside = _mask(st, qb * BQ + _iota((BQ, 1), 0), cols, qseg_ref[span][:, None],
                                kseg)
                 p = jnp.where(inside, p, 0.0)
-            dv = dv + _mm_tn(p.astype(do.dtype), do)
-            ds = p * (_mm_nt(do, values) - delta)
-            return dk + _mm_tn(ds.astype(q.dtype), q), dv
+            dv = dv + mm_tn(p.astype(do.dtype), do)
+            ds = p * (mm_nt(do, values) - delta)
+            return dk + mm_tn(ds.astype(q.dtype), q), dv
 
         dk, dv = _loop(*bounds, visit, (dk, dv))
     dk_ref[...] = (st.scale * dk).astype(dk_ref.dtype)
