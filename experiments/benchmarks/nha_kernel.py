@@ -1,7 +1,7 @@
 """NHA and GSA Pallas kernels against cuDNN attention, our XLA rungs and the fla + flex peer.
 
     python -m experiments.benchmarks.nha_kernel [--check] [--table] [--sweep]
-        [--budget-s 280] [--out nha_kernel.json]
+        [--budget-s 270] [--out nha_kernel.json]
 
 With no part named: check, table, sweep (in that order; the composition peer runs first, in a
 subprocess, before JAX takes the GPU). Parts:
@@ -204,7 +204,7 @@ def part_check(args):
     for length, heads, kv_heads, window in API_CHECKS:
         x = make_inputs(1, length, heads, kv_heads, jax.random.key(1))
         weights = [jax.random.normal(jax.random.key(2), (1, length, heads, DIM))]
-        apply = lambda fn: lambda x: fn(*(x[n] for n in NAMES))
+        apply = lambda fn: lambda inputs: fn(*(inputs[n] for n in NAMES))
         reference = lambda q, k, v, s, g, qw, kw, w=window: nha_reference(
             q, k, v, s, g, window=w, q_window=qw, k_window=kw)
         for variant in dict.fromkeys(["default", *args.check_variants]):
@@ -259,9 +259,9 @@ def run_peer(args) -> list[dict]:
                "--shapes", shapes, "--heads", str(HEADS), "--dim", str(DIM),
                "--slots", str(SLOTS), "--window", str(WINDOW)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired:
-        return [{"error": "peer timed out after 240 s"}]
+        return [{"error": "peer timed out after 180 s"}]
     rows = []
     for line in done.stdout.splitlines():
         try:

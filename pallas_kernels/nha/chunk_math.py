@@ -46,6 +46,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels import matmul
+
 F32 = jnp.float32
 MASK_VALUE = -1e30
 """Logit of a masked entry: finite, so running maxima never meet inf − inf."""
@@ -55,25 +57,6 @@ Rows = Callable[[int, int], jax.Array]
 
 Segments = Callable[[int, int], jax.Array]
 """`sigma(start, size)`: σ of rows start..start+size−1, `[size]` int32 (module docstring)."""
-
-
-def mm(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ b with float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
-
-
-def mm_nt(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ bᵀ with float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-
-
-def mm_tn(a: jax.Array, b: jax.Array) -> jax.Array:
-    """aᵀ @ b with float32 accumulation."""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
-
-
-def _dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
-    return lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=F32)
 
 
 def _split(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
@@ -96,36 +79,37 @@ class Products:
     exact: Any
     wide: str
 
-    def dot(self, a, b, dims, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
+    def dot(self, a, b, matmul, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
+        """`matmul(a, b)` (one of `pallas_kernels.matmul`'s) with the operands so taken."""
         narrow = self.narrow
         if jnp.dtype(narrow).itemsize == 4:
-            return _dot(a.astype(narrow), b.astype(narrow), dims)
+            return matmul(a.astype(narrow), b.astype(narrow))
         exact_a, exact_b = (e and jnp.dtype(self.exact) == jnp.dtype(narrow)
                             for e in (exact_a, exact_b))
         if (exact_a and exact_b) or self.wide == "narrow":
-            return _dot(a.astype(narrow), b.astype(narrow), dims)
+            return matmul(a.astype(narrow), b.astype(narrow))
         if self.wide == "float32":
-            return _dot(a.astype(F32), b.astype(F32), dims)
+            return matmul(a.astype(F32), b.astype(F32))
         a_parts = (a.astype(narrow),) if exact_a else _split(a, narrow)
         b_parts = (b.astype(narrow),) if exact_b else _split(b, narrow)
-        out = _dot(a_parts[0], b_parts[0], dims)  # hi·hi, then the two cross terms (lo·lo dropped)
+        out = matmul(a_parts[0], b_parts[0])  # hi·hi, then the two cross terms (lo·lo dropped)
         if len(b_parts) == 2:
-            out += _dot(a_parts[0], b_parts[1], dims)
+            out += matmul(a_parts[0], b_parts[1])
         if len(a_parts) == 2:
-            out += _dot(a_parts[1], b_parts[0], dims)
+            out += matmul(a_parts[1], b_parts[0])
         return out
 
     def mm(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
         """a @ b."""
-        return self.dot(a, b, ((1,), (0,)), exact_a, exact_b)
+        return self.dot(a, b, matmul.mm, exact_a, exact_b)
 
     def mm_nt(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
         """a @ bᵀ."""
-        return self.dot(a, b, ((1,), (1,)), exact_a, exact_b)
+        return self.dot(a, b, matmul.mm_nt, exact_a, exact_b)
 
     def mm_tn(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
         """aᵀ @ b."""
-        return self.dot(a, b, ((0,), (0,)), exact_a, exact_b)
+        return self.dot(a, b, matmul.mm_tn, exact_a, exact_b)
 
 
 def iota(shape: tuple[int, int], axis: int) -> jax.Array:

@@ -26,8 +26,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
-from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, mm, mm_nt, mm_tn, window_mask
+from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
 from pallas_kernels.nha.layout import Layout, Static, in_softmax, slot_rows
 from pallas_kernels.nha.slot_kernels import SlotDocs
 

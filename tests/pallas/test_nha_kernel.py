@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.nha import api
-from pallas_kernels.nha.block_sizes import BlockSizes
+from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
 from tests.helpers import assert_close, normals
 from tests.ops import test_nha as op_tests
@@ -310,6 +310,53 @@ def test_op_documents_and_states(interpret_kernels, T, window, options):
 def test_op_head_dim_256(interpret_kernels):
     """Head dims of 256 (nha-340m) with GQA, documents and a state."""
     check_op(13, 3, H=2, G=1, K=256, V=256, M=4, D=256)
+
+
+@pytest.mark.parametrize(("window", "head_dim", "kv_heads", "options", "kernels"), [
+    (200, 128, 2, dict(documents=True, state=True), 11),  # fwd 5 kernels, bwd 6
+    pytest.param(512, 128, 2, {}, 11, marks=pytest.mark.slow),  # plain, slot inputs in place
+    pytest.param(512, 128, 2, dict(precision="split"), 11, marks=pytest.mark.slow),
+    pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
+    pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
+    pytest.param(2000, 128, 2, dict(documents=True), 3, marks=pytest.mark.slow),  # idle slots
+])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv_heads,
+                                               options, kernels):
+    """Forward and backward build their Triton kernels (Pallas' Triton lowering, no GPU
+    needed) at the GPU's default tiles and real sizes (M = 64, bf16 q/k/v, float32 s/g),
+    with documents, a state and the final slots."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    B, T, H, M, D = 1, 1000, 4, 64, head_dim
+    ring = window if options.get("state") else 0
+    blocks = dataclasses.replace(default_block_sizes("gpu", D),
+                                 slot_precision=options.get("precision", "mixed"))
+    inputs = [spec(B, T, H, D), spec(B, T, kv_heads, D), spec(B, T, kv_heads, D),
+              spec(B, T, kv_heads, M, dtype=jnp.float32),
+              spec(B, T, kv_heads, M, dtype=jnp.float32), spec(B, T, H, D),
+              spec(B, T, kv_heads, D)]
+    documents = (api.Documents(spec(B, ring + T, dtype=jnp.int32),
+                               spec(B, ring + T, dtype=jnp.bool_))
+                 if options.get("documents") else None)
+    ring_shapes = [(D, D), (D, D), (M, jnp.float32), (M, jnp.float32), (D, D)]
+    state = (api.State(spec(B, kv_heads, D, M, dtype=jnp.float32),
+                       spec(B, kv_heads, M, D, dtype=jnp.float32),
+                       *(spec(B, ring, kv_heads, d, dtype=jnp.bfloat16 if t == D else t)
+                         for d, t in ring_shapes))
+             if options.get("state") else None)
+
+    def grads(x, documents, state):
+        def run(*x):
+            return api.native_hybrid_attention(
+                *x[:5], window=window, q_window=x[5], k_window=x[6], documents=documents,
+                initial_state=state, return_final_state=True, block_sizes=blocks)
+
+        out, vjp = jax.vjp(run, *x)
+        return vjp(out)
+
+    text = jax.jit(grads).trace(inputs, documents, state).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
 def test_op_pallas_rung_names_why_it_cannot_run():
