@@ -9,32 +9,19 @@ window), but the same work a user would otherwise run: GSA over every token (M s
 gates logsigmoid(f)/8, s = 1 − e^g) and causal attention to the last `window` keys (the key
 itself included), bf16, `[B, T, H, D]`. Needs torch with CUDA and flash-linear-attention
 (`fla.ops.gsa`); neither is a dependency of hybrid_jax. Prints one JSON line per shape: ms of
-the composition and of each part (medians over CUDA-event timings), or an `error`.
+the composition and of each part (medians of CUDA-event timings, `fla_linear.time_ms`), or an
+`error`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-
-def _median_ms(fn, iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from experiments.benchmarks.peers.fla_linear import time_ms
 
 
 def _inputs(batch, length, heads, dim, slots):
@@ -85,13 +72,13 @@ def measure(batch, length, heads, dim, slots, window, iters) -> dict:
     row = {"B": batch, "T": length, "H": heads, "D": dim, "M": slots, "w": window}
     for name, call in calls.items():
         with torch.no_grad():
-            row[f"{name}_fwd_ms"] = _median_ms(call, iters)
+            row[f"{name}_fwd_ms"] = time_ms(call, iters=iters)
 
         def forward_backward(call=call):
             out = call()
             torch.autograd.grad(out.float().sum(), leaves, allow_unused=True)
 
-        row[f"{name}_fwd_bwd_ms"] = _median_ms(forward_backward, iters)
+        row[f"{name}_fwd_bwd_ms"] = time_ms(forward_backward, iters=iters)
     return row
 
 
