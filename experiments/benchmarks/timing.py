@@ -91,9 +91,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], **extra: Any) -> None:
+def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], *,
+               quiet: bool = False, **extra: Any) -> None:
+    """The rows and `extra` as one JSON record (rewritten whole: a script may save as it goes,
+    `quiet` then leaves out the "wrote" line)."""
     record = {"benchmark": name, "device": device_name(), "host": platform.node(),
               "date": time.strftime("%Y-%m-%d"), **extra, "rows": list(rows)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")

@@ -144,44 +144,53 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
 def _state_grads_kernel(*refs, st: Static, num_chunks: int):
     dy_ref, a_ref, c_ref = refs[:3]
     doc_ref = refs[3] if st.documents else None
-    d_final_ref, d_states_ref, d_initial_ref = refs[3 + st.documents:]
+    states_ref, d_final_ref, d_states_ref, d_initial_ref, kept_ref = refs[3 + st.documents:]
     L = st.blocks.chunk
     dtype = d_states_ref.dtype
+    vectors = _vector_loader(L, a_ref, doc_ref)
 
-    def chunk(c, vectors, d_state):
+    def chunk(c, loaded, d_state):
         rows = pl.ds(c * L, L)
-        w = chunk_weights(*vectors)
+        state, (a, doc) = loaded
+        w = chunk_weights(a, doc)
         d_states_ref[c] = d_state.astype(dtype)  # the gradient of the state leaving chunk c
+        # ⟨dH_c, carry·S_c⟩: the entering state's share of ∂L/∂cum_last (chunk_grads adds the
+        # chunk's own writes), from the float32 dH while it is in registers.
+        kept_ref[pl.ds(c, 1)] = jnp.full((1,), w.carry * jnp.sum(d_state * state.astype(F32)))
         pulled = (dy_ref[rows, :].astype(F32) * w.into[:, None]).astype(dtype)
         return w.carry * d_state + mm_tn(pulled, c_ref[rows, :])
 
-    d_initial_ref[...] = _chunk_loop(num_chunks, _vector_loader(L, a_ref, doc_ref), chunk,
-                                     d_final_ref[...], reverse=True)
+    load = lambda c: (states_ref[c], vectors(c))  # the entering state tile, a step ahead too
+    d_initial_ref[...] = _chunk_loop(num_chunks, load, chunk, d_final_ref[...], reverse=True)
 
 
-def state_grads(dy, a, C, doc, d_final, st: Static):
-    """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype) and of
-    the initial state `[B, H, P, N]` float32."""
+def state_grads(dy, a, C, doc, states, d_final, st: Static):
+    """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype), of the
+    initial state `[B, H, P, N]` float32, and `carry_c·⟨dH_c, S_c⟩` per chunk `[B, H, NC]`
+    float32 (S_c: the stored state entering chunk c)."""
     batch, length, heads, P = dy.shape
     N = C.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.backward_block_p, st.group
     num_chunks = length // L
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
+    boundary = pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0))
     in_specs = [pl.BlockSpec((None, length, None, BP), lambda b, h, p: (b, 0, h, p)),
                 pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0)),
                 pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
-    return pl.pallas_call(
+    d_states, d_initial, kept = pl.pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
-        grid=(batch, heads, P // BP), in_specs=in_specs + [tile],
-        out_specs=[pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0)),
-                   tile],
+        grid=(batch, heads, P // BP), in_specs=in_specs + [boundary, tile],
+        out_specs=[boundary, tile,
+                   pl.BlockSpec((None, None, None, num_chunks), lambda b, h, p: (b, h, p, 0))],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), dy.dtype),
-                   jax.ShapeDtypeStruct(d_final.shape, F32)],
+                   jax.ShapeDtypeStruct(d_final.shape, F32),
+                   jax.ShapeDtypeStruct((batch, heads, P // BP, num_chunks), F32)],
         compiler_params=_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
         interpret=st.interpret, name="ssd_state_grads",
-    )(dy, a, C, *_doc_args(st, doc), d_final)
+    )(dy, a, C, *_doc_args(st, doc), states, d_final)
+    return d_states, d_initial, jnp.sum(kept, axis=2)
 
 
 # --- backward: every chunk in parallel --------------------------------------------------------
@@ -190,7 +199,7 @@ def state_grads(dy, a, C, doc, d_final, st: Static):
 def _chunk_grads_kernel(*refs, st: Static):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
-    (dy_ref, states_ref, d_states_ref, dx_ref, ddt_ref, da_ref, db_ref,
+    (dy_ref, states_ref, d_states_ref, kept_ref, dx_ref, ddt_ref, da_ref, db_ref,
      dc_ref) = refs[5 + st.documents:]
     keys, queries = b_ref[...], c_ref[...]  # [L, N], shared by the group's heads
     dtype = keys.dtype
@@ -205,35 +214,41 @@ def _chunk_grads_kernel(*refs, st: Static):
         dt = dt_ref[r, :]
         w = chunk_weights(a_ref[r, :], doc)
         decay = pair_decay(w.cum, doc)
-        scores = (raw_scores * decay).astype(dtype)
-        u = lambda cols: (x_ref[:, r, cols].astype(F32) * dt[:, None]).astype(dtype)
-        # D_ts = (dy_t·u_s) e^{cum_t − cum_s}: the gradient of the decayed scores.
-        d_scores = sum(mm_nt(dy_ref[:, r, cols], u(cols)) for cols in tiles) * decay
+        loaded = [(x_ref[:, r, cols], dy_ref[:, r, cols]) for cols in tiles]  # once per head
+        # D_ts = (dy_t·dt_s x_s) e^{cum_t − cum_s}: the gradient of the decayed scores. dt
+        # scales the products' rows or columns, never an operand: x goes to the matmuls as
+        # loaded (no float32 or rescaled copies of it in registers).
+        d_scores = sum(mm_nt(dy, x) for x, dy in loaded) * (decay * dt[None, :])
         products = d_scores * raw_scores  # ∂L/∂cum through the pairs: rows minus columns
         d_cum = jnp.sum(products, axis=1) - jnp.sum(products, axis=0)
+        scores = (raw_scores * decay).astype(dtype)
         d_scores = d_scores.astype(dtype)
         d_queries += mm(d_scores, keys)
         d_keys += mm_tn(d_scores, queries)
-        d_dt = inner = keys_pull = 0.0
-        # Each tile's state products are folded into the accumulators and into ∂L/∂cum at
-        # once (short live ranges: the float32 [L, N] tiles are the registers' main load).
-        for cols in tiles:
-            dy = dy_ref[:, r, cols]
+        through_entry = pull = d_dt = 0.0
+        for cols, (x, dy) in zip(tiles, loaded, strict=True):
             state, d_state = states_ref[r, cols, :], d_states_ref[r, cols, :]
-            du = mm_tn(scores, dy) + w.out[:, None] * mm_nt(keys, d_state)
-            dx_ref[:, r, cols] = (du * dt[:, None]).astype(dx_ref.dtype)
-            d_dt += jnp.sum(du * x_ref[:, r, cols].astype(F32), axis=1)
-            through_entry = w.into[:, None] * mm(dy, state)  # dC via the entering state
-            d_cum += jnp.sum(queries.astype(F32) * through_entry, axis=1)
-            d_queries += through_entry
-            through_exit = w.out[:, None] * mm(u(cols), d_state)  # dB via the leaving state
-            keys_pull += jnp.sum(keys.astype(F32) * through_exit, axis=1)
-            d_keys += through_exit
-            inner += jnp.sum(d_state.astype(F32) * state.astype(F32))
-        # The leaving state S' = carry·S + Σ_s out_s u_s B_sᵀ adds ⟨dH, S'⟩ at the last step.
-        d_last = w.carry * inner + jnp.sum(keys_pull)
+            x32 = x.astype(F32)
+            # du = Sᵀ-pair part + leaving-state part. Neither is added to the other as a raw
+            # matmul result (each has a second use), so Triton does not chain the two
+            # products into one accumulator (a chained product takes a warp layout that
+            # repeats M = L rows on every warp group).
+            via_pairs = mm_tn(scores, dy)
+            via_state = w.out[:, None] * mm_nt(keys, d_state)  # du via the leaving state
+            state_pull = jnp.sum(x32 * via_state, axis=1)
+            pull += dt * state_pull  # out_s u_s·(dH B_s) = B_s·dB_s via that state
+            d_dt += jnp.sum(x32 * via_pairs, axis=1) + state_pull
+            dx_ref[:, r, cols] = ((via_pairs + via_state) * dt[:, None]).astype(dx_ref.dtype)
+            through_entry += w.into[:, None] * mm(dy, state)  # dC via the entering state
+            d_keys += (w.out * dt)[:, None] * mm(x, d_state)  # dB via the leaving state
+        # C loaded again here (an L1/L2 hit): a float32 copy hoisted out of the head loop
+        # would hold 32 registers per thread through it.
+        d_cum += jnp.sum(c_ref[...].astype(F32) * through_entry, axis=1)
+        d_queries += through_entry
+        # The leaving state S' = carry·S + Σ_s out_s u_s B_sᵀ adds ⟨dH, S'⟩ at the last step:
+        # its first part came from the reverse pass (`kept`).
         ddt_ref[r, :] = d_dt
-        da_ref[r, :] = reverse_cumsum(d_cum - keys_pull) + d_last
+        da_ref[r, :] = reverse_cumsum(d_cum - pull) + (kept_ref[r] + jnp.sum(pull))
         return d_queries, d_keys
 
     zeros = jnp.zeros(keys.shape, F32)
@@ -242,9 +257,10 @@ def _chunk_grads_kernel(*refs, st: Static):
     db_ref[...] = d_keys
 
 
-def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, st: Static):
+def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
     """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype; d dt (through dt·x only) and
-    d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32."""
+    d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32. `kept`: `state_grads`' third
+    output."""
     batch, length, heads, P = x.shape
     groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
@@ -255,14 +271,15 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, st: Static):
     in_specs = [heads_of(P), per_step, per_step, keys, keys]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    per_chunk = pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
     per_head = jax.ShapeDtypeStruct((batch, heads, length), F32)
     return pl.pallas_call(
         functools.partial(_chunk_grads_kernel, st=st),
         grid=(batch, groups, length // L),
-        in_specs=in_specs + [heads_of(P), boundary, boundary],
+        in_specs=in_specs + [heads_of(P), boundary, boundary, per_chunk],
         out_specs=[heads_of(P), per_step, per_step, keys, keys],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head, per_head,
                    jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
         compiler_params=_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
         interpret=st.interpret, name="ssd_chunk_grads",
-    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states)
+    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, kept)
