@@ -52,7 +52,7 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         keys = (x["k"] * chunk.to_end[:, None]).astype(op)
         du_op = (mm_tn(x["p"], x["do"]) + mm(keys, d_state_op)).astype(op)
         du_ref[pl.ds(c * C, C), :] = du_op
-        d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state_op
+        d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
         queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
         return (chunk.decay * d_state + mm_tn(queries, x["do"]) - mm_tn(x["w"], du_op))
 
@@ -62,8 +62,9 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
 
 
 def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
-    """The reverse-time pass. Returns dU `[B, Tp, H, V]` and the gradients of the state after
-    every chunk `[B, H, NC·K, V]` (input dtype), and the initial state's gradient (float32)."""
+    """The reverse-time pass. Returns dU `[B, Tp, H, V]` (input dtype), the gradients of the
+    state after every chunk `[B, H, NC·K, V]` and of the initial state (float32: in bf16 they
+    cost dg an order of magnitude, NOTES.md)."""
     batch, length, heads, key_dim = q.shape
     value_dim, C, tile = d_out.shape[-1], st.blocks.chunk, st.blocks.value_block
     num_chunks = length // C
@@ -83,8 +84,7 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
         out_specs=[tiled, pl.BlockSpec((None, None, num_chunks * key_dim, tile),
                                        lambda b, h, j: (b, h, 0, j)), state],
         out_shape=[jax.ShapeDtypeStruct(d_out.shape, k.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
-                                        k.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim), F32),
                    jax.ShapeDtypeStruct(d_final.shape, F32)],
         compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_state_gradients",
@@ -142,8 +142,8 @@ def _gradients_kernel(*refs, st: Static):
             d_r = mm_tn(t, du).astype(op)
             d_x -= mm_nt(d_r, s0)
             d_q += mm_nt(do, s0)
-            d_k += mm_nt(u, ds1)
-            to_last += chunk.decay * total(ds1.astype(F32) * s0.astype(F32))
+            d_k += mm_nt(u.astype(F32), ds1)  # float32 dS₁ (TF32 on the GPU), see above
+            to_last += chunk.decay * total(ds1 * s0.astype(F32))
         qf, kf = q.astype(F32), k.astype(F32)
         dq_ref[:, span_k] = (st.scale * chunk.entry[:, None] * d_q
                              + mm(d_qk_op, k)).astype(dq_ref.dtype)

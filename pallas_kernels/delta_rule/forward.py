@@ -4,7 +4,8 @@ Layout: q, k `[B, Tp, H, K]`, v `[B, Tp, H, V]` (time padded to a multiple of th
 g and β `[B, H, Tp]` float32, document starts `[B, Tp]` float32 (1.0 at a start) when the call
 has documents, states `[B, H, K, V]` float32. Per-chunk intermediates are in the input dtype:
 W `[B, Tp, H, K]`, U₀ and U `[B, Tp, H, V]`, P and T `[B, Tp, H, C]` (row t of its chunk's
-C×C matrix), the states entering each chunk `[B, H, NC·K, V]`.
+C×C matrix), the states entering each chunk `[B, H, NC·K, V]`; the backward's gradients of the
+states after each chunk are float32 (`backward.py`).
 
   chunk_prepare             one program per (batch, head, chunk): P, T, W, U₀
   chunk_states_and_outputs  one program per (batch, head, V tile): the sequential pass over
@@ -62,19 +63,22 @@ def _prepare_kernel(*refs, st: Static, save: bool):
     p_ref[...] = (st.scale * mm_nt(q_ref[...], k_ref[...]) * chunk.pairs()).astype(op)
 
     rows = _sub_chunk_rows(g_ref, starts_ref, S, count)
-    keys = [k_ref[pl.ds(i * S, S), :] for i in range(count)]
+    key = lambda i: k_ref[pl.ds(i * S, S), :]
     betas = [beta_ref[pl.ds(i * S, S)] for i in range(count)]
     # A_tj = β_t (k_t·k_j) e^{Γ_t − Γ_j} (j < t), in S×S blocks.
-    a = {(i, j): betas[i][:, None] * mm_nt(keys[i], keys[j])
+    a = {(i, j): betas[i][:, None] * mm_nt(key(i), key(j))
          * decay_matrix(rows[i], rows[j], strict=i == j)
          for i in range(count) for j in range(i + 1)}
     t = block_lower_inverse(a, count)
-    x = [(keys[j] * (betas[j] * entry_decay(rows[j]))[:, None]).astype(op) for j in range(count)]
-    y = [(v_ref[pl.ds(j * S, S), :] * betas[j][:, None]).astype(op) for j in range(count)]
+    # Right-hand sides loaded where used (shorter live ranges than holding every block).
+    # U₀ = T (β ⊙ V) takes float32 operands (TF32 on the GPU): U = U₀ − W S nearly cancels
+    # once the state holds v, and bf16 T, βV there cost dg an order of magnitude (NOTES.md).
+    x = lambda j: (key(j) * (betas[j] * entry_decay(rows[j]))[:, None]).astype(op)
+    y = lambda j: v_ref[pl.ds(j * S, S), :].astype(F32) * betas[j][:, None]
     for i in range(count):
         span = pl.ds(i * S, S)
-        w_ref[span, :] = sum(mm(t[i, j].astype(op), x[j]) for j in range(i + 1)).astype(op)
-        u0_ref[span, :] = sum(mm(t[i, j].astype(op), y[j]) for j in range(i + 1)).astype(op)
+        w_ref[span, :] = sum(mm(t[i, j].astype(op), x(j)) for j in range(i + 1)).astype(op)
+        u0_ref[span, :] = sum(mm(t[i, j], y(j)) for j in range(i + 1)).astype(op)
         if save:
             for j in range(count):
                 block = t[i, j] if j <= i else jnp.zeros((S, S), F32)
