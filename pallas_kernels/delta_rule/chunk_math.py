@@ -48,6 +48,13 @@ def reverse_cumsum(x: jax.Array) -> jax.Array:
     return jnp.sum(x) - jnp.cumsum(x) + x
 
 
+def _masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
+    """e^x where `keep` (None: everywhere), else 0."""
+    if keep is None:
+        return jnp.exp(x)
+    return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Rows:
     """Rows start..start+n−1 of a chunk: their cumulative log decay Γ `[n]` and document
@@ -84,16 +91,9 @@ class Chunk:
     to_end: jax.Array
     decay: jax.Array
 
-    def pairs(self, *, strict: bool = False) -> jax.Array:
-        """`[C, C]` pair decays (`decay_matrix` of the chunk with itself)."""
-        return decay_matrix(self.rows, self.rows, strict=strict)
-
-
-def _masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
-    """e^x where `keep` (None: everywhere), else 0."""
-    if keep is None:
-        return jnp.exp(x)
-    return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
+    def pairs(self) -> jax.Array:
+        """`[C, C]` pair decays e^{Γ_t − Γ_j}, j ≤ t in the same document, else 0."""
+        return decay_matrix(self.rows, self.rows, strict=False)
 
 
 def entry_decay(rows: Rows) -> jax.Array:
@@ -123,7 +123,8 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
     a_t = a.T  # column r of aᵀ is row r of a, laid out down the rows j
     for r in range(1, n):
         a_r = jnp.sum(jnp.where(cols == r, a_t, 0.0), axis=1, keepdims=True)  # [n, 1]: a_rj
-        row_r = inverse - jnp.sum(a_r * inverse, axis=0, keepdims=True)  # rows j ≥ r: e_j
+        # Row r is still e_r, and a_rj = 0 for j ≥ r: only the finished rows j < r count.
+        row_r = inverse - jnp.sum(a_r * inverse, axis=0, keepdims=True)
         inverse = jnp.where(rows == r, row_r, inverse)
     return inverse
 

@@ -10,6 +10,8 @@ also lowered to Triton IR at the real head dims (no GPU needed: lowering only).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,11 +40,11 @@ def make_inputs(seed, batch, length, heads=2, key_dim=16, value_dim=16):
                 initial_state=state)
 
 
-def kernel_run(x, segment_ids, scale):
+def kernel_run(x, segment_ids, scale, blocks):
     starts = document_starts("test", segment_ids, *x["q"].shape[:2])
     return api.gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
                                 initial_state=x.get("initial_state"), starts=starts,
-                                block_sizes=TINY, interpret=True)
+                                block_sizes=blocks, interpret=True)
 
 
 def reference_run(x, segment_ids, scale):
@@ -61,10 +63,10 @@ def weighted_loss(run, weights):
     return loss
 
 
-def check_against_reference(x, segment_ids, scale, *, primal: bool):
+def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY):
     batch, _, heads, key_dim = x["q"].shape
     weights = normals(7, x["v"].shape, (batch, heads, key_dim, x["v"].shape[3]))
-    kernel = lambda x: kernel_run(x, segment_ids, scale)
+    kernel = lambda x: kernel_run(x, segment_ids, scale, blocks)
     reference = lambda x: reference_run(x, segment_ids, scale)
     with_values = lambda run: jax.jit(jax.value_and_grad(
         lambda x: (weighted_loss(run, weights)(x), run(x)), has_aux=True))
@@ -94,10 +96,11 @@ def test_documents_initial_state_odd_length(x64):
 
 def test_one_document_zero_initial_state(x64):
     """No segment ids, no initial state, T a multiple of the chunk; values from the primal
-    forward."""
+    forward; the sequential loops load each chunk one step ahead (`prefetch`)."""
     x = make_inputs(1, batch=1, length=24, key_dim=8, value_dim=8)  # one K and one V tile
     del x["initial_state"]
-    check_against_reference(x, None, None, primal=True)
+    check_against_reference(x, None, None, primal=True,
+                            blocks=dataclasses.replace(TINY, prefetch=True))
 
 
 def _platform_gpu(monkeypatch):
