@@ -1,9 +1,9 @@
 """Gated delta rule: the Pallas kernels against the XLA chunked rung and cuDNN causal attention.
 
-    python -m experiments.benchmarks.delta_rule_kernel [--parts check,table,sweep]
-        [--shapes 8x4096,4x8192,2x16384] [--budget-s 225] [--out delta_rule_kernel.json]
+    python -m experiments.benchmarks.delta_rule_kernel [--check] [--table] [--sweep]
+        [--shapes 8x4096,4x8192,2x16384] [--budget-s 190] [--out delta_rule_kernel.json]
 
-H16, K = V = 128 (check: also 64/256), bf16 inputs. Parts:
+H16, K = V = 128 (check: also 64/256), bf16 inputs. Parts (all three when none is named):
   check  bf16 kernels (and one float32 case) against the float32 per-token reference on the
          same (upcast) inputs: outputs, final state and the gradients of q, k, v, g, β and the
          initial state; relative error ‖a − b‖ / ‖b‖, every one must be < 1e-2
@@ -107,6 +107,19 @@ def _relative(a, b):
     return float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(b), 1e-30))
 
 
+def _values_and_grads(x, segment_ids, weights, implementation):
+    """(o, final state) and the gradients of Σ o·w_o + Σ S_T·w_S w.r.t. every input."""
+    def run(x):
+        out, state = gated_delta_rule(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+            segment_ids=segment_ids, return_final_state=True, implementation=implementation)
+        loss = jnp.sum(out.astype(jnp.float32) * weights[0]) + jnp.sum(state * weights[1])
+        return loss, (out, state)
+
+    (_, values), grads = jax.jit(jax.value_and_grad(run, has_aux=True))(x)
+    return values, grads
+
+
 def part_check(args, budget):
     """The kernels on the GPU against the float32 per-token reference (values and gradients)."""
     rows = []
@@ -120,19 +133,9 @@ def part_check(args, budget):
         w_out = jax.random.normal(jax.random.key(3), x["v"].shape, jnp.float32)
         w_state = jax.random.normal(jax.random.key(4), x["initial_state"].shape, jnp.float32)
 
-        def values_and_grads(x, implementation):
-            def run(x):
-                out, state = gated_delta_rule(
-                    x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                    segment_ids=ids, return_final_state=True, implementation=implementation)
-                loss = jnp.sum(out.astype(jnp.float32) * w_out) + jnp.sum(state * w_state)
-                return loss, (out, state)
-
-            (_, values), grads = jax.jit(jax.value_and_grad(run, has_aux=True))(x)
-            return values, grads
-
-        (ref_out, ref_state), ref_grads = values_and_grads(x32, "reference")
-        (out, state), grads = values_and_grads(x, "pallas")
+        weights = (w_out, w_state)
+        (ref_out, ref_state), ref_grads = _values_and_grads(x32, ids, weights, "reference")
+        (out, state), grads = _values_and_grads(x, ids, weights, "pallas")
         errors = {"out": _relative(out, ref_out), "final_state": _relative(state, ref_state)}
         errors.update({f"d{n}": _relative(grads[n], ref_grads[n]) for n in GRAD_NAMES})
         row = {"B": batch, "T": length, "H": heads, "K": key_dim, "V": value_dim,
@@ -238,7 +241,8 @@ PARTS = {"check": part_check, "table": part_table, "sweep": part_sweep}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="check,table,sweep")
+    for part in PARTS:
+        parser.add_argument(f"--{part}", action="store_true", help=f"run the {part} part")
     parser.add_argument("--shapes", type=lambda s: s.split(","),
                         default=["8x4096", "4x8192", "2x16384"], help="BATCHxLENGTH,...")
     parser.add_argument("--budget-s", type=float, default=190.0,
@@ -247,9 +251,8 @@ def main() -> None:
     args = parser.parse_args()
     print(device_name(), flush=True)
     budget = Budget(args.budget_s)
-    results = {}
-    for part in args.parts.split(","):
-        results[part] = PARTS[part](args, budget)
+    chosen = [part for part in PARTS if getattr(args, part)] or list(PARTS)
+    results = {part: PARTS[part](args, budget) for part in chosen}
     write_json(args.out, "delta_rule_kernel", results.get("table", []),
                check=results.get("check"), sweep=results.get("sweep"))
 

@@ -35,13 +35,14 @@ from pallas_kernels.delta_rule.chunk_math import (
     total,
 )
 from pallas_kernels.delta_rule.forward import chunk_loop, load_chunk
+from pallas_kernels.delta_rule.specs import ChunkSpecs, SequentialSpecs, split_refs, with_starts
 from pallas_kernels.delta_rule.static import Static, compiler_params
 
 
 def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
-    q_ref, k_ref, w_ref, p_ref, do_ref, g_ref = refs[:6]
-    starts_ref = refs[6] if st.documents else None
-    d_final_ref, du_ref, d_states_ref, d_initial_ref = refs[6 + st.documents:]
+    (q_ref, k_ref, w_ref, p_ref, do_ref, g_ref), starts_ref, rest = split_refs(
+        refs, 6, st.documents)
+    d_final_ref, du_ref, d_states_ref, d_initial_ref = rest
     C, key_dim = st.blocks.chunk, k_ref.shape[-1]
     op = k_ref.dtype
     sources = dict(q=q_ref, k=k_ref, w=w_ref, p=p_ref, do=do_ref, g=g_ref)
@@ -68,21 +69,16 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
     batch, length, heads, key_dim = q.shape
     value_dim, C, tile = d_out.shape[-1], st.blocks.chunk, st.blocks.value_block
     num_chunks = length // C
-    whole = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, j: (b, 0, h, 0))
-    tiled = pl.BlockSpec((None, length, None, tile), lambda b, h, j: (b, 0, h, j))
-    state = pl.BlockSpec((None, None, key_dim, tile), lambda b, h, j: (b, h, 0, j))
-    in_specs = [whole(key_dim), whole(key_dim), whole(key_dim), whole(C), tiled,
-                pl.BlockSpec((None, None, length), lambda b, h, j: (b, h, 0))]
-    args = [q, k, w, p, d_out, g]
-    if st.documents:
-        in_specs.append(pl.BlockSpec((None, length), lambda b, h, j: (b, 0)))
-        args.append(starts)
+    specs = SequentialSpecs(length, tile)
+    in_specs, args = with_starts(
+        [specs.whole(key_dim), specs.whole(key_dim), specs.whole(key_dim), specs.whole(C),
+         specs.tiled(), specs.steps()], [q, k, w, p, d_out, g], specs.starts(), starts,
+        st.documents)
     blocks = st.blocks
     return pl.pallas_call(
         functools.partial(_state_gradients_kernel, st=st, num_chunks=num_chunks),
-        grid=(batch, heads, value_dim // tile), in_specs=in_specs + [state],
-        out_specs=[tiled, pl.BlockSpec((None, None, num_chunks * key_dim, tile),
-                                       lambda b, h, j: (b, h, 0, j)), state],
+        grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
+        out_specs=[specs.tiled(), specs.state(num_chunks * key_dim), specs.state(key_dim)],
         out_shape=[jax.ShapeDtypeStruct(d_out.shape, k.dtype),
                    jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim), F32),
                    jax.ShapeDtypeStruct(d_final.shape, F32)],
@@ -92,10 +88,9 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
 
 
 def _gradients_kernel(*refs, st: Static):
-    q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
-    starts_ref = refs[5] if st.documents else None
+    (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, rest = split_refs(refs, 5, st.documents)
     (t_ref, s0_ref, ds1_ref, u_ref, du_ref, do_ref,
-     dq_ref, dk_ref, dv_ref, dbeta_ref, dg_ref) = refs[5 + st.documents:]
+     dq_ref, dk_ref, dv_ref, dbeta_ref, dg_ref) = rest
     C = st.blocks.chunk
     key_dim, value_dim = k_ref.shape[-1], v_ref.shape[-1]
     key_tile, value_tile = st.blocks.gradient_key_block, st.blocks.gradient_value_block
@@ -164,20 +159,17 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
     """dq, dk, dv (input dtype) and dβ, dg `[B, H, Tp]` (float32) of every chunk, in parallel."""
     batch, length, heads, key_dim = q.shape
     value_dim, C = v.shape[-1], st.blocks.chunk
-    rows = lambda d: pl.BlockSpec((None, C, None, d), lambda b, h, c: (b, c, h, 0))
-    per_step = pl.BlockSpec((None, None, C), lambda b, h, c: (b, h, c))
-    state = pl.BlockSpec((None, None, key_dim, value_dim), lambda b, h, c: (b, h, c, 0))
-    in_specs = [rows(key_dim), rows(key_dim), rows(value_dim), per_step, per_step]
-    args = [q, k, v, g, beta]
-    if st.documents:
-        in_specs.append(pl.BlockSpec((None, C), lambda b, h, c: (b, c)))
-        args.append(starts)
+    specs = ChunkSpecs(C)
+    rows, state = specs.rows, specs.state(key_dim, value_dim)
+    in_specs, args = with_starts(
+        [rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
+        [q, k, v, g, beta], specs.starts(), starts, st.documents)
     in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim)]
     blocks = st.blocks
     return pl.pallas_call(
         functools.partial(_gradients_kernel, st=st),
         grid=(batch, heads, length // C), in_specs=in_specs,
-        out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), per_step, per_step],
+        out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
                    jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g.shape, F32),
                    jax.ShapeDtypeStruct(g.shape, F32)],

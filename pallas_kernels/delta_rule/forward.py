@@ -32,6 +32,7 @@ from pallas_kernels.delta_rule.chunk_math import (
     mm_nt,
     mm_tn,
 )
+from pallas_kernels.delta_rule.specs import ChunkSpecs, SequentialSpecs, split_refs, with_starts
 from pallas_kernels.delta_rule.static import Static, compiler_params
 
 
@@ -53,9 +54,8 @@ def _sub_chunk_rows(g_ref, starts_ref, size: int, count: int) -> list[Rows]:
 
 
 def _prepare_kernel(*refs, st: Static, save: bool):
-    q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
-    starts_ref = refs[5] if st.documents else None
-    w_ref, u0_ref, p_ref, *t_ref = refs[5 + st.documents:]
+    (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, outs = split_refs(refs, 5, st.documents)
+    w_ref, u0_ref, p_ref, *t_ref = outs
     C, S = st.blocks.chunk, st.blocks.sub_chunk
     count = C // S
     op = k_ref.dtype
@@ -90,15 +90,13 @@ def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
     U₀ = T (β ⊙ V) (NOTES.md). Returns (W, U₀, P), and T when `save` (the backward's)."""
     batch, length, heads, key_dim = q.shape
     value_dim, C = v.shape[-1], st.blocks.chunk
-    rows = lambda d: pl.BlockSpec((None, C, None, d), lambda b, h, c: (b, c, h, 0))
-    per_step = pl.BlockSpec((None, None, C), lambda b, h, c: (b, h, c))
-    in_specs = [rows(key_dim), rows(key_dim), rows(value_dim), per_step, per_step]
-    args = [q, k, v, g, beta]
-    if st.documents:
-        in_specs.append(pl.BlockSpec((None, C), lambda b, h, c: (b, c)))
-        args.append(starts)
+    specs = ChunkSpecs(C)
+    in_specs, args = with_starts(
+        [specs.rows(key_dim), specs.rows(key_dim), specs.rows(value_dim), specs.steps(),
+         specs.steps()], [q, k, v, g, beta], specs.starts(), starts, st.documents)
     shape = lambda d: jax.ShapeDtypeStruct((batch, length, heads, d), k.dtype)
-    out_specs = [rows(key_dim), rows(value_dim), rows(C)] + [rows(C)] * save
+    out_specs = [specs.rows(key_dim), specs.rows(value_dim), specs.rows(C)]
+    out_specs += [specs.rows(C)] * save
     out_shape = [shape(key_dim), shape(value_dim), shape(C)] + [shape(C)] * save
     blocks = st.blocks
     return pl.pallas_call(
@@ -138,9 +136,9 @@ def load_chunk(refs: dict, starts_ref, c, C: int) -> dict:
 
 
 def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):
-    q_ref, k_ref, w_ref, u0_ref, p_ref, g_ref = refs[:6]
-    starts_ref = refs[6] if st.documents else None
-    init_ref, o_ref, final_ref, *saved = refs[6 + st.documents:]
+    (q_ref, k_ref, w_ref, u0_ref, p_ref, g_ref), starts_ref, rest = split_refs(
+        refs, 6, st.documents)
+    init_ref, o_ref, final_ref, *saved = rest
     C, key_dim = st.blocks.chunk, k_ref.shape[-1]
     op = k_ref.dtype
     sources = dict(q=q_ref, k=k_ref, w=w_ref, u0=u0_ref, p=p_ref, g=g_ref)
@@ -173,27 +171,22 @@ def chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st: Stati
     batch, length, heads, key_dim = q.shape
     value_dim, C, tile = u0.shape[-1], st.blocks.chunk, st.blocks.value_block
     num_chunks = length // C
-    whole = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, j: (b, 0, h, 0))
-    tiled = pl.BlockSpec((None, length, None, tile), lambda b, h, j: (b, 0, h, j))
-    state = pl.BlockSpec((None, None, key_dim, tile), lambda b, h, j: (b, h, 0, j))
-    in_specs = [whole(key_dim), whole(key_dim), whole(key_dim), tiled, whole(C),
-                pl.BlockSpec((None, None, length), lambda b, h, j: (b, h, 0))]
-    args = [q, k, w, u0, p, g]
-    if st.documents:
-        in_specs.append(pl.BlockSpec((None, length), lambda b, h, j: (b, 0)))
-        args.append(starts)
-    out_specs = [tiled, state]
+    specs = SequentialSpecs(length, tile)
+    in_specs, args = with_starts(
+        [specs.whole(key_dim), specs.whole(key_dim), specs.whole(key_dim), specs.tiled(),
+         specs.whole(C), specs.steps()], [q, k, w, u0, p, g], specs.starts(), starts,
+        st.documents)
+    out_specs = [specs.tiled(), specs.state(key_dim)]
     out_shape = [jax.ShapeDtypeStruct(u0.shape, q.dtype), jax.ShapeDtypeStruct(
         initial_state.shape, F32)]
     if save:
-        out_specs += [pl.BlockSpec((None, None, num_chunks * key_dim, tile),
-                                   lambda b, h, j: (b, h, 0, j)), tiled]
+        out_specs += [specs.state(num_chunks * key_dim), specs.tiled()]
         out_shape += [jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
                                            k.dtype), jax.ShapeDtypeStruct(u0.shape, k.dtype)]
     blocks = st.blocks
     return pl.pallas_call(
         functools.partial(_states_kernel, st=st, save=save, num_chunks=num_chunks),
-        grid=(batch, heads, value_dim // tile), in_specs=in_specs + [state],
+        grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
         out_specs=out_specs, out_shape=out_shape,
         compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_states_and_outputs",
