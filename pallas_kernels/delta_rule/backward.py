@@ -48,14 +48,16 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
     sources = dict(q=q_ref, k=k_ref, w=w_ref, p=p_ref, do=do_ref, g=g_ref)
 
     def step(c, d_state, x):
+        # The chain to the previous chunk is K̃ dS → dU → Wᵀ dU; the rest only needs loads.
         chunk = chunk_decays(x["g"], x["starts"])
-        d_state_op = d_state.astype(op)
         keys = (x["k"] * chunk.to_end[:, None]).astype(op)
-        du_op = (mm_tn(x["p"], x["do"]) + mm(keys, d_state_op)).astype(op)
+        queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
+        du_local = mm_tn(x["p"], x["do"])  # Pᵀ dO
+        carried = chunk.decay * d_state + mm_tn(queries, x["do"])
+        du_op = (du_local + mm(keys, d_state.astype(op))).astype(op)
         du_ref[pl.ds(c * C, C), :] = du_op
         d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
-        queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
-        return (chunk.decay * d_state + mm_tn(queries, x["do"]) - mm_tn(x["w"], du_op))
+        return carried - mm_tn(x["w"], du_op)
 
     d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
                                     step, d_final_ref[...], reverse=True,

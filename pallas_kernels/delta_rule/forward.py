@@ -144,18 +144,19 @@ def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):
     sources = dict(q=q_ref, k=k_ref, w=w_ref, u0=u0_ref, p=p_ref, g=g_ref)
 
     def step(c, state, x):
+        # What does not depend on the state first; the chain to the next chunk is W S → U →
+        # K̃ᵀ U, the outputs hang off it.
         chunk = chunk_decays(x["g"], x["starts"])
-        state_op = state.astype(op)
-        u = x["u0"].astype(F32) - mm(x["w"], state_op)
-        u_op = u.astype(op)
-        span = pl.ds(c * C, C)
         queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
-        o_ref[span, :] = (mm(queries, state_op) + mm(x["p"], u_op)).astype(o_ref.dtype)
+        keys = (x["k"] * chunk.to_end[:, None]).astype(op)
+        state_op = state.astype(op)
+        u_op = (x["u0"].astype(F32) - mm(x["w"], state_op)).astype(op)
+        span = pl.ds(c * C, C)
         if save:
             states_ref, u_ref = saved
             states_ref[pl.ds(c * key_dim, key_dim), :] = state_op
             u_ref[span, :] = u_op
-        keys = (x["k"] * chunk.to_end[:, None]).astype(op)
+        o_ref[span, :] = (mm(queries, state_op) + mm(x["p"], u_op)).astype(o_ref.dtype)
         return chunk.decay * state + mm_tn(keys, u_op)
 
     final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
