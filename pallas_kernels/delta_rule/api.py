@@ -53,7 +53,7 @@ def gated_delta_rule(
       initial_state: `[B, H, K, V]` state before the first step, or None (zeros).
       starts: `[B, T]` bool, True where a document starts (after the first token: the first
         token continues `initial_state`), or None.
-      block_sizes: tiles and launch parameters (default `default_block_sizes(K, V)`).
+      block_sizes: tiles and launch parameters (default `default_block_sizes(K, V, B·H)`).
       interpret: run the kernels in Pallas interpret mode (CPU tests).
 
     Returns:
@@ -65,7 +65,8 @@ def gated_delta_rule(
         raise ValueError(f"pallas gated_delta_rule: {reason}")
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
-    blocks = _fitted(block_sizes or default_block_sizes(key_dim, value_dim), key_dim, value_dim)
+    blocks = _fitted(block_sizes or default_block_sizes(key_dim, value_dim, batch * heads),
+                     key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
                 documents=starts is not None, interpret=interpret)
     padded = -(-length // blocks.chunk) * blocks.chunk

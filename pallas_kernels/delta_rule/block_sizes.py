@@ -50,9 +50,18 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
 
 
-def default_block_sizes(key_dim: int, value_dim: int) -> BlockSizes:
-    """GPU defaults (NOTES.md). A wide key dimension takes narrower V tiles in the sequential
-    kernels, so that the float32 state [K, V tile] stays ≈ 64 registers a thread."""
-    return BlockSizes(value_block=min(value_dim, 64 if key_dim <= 128 else 32),
-                      gradient_key_block=min(key_dim, 64),
+SEQUENTIAL_PROGRAMS = 128
+"""The sequential kernels run one program per (batch, head, V tile): about one per SM of an
+H100/H200 (132) keeps the machine busy while each program waits on its chain of products."""
+
+
+def default_block_sizes(key_dim: int, value_dim: int, heads: int = 64) -> BlockSizes:
+    """GPU defaults (NOTES.md) for `heads` = batch × heads sequences. The V tile of the
+    sequential kernels is at most 64 (32 for K = 256, so that the float32 state [K, V tile]
+    stays ≈ 64 registers a thread at 4 warps), and narrower (down to 16) while there would be
+    fewer than `SEQUENTIAL_PROGRAMS` programs."""
+    tile = min(value_dim, 64 if key_dim <= 128 else 32)
+    while tile > 16 and heads * (value_dim // tile) < SEQUENTIAL_PROGRAMS:
+        tile //= 2
+    return BlockSizes(value_block=tile, gradient_key_block=min(key_dim, 64),
                       gradient_value_block=min(value_dim, 64))

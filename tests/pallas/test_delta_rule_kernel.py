@@ -20,7 +20,7 @@ import pytest
 from hybrid_jax.ops.delta_rule import gated_delta_rule
 from hybrid_jax.ops.segments import document_starts
 from pallas_kernels.delta_rule import api
-from pallas_kernels.delta_rule.block_sizes import BlockSizes
+from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
 from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(chunk=8, sub_chunk=4, value_block=8, gradient_key_block=8,
@@ -149,3 +149,9 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
         api.gated_delta_rule(*args)
     with pytest.raises(ValueError, match="sub_chunk"):
         BlockSizes(chunk=16, sub_chunk=32)
+
+
+@pytest.mark.parametrize("key_dim,value_dim,heads,tile", [
+    (128, 128, 64, 64), (256, 64, 64, 32), (128, 64, 64, 32), (128, 128, 4, 16)])
+def test_default_value_tile_keeps_the_gpu_busy(key_dim, value_dim, heads, tile):
+    assert default_block_sizes(key_dim, value_dim, heads).value_block == tile
