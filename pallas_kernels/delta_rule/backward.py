@@ -34,8 +34,14 @@ from pallas_kernels.delta_rule.chunk_math import (
     reverse_cumsum,
     total,
 )
-from pallas_kernels.delta_rule.forward import chunk_loop, load_chunk
-from pallas_kernels.delta_rule.specs import ChunkSpecs, SequentialSpecs, split_refs, with_starts
+from pallas_kernels.delta_rule.layout import (
+    ChunkSpecs,
+    SequentialSpecs,
+    chunk_loop,
+    load_chunk,
+    split_refs,
+    with_starts,
+)
 from pallas_kernels.delta_rule.static import Static, compiler_params
 
 

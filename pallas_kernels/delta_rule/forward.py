@@ -18,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.delta_rule.chunk_math import (
@@ -32,7 +31,14 @@ from pallas_kernels.delta_rule.chunk_math import (
     mm_nt,
     mm_tn,
 )
-from pallas_kernels.delta_rule.specs import ChunkSpecs, SequentialSpecs, split_refs, with_starts
+from pallas_kernels.delta_rule.layout import (
+    ChunkSpecs,
+    SequentialSpecs,
+    chunk_loop,
+    load_chunk,
+    split_refs,
+    with_starts,
+)
 from pallas_kernels.delta_rule.static import Static, compiler_params
 
 
@@ -55,7 +61,8 @@ def _sub_chunk_rows(g_ref, starts_ref, size: int, count: int) -> list[Rows]:
 
 def _prepare_kernel(*refs, st: Static, save: bool):
     (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, outs = split_refs(refs, 5, st.documents)
-    w_ref, u0_ref, p_ref, *t_ref = outs
+    w_ref, u0_ref, p_ref = outs[:3]
+    t_ref = outs[3] if save else None
     C, S = st.blocks.chunk, st.blocks.sub_chunk
     count = C // S
     op = k_ref.dtype
@@ -82,7 +89,7 @@ def _prepare_kernel(*refs, st: Static, save: bool):
         if save:
             for j in range(count):
                 block = t[i, j] if j <= i else jnp.zeros((S, S), F32)
-                t_ref[0][span, pl.ds(j * S, S)] = block.astype(op)
+                t_ref[span, pl.ds(j * S, S)] = block.astype(op)
 
 
 def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
@@ -106,33 +113,6 @@ def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
         compiler_params=compiler_params(blocks.prepare_num_warps, blocks.prepare_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_prepare",
     )(*args)
-
-
-def chunk_loop(num_chunks: int, load, step, carry, *, reverse: bool, prefetch: bool):
-    """`carry = step(c, carry, load(c))` for every chunk c, in time order or reversed. `load(c)`
-    reads chunk c's tiles; no address depends on the carry, so the loads can be issued ahead
-    of the math: by Triton's pipeliner (num_stages), or, with `prefetch`, explicitly: the next
-    chunk's tiles are loaded before this chunk's step and carried through the loop."""
-    order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
-    if not prefetch:
-        return lax.fori_loop(0, num_chunks, lambda i, s: step(order(i), s, load(order(i))),
-                             carry)
-
-    def body(i, state):
-        s, tiles = state
-        ahead = load(order(jnp.minimum(i + 1, num_chunks - 1)))
-        return step(order(i), s, tiles), ahead
-
-    return lax.fori_loop(0, num_chunks, body, (carry, load(order(0))))[0]
-
-
-def load_chunk(refs: dict, starts_ref, c, C: int) -> dict:
-    """Rows c·C.. of every `[Tp, d]` ref in `refs`, the chunk's log decays and starts."""
-    span = pl.ds(c * C, C)
-    tiles = {name: ref[span, :] for name, ref in refs.items() if name != "g"}
-    tiles["g"] = refs["g"][span]
-    tiles["starts"] = None if starts_ref is None else starts_ref[span]
-    return tiles
 
 
 def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):

@@ -1,5 +1,6 @@
-"""Block specs of the gated delta rule kernels (array layout in `forward.py`) and the inputs'
-optional document starts, written once for the two kinds of kernel:
+"""Where the gated delta rule kernels' arrays live (layout in `forward.py`): block specs, the
+kernels' ref lists with the optional document starts, and the sequential kernels' chunk loads
+and loop, written once for the two kinds of kernel:
 
   per chunk   grid (batch, head, chunk): one chunk of rows, the chunk's state
   sequential  grid (batch, head, V tile): whole sequences, one loop over chunks inside
@@ -7,6 +8,8 @@ optional document starts, written once for the two kinds of kernel:
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 
@@ -71,3 +74,30 @@ def split_refs(refs, count: int, documents: bool):
     inputs are `count` arrays, the optional starts, then the rest."""
     starts_ref = refs[count] if documents else None
     return refs[:count], starts_ref, refs[count + documents:]
+
+
+def chunk_loop(num_chunks: int, load, step, carry, *, reverse: bool, prefetch: bool):
+    """`carry = step(c, carry, load(c))` for every chunk c, in time order or reversed. `load(c)`
+    reads chunk c's tiles; no address depends on the carry, so the loads can be issued ahead
+    of the math: by Triton's pipeliner (num_stages), or, with `prefetch`, explicitly: the next
+    chunk's tiles are loaded before this chunk's step and carried through the loop."""
+    order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
+    if not prefetch:
+        return lax.fori_loop(0, num_chunks, lambda i, s: step(order(i), s, load(order(i))),
+                             carry)
+
+    def body(i, state):
+        s, tiles = state
+        ahead = load(order(jnp.minimum(i + 1, num_chunks - 1)))
+        return step(order(i), s, tiles), ahead
+
+    return lax.fori_loop(0, num_chunks, body, (carry, load(order(0))))[0]
+
+
+def load_chunk(refs: dict, starts_ref, c, C: int) -> dict:
+    """Rows c·C.. of every `[Tp, d]` ref in `refs`, the chunk's log decays and starts."""
+    span = pl.ds(c * C, C)
+    tiles = {name: ref[span, :] for name, ref in refs.items() if name != "g"}
+    tiles["g"] = refs["g"][span]
+    tiles["starts"] = None if starts_ref is None else starts_ref[span]
+    return tiles
