@@ -28,9 +28,6 @@ from pallas_kernels.delta_rule.chunk_math import (
     F32,
     chunk_decays,
     iota,
-    mm,
-    mm_nt,
-    mm_tn,
     reverse_cumsum,
     total,
 )
@@ -43,6 +40,7 @@ from pallas_kernels.delta_rule.layout import (
     with_starts,
 )
 from pallas_kernels.delta_rule.static import Static, compiler_params
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 
 def _state_gradients_kernel(*refs, st: Static, num_chunks: int):

@@ -18,22 +18,6 @@ from jax import lax
 F32 = jnp.float32
 
 
-def mm(a: jax.Array, b: jax.Array, precision=None) -> jax.Array:
-    """a @ b, float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
-                           preferred_element_type=F32)
-
-
-def mm_nt(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ bᵀ, float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-
-
-def mm_tn(a: jax.Array, b: jax.Array) -> jax.Array:
-    """aᵀ @ b, float32 accumulation."""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
-
-
 def iota(shape: tuple[int, ...], axis: int) -> jax.Array:
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
@@ -135,11 +119,13 @@ def block_lower_inverse(blocks: dict[tuple[int, int], jax.Array], count: int
     `blocks[i, j]` (j ≤ i; the diagonal ones strictly lower): the blocks T_ij (j ≤ i) by
     T_ii = (I + A_ii)⁻¹ and T_ij = −T_ii Σ_{j ≤ m < i} A_im T_mj, float32 products at full
     precision (they are small; the inverse feeds every correction)."""
-    exact = lax.Precision.HIGHEST
+    exact = lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())),
+                                         precision=lax.Precision.HIGHEST,
+                                         preferred_element_type=F32)
     inverse = {}
     for i in range(count):
         inverse[i, i] = unit_lower_inverse(blocks[i, i])
         for j in range(i - 1, -1, -1):
-            below = sum(mm(blocks[i, m], inverse[m, j], exact) for m in range(j, i))
-            inverse[i, j] = -mm(inverse[i, i], below, exact)
+            below = sum(exact(blocks[i, m], inverse[m, j]) for m in range(j, i))
+            inverse[i, j] = -exact(inverse[i, i], below)
     return inverse

@@ -27,9 +27,6 @@ from pallas_kernels.delta_rule.chunk_math import (
     chunk_decays,
     decay_matrix,
     entry_decay,
-    mm,
-    mm_nt,
-    mm_tn,
 )
 from pallas_kernels.delta_rule.layout import (
     ChunkSpecs,
@@ -40,6 +37,7 @@ from pallas_kernels.delta_rule.layout import (
     with_starts,
 )
 from pallas_kernels.delta_rule.static import Static, compiler_params
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 
 def _sub_chunk_rows(g_ref, starts_ref, size: int, count: int) -> list[Rows]:
