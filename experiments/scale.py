@@ -147,12 +147,9 @@ def add_efficiency(rows: list[dict[str, Any]]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
-    import matplotlib
+    from hybrid_jax.train.plot import new_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = new_figure(1, 2, figsize=(10, 4))
     for strategy in dict.fromkeys(row["strategy"] for row in rows):
         own = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["devices"])
         devices = [r["devices"] for r in own]
@@ -164,10 +161,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
         ax.set_ylabel(label)
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 COLUMNS = ("strategy", "devices", "batch", "seq_len", "tokens_per_s", "forward_tokens_per_s",

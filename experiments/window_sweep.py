@@ -103,14 +103,11 @@ def write_results(rows: Sequence[dict], out_dir: str | Path, *, title: str = "")
 
 
 def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from hybrid_jax.train.plot import new_figure, save_figure
 
     labels = [str(row["window"]) for row in rows]
     positions = range(len(rows))  # even spacing: windows span orders of magnitude, `full` last
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = new_figure(1, 2, figsize=(9, 3.6))
     for ax, key, name in ((axes[0], "loss", "eval loss (nats/token)"),
                           (axes[1], "accuracy", "eval accuracy")):
         ax.plot(positions, [row[key] for row in rows], marker="o")
@@ -120,10 +117,7 @@ def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,

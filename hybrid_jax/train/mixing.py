@@ -15,7 +15,7 @@ import numpy as np
 
 from hybrid_jax.nn.diagnostics import PREFIX
 from hybrid_jax.train.metrics import read_metrics
-from hybrid_jax.train.plot import save_figure
+from hybrid_jax.train.plot import new_figure, save_figure
 
 _KEY = re.compile(re.escape(PREFIX) + r"blocks\.(\d+)\.mixing_(\w+)$")
 
@@ -47,12 +47,7 @@ def format_mixing(step: int, layers: list[int], branches: list[str], weights: np
 
 def plot_mixing(step: int, layers: list[int], branches: list[str], weights: np.ndarray,
                 out: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(branches), 1.2 + 0.35 * len(layers)))
+    fig, ax = new_figure(figsize=(1.6 + 1.2 * len(branches), 1.2 + 0.35 * len(layers)))
     image = ax.imshow(weights, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
     ax.set_xticks(range(len(branches)), branches)
     ax.set_yticks(range(len(layers)), layers)
