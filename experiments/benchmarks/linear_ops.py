@@ -118,6 +118,9 @@ def fla_rows(shapes: str, op_names: str, timeout: float) -> list[dict]:
     for row in lines:
         if "op" in row:  # the first line names the versions
             rows[row["op"], row.get("B"), row.get("T")] = row
+    for row in rows.values():
+        if row.pop("partial", False):
+            row["error"] = "fwd+bwd not reached: " + (failure or "peer stopped")
     return list(rows.values()) or [{"op": "*", "impl": "fla",
                                     "error": "fla peer failed: " + (failure or "no rows")}]
 
