@@ -58,7 +58,8 @@ TARGETS = {
     "gated_slot_attention": (("fla", "fwd_bwd_ms", 1 / 1.2),),
 }
 # SSD kernel variants timed beside the defaults (the defaults' NOTES say why each is open).
-SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2)}
+SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
+                "pallas (split forward)": BlockSizes(split_forward=True)}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 

@@ -6,7 +6,7 @@ import dataclasses
 
 _POWERS = ("chunk", "block_p", "backward_block_p", "grads_block_p")
 _COUNTS = ("num_warps", "num_stages", "backward_num_warps", "backward_num_stages",
-           "grads_num_warps", "grads_num_stages")
+           "grads_num_warps", "grads_num_stages", "local_num_warps", "local_num_stages")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,10 @@ class BlockSizes:
       serializes against the tensor cores ("wgmma serialized", its warning C7514).
     num_warps / num_stages: the forward; backward_*: the reverse pass; grads_*: the per-chunk
       gradient kernel.
+    split_forward: the forward's within-chunk outputs from a kernel of their own
+      (`gpu.chunk_outputs`, every chunk in parallel, launched with local_num_warps /
+      local_num_stages), so that the loop over chunks only carries the state (not yet timed:
+      `linear_ops` times it beside the default, NOTES.md).
 
     Defaults (P, N ≤ 128) from the first H200 sweep (2026-12-01, jax 0.11.2, B4 T8192 H16
     P = N = 128 bf16, `linear_ops --parts sweep`), the fastest of each kernel: forward (chunk
@@ -46,6 +50,9 @@ class BlockSizes:
     backward_num_stages: int = 2
     grads_num_warps: int = 8
     grads_num_stages: int = 1
+    split_forward: bool = False
+    local_num_warps: int = 4
+    local_num_stages: int = 2
 
     def __post_init__(self):
         for name in _POWERS:

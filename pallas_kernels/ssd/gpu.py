@@ -86,7 +86,9 @@ def _vector_loader(L: int, *refs):
 def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
-    s0_ref, y_ref, final_ref = refs[5 + st.documents:8 + st.documents]
+    split = st.blocks.split_forward
+    local_ref = refs[5 + st.documents] if split else None
+    s0_ref, y_ref, final_ref = refs[5 + st.documents + split:8 + st.documents + split]
     states_ref = refs[-1] if store_states else None
     L = st.blocks.chunk
     dtype = x_ref.dtype  # matmul operands
@@ -97,8 +99,11 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
         w = chunk_weights(a, doc)
         keys, queries = b_ref[rows, :], c_ref[rows, :]
         u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
-        scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
-        y = mm(scores.astype(dtype), u.astype(dtype))
+        if split:  # the within-chunk part came from `chunk_outputs`
+            y = local_ref[rows, :].astype(F32)
+        else:
+            scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
+            y = mm(scores.astype(dtype), u.astype(dtype))
         y += w.into[:, None] * mm_nt(queries, state.astype(dtype))
         y_ref[rows, :] = y.astype(y_ref.dtype)
         if store_states:
@@ -111,7 +116,9 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
 
 def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     """y `[B, T, H, P]` (x's dtype), the final state (float32) and, with `store_states`, the
-    state entering every chunk `[B, H, NC, P, N]` (x's dtype)."""
+    state entering every chunk `[B, H, NC, P, N]` (x's dtype). With `split_forward` the
+    within-chunk outputs come first from `chunk_outputs` (every chunk in parallel), and the
+    loop over chunks only reads the entering state out and updates it."""
     batch, length, heads, P = x.shape
     N = B.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
@@ -121,8 +128,12 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     per_step = pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0))
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
     in_specs = [seq(BP), per_step, per_step, keys, keys]
+    local = ()
     if st.documents:
         in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
+    if st.blocks.split_forward:
+        local = (chunk_outputs(x, dt, a, B, C, doc, st),)
+        in_specs.append(seq(BP))
     out_specs = [seq(BP), tile]
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(s0.shape, F32)]
     if store_states:
@@ -135,7 +146,46 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
         out_shape=out_shape, compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="ssd_forward",
-    )(x, dt, a, B, C, *_doc_args(st, doc), s0)
+    )(x, dt, a, B, C, *_doc_args(st, doc), *local, s0)
+
+
+def _chunk_outputs_kernel(*refs, st: Static):
+    x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
+    doc = refs[5][...] if st.documents else None
+    y_ref = refs[-1]
+    raw_scores = mm_nt(c_ref[...], b_ref[...])  # C_t·B_s, shared by the group's heads
+
+    def head(r, carry):
+        dt = dt_ref[r, :]
+        decay = pair_decay(chunk_weights(a_ref[r, :], doc).cum, doc)
+        # scores_ts dt_s: dt scales the columns, so x is the operand as loaded.
+        scores = (raw_scores * (decay * dt[None, :])).astype(x_ref.dtype)
+        y_ref[:, r, :] = mm(scores, x_ref[:, r, :]).astype(y_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, st.group, head, 0)
+
+
+def chunk_outputs(x, dt, a, B, C, doc, st: Static):
+    """Each chunk's outputs from its own inputs only, Σ_{s ≤ t} (C_t·B_s) e^{cum_t − cum_s}
+    dt_s x_s, `[B, T, H, P]` in x's dtype: every (batch, group, chunk) in parallel, a loop
+    over the group's heads sharing C·Bᵀ."""
+    batch, length, heads, P = x.shape
+    groups, N = B.shape[2:]
+    L, R = st.blocks.chunk, st.group
+    heads_of = pl.BlockSpec((None, L, R, P), lambda b, g, c: (b, c, g, 0))
+    per_step = pl.BlockSpec((None, R, L), lambda b, g, c: (b, g, c))
+    keys = pl.BlockSpec((None, L, None, N), lambda b, g, c: (b, c, g, 0))
+    in_specs = [heads_of, per_step, per_step, keys, keys]
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    return pl.pallas_call(
+        functools.partial(_chunk_outputs_kernel, st=st),
+        grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        compiler_params=_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
+        interpret=st.interpret, name="ssd_chunk_outputs",
+    )(x, dt, a, B, C, *_doc_args(st, doc))
 
 
 # --- backward: the reverse pass over chunks ---------------------------------------------------
