@@ -6,5 +6,5 @@
 cd "$(dirname "$0")/../../../.."
 export PYTHONUNBUFFERED=1
 timeout 270 python -m experiments.benchmarks.linear_ops --parts check,table \
-    --shapes 4x8192,8x4096 --impls pallas --fla-timeout 175 --time-limit 262 \
+    --shapes 4x8192,8x4096 --impls pallas --fla-timeout 170 --time-limit 262 \
     --out "${OUT:-.}/linear_ops.json" 2>&1 | tee "${OUT:-.}/linear_ops.log"
