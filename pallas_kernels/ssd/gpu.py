@@ -10,9 +10,12 @@ boundaries `[B, H, NC, P, N]` in the input dtype (the matmul operand type).
                (within-chunk scores C·Bᵀ, decayed, times dt·x, plus the entering state read
                out by C) and updates the tile; optionally it stores the tile entering each
                chunk (the backward's residual). Nothing else of the state reaches HBM.
+               With `split_forward` the within-chunk part comes from `chunk_outputs` (grid
+               (B, G, NC), every chunk in parallel) and the loop only adds the readout.
   state_grads  grid (B, H, P/backward_block_p): the reverse loop over chunks, the gradient of
                the state leaving each chunk (dH_c = e^{cum_last} dH_{c+1} + Σ_t e^{cum_t} dy_t
-               C_tᵀ).
+               C_tᵀ), and carry_c·⟨dH_c, S_c⟩ from the float32 dH (the log decays' chunk-end
+               term, so chunk_grads never forms the `[P, N]` product).
   chunk_grads  grid (B, G, NC): every chunk in parallel; a loop over the group's heads shares
                the chunk's C·Bᵀ and accumulates dB, dC in registers; dx, dt's gradient through
                dt·x, and the log decays' gradient per step.
