@@ -2,6 +2,7 @@
 constants, reduction to one branch, and mixing introspection of a trained run.
 (Decode = parallel for every PHA preset and ablation: the `-tiny` presets in test_lm.)"""
 
+import functools
 import json
 
 import jax
@@ -50,6 +51,9 @@ def test_gradients_reach_every_branch_and_mixing_scalar():
 
 @pytest.mark.parametrize("depth", [1, 3, 6])
 def test_deepnorm_constants_follow_the_formulas(depth):
+    """α = (2L)^¼ on the residual; DeepNet's init: Xavier-normal kernels, gain β = (8L)^−¼ on
+    value/output/FFN up-down kernels, gain 1 on queries, keys and gates (read from parameters
+    against a pre-norm model of the same seed, whose kernels are normal(init_std))."""
     base = presets.get("pha-tiny")
     model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
     spec = base.layers[0]
@@ -57,20 +61,23 @@ def test_deepnorm_constants_follow_the_formulas(depth):
     pre_norm = hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
     alpha, beta = (2 * depth) ** 0.25, (8 * depth) ** -0.25
     assert deepnorm_constants(depth) == pytest.approx((alpha, beta))
+
+    def check(block, plain, path, gain):
+        linear, base_linear = (functools.reduce(getattr, path.split("."), b) for b in (block, plain))
+        fan = np.prod(linear.in_shape) + np.prod(linear.out_shape)
+        ratio = linear.kernel[...] / base_linear.kernel[...]
+        expected = gain * np.sqrt(2 / fan) / base_linear.init_std
+        assert_close(ratio, jnp.full_like(ratio, expected), 1e-5, f"{path} (gain {gain})")
+
     for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
         assert block.alpha == pytest.approx(alpha) and plain.alpha == 1.0
-        scaled = {"attention": ("v_proj", "o_proj"), "gss": ("u_proj", "uc_proj", "out_proj")}
-        for branch, names in scaled.items():
-            for name in names:
-                ratio = (getattr(getattr(block, branch), name).kernel[...]
-                         / getattr(getattr(plain, branch), name).kernel[...])
-                assert_close(ratio, jnp.full_like(ratio, beta), 1e-6, f"{branch}.{name}")
-        same = block.attention.q_proj.kernel[...] / plain.attention.q_proj.kernel[...]
-        assert_close(same, jnp.ones_like(same), 1e-6, "queries are not scaled")
-        for arm in ("primary", "aux"):
-            ratio = (getattr(block.dual_ffn, arm).down.kernel[...]
-                     / getattr(plain.dual_ffn, arm).down.kernel[...])
-            assert_close(ratio, jnp.full_like(ratio, beta), 1e-6, f"dual_ffn.{arm}.down")
+        for path in ("attention.v_proj", "attention.o_proj", "gss.u_proj", "gss.uc_proj",
+                     "gss.out_proj", "dual_ffn.primary.up", "dual_ffn.primary.down",
+                     "dual_ffn.aux.up", "dual_ffn.aux.down"):
+            check(block, plain, path, beta)
+        for path in ("attention.q_proj", "attention.k_proj", "gss.v_proj",
+                     "dual_ffn.primary.gate", "dual_ffn.aux.gate"):
+            check(block, plain, path, 1.0)
 
 
 @pytest.mark.parametrize("index,branch", [(0, "gss"), (1, "attention"), (2, "dual_ffn")])
