@@ -193,6 +193,18 @@ class Block(nnx.Module):
             return mixing_weights(self.mixing_logits[...])
         return jnp.full((n,), 1.0 / n if self.mixing == "fixed" else 1.0, jnp.float32)
 
+    def report_weights(self, weights: jax.Array) -> None:
+        """Reports learned branch weights as diagnostics `mixing_<branch>` (`[n]`, or `[G, n]`
+        from a stacked block after `nnx.scan`, which drops what is reported inside it)."""
+        if self.mixing == "learned":
+            for i, name in enumerate(self.names):
+                report(self, f"mixing_{name}", weights[..., i])
+
+    def report_stacked_weights(self) -> None:
+        """`report_weights` of a block whose parameters are stacked over scanned groups."""
+        if self.mixing == "learned":
+            self.report_weights(jax.vmap(mixing_weights)(self.mixing_logits[...]))
+
     def _residual(self, x: jax.Array, y: jax.Array, out_norm: nnx.Module | None) -> jax.Array:
         if self.residual == "pre_norm":
             x = x + y
@@ -228,8 +240,7 @@ class Block(nnx.Module):
                 branch_norm = getattr(self, f"{name}_norm")
                 y = y if branch_norm is None else branch_norm(y)
                 mixed = mixed + weights[i].astype(y.dtype) * y
-                if self.mixing == "learned":
-                    report(self, f"mixing_{name}", weights[i])
+            self.report_weights(weights)
             x_BTD = self._residual(x_BTD, mixed, self.output_norm)
         return x_BTD, BlockCache(tuple(new_caches))
 

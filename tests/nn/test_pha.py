@@ -94,20 +94,27 @@ def test_one_weight_forced_to_one_reduces_the_block_to_that_branch(index, branch
     assert_close(block(x, ctx), expected, 1e-6, branch)
 
 
-def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys):
+@pytest.mark.parametrize("scan", [False, True])
+def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys, scan):
+    """Unscanned, layer 1 logs `blocks.1.mixing_*`; scanned (groups of one block), it logs
+    `blocks.0.mixing_*/1` (group 1), and `inspect mixing` names it layer 1 either way."""
     experiment = ExperimentConfig(
-        name="pha-mixing-test", model=presets.get("pha-tiny").replace(vocab_size=32),
+        name="pha-mixing-test",
+        model=presets.get("pha-tiny").replace(vocab_size=32, scan_layers=scan),
         data=MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2),
         train=TrainConfig(steps=2, batch_size=8, log_every=1, warmup_steps=0))
     train(experiment, tmp_path, progress=False)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    logged = [r for r in records if "diag/blocks.1.mixing_attention" in r]
+    key = "diag/blocks.0.mixing_{}/1" if scan else "diag/blocks.1.mixing_{}"
+    logged = [r for r in records if key.format("attention") in r]
     assert [r["step"] for r in logged] == [1, 2]
-    weights = [logged[-1][f"diag/blocks.1.mixing_{b}"] for b in ("attention", "dual_ffn", "gss")]
+    weights = [logged[-1][key.format(b)] for b in ("attention", "dual_ffn", "gss")]
     assert abs(sum(weights) - 1) < 1e-5 and weights != [1 / 3] * 3  # trained away from equal
     assert cli_main(["inspect", "mixing", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "mixing weights at step 2" in out and "dual_ffn" in out
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["1"])
+    assert [float(w) for w in row[1:]] == pytest.approx(weights, abs=1e-4)
     assert (tmp_path / "mixing.png").stat().st_size > 1000
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     assert cli_main(["inspect", "mixing", str(tmp_path)]) == 2
