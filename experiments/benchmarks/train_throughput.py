@@ -60,6 +60,11 @@ MODELS = {name: (lambda name=name: presets.get(name)) for name in
 MODELS["transformer-350m"] = transformer_350m
 
 
+def model_config(name: str) -> ModelConfig:
+    """A model of `MODELS`, else the preset of that name."""
+    return MODELS[name]() if name in MODELS else presets.get(name)
+
+
 def matmul_tflops(size: int = 8192) -> float:
     a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16)
     f = jax.jit(lambda a: a @ a)
@@ -98,7 +103,7 @@ def with_attention(config: ModelConfig, implementation: str | None) -> ModelConf
 def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = None,
             steps: int | None = None, attention: str | None = None) -> dict:
     scan = args.scan if scan is None else scan
-    config = with_attention(MODELS[name](), attention).replace(
+    config = with_attention(model_config(name), attention).replace(
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=args.remat,
         scan_layers=scan)
     batch = max(args.tokens // length, 1)
@@ -163,7 +168,7 @@ def _device_gib() -> float:
 
 
 def torch_peer(name: str, length: int, args) -> dict:
-    config = MODELS[name]()
+    config = model_config(name)
     batch = max(args.tokens // length, 1)
     command = [sys.executable, "-m", "experiments.benchmarks.peers.torch_gpt",
                "--layers", str(len(config.layers)), "--d-model", str(config.d_model),
