@@ -44,12 +44,14 @@ def _run(tmp_path, variants):
         assert math.isfinite(r["eval_perplexity"]) and 1 < r["eval_perplexity"] < 300, r
         assert r["tokens_per_s"] > 0 and r["params_M"] > 0
     assert (out / "ablation.md").read_text().count("\n") == 2 + len(variants)
-    assert (out / "mixing.png").stat().st_size > 1000  # the pha run's heat map
+    if "pha" in variants:
+        assert (out / "mixing.png").stat().st_size > 1000  # the pha run's heat map
     return rows
 
 
 def test_tiny_ablation_driver_smoke(tmp_path):
-    _run(tmp_path, ["pha"])
+    """The cheapest variant end to end (the heat map of a pha run: the slow test, test_pha)."""
+    _run(tmp_path, ["attention-only"])
 
 
 @pytest.mark.slow

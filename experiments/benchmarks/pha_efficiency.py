@@ -150,8 +150,8 @@ def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
 
 
 def ratios(train_rows: list[dict], models: list[str]) -> list[dict]:
-    """models[0] / models[1] (pha-180m / attention-only-180m) tokens/s and memory per T (the paper's +23.9 % tokens/s,
-    −22.0 % memory at 8192; −39.6 % memory at 2048)."""
+    """models[0] / models[1] (pha-180m / attention-only-180m) tokens/s and memory per T (the
+    paper's +23.9 % tokens/s, −22.0 % memory at 8192; −39.6 % memory at 2048)."""
     out = []
     by = {(r["model"], r["T"]): r for r in train_rows if "error" not in r}
     for length in sorted({r["T"] for r in train_rows}):

@@ -30,19 +30,21 @@ inverse powers, so nothing overflows), all of it real matmuls over the modes:
 
 with the chunk states S_c `[B, T/C, H, N]` carried by `associative_scan` over chunks (from the
 initial state); the last chunk's powers are shifted for the final state of an odd length. The
-intra term is one fused masked reduction, under `jax.checkpoint` so no `[B, T, C, H]` mask
-product is kept for the backward pass.
+intra term is a masked reduction with its own VJP (`_masked_toeplitz`): forward and each
+gradient are one reduction whose product has no other consumer, so no `[B, T, C, H]` product
+needs to be written. The whole rung runs under `jax.checkpoint` (only its inputs are kept for
+the backward pass).
 
 Why chunked rather than "FFT per document with a correction", counted per token and layer at
 pha-180m's sizes (H = 192 channels, N = 64 modes, C = 64, T = 8192), forward:
 - chunked: 2CH + 8HN ≈ 0.12 MFLOP; bytes ≈ 8H (u, y in float32) + C (mask) + the chunk states,
-  8HN/C = 1.5 KB per pass, ≈ 14 KB with the log-depth scan over T/C = 128 chunks.
+  8HN/C = 1.5 KB per pass, ≈ 20 KB with the log-depth scan over T/C = 128 chunks.
 - FFT + correction: 3 real FFTs of length 2T per channel ≈ 15·log2(2T)·H ≈ 0.04 MFLOP, but the
   correction (subtract `Re Σ_n c_n a_n^{t−s+1} S_{s−1}` from every token t of a document that
   starts at s > 0) needs per-token powers of an unbounded distance t − s (8HN FLOPs and HN complex
   exponentials) and the [T, H, N] states it reads: ≈ 98 KB per token, as much as the per-token
   scan it replaces, and it subtracts the leaked sum of earlier documents (cancellation in
-  float32). The chunked form moves ~7× fewer bytes and is exact at every document start.
+  float32). The chunked form moves ~5× fewer bytes and is exact at every document start.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ def _chunked(u, log_decay, coeff, initial_state, starts, *, chunk_size):
     tail = length - (chunks - 1) * size  # real tokens of the last chunk, 1..C
     log_decay, coeff = log_decay.astype(dtype), coeff.astype(dtype)
     powers = jnp.exp(jnp.arange(size + 1, dtype=real)[:, None, None] * log_decay)  # a^k [k,h,n]
-    kernel = jnp.einsum("khn,hn->kh", powers[:size], coeff).real
+    kernel = jnp.einsum("khn,hn->kh", powers[:size], coeff, precision=_HIGHEST).real
     lag = jnp.arange(size)[:, None] - jnp.arange(size)[None, :]
     toeplitz = jnp.where((lag >= 0)[..., None], kernel[jnp.maximum(lag, 0)], 0)  # [i, j, h]
     if starts is None:

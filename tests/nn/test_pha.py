@@ -63,7 +63,8 @@ def test_deepnorm_constants_follow_the_formulas(depth):
     assert deepnorm_constants(depth) == pytest.approx((alpha, beta))
 
     def check(block, plain, path, gain):
-        linear, base_linear = (functools.reduce(getattr, path.split("."), b) for b in (block, plain))
+        linear, base_linear = (functools.reduce(getattr, path.split("."), b)
+                               for b in (block, plain))
         fan = np.prod(linear.in_shape) + np.prod(linear.out_shape)
         ratio = linear.kernel[...] / base_linear.kernel[...]
         expected = gain * np.sqrt(2 / fan) / base_linear.init_std
