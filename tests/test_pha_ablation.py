@@ -36,8 +36,9 @@ def _run(tmp_path, variants):
                               "--variants", ",".join(variants), "--export",
                               str(tmp_path / "export")]) == 0
     exported = tmp_path / "export"
-    assert (exported / "ablation.md").is_file() and (exported / "pha" / "metrics.jsonl").is_file()
-    assert not (exported / "pha" / "checkpoints").exists()
+    first = exported / variants[0]
+    assert (exported / "ablation.md").is_file() and (first / "metrics.jsonl").is_file()
+    assert not (first / "checkpoints").exists() and (out / variants[0] / "checkpoints").exists()
     rows = json.loads((out / "ablation.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == list(variants)
     for r in rows:
