@@ -343,8 +343,12 @@ def _chunked(u, log_decay, coeff, initial_state, starts, *, chunk_size):
         transmits = docs[..., -1] == 0  # [b, x]: no start in the chunk (padding has none)
         # Only the chunk's last document reaches its end state.
         u_last = jnp.where((docs == docs[..., -1:])[..., None], u_x, 0)
-    y = (jnp.einsum("ijh,bxjh->bxih", toeplitz, u_x, precision=_HIGHEST) if same is None
-         else _masked_toeplitz(toeplitz, same, u_x))
+    if same is None:
+        y = jnp.einsum("ijh,bxjh->bxih", toeplitz, u_x, precision=_HIGHEST)
+    else:
+        # `+ zeros_like(u)` gives the kernel u's varying mesh axes (inside a context-parallel
+        # shard_map its gradient is a per-shard sum, and autodiff of this add adds the psum).
+        y = _masked_toeplitz(toeplitz + jnp.zeros_like(u_x[0, 0, :1]), same, u_x)
 
     # State of each chunk's own tokens at its end, then carried across chunks.
     to_end = powers[size - 1::-1]  # a^{C−1−j}
