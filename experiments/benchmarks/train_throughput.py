@@ -63,6 +63,11 @@ MODELS = {name: (lambda name=name: presets.get(name)) for name in
 MODELS["transformer-350m"] = transformer_350m
 
 
+def model_config(name: str) -> ModelConfig:
+    """A model of `MODELS`, else the preset of that name."""
+    return MODELS[name]() if name in MODELS else presets.get(name)
+
+
 def matmul_tflops(size: int = 8192) -> float:
     a = jax.random.normal(jax.random.key(0), (size, size), jnp.bfloat16)
     f = jax.jit(lambda a: a @ a)
@@ -114,7 +119,7 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
                packed: bool, attention: str | None = None) -> Built:
     """The trainer's own `init_train_state` / `make_train_step` for a benchmark row, compiled,
     with 4 batches on the device (module docstring: packed text from `data`, or synthetic)."""
-    config = with_attention(MODELS.get(name, lambda: presets.get(name))(), attention).replace(
+    config = with_attention(model_config(name), attention).replace(
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=remat,
         scan_layers=scan)
     batch = max(tokens // length, 1)
@@ -204,7 +209,7 @@ def _device_gib() -> float:
 
 
 def torch_peer(name: str, length: int, args) -> dict:
-    config = MODELS[name]()
+    config = model_config(name)
     batch = max(args.tokens // length, 1)
     command = [sys.executable, "-m", "experiments.benchmarks.peers.torch_gpt",
                "--layers", str(len(config.layers)), "--d-model", str(config.d_model),

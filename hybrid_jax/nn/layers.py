@@ -57,6 +57,7 @@ class Linear(nnx.Module):
     ):
         self.in_shape, self.out_shape = _tuple(in_shape), _tuple(out_shape)
         self.dtype = dtype
+        self.init_std = std  # of the kernel as drawn (DeepNorm rescales it, nn/blocks.py)
         self.kernel = param(rngs, nnx.initializers.normal(std), self.in_shape + self.out_shape,
                             param_dtype, axes)
         self.bias = (
