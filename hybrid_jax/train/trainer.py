@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
 from hybrid_jax.context import TokenContext
-from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
@@ -234,7 +234,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
             target_bytes = batch.pop("target_bytes", None)
             if target_bytes is not None:
                 num_bytes += int((target_bytes * batch["mask"]).sum())
-            stats = jax.device_get(eval_step(ts.state, to_device(batch, ts.mesh)))
+            # Every process holds the whole batch and places only its rows: no duplicated work.
+            stats = jax.device_get(eval_step(ts.state, to_device(process_rows(batch), ts.mesh)))
             for key in totals:
                 totals[key] += float(stats[key])
     if totals["count"] == 0:
