@@ -197,12 +197,12 @@ def child(args) -> None:
 
 def run_child(name: str, args, share: float) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "experiments.benchmarks.long_context", "--child", name,
-               "--deadline", str(time.time() + share), "--lengths", args.lengths,
+               "--deadline", str(time.time() + share - 5), "--lengths", args.lengths,
                "--max-length", str(args.max_length), "--probe-limit", str(args.probe_limit)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     try:
-        out, err = process.communicate(timeout=share + 30)
+        out, err = process.communicate(timeout=share + 10)
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()

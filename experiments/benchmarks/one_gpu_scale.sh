@@ -14,14 +14,14 @@ OUT=${OUT:-runs/one_gpu_scale}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
-timeout 160 python3 -m experiments.cli scale mqar-hybrid-tiny --devices 1 --strategy data \
+timeout 170 python3 -m experiments.cli scale mqar-hybrid-tiny --devices 1 --strategy data \
     --model transformer-350m,gdn-340m,nha-hybrid-340m --steps 2 --time-limit 100 \
     --set model.dtype=bfloat16 --set model.remat=full --set model.scan_layers=true \
     --set train.batch_size=4 --set data.seq_len=2048 --out "$OUT/scale" 2>&1 \
     | grep -v "^W[0-9]\{4\}"
 echo "scale rc=${PIPESTATUS[0]}"
-timeout 190 python3 -m experiments.benchmarks.long_context \
+timeout 185 python3 -m experiments.benchmarks.long_context \
     --models transformer-350m,gdn-340m,nha-340m --lengths 8192,32768,131072 \
-    --max-length 1048576 --probe-limit 45 --budget 165 --out "$OUT/long_context.json" 2>&1 \
+    --max-length 1048576 --probe-limit 45 --budget 160 --out "$OUT/long_context.json" 2>&1 \
     | grep -v "^W[0-9]\{4\}"
 echo "long_context rc=${PIPESTATUS[0]}"

@@ -216,6 +216,25 @@ def to_device(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
             for k, v in batch.items()}
 
 
+def check_process_rows(mesh: Mesh, batch_size: int) -> None:
+    """Refuses a mesh on which this process's devices do not hold exactly its rows of the
+    batch (`process_rows`: rows p·B/P .. (p+1)·B/P − 1), e.g. a tensor or seq axis across
+    processes with the batch replicated: each process would feed other rows to one array."""
+    count, index = jax.process_count(), jax.process_index()
+    if count == 1:
+        return
+    local = batch_size // count
+    rows = set()
+    for where in batch_sharding(mesh).addressable_devices_indices_map((batch_size, 1)).values():
+        rows.update(range(batch_size)[where[0]])
+    if rows != set(range(index * local, (index + 1) * local)):
+        raise ValueError(
+            f"process {index} of {count}: its devices hold batch rows {sorted(rows)[:8]}..., not "
+            f"its own {index * local}..{(index + 1) * local - 1}: the mesh {dict(mesh.shape)} "
+            "must split the batch across processes (data/fsdp axes spanning them, the others "
+            "within a process)")
+
+
 def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
              eval_step: Callable | None = None, *, num_words: int | None = None
              ) -> dict[str, float]:
@@ -307,6 +326,7 @@ class _Run:
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
+        check_process_rows(self.mesh, cfg.batch_size)
         self.batches = DevicePrefetcher(
             train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
             lambda batch: to_device(batch, self.mesh), depth=cfg.prefetch)

@@ -18,11 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import pytest
 
 from experiments import registry
-from hybrid_jax.config import apply_overrides, to_dict
+from hybrid_jax.config import MeshConfig, apply_overrides, to_dict
+from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.trainer import check_process_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = 4
@@ -99,6 +102,17 @@ def _resumed_copy(runs, tmp_path: Path, processes: int) -> dict[int, float]:
     shutil.copytree(runs["two"], run)
     _train(run, 5, processes, "--resume")
     return _losses(run)
+
+
+def test_a_mesh_that_does_not_split_the_batch_across_processes_is_refused(monkeypatch):
+    # As process 1 of 2 whose devices all hold every row (here: every device is this one's).
+    mesh = make_mesh(MeshConfig(data=1, tensor=4), jax.devices()[:4])
+    check_process_rows(mesh, 8)  # one process: nothing to check
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with pytest.raises(ValueError, match=r"process 1 of 2: its devices hold batch rows "
+                                         r"\[0, 1, 2, 3, 4, 5, 6, 7\]\.\.\., not its own 4\.\.7"):
+        check_process_rows(mesh, 8)
 
 
 def test_two_processes_train_like_one_and_resume_on_one(runs, tmp_path):
