@@ -9,14 +9,16 @@ warm-up call (medians). `--strong` (default) keeps the experiment's global batch
 multiplies the work by the device count (the batch for data/fsdp/tensor, the sequence length
 for seq).
 
-Columns: tokens/s of the train and forward steps; per-device TFLOP/s of both, counted by
-`hybrid_jax.flops` (the trainer's MFU count: matmuls, attention by its causal or windowed
-band, recurrences by their chunked work; `uncounted` names mixers without a sequence term)
-and MFU where the device's peak is known; scaling efficiency = per-device train TFLOP/s /
-that of the setting's fewest devices (for strong scaling and for weak data parallelism the
-same as tokens/s / (n/n₀ × tokens/s at n₀); for weak seq it also counts the longer sequences'
-attention); the peak memory per device of the compiled train and forward steps (XLA's memory
-analysis: arguments + outputs + temporaries − donated buffers); step times and compile time.
+Columns: tokens/s of the train and forward steps; per-device TFLOP/s of both by
+`hybrid_jax.flops`' model count (the trainer's `tflops_per_device`: matmuls, attention by its
+causal or windowed band, recurrences by their chunked work; `uncounted` names mixers without a
+sequence term; the forward step is a third of the train step's), and MFU where the device's
+peak is known (`mfu` by 6N, the MFU of record, and `mfu_model`, as the trainer logs them);
+scaling efficiency = per-device train TFLOP/s / that of the setting's fewest devices (for
+strong scaling and for weak data parallelism the same as tokens/s / (n/n₀ × tokens/s at n₀);
+for weak seq it also counts the longer sequences' attention); the peak memory per device of
+the compiled train and forward steps (XLA's memory analysis: arguments + outputs +
+temporaries − donated buffers); step times and compile time.
 `--time-limit` stops starting new settings after that many seconds (the skipped ones are
 printed); the JSON is rewritten after every row. On CPU the devices can be fake
 (`--xla_force_host_platform_device_count`, set here before jax loads): a plumbing check, not a
@@ -126,6 +128,7 @@ def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
         train_ms = statistics.median(times)
         forward_ms = time_compiled(forward, state, batch, warmup=1, iters=steps)
     flops, tokens_per_step = step_flops(experiment.model, seq_len), batch_size * seq_len
+    training = flops.training_per_token()  # the model count; one document per row here
 
     def per_device(flops_per_token: float, ms: float) -> float:  # TFLOP/s per device
         return flops_per_token * tokens_per_step / (ms / 1e3) / devices / 1e12
@@ -135,12 +138,13 @@ def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
         train_ms=train_ms, forward_ms=forward_ms, compile_s=compile_s,
         tokens_per_s=tokens_per_step / train_ms * 1e3,
         forward_tokens_per_s=tokens_per_step / forward_ms * 1e3,
-        tflops_per_device=per_device(flops.training_per_token, train_ms),
-        forward_tflops_per_device=per_device(flops.forward_per_token, forward_ms),
+        tflops_per_device=per_device(training, train_ms),
+        forward_tflops_per_device=per_device(training / 3, forward_ms),
         peak_mb_per_device=_peak_mb(train), forward_peak_mb_per_device=_peak_mb(forward),
         uncounted=",".join(flops.uncounted) or None, loss=float(metrics["loss"]))
-    peak = device_peak_flops()
-    row["mfu"] = None if peak is None else row["tflops_per_device"] * 1e12 / peak
+    peak = device_peak_flops()  # MFU as the trainer logs it: by 6N (mfu) and the model count
+    row["mfu"] = None if peak is None else per_device(flops.six_n, train_ms) * 1e12 / peak
+    row["mfu_model"] = None if peak is None else row["tflops_per_device"] * 1e12 / peak
     return row
 
 
@@ -182,8 +186,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
 
 COLUMNS = ("model", "strategy", "devices", "batch", "seq_len", "tokens_per_s",
            "forward_tokens_per_s", "tflops_per_device", "forward_tflops_per_device", "mfu",
-           "efficiency", "peak_mb_per_device", "forward_peak_mb_per_device", "train_ms",
-           "forward_ms", "compile_s")
+           "mfu_model", "efficiency", "peak_mb_per_device", "forward_peak_mb_per_device",
+           "train_ms", "forward_ms", "compile_s")
 
 
 def experiments_to_run(name: str, models: Sequence[str], overrides: Sequence[str]):

@@ -30,9 +30,9 @@ def test_scale_writes_table_and_plot(tmp_path, capsys):
         flops = step_flops(model, row["seq_len"])  # the one FLOP count, per device and second
         tokens = row["batch"] * row["seq_len"]
         assert row["tflops_per_device"] == pytest.approx(
-            flops.training_per_token * tokens / (row["train_ms"] / 1e3) / devices / 1e12)
+            flops.training_per_token() * tokens / (row["train_ms"] / 1e3) / devices / 1e12)
         assert row["forward_tflops_per_device"] == pytest.approx(
-            flops.forward_per_token * tokens / (row["forward_ms"] / 1e3) / devices / 1e12)
+            flops.training_per_token() / 3 * tokens / (row["forward_ms"] / 1e3) / devices / 1e12)
         if devices == 1:
             assert row["efficiency"] == pytest.approx(1.0)
     assert (tmp_path / "scale.png").stat().st_size > 0

@@ -81,7 +81,7 @@ class Prober:
     def flops(self, length: int) -> float:
         from hybrid_jax.flops import step_flops
 
-        return step_flops(self.config, length).training_per_token * length
+        return step_flops(self.config, length).training_per_token() * length
 
     def predicted_step_s(self, length: int) -> float | None:
         if self.last is None:

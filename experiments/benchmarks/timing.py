@@ -37,20 +37,21 @@ def forward_and_backward(op: Callable, num_args: int) -> tuple[Callable, Callabl
     return fwd, bwd
 
 
-def measure(fn: Callable, inputs: Sequence[Any], flops: float, memory: bool = True
-            ) -> dict[str, Any]:
-    """Compiles fwd and fwd+bwd once each, times them (TFLOP/s from the forward's useful
-    `flops`, fwd+bwd counted as 3.5 × fwd, the flash-attention convention), reads the fwd+bwd
+def measure(fn: Callable, inputs: Sequence[Any], flops: float | None = None,
+            memory: bool = True) -> dict[str, Any]:
+    """Compiles fwd and fwd+bwd once each, times them (with the forward's useful `flops`, also
+    TFLOP/s, fwd+bwd counted as 3.5 × fwd, the flash-attention convention), reads the fwd+bwd
     temp memory; an error (out of memory, unsupported shape) is reported in the row."""
     fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
     row: dict[str, Any] = {}
     try:
         fwd = fwd.lower(*inputs).compile()
         row["fwd_ms"] = time_compiled(fwd, *inputs)
-        row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
         fwd_bwd = fwd_bwd.lower(*inputs).compile()
         row["fwd_bwd_ms"] = time_compiled(fwd_bwd, *inputs)
-        row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
+        if flops is not None:
+            row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
+            row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
         analysis = fwd_bwd.memory_analysis() if memory else None
         if analysis is not None:
             row["temp_MiB"] = analysis.temp_size_in_bytes / 2**20

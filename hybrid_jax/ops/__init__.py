@@ -13,6 +13,7 @@ from hybrid_jax.ops.attention import (
     l2_normalize,
     rotary_dim,
     scaled_cosine_attention,
+    segment_extents,
 )
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from hybrid_jax.ops.dss import dss, dss_discretize, dss_kernel, dss_step
@@ -53,6 +54,7 @@ __all__ = [
     "nha_empty_state",
     "rotary_dim",
     "scaled_cosine_attention",
+    "segment_extents",
     "ssd",
     "ssd_step",
 ]

@@ -327,9 +327,11 @@ class _Run:
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
         check_process_rows(self.mesh, cfg.batch_size)
+        seq_len = int(getattr(self.data, "seq_len", 0))
+        self.flops = step_flops(experiment.model, seq_len) if seq_len else None
         self.batches = DevicePrefetcher(
             train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
-            lambda batch: to_device(batch, self.mesh), depth=cfg.prefetch)
+            self._put, depth=cfg.prefetch)
         self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
                                                       cfg.eval_batches, cfg.seed)
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
@@ -353,10 +355,8 @@ class _Run:
         self.log = MetricsLog(out if self.writes else None)
         self.log.truncate(self.step)  # records past the checkpoint are written again
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
-        seq_len = int(getattr(self.data, "seq_len", 0))
         self.tokens_per_step = cfg.batch_size * seq_len
-        self.flops_per_step = (step_flops(experiment.model, seq_len).training_per_token
-                               * self.tokens_per_step if seq_len else 0.0)
+        self.model_flops = 0.0  # of the steps since the last log line (flops.py: model count)
         self.peak_flops = cfg.peak_tflops * 1e12 or device_peak_flops()
         self.last_time, self.last_step = time.perf_counter(), self.step
         for record in damaged:
@@ -367,6 +367,15 @@ class _Run:
             self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
         elif damaged:
             self.bar.message("no intact checkpoint left: starting from step 0")
+
+    def _put(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, jax.Array], float]:
+        """The batch on the mesh, and its training FLOPs by the model count, attention within
+        its own documents (counted on the host, in the prefetch thread)."""
+        flops = 0.0
+        if self.flops is not None:
+            tokens = int(np.prod(batch["inputs"].shape))
+            flops = self.flops.training_per_token(batch.get("segment_ids")) * tokens
+        return to_device(batch, self.mesh), flops
 
     def _latest_intact(self, damaged: list[dict[str, Any]]) -> int | None:
         """Restores the latest step that is intact; each damaged later one is moved to
@@ -407,8 +416,10 @@ class _Run:
         self.checkpointer.save(self.step, self.ts.state, meta)
         self.saved_step = self.step
 
-    def flush(self, step: int, metrics: dict) -> None:
-        """Checks and logs the metrics of `step` (read one step late: dispatch stays async)."""
+    def flush(self, step: int, metrics: dict, flops: float = 0.0) -> None:
+        """Checks and logs the metrics of `step` (read one step late: dispatch stays async);
+        `flops`: the step's training FLOPs by the model count."""
+        self.model_flops += flops
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
             raise NonFiniteLossError(nonfinite_message(step, values["loss"],
@@ -419,11 +430,16 @@ class _Run:
             seconds, devices = max(now - self.last_time, 1e-9), jax.device_count()
             values["tokens_per_s"] = self.tokens_per_step * (step - self.last_step) / seconds
             values["tokens_per_s_per_device"] = values["tokens_per_s"] / devices
-            if self.flops_per_step:
-                values["tflops_per_device"] = (self.flops_per_step * (step - self.last_step)
-                                               / seconds / devices / 1e12)
+            if self.flops is not None:
+                # mfu: 6N (the MFU of record); tflops_per_device and mfu_model: the model count.
+                # The FLOPs of this process's rows, on its own devices.
+                values["tflops_per_device"] = (self.model_flops / seconds
+                                               / jax.local_device_count() / 1e12)
                 if self.peak_flops:
-                    values["mfu"] = values["tflops_per_device"] * 1e12 / self.peak_flops
+                    values["mfu"] = (self.flops.six_n * values["tokens_per_s_per_device"]
+                                     / self.peak_flops)
+                    values["mfu_model"] = values["tflops_per_device"] * 1e12 / self.peak_flops
+            self.model_flops = 0.0
             values["lr"] = float(self.schedule(step))
             self.last_time, self.last_step = now, step
             self.log.write({"step": step, **values})
@@ -458,7 +474,7 @@ class _Run:
                         "message": str(error)})
         self.bar.message(f"{error}: rolled back to step {self.step}, skipping that batch")
         self.bar.set(self.step)
-        self.last_time, self.last_step = time.perf_counter(), self.step
+        self.last_time, self.last_step, self.model_flops = time.perf_counter(), self.step, 0.0
 
     def on_force_exit(self, signal_name: str) -> str:
         """Runs on the watchdog thread before a forced exit: flush, say what is on disk."""
@@ -481,15 +497,16 @@ class _Run:
                     if pending is not None:
                         self.flush(*pending)
                     return
-                batch = next(self.batches)
+                batch, flops = next(self.batches)
                 if self.step + 1 in self.skipped:
-                    batch = next(self.batches)  # the batch on which this step diverged before
+                    # the batch on which this step diverged before
+                    batch, flops = next(self.batches)
                 self.ts.state, metrics = self.step_fn(self.ts.state, batch)
                 self.step += 1
                 self.bar.update()
                 if pending is not None:
                     self.flush(*pending)
-                pending = (self.step, metrics)
+                pending = (self.step, metrics, flops)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.flush(*pending)  # never checkpoint a diverged state
                     pending = None

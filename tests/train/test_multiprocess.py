@@ -80,6 +80,11 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
 
 
+def _flops_per_token(run: Path) -> list[float]:
+    return [r["tflops_per_device"] * 1e12 / r["tokens_per_s_per_device"]
+            for r in read_metrics(run) if "tflops_per_device" in r and r["step"] <= 3]
+
+
 def _results(run: Path) -> dict:
     return json.loads((run / "results.json").read_text())
 
@@ -93,7 +98,8 @@ def runs(tmp_path_factory):
     _train(one, 3)
     first = _losses(one), _results(one)
     _train(one, 5, 1, "--resume")
-    return {"two": two, "one_3": first[0], "one_3_results": first[1], "one_5": _losses(one)}
+    return {"two": two, "one": one, "one_3": first[0], "one_3_results": first[1],
+            "one_5": _losses(one)}
 
 
 def _resumed_copy(runs, tmp_path: Path, processes: int) -> dict[int, float]:
@@ -119,6 +125,10 @@ def test_two_processes_train_like_one_and_resume_on_one(runs, tmp_path):
     assert sorted(runs["one_3"]) == [1, 2, 3]
     assert _losses(runs["two"]) == pytest.approx(runs["one_3"], rel=1e-5)
     assert not (runs["two"] / "metrics.jsonl.tmp").exists()
+    # The logged model FLOPs per token (TFLOP/s per device over tokens/s per device): each
+    # process counts its own rows on its own devices.
+    assert _flops_per_token(runs["two"]) == pytest.approx(_flops_per_token(runs["one"]),
+                                                           rel=1e-6)
     # Eval: the same held-out tokens, counted once (each process evaluates only its rows).
     two, one = _results(runs["two"]), runs["one_3_results"]
     assert two["eval_tokens"] == one["eval_tokens"] > 0

@@ -19,14 +19,18 @@ from hybrid_jax.ops.context_parallel.collectives import SEQ_AXIS, halo, seq_shar
 
 
 def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
-              q_positions=None, kv_positions=None, implementation=None, axis_name=SEQ_AXIS):
+              q_positions=None, kv_positions=None, segment_extents=None, implementation=None,
+              axis_name=SEQ_AXIS):
     """`hybrid_jax.ops.attention`, context-parallel over `axis_name` for self-attention (the
-    positions are then the sequence's own); shapes and result as the op."""
+    positions are then the sequence's own); shapes and result as the op. `segment_extents`
+    (whole-sequence indices) serve the unsharded call only; a shard's keys come with their
+    own segment ids."""
     op_kwargs = dict(causal=causal, window=window, scale=scale, implementation=implementation)
     shards = seq_shards(axis_name)
     if shards == 1:
         return _attention(q, k, v, segment_ids=segment_ids, q_positions=q_positions,
-                          kv_positions=kv_positions, **op_kwargs)
+                          kv_positions=kv_positions, segment_extents=segment_extents,
+                          **op_kwargs)
     if q_positions is not None or kv_positions is not None or q.shape[1] != k.shape[1]:
         raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
                          "self-attention without explicit positions (a decode step runs "
