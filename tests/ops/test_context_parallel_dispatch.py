@@ -2,9 +2,12 @@
 a kernel needs, on a backend patched to "gpu" (calls are traced, nothing runs on a GPU):
 
 * a fake fastest rung that supports everything (as a kernel taking `initial_state`, the final
-  state and segment ids will) is chosen automatically on every shard, and gets the incoming
-  state of the shard and the document starts;
-* with the real rungs, attention and NHA log their fallback to XLA once, with the reason.
+  state and segment ids) is chosen automatically on every shard, and gets the incoming state
+  of the shard and the document starts;
+* the ops with Pallas kernels (SSD, GSA, NHA) lower, forward and backward, to those kernels on
+  every shard (Triton lowering for a GPU, without one);
+* where a rung refuses (attention's kernels take no explicit positions; here: no GPU), the
+  fallback to XLA is logged once, with the reason.
 """
 
 from __future__ import annotations
@@ -102,10 +105,13 @@ def test_nha_reaches_a_kernel_with_the_incoming_state(on_gpu, monkeypatch, segme
     calls = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.nha")
     _trace_on_shards(_nha(3, segment_ids), _nha_args())
     assert len(calls) == 1
-    kwargs = calls[0]
-    # Not a plain call: the shard continues from an NHAState (ring of 3 tokens, the slots).
-    assert not kwargs["call"].plain and kwargs["window"] == 3
-    assert kwargs["call"].q.shape == (2, T // 2, 2, 4)
+    call = calls[0]["call"]
+    # The shard continues from an NHAState (a ring of 3 tokens, the slots), with the segment
+    # ids only when there are documents.
+    assert call.state is not None and call.state.keys.shape[1] == 3 and calls[0]["window"] == 3
+    assert call.state.slot_keys.shape == (2, 1, 4, 3)
+    assert (call.segment_ids is None) == (segment_ids is None)
+    assert call.q.shape == (2, T // 2, 2, 4)
 
 
 def _records(caplog):
@@ -124,6 +130,47 @@ def test_attention_logs_its_fallback_once(on_gpu, caplog, window):
     assert "attention: ran the xla rung" in message, message
     assert "cudnn: explicit positions" in message and "pallas: explicit positions" in message
     assert "0[2, 16, 4, 64] bfloat16" in message  # the shard's queries
+
+
+def _spec(*shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+KERNEL_CALLS = {  # the ops with Pallas kernels, on GPU shapes (T = 256: shards of 128)
+    "ssd": (lambda x, dt, A, B, C, ids: cp.ssd(x, dt, A, B, C, segment_ids=ids),
+            (_spec(2, 256, 2, 64), _spec(2, 256, 2, dtype=jnp.float32),
+             _spec(2, dtype=jnp.float32), _spec(2, 256, 1, 64), _spec(2, 256, 1, 64))),
+    "gated_slot_attention": (
+        lambda q, k, v, s, g, ids: cp.gated_slot_attention(q, k, v, s, g, segment_ids=ids),
+        (_spec(2, 256, 2, 64),) * 3 + (_spec(2, 256, 2, 64, dtype=jnp.float32),) * 2),
+    "native_hybrid_attention": (
+        lambda q, k, v, s, g, ids: cp.native_hybrid_attention(q, k, v, s, g, window=32,
+                                                              segment_ids=ids),
+        (_spec(2, 256, 2, 64),) + (_spec(2, 256, 1, 64),) * 2
+        + (_spec(2, 256, 1, 64, dtype=jnp.float32),) * 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_CALLS))
+def test_context_parallel_calls_lower_to_the_kernels(monkeypatch, caplog, name):
+    """On a GPU (Pallas' Triton lowering, no GPU needed) a context-parallel call, forward and
+    backward, with documents, runs the op's Pallas kernels on every shard: no XLA fallback
+    (the kernels take the shard's state and documents, and their outputs carry shard_map's
+    varying axes)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    dispatch._LOGGED.clear()
+    fn, args = KERNEL_CALLS[name]
+
+    def loss(*args):
+        return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(fn(*args)))
+
+    grads = jax.grad(loss, argnums=tuple(range(len(args))))
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=2), jax.devices()[:2])):
+            text = jax.jit(grads).trace(*args, _spec(2, 256, dtype=jnp.int32)).lower(
+                lowering_platforms=("cuda",)).as_text()
+    assert not _records(caplog), _records(caplog)
+    assert text.count("__gpu$xla.gpu.triton") >= 3  # forward and backward kernels
 
 
 def test_nha_logs_its_fallback_once(on_gpu, caplog):
