@@ -14,17 +14,23 @@ from typing import Any
 import jax
 from jax.experimental import pallas as pl
 
+# (A JAX without it, an older one, keeps plain shapes: kernels then run outside shard_map only.)
+_MANUAL_AXIS_TYPE = getattr(jax.sharding, "ManualAxisType", None)
+
 
 def _varying(args: tuple) -> frozenset:
+    """The manual mesh axes any of `args` varies over (none outside `shard_map`)."""
     axes: frozenset = frozenset()
     for x in jax.tree.leaves(args):
-        if isinstance(x, jax.Array):
-            axes |= jax.typeof(x).manual_axis_type.varying
+        mat = getattr(jax.typeof(x), "manual_axis_type", None) if isinstance(x, jax.Array) else None
+        axes |= frozenset() if mat is None else mat.varying
     return axes
 
 
 def _varying_like(out_shape: Any, axes: frozenset) -> Any:
-    mat = jax.sharding.ManualAxisType(varying=axes)
+    if _MANUAL_AXIS_TYPE is None:
+        return out_shape
+    mat = _MANUAL_AXIS_TYPE(varying=axes)
     return jax.tree.map(
         lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, manual_axis_type=mat)
         if isinstance(s, jax.ShapeDtypeStruct) else s, out_shape)
@@ -32,7 +38,7 @@ def _varying_like(out_shape: Any, axes: frozenset) -> Any:
 
 def pallas_call(kernel: Callable, *, out_shape: Any, **kwargs: Any) -> Callable:
     """`pl.pallas_call(kernel, out_shape=out_shape, **kwargs)`, with the outputs varying over the
-    manual mesh axes of the inputs it is called on."""
+    manual mesh axes of the inputs it is called on (none outside `shard_map`)."""
 
     def call(*args):
         shapes = _varying_like(out_shape, _varying(args))
