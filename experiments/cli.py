@@ -15,6 +15,7 @@
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
     hybrid-jax inspect mixing RUN_DIR [--out mixing.png]
     hybrid-jax scale NAME --devices 1,2,4,8 --strategy data,fsdp,tensor,seq [--weak|--strong]
+                     [--model PRESET,...] [--time-limit S]
 """
 
 from __future__ import annotations
@@ -166,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="work grows with the devices (batch; sequence length for seq)")
     mode.add_argument("--strong", action="store_true", help="fixed global work (the default)")
     scale.add_argument("--steps", type=int, default=5, help="timed steps per setting")
+    scale.add_argument("--model", default="", help="comma-separated model presets, each run in "
+                       "place of the experiment's model (a row group each)")
+    scale.add_argument("--time-limit", type=float, default=None,
+                       help="seconds; settings not started by then are skipped (and printed)")
     scale.add_argument("--out", type=Path, default=None, help="output folder (default "
                        "runs/scale-NAME)")
     _add_overrides(scale)
@@ -469,9 +474,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raise ValueError(f"--devices: expected positive counts, got {args.devices!r}")
     scale.request_cpu_devices(max(devices))  # fake CPU devices, where no accelerator has them
     strategies = scale.parse_list(args.strategy, "strategy", scale.STRATEGIES)
+    from hybrid_jax import presets  # jax loads here, after the device request
+
+    models = scale.parse_list(args.model, "model", presets.names()) if args.model else []
     out = Path("runs") / f"scale-{args.name}" if args.out is None else args.out
     scale.run(args.name, devices, strategies, weak=args.weak, steps=args.steps, out=out,
-              overrides=args.overrides)
+              overrides=args.overrides, models=models, time_limit=args.time_limit)
     return 0
 
 

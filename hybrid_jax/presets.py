@@ -36,6 +36,14 @@ def transformer_125m() -> ModelConfig:
                        ffn_dim=2048)
 
 
+@register("transformer-350m")
+def transformer_350m() -> ModelConfig:
+    """24 layers, d_model 1024, 16 heads of 64, SwiGLU 2816, tied embeddings, a 32000
+    vocabulary (~341M params): the transformer of the size of gdn-340m and nha-340m."""
+    return ModelConfig(layers=("attention",) * 24, vocab_size=32000, d_model=1024, num_heads=16,
+                       ffn_dim=2816)
+
+
 @register("transformer-tiny")
 def transformer_tiny() -> ModelConfig:
     """2-layer, d_model 64 transformer on a byte vocabulary, for CPU runs and tests."""

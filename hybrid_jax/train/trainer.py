@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
 from hybrid_jax.context import TokenContext
-from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
@@ -216,6 +216,25 @@ def to_device(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
             for k, v in batch.items()}
 
 
+def check_process_rows(mesh: Mesh, batch_size: int) -> None:
+    """Refuses a mesh on which this process's devices do not hold exactly its rows of the
+    batch (`process_rows`: rows p·B/P .. (p+1)·B/P − 1), e.g. a tensor or seq axis across
+    processes with the batch replicated: each process would feed other rows to one array."""
+    count, index = jax.process_count(), jax.process_index()
+    if count == 1:
+        return
+    local = batch_size // count
+    rows = set()
+    for where in batch_sharding(mesh).addressable_devices_indices_map((batch_size, 1)).values():
+        rows.update(range(batch_size)[where[0]])
+    if rows != set(range(index * local, (index + 1) * local)):
+        raise ValueError(
+            f"process {index} of {count}: its devices hold batch rows {sorted(rows)[:8]}..., not "
+            f"its own {index * local}..{(index + 1) * local - 1}: the mesh {dict(mesh.shape)} "
+            "must split the batch across processes (data/fsdp axes spanning them, the others "
+            "within a process)")
+
+
 def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
              eval_step: Callable | None = None, *, num_words: int | None = None
              ) -> dict[str, float]:
@@ -234,7 +253,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
             target_bytes = batch.pop("target_bytes", None)
             if target_bytes is not None:
                 num_bytes += int((target_bytes * batch["mask"]).sum())
-            stats = jax.device_get(eval_step(ts.state, to_device(batch, ts.mesh)))
+            # Every process holds the whole batch and places only its rows: no duplicated work.
+            stats = jax.device_get(eval_step(ts.state, to_device(process_rows(batch), ts.mesh)))
             for key in totals:
                 totals[key] += float(stats[key])
     if totals["count"] == 0:
@@ -306,6 +326,7 @@ class _Run:
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
+        check_process_rows(self.mesh, cfg.batch_size)
         seq_len = int(getattr(self.data, "seq_len", 0))
         self.flops = step_flops(experiment.model, seq_len) if seq_len else None
         self.batches = DevicePrefetcher(
@@ -411,7 +432,9 @@ class _Run:
             values["tokens_per_s_per_device"] = values["tokens_per_s"] / devices
             if self.flops is not None:
                 # mfu: 6N (the MFU of record); tflops_per_device and mfu_model: the model count.
-                values["tflops_per_device"] = self.model_flops / seconds / devices / 1e12
+                # The FLOPs of this process's rows, on its own devices.
+                values["tflops_per_device"] = (self.model_flops / seconds
+                                               / jax.local_device_count() / 1e12)
                 if self.peak_flops:
                     values["mfu"] = (self.flops.six_n * values["tokens_per_s_per_device"]
                                      / self.peak_flops)

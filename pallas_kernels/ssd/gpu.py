@@ -37,6 +37,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.ssd.block_sizes import BlockSizes
 from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
@@ -143,7 +144,7 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         out_specs.append(pl.BlockSpec((None, None, num_chunks, BP, N),
                                       lambda b, h, p: (b, h, 0, p, 0)))
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype))
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_forward_kernel, st=st, num_chunks=num_chunks,
                           store_states=store_states),
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
@@ -182,7 +183,7 @@ def chunk_outputs(x, dt, a, B, C, doc, st: Static):
     in_specs = [heads_of, per_step, per_step, keys, keys]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_chunk_outputs_kernel, st=st),
         grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -232,7 +233,7 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
                 pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
-    d_states, d_initial, kept = pl.pallas_call(
+    d_states, d_initial, kept = pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
         grid=(batch, heads, P // BP), in_specs=in_specs + [boundary, tile],
         out_specs=[boundary, tile,
@@ -326,7 +327,7 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
     per_chunk = pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
     per_head = jax.ShapeDtypeStruct((batch, heads, length), F32)
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_chunk_grads_kernel, st=st),
         grid=(batch, groups, length // L),
         in_specs=in_specs + [heads_of(P), boundary, boundary, per_chunk],
