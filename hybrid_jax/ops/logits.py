@@ -4,10 +4,10 @@
 gets float32 logits. Differentiated as is, the float32 cotangent of those logits meets the
 bf16 operands in both backward products (dx = g·W, dW = gᵀ·x), and XLA runs a float32 × bf16
 product as a float32 gemm (on the H200, TF32 gemms: 10.6 ms of the 125M model's 89 ms step,
-2026-12-01, against 2.3 ms for the bf16 forward product). Here the cotangent is cast to the compute dtype first (what PyTorch's autocast does), and both
-products accumulate in float32; dx and dW come back in the dtypes of x and W (a float32 table
-gets its gradient unrounded). With a float32 compute dtype this is the plain product and its
-plain gradients.
+2026-12-01, against 2.3 ms for the bf16 forward product). Here the cotangent is cast to the
+compute dtype first (what PyTorch's autocast does), and both products accumulate in float32;
+dx and dW come back in the dtypes of x and W (a float32 table gets its gradient unrounded).
+With a float32 compute dtype this is the plain product and its plain gradients.
 """
 
 from __future__ import annotations

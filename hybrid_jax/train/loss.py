@@ -4,10 +4,10 @@ The `[tokens, vocab]` float32 logits are the largest arrays of a small model's s
 32768 tokens × 32768 words), so the loss touches them as few times as it can: the forward reads
 them twice (the argmax, whose logit is the row maximum, then Σ exp), and its backward
 (`custom_vjp`) is one elementwise pass, `(softmax − onehot) · weight · ḡ` from the logits and
-the two saved per-token sums. Differentiated as written (logsumexp, take_along_axis), the
-backward builds a zero array, scatters into it and adds a second one (H200, 125M: ~6 ms of
-[tokens, vocab] passes per step, 2026-12-01). Values and gradients are the plain ones: the same
-float32 operations in the same order.
+the two saved per-token sums. Differentiated as written (logsumexp, take_along_axis, argmax),
+the forward read them three times and the backward built a zero array, scattered into it and
+added a second one (H200, 125M, 2026-12-01: ~8 ms of [tokens, vocab] passes per step).
+Values and gradients are the plain ones: the same float32 operations in the same order.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def _scored_sums(logits, targets, weights):
 
 def _scored_sums_bwd(residuals, cotangents):
     logits, targets, weights, shift, sum_exp, nll, hit = residuals
+    # Else XLA merges this exp with the forward's and keeps the float32 [tokens, vocab] result
+    # alive from the forward to here: one more 4 GiB array at the 125M shape.
+    logits = lax.optimization_barrier(logits)
     g_loss, g_correct = cotangents
     g = g_loss * weights  # per token; `correct` is flat in the logits
     vocab = lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)

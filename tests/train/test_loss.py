@@ -56,8 +56,8 @@ def test_correct_count_gradient_reaches_the_weights_only():
     logits, targets, mask = _batch()
     weights = mask.astype(jnp.float32)
     for stats_fn in (token_stats, plain_token_stats):
-        d_logits, d_weights = jax.jit(jax.grad(lambda l, w: stats_fn(l, targets, w)["correct"],
-                                               argnums=(0, 1)))(logits, weights)
+        correct = lambda l, w, stats_fn=stats_fn: stats_fn(l, targets, w)["correct"]
+        d_logits, d_weights = jax.jit(jax.grad(correct, argnums=(0, 1)))(logits, weights)
         assert not np.any(np.asarray(d_logits))
         np.testing.assert_array_equal(
             np.asarray(d_weights), np.asarray(jnp.argmax(logits, -1) == targets, np.float32))
