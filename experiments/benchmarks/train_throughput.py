@@ -6,7 +6,7 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
                   nha-hybrid-340m] [--lengths 2048,8192,32768] [--tokens 32768] [--steps 10]
         [--scan/--no-scan] [--remat none] [--unpacked transformer-125m]
         [--torch transformer-125m] [--compile-check transformer-350m]
-        [--ablate transformer-125m] [--out F.json]
+        [--ablate transformer-125m] [--unscanned transformer-125m] [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
 (`packed_data.py`: WikiText-2 articles, BPE 32768), so each row holds whole and cut documents
@@ -237,6 +237,9 @@ def main():
     parser.add_argument("--compile-check", default="")
     parser.add_argument("--ablate", default="", help="models to rerun at the first length with "
                         "attention forced: pallas unpacked, xla packed (the kernel's share)")
+    parser.add_argument("--unscanned", default="", help="models to rerun at the first length "
+                        "unscanned on unpacked random tokens (cuDNN, so the compile is short): "
+                        "the layer scan's cost")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--out", default="train_throughput.json")
@@ -267,6 +270,9 @@ def main():
         for packed, attention in ((False, "pallas"), (True, "xla")):
             if not over():
                 rows.append(run_one(name, lengths[0], args, packed=packed, attention=attention))
+    for name in split(args.unscanned):
+        if not over():
+            rows.append(run_one(name, lengths[0], args, packed=False, scan=False))
     for row in rows:
         row.setdefault("impl", "jax")
     print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s",

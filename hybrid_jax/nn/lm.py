@@ -83,7 +83,7 @@ class LanguageModel(nnx.Module):
         if self.lm_head is None:
             logits = self.embed.attend(x)
         else:
-            logits = self.lm_head(x).astype(jnp.float32)
+            logits = self.lm_head.logits(x)
         return constrain(logits, ("batch", "seq", "vocab"))
 
     def __call__(self, tokens_BT: jax.Array, context: TokenContext | None = None, *,
