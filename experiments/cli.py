@@ -278,13 +278,17 @@ def _run_tokenizer(run_dir: Path):
     return load_tokenizer(path)
 
 
-def _generation_limits(run_dir: Path, tokenizer) -> tuple[int | None, list[int]]:
-    """The model's position limit and end-of-sequence ids of an imported run."""
+def _hf_files(run_dir: Path) -> tuple[dict, dict]:
+    """An imported run's Hugging Face config.json and generation_config.json ({} if none)."""
     from hybrid_jax.convert.hf import GENERATION_CONFIG, HF_CONFIG
 
-    hf = json.loads((run_dir / HF_CONFIG).read_text()) if (run_dir / HF_CONFIG).is_file() else {}
-    gen = (json.loads((run_dir / GENERATION_CONFIG).read_text())
-           if (run_dir / GENERATION_CONFIG).is_file() else {})
+    return tuple(json.loads((run_dir / name).read_text()) if (run_dir / name).is_file() else {}
+                 for name in (HF_CONFIG, GENERATION_CONFIG))
+
+
+def _generation_limits(run_dir: Path, tokenizer) -> tuple[int | None, list[int]]:
+    """The model's position limit and end-of-sequence ids of an imported run."""
+    hf, gen = _hf_files(run_dir)
     eos = gen.get("eos_token_id", hf.get("eos_token_id"))
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     return hf.get("max_position_embeddings"), sorted({tokenizer.eos_id, *eos})
@@ -319,7 +323,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ts, _ = _load_run(args.run_dir, experiment, None, "generate")
         tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, modes=args.modes)
+                          seed=args.seed, modes=args.modes,
+                          max_positions=_hf_files(args.run_dir)[0].get(
+                              "max_position_embeddings"))
         print(" ".join(str(int(t)) for t in tokens[0]))
         return 0
     prompts = _prompts(args)

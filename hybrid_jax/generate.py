@@ -48,7 +48,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None, lengths: Sequence[int] | None = None,
              eos_id: int | None = None, on_tokens: Callable | None = None,
-             extras: dict[str, jax.Array] | None = None, modes: Any = None) -> jax.Array:
+             extras: dict[str, jax.Array] | None = None, modes: Any = None,
+             max_positions: int | None = None) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     Prompts of different lengths: `lengths[b]` tokens of row b are its prompt (right padding
@@ -69,7 +70,10 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     `TokenContext` of each fed token). `modes`: Oryx's per-token mode schedule, "linear",
     "attention", "prefill=linear,decode=attention" (each row's own prompt is its prefill) or
     a `[B, T + max_new_tokens]` 0/1 array (`hybrid_jax.modes.inference_modes`).
-    Prompt ids outside the vocabulary, a negative or non-finite temperature, a `top_k` outside
+    `max_positions`: the model's position limit (e.g. a Hugging Face model's
+    max_position_embeddings; default the config's `max_positions`, None for RoPE models).
+    Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
+    `max_positions`, a negative or non-finite temperature, a `top_k` outside
     `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
@@ -98,6 +102,10 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
         raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] prompt lengths in "
                          f"[1, {prompt_BT.shape[1]}], got {lengths.tolist()}")
     needed = int(lengths.max()) + max_new_tokens
+    limit = max_positions or model.config.max_positions
+    if limit is not None and needed > limit:
+        raise ValueError(f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens "
+                         f"is longer than the model's {limit} positions")
     max_len = needed if max_len is None else max_len
     if not _is_int(max_len) or max_len < needed:
         raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
