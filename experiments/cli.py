@@ -229,9 +229,23 @@ def _load_run(run_dir: Path, experiment, step: int | None, command: str):
     return ts, int(meta["step"])
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | None = None,
+                 batches: int | None = None) -> tuple[dict[str, float], int]:
+    """Held-out metrics of checkpoint `step` (default latest) of a run, and that step.
+    `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole split)."""
     from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
+    _at_least(batches, 0, "--batches")
+    experiment = _read_run(run_dir, overrides)
+    ts, step = _load_run(run_dir, experiment, step, "eval")
+    cfg = experiment.train
+    data = bind_data(experiment.data, run_dir, resume=True)
+    held_out, words = held_out_set(data, cfg.batch_size,
+                                   cfg.eval_batches if batches is None else batches, cfg.seed)
+    return evaluate(ts, held_out, num_words=words), step
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
     _at_least(args.batches, 0, "--batches")
     if args.windows is not None:
         from experiments.window_sweep import run
@@ -239,14 +253,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         run(args.run_dir, args.windows, layers_text=args.layers, out=args.sweep_out,
             step=args.step, batches=args.batches, overrides=args.overrides)
         return 0
-    experiment = _read_run(args.run_dir, args.overrides)
-    ts, step = _load_run(args.run_dir, experiment, args.step, "eval")
-    cfg = experiment.train
-    data = bind_data(experiment.data, args.run_dir, resume=True)
-    batches, words = held_out_set(data, cfg.batch_size,
-                                  cfg.eval_batches if args.batches is None else args.batches,
-                                  cfg.seed)
-    metrics = evaluate(ts, batches, num_words=words)
+    metrics, step = evaluate_run(args.run_dir, args.overrides, step=args.step,
+                                 batches=args.batches)
     print(json.dumps({**metrics, "step": step}))
     shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
