@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     imp.add_argument("--fsdp", type=int, default=1,
                      help="shard the parameters over this many devices as they are read")
+    imp.add_argument("--scan-layers", action="store_true",
+                     help="stack the layers (nnx.scan: fast compiles for eval and fine-tuning)")
 
     exp = sub.add_parser("export", help="export a run's model in a pretrained-model layout")
     exp.add_argument("format", choices=("hf",))
@@ -142,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--layers", default=None, metavar="I,J,...",
                       help="the attention layers to convert (default: all)")
     conv.add_argument("--seed", type=int, default=0, help="seed of the new slot gates")
+    conv.add_argument("--scan-layers", action="store_true",
+                      help="stack the new run's layers (nnx.scan: fast compiles)")
 
     sub.add_parser("list", help="list presets, block types and experiments")
 
@@ -329,7 +333,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
         check_token_ids(np.asarray([prompt]), vocab, "prompt token")
         ts, _ = _load_run(args.run_dir, experiment, None, "generate")
-        tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
+        tokens = generate(ts.model().with_scan_layers(False), jnp.asarray([prompt]),
+                          args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           seed=args.seed, modes=args.modes,
                           max_positions=_hf_files(args.run_dir)[0].get(
@@ -348,7 +353,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         shown.append(text)
 
     result = generate_text(
-        ts.model(), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+        ts.model().with_scan_layers(False), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
         on_text=show if stream else None, modes=args.modes)
@@ -365,7 +370,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from hybrid_jax.sharding import make_mesh
 
     mesh = make_mesh(MeshConfig(data=1, fsdp=args.fsdp))
-    experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh)
+    experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh,
+                              scan_layers=args.scan_layers)
     print(f"imported {experiment.description} into {args.out}: "
           f"{len(experiment.model.layers)} layers, d_model {experiment.model.d_model}, "
           f"vocab {experiment.model.vocab_size}, {args.dtype}")
@@ -392,7 +398,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     experiment = _read_run(args.run_dir, [])
     ts, _ = _load_run(args.run_dir, experiment, None, "convert")
     convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
-                num_slots=args.slots, layers=layers, seed=args.seed)
+                num_slots=args.slots, layers=layers, seed=args.seed,
+                scan_layers=args.scan_layers)
     print(f"converted layers {layers or 'all'} of {args.run_dir} to NHA in {args.out}")
     return 0
 

@@ -15,13 +15,14 @@ can be inspected, evaluated or resumed on its own:
    untied embeddings) on the training shards with the given BPE → OUT/pretrain;
    `export hf` → OUT/hf, a Hugging Face directory (config.json, model.safetensors,
    tokenizer.json). With `--hf-dir` (e.g. a downloaded Llama) both are skipped.
-2. `import hf` → OUT/original, the path a user with a downloaded checkpoint takes; where
+2. `import hf --scan-layers` → OUT/original, the path a user with a downloaded checkpoint
+   takes (every run here stacks its layers under `nnx.scan`: one layer to compile); where
    `transformers` is installed, its logits on a sample are compared with ours (float32).
 3. The original on the whole held-out split at full attention, and with every layer cut to
    each sliding window W (no slots, no fine-tuning: what the slots must beat).
-4. For each W: `convert --to nha --window W --slots M` → OUT/nha-wW; held-out perplexity
-   before fine-tuning; `train --resume` (MLPs frozen unless --no-freeze-mlp, a short cosine
-   schedule) whose final evaluation is the perplexity after.
+4. For each W: `convert --to nha --window W --slots M --scan-layers` → OUT/nha-wW; held-out
+   perplexity before fine-tuning; `train --resume` (MLPs frozen unless --no-freeze-mlp, a
+   short cosine schedule) whose final evaluation is the perplexity after.
 
 All evaluations cover the same text (the whole --valid file in --size 40m) at seq_len 1024 in
 bf16 compute. Writes RESULTS/results.json (after every stage, so a cut run keeps what it did)
@@ -284,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.perf_counter()
     original = out / "original"
-    hybrid_jax("import", "hf", hf_dir, "--out", original)
+    hybrid_jax("import", "hf", hf_dir, "--out", original, "--scan-layers")
     report.stage("import", str(original), started)
     if not args.no_transformers_check:
         started = time.perf_counter()
@@ -298,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         run = out / f"nha-w{window}"
         hybrid_jax("convert", original, "--to", "nha", "--window", window, "--slots", slots,
-                   "--out", run)
+                   "--scan-layers", "--out", run)
         before, _ = evaluate_run(run, finetune, batches=plan.eval_batches)
         result = {"before_finetune": before}
         left = len(windows) - i

@@ -85,7 +85,7 @@ def lm_gutenberg_transformer_125m() -> ExperimentConfig:
 def lm_gutenberg_llama_40m() -> ExperimentConfig:
     return ExperimentConfig(
         name="lm-gutenberg-llama-40m",
-        model=presets.get("llama-40m").replace(dtype="bfloat16"),
+        model=presets.get("llama-40m").replace(dtype="bfloat16", scan_layers=True),
         data=replace(GUTENBERG, path=f"{DATA}/gutenberg/train-0[0-3].txt.xz",
                      tokenizer="bpe:16384", seq_len=1024),
         train=replace(GPU_TRAIN, steps=1500, learning_rate=1e-3, warmup_steps=100,

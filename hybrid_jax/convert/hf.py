@@ -44,9 +44,11 @@ def read_hf_config(path: Path) -> dict:
 
 
 def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float32",
-              mesh: Mesh | None = None) -> tuple[ExperimentConfig, LanguageModel]:
+              mesh: Mesh | None = None, scan_layers: bool = False
+              ) -> tuple[ExperimentConfig, LanguageModel]:
     """Reads the Hugging Face model in `directory` (parameters in `dtype`, sharded over `mesh`)
-    and writes it as the run directory `run_dir`."""
+    and writes it as the run directory `run_dir` (`scan_layers`: its layers stacked for
+    `nnx.scan`, fast compiles; `generate` and `export` unstack them)."""
     directory, run_dir = Path(directory), Path(run_dir)
     hf = read_hf_config(directory / "config.json")
     config = model_config_from_hf(hf, dtype=dtype)
@@ -57,9 +59,9 @@ def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens, more than "
                          f"the model's vocab_size={config.vocab_size}")
-    model = load_hf_model(directory, config, mesh=mesh)
+    model = load_hf_model(directory, config, mesh=mesh).with_scan_layers(scan_layers)
     experiment = pretrained_experiment(
-        f"hf-{hf['model_type']}", config, run_dir,
+        f"hf-{hf['model_type']}", model.config, run_dir,
         description=f"{hf['model_type']} imported from {directory.absolute()}")
     files = tuple(directory / f for f in TOKENIZER_FILES if (directory / f).is_file())
     write_run(run_dir, experiment, model, files=files, source=str(directory.absolute()))
@@ -75,8 +77,10 @@ def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
     A model trained here (no imported config.json) gets its token ids from the run's tokenizer:
     `eos_token_id` its EOS, no BOS, and a `tokenizer_config.json` naming the EOS for
     transformers' `PreTrainedTokenizerFast` (byte and word tokenizers are ours only: their
-    tokenizer.json is copied for a re-import, transformers cannot read it)."""
+    tokenizer.json is copied for a re-import, transformers cannot read it). A model with
+    scanned (stacked) layers is written per layer."""
     run_dir, out = Path(run_dir), Path(out)
+    model = model.with_scan_layers(False)
     base = (read_hf_config(run_dir / HF_CONFIG) if (run_dir / HF_CONFIG).is_file() else None)
     hf = hf_config_from_model(model.config, base)
     tokenizer = (load_tokenizer(run_dir / TOKENIZER_FILE)

@@ -1,6 +1,8 @@
 """`hybrid-jax import hf / generate --prompt / export hf / convert` end to end, and their
 one-line errors."""
 
+import json
+
 import pytest
 
 from experiments.cli import main
@@ -25,8 +27,9 @@ def test_export_and_convert(run_dir, tmp_path, capsys):
     assert main(["export", "hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     assert main(["convert", str(run_dir), "--to", "nha", "--out", str(tmp_path / "nha"),
-                 "--window", "full", "--slots", "4"]) == 0
+                 "--window", "full", "--slots", "4", "--scan-layers"]) == 0
     assert (tmp_path / "nha" / "tokenizer.json").is_file()
+    assert json.loads((tmp_path / "nha" / "config.json").read_text())["model"]["scan_layers"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -164,3 +164,12 @@ def test_export_of_a_model_trained_here_names_its_eos(tmp_path):
     assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())[
         "eos_token"] == "<|endoftext|>"
     assert load_tokenizer(tmp_path / "hf" / "tokenizer.json").eos_id == tokenizer.eos_id
+
+
+def test_export_of_scanned_layers_is_per_layer(tmp_path):
+    model, _ = load("llama")
+    export_hf(model.with_scan_layers(True), FIXTURES / "llama", tmp_path / "hf")
+    again = load_hf_model(tmp_path / "hf", model.config)
+    before, after = params(model), params(again)
+    assert before.keys() == after.keys()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
