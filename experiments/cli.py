@@ -233,19 +233,28 @@ def _load_run(run_dir: Path, experiment, step: int | None, command: str):
     return ts, int(meta["step"])
 
 
-def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | None = None,
-                 batches: int | None = None) -> tuple[dict[str, float], int]:
-    """Held-out metrics of checkpoint `step` (default latest) of a run, and that step.
-    `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole split)."""
-    from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
+def load_for_eval(run_dir: Path, overrides: Sequence[str], step: int | None,
+                  batches: int | None, command: str):
+    """(train state of checkpoint `step` (default latest), its step, held-out batches, their
+    word count) of a run; `batches`: default the run's `train.eval_batches`, 0: all."""
+    from hybrid_jax.train.trainer import bind_data, held_out_set
 
     _at_least(batches, 0, "--batches")
     experiment = _read_run(run_dir, overrides)
-    ts, step = _load_run(run_dir, experiment, step, "eval")
+    ts, step = _load_run(run_dir, experiment, step, command)
     cfg = experiment.train
     data = bind_data(experiment.data, run_dir, resume=True)
     held_out, words = held_out_set(data, cfg.batch_size,
                                    cfg.eval_batches if batches is None else batches, cfg.seed)
+    return ts, step, held_out, words
+
+
+def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | None = None,
+                 batches: int | None = None) -> tuple[dict[str, float], int]:
+    """Held-out metrics of checkpoint `step` (default latest) of a run, and that step."""
+    from hybrid_jax.train.trainer import evaluate
+
+    ts, step, held_out, words = load_for_eval(run_dir, overrides, step, batches, "eval")
     return evaluate(ts, held_out, num_words=words), step
 
 
