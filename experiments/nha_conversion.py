@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = [*plan.common, f"data.path={args.train}", f"data.eval_path={args.valid}",
             f"data.seq_len={plan.seq_len}", f"data.cache_dir={(out / 'data_cache').absolute()}"]
     evaluation = [*data, f"model.dtype={plan.dtype}", f"train.batch_size={plan.batch_size}",
-                  f"train.eval_batches={plan.eval_batches}"]
+                  f"train.eval_batches={plan.eval_batches}", *args.overrides]
     finetune = [*evaluation, *plan.finetune, *([] if args.no_freeze_mlp else [FROZEN_MLP]),
                 *args.overrides]
     tokens_per_step = plan.seq_len * int(_read_last(finetune, "train.batch_size"))
@@ -291,8 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         report.stage("transformers", transformers_check(hf_dir, original), started)
     started = time.perf_counter()
-    rows = window_sweep(original, [None, *windows], batches=plan.eval_batches,
-                        overrides=evaluation)
+    rows = window_sweep(original, [None, *windows], overrides=evaluation)
     report.stage("original", rows, started)
 
     for i, window in enumerate(windows):
@@ -300,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = out / f"nha-w{window}"
         hybrid_jax("convert", original, "--to", "nha", "--window", window, "--slots", slots,
                    "--scan-layers", "--out", run)
-        before, _ = evaluate_run(run, finetune, batches=plan.eval_batches)
+        before, _ = evaluate_run(run, finetune)
         result = {"before_finetune": before}
         left = len(windows) - i
         limit = min(plan.finetune_limit_s,
