@@ -5,7 +5,7 @@ attention. Self-contained: it first pretrains the transformer it converts.
     python -m experiments.nha_conversion --out /tmp/nha-conversion --results $OUT \\
         [--train '.devdata/gutenberg/train-*.txt.xz'] [--valid .devdata/gutenberg/valid.txt.xz]
         [--tokenizer .devdata/gutenberg/bpe16k.json] [--hf-dir HF_DIR] [--size 40m|tiny]
-        [--windows 64,512] [--slots 64] [--no-freeze-mlp] [--budget-s 450]
+        [--windows 64,512] [--slots 64] [--no-freeze-mlp] [--budget-s 460]
         [--set train.KEY=VALUE ...] [--pretrain-set KEY=VALUE ...]
 
 Stages, each a `hybrid-jax` command (printed as it runs), so every run directory under --out
@@ -23,6 +23,8 @@ can be inspected, evaluated or resumed on its own:
 4. For each W: `convert --to nha --window W --slots M --scan-layers` → OUT/nha-wW; held-out
    perplexity before fine-tuning; `train --resume` (MLPs frozen unless --no-freeze-mlp, a
    short cosine schedule) whose final evaluation is the perplexity after.
+5. The control: the original imported again (OUT/original-finetuned) and fine-tuned the same
+   way at full attention, so the table separates recovery from the extra training itself.
 
 All evaluations cover the same text (the whole --valid file in --size 40m) at seq_len 1024 in
 bf16 compute. Writes RESULTS/results.json (after every stage, so a cut run keeps what it did)
@@ -65,7 +67,8 @@ class Plan:
     eval_batches: int  # 0: the whole held-out split
     pretrain_limit_s: float
     finetune_limit_s: float
-    window_overhead_s: float  # convert + evaluation before + the final one, per window
+    control_limit_s: float  # the cap of the control's fine-tune (attention: fast)
+    overhead_s: float  # per fine-tuned run: convert / import, evaluation before, the final one
     budget_s: float
     windows: str
     slots: int
@@ -80,7 +83,8 @@ PLANS = {
                   "train.min_lr_ratio=0.1", "train.weight_decay=0.0", "train.log_every=25",
                   "train.checkpoint_every=0"),
         batch_size=16, seq_len=1024, dtype="bfloat16", eval_batches=0, pretrain_limit_s=120,
-        finetune_limit_s=80, window_overhead_s=45, budget_s=450, windows="64,512", slots=64),
+        finetune_limit_s=80, control_limit_s=40, overhead_s=30, budget_s=460, windows="64,512",
+        slots=64),
     # CPU smoke run (tests): two layers of width 32, a few steps of everything, one device.
     "tiny": Plan(
         common=("train.mesh.data=1",),
@@ -91,9 +95,11 @@ PLANS = {
         finetune=("train.steps=2", "train.learning_rate=1e-3", "train.warmup_steps=1",
                   "train.log_every=1", "train.checkpoint_every=0"),
         batch_size=4, seq_len=64, dtype="float32", eval_batches=2, pretrain_limit_s=300,
-        finetune_limit_s=300, window_overhead_s=0, budget_s=3600, windows="8,32", slots=4),
+        finetune_limit_s=300, control_limit_s=300, overhead_s=0, budget_s=3600, windows="8,32",
+        slots=4),
 }
 FROZEN_MLP = "train.freeze=/ffn/"
+CONTROL = "original-finetuned"
 
 
 def hybrid_jax(*argv: Any) -> None:
@@ -182,8 +188,11 @@ class Report:
             name = ("original (full attention)" if row["window"] == "full" else
                     "original, sliding window only")
             lines.append(f"| {name} | {row['window']} | – | {ppl(row)} | – | – | – |")
-        for window in d["settings"]["windows"]:
-            run = d.get(f"nha-w{window}")
+        keys = [(f"nha-w{w}", "NHA (converted)", w, d["settings"]["slots"])
+                for w in d["settings"]["windows"]]
+        for key, name, window, slots in [*keys, (CONTROL, "original, fine-tuned the same way",
+                                                  "full", "–")]:
+            run = d.get(key)
             if run is None:
                 continue
             tuned = run.get("finetune") or {}
@@ -191,9 +200,9 @@ class Report:
             tokens = (tuned["steps"] * d["settings"]["finetune_tokens_per_step"]
                       if tuned else 0)
             capped = " (time cap)" if tuned.get("time_limit_reached") else ""
-            lines.append(f"| NHA (converted) | {window} | {d['settings']['slots']} | "
-                         f"{ppl(run['before_finetune'])} | {ppl(after)} | "
-                         f"{tokens:,}{capped} | {tuned.get('wall_time_s', 0):.0f} |")
+            lines.append(f"| {name} | {window} | {slots} | {ppl(run['before_finetune'])} | "
+                         f"{ppl(after)} | {tokens:,}{capped} | "
+                         f"{tuned.get('wall_time_s', 0):.0f} |")
         pretrain = d.get("pretrain")
         if pretrain:
             lines.append(f"\nPretraining: {pretrain['steps']} steps, held-out ppl "
@@ -257,10 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data = [*plan.common, f"data.path={args.train}", f"data.eval_path={args.valid}",
             f"data.seq_len={plan.seq_len}", f"data.cache_dir={(out / 'data_cache').absolute()}"]
+    # Evaluations take the fine-tunes' settings too: the schedule does not change them, and
+    # `--set train.steps=...` must leave a valid config in both.
     evaluation = [*data, f"model.dtype={plan.dtype}", f"train.batch_size={plan.batch_size}",
-                  f"train.eval_batches={plan.eval_batches}", *args.overrides]
-    finetune = [*evaluation, *plan.finetune, *([] if args.no_freeze_mlp else [FROZEN_MLP]),
-                *args.overrides]
+                  f"train.eval_batches={plan.eval_batches}", *plan.finetune, *args.overrides]
+    finetune = [*evaluation, *([] if args.no_freeze_mlp else [FROZEN_MLP])]
     tokens_per_step = plan.seq_len * int(_read_last(finetune, "train.batch_size"))
     report = Report(args.results or out, {
         "size": args.size, "windows": windows, "slots": slots,
@@ -294,16 +304,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = window_sweep(original, [None, *windows], overrides=evaluation)
     report.stage("original", rows, started)
 
-    for i, window in enumerate(windows):
+    # Each converted model, then the original fine-tuned the same way (full attention): the
+    # control for what the extra training alone gives.
+    # What is left of the budget is shared by weight (the control needs half a window's).
+    runs = [(f"nha-w{window}", ("convert", original, "--to", "nha", "--window", window,
+                                "--slots", slots, "--scan-layers"), plan.finetune_limit_s, 1.0)
+            for window in windows]
+    runs += [(CONTROL, ("import", "hf", hf_dir, "--scan-layers"), plan.control_limit_s,
+              0.5)] if windows else []
+    for i, (key, command, cap, weight) in enumerate(runs):
         started = time.perf_counter()
-        run = out / f"nha-w{window}"
-        hybrid_jax("convert", original, "--to", "nha", "--window", window, "--slots", slots,
-                   "--scan-layers", "--out", run)
+        run = out / key
+        hybrid_jax(*command, "--out", run)
         before, _ = evaluate_run(run, finetune)
         result = {"before_finetune": before}
-        left = len(windows) - i
-        limit = min(plan.finetune_limit_s,
-                    (deadline - time.perf_counter()) / left - plan.window_overhead_s)
+        later = runs[i + 1:]
+        share = weight / (weight + sum(w for *_, w in later))
+        limit = min(cap, share * (deadline - time.perf_counter()
+                                  - plan.overhead_s * (len(later) + 0.5)))
         if limit < 10:
             result["finetune"] = None
             result["skipped"] = f"out of budget ({limit:.0f} s left for this fine-tune)"
@@ -311,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hybrid_jax("train", _read_run(run, []).name, "--out", run, "--resume", "--quiet",
                        *sets([*finetune, f"train.time_limit_s={limit:.0f}"]))
             result["finetune"] = training_summary(run)
-        report.stage(f"nha-w{window}", result, started)
+        report.stage(key, result, started)
     print(report.table(), end="")
     return 0
 

@@ -43,8 +43,8 @@ def test_pretrained_model_round_trips_through_hugging_face(tmp_path):
 def test_pretrains_exports_imports_converts_and_fine_tunes(tmp_path):
     out, results = run(tmp_path, "--tokenizer", str(bpe(tmp_path)))
     assert [row["window"] for row in results["original"]] == ["full", 8, 32]
-    for window in (8, 32):
-        nha = results[f"nha-w{window}"]
+    for key in ("nha-w8", "nha-w32", "original-finetuned"):  # the last: the control
+        nha = results[key]
         assert nha["finetune"]["steps"] == 2 and not nha["finetune"]["time_limit_reached"]
         assert math.isfinite(nha["before_finetune"]["perplexity"])
         assert math.isfinite(nha["finetune"]["eval_perplexity"])
@@ -52,6 +52,7 @@ def test_pretrains_exports_imports_converts_and_fine_tunes(tmp_path):
     table = (out / "results.md").read_text()
     assert "| original (full attention) | full |" in table
     assert "| NHA (converted) | 32 | 4 |" in table
+    assert "| original, fine-tuned the same way | full | – |" in table
 
 
 @pytest.mark.slow
