@@ -5,7 +5,7 @@ attention. Self-contained: it first pretrains the transformer it converts.
     python -m experiments.nha_conversion --out /tmp/nha-conversion --results $OUT \\
         [--train '.devdata/gutenberg/train-*.txt.xz'] [--valid .devdata/gutenberg/valid.txt.xz]
         [--tokenizer .devdata/gutenberg/bpe16k.json] [--hf-dir HF_DIR] [--size 40m|tiny]
-        [--windows 64,512] [--slots 64] [--no-freeze-mlp] [--budget-s 460]
+        [--windows 64,512] [--slots 64] [--no-freeze-mlp] [--budget-s 440]
         [--set train.KEY=VALUE ...] [--pretrain-set KEY=VALUE ...]
 
 Stages, each a `hybrid-jax` command (printed as it runs), so every run directory under --out
@@ -83,7 +83,7 @@ PLANS = {
                   "train.min_lr_ratio=0.1", "train.weight_decay=0.0", "train.log_every=25",
                   "train.checkpoint_every=0"),
         batch_size=16, seq_len=1024, dtype="bfloat16", eval_batches=0, pretrain_limit_s=120,
-        finetune_limit_s=80, control_limit_s=40, overhead_s=30, budget_s=460, windows="64,512",
+        finetune_limit_s=80, control_limit_s=40, overhead_s=30, budget_s=440, windows="64,512",
         slots=64),
     # CPU smoke run (tests): two layers of width 32, a few steps of everything, one device.
     "tiny": Plan(
