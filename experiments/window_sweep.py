@@ -61,16 +61,11 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
     `layers`: the layers whose window changes (default: every layer with a window option).
     `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole held-out set).
     """
-    from experiments.cli import _load_run, _read_run
-    from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
+    from experiments.cli import load_for_eval
+    from hybrid_jax.train.trainer import evaluate
 
-    run_dir = Path(run_dir)
-    experiment = _read_run(run_dir, overrides)
-    ts, _ = _load_run(run_dir, experiment, step, "eval --windows")
-    cfg = experiment.train
-    data = bind_data(experiment.data, run_dir, resume=True)
-    held_out, words = held_out_set(data, cfg.batch_size,
-                                   cfg.eval_batches if batches is None else batches, cfg.seed)
+    ts, _, held_out, words = load_for_eval(Path(run_dir), overrides, step, batches,
+                                           "eval --windows")
     model, optimizer = nnx.merge(ts.graphdef, ts.state)
     rows = []
     for window in windows:

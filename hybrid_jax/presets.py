@@ -44,6 +44,14 @@ def transformer_350m() -> ModelConfig:
                        ffn_dim=2816)
 
 
+@register("llama-40m")
+def llama_40m() -> ModelConfig:
+    """Llama-shaped ~40M: 8 layers, d_model 512, 8 heads of 64 sharing 4 kv heads (GQA),
+    SwiGLU 1408, RoPE, RMSNorm, untied embeddings, vocab 16384 (exports as LlamaForCausalLM)."""
+    return ModelConfig(layers=("attention",) * 8, vocab_size=16384, d_model=512, num_heads=8,
+                       num_kv_heads=4, ffn_dim=1408, tie_embeddings=False)
+
+
 @register("transformer-tiny")
 def transformer_tiny() -> ModelConfig:
     """2-layer, d_model 64 transformer on a byte vocabulary, for CPU runs and tests."""

@@ -12,7 +12,10 @@ uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop 
 a device computation), or on a second signal, the logs are flushed and the process exits with
 128 + signal. A non-finite loss or gradient stops the run naming the step and which of the two
 it was, or with `train.on_nonfinite=rollback` restores the last checkpoint and skips that
-step's batch. One process at a time writes a run directory (`run_dir.RunLock`).
+step's batch. `train.time_limit_s` ends the loop early at a step boundary (a budgeted run): it
+checkpoints and evaluates as at the end, and `results["time_limit_reached"]` says so (`steps`
+is the step reached; the learning-rate schedule stays the one of `train.steps`). One process at
+a time writes a run directory (`run_dir.RunLock`).
 """
 
 from __future__ import annotations
@@ -335,6 +338,7 @@ class _Run:
         self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
                                                       cfg.eval_batches, cfg.seed)
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
+        self.time_limited = False
         self.checkpointer = None if out is None else Checkpointer(
             out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
         damaged: list[dict[str, Any]] = []
@@ -487,11 +491,29 @@ class _Run:
                  if steps else "no checkpoint was saved")
         return f"{self.out / 'metrics.jsonl'} and tensorboard/ are flushed; {saved}."
 
+    def out_of_time(self, deadline: float | None) -> bool:
+        """Whether `train.time_limit_s` has run out (process 0 decides for every process)."""
+        if deadline is None:
+            return False
+        late = time.perf_counter() >= deadline
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            late = bool(multihost_utils.broadcast_one_to_all(np.int32(late)))
+        if late:
+            self.time_limited = True
+            self.log.write({"step": self.step, "event": "time_limit",
+                            "seconds": self.cfg.time_limit_s})
+            self.bar.message(f"time limit of {self.cfg.time_limit_s:g} s reached at step "
+                             f"{self.step} of {self.cfg.steps}")
+        return late
+
     def loop(self, stop: StopSignals) -> None:
         cfg, pending = self.cfg, None
+        deadline = time.perf_counter() + cfg.time_limit_s if cfg.time_limit_s else None
         while True:
             try:
-                if self.step >= cfg.steps or stop.everywhere():
+                if self.step >= cfg.steps or stop.everywhere() or self.out_of_time(deadline):
                     if stop.received:
                         stop.acknowledge()
                     if pending is not None:
@@ -585,7 +607,8 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
             final = run.evaluate()
         finally:
             run.close()
-    results = {"experiment": experiment.name, "steps": run.cfg.steps,
+    results = {"experiment": experiment.name, "steps": run.step,
+               "time_limit_reached": run.time_limited,
                "params": count_params(run.ts.model()),
                "train_loss": next((r["loss"] for r in reversed(run.log.history) if "loss" in r),
                                   None),
