@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels.matmul import mm
+
 F32 = jnp.float32
 
 
@@ -40,49 +42,33 @@ def _masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class Rows:
-    """Rows start..start+n−1 of a chunk: their cumulative log decay Γ `[n]` and document
-    counter n `[n]` (None without documents)."""
-
-    start: int
-    log_decay: jax.Array
-    docs: jax.Array | None
-
-
-def decay_matrix(rows: Rows, cols: Rows, *, strict: bool) -> jax.Array:
-    """`[n_rows, n_cols]`: e^{Γ_t − Γ_j} for column j before (strict) or at row t in the same
-    document, else 0."""
-    shape = (rows.log_decay.shape[0], cols.log_decay.shape[0])
-    row, col = rows.start + iota(shape, 0), cols.start + iota(shape, 1)
-    mask = row > col if strict else row >= col
-    if rows.docs is not None:
-        mask &= rows.docs[:, None] == cols.docs[None, :]
-    return _masked_exp(rows.log_decay[:, None] - cols.log_decay[None, :], mask)
-
-
-@dataclasses.dataclass(frozen=True)
 class Chunk:
-    """Decay factors of one whole chunk, float32.
+    """Decay factors of one chunk, float32.
 
-    rows: Γ and the document counter of every row. entry `[C]`: e^{Γ_t}, what is left at row t
-    of the state entering the chunk. to_end `[C]`: e^{Γ_last − Γ_t}, what is left at the chunk
-    end of a write at row t. decay (scalar): e^{Γ_last}, the entering state's decay over the
-    chunk.
+    log_decay `[C]`: Γ. docs `[C]`: the document counter n (None without documents). entry
+    `[C]`: e^{Γ_t}, what is left at row t of the state entering the chunk. to_end `[C]`:
+    e^{Γ_last − Γ_t}, what is left at the chunk end of a write at row t. decay (scalar):
+    e^{Γ_last}, the entering state's decay over the chunk.
     """
 
-    rows: Rows
+    log_decay: jax.Array
+    docs: jax.Array | None
     entry: jax.Array
     to_end: jax.Array
     decay: jax.Array
 
-    def pairs(self) -> jax.Array:
-        """`[C, C]` pair decays e^{Γ_t − Γ_j}, j ≤ t in the same document, else 0."""
-        return decay_matrix(self.rows, self.rows, strict=False)
-
-
-def entry_decay(rows: Rows) -> jax.Array:
-    """e^{Γ_t} for rows in the chunk's first document (the entering state's share), else 0."""
-    return _masked_exp(rows.log_decay, None if rows.docs is None else rows.docs == 0)
+    def pairs(self, *, strict: bool = False, transposed: bool = False) -> jax.Array:
+        """`[C, C]` pair decays D_tj = e^{Γ_t − Γ_j} for j ≤ t (j < t if `strict`) in the same
+        document, else 0; Dᵀ if `transposed` (computed as such, in the same register layout)."""
+        n = self.log_decay.shape[0]
+        later, earlier = iota((n, n), 0), iota((n, n), 1)
+        log_later, log_earlier = self.log_decay[:, None], self.log_decay[None, :]
+        if transposed:
+            later, earlier, log_later, log_earlier = earlier, later, log_earlier, log_later
+        mask = later > earlier if strict else later >= earlier
+        if self.docs is not None:
+            mask &= self.docs[:, None] == self.docs[None, :]
+        return _masked_exp(log_later - log_earlier, mask)
 
 
 def chunk_decays(g: jax.Array, starts: jax.Array | None) -> Chunk:
@@ -90,42 +76,66 @@ def chunk_decays(g: jax.Array, starts: jax.Array | None) -> Chunk:
     document starts, or None)."""
     log_decay = jnp.cumsum(g)
     last = jnp.sum(g)
-    rows = Rows(0, log_decay, None if starts is None else jnp.cumsum(starts))
+    docs = None if starts is None else jnp.cumsum(starts)
     docs_last = None if starts is None else jnp.sum(starts)
     return Chunk(
-        rows, entry_decay(rows),
-        _masked_exp(last - log_decay, None if starts is None else rows.docs == docs_last),
+        log_decay, docs, _masked_exp(log_decay, None if starts is None else docs == 0),
+        _masked_exp(last - log_decay, None if starts is None else docs == docs_last),
         _masked_exp(last, None if starts is None else docs_last == 0))
 
 
-def unit_lower_inverse(a: jax.Array) -> jax.Array:
-    """(I + a)⁻¹ of a strictly lower triangular float32 `[n, n]` (n small): forward substitution
-    in registers, row r of the inverse = e_r − Σ_{j<r} a_rj · (row j), exact in float32."""
+def split_products(a: jax.Array, b: jax.Array, op) -> jax.Array:
+    """a @ b of float32 `a` and `b` to about float32 accuracy: exact (HIGHEST) when the operand
+    dtype `op` is float32, else three bf16 tensor-core products of hi/lo splits
+    (a_hi b_hi + a_hi b_lo + a_lo b_hi, relative error ≈ 2⁻¹⁶)."""
+    if op == F32:
+        return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST,
+                               preferred_element_type=F32)
+    a_hi, b_hi = a.astype(op), b.astype(op)
+    a_lo, b_lo = (a - a_hi.astype(F32)).astype(op), (b - b_hi.astype(F32)).astype(op)
+    return mm(a_hi, b_hi) + (mm(a_hi, b_lo) + mm(a_lo, b_hi))
+
+
+def split_rows(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a @ b of a float32 `a` and `b` in the operand dtype, to about float32 accuracy: `b` as
+    it is, `a` split into two (a_hi b + a_lo b) when `b` is bf16."""
+    if b.dtype == F32:
+        return mm(a, b)
+    a_hi = a.astype(b.dtype)
+    return mm(a_hi, b) + mm((a - a_hi.astype(F32)).astype(b.dtype), b)
+
+
+def lower_inverse(a: jax.Array, a_t: jax.Array, size: int, op) -> jax.Array:
+    """T = (I + a)⁻¹ of a strictly lower triangular float32 `[n, n]` given with its transpose
+    `a_t` (computed as such by the caller, in the same register layout), in registers.
+
+    The diagonal blocks of `size` rows, all at once, by forward substitution in float32 (exact:
+    row r of a block's inverse is e_r − Σ_{j<r} a_rj · (row j)). It is carried transposed, and
+    the coefficients of step r are a column of aᵀ, so that both sums of a step run along
+    axis 1 (within a warp; rows are spread over warps). Then blocks of size b are merged
+    pairwise into blocks of 2b, b = size, 2·size, …: with T block diagonal and a_b the
+    lower-left b × b block of each 2b one, T ← T − T (a_b T) (T₂₁ = −T₂₂ a₂₁ T₁₁), by
+    `split_products`.
+    """
     n = a.shape[0]
     rows, cols = iota((n, n), 0), iota((n, n), 1)
-    inverse = (rows == cols).astype(F32)
-    a_t = a.T  # column r of aᵀ is row r of a, laid out down the rows j
-    for r in range(1, n):
-        a_r = jnp.sum(jnp.where(cols == r, a_t, 0.0), axis=1, keepdims=True)  # [n, 1]: a_rj
-        # Row r is still e_r, and a_rj = 0 for j ≥ r: only the finished rows j < r count.
-        row_r = inverse - jnp.sum(a_r * inverse, axis=0, keepdims=True)
-        inverse = jnp.where(rows == r, row_r, inverse)
-    return inverse
-
-
-def block_lower_inverse(blocks: dict[tuple[int, int], jax.Array], count: int
-                        ) -> dict[tuple[int, int], jax.Array]:
-    """T = (I + A)⁻¹ of a strictly lower triangular A given as `count` × `count` square blocks
-    `blocks[i, j]` (j ≤ i; the diagonal ones strictly lower): the blocks T_ij (j ≤ i) by
-    T_ii = (I + A_ii)⁻¹ and T_ij = −T_ii Σ_{j ≤ m < i} A_im T_mj, float32 products at full
-    precision (they are small; the inverse feeds every correction)."""
-    exact = lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())),
-                                         precision=lax.Precision.HIGHEST,
-                                         preferred_element_type=F32)
-    inverse = {}
-    for i in range(count):
-        inverse[i, i] = unit_lower_inverse(blocks[i, i])
-        for j in range(i - 1, -1, -1):
-            below = sum(exact(blocks[i, m], inverse[m, j]) for m in range(j, i))
-            inverse[i, j] = -exact(inverse[i, i], below)
-    return inverse
+    eye = (rows == cols).astype(F32)
+    block = lambda x, b: x // b
+    same = block(rows, size) == block(cols, size)
+    step_col = cols % size
+    # Tᵀ of the diagonal blocks (column j final once local index j is done), made from a_t so
+    # that Triton gives it a_t's register layout (the dot's: a row's values within one warp).
+    x = eye + 0.0 * a_t
+    for r in range(1, size):
+        # a_r[j] = a[size·⌊j/size⌋ + r, j], row r of each diagonal block = column r of aᵀ.
+        a_r = jnp.sum(jnp.where((step_col == r) & same, a_t, 0.0), axis=1)
+        done = jnp.sum(x * a_r[None, :], axis=1, keepdims=True)  # [n, 1]: Σ_j T[j, c] a[t, j]
+        x = jnp.where((step_col == r) & same, eye - done, x)
+    t = x.T
+    b = size
+    while b < n:
+        lower_left = ((block(rows, 2 * b) == block(cols, 2 * b)) & (block(rows, b) % 2 == 1)
+                      & (block(cols, b) % 2 == 0))
+        t = t - split_products(t, split_products(jnp.where(lower_left, a, 0.0), t, op), op)
+        b *= 2
+    return t

@@ -23,11 +23,9 @@ from jax.experimental import pallas as pl
 from pallas_kernels.call import pallas_call
 from pallas_kernels.delta_rule.chunk_math import (
     F32,
-    Rows,
-    block_lower_inverse,
     chunk_decays,
-    decay_matrix,
-    entry_decay,
+    lower_inverse,
+    split_rows,
 )
 from pallas_kernels.delta_rule.layout import (
     ChunkSpecs,
@@ -41,54 +39,26 @@ from pallas_kernels.delta_rule.static import Static, compiler_params
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 
-def _sub_chunk_rows(g_ref, starts_ref, size: int, count: int) -> list[Rows]:
-    """Γ and document counters of the chunk's sub-chunks of `size` rows (each continues the
-    cumulative sums of the ones before it)."""
-    rows, log_offset, doc_offset = [], 0.0, 0.0
-    for i in range(count):
-        span = pl.ds(i * size, size)
-        g = g_ref[span]
-        docs = None
-        if starts_ref is not None:
-            starts = starts_ref[span]
-            docs = jnp.cumsum(starts) + doc_offset
-            doc_offset = doc_offset + jnp.sum(starts)
-        rows.append(Rows(i * size, jnp.cumsum(g) + log_offset, docs))
-        log_offset = log_offset + jnp.sum(g)
-    return rows
-
-
 def _prepare_kernel(*refs, st: Static, save: bool):
     (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, outs = split_refs(refs, 5, st.documents)
     w_ref, u0_ref, p_ref = outs[:3]
-    t_ref = outs[3] if save else None
-    C, S = st.blocks.chunk, st.blocks.sub_chunk
-    count = C // S
     op = k_ref.dtype
     chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
-    p_ref[...] = (st.scale * mm_nt(q_ref[...], k_ref[...]) * chunk.pairs()).astype(op)
-
-    rows = _sub_chunk_rows(g_ref, starts_ref, S, count)
-    key = lambda i: k_ref[pl.ds(i * S, S), :]
-    betas = [beta_ref[pl.ds(i * S, S)] for i in range(count)]
-    # A_tj = β_t (k_t·k_j) e^{Γ_t − Γ_j} (j < t), in S×S blocks.
-    a = {(i, j): betas[i][:, None] * mm_nt(key(i), key(j))
-         * decay_matrix(rows[i], rows[j], strict=i == j)
-         for i in range(count) for j in range(i + 1)}
-    t = block_lower_inverse(a, count)
-    # Right-hand sides loaded where used (shorter live ranges than holding every block).
-    # U₀ = T (β ⊙ V) takes float32 operands (TF32 on the GPU): U = U₀ − W S nearly cancels
-    # once the state holds v, and bf16 T, βV there cost dg an order of magnitude (NOTES.md).
-    x = lambda j: (key(j) * (betas[j] * entry_decay(rows[j]))[:, None]).astype(op)
-    y = lambda j: v_ref[pl.ds(j * S, S), :].astype(F32) * betas[j][:, None]
-    for i in range(count):
-        span = pl.ds(i * S, S)
-        w_ref[span, :] = sum(mm(t[i, j].astype(op), x(j)) for j in range(i + 1)).astype(op)
-        u0_ref[span, :] = sum(mm(t[i, j], y(j)) for j in range(i + 1)).astype(op)
-        if save:
-            for j in range(count):
-                block = t[i, j] if j <= i else jnp.zeros((S, S), F32)
-                t_ref[span, pl.ds(j * S, S)] = block.astype(op)
+    k = k_ref[...]
+    p_ref[...] = (st.scale * mm_nt(q_ref[...], k) * chunk.pairs()).astype(op)
+    beta = beta_ref[...]
+    kk = mm_nt(k, k)  # symmetric: A and Aᵀ from the same tile
+    a = beta[:, None] * kk * chunk.pairs(strict=True)
+    a_t = beta[None, :] * kk * chunk.pairs(strict=True, transposed=True)
+    t = lower_inverse(a, a_t, st.blocks.sub_chunk, op)
+    # The row scales of the right-hand sides go onto T's columns (W = T diag(β e^Γ) K), so K
+    # and V reach the products as loaded. U₀ = T diag(β) V to ≈ float32 accuracy (V is exact
+    # in its dtype): U = U₀ − W S nearly cancels once the state holds v, and a bf16 T there
+    # costs dg an order of magnitude (NOTES.md).
+    w_ref[...] = mm((t * (beta * chunk.entry)[None, :]).astype(op), k).astype(op)
+    u0_ref[...] = split_rows(t * beta[None, :], v_ref[...]).astype(op)
+    if save:
+        outs[3][...] = t.astype(op)
 
 
 def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
