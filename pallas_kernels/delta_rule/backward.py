@@ -55,14 +55,12 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
     def step(c, d_state, x):
         # The chain to the previous chunk is K̃ dS → dU → Wᵀ dU; the rest only needs loads.
         chunk = chunk_decays(x["g"], x["starts"])
-        keys = (x["k"] * chunk.to_end[:, None]).astype(op)
         queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
-        du_local = mm_tn(x["p"], x["do"])  # Pᵀ dO
-        carried = chunk.decay * d_state + mm_tn(queries, x["do"])
-        du_op = (du_local + mm(keys, d_state.astype(op))).astype(op)
-        du_ref[pl.ds(c * C, C), :] = du_op
         d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
-        return carried - mm_tn(x["w"], du_op)
+        du_op = (mm_tn(x["p"], x["do"])  # Pᵀ dO + K̃ dS, K̃'s row scale on the product
+                 + chunk.to_end[:, None] * mm(x["k"], d_state.astype(op))).astype(op)
+        du_ref[pl.ds(c * C, C), :] = du_op
+        return chunk.decay * d_state + (mm_tn(queries, x["do"]) - mm_tn(x["w"], du_op))
 
     d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
                                     step, d_final_ref[...], reverse=True,
@@ -107,7 +105,7 @@ def _gradients_kernel(*refs, st: Static):
     chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
     beta = beta_ref[...]
     pairs = chunk.pairs()
-    strict = jnp.where(iota((C, C), 0) > iota((C, C), 1), pairs, 0.0)
+    lower = iota((C, C), 0) > iota((C, C), 1)  # A's pairs (strictly lower)
     t = t_ref[...]
     tiles = lambda j: (du_ref[:, value_spans[j]], u_ref[:, value_spans[j]],
                        do_ref[:, value_spans[j]])
@@ -124,19 +122,21 @@ def _gradients_kernel(*refs, st: Static):
         d_p += mm_nt(do, u)
     kk = mm_nt(k_ref[...], k_ref[...])
     qk = mm_nt(q_ref[...], k_ref[...])
-    d_kk = d_a * beta[:, None] * strict  # A = β (K Kᵀ) ⊙ D, strictly lower
-    d_qk = st.scale * d_p * pairs        # P = scale (Q Kᵀ) ⊙ D
-    d_beta += jnp.sum(d_a * kk * strict, axis=1)
-    from_a, from_p = d_kk * kk, d_qk * qk  # dA ⊙ A and dP ⊙ P: their decays' share of dΓ
-    d_log = (jnp.sum(from_a, axis=1) - jnp.sum(from_a, axis=0)
-             + jnp.sum(from_p, axis=1) - jnp.sum(from_p, axis=0))
-    d_kk_sym = (d_kk + d_kk.T).astype(op)
-    d_qk_op = d_qk.astype(op)
+    d_a_kk = jnp.where(lower, d_a * kk * pairs, 0.0)  # A = β (K Kᵀ) ⊙ D, strictly lower
+    d_beta += jnp.sum(d_a_kk, axis=1)
+    d_kk = beta[:, None] * jnp.where(lower, d_a * pairs, 0.0)
+    # K Kᵀ has k on both sides: dk gets (d_kk + d_kkᵀ) K. One product of the sum transposed in
+    # registers spills less than a second (chained) product with the transposed operand.
+    d_kk = (d_kk + d_kk.T).astype(op)
+    d_qk = st.scale * d_p * pairs  # P = scale (Q Kᵀ) ⊙ D
+    # dA ⊙ A + dP ⊙ P: the decays' share of dΓ (row t gains it, column j loses it).
+    from_pairs = beta[:, None] * d_a_kk + d_qk * qk
+    d_log = jnp.sum(from_pairs, axis=1) - jnp.sum(from_pairs, axis=0)
+    d_qk = d_qk.astype(op)
 
     # Products with the chunk's states, contracting over V, one K tile at a time.
     to_last = jnp.zeros((), F32)  # dΓ_last from K̃ and from the entering state's decay
     for span_k in key_spans:
-        q, k = q_ref[:, span_k], k_ref[:, span_k]
         d_x = d_q = d_k = jnp.zeros((C, key_tile), F32)
         for j, span in enumerate(value_spans):
             du, u, do = tiles(j)
@@ -146,16 +146,19 @@ def _gradients_kernel(*refs, st: Static):
             d_q += mm_nt(do, s0)
             d_k += mm_nt(u.astype(F32), ds1)  # float32 dS₁ (TF32 on the GPU), see above
             to_last += chunk.decay * total(ds1 * s0.astype(F32))
-        qf, kf = q.astype(F32), k.astype(F32)
+        q, k = q_ref[:, span_k], k_ref[:, span_k]
         dq_ref[:, span_k] = (st.scale * chunk.entry[:, None] * d_q
-                             + mm(d_qk_op, k)).astype(dq_ref.dtype)
+                             + mm(d_qk, k)).astype(dq_ref.dtype)
         dk_ref[:, span_k] = (chunk.to_end[:, None] * d_k + (beta * chunk.entry)[:, None] * d_x
-                             + mm_tn(d_qk_op, q) + mm(d_kk_sym, k)).astype(dk_ref.dtype)
+                             + mm_tn(d_qk, q) + mm(d_kk, k)).astype(dk_ref.dtype)
+        # The row sums from q and k loaded again: float32 copies made before the products
+        # would stay live across them (spills, NOTES.md).
+        kf = k_ref[:, span_k].astype(F32)
         x_k = jnp.sum(d_x * kf, axis=1)
         through_end = chunk.to_end * jnp.sum(d_k * kf, axis=1)
         d_beta += chunk.entry * x_k
-        d_log += (chunk.entry * (st.scale * jnp.sum(d_q * qf, axis=1) + beta * x_k)
-                  - through_end)
+        q_q = jnp.sum(d_q * q_ref[:, span_k].astype(F32), axis=1)
+        d_log += chunk.entry * (st.scale * q_q + beta * x_k) - through_end
         to_last += jnp.sum(through_end)
     d_log += jnp.where(iota((C,), 0) == C - 1, to_last, 0.0)
     dbeta_ref[...] = d_beta
