@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call
@@ -96,7 +95,6 @@ def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):
         # What does not depend on the state first; the chain to the next chunk is W S → U →
         # K̃ᵀ U, the outputs hang off it.
         chunk = chunk_decays(x["g"], x["starts"])
-        queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
         keys = (x["k"] * chunk.to_end[:, None]).astype(op)
         state_op = state.astype(op)
         u_op = (x["u0"].astype(F32) - mm(x["w"], state_op)).astype(op)
@@ -105,7 +103,9 @@ def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):
             states_ref, u_ref = saved
             states_ref[pl.ds(c * key_dim, key_dim), :] = state_op
             u_ref[span, :] = u_op
-        o_ref[span, :] = (mm(queries, state_op) + mm(x["p"], u_op)).astype(o_ref.dtype)
+        # Q̃'s row scale on the product (the query operand goes in as loaded).
+        o_ref[span, :] = ((st.scale * chunk.entry)[:, None] * mm(x["q"], state_op)
+                          + mm(x["p"], u_op)).astype(o_ref.dtype)
         return chunk.decay * state + mm_tn(keys, u_op)
 
     final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
