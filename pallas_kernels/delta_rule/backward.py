@@ -57,8 +57,8 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         chunk = chunk_decays(x["g"], x["starts"])
         queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
         d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
-        du_op = (mm_tn(x["p"], x["do"])  # Pᵀ dO + K̃ dS, K̃'s row scale on the product
-                 + chunk.to_end[:, None] * mm(x["k"], d_state.astype(op))).astype(op)
+        keys = (x["k"] * chunk.to_end[:, None]).astype(op)  # K̃ as the forward rounds it
+        du_op = (mm_tn(x["p"], x["do"]) + mm(keys, d_state.astype(op))).astype(op)  # Pᵀ dO + K̃ dS
         du_ref[pl.ds(c * C, C), :] = du_op
         return chunk.decay * d_state + (mm_tn(queries, x["do"]) - mm_tn(x["w"], du_op))
 
@@ -144,7 +144,11 @@ def _gradients_kernel(*refs, st: Static):
             d_r = mm_tn(t, du).astype(op)
             d_x -= mm_nt(d_r, s0)
             d_q += mm_nt(do, s0)
-            d_k += mm_nt(u.astype(F32), ds1)  # float32 dS₁ (TF32 on the GPU), see above
+            # dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands,
+            # ≈ float32 accuracy, u as loaded (a float32 u for one TF32 product spills; the
+            # low part made after the first product spills less than before it).
+            ds1_hi = ds1.astype(op)
+            d_k += mm_nt(u, ds1_hi) + mm_nt(u, (ds1 - ds1_hi.astype(F32)).astype(op))
             to_last += chunk.decay * total(ds1 * s0.astype(F32))
         q, k = q_ref[:, span_k], k_ref[:, span_k]
         dq_ref[:, span_k] = (st.scale * chunk.entry[:, None] * d_q
