@@ -10,8 +10,8 @@ class BlockSizes:
     """Tiles (powers of two) and launch parameters.
 
     chunk: C, the steps of one chunk (one program of the parallel kernels; one iteration of the
-      sequential ones). sub_chunk: the blocks of the C×C triangular inverse (diagonal blocks by
-      forward substitution, the rest by block substitution).
+      sequential ones). sub_chunk: the diagonal blocks of the C×C triangular inverse (inverted by
+      forward substitution, all at once), then merged pairwise up to C.
     value_block: the V tile of the two sequential kernels (one program per batch, head and V
       tile; the state update is separable over the columns of V).
     gradient_key_block / gradient_value_block: the K and V tiles that `chunk_gradients` loops
