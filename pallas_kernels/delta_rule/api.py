@@ -10,7 +10,8 @@ padded to a multiple of C (padded steps have β = 0, g = 0: they leave the state
 Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_states_and_outputs`
 (one sequential pass over chunks per batch, head and V tile); backward:
 `backward.chunk_state_gradients` (the reverse pass) and `backward.chunk_gradients` (parallel).
-Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
+Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's
+expanded values) run as column slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from pallas_kernels.delta_rule.forward import chunk_prepare, chunk_states_and_ou
 from pallas_kernels.delta_rule.static import Static
 
 HEAD_DIMS = (64, 128, 256)
+# Wider values run as slices of this many columns: each column of S evolves on its own (the
+# delta rule's K-side terms W, T, P are recomputed per slice; gradients of q, k, g, β add up).
+VALUE_SLICE = 256
 DTYPES = (jnp.bfloat16, jnp.float32)
 F32 = jnp.float32
 
@@ -65,6 +69,15 @@ def gated_delta_rule(
         raise ValueError(f"pallas gated_delta_rule: {reason}")
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
+    if value_dim > VALUE_SLICE:
+        slices = value_dim // VALUE_SLICE
+        states = ([None] * slices if initial_state is None
+                  else jnp.split(initial_state, slices, axis=-1))
+        outs, finals = zip(*(
+            gated_delta_rule(q, k, v_slice, g, beta, scale=scale, initial_state=state,
+                             starts=starts, block_sizes=block_sizes, interpret=interpret)
+            for v_slice, state in zip(jnp.split(v, slices, axis=-1), states)))
+        return jnp.concatenate(outs, axis=-1), jnp.concatenate(finals, axis=-1)
     blocks = _fitted(block_sizes or default_block_sizes(key_dim, value_dim, batch * heads),
                      key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
@@ -113,9 +126,11 @@ def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_size
                     "(loops over chunks with row slices, in-register cumulative sums)")
         if platform != "gpu":
             return f"needs a GPU (platform {platform!r}; interpret=True runs them on the CPU)"
-        for name, dim in (("K", key_dim), ("V", value_dim)):
-            if dim not in HEAD_DIMS:
-                return f"head dim {name}={dim} (the GPU kernels take {HEAD_DIMS})"
+        if key_dim not in HEAD_DIMS:
+            return f"head dim K={key_dim} (the GPU kernels take {HEAD_DIMS})"
+        if value_dim not in HEAD_DIMS and value_dim % VALUE_SLICE:
+            return (f"head dim V={value_dim} (the GPU kernels take {HEAD_DIMS} or a multiple "
+                    f"of {VALUE_SLICE})")
     else:
         for name, dim in (("K", key_dim), ("V", value_dim)):
             if dim < 2 or dim & (dim - 1):

@@ -129,6 +129,16 @@ def test_bfloat16_within_rounding(x64):
         assert_close(grads[name], expected_grads[name], 1e-2, f"d{name}")  # ≤ 4.6e-3
 
 
+def test_wide_values_run_as_slices(x64, monkeypatch):
+    """V wider than `VALUE_SLICE` (gdn-340m's V = 512 on the GPU) runs as column slices of the
+    state; here slices of 8 of V = 16, with documents and an initial state."""
+    monkeypatch.setattr(api, "VALUE_SLICE", 8)
+    x = make_inputs(4, batch=1, length=19)
+    ids = np.zeros((1, 19), np.int32)
+    ids[0, 11:] = 1
+    check_against_reference(x, jnp.asarray(ids), 0.4, primal=False)
+
+
 def _platform_gpu(monkeypatch):
     monkeypatch.setattr(api, "_platform", lambda: "gpu")
 
@@ -166,6 +176,10 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
     assert "no TPU variant" in api.unsupported(*args)
     _platform_gpu(monkeypatch)
     assert "head dim K=16" in api.unsupported(*args)
+    for value_dim, reason in ((512, None), (768, None), (384, "head dim V=384")):
+        wide_v = make_inputs(2, batch=1, length=8, key_dim=128, value_dim=value_dim)
+        found = api.unsupported(*[wide_v[n] for n in NAMES[:5]])
+        assert found == reason if reason is None else reason in found
     wide = make_inputs(2, batch=1, length=8, key_dim=128, value_dim=64)
     wide_args = [wide[n] for n in NAMES[:5]]
     assert api.unsupported(*wide_args) is None
