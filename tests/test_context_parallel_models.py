@@ -153,7 +153,12 @@ def test_a_train_step_matches_single_device(mesh_config):
     metrics, state = train_step(mesh_config)
     for key in ("loss", "grad_norm"):
         assert abs(metrics[key] - ref_metrics[key]) <= 1e-5 * abs(ref_metrics[key]), key
-    assert_close(state[0], ref_state[0], 1e-5, "parameters after one step")
+    # Adam's first step moves each weight by ≈ lr·sign(g), and where g ≈ 0 its sign is rounding
+    # (the mesh sums in another order): all parameters as one vector to 1e-5, each leaf to 1e-3.
+    params, ref_params = (jax.tree.leaves(s[0]) for s in (state, ref_state))
+    flatten = lambda leaves: np.concatenate([np.ravel(x) for x in leaves])
+    assert_close(flatten(params), flatten(ref_params), 1e-5, "parameters after one step")
+    assert_close(params, ref_params, 1e-3, "each parameter after one step")
     assert int(state[1]["step"].get_value()) == int(ref_state[1]["step"].get_value()) == 1
     # Adam's moments after one step are (1 − β₁)·g and (1 − β₂)·g² of the clipped gradient g:
     # as one vector to 1e-5, each parameter's to 1e-3 (as the gradients above).
