@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.delta_rule.chunk_math import (
     F32,
     chunk_decays,
@@ -81,7 +82,7 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
          specs.tiled(), specs.steps()], [q, k, w, p, d_out, g], specs.starts(), starts,
         st.documents)
     blocks = st.blocks
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_state_gradients_kernel, st=st, num_chunks=num_chunks),
         grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
         out_specs=[specs.tiled(), specs.state(num_chunks * key_dim), specs.state(key_dim)],
@@ -172,7 +173,7 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
         [q, k, v, g, beta], specs.starts(), starts, st.documents)
     in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim)]
     blocks = st.blocks
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_gradients_kernel, st=st),
         grid=(batch, heads, length // C), in_specs=in_specs,
         out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.delta_rule.chunk_math import (
     F32,
     Rows,
@@ -104,7 +105,7 @@ def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
     out_specs += [specs.rows(C)] * save
     out_shape = [shape(key_dim), shape(value_dim), shape(C)] + [shape(C)] * save
     blocks = st.blocks
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_prepare_kernel, st=st, save=save),
         grid=(batch, heads, length // C), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape,
@@ -163,7 +164,7 @@ def chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st: Stati
         out_shape += [jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
                                            k.dtype), jax.ShapeDtypeStruct(u0.shape, k.dtype)]
     blocks = st.blocks
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_states_kernel, st=st, save=save, num_chunks=num_chunks),
         grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
         out_specs=out_specs, out_shape=out_shape,

@@ -35,6 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.reference import visible
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
@@ -144,7 +145,7 @@ def forward(q, k, v, segment_ids, spans, st: Static):
     lowest_key, _, unmasked_from, _ = spans
     BQ = st.blocks.block_q
     query, whole, rows, all_rows, stat = _query_specs(length, head_dim, BQ, st.group)
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_forward_kernel, st=st),
         grid=(length // BQ, heads, batch),
         in_specs=[query, whole, whole, rows, all_rows, rows, rows],
@@ -188,7 +189,7 @@ def _dq(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
     lowest_key, _, unmasked_from, _ = spans
     BQ = st.blocks.block_q_dq
     query, whole, rows, all_rows, stat = _query_specs(length, head_dim, BQ, st.group)
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_dq_kernel, st=st),
         grid=(length // BQ, heads, batch),
         in_specs=[query, whole, whole, query, stat, stat, rows, all_rows, rows, rows],
@@ -270,7 +271,7 @@ def _dkv(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
         out_specs.insert(0, dq_spec)
         out_shape.insert(0, jax.ShapeDtypeStruct(dq_shape, F32))
         aliases = {len(args) - 1: 0}
-    outs = pl.pallas_call(
+    outs = pallas_call(
         functools.partial(_dkv_kernel, st=st, length=length, heads=per_program),
         grid=(length // BK, programs, batch),
         in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,

@@ -26,6 +26,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
 from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
@@ -115,7 +116,7 @@ def _chunk_scan(deltas, log_decay, initial, st: Static, reverse: bool):
     spec = pl.BlockSpec((None, num_chunks, None, tile, slots), lambda b, h, t: (b, 0, h, t, 0))
     one = pl.BlockSpec((None, 1, None, tile, slots), lambda b, h, t: (b, 0, h, t, 0))
     per_head = [jax.ShapeDtypeStruct((batch, 1, kv_heads, width, slots), F32)] * n
-    outs = pl.pallas_call(
+    outs = pallas_call(
         kernel, grid=(batch, kv_heads, width // tile),
         in_specs=[spec] * n + [pl.BlockSpec((None, num_chunks, None, 1, slots),
                                             lambda b, h, t: (b, 0, h, 0, 0))] + [one] * n,
@@ -221,7 +222,7 @@ def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static)
     if st.slots:
         in_specs.append(query(slot_logits_.shape[-1]))
     doc_specs, doc_arrays = _doc_inputs(docs, st, BQ, key_length, holds=st.slots, keys="whole")
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_window_attention_kernel, st=st, length=key_length),
         grid=(batch, heads, length // BQ),
         in_specs=in_specs + doc_specs,
@@ -267,7 +268,7 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st
                                    lambda b, h, i: (b, 0, h // group, 0))
     row = pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))
     doc_specs, doc_arrays = _doc_inputs(docs, st, BQ, key_length, holds=False, keys="whole")
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_window_backward_queries_kernel, st=st, length=key_length),
         grid=(batch, heads, length // BQ),
         in_specs=[query(window_dim), whole(window_dim), whole(value_dim), query(value_dim), row,
@@ -327,7 +328,7 @@ def backward_window_keys(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st: S
     block = lambda d: pl.BlockSpec((None, BK, None, d), lambda b, h, j: (b, j, h, 0))
     per_group = lambda x: x.reshape(batch, kv_heads, group, length)
     doc_specs, doc_arrays = _doc_inputs(docs, st, BK, key_length, holds=False, keys="block")
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_backward_keys_kernel, st=st, length=length),
         grid=(batch, kv_heads, key_length // BK),
         in_specs=[whole(window_dim), block(window_dim), block(value_dim), whole(value_dim),

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.nha.chunk_math import (
     F32,
     MASK_VALUE,
@@ -133,7 +134,7 @@ def _kv(bhc, group):
 
 def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_shape, warps, name,
           **kwargs):
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=layout.params(st, warps, len(grid), False),
         interpret=layout.interpret(st), name=name, **kwargs)

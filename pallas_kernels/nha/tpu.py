@@ -20,6 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
 from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
@@ -91,7 +92,7 @@ def _chunk_scan(delta, log_decay, initial, st: Static, reverse: bool):
         def _():
             final_ref[...] = state_ref[...]
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, kv_heads, num_chunks), in_specs=[spec(width), spec(1), whole],
         out_specs=[spec(width), whole],
         out_shape=[jax.ShapeDtypeStruct(delta.shape, F32),
@@ -201,7 +202,7 @@ def window_attention(qw, kw, v, slot_logits_, docs, st: Static):
             o_ref[...] = acc_ref[...] / l_ref[...]
             lse_ref[...] = (m_ref[...] + jnp.log(l_ref[...]))[:, 0]
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, heads, length // BQ, band.steps), in_specs=in_specs,
         out_specs=[query(value_dim), pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, length, value_dim), F32),
@@ -243,7 +244,7 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs, st: Static):
         def _():
             dqw_ref[...] = (st.scale * acc_ref[...]).astype(dqw_ref.dtype)
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, heads, length // BQ, band.steps),
         in_specs=[query(window_dim), keys(window_dim), keys(value_dim), query(value_dim), row,
                   row],
@@ -303,7 +304,7 @@ def backward_window_keys(qw, kw, v, do, lse, delta, docs, st: Static):
             dkw_ref[...] = dk_acc[...].astype(dkw_ref.dtype)
             dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, kv_heads, length // BK, group * steps),
         in_specs=[query(window_dim), key(window_dim), key(value_dim), query(value_dim), row,
                   row],

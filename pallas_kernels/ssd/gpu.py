@@ -34,6 +34,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.ssd.block_sizes import BlockSizes
 from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
@@ -129,7 +130,7 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         out_specs.append(pl.BlockSpec((None, None, num_chunks, BP, N),
                                       lambda b, h, p: (b, h, 0, p, 0)))
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype))
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_forward_kernel, st=st, num_chunks=num_chunks,
                           store_states=store_states),
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
@@ -172,7 +173,7 @@ def state_grads(dy, a, C, doc, d_final, st: Static):
                 pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile],
         out_specs=[pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0)),
@@ -256,7 +257,7 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, st: Static):
     if st.documents:
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
     per_head = jax.ShapeDtypeStruct((batch, heads, length), F32)
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_chunk_grads_kernel, st=st),
         grid=(batch, groups, length // L),
         in_specs=in_specs + [heads_of(P), boundary, boundary],
