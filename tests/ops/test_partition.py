@@ -7,7 +7,12 @@ kernels in interpret mode (tiny tiles; the backend patched to "gpu" for the ops'
   A and B/C groups, NHA's state split with them).
 * With `check_vma` on (as the library runs it), every rung's forward and backward trace under
   the mesh: the kernels' out shapes and custom VJPs carry the varying mesh axes.
+* Inside context parallelism (`seq=2 × data=2 × tensor=2`) the rungs nest their shard_map
+  in its own (traced with `check_vma` on; values and gradients in the slow suite).
 * Heads that do not divide the `tensor` axis fall back to batch-only shards, logged once.
+
+Default suite: each rung's values on `data=2 × tensor=2` and every trace; the gradients, the
+`fsdp` mesh, NHA from a state and the context-parallel runs are `slow`.
 
 Running (not tracing) needs the shard_maps' `check_vma` off: jax 0.10's Pallas interpreter
 fails under it on any kernel with an in-kernel loop (`test_interpreter_needs_vma_off` shows it
@@ -30,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from hybrid_jax import ops
 from hybrid_jax.config import MeshConfig
+from hybrid_jax.ops import context_parallel as cp
 from hybrid_jax.ops import dispatch, partition
 from hybrid_jax.ops.nha import NHAState
 from hybrid_jax.sharding import LOGICAL_AXIS_RULES, logical_to_spec, make_mesh
@@ -83,48 +89,48 @@ def _gates(seed, shape):
     return -jnp.exp(normals(seed, shape, dtype=np.float32)) * 0.3
 
 
-def attention_case(heads=4, kv_heads=2):
+def attention_case(heads=4, kv_heads=2, api=ops):
     q, k, v = normals(0, (B, T, heads, 8), (B, T, kv_heads, 8), (B, T, kv_heads, 8),
                       dtype=np.float32)
-    run = lambda x, ids: ops.attention(x["q"], x["k"], x["v"], segment_ids=ids,
+    run = lambda x, ids: api.attention(x["q"], x["k"], x["v"], segment_ids=ids,
                                        implementation="pallas")
     return run, dict(q=q, k=k, v=v), dict(q="BTHD", k="BTGD", v="BTGD")
 
 
-def delta_rule_case(heads=4):
+def delta_rule_case(heads=4, api=ops):
     q, k, v, beta, state = normals(1, (B, T, heads, 8), (B, T, heads, 8), (B, T, heads, 8),
                                    (B, T, heads), (B, heads, 8, 8), dtype=np.float32)
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     x = dict(q=q, k=k, v=v, g=_gates(2, (B, T, heads)), beta=jax.nn.sigmoid(beta),
              initial_state=state)
-    run = lambda x, ids: ops.gated_delta_rule(
+    run = lambda x, ids: api.gated_delta_rule(
         x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
         segment_ids=ids, return_final_state=True, implementation="pallas")
     return run, x, dict(q="BTHK", k="BTHK", v="BTHV", g="BTH", beta="BTH", initial_state="BHKV")
 
 
-def ssd_case(heads=4, groups=2):
+def ssd_case(heads=4, groups=2, api=ops):
     x, dt, a, b, c = normals(3, (B, T, heads, 8), (B, T, heads), (heads,), (B, T, groups, 8),
                              (B, T, groups, 8), dtype=np.float32)
     inputs = dict(x=x, dt=0.5 * jax.nn.softplus(dt), A=-jnp.exp(0.5 * a), B=b, C=c)
-    run = lambda x, ids: ops.ssd(x["x"], x["dt"], x["A"], x["B"], x["C"], segment_ids=ids,
+    run = lambda x, ids: api.ssd(x["x"], x["dt"], x["A"], x["B"], x["C"], segment_ids=ids,
                                  return_final_state=True, implementation="pallas")
     return run, inputs, dict(x="BTHP", dt="BTH", A="H", B="BTGN", C="BTGN")
 
 
-def gsa_case(heads=4):
+def gsa_case(heads=4, api=ops):
     q, k, v, f, keys, values = normals(4, (B, T, heads, 4), (B, T, heads, 4), (B, T, heads, 4),
                                        (B, T, heads, 4), (B, heads, 4, 4), (B, heads, 4, 4),
                                        dtype=np.float32)
     g = jax.nn.log_sigmoid(f)
     x = dict(q=q, k=k, v=v, s=1 - jnp.exp(g), g=g, state=(keys, values))
-    run = lambda x, ids: ops.gated_slot_attention(
+    run = lambda x, ids: api.gated_slot_attention(
         x["q"], x["k"], x["v"], x["s"], x["g"], initial_state=x["state"], segment_ids=ids,
         return_final_state=True, chunk_size=8, implementation="pallas")
     return run, x, dict(q="BTHK", k="BTHK", v="BTHV", s="BTHM", g="BTHM", state="BHKM")
 
 
-def nha_case(heads=4, kv_heads=2):
+def nha_case(heads=4, kv_heads=2, api=ops):
     q, k, v, f, qw, kw = normals(5, (B, T, heads, 4), (B, T, kv_heads, 4), (B, T, kv_heads, 4),
                                  (B, T, kv_heads, 4), (B, T, heads, 8), (B, T, kv_heads, 8),
                                  dtype=np.float32)
@@ -132,11 +138,12 @@ def nha_case(heads=4, kv_heads=2):
     x = dict(q=q, k=k, v=v, s=1 - jnp.exp(g), g=g, q_window=qw, k_window=kw)
 
     def run(x, ids):
-        out, state = ops.native_hybrid_attention(
+        final = api is ops  # context parallelism's form returns the outputs only
+        result = api.native_hybrid_attention(
             x["q"], x["k"], x["v"], x["s"], x["g"], window=5, q_window=x["q_window"],
-            k_window=x["k_window"], segment_ids=ids, return_final_state=True, chunk_size=8,
-            implementation="pallas")
-        return out, state.slot_keys, state.slot_values
+            k_window=x["k_window"], segment_ids=ids, chunk_size=8, implementation="pallas",
+            **dict(return_final_state=True) if final else {})
+        return (result[0], result[1].slot_keys, result[1].slot_values) if final else result
 
     return run, x, dict(q="BTHK", k="BTGK", v="BTGV", s="BTGM", g="BTGM", q_window="BTHD",
                         k_window="BTGD")
@@ -245,6 +252,36 @@ def test_rung_traces_with_check_vma(pallas_on_cpu, name):
         jaxpr = jax.make_jaxpr(_loss_and_grads(run, x, IDS))(x, IDS).jaxpr
     assert _count(jaxpr, "shard_map") >= 2  # forward and backward
     assert _count(jaxpr, "pallas_call") >= 2
+
+
+# Context-parallel attention passes the shard's gathered keys their own segment ids, which the
+# flash kernels do not take: it runs the XLA rung, so it is not here.
+CONTEXT_PARALLEL = ("gated_delta_rule", "gated_slot_attention", "native_hybrid_attention", "ssd")
+CP_MESH = MeshConfig(data=2, seq=2, tensor=2)
+
+
+@pytest.mark.parametrize("name", CONTEXT_PARALLEL)
+def test_context_parallel_rung_traces_with_check_vma(pallas_on_cpu, name):
+    """Inside context parallelism's shard_map (manual over `seq`) the rung maps batch and heads
+    over the remaining axes: a shard_map in a shard_map, types checked (`check_vma` on)."""
+    run, x, _ = CASES[name](api=cp)
+    with jax.set_mesh(make_mesh(CP_MESH)):
+        jaxpr = jax.make_jaxpr(_loss_and_grads(run, x, IDS))(x, IDS).jaxpr
+    # Forward and backward: context parallelism's own, and the rung's in each of its passes.
+    assert _count(jaxpr, "shard_map") >= 4
+    assert _count(jaxpr, "pallas_call") >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONTEXT_PARALLEL)
+def test_context_parallel_rung_equals_one_device(pallas_on_cpu, vma_off, name):
+    """`seq=2 × data=2 × tensor=2`: outputs and gradients equal the single-device op's."""
+    run, x, _ = CASES[name](api=cp)
+    fn = jax.jit(_loss_and_grads(run, x, IDS))
+    expected = fn(x, IDS)
+    with jax.set_mesh(make_mesh(CP_MESH)):
+        got = fn(x, IDS)
+    assert_close(got, expected, 1e-5, f"context-parallel {name} outputs and gradients")
 
 
 def test_heads_that_do_not_split_fall_back_to_batch_shards(pallas_on_cpu, vma_off, caplog):
