@@ -12,7 +12,8 @@ Layouts name each dimension of an input or output by a letter, as the ops' docst
 `B` batch, `H` heads and `G` groups of heads (GQA's kv heads, SSD's B/C groups), any other
 letter not split. `H` and `G` split together or not at all: head h reads group
 h // (H/G), so contiguous blocks of H/D heads and G/D groups stay matched when D divides both.
-A per-head input (SSD's `A`, layout "H") splits with the heads.
+A single group (G = 1) that no output carries stays whole on every device while the heads
+split. A per-head input (SSD's `A`, layout "H") splits with the heads.
 
 Not split here: time (context parallelism, `hybrid_jax.ops.context_parallel`, splits it and
 calls the ops on each time shard inside its own `shard_map`), and any mesh axis that an
@@ -70,11 +71,16 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
         reasons.append(f"batch {sorted(sizes['B'])} is not a multiple of the {batch_devices} "
                        f"devices of mesh axes {batch_axes}")
         batch_axes = ()
-    if head_axis and any(n % mesh.shape[head_axis] for n in sizes["H"] | sizes["G"]):
+    # One group that no output carries (MQA, Mamba-2's single B/C group): every device keeps
+    # it whole and splits the heads.
+    one_group = sizes["G"] == {1} and not any("G" in o for o in jax.tree.leaves(out_layouts))
+    split = sizes["H"] | (set() if one_group else sizes["G"])
+    if head_axis and any(n % mesh.shape[head_axis] for n in split):
         heads = ", ".join(f"{SPLIT[c]} {n}" for c in "HG" for n in sizes[c])
         reasons.append(f"{heads} do not split over the {mesh.shape[head_axis]} devices of mesh "
                        f"axis {head_axis!r}")
         head_axis = None
+    group_axis = None if one_group else head_axis
     if reasons:
         shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
         log_once((op, "shard_kernel", shapes, tuple(reasons)), logging.WARNING,
@@ -86,14 +92,24 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
 
     def spec(layout: str) -> P:
         batch = batch_axes[0] if len(batch_axes) == 1 else batch_axes
-        return P(*(batch if c == "B" else head_axis if c in "HG" else None for c in layout))
+        axes = {"B": batch, "H": head_axis, "G": group_axis}
+        return P(*(axes.get(c) for c in layout))
 
     def per_shard(*shard_leaves):
+        # An input whole over a manual axis (one group, SSD's A over the batch) varies from
+        # here on: its gradient from the kernel's VJP is then summed over that axis.
+        shard_leaves = [_varying(x, manual) for x in shard_leaves]
         return kernel(*jax.tree.unflatten(treedef, shard_leaves))
 
     return jax.shard_map(per_shard, in_specs=tuple(spec(layout) for layout in leaf_layouts),
                          out_specs=jax.tree.map(spec, out_layouts), axis_names=manual,
                          check_vma=True)(*leaves)
+
+
+def _varying(x: jax.Array, axes: set[str]) -> jax.Array:
+    """`x` marked as varying over `axes` (those of them it does not vary over yet)."""
+    missing = tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _leaf_layouts(op: str, arg: Any, layout: Any) -> list[str]:

@@ -9,6 +9,8 @@ kernels in interpret mode (tiny tiles; the backend patched to "gpu" for the ops'
   the mesh: the kernels' out shapes and custom VJPs carry the varying mesh axes.
 * Inside context parallelism (`seq=2 × data=2 × tensor=2`) the rungs nest their shard_map
   in its own (traced with `check_vma` on; values and gradients in the slow suite).
+* A single group (MQA's kv head, Mamba-2's B/C group) stays whole on every device while the
+  heads split (traced; values and gradients slow).
 * Heads that do not divide the `tensor` axis fall back to batch-only shards, logged once.
 
 Default suite: each rung's values on `data=2 × tensor=2` and every trace; the gradients, the
@@ -282,6 +284,27 @@ def test_context_parallel_rung_equals_one_device(pallas_on_cpu, vma_off, name):
     with jax.set_mesh(make_mesh(CP_MESH)):
         got = fn(x, IDS)
     assert_close(got, expected, 1e-5, f"context-parallel {name} outputs and gradients")
+
+
+ONE_GROUP = dict(ssd=functools.partial(ssd_case, groups=1),
+                 attention=functools.partial(attention_case, kv_heads=1))
+
+
+@pytest.mark.parametrize("name", sorted(ONE_GROUP))
+def test_one_group_stays_whole_while_heads_split(pallas_on_cpu, name, caplog):
+    """Mamba-2's single B/C group and MQA's single kv head: heads split over `tensor`, the
+    group whole on every device (its gradient summed over them); traced with `check_vma`."""
+    run, x, _ = ONE_GROUP[name]()
+    with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
+            make_mesh(MeshConfig(data=2, tensor=2))):
+        jaxpr = jax.make_jaxpr(_loss_and_grads(run, x, IDS))(x, IDS).jaxpr
+    assert _count(jaxpr, "shard_map") >= 2 and not caplog.records
+
+
+@pytest.mark.slow
+def test_one_group_on_a_mesh_equals_one_device(pallas_on_cpu, vma_off, monkeypatch):
+    monkeypatch.setitem(CASES, "ssd", ONE_GROUP["ssd"])
+    _check_rung("ssd", MeshConfig(data=2, tensor=2), grads=True)
 
 
 def test_heads_that_do_not_split_fall_back_to_batch_shards(pallas_on_cpu, vma_off, caplog):
