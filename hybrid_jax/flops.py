@@ -9,8 +9,10 @@ Per token of a length-T sequence, forward:
                document is its own triangle, as the kernels skip the pairs across documents.
   recurrences  the work of their chunked form (chunk C): intra-chunk C×C products, the state
                reads and writes (e.g. Mamba-2: 2C(N + P) + 4NP per head)
-Training multiplies everything by 3 (backward = 2 × forward). Mixers without a sequence term
-here (GSS, Mamba-1) count their matmuls only; `uncounted` lists them.
+               (GSS's DSS: 2CH Toeplitz + 8HN state work, H channels, N complex modes)
+Training multiplies everything by 3 (backward = 2 × forward). Composite blocks ("sequential",
+"parallel", "pha") count the sum of their branches. Mixers without a sequence term here
+(Mamba-1) count their matmuls only; `uncounted` lists them.
 
 Two counts, and where each is printed:
   6N          `StepFlops.six_n` = 3 × matmul per token: the issue's target count, the same
@@ -138,6 +140,18 @@ def _sequence_flops(kind: str, options, config: ModelConfig, length: int
         k = _head_dim(config, options, options.num_heads)
         v, c = int(options.expand_v * k), options.chunk_size
         return (), options.num_heads * (2 * c * (3 * k + 2 * v) + c * c / 3 + 6 * k * v)
+    if kind in ("ffn", "dual_ffn"):
+        return (), 0.0
+    if kind == "gss":
+        channels, modes = options.resolved_ssm_dim(config), options.state_size
+        return (), 2 * options.chunk_size * channels + 8 * channels * modes
+    if hasattr(options, "branches"):  # a composite block: the sum over its branches
+        parts = [_sequence_flops(branch.type, branch_options, config, length)
+                 for branch, (_, _, branch_options) in zip(
+                     options.branches, options.branch_options(config), strict=True)]
+        if any(part is None for part in parts):
+            return None
+        return sum((p[0] for p in parts), ()), sum(p[1] for p in parts)
     if kind in ("gsa", "nha"):
         k = _head_dim(config, options, options.num_heads)
         m, c = options.num_slots, options.chunk_size

@@ -6,6 +6,7 @@ Text in and out (a tokenizer, prompts as strings, stop strings): `hybrid_jax.gen
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,17 +23,19 @@ from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.nn.oryx import MODE
 
 
-def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float,
-                 top_k: int | None, top_p: float | None = None) -> jax.Array:
-    """Greedy when `temperature == 0`, else sampling from the tempered softmax restricted to
-    the `top_k` largest logits and to the smallest set whose probability reaches `top_p`."""
-    if temperature == 0:
+def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float | jax.Array,
+                 top_k: int | None, top_p: float | jax.Array | None = None) -> jax.Array:
+    """Greedy when `temperature` is the number 0, else sampling from the tempered softmax
+    restricted to the `top_k` largest logits and to the smallest set whose probability reaches
+    `top_p`. `temperature` and `top_p` may be traced scalars (one compile for all values);
+    `top_k` sets a shape and is static."""
+    if isinstance(temperature, int | float) and temperature == 0:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     logits = logits_BV / temperature
     if top_k is not None:
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if top_p is not None and top_p < 1:
+    if top_p is not None and not (isinstance(top_p, int | float) and top_p >= 1):
         desc = -jnp.sort(-logits, axis=-1)
         probs = jax.nn.softmax(desc, axis=-1)
         keep = jnp.cumsum(probs, axis=-1) - probs < top_p  # the first always stays
@@ -45,7 +48,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None, lengths: Sequence[int] | None = None,
              eos_id: int | None = None, on_tokens: Callable | None = None,
-             extras: dict[str, jax.Array] | None = None, modes: Any = None) -> jax.Array:
+             extras: dict[str, jax.Array] | None = None, modes: Any = None,
+             max_positions: int | None = None) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     Prompts of different lengths: `lengths[b]` tokens of row b are its prompt (right padding
@@ -57,13 +61,19 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     row are `eos_id`). `on_tokens(position, tokens_B, new_B)` runs on the host after each step
     (streaming; `new_B` marks rows that produced a token) and returns a bool `[B]` of rows to
     stop (stop strings). Sampling draws from `fold_in(key(seed), position)`: reproducible.
+    One compile per shape (batch, prompt width, `max_new_tokens`, `max_len`, shortest prompt)
+    and sampling kind (greedy or not, `top_k`, top-p on or off): the seed, temperature,
+    `top_p`, `eos_id` and `on_tokens` are arguments of the compiled loop.
     The cache holds `max_len` positions (default: longest prompt + new tokens); sliding-window
     layers keep only their window. `extras`: per-token arrays `[B, T + max_new_tokens, ...]`
     (T = `prompt_BT.shape[1]`) for mixers that read them, indexed by position (the
     `TokenContext` of each fed token). `modes`: Oryx's per-token mode schedule, "linear",
     "attention", "prefill=linear,decode=attention" (each row's own prompt is its prefill) or
     a `[B, T + max_new_tokens]` 0/1 array (`hybrid_jax.modes.inference_modes`).
-    Prompt ids outside the vocabulary, a negative or non-finite temperature, a `top_k` outside
+    `max_positions`: the model's position limit (e.g. a Hugging Face model's
+    max_position_embeddings; default the config's `max_positions`, None for RoPE models).
+    Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
+    `max_positions`, a negative or non-finite temperature, a `top_k` outside
     `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
@@ -92,6 +102,10 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
         raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] prompt lengths in "
                          f"[1, {prompt_BT.shape[1]}], got {lengths.tolist()}")
     needed = int(lengths.max()) + max_new_tokens
+    limit = max_positions or model.config.max_positions
+    if limit is not None and needed > limit:
+        raise ValueError(f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens "
+                         f"is longer than the model's {limit} positions")
     max_len = needed if max_len is None else max_len
     if not _is_int(max_len) or max_len < needed:
         raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
@@ -105,38 +119,66 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                              f"max_new_tokens] = {[prompt_BT.shape[0], width]}, got "
                              f"{list(array.shape)}")
     graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32),
-                     jax.random.key(seed), extras, max_new_tokens, temperature, top_k, top_p,
-                     max_len, int(lengths.min()), eos_id, on_tokens)
+    sampling = dict(greedy=temperature == 0, top_k=top_k,
+                    top_p=top_p is not None and top_p < 1)
+    handle = next(_HANDLES) if on_tokens is not None else 0
+    if on_tokens is not None:
+        _ON_TOKENS[handle] = on_tokens
+    try:
+        out = _generate(graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32),
+                        jax.random.key(seed), extras, jnp.float32(temperature or 1.0),
+                        jnp.float32(top_p or 1.0), jnp.int32(-1 if eos_id is None else eos_id),
+                        jnp.int32(handle), max_new_tokens=max_new_tokens, max_len=max_len,
+                        prefix=int(lengths.min()), streaming=on_tokens is not None,
+                        **sampling)
+        # The host callback must outlive the computation (dispatch is asynchronous).
+        return jax.block_until_ready(out) if on_tokens is not None else out
+    finally:
+        _ON_TOKENS.pop(handle, None)
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-@functools.partial(jax.jit, static_argnums=(0, *range(6, 14)))
-def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens, temperature,
-              top_k, top_p, max_len, prefix, eos_id, on_tokens):
+# `on_tokens` of the calls in flight, by handle. The compiled loop calls `_call_on_tokens`
+# with its call's handle (a traced argument), so changing callbacks (streaming, stop strings)
+# reuse one compiled loop per shape instead of compiling per callback object.
+_ON_TOKENS: dict[int, Callable] = {}
+_HANDLES = itertools.count(1)
+
+
+def _call_on_tokens(handle, position, tokens_B, new_B) -> np.ndarray:
+    return np.asarray(_ON_TOKENS[int(handle)](position, tokens_B, new_B), bool)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "max_len", "prefix",
+                                             "streaming", "greedy", "top_k", "top_p"))
+def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, top_p_value,
+              stop_value, handle, *, max_new_tokens, max_len, prefix, streaming, greedy, top_k,
+              top_p):
+    """The loop of `generate`; static: shapes and which sampling steps run. Temperature,
+    top-p, the EOS id (`stop_value`, -1: none) and the callback handle are traced."""
     model = nnx.merge(graphdef, state)
     batch = prompt_BT.shape[0]
     width = prompt_BT.shape[1] + max_new_tokens
     tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens)))
     logits, cache = model.decode(prompt_BT[:, :prefix], model.init_cache(batch, max_len),
                                  extras={k: v[:, :prefix] for k, v in extras.items()})
-    stop_value = -1 if eos_id is None else eos_id
 
     def step(carry):
         position, logits_BV, cache, tokens_BW, done_B = carry
         sampled = sample_token(logits_BV, jax.random.fold_in(key, position),
-                               temperature=temperature, top_k=top_k, top_p=top_p)
+                               temperature=0 if greedy else temperature, top_k=top_k,
+                               top_p=top_p_value if top_p else None)
         generated = position >= lengths_B
         token = jnp.where(generated, jnp.where(done_B, stop_value, sampled), tokens_BW[:, position])
         new = generated & ~done_B
         done_B = done_B | (new & (token == stop_value)) | (
             position + 1 >= lengths_B + max_new_tokens)
-        if on_tokens is not None:
-            stop = io_callback(on_tokens, jax.ShapeDtypeStruct((batch,), jnp.bool_), position,
-                               token, new, ordered=True)
+        if streaming:
+            stop = io_callback(_call_on_tokens, jax.ShapeDtypeStruct((batch,), jnp.bool_),
+                               handle, position, token, new, ordered=True)
             done_B = done_B | (generated & stop)
         tokens_BW = jax.lax.dynamic_update_slice(tokens_BW, token[:, None], (0, position))
         token_extras = {k: jax.lax.dynamic_slice_in_dim(v, position, 1, axis=1)

@@ -50,7 +50,19 @@ def test_packed_rows_count_each_document_as_its_triangle():
 def test_recurrences_and_uncounted():
     mamba = step_flops(presets.get("mamba2-tiny"), 64)
     assert mamba.attention == 0 and mamba.recurrence > 0 and not mamba.uncounted
-    assert step_flops(presets.get("gss-tiny"), 64).uncounted == ("gss",)
+    gss = step_flops(presets.get("gss-tiny"), 64)  # DSS width 16, 32 modes, chunks of 64
+    assert gss.recurrence == 2 * (2 * 64 * 16 + 8 * 16 * 32) and not gss.uncounted
+    mamba1 = ModelConfig(layers=(layer("mamba1"),), d_model=32, num_heads=2)
+    assert step_flops(mamba1, 64).uncounted == ("mamba1",)
+
+
+def test_parallel_blocks_count_their_branches():
+    """pha-180m's attention branch is attention-only-180m's attention; its GSS adds the DSS."""
+    pha, base = (step_flops(presets.get(n), 8192) for n in ("pha-180m", "attention-only-180m"))
+    assert pha.attention == base.attention > 0 and not pha.uncounted
+    assert pha.recurrence == 14 * (2 * 64 * 192 + 8 * 192 * 64)
+    sequential = step_flops(presets.get("pha-sequential"), 8192)
+    assert (sequential.attention, sequential.recurrence) == (pha.attention, pha.recurrence)
 
 
 @pytest.mark.parametrize("kind, peak", [("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12),

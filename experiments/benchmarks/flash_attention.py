@@ -1,8 +1,8 @@
 """Packed flash attention (Pallas, segment ids) against cuDNN without segments and XLA with them.
 
     python -m experiments.benchmarks.flash_attention [--parts check,sweep,table]
-        [--shapes 125m,d128,d256] [--sweep-seconds 40] [--skip xla,swa] [--interpret]
-        [--out flash_attention.json]
+        [--shapes 125m,d128,d256] [--sweep-seconds 40] [--documents packed|causal]
+        [--skip xla,swa] [--interpret] [--out flash_attention.json]
 
 Documents are synthetic: lengths drawn log-normal (median --doc-median tokens, σ = 1, the
 spread of web-text documents), packed back to back. Parts:
@@ -13,6 +13,8 @@ spread of web-text documents), packed back to back. Parts:
             with GQA), each checked against the default's result; prints the fastest
             combination as the BlockSizes to put in block_sizes.py, with each kernel's ms
             against the default's. Per shape, stops starting variants after --sweep-seconds.
+            On packed documents, or with --documents causal on one document per row (the
+            causal triangle: long documents).
   table     fwd and fwd+bwd ms, TFLOP/s (useful pairs only) and temp memory: cuDNN causal and
             sliding window (no segments), the kernel unpacked / packed / packed + window (and
             unpacked / packed with the swept blocks when the sweep ran first), XLA packed
@@ -160,7 +162,8 @@ def part_table(args):
     return rows
 
 
-# Per head dim and kernel: the BlockSizes fields a variant sets, (tiles, warps, stages[, ...]).
+# Per head dim and kernel: the BlockSizes fields a variant sets, (tiles, warps, stages[, ...]),
+# likelier first (a time-limited sweep keeps them); the default's blocks always run first.
 SWEEP = {
     "forward": ("block_q", "block_k", "num_warps", "num_stages"),
     "dq": ("block_q_dq", "block_k_dq", "dq_num_warps", "dq_num_stages"),
@@ -175,12 +178,12 @@ SWEEP_VARIANTS = {
          "dkv": [(64, 64, 4, 2), (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2),
                  (32, 64, 4, 3), (16, 128, 4, 3), (64, 64, 4, 2, True), (32, 128, 4, 3, True),
                  (64, 128, 8, 2, True)]},
-    128: {"forward": [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
-                      (128, 32, 8, 3), (64, 32, 4, 4), (128, 64, 8, 4)],
-          "dq": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (64, 32, 4, 3),
-                 (128, 32, 4, 3), (64, 64, 8, 2)],
-          "dkv": [(32, 128, 8, 2), (32, 128, 4, 3), (16, 128, 8, 3), (32, 64, 4, 2),
-                  (64, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 2, True), (32, 64, 4, 2, True),
+    128: {"forward": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3),
+                      (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 4)],
+          "dq": [(128, 64, 8, 2), (128, 32, 4, 4), (64, 64, 4, 2), (128, 32, 8, 3),
+                 (64, 32, 4, 3), (128, 64, 8, 3)],
+          "dkv": [(32, 64, 4, 3), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 8, 2), (16, 64, 4, 2),
+                  (64, 128, 8, 2), (16, 128, 8, 3), (32, 128, 8, 2, True),
                   (32, 128, 8, 2, False, True)]},
     256: {"forward": [(64, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2), (64, 32, 4, 2),
                       (128, 32, 8, 2), (64, 16, 4, 3)],
@@ -235,8 +238,8 @@ def _variant(base, kernel: str, values):
 
 def part_sweep(args):
     """Each kernel under its variants (the other kernels at their defaults), per head dim,
-    on the packed documents of the table's shapes, each result checked against the split
-    default's. Picks the fastest forward, dq and dk/dv (an atomic-dq backward competes with
+    on the table's shapes (packed documents, or one per row), each result checked against the
+    split default's. Picks the fastest forward, dq and dk/dv (an atomic-dq backward competes with
     dq + dk/dv) and prints them as the BlockSizes to paste into block_sizes.py, with the ms
     of the default's kernels; the table part (after it) times fwd+bwd of both."""
     rows, best = [], {}
@@ -244,7 +247,8 @@ def part_sweep(args):
         deadline = time.perf_counter() + args.sweep_seconds
         batch, length, heads, kv_heads, dim, _ = SHAPES[name]
         x = inputs(batch, length, heads, kv_heads, dim)
-        segments = jnp.asarray(packed_segments(batch, length, args.doc_median))
+        segments = (jnp.zeros((batch, length), jnp.int32) if args.documents == "causal" else
+                    jnp.asarray(packed_segments(batch, length, args.doc_median)))
         kernels = _sweep_kernels(*x, segments, None)
         base = dataclasses.replace(default_block_sizes(dim), dq_atomic=False,
                                    dkv_per_query_head=False)
@@ -261,7 +265,7 @@ def part_sweep(args):
             if (kernel, blocks) in seen or (blocks.dkv_per_query_head and heads == kv_heads):
                 continue  # a repeat, or per query head without GQA
             seen.add((kernel, blocks))
-            row = {"shape": name, "D": dim, "kernel": kernel,
+            row = {"shape": name, "D": dim, "documents": args.documents, "kernel": kernel,
                    "blocks": str({f: getattr(blocks, f) for f in SWEEP[kernel]})}
             rows.append(row)
             if time.perf_counter() > deadline:
@@ -284,7 +288,8 @@ def part_sweep(args):
         best[name] = _assemble(base, times)
     print_table(rows, ["shape", "kernel", "blocks", "ms", "max_rel_diff", "error"])
     for name, (blocks, parts) in best.items():
-        print(f"{name} (D {SHAPES[name][4]}): BlockSizes(**{blocks.changed()})  # ms {parts}")
+        print(f"{name} (D {SHAPES[name][4]}, {args.documents}): BlockSizes(**{blocks.changed()})"
+              f"  # ms {parts}")
     args.swept = {SHAPES[name][4]: blocks for name, (blocks, _) in best.items()}
     return {"variants": rows, "best": {name: {"blocks": b.changed(), "ms": parts}
                                        for name, (b, parts) in best.items()}}
@@ -318,6 +323,8 @@ def main():
     parser.add_argument("--doc-median", type=float, default=1024)
     parser.add_argument("--sweep-seconds", type=float, default=40,
                         help="per shape: the sweep skips the variants left after this long")
+    parser.add_argument("--documents", choices=("packed", "causal"), default="packed",
+                        help="the sweep's rows: packed documents or one document per row")
     parser.add_argument("--out", default="flash_attention.json")
     parser.add_argument("--skip", default="", help="table rows to leave out: comma-separated "
                         "words of their names, e.g. xla,swa")

@@ -3,32 +3,38 @@ causal attention, fwd and fwd+bwd, in one run.
 
     python -m experiments.benchmarks.linear_ops [--parts check,sweep,table]
         [--shapes 4x8192,8x4096,2x16384] [--ops ssd,gated_delta_rule,gated_slot_attention]
-        [--no-fla] [--time-limit SECONDS] [--out linear_ops.json]
+        [--impls xla,pallas] [--no-fla] [--fla-timeout SECONDS] [--time-limit SECONDS]
+        [--out linear_ops.json]
 
 Heads 16, K = V = P = N = 128 (SSD: one B/C group; GSA: 64 slots), bf16 inputs. Parts:
   check  the SSD kernel's GPU accuracy (`ssd_kernel.part_check`)
   sweep  the SSD kernel's tiles at 4 × 8192 (`ssd_kernel.part_sweep`); the table then adds a
          row of the sweep's best
   table  per shape and op: every rung the op has (enumerated through `implementation=`, so a
-         new rung appears by itself; "reference" left out), fla's chunk kernel (the peer script
+         new rung appears by itself; "reference" left out; `--impls` keeps some), the SSD
+         kernel's variants (`SSD_VARIANTS`), fla's chunk kernel (the peer script
          `peers/fla_linear.py`, run in its own process BEFORE JAX takes the GPU) and cuDNN
          causal attention (`jax.nn.dot_product_attention`) at the same [B, T, 16, 128]; the
          ratios ours/fla (fwd, fwd+bwd) and ours/cuDNN (fwd+bwd); then the issue's targets.
-Rows past `--time-limit` are skipped (marked so); the JSON holds every part's rows.
+The fla peer measures the same `--shapes` and `--ops`, in that order, and each of its rows
+is kept as it arrives (`peers/stream.py`): at `--fla-timeout` (default: ~90 s per op for the
+first shape, fla's autotuning, and 25 s for each further one, within `--time-limit`) it is
+stopped and what it finished is used. Every row is printed (flushed) when measured and the
+JSON rewritten, so a run stopped from outside keeps its rows too. Rows past `--time-limit`
+(seconds for the whole run, the peer included) are skipped (marked so).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import subprocess
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
+from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.ssd_kernel import part_check, part_sweep
 from experiments.benchmarks.timing import cudnn_op, device_name, measure, print_table, write_json
 from hybrid_jax import ops
@@ -37,6 +43,7 @@ from hybrid_jax.ops.dispatch import IMPLEMENTATIONS
 from hybrid_jax.ops.gsa import gated_slot_attention
 from hybrid_jax.ops.ssd import ssd
 from pallas_kernels.ssd import api as pallas_ssd
+from pallas_kernels.ssd.block_sizes import BlockSizes
 
 HEADS, DIM, SLOTS = 16, 128, 64
 OPS = {
@@ -50,6 +57,9 @@ TARGETS = {
     "gated_delta_rule": (("fla", "fwd_ms", 1 / 1.2), ("cudnn", "fwd_bwd_ms", 1.5)),
     "gated_slot_attention": (("fla", "fwd_bwd_ms", 1 / 1.2),),
 }
+# SSD kernel variants timed beside the defaults (the defaults' NOTES say why each is open).
+SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
+                "pallas (split forward)": BlockSizes(split_forward=True)}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 
@@ -97,25 +107,30 @@ def rungs(name: str, inputs: tuple) -> list[tuple[str, str | None]]:
 
 
 def fla_rows(shapes: str, op_names: str, timeout: float) -> list[dict]:
-    """The fla peer in a subprocess (torch must take and free the GPU before JAX); rows it
-    printed before a timeout are kept."""
+    """The fla peer in a subprocess (torch must take and free the GPU before JAX): its last
+    row per (op, shape), each kept as it arrives, also those before a time-out."""
     command = [sys.executable, "-m", "experiments.benchmarks.peers.fla_linear", "--shapes",
                shapes, "--ops", op_names]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        stdout, failure = done.stdout, (done.stderr[-400:] if done.returncode else "")
-    except subprocess.TimeoutExpired as e:
-        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        failure = f"timed out after {timeout:.0f} s"
-    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    if lines and "fla_version" in lines[0]:
-        print("fla peer:", lines[0], flush=True)
-        lines = lines[1:]
+    print(f"fla peer: up to {timeout:.0f} s", flush=True)
+    lines, failure = run_json_lines(command, timeout, echo="fla peer:")
     if failure:
         print("fla peer:", failure, flush=True)
+    rows = {}
     for row in lines:
-        print(row, flush=True)
-    return lines or [{"op": "*", "impl": "fla", "error": "fla peer failed: " + failure}]
+        if "op" in row:  # the first line names the versions
+            rows[row["op"], row.get("B"), row.get("T")] = row
+    for row in rows.values():
+        if row.pop("partial", False):
+            row["error"] = "fwd+bwd not reached: " + (failure or "peer stopped")
+    return list(rows.values()) or [{"op": "*", "impl": "fla",
+                                    "error": "fla peer failed: " + (failure or "no rows")}]
+
+
+def default_fla_timeout(op_names: str, shapes: str) -> float:
+    """Seconds for the peer: fla's autotuning on each op's first shape (~a minute on the
+    H200), then seconds per further shape; with margin."""
+    ops, more = len(op_names.split(",")), len(shapes.split(",")) - 1
+    return 90.0 * ops + 25.0 * ops * more
 
 
 def _ratios(row: dict, fla: dict | None, cudnn: dict | None) -> None:
@@ -126,29 +141,44 @@ def _ratios(row: dict, fla: dict | None, cudnn: dict | None) -> None:
             row[column] = row[key] / peer[key]
 
 
-def part_table(args, peers: list[dict], tuned, deadline: float) -> list[dict]:
+def _candidates(name: str, inputs: tuple, impls: set[str] | None, tuned) -> list[tuple]:
+    """(label, None or why it is not timed, fn) for each rung of `name` kept by `impls`, and
+    for SSD's pallas rung its variants: `SSD_VARIANTS` and the sweep's best (`tuned`)."""
+    found = [(impl, reason, functools.partial(OPS[name], implementation=impl))
+             for impl, reason in rungs(name, inputs) if impls is None or impl in impls]
+    if name == "ssd" and any(impl == "pallas" and reason is None for impl, reason, _ in found):
+        variants = dict(SSD_VARIANTS, **({"pallas (sweep best)": tuned} if tuned else {}))
+        for label, blocks in variants.items():
+            fn = functools.partial(lambda *a, blocks: pallas_ssd.ssd(*a, block_sizes=blocks)[0],
+                                   blocks=blocks)
+            found.append((label, None, fn))
+    return found
+
+
+def part_table(args, peers: list[dict], tuned, deadline: float, emit) -> list[dict]:
+    """The table's rows; `emit(row)` as each is measured (prints it, saves the JSON)."""
     rows = []
+    impls = None if args.impls is None else set(args.impls.split(","))
+
+    def add(row):
+        rows.append(row)
+        emit(row)
+
     for shape in args.shapes.split(","):
         batch, length = map(int, shape.split("x"))
         base = {"B": batch, "T": length}
         if time.perf_counter() > deadline:
-            rows.append({"op": "*", **base, "error": "skipped: time limit"})
+            add({"op": "*", **base, "error": "skipped: time limit"})
             continue
         cudnn = {"op": "attention", "impl": "cudnn causal", **base,
                  **measure(cudnn_op(None), make_inputs("attention", batch, length,
                                                        jax.random.key(0)))}
-        rows.append(cudnn)
-        print(cudnn, flush=True)
+        add(cudnn)
         for name in args.ops.split(","):
             inputs = make_inputs(name, batch, length, jax.random.key(0))
             fla = next((r for r in peers if (r.get("op"), r.get("B"), r.get("T"))
                         == (name, batch, length)), None)
-            candidates = [(impl, reason, functools.partial(OPS[name], implementation=impl))
-                          for impl, reason in rungs(name, inputs)]
-            if name == "ssd" and tuned is not None:
-                tuned_op = lambda *a: pallas_ssd.ssd(*a, block_sizes=tuned)[0]
-                candidates.append(("pallas (sweep best)", None, tuned_op))
-            for impl, reason, fn in candidates:
+            for impl, reason, fn in _candidates(name, inputs, impls, tuned):
                 row = {"op": name, "impl": impl, **base}
                 if reason is not None:
                     row["error"] = "refused: " + reason
@@ -157,8 +187,7 @@ def part_table(args, peers: list[dict], tuned, deadline: float) -> list[dict]:
                 else:
                     row.update(measure(fn, inputs))
                 _ratios(row, fla, cudnn)
-                rows.append(row)
-                print(row, flush=True)
+                add(row)
             if fla is not None:
                 rows.append({**fla, "op": name, "impl": "fla"})
     print_table(rows, COLUMNS)
@@ -192,8 +221,11 @@ def main() -> None:
     parser.add_argument("--shapes", default="4x8192,8x4096,2x16384",
                         help="comma-separated BATCHxLENGTH (the targets' 4x8192 first)")
     parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--impls", default=None,
+                        help="comma-separated rungs of ours to time (default: every rung)")
     parser.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--fla-timeout", type=float, default=150.0)
+    parser.add_argument("--fla-timeout", type=float, default=None,
+                        help="seconds for the fla peer (default: default_fla_timeout)")
     parser.add_argument("--sweep-seconds", type=float, default=110.0)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds for the run")
     parser.add_argument("--out", default="linear_ops.json")
@@ -201,23 +233,40 @@ def main() -> None:
     start = time.perf_counter()
     deadline = start + args.time_limit
     parts = args.parts.split(",")
-    record = {"command": " ".join(sys.argv)}
+    record = {"command": " ".join(sys.argv), "rows": []}
+
+    def save():
+        write_json(args.out, "linear_ops", record["rows"], heads=HEADS, dim=DIM, slots=SLOTS,
+                   dtype="bfloat16", quiet=True,
+                   **{k: v for k, v in record.items() if k != "rows"})
+
+    def emit(row):
+        row["at_s"] = round(time.perf_counter() - start, 1)
+        print(row, flush=True)
+        record["rows"].append(row)
+        save()
+
     peers = []
     if "table" in parts and args.fla:  # first: torch takes and frees the GPU before JAX
-        peers = fla_rows(args.shapes, args.ops, min(args.fla_timeout, args.time_limit))
+        timeout = args.fla_timeout or default_fla_timeout(args.ops, args.shapes)
+        peers = fla_rows(args.shapes, args.ops, min(timeout, args.time_limit))
     record["fla"] = peers
-    print(device_name(), flush=True)
+    print(device_name(), f"(fla peer done at {time.perf_counter() - start:.0f} s)", flush=True)
     if "check" in parts:
         record["check"] = part_check()
+        save()
     tuned = None
     if "sweep" in parts:
         sweep_deadline = min(deadline, time.perf_counter() + args.sweep_seconds)
         record["sweep"], tuned = part_sweep(make_inputs("ssd", 4, 8192, jax.random.key(0)),
                                             sweep_deadline)
-    rows = part_table(args, peers, tuned, deadline) if "table" in parts else []
+        save()
+    if "table" in parts:
+        record["rows"] = []
+        record["rows"] = part_table(args, peers, tuned, deadline, emit)
     print(f"total {time.perf_counter() - start:.0f} s")
-    write_json(args.out, "linear_ops", rows, heads=HEADS, dim=DIM, slots=SLOTS,
-               dtype="bfloat16", **record)
+    save()
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
-import subprocess
 import sys
 import time
 
@@ -37,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.timing import (
     cudnn_op,
     device_name,
@@ -253,26 +252,15 @@ def _check_gsa():
 
 
 def run_peer(args) -> list[dict]:
-    """The fla chunk_gsa + flex-attention composition, in its own process (torch)."""
+    """The fla chunk_gsa + flex-attention composition, in its own process (torch), up to 180 s."""
     shapes = ",".join(f"{b}x{t}" for b, t in TABLE_SHAPES)
     command = [sys.executable, "-m", "experiments.benchmarks.peers.nha_composition",
                "--shapes", shapes, "--heads", str(HEADS), "--dim", str(DIM),
                "--slots", str(SLOTS), "--window", str(WINDOW)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        return [{"error": "peer timed out after 180 s"}]
-    rows = []
-    for line in done.stdout.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    if not rows:
-        rows = [{"error": "peer failed: " + done.stderr[-400:]}]
-    for row in rows:
-        print("peer", row, flush=True)
-    return rows
+    rows, failure = run_json_lines(command, 180, echo="peer")  # rows kept as they arrive
+    if failure:
+        print("peer:", failure, flush=True)
+    return rows or [{"error": "peer failed: " + failure}]
 
 
 def part_table(args):

@@ -135,11 +135,12 @@ def _kernel_ms(kernel: str, blocks: BlockSizes, inputs: _Padded) -> float:
     batch, length, heads, P = p.x.shape
     states = jnp.ones((batch, heads, length // blocks.chunk, P, p.B.shape[3]), p.x.dtype)
     if kernel == "state_grads":
-        fn = jax.jit(lambda p, dy: gpu.state_grads(dy, p.a, p.C, None, p.s0, st))
-        return time_compiled(fn, p, p.x)
-    fn = jax.jit(lambda p, dy, s, ds: gpu.chunk_grads(p.x, p.dt, p.a, p.B, p.C, None, dy, s, ds,
-                                                      st))
-    return time_compiled(fn, p, p.x, states, states)
+        fn = jax.jit(lambda p, dy, s: gpu.state_grads(dy, p.a, p.C, None, s, p.s0, st))
+        return time_compiled(fn, p, p.x, states)
+    kept = jnp.ones((batch, heads, length // blocks.chunk), jnp.float32)
+    fn = jax.jit(lambda p, dy, s, ds, k: gpu.chunk_grads(p.x, p.dt, p.a, p.B, p.C, None, dy, s,
+                                                         ds, k, st))
+    return time_compiled(fn, p, p.x, states, states, kept)
 
 
 def _variants(kernel: str, base: BlockSizes):
@@ -161,7 +162,7 @@ def _variants(kernel: str, base: BlockSizes):
     else:
         for block_p in (128, 64):
             for warps in (8, 4):
-                for stages in (1, 2):
+                for stages in (2, 1):
                     yield dataclasses.replace(base, grads_block_p=block_p,
                                               grads_num_warps=warps, grads_num_stages=stages)
 

@@ -79,10 +79,17 @@ def device_name() -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    widths = [max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """The rows as a Markdown table (for BENCHMARKS.md), numbers as in `print_table`."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _fmt(value: Any) -> str:
@@ -91,9 +98,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], **extra: Any) -> None:
+def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], *,
+               quiet: bool = False, **extra: Any) -> None:
+    """The rows and `extra` as one JSON record (rewritten whole: a script may save as it goes,
+    `quiet` then leaves out the "wrote" line)."""
     record = {"benchmark": name, "device": device_name(), "host": platform.node(),
               "date": time.strftime("%Y-%m-%d"), **extra, "rows": list(rows)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")

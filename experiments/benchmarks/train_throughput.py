@@ -6,7 +6,7 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
                   nha-hybrid-340m] [--lengths 2048,8192,32768] [--tokens 32768] [--steps 10]
         [--scan/--no-scan] [--remat none] [--unpacked transformer-125m]
         [--torch transformer-125m] [--compile-check transformer-350m]
-        [--ablate transformer-125m] [--out F.json]
+        [--ablate transformer-125m] [--unscanned transformer-125m] [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
 (`packed_data.py`: WikiText-2 articles, BPE 32768), so each row holds whole and cut documents
@@ -51,16 +51,14 @@ from hybrid_jax.train.trainer import init_train_state, make_train_step, to_devic
 VOCAB = 32768
 
 
-def transformer_350m() -> ModelConfig:
-    """24 layers, d_model 1024, 16 heads of 64, SwiGLU 2816, tied (~340M with vocab 32768)."""
-    return ModelConfig(layers=("attention",) * 24, vocab_size=VOCAB, d_model=1024, num_heads=16,
-                       ffn_dim=2816)
-
-
 MODELS = {name: (lambda name=name: presets.get(name)) for name in
-          ("transformer-125m", "gdn-340m", "mamba2-130m", "nha-340m", "nha-hybrid-340m",
-           "pha-180m", "attention-only-180m")}
-MODELS["transformer-350m"] = transformer_350m
+          ("transformer-125m", "transformer-350m", "gdn-340m", "mamba2-130m", "nha-340m",
+           "nha-hybrid-340m", "pha-180m", "attention-only-180m")}
+
+
+def model_config(name: str) -> ModelConfig:
+    """A model of `MODELS`, else the preset of that name."""
+    return MODELS[name]() if name in MODELS else presets.get(name)
 
 
 def matmul_tflops(size: int = 8192) -> float:
@@ -114,7 +112,7 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
                packed: bool, attention: str | None = None) -> Built:
     """The trainer's own `init_train_state` / `make_train_step` for a benchmark row, compiled,
     with 4 batches on the device (module docstring: packed text from `data`, or synthetic)."""
-    config = with_attention(MODELS.get(name, lambda: presets.get(name))(), attention).replace(
+    config = with_attention(model_config(name), attention).replace(
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=remat,
         scan_layers=scan)
     batch = max(tokens // length, 1)
@@ -204,7 +202,7 @@ def _device_gib() -> float:
 
 
 def torch_peer(name: str, length: int, args) -> dict:
-    config = MODELS[name]()
+    config = model_config(name)
     batch = max(args.tokens // length, 1)
     command = [sys.executable, "-m", "experiments.benchmarks.peers.torch_gpt",
                "--layers", str(len(config.layers)), "--d-model", str(config.d_model),
@@ -239,6 +237,9 @@ def main():
     parser.add_argument("--compile-check", default="")
     parser.add_argument("--ablate", default="", help="models to rerun at the first length with "
                         "attention forced: pallas unpacked, xla packed (the kernel's share)")
+    parser.add_argument("--unscanned", default="", help="models to rerun at the first length "
+                        "unscanned on unpacked random tokens (cuDNN, so the compile is short): "
+                        "the layer scan's cost")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--out", default="train_throughput.json")
@@ -269,6 +270,9 @@ def main():
         for packed, attention in ((False, "pallas"), (True, "xla")):
             if not over():
                 rows.append(run_one(name, lengths[0], args, packed=packed, attention=attention))
+    for name in split(args.unscanned):
+        if not over():
+            rows.append(run_one(name, lengths[0], args, packed=False, scan=False))
     for row in rows:
         row.setdefault("impl", "jax")
     print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s",

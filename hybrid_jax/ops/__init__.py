@@ -23,6 +23,7 @@ from hybrid_jax.ops.gsa import (
     gsa_slot_logits,
     gsa_slot_readout,
 )
+from hybrid_jax.ops.logits import logits
 from hybrid_jax.ops.nha import (
     NHAState,
     native_hybrid_attention,
@@ -49,6 +50,7 @@ __all__ = [
     "gsa_slot_logits",
     "gsa_slot_readout",
     "l2_normalize",
+    "logits",
     "native_hybrid_attention",
     "native_hybrid_attention_step",
     "nha_empty_state",

@@ -158,9 +158,14 @@ def attention_mask(
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Array:
-    """Softmax over `axis` restricted to `mask`; rows with no valid entry give zeros."""
+    """Softmax over `axis` restricted to `mask`; rows with no valid entry give zeros.
+
+    The row maximum is a constant shift (stop_gradient, as in `jax.nn.softmax`): its exact
+    gradient is zero, and differentiating `max` divides by how many entries equal it, which is 0
+    when XLA recomputes the logits with another rounding in another fusion (NaN gradients).
+    """
     masked = jnp.where(mask, logits, -jnp.inf)
-    row_max = jnp.max(masked, axis=axis, keepdims=True)
+    row_max = jax.lax.stop_gradient(jnp.max(masked, axis=axis, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
     weights = jnp.where(mask, jnp.exp(masked - row_max), 0.0)
     total = jnp.sum(weights, axis=axis, keepdims=True)

@@ -12,7 +12,10 @@ uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop 
 a device computation), or on a second signal, the logs are flushed and the process exits with
 128 + signal. A non-finite loss or gradient stops the run naming the step and which of the two
 it was, or with `train.on_nonfinite=rollback` restores the last checkpoint and skips that
-step's batch. One process at a time writes a run directory (`run_dir.RunLock`).
+step's batch. `train.time_limit_s` ends the loop early at a step boundary (a budgeted run): it
+checkpoints and evaluates as at the end, and `results["time_limit_reached"]` says so (`steps`
+is the step reached; the learning-rate schedule stays the one of `train.steps`). One process at
+a time writes a run directory (`run_dir.RunLock`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
 from hybrid_jax.context import TokenContext
-from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
@@ -216,6 +219,25 @@ def to_device(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
             for k, v in batch.items()}
 
 
+def check_process_rows(mesh: Mesh, batch_size: int) -> None:
+    """Refuses a mesh on which this process's devices do not hold exactly its rows of the
+    batch (`process_rows`: rows p·B/P .. (p+1)·B/P − 1), e.g. a tensor or seq axis across
+    processes with the batch replicated: each process would feed other rows to one array."""
+    count, index = jax.process_count(), jax.process_index()
+    if count == 1:
+        return
+    local = batch_size // count
+    rows = set()
+    for where in batch_sharding(mesh).addressable_devices_indices_map((batch_size, 1)).values():
+        rows.update(range(batch_size)[where[0]])
+    if rows != set(range(index * local, (index + 1) * local)):
+        raise ValueError(
+            f"process {index} of {count}: its devices hold batch rows {sorted(rows)[:8]}..., not "
+            f"its own {index * local}..{(index + 1) * local - 1}: the mesh {dict(mesh.shape)} "
+            "must split the batch across processes (data/fsdp axes spanning them, the others "
+            "within a process)")
+
+
 def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
              eval_step: Callable | None = None, *, num_words: int | None = None
              ) -> dict[str, float]:
@@ -234,7 +256,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
             target_bytes = batch.pop("target_bytes", None)
             if target_bytes is not None:
                 num_bytes += int((target_bytes * batch["mask"]).sum())
-            stats = jax.device_get(eval_step(ts.state, to_device(batch, ts.mesh)))
+            # Every process holds the whole batch and places only its rows: no duplicated work.
+            stats = jax.device_get(eval_step(ts.state, to_device(process_rows(batch), ts.mesh)))
             for key in totals:
                 totals[key] += float(stats[key])
     if totals["count"] == 0:
@@ -306,6 +329,7 @@ class _Run:
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
+        check_process_rows(self.mesh, cfg.batch_size)
         seq_len = int(getattr(self.data, "seq_len", 0))
         self.flops = step_flops(experiment.model, seq_len) if seq_len else None
         self.batches = DevicePrefetcher(
@@ -314,6 +338,7 @@ class _Run:
         self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
                                                       cfg.eval_batches, cfg.seed)
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
+        self.time_limited = False
         self.checkpointer = None if out is None else Checkpointer(
             out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
         damaged: list[dict[str, Any]] = []
@@ -411,7 +436,9 @@ class _Run:
             values["tokens_per_s_per_device"] = values["tokens_per_s"] / devices
             if self.flops is not None:
                 # mfu: 6N (the MFU of record); tflops_per_device and mfu_model: the model count.
-                values["tflops_per_device"] = self.model_flops / seconds / devices / 1e12
+                # The FLOPs of this process's rows, on its own devices.
+                values["tflops_per_device"] = (self.model_flops / seconds
+                                               / jax.local_device_count() / 1e12)
                 if self.peak_flops:
                     values["mfu"] = (self.flops.six_n * values["tokens_per_s_per_device"]
                                      / self.peak_flops)
@@ -464,11 +491,29 @@ class _Run:
                  if steps else "no checkpoint was saved")
         return f"{self.out / 'metrics.jsonl'} and tensorboard/ are flushed; {saved}."
 
+    def out_of_time(self, deadline: float | None) -> bool:
+        """Whether `train.time_limit_s` has run out (process 0 decides for every process)."""
+        if deadline is None:
+            return False
+        late = time.perf_counter() >= deadline
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            late = bool(multihost_utils.broadcast_one_to_all(np.int32(late)))
+        if late:
+            self.time_limited = True
+            self.log.write({"step": self.step, "event": "time_limit",
+                            "seconds": self.cfg.time_limit_s})
+            self.bar.message(f"time limit of {self.cfg.time_limit_s:g} s reached at step "
+                             f"{self.step} of {self.cfg.steps}")
+        return late
+
     def loop(self, stop: StopSignals) -> None:
         cfg, pending = self.cfg, None
+        deadline = time.perf_counter() + cfg.time_limit_s if cfg.time_limit_s else None
         while True:
             try:
-                if self.step >= cfg.steps or stop.everywhere():
+                if self.step >= cfg.steps or stop.everywhere() or self.out_of_time(deadline):
                     if stop.received:
                         stop.acknowledge()
                     if pending is not None:
@@ -562,7 +607,8 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
             final = run.evaluate()
         finally:
             run.close()
-    results = {"experiment": experiment.name, "steps": run.cfg.steps,
+    results = {"experiment": experiment.name, "steps": run.step,
+               "time_limit_reached": run.time_limited,
                "params": count_params(run.ts.model()),
                "train_loss": next((r["loss"] for r in reversed(run.log.history) if "loss" in r),
                                   None),

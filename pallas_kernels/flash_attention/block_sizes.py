@@ -62,14 +62,18 @@ class BlockSizes:
 
 
 def default_block_sizes(head_dim: int) -> BlockSizes:
-    """GPU defaults from the H200 measurements (NOTES.md; `experiments/benchmarks/
-    flash_attention.py --parts sweep` prints the best per head dim); wider heads take smaller
-    tiles so the float32 accumulators fit the registers."""
-    if head_dim <= 64:
-        return BlockSizes()
-    if head_dim <= 128:
-        return BlockSizes(block_q=128, block_k=64, num_warps=8, block_q_dq=128, block_k_dq=64,
-                          dq_num_warps=8, block_q_dkv=32, block_k_dkv=128, dkv_num_warps=8)
-    return BlockSizes(block_q=64, block_k=32, num_warps=8, num_stages=2, block_q_dq=64,
-                      block_k_dq=32, dq_num_warps=8, block_q_dkv=32, block_k_dkv=32,
-                      dkv_num_warps=8)
+    """GPU defaults: the fastest variant of each kernel in `experiments/benchmarks/
+    flash_attention.py --parts sweep` (H200, jax 0.11.2, kernel version 2, 2026-12-01, packed
+    documents of median 1024 tokens at the benchmark's shapes: D64 B16 T2048 H12, D128 B4 T8192
+    H16, D256 B4 T8192 H4; NOTES.md). The comments give each kernel's ms there, forward / dq /
+    dk,dv, against the run-B tiles these replaced. Wider heads take smaller tiles so the
+    float32 accumulators fit the registers."""
+    if head_dim <= 64:  # 0.513 / 0.442 / 0.654 ms (run B: 0.518 / 0.577 / 0.684)
+        return BlockSizes(block_k=32, num_stages=4, dq_num_stages=3, block_q_dkv=32,
+                          block_k_dkv=128, dkv_num_stages=3)
+    if head_dim <= 128:  # 1.33 / 1.27 / 1.69 ms (run B: 1.46 / 1.42 / 2.10)
+        return BlockSizes(block_k=32, num_stages=4, block_q_dq=128, block_k_dq=32,
+                          dq_num_stages=3, block_q_dkv=32)
+    # 0.814 / 0.998 / 1.60 ms (run B: 1.30 / 1.72 / 2.55)
+    return BlockSizes(block_k=16, block_q_dq=128, block_k_dq=32, dq_num_warps=8,
+                      block_q_dkv=32, block_k_dkv=32)

@@ -96,8 +96,10 @@ def _core_bwd(st, residuals, cotangents):
     x, dt, a, B, C, doc, states = residuals
     dy, d_final = cotangents
     dy = dy.astype(x.dtype)
-    d_states, d_initial = gpu.state_grads(dy, a, C, doc, d_final.astype(jnp.float32), st)
-    dx, d_dt, d_a, dB, dC = gpu.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, st)
+    d_states, d_initial, kept = gpu.state_grads(dy, a, C, doc, states,
+                                                d_final.astype(jnp.float32), st)
+    dx, d_dt, d_a, dB, dC = gpu.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept,
+                                            st)
     return dx, d_dt, d_a, dB.astype(B.dtype), dC.astype(C.dtype), None, d_initial
 
 

@@ -10,9 +10,12 @@ boundaries `[B, H, NC, P, N]` in the input dtype (the matmul operand type).
                (within-chunk scores C·Bᵀ, decayed, times dt·x, plus the entering state read
                out by C) and updates the tile; optionally it stores the tile entering each
                chunk (the backward's residual). Nothing else of the state reaches HBM.
+               With `split_forward` the within-chunk part comes from `chunk_outputs` (grid
+               (B, G, NC), every chunk in parallel) and the loop only adds the readout.
   state_grads  grid (B, H, P/backward_block_p): the reverse loop over chunks, the gradient of
                the state leaving each chunk (dH_c = e^{cum_last} dH_{c+1} + Σ_t e^{cum_t} dy_t
-               C_tᵀ).
+               C_tᵀ), and carry_c·⟨dH_c, S_c⟩ from the float32 dH (the log decays' chunk-end
+               term, so chunk_grads never forms the `[P, N]` product).
   chunk_grads  grid (B, G, NC): every chunk in parallel; a loop over the group's heads shares
                the chunk's C·Bᵀ and accumulates dB, dC in registers; dx, dt's gradient through
                dt·x, and the log decays' gradient per step.
@@ -87,7 +90,9 @@ def _vector_loader(L: int, *refs):
 def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
-    s0_ref, y_ref, final_ref = refs[5 + st.documents:8 + st.documents]
+    split = st.blocks.split_forward
+    local_ref = refs[5 + st.documents] if split else None
+    s0_ref, y_ref, final_ref = refs[5 + st.documents + split:8 + st.documents + split]
     states_ref = refs[-1] if store_states else None
     L = st.blocks.chunk
     dtype = x_ref.dtype  # matmul operands
@@ -98,8 +103,11 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
         w = chunk_weights(a, doc)
         keys, queries = b_ref[rows, :], c_ref[rows, :]
         u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
-        scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
-        y = mm(scores.astype(dtype), u.astype(dtype))
+        if split:  # the within-chunk part came from `chunk_outputs`
+            y = local_ref[rows, :].astype(F32)
+        else:
+            scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
+            y = mm(scores.astype(dtype), u.astype(dtype))
         y += w.into[:, None] * mm_nt(queries, state.astype(dtype))
         y_ref[rows, :] = y.astype(y_ref.dtype)
         if store_states:
@@ -112,7 +120,9 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
 
 def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     """y `[B, T, H, P]` (x's dtype), the final state (float32) and, with `store_states`, the
-    state entering every chunk `[B, H, NC, P, N]` (x's dtype)."""
+    state entering every chunk `[B, H, NC, P, N]` (x's dtype). With `split_forward` the
+    within-chunk outputs come first from `chunk_outputs` (every chunk in parallel), and the
+    loop over chunks only reads the entering state out and updates it."""
     batch, length, heads, P = x.shape
     N = B.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
@@ -122,8 +132,12 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     per_step = pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0))
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
     in_specs = [seq(BP), per_step, per_step, keys, keys]
+    local = ()
     if st.documents:
         in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
+    if st.blocks.split_forward:
+        local = (chunk_outputs(x, dt, a, B, C, doc, st),)
+        in_specs.append(seq(BP))
     out_specs = [seq(BP), tile]
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(s0.shape, F32)]
     if store_states:
@@ -136,7 +150,46 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
         out_shape=out_shape, compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="ssd_forward",
-    )(x, dt, a, B, C, *_doc_args(st, doc), s0)
+    )(x, dt, a, B, C, *_doc_args(st, doc), *local, s0)
+
+
+def _chunk_outputs_kernel(*refs, st: Static):
+    x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
+    doc = refs[5][...] if st.documents else None
+    y_ref = refs[-1]
+    raw_scores = mm_nt(c_ref[...], b_ref[...])  # C_t·B_s, shared by the group's heads
+
+    def head(r, carry):
+        dt = dt_ref[r, :]
+        decay = pair_decay(chunk_weights(a_ref[r, :], doc).cum, doc)
+        # scores_ts dt_s: dt scales the columns, so x is the operand as loaded.
+        scores = (raw_scores * (decay * dt[None, :])).astype(x_ref.dtype)
+        y_ref[:, r, :] = mm(scores, x_ref[:, r, :]).astype(y_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, st.group, head, 0)
+
+
+def chunk_outputs(x, dt, a, B, C, doc, st: Static):
+    """Each chunk's outputs from its own inputs only, Σ_{s ≤ t} (C_t·B_s) e^{cum_t − cum_s}
+    dt_s x_s, `[B, T, H, P]` in x's dtype: every (batch, group, chunk) in parallel, a loop
+    over the group's heads sharing C·Bᵀ."""
+    batch, length, heads, P = x.shape
+    groups, N = B.shape[2:]
+    L, R = st.blocks.chunk, st.group
+    heads_of = pl.BlockSpec((None, L, R, P), lambda b, g, c: (b, c, g, 0))
+    per_step = pl.BlockSpec((None, R, L), lambda b, g, c: (b, g, c))
+    keys = pl.BlockSpec((None, L, None, N), lambda b, g, c: (b, c, g, 0))
+    in_specs = [heads_of, per_step, per_step, keys, keys]
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    return pallas_call(
+        functools.partial(_chunk_outputs_kernel, st=st),
+        grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        compiler_params=_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
+        interpret=st.interpret, name="ssd_chunk_outputs",
+    )(x, dt, a, B, C, *_doc_args(st, doc))
 
 
 # --- backward: the reverse pass over chunks ---------------------------------------------------
@@ -145,44 +198,53 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
 def _state_grads_kernel(*refs, st: Static, num_chunks: int):
     dy_ref, a_ref, c_ref = refs[:3]
     doc_ref = refs[3] if st.documents else None
-    d_final_ref, d_states_ref, d_initial_ref = refs[3 + st.documents:]
+    states_ref, d_final_ref, d_states_ref, d_initial_ref, kept_ref = refs[3 + st.documents:]
     L = st.blocks.chunk
     dtype = d_states_ref.dtype
+    vectors = _vector_loader(L, a_ref, doc_ref)
 
-    def chunk(c, vectors, d_state):
+    def chunk(c, loaded, d_state):
         rows = pl.ds(c * L, L)
-        w = chunk_weights(*vectors)
+        state, (a, doc) = loaded
+        w = chunk_weights(a, doc)
         d_states_ref[c] = d_state.astype(dtype)  # the gradient of the state leaving chunk c
+        # ⟨dH_c, carry·S_c⟩: the entering state's share of ∂L/∂cum_last (chunk_grads adds the
+        # chunk's own writes), from the float32 dH while it is in registers.
+        kept_ref[pl.ds(c, 1)] = jnp.full((1,), w.carry * jnp.sum(d_state * state.astype(F32)))
         pulled = (dy_ref[rows, :].astype(F32) * w.into[:, None]).astype(dtype)
         return w.carry * d_state + mm_tn(pulled, c_ref[rows, :])
 
-    d_initial_ref[...] = _chunk_loop(num_chunks, _vector_loader(L, a_ref, doc_ref), chunk,
-                                     d_final_ref[...], reverse=True)
+    load = lambda c: (states_ref[c], vectors(c))  # the entering state tile, a step ahead too
+    d_initial_ref[...] = _chunk_loop(num_chunks, load, chunk, d_final_ref[...], reverse=True)
 
 
-def state_grads(dy, a, C, doc, d_final, st: Static):
-    """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype) and of
-    the initial state `[B, H, P, N]` float32."""
+def state_grads(dy, a, C, doc, states, d_final, st: Static):
+    """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype), of the
+    initial state `[B, H, P, N]` float32, and `carry_c·⟨dH_c, S_c⟩` per chunk `[B, H, NC]`
+    float32 (S_c: the stored state entering chunk c)."""
     batch, length, heads, P = dy.shape
     N = C.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.backward_block_p, st.group
     num_chunks = length // L
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
+    boundary = pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0))
     in_specs = [pl.BlockSpec((None, length, None, BP), lambda b, h, p: (b, 0, h, p)),
                 pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0)),
                 pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
-    return pallas_call(
+    d_states, d_initial, kept = pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
-        grid=(batch, heads, P // BP), in_specs=in_specs + [tile],
-        out_specs=[pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0)),
-                   tile],
+        grid=(batch, heads, P // BP), in_specs=in_specs + [boundary, tile],
+        out_specs=[boundary, tile,
+                   pl.BlockSpec((None, None, None, num_chunks), lambda b, h, p: (b, h, p, 0))],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), dy.dtype),
-                   jax.ShapeDtypeStruct(d_final.shape, F32)],
+                   jax.ShapeDtypeStruct(d_final.shape, F32),
+                   jax.ShapeDtypeStruct((batch, heads, P // BP, num_chunks), F32)],
         compiler_params=_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
         interpret=st.interpret, name="ssd_state_grads",
-    )(dy, a, C, *_doc_args(st, doc), d_final)
+    )(dy, a, C, *_doc_args(st, doc), states, d_final)
+    return d_states, d_initial, jnp.sum(kept, axis=2)
 
 
 # --- backward: every chunk in parallel --------------------------------------------------------
@@ -191,7 +253,7 @@ def state_grads(dy, a, C, doc, d_final, st: Static):
 def _chunk_grads_kernel(*refs, st: Static):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
-    (dy_ref, states_ref, d_states_ref, dx_ref, ddt_ref, da_ref, db_ref,
+    (dy_ref, states_ref, d_states_ref, kept_ref, dx_ref, ddt_ref, da_ref, db_ref,
      dc_ref) = refs[5 + st.documents:]
     keys, queries = b_ref[...], c_ref[...]  # [L, N], shared by the group's heads
     dtype = keys.dtype
@@ -206,35 +268,41 @@ def _chunk_grads_kernel(*refs, st: Static):
         dt = dt_ref[r, :]
         w = chunk_weights(a_ref[r, :], doc)
         decay = pair_decay(w.cum, doc)
-        scores = (raw_scores * decay).astype(dtype)
-        u = lambda cols: (x_ref[:, r, cols].astype(F32) * dt[:, None]).astype(dtype)
-        # D_ts = (dy_t·u_s) e^{cum_t − cum_s}: the gradient of the decayed scores.
-        d_scores = sum(mm_nt(dy_ref[:, r, cols], u(cols)) for cols in tiles) * decay
+        loaded = [(x_ref[:, r, cols], dy_ref[:, r, cols]) for cols in tiles]  # once per head
+        # D_ts = (dy_t·dt_s x_s) e^{cum_t − cum_s}: the gradient of the decayed scores. dt
+        # scales the products' rows or columns, never an operand: x goes to the matmuls as
+        # loaded (no float32 or rescaled copies of it in registers).
+        d_scores = sum(mm_nt(dy, x) for x, dy in loaded) * (decay * dt[None, :])
         products = d_scores * raw_scores  # ∂L/∂cum through the pairs: rows minus columns
         d_cum = jnp.sum(products, axis=1) - jnp.sum(products, axis=0)
+        scores = (raw_scores * decay).astype(dtype)
         d_scores = d_scores.astype(dtype)
         d_queries += mm(d_scores, keys)
         d_keys += mm_tn(d_scores, queries)
-        d_dt = inner = keys_pull = 0.0
-        # Each tile's state products are folded into the accumulators and into ∂L/∂cum at
-        # once (short live ranges: the float32 [L, N] tiles are the registers' main load).
-        for cols in tiles:
-            dy = dy_ref[:, r, cols]
+        through_entry = pull = d_dt = 0.0
+        for cols, (x, dy) in zip(tiles, loaded, strict=True):
             state, d_state = states_ref[r, cols, :], d_states_ref[r, cols, :]
-            du = mm_tn(scores, dy) + w.out[:, None] * mm_nt(keys, d_state)
-            dx_ref[:, r, cols] = (du * dt[:, None]).astype(dx_ref.dtype)
-            d_dt += jnp.sum(du * x_ref[:, r, cols].astype(F32), axis=1)
-            through_entry = w.into[:, None] * mm(dy, state)  # dC via the entering state
-            d_cum += jnp.sum(queries.astype(F32) * through_entry, axis=1)
-            d_queries += through_entry
-            through_exit = w.out[:, None] * mm(u(cols), d_state)  # dB via the leaving state
-            keys_pull += jnp.sum(keys.astype(F32) * through_exit, axis=1)
-            d_keys += through_exit
-            inner += jnp.sum(d_state.astype(F32) * state.astype(F32))
-        # The leaving state S' = carry·S + Σ_s out_s u_s B_sᵀ adds ⟨dH, S'⟩ at the last step.
-        d_last = w.carry * inner + jnp.sum(keys_pull)
+            x32 = x.astype(F32)
+            # du = Sᵀ-pair part + leaving-state part. Neither is added to the other as a raw
+            # matmul result (each has a second use), so Triton does not chain the two
+            # products into one accumulator (a chained product takes a warp layout that
+            # repeats M = L rows on every warp group).
+            via_pairs = mm_tn(scores, dy)
+            via_state = w.out[:, None] * mm_nt(keys, d_state)  # du via the leaving state
+            state_pull = jnp.sum(x32 * via_state, axis=1)
+            pull += dt * state_pull  # out_s u_s·(dH B_s) = B_s·dB_s via that state
+            d_dt += jnp.sum(x32 * via_pairs, axis=1) + state_pull
+            dx_ref[:, r, cols] = ((via_pairs + via_state) * dt[:, None]).astype(dx_ref.dtype)
+            through_entry += w.into[:, None] * mm(dy, state)  # dC via the entering state
+            d_keys += (w.out * dt)[:, None] * mm(x, d_state)  # dB via the leaving state
+        # C loaded again here (an L1/L2 hit): a float32 copy hoisted out of the head loop
+        # would hold 32 registers per thread through it.
+        d_cum += jnp.sum(c_ref[...].astype(F32) * through_entry, axis=1)
+        d_queries += through_entry
+        # The leaving state S' = carry·S + Σ_s out_s u_s B_sᵀ adds ⟨dH, S'⟩ at the last step:
+        # its first part came from the reverse pass (`kept`).
         ddt_ref[r, :] = d_dt
-        da_ref[r, :] = reverse_cumsum(d_cum - keys_pull) + d_last
+        da_ref[r, :] = reverse_cumsum(d_cum - pull) + (kept_ref[r] + jnp.sum(pull))
         return d_queries, d_keys
 
     zeros = jnp.zeros(keys.shape, F32)
@@ -243,9 +311,10 @@ def _chunk_grads_kernel(*refs, st: Static):
     db_ref[...] = d_keys
 
 
-def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, st: Static):
+def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
     """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype; d dt (through dt·x only) and
-    d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32."""
+    d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32. `kept`: `state_grads`' third
+    output."""
     batch, length, heads, P = x.shape
     groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
@@ -256,14 +325,15 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, st: Static):
     in_specs = [heads_of(P), per_step, per_step, keys, keys]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    per_chunk = pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
     per_head = jax.ShapeDtypeStruct((batch, heads, length), F32)
     return pallas_call(
         functools.partial(_chunk_grads_kernel, st=st),
         grid=(batch, groups, length // L),
-        in_specs=in_specs + [heads_of(P), boundary, boundary],
+        in_specs=in_specs + [heads_of(P), boundary, boundary, per_chunk],
         out_specs=[heads_of(P), per_step, per_step, keys, keys],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head, per_head,
                    jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
         compiler_params=_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
         interpret=st.interpret, name="ssd_chunk_grads",
-    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states)
+    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, kept)

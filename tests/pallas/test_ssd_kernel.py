@@ -8,6 +8,8 @@ loop runs twice. A lowering test builds the Triton kernels at the GPU's shapes w
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,10 +17,11 @@ import pytest
 
 from hybrid_jax.ops.ssd import ssd as ssd_op
 from pallas_kernels.ssd import api
-from pallas_kernels.ssd.block_sizes import BlockSizes
+from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
 from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(chunk=8, block_p=4, backward_block_p=4, grads_block_p=4)
+SPLIT = dataclasses.replace(TINY, split_forward=True)
 NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
 
@@ -69,8 +72,8 @@ def values_and_grads(fn, inputs, seed):
     return run(inputs)
 
 
-def check_against_reference(inputs, segment_ids, with_initial=True):
-    out, grads = values_and_grads(kernel_fn(segment_ids, with_initial), inputs, seed=7)
+def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY):
+    out, grads = values_and_grads(kernel_fn(segment_ids, with_initial, blocks), inputs, seed=7)
     assert out[0].dtype == jnp.float32 and out[1].dtype == jnp.float32
     with jax.enable_x64(True):
         wide = {n: jnp.asarray(np.asarray(v), jnp.float64) for n, v in inputs.items()}
@@ -82,10 +85,12 @@ def check_against_reference(inputs, segment_ids, with_initial=True):
                 assert_close(grad, ref, 1e-5, f"d{name}")
 
 
-def test_documents_initial_state_groups_odd_length():
-    """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents."""
+@pytest.mark.parametrize("blocks", [TINY, SPLIT], ids=["fused", "split_forward"])
+def test_documents_initial_state_groups_odd_length(blocks):
+    """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
+    forward fused or split (within-chunk outputs from their own kernel)."""
     inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
-    check_against_reference(inputs, documents(19))
+    check_against_reference(inputs, documents(19), blocks=blocks)
 
 
 def test_one_document_zero_initial_state_one_head_per_group():
@@ -107,12 +112,13 @@ def test_forward_only_and_bfloat16_inputs():
     assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
 
 
-@pytest.mark.parametrize("head_dim, state_dim, groups, packed",
-                         [(128, 128, 1, True), (64, 256, 4, False)])
+@pytest.mark.parametrize("head_dim, state_dim, groups, packed, split",
+                         [(128, 128, 1, True, False), (64, 256, 4, False, False),
+                          (128, 128, 1, True, True)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
-                                               packed):
+                                               packed, split):
     """Forward and backward build Triton kernels (Pallas' Triton lowering, no GPU needed) at
-    the default tiles, with and without documents."""
+    the default tiles, with and without documents, the forward fused or split."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     batch, length, heads = 2, 1000, 8
@@ -121,12 +127,15 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim,
             spec(batch, length, groups, state_dim), spec(batch, length, dtype=jnp.int32))
 
     def grads(x, dt, A, B, C, ids):
-        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids if packed else None),
-                           x, dt, A, B, C)
+        blocks = dataclasses.replace(default_block_sizes(head_dim, state_dim),
+                                     split_forward=split)
+        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids if packed else None,
+                                              block_sizes=blocks), x, dt, A, B, C)
         return vjp(out)
 
     text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 3  # forward, state_grads, chunk_grads
+    # forward (and chunk_outputs when split), state_grads, chunk_grads
+    assert text.count("__gpu$xla.gpu.triton") == 3 + split
 
 
 def test_unsupported_calls_are_refused_with_the_reason():

@@ -1,6 +1,6 @@
 """flash-linear-attention's (fla) chunk kernels at the shapes of `linear_ops.py`, fwd and fwd+bwd.
 
-    python3 -m experiments.benchmarks.peers.fla_linear [--shapes 8x4096,4x8192,2x16384]
+    python3 -m experiments.benchmarks.peers.fla_linear [--shapes 4x8192,8x4096,2x16384]
         [--ops ssd,gated_delta_rule,gated_slot_attention] [--iters 10]
 
 Run by `linear_ops.py` in its own process before JAX takes the GPU; needs torch and fla
@@ -12,7 +12,14 @@ layout [B, T, H, D] (fla 0.6 has no `head_first`), gates in log space:
   gated_slot_attention  chunk_gsa(q, k, v, s=1−e^g, g=logsigmoid/8), 64 slots
 fwd+bwd is the gradient of sum(o.float()) w.r.t. every input, as in linear_ops. fla's GDN and
 SSD backward may fail on Triton 3.6 on Hopper (fla issue #640): that row says "refused" with
-the error instead of stopping the run. Prints one JSON line per row as it goes.
+the error instead of stopping the run.
+
+Prints one JSON line per (op, shape) as soon as it is measured, flushed, shapes in the order
+given (the targets' 4 × 8192 first): first the row with the forward only (`"partial": true`),
+then the whole row, which replaces it (`linear_ops` keeps the last row per op and shape, so a
+run cut off by its time limit keeps what it finished). `first_call_s` is the wall time of the
+first forward and of the first fwd+bwd: Triton compiling and autotuning fla's kernels, ~a
+minute for an op's first shape, seconds for its next (the autotuning keys hold no lengths).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -82,12 +90,24 @@ def time_ms(fn, warmup: int = 2, iters: int = 10) -> float:
     return statistics.median(times)
 
 
+def _first_call_s(fn) -> float:
+    """Wall seconds of one call, synchronised (on a fresh op: compiling and autotuning)."""
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
 def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
 
 
 def run_one(name: str, batch: int, length: int, iters: int) -> dict:
-    row = {"op": name, "impl": "fla", "B": batch, "T": length}
+    row = {"op": name, "impl": "fla", "B": batch, "T": length, "first_call_s": {}}
     op = fla_op(name)
     args, kwargs = make_inputs(name, batch, length)
 
@@ -96,10 +116,12 @@ def run_one(name: str, batch: int, length: int, iters: int) -> dict:
             return op(*args, **kwargs)[0]
 
     try:
+        row["first_call_s"]["fwd"] = _first_call_s(forward)
         row["fwd_ms"] = time_ms(forward, iters=iters)
     except Exception as e:  # noqa: BLE001  (report and go on)
         row["error"] = "fwd refused: " + _error(e)
         return row
+    _emit({**row, "partial": True})
     leaves = [a.detach().requires_grad_(a.is_floating_point()) for a in args]
 
     def forward_backward():
@@ -109,6 +131,7 @@ def run_one(name: str, batch: int, length: int, iters: int) -> dict:
         out.float().sum().backward()
 
     try:
+        row["first_call_s"]["fwd_bwd"] = _first_call_s(forward_backward)
         row["fwd_bwd_ms"] = time_ms(forward_backward, iters=iters)
     except Exception as e:  # noqa: BLE001  (fla #640: its backward refuses on Triton 3.6)
         row["error"] = "fwd+bwd refused: " + _error(e)
@@ -118,15 +141,14 @@ def run_one(name: str, batch: int, length: int, iters: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="8x4096,4x8192,2x16384")
+    parser.add_argument("--shapes", default="4x8192,8x4096,2x16384")
     parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention")
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
     import fla
 
-    print(json.dumps({"fla_version": getattr(fla, "__version__", "?"),
-                      "torch": torch.__version__, "device": torch.cuda.get_device_name()}),
-          flush=True)
+    _emit({"fla_version": getattr(fla, "__version__", "?"), "torch": torch.__version__,
+           "device": torch.cuda.get_device_name()})
     for shape in args.shapes.split(","):
         batch, length = map(int, shape.split("x"))
         for name in args.ops.split(","):
@@ -136,7 +158,7 @@ def main() -> None:
                 row = {"op": name, "impl": "fla", "B": batch, "T": length, "error": _error(e)}
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            print(json.dumps(row), flush=True)
+            _emit(row)
 
 
 if __name__ == "__main__":
