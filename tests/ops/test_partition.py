@@ -14,7 +14,7 @@ kernels in interpret mode (tiny tiles; the backend patched to "gpu" for the ops'
 * Heads that do not divide the `tensor` axis fall back to batch-only shards, logged once.
 
 Default suite: each rung's values on `data=2 × tensor=2` and every trace; the gradients, the
-`fsdp` mesh, NHA from a state and the context-parallel runs are `slow`.
+`fsdp` mesh, NHA from a state, the context-parallel runs and the benchmark's rows are `slow`.
 
 Running (not tracing) needs the shard_maps' `check_vma` off: jax 0.10's Pallas interpreter
 fails under it on any kernel with an in-kernel loop (`test_interpreter_needs_vma_off` shows it
@@ -35,6 +35,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from experiments.benchmarks import sharded_kernels
 from hybrid_jax import ops
 from hybrid_jax.config import MeshConfig
 from hybrid_jax.ops import context_parallel as cp
@@ -305,6 +306,19 @@ def test_one_group_stays_whole_while_heads_split(pallas_on_cpu, name, caplog):
 def test_one_group_on_a_mesh_equals_one_device(pallas_on_cpu, vma_off, monkeypatch):
     monkeypatch.setitem(CASES, "ssd", ONE_GROUP["ssd"])
     _check_rung("ssd", MeshConfig(data=2, tensor=2), grads=True)
+
+
+@pytest.mark.slow
+def test_sharded_kernels_benchmark_rows(pallas_on_cpu, vma_off):
+    """`experiments/benchmarks/sharded_kernels` at `--shrink 2` (GQA 8/2 heads): on the 8 fake
+    devices every mesh row equals the one-device row within bf16 rounding, and no all-gather
+    is compiled. (Not a single group: XLA on CPU aborts on the bf16 all-reduce of its gradient
+    that shard_map without `check_vma` adds.) Slow (~30 s: four programs interpreted); the
+    default suite has the same shard_maps in `test_rung_on_a_mesh_equals_one_device`."""
+    rows = sharded_kernels.run_case("attention", batch=8, length=16, shrink=2, iters=1)
+    assert [r["mesh"] for r in rows] == ["1 device", "manual 1", "data=8 tensor=1",
+                                         "data=4 tensor=2"]
+    assert all(r["rel_err"] < 1e-2 and r["all_gathers"] == 0 for r in rows), rows
 
 
 def test_heads_that_do_not_split_fall_back_to_batch_shards(pallas_on_cpu, vma_off, caplog):
