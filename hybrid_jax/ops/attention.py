@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, choose, dispatch
+from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.flash_attention import api as pallas_flash
 
 _OP = "attention"
@@ -245,8 +246,13 @@ def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positi
 
 def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
                      kv_segment_ids, segment_extents=None):
-    return pallas_flash.flash_attention(q, k, v, segment_ids, extents=segment_extents,
-                                        window=window, scale=scale)
+    """The flash kernels (`pallas_kernels.flash_attention`) on each device's batch and heads."""
+    def kernel(q, k, v, segment_ids, extents):
+        return pallas_flash.flash_attention(q, k, v, segment_ids, extents=extents,
+                                            window=window, scale=scale)
+
+    return shard_kernel(_OP, kernel, (q, k, v, segment_ids, segment_extents),
+                        ("BTHD", "BTGD", "BTGD", "BT", "BT"), "BTHD")
 
 
 _RUNGS = (

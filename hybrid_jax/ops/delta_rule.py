@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import (
     causal_decay_matrix,
     compute_dtype,
@@ -216,10 +217,19 @@ def _pallas_unsupported(q, k, v, g, beta, *, scale, chunk_size, initial_state, s
 
 
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts):
-    """The Pallas kernels (`pallas_kernels.delta_rule`); their own chunk, not `chunk_size`."""
+    """The Pallas kernels (`pallas_kernels.delta_rule`) on each device's batch and heads; their
+    own chunk, not `chunk_size`. A zero initial state is passed in (not made by the kernels'
+    entry point), so that under a mesh it is split like the other inputs."""
     del chunk_size
-    return pallas_delta_rule.gated_delta_rule(q, k, v, g, beta, scale=scale,
-                                              initial_state=initial_state, starts=starts)
+    if initial_state is None:
+        initial_state = _zero_state(q, v, jnp.float32)
+
+    def kernel(q, k, v, g, beta, initial_state, starts):
+        return pallas_delta_rule.gated_delta_rule(q, k, v, g, beta, scale=scale,
+                                                  initial_state=initial_state, starts=starts)
+
+    return shard_kernel(_OP, kernel, (q, k, v, g, beta, initial_state, starts),
+                        ("BTHK", "BTHK", "BTHV", "BTH", "BTH", "BHKV", "BT"), ("BTHV", "BHKV"))
 
 
 _RUNGS = (

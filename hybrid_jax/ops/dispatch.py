@@ -77,14 +77,21 @@ def _shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
                  [*enumerate(args), *kwargs.items()] if hasattr(x, "shape"))
 
 
-def _log_fallback(op: str, rung: Rung, reasons: list[str], shapes: tuple) -> None:
-    key = (op, rung.name, shapes)
-    if not reasons or backend() == "cpu" or key in _LOGGED:
+def log_once(key: tuple, level: int, message: str, *args: Any) -> None:
+    """Logs `message % args` on the dispatcher's logger the first time `key` comes."""
+    if key in _LOGGED:
         return
     _LOGGED.add(key)
+    logger.log(level, message, *args)
+
+
+def _log_fallback(op: str, rung: Rung, reasons: list[str], shapes: tuple) -> None:
+    if not reasons or backend() == "cpu":
+        return
     level = logging.WARNING if rung.name == "xla" else logging.INFO
-    logger.log(level, "%s: ran the %s rung for %s; faster rungs could not: %s", op, rung.name,
-               ", ".join(f"{n}{list(s)} {d}" for n, s, d in shapes), "; ".join(reasons))
+    described = ", ".join(f"{n}{list(s)} {d}" for n, s, d in shapes)
+    log_once((op, rung.name, shapes), level, "%s: ran the %s rung for %s; faster rungs could "
+             "not: %s", op, rung.name, described, "; ".join(reasons))
 
 
 def dispatch(

@@ -63,6 +63,7 @@ import numpy as np
 
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
 from pallas_kernels.nha import api as pallas_nha
@@ -369,12 +370,21 @@ def _kernel_context(q, k, v, s, g, initial_state, starts) -> dict:
 
 
 def gated_slot_attention_pallas(q, k, v, s, g, *, scale, chunk_size, initial_state, starts):
-    """The NHA kernels at window 0 (NHA without a window is GSA): slots, document resets and
-    the initial and final slot states; the final state in float32."""
+    """The NHA kernels at window 0 (NHA without a window is GSA) on each device's batch and
+    heads: slots, document resets and the initial and final slot states; the final state in
+    float32."""
     del chunk_size
-    return pallas_nha.native_hybrid_attention(
-        q, k, v, s, g, window=0, scale=scale, return_final_state=True,
-        **_kernel_context(q, k, v, s, g, initial_state, starts))
+
+    def kernel(q, k, v, s, g, initial_state, starts):
+        return pallas_nha.native_hybrid_attention(
+            q, k, v, s, g, window=0, scale=scale, return_final_state=True,
+            **_kernel_context(q, k, v, s, g, initial_state, starts))
+
+    state = None if initial_state is None else tuple(initial_state)
+    slot_layouts = ("BHKM", "BHMV")
+    return shard_kernel(_OP, kernel, (q, k, v, s, g, state, starts),
+                        ("BTHK", "BTHK", "BTHV", "BTHM", "BTHM", slot_layouts, "BT"),
+                        ("BTHV", slot_layouts))
 
 
 def _pallas_unsupported(q, k, v, s, g, *, scale, chunk_size, initial_state, starts):

@@ -74,6 +74,7 @@ from hybrid_jax.ops.attention import masked_softmax
 from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
+from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
 from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_starts, reset_log_decay
 from pallas_kernels.nha import api as pallas_nha
@@ -619,15 +620,28 @@ def _kernel_context(call: _Call) -> dict:
     return dict(documents=documents, initial_state=state)
 
 
+_STATE_LAYOUTS = pallas_nha.State("BGKM", "BGMV", "BWGK", "BWGV", "BWGM", "BWGM", "BWGD")
+
+
 def nha_pallas(q, q_window, tokens, slots_visible, slot_keys, slot_values, *, window, scale,
                empty_slots, chunk_size, slots_idle, call):
-    """The Pallas kernels on the call's inputs (kv heads, dtypes as given); without a final
-    state wanted, the slot states passed in are returned untouched."""
+    """The Pallas kernels on the call's inputs (kv heads, dtypes as given), on each device's
+    batch and heads; without a final state wanted, the slot states passed in are returned
+    untouched."""
     del q, q_window, tokens, slots_visible, chunk_size, slots_idle
-    result = pallas_nha.native_hybrid_attention(
-        call.q, call.k, call.v, call.s, call.g, window=window, scale=scale,
-        q_window=call.q_window, k_window=call.k_window, empty_slots=empty_slots,
-        return_final_state=call.final, **_kernel_context(call))
+
+    def kernel(q, k, v, s, g, q_window, k_window, documents, initial_state):
+        return pallas_nha.native_hybrid_attention(
+            q, k, v, s, g, window=window, scale=scale, q_window=q_window, k_window=k_window,
+            empty_slots=empty_slots, return_final_state=call.final, documents=documents,
+            initial_state=initial_state)
+
+    context = _kernel_context(call)
+    result = shard_kernel(
+        _OP, kernel, (call.q, call.k, call.v, call.s, call.g, call.q_window, call.k_window,
+                      context["documents"], context["initial_state"]),
+        ("BTHK", "BTGK", "BTGV", "BTGM", "BTGM", "BTHD", "BTGD", "BT", _STATE_LAYOUTS),
+        ("BTHV", ("BGKM", "BGMV")) if call.final else "BTHV")
     if not call.final:
         return result, slot_keys, slot_values
     out, finals = result

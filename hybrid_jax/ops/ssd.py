@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import causal_decay_matrix, chunk_state_scan, compute_dtype, to_chunks
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
 from pallas_kernels.ssd import api as pallas_ssd
@@ -163,10 +164,21 @@ def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
 
 
 def ssd_pallas(x, dt, A, B, C, *, chunk_size, initial_state, starts):
-    """The Pallas kernels; they take document ids, so the starts become running ids."""
+    """The Pallas kernels on each device's batch and heads (A and the B/C groups split with
+    the heads); they take document ids, so the starts become running ids. A zero initial
+    state is passed in (not made by the kernels' entry point), so that under a mesh it is
+    split like the other inputs."""
     del chunk_size  # the kernels' own tiles
     segment_ids = None if starts is None else jnp.cumsum(starts, axis=1, dtype=jnp.int32)
-    return pallas_ssd.ssd(x, dt, A, B, C, segment_ids=segment_ids, initial_state=initial_state)
+    if initial_state is None:
+        initial_state = jnp.zeros(x.shape[:1] + x.shape[2:] + B.shape[3:], jnp.float32)
+
+    def kernel(x, dt, A, B, C, segment_ids, initial_state):
+        return pallas_ssd.ssd(x, dt, A, B, C, segment_ids=segment_ids,
+                              initial_state=initial_state)
+
+    return shard_kernel(_OP, kernel, (x, dt, A, B, C, segment_ids, initial_state),
+                        ("BTHP", "BTH", "H", "BTGN", "BTGN", "BT", "BHPN"), ("BTHP", "BHPN"))
 
 
 def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) -> str | None:
