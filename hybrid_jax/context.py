@@ -33,11 +33,15 @@ class TokenContext:
     positions: jax.Array  # [B, T] int32
     segment_ids: jax.Array | None = None  # [B, T] int
     extras: dict[str, jax.Array] = struct.field(default_factory=dict)  # name -> [B, T, ...]
+    # Decoding only: mixers that can keep their state after each new token do (Oryx; for
+    # speculative decoding's roll-back, `hybrid_jax.speculative`).
+    record_steps: bool = struct.field(pytree_node=False, default=False)
 
     @classmethod
     def create(cls, shape_BT: tuple[int, int], *, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, start: jax.Array | int = 0,
-               extras: Mapping[str, jax.Array] | None = None) -> TokenContext:
+               extras: Mapping[str, jax.Array] | None = None,
+               record_steps: bool = False) -> TokenContext:
         """A checked context for `[B, T]` tokens; positions default to `start + 0..T−1`."""
         if positions is None:
             positions = jnp.broadcast_to(start + jnp.arange(shape_BT[1], dtype=jnp.int32),
@@ -48,7 +52,8 @@ class TokenContext:
             if array is not None and tuple(array.shape[:2]) != tuple(shape_BT):
                 raise ValueError(f"TokenContext.{name}: expected leading shape [batch, time] = "
                                  f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
-        return cls(positions=positions, segment_ids=segment_ids, extras=extras)
+        return cls(positions=positions, segment_ids=segment_ids, extras=extras,
+                   record_steps=record_steps)
 
     @classmethod
     def from_batch(cls, batch: Mapping[str, jax.Array]) -> TokenContext:

@@ -59,7 +59,7 @@ SOFTPLUS_INV_1 = math.log(math.e - 1.0)  # softplus(p) = 1: equal weights at ini
 class Mixer(Protocol):
     """What a block needs from a branch; `x_BTD` in, `y_BTD` out.
 
-    Optional class attribute `deepnorm_scaled`: dotted names of the `Linear`s whose initial
+    Optional (class) attribute `deepnorm_scaled`: dotted names of the `Linear`s whose initial
     kernels DeepNorm scales by β (value, output and FFN projections).
     """
 
@@ -156,7 +156,7 @@ class Block(nnx.Module):
         for name, module in branches:
             setattr(self, f"{name}_norm", norm(config) if not parallel or branch_norm else None)
             setattr(self, name, module)
-            for path in getattr(type(module), "deepnorm_scaled", ()) if beta != 1.0 else ():
+            for path in getattr(module, "deepnorm_scaled", ()) if beta != 1.0 else ():
                 kernel = functools.reduce(getattr, path.split("."), module).kernel
                 kernel[...] = kernel[...] * beta
         self.input_norm = norm(config) if parallel and residual == "pre_norm" else None
