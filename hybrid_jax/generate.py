@@ -20,6 +20,7 @@ from hybrid_jax.cache import check_token_ids
 from hybrid_jax.modes import inference_modes
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.nn.oryx import MODE
+from hybrid_jax.speculative import accepted_drafts, check_speculative, draft_and_verify, rollback
 
 
 def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float,
@@ -45,7 +46,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None, lengths: Sequence[int] | None = None,
              eos_id: int | None = None, on_tokens: Callable | None = None,
-             extras: dict[str, jax.Array] | None = None, modes: Any = None) -> jax.Array:
+             extras: dict[str, jax.Array] | None = None, modes: Any = None,
+             speculative: int | None = None, stats: dict | None = None) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     Prompts of different lengths: `lengths[b]` tokens of row b are its prompt (right padding
@@ -63,8 +65,12 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     `TokenContext` of each fed token). `modes`: Oryx's per-token mode schedule, "linear",
     "attention", "prefill=linear,decode=attention" (each row's own prompt is its prefill) or
     a `[B, T + max_new_tokens]` 0/1 array (`hybrid_jax.modes.inference_modes`).
-    Prompt ids outside the vocabulary, a negative or non-finite temperature, a `top_k` outside
-    `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
+    `speculative=k` (Oryx models, greedy): self-speculative decoding, k linear-mode drafts
+    verified by one attention-mode call per round (`hybrid_jax.speculative`); the tokens are
+    those of `modes="attention"` greedy decoding. A `stats` dict is filled with the rounds,
+    the drafts' acceptance rate (accepted / drafted over the rows generating) and the tokens
+    kept per round. Prompt ids outside the vocabulary, a negative or non-finite temperature,
+    a `top_k` outside `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
@@ -91,10 +97,22 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
             lengths > prompt_BT.shape[1]).any():
         raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] prompt lengths in "
                          f"[1, {prompt_BT.shape[1]}], got {lengths.tolist()}")
-    needed = int(lengths.max()) + max_new_tokens
+    if speculative is not None:
+        if not _is_int(speculative) or speculative < 1:
+            raise ValueError(f"speculative must be an integer >= 1 (drafts per round), got "
+                             f"{speculative!r}")
+        if temperature != 0 or modes is not None:
+            raise ValueError("speculative decoding is greedy (temperature 0) and sets the modes "
+                             "itself (linear drafts, attention verification): got temperature="
+                             f"{temperature}, modes={modes!r}")
+    spare = speculative or 0  # a round may write up to k positions past the last one kept
+    needed = int(lengths.max()) + max_new_tokens + spare
     max_len = needed if max_len is None else max_len
     if not _is_int(max_len) or max_len < needed:
-        raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
+        raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens"
+                         + (" + speculative" if spare else "") + f" = {needed}")
+    if speculative is not None:
+        check_speculative(model, max_len)
     extras = dict(extras or {})
     width = prompt_BT.shape[1] + max_new_tokens
     if modes is not None:
@@ -105,32 +123,41 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                              f"max_new_tokens] = {[prompt_BT.shape[0], width]}, got "
                              f"{list(array.shape)}")
     graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32),
-                     jax.random.key(seed), extras, max_new_tokens, temperature, top_k, top_p,
-                     max_len, int(lengths.min()), eos_id, on_tokens)
+    tokens, counts = _generate(graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32),
+                               jax.random.key(seed), extras, max_new_tokens, temperature, top_k,
+                               top_p, max_len, int(lengths.min()), eos_id, on_tokens,
+                               speculative)
+    if stats is not None and speculative is not None:
+        rounds, accepted, drafted, kept = (int(x) for x in counts)
+        stats.update(rounds=rounds, acceptance_rate=accepted / max(drafted, 1),
+                     tokens_per_round=kept / max(rounds, 1))
+    return tokens
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-@functools.partial(jax.jit, static_argnums=(0, *range(6, 14)))
+@functools.partial(jax.jit, static_argnums=(0, *range(6, 15)))
 def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens, temperature,
-              top_k, top_p, max_len, prefix, eos_id, on_tokens):
+              top_k, top_p, max_len, prefix, eos_id, on_tokens, speculative):
+    """The tokens `[B, max_new_tokens]` and, with `speculative`, the int32 counts (rounds,
+    accepted drafts, drafts of generating rows, tokens kept)."""
     model = nnx.merge(graphdef, state)
     batch = prompt_BT.shape[0]
     width = prompt_BT.shape[1] + max_new_tokens
-    tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens)))
+    # Columns past `width` are read (never kept) by a speculative round near the end.
+    tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens + (speculative or 0) + 1)))
     logits, cache = model.decode(prompt_BT[:, :prefix], model.init_cache(batch, max_len),
                                  extras={k: v[:, :prefix] for k, v in extras.items()})
     stop_value = -1 if eos_id is None else eos_id
 
-    def step(carry):
-        position, logits_BV, cache, tokens_BW, done_B = carry
-        sampled = sample_token(logits_BV, jax.random.fold_in(key, position),
-                               temperature=temperature, top_k=top_k, top_p=top_p)
+    def emit(position, candidate_B, tokens_BW, done_B):
+        """Writes each row's token at `position`: its prompt token, else `candidate_B`
+        (`stop_value` once the row is done); the rows that end there are done."""
         generated = position >= lengths_B
-        token = jnp.where(generated, jnp.where(done_B, stop_value, sampled), tokens_BW[:, position])
+        token = jnp.where(generated, jnp.where(done_B, stop_value, candidate_B),
+                          tokens_BW[:, position])
         new = generated & ~done_B
         done_B = done_B | (new & (token == stop_value)) | (
             position + 1 >= lengths_B + max_new_tokens)
@@ -139,14 +166,41 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens
                                token, new, ordered=True)
             done_B = done_B | (generated & stop)
         tokens_BW = jax.lax.dynamic_update_slice(tokens_BW, token[:, None], (0, position))
+        return token, tokens_BW, done_B
+
+    def step(carry):
+        position, logits_BV, cache, tokens_BW, done_B, counts = carry
+        sampled = sample_token(logits_BV, jax.random.fold_in(key, position),
+                               temperature=temperature, top_k=top_k, top_p=top_p)
+        token, tokens_BW, done_B = emit(position, sampled, tokens_BW, done_B)
         token_extras = {k: jax.lax.dynamic_slice_in_dim(v, position, 1, axis=1)
                         for k, v in extras.items()}
         logits, cache = model.decode(token[:, None], cache, extras=token_extras)
-        return position + 1, logits[:, -1], cache, tokens_BW, done_B
+        return position + 1, logits[:, -1], cache, tokens_BW, done_B, counts
 
-    carry = (jnp.int32(prefix), logits[:, -1], cache, tokens_BW, jnp.zeros((batch,), bool))
-    carry = jax.lax.while_loop(lambda c: (c[0] < width) & ~jnp.all(c[4]), step, carry)
+    def speculative_round(carry):
+        position, logits_BV, cache, tokens_BW, done_B, counts = carry
+        greedy = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        next_B = jnp.where(position < lengths_B, tokens_BW[:, position], greedy)
+        block, targets, logits, recorded = draft_and_verify(
+            model, cache, tokens_BW, lengths_B, position, next_B, speculative)
+        accepted_B = accepted_drafts(block, targets)
+        n = jnp.min(jnp.where(done_B, speculative, accepted_B))
+        cache = rollback(recorded, speculative + 1, n + 1)
+        tokens_BW, done_B_after = jax.lax.fori_loop(
+            0, n + 1, lambda i, c: emit(position + i, block[:, i], *c)[1:], (tokens_BW, done_B))
+        active = ~done_B
+        counts = counts + jnp.stack([1, jnp.sum(jnp.where(active, accepted_B, 0)),
+                                     speculative * jnp.sum(active), n + 1]).astype(jnp.int32)
+        return (position + n + 1, jax.lax.dynamic_index_in_dim(logits, n, 1, keepdims=False),
+                cache, tokens_BW, done_B_after, counts)
+
+    carry = (jnp.int32(prefix), logits[:, -1], cache, tokens_BW, jnp.zeros((batch,), bool),
+             jnp.zeros((4,), jnp.int32))
+    carry = jax.lax.while_loop(lambda c: (c[0] < width) & ~jnp.all(c[4]),
+                               step if speculative is None else speculative_round, carry)
     index_BN = lengths_B[:, None] + jnp.arange(max_new_tokens)
     # Rows that all ended early leave the later columns unwritten: they read as stopped.
-    return jnp.where(index_BN < carry[0], jnp.take_along_axis(carry[3], index_BN, axis=1),
-                     stop_value)
+    tokens = jnp.where(index_BN < carry[0], jnp.take_along_axis(carry[3], index_BN, axis=1),
+                       stop_value)
+    return tokens, carry[5]

@@ -48,16 +48,9 @@ from hybrid_jax.train.trainer import init_train_state, make_train_step, to_devic
 VOCAB = 32768
 
 
-def transformer_350m() -> ModelConfig:
-    """24 layers, d_model 1024, 16 heads of 64, SwiGLU 2816, tied (~340M with vocab 32768)."""
-    return ModelConfig(layers=("attention",) * 24, vocab_size=VOCAB, d_model=1024, num_heads=16,
-                       ffn_dim=2816)
-
-
 MODELS = {name: (lambda name=name: presets.get(name)) for name in
-          ("transformer-125m", "gdn-340m", "mamba2-130m", "nha-340m", "nha-hybrid-340m",
-           "pha-180m", "attention-only-180m")}
-MODELS["transformer-350m"] = transformer_350m
+          ("transformer-125m", "transformer-350m", "gdn-340m", "mamba2-130m", "nha-340m",
+           "nha-hybrid-340m", "pha-180m", "attention-only-180m")}
 
 
 def matmul_tflops(size: int = 8192) -> float:
