@@ -2,14 +2,15 @@
 / convert.
 
     hybrid-jax train NAME [--out DIR] [--resume] [--set key=value ...]
-    hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N]
+    hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N] [--modes SCHEDULE]
                    [--windows 0,4,16,full [--layers I,...] [--sweep-out DIR]]
     hybrid-jax generate RUN_DIR (--prompt TEXT ... | --prompt-file F | --prompt-ids "1 2 3")
                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-                       [--stop S ...] [--seed N]
+                       [--stop S ...] [--seed N] [--modes SCHEDULE | --speculative K]
     hybrid-jax import hf HF_DIR --out RUN_DIR [--dtype float32|bfloat16] [--fsdp N]
     hybrid-jax export hf RUN_DIR --out HF_DIR
-    hybrid-jax convert RUN_DIR --to nha --out NEW_RUN_DIR [--window W] [--slots M] [--layers I,J]
+    hybrid-jax convert RUN_DIR --to nha|oryx --out NEW_RUN_DIR [--window W] [--slots M]
+                       [--layers I,J]
     hybrid-jax list
     hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --windows: the layers to change (default: all windowed)")
     evaluate.add_argument("--sweep-out", type=Path, default=None,
                           help="with --windows: output folder (default RUN_DIR/window_sweep)")
+    evaluate.add_argument("--modes", default=None, metavar="SCHEDULE",
+                          help="Oryx modes: linear, attention or scored=attention,other=linear "
+                               "(attention on the positions whose next token is scored)")
     _add_overrides(evaluate)
 
     gen = sub.add_parser("generate", help="continue prompts with a run's model")
@@ -116,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--modes", default=None, metavar="SCHEDULE",
                      help="Oryx modes: linear, attention or prefill=linear,decode=attention")
+    gen.add_argument("--speculative", type=int, default=None, metavar="K",
+                     help="Oryx self-speculative decoding (greedy): K linear-mode drafts per "
+                          "attention-mode verification; the tokens of attention-mode decoding")
     _add_overrides(gen)
 
     imp = sub.add_parser("import", help="import a pretrained model as a run directory")
@@ -135,13 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="convert a run's transformer into a hybrid")
     conv.add_argument("run_dir", type=Path)
-    conv.add_argument("--to", required=True, help="nha (oryx is not available yet)")
+    conv.add_argument("--to", required=True, choices=("nha", "oryx"),
+                      help="nha, or oryx (Mamba-2 linear mode; --window/--slots unused)")
     conv.add_argument("--out", type=Path, required=True, help="the new run directory")
     conv.add_argument("--window", default="512", help="NHA window W, or 'full'")
     conv.add_argument("--slots", type=int, default=64, help="NHA slots M per kv head")
     conv.add_argument("--layers", default=None, metavar="I,J,...",
                       help="the attention layers to convert (default: all)")
-    conv.add_argument("--seed", type=int, default=0, help="seed of the new slot gates")
+    conv.add_argument("--seed", type=int, default=0, help="seed of the new parameters")
 
     sub.add_parser("list", help="list presets, block types and experiments")
 
@@ -230,6 +238,7 @@ def _load_run(run_dir: Path, experiment, step: int | None, command: str):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from hybrid_jax.cache import decode_cache_bytes
     from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
 
     _at_least(args.batches, 0, "--batches")
@@ -246,10 +255,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     batches, words = held_out_set(data, cfg.batch_size,
                                   cfg.eval_batches if args.batches is None else args.batches,
                                   cfg.seed)
-    metrics = evaluate(ts, batches, num_words=words)
+    metrics = evaluate(ts, batches, num_words=words, modes=args.modes)
+    metrics.update(decode_cache_bytes(ts.model(), cfg.batch_size, batches[0]["inputs"].shape[1]))
     print(json.dumps({**metrics, "step": step}))
-    shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy")
+    shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy",
+             "attention_fraction")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
+    print(f"decode cache for {cfg.batch_size} x {batches[0]['inputs'].shape[1]} tokens: "
+          f"{metrics['cache_bytes'] / 2**20:.2f} MiB (KV {metrics['cache_kv_bytes'] / 2**20:.2f}"
+          f" MiB, recurrent states {metrics['cache_state_bytes'] / 2**20:.2f} MiB)")
     return 0
 
 
@@ -317,10 +331,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
         check_token_ids(np.asarray([prompt]), vocab, "prompt token")
         ts, _ = _load_run(args.run_dir, experiment, None, "generate")
+        stats = {}
         tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, modes=args.modes)
+                          seed=args.seed, modes=args.modes, speculative=args.speculative,
+                          stats=stats)
         print(" ".join(str(int(t)) for t in tokens[0]))
+        _print_speculative(stats)
         return 0
     prompts = _prompts(args)
     tokenizer = _run_tokenizer(args.run_dir)
@@ -337,12 +354,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ts.model(), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
-        on_text=show if stream else None, modes=args.modes)
+        on_text=show if stream else None, modes=args.modes, speculative=args.speculative)
     for prompt, text in zip(prompts, result.texts, strict=True):
         print("" if shown else f"{prompt}{text}")
     print(f"{sum(len(t) for t in result.tokens)} tokens in {result.seconds:.2f} s "
           f"({result.tokens_per_second:.1f} tokens/s, compile included)", file=sys.stderr)
+    _print_speculative(result.speculative)
     return 0
+
+
+def _print_speculative(stats: dict | None) -> None:
+    if stats:
+        print(f"speculative: {stats['rounds']} rounds, acceptance rate "
+              f"{stats['acceptance_rate']:.3f}, {stats['tokens_per_round']:.2f} tokens per round",
+              file=sys.stderr)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -367,19 +392,20 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from hybrid_jax.convert.nha import convert_run
+    from hybrid_jax.convert import nha, oryx
 
-    if args.to != "nha":
-        detail = (" (the Oryx block does not exist yet)" if args.to == "oryx" else "")
-        raise ValueError(f"--to {args.to!r} is not supported{detail}; expected 'nha'")
     window = None if args.window == "full" else _int_arg("--window", args.window)
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
     ts, _ = _load_run(args.run_dir, experiment, None, "convert")
-    convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
-                num_slots=args.slots, layers=layers, seed=args.seed)
-    print(f"converted layers {layers or 'all'} of {args.run_dir} to NHA in {args.out}")
+    if args.to == "oryx":
+        oryx.convert_run(experiment, ts.model(), args.run_dir, args.out, layers=layers,
+                         seed=args.seed)
+    else:
+        nha.convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
+                        num_slots=args.slots, layers=layers, seed=args.seed)
+    print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}")
     return 0
 
 

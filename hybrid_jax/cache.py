@@ -194,3 +194,13 @@ class LinearSteps:
 def cache_nbytes(cache: Any) -> int:
     """Bytes held by the arrays of a decode cache (any pytree of caches)."""
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache))
+
+
+def decode_cache_bytes(model: Any, batch: int, max_len: int) -> dict[str, int]:
+    """Bytes of `model.init_cache(batch, max_len)` (built abstractly): in all, in KV caches
+    (attention, Oryx's attention mode) and in fixed-size recurrent states (the rest)."""
+    cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
+    kv = sum(cache_nbytes(c) for c in jax.tree.leaves(
+        cache, is_leaf=lambda x: isinstance(x, AttentionCache)) if isinstance(c, AttentionCache))
+    total = cache_nbytes(cache)
+    return {"cache_bytes": total, "cache_kv_bytes": kv, "cache_state_bytes": total - kv}

@@ -54,6 +54,9 @@ class Mamba2Options:
     dt_init_floor: float = 1e-4
     a_init_min: float = 1.0  # A_log init: log U[a_init_min, a_init_max]
     a_init_max: float = 16.0
+    # False: attention-compatible parts (an attention layer converted to Oryx, convert/oryx.py)
+    conv_activation: bool = True  # SiLU after the short convs
+    gated_norm: bool = True  # out = W_out·RMSNorm_G(y ⊙ silu(z)); False: W_out·y (no z)
     implementation: str | None = None  # of hybrid_jax.ops.ssd.ssd
 
     def __post_init__(self) -> None:
@@ -129,20 +132,23 @@ class Mamba2Mixer(nnx.Module):
         self.dtype = compute_dtype(config)
         d, kw = config.d_model, dense_kwargs(config, rngs)
         pdtype = kw["param_dtype"]
-        self.z_proj = Linear(d, (h, p), axes=("embed", "heads", "head_dim"), **kw)
+        self.z_proj = (Linear(d, (h, p), axes=("embed", "heads", "head_dim"), **kw)
+                       if options.gated_norm else None)
         self.x_proj = Linear(d, (h, p), axes=("embed", "heads", "head_dim"), **kw)
         self.b_proj = Linear(d, (g, n), axes=("embed", None, "state"), **kw)
         self.c_proj = Linear(d, (g, n), axes=("embed", None, "state"), **kw)
         self.dt_proj = Linear(d, h, axes=("embed", "heads"), **kw)
-        conv_kw = dict(rngs=rngs, use_bias=True, dtype=self.dtype, param_dtype=pdtype)
+        conv_kw = dict(rngs=rngs, use_bias=True, activation=options.conv_activation,
+                       dtype=self.dtype, param_dtype=pdtype)
         self.x_conv = ShortConv(h * p, options.conv_size, axis="heads", **conv_kw)
         self.b_conv = ShortConv(g * n, options.conv_size, **conv_kw)
         self.c_conv = ShortConv(g * n, options.conv_size, **conv_kw)
         self.dt_bias = param(rngs, _dt_bias_init(options), h, jnp.float32, ("heads",))
         self.A_log = param(rngs, _a_log_init(options), h, jnp.float32, ("heads",))
         self.D = param(rngs, nnx.initializers.ones, h, jnp.float32, ("heads",))
-        self.norm = GatedRMSNorm(h * p, group_size=h * p // g, norm_before_gate=False,
-                                 eps=config.norm_eps, dtype=self.dtype, param_dtype=pdtype)
+        self.norm = (GatedRMSNorm(h * p, group_size=h * p // g, norm_before_gate=False,
+                                  eps=config.norm_eps, dtype=self.dtype, param_dtype=pdtype)
+                     if options.gated_norm else None)
         self.out_proj = Linear((h, p), d, axes=("heads", "head_dim", "embed"),
                                **{**kw, "std": output_std(config)})
 
@@ -182,7 +188,10 @@ class Mamba2Mixer(nnx.Module):
         return y.astype(jnp.float32) + self.D[...][:, None] * x.astype(jnp.float32), state
 
     def output(self, y_BTHP: jax.Array, x_BTD: jax.Array) -> jax.Array:
-        """`out_proj(RMSNorm_G(y ⊙ silu(z)))` with z = `z_proj(x_BTD)`."""
+        """`out_proj(RMSNorm_G(y ⊙ silu(z)))` with z = `z_proj(x_BTD)` (`out_proj(y)` without
+        the gated norm)."""
+        if self.norm is None:
+            return self.out_proj(y_BTHP)
         z = constrain(self.z_proj(x_BTD), ("batch", "seq", "heads", "head_dim"))
         batch, T = z.shape[:2]
         y = self.norm(y_BTHP.reshape(batch, T, -1), z.reshape(batch, T, -1))

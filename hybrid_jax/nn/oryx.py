@@ -86,7 +86,8 @@ LINEAR_KINDS = {
                          ("b_proj", "x_proj", "z_proj", "out_proj", "b_conv", "x_conv", "norm"),
                          (2, 0)),  # features: x, dt, B, C
 }
-MAMBA2_FIELDS = ("expand", "ssm_head_dim", "state_size", "n_groups")
+MAMBA2_FIELDS = ("expand", "ssm_head_dim", "state_size", "n_groups", "conv_activation",
+                 "gated_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +106,13 @@ class OryxOptions:
     ssm_head_dim: int = 64
     state_size: int = 128
     n_groups: int = 1
+    conv_activation: bool = True  # False with gated_norm False: attention-compatible parts
+    gated_norm: bool = True  # (Mamba-2 mode; an attention layer converted, convert/oryx.py)
     conv_size: int = 4
     chunk_size: int = 64  # of the linear mixer's chunked form
     rope_theta: float = 10000.0
+    rope_fraction: float = 1.0  # of the attention mode's RoPE (AttentionOptions)
+    rope_scaling: tuple[float, float, float, float] | None = None
     implementation: str | None = None  # of the linear mixer's op
     default_mode: str = "attention"  # of every token when the context has no "mode" extra
 
@@ -135,11 +140,11 @@ class OryxOptions:
                                     implementation=self.implementation)
 
     def attention_options(self) -> AttentionOptions:
+        rope = dict(rope_theta=self.rope_theta, rope_fraction=self.rope_fraction,
+                    rope_scaling=self.rope_scaling)
         if self.linear_mixer == "mamba2":  # one attention head per B/C group
-            return AttentionOptions(num_heads=self.n_groups, head_dim=self.state_size,
-                                    rope_theta=self.rope_theta)
-        return AttentionOptions(num_heads=self.num_heads, head_dim=self.head_dim,
-                                rope_theta=self.rope_theta)
+            return AttentionOptions(num_heads=self.n_groups, head_dim=self.state_size, **rope)
+        return AttentionOptions(num_heads=self.num_heads, head_dim=self.head_dim, **rope)
 
     def check(self, model: ModelConfig) -> None:
         self.linear_options().check(model)
@@ -272,8 +277,8 @@ def shared_fraction(module: nnx.Module) -> float:
     for _, node in nnx.iter_graph(module):
         if isinstance(node, OryxMixer):
             mixer = sum(x.size for x in jax.tree.leaves(nnx.state(node, nnx.Param)))
-            shared = sum(x.size for name in node.kind.shared
-                         for x in jax.tree.leaves(nnx.state(getattr(node.linear, name),
-                                                            nnx.Param)))
+            parts = [getattr(node.linear, name) for name in node.kind.shared]
+            shared = sum(x.size for part in parts if part is not None
+                         for x in jax.tree.leaves(nnx.state(part, nnx.Param)))
             per_mode += mixer - shared
     return 1.0 - per_mode / total
