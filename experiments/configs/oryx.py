@@ -9,7 +9,9 @@ scripts then run the trained model under fixed schedules (`experiments/oryx_mode
 - `needle-oryx-gdn-tiny`: needle in a haystack of 64 tokens (`hybrid_jax.data.tasks.needle`),
   the query's 2 tokens 3.1 % of the sequence.
 - `lm-wikitext2-oryx-gdn-tiny`: byte-level WikiText-2, 256-token rows in 32-token chunks, for
-  the mode-switch curves and speculative decoding.
+  the mode-switch curves and speculative decoding (CPU); `lm-wikitext2-oryx-gdn-small` the
+  same at d_model 512, 6 layers, for speculative decoding on a GPU
+  (`experiments/benchmarks/oryx_speculative.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from experiments.configs.mqar import MQAR_TINY, MQAR_TRAIN
 from experiments.configs.nha import MQAR4
 from experiments.registry import register
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, ModeSchedule
+from hybrid_jax.config import ExperimentConfig, ModeSchedule, layer
 from hybrid_jax.data.tasks.needle import NeedleConfig
 
 MIXED = ModeSchedule(pattern="random_chunks", chunk=16, attention_prob=0.5)
@@ -68,3 +70,18 @@ def lm_wikitext2_oryx_gdn_tiny() -> ExperimentConfig:
         model=presets.get("oryx-gdn-tiny").replace(vocab_size=257), data=WIKITEXT2_RAW,
         train=train, description="byte-level Oryx-GDN, mixed mode (32-token chunks), on "
                                  "WikiText-2 raw (CPU)")
+
+
+@register("lm-wikitext2-oryx-gdn-small")
+def lm_wikitext2_oryx_gdn_small() -> ExperimentConfig:
+    """~20M parameters, byte-level, 512-token rows in 64-token chunks, bfloat16 (one GPU)."""
+    model = presets.get("oryx-gdn-tiny").replace(
+        layers=(layer("oryx", chunk_size=64),) * 6, vocab_size=257, d_model=512, num_heads=8,
+        dtype="bfloat16")
+    train = dataclasses.replace(TINY_TRAIN, steps=400, batch_size=32, learning_rate=2e-3,
+                                warmup_steps=40, eval_every=0, checkpoint_every=0,
+                                log_every=50, mode_schedule=dataclasses.replace(MIXED, chunk=64))
+    return ExperimentConfig(
+        name="lm-wikitext2-oryx-gdn-small", model=model,
+        data=dataclasses.replace(WIKITEXT2_RAW, seq_len=512), train=train,
+        description="byte-level Oryx-GDN (6 x 512), mixed mode, on WikiText-2 raw (GPU)")

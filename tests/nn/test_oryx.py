@@ -174,15 +174,33 @@ def test_modes_and_options_are_checked():
         OryxOptions(linear_mixer="mamba2", expand_v=2)
 
 
-def test_shared_fraction_of_the_tiny_preset():
-    model = hj.create_model(presets.get("oryx-gdn-tiny"))
-    assert shared_fraction(model.blocks[0]) == pytest.approx(0.857, abs=1e-3)
-    assert shared_fraction(model) == pytest.approx(0.874, abs=1e-3)
+@pytest.mark.parametrize("name, block, model", [("oryx-gdn-tiny", 0.857, 0.874),
+                                                ("oryx-mamba2-tiny", 0.909, 0.920)])
+def test_shared_fraction_of_the_tiny_presets(name, block, model):
+    built = nnx.eval_shape(lambda: hj.LanguageModel(presets.get(name), rngs=nnx.Rngs(0)))
+    assert shared_fraction(built.blocks[0]) == pytest.approx(block, abs=1e-3)
+    assert shared_fraction(built) == pytest.approx(model, abs=1e-3)
+
+
+def test_decode_cache_holds_both_states_and_reports_its_bytes():
+    """2 layers: a KV cache of 7 positions × 2 heads × (8 + 8) float32 per row, plus the
+    linear mixer's state and conv inputs; the Mamba-2 mode's values are 4 heads of 4 per
+    key head (16 wide)."""
+    from hybrid_jax.cache import decode_cache_bytes
+
+    for kind in KINDS:
+        model = nnx.eval_shape(lambda kind=kind: hj.LanguageModel(CONFIGS[kind],
+                                                                  rngs=nnx.Rngs(0)))
+        sizes = decode_cache_bytes(model, 2, T)
+        assert sizes["cache_kv_bytes"] == 2 * (2 * T * 2 * (8 + {"gdn": 8, "mamba2": 16}[kind])
+                                               * 4 + T * 4), (kind, sizes)
+        assert sizes["cache_state_bytes"] > 0
+        assert sizes["cache_bytes"] == sizes["cache_kv_bytes"] + sizes["cache_state_bytes"]
 
 
 def test_schedules_for_training_and_inference():
     from hybrid_jax.config import ModeSchedule
-    from hybrid_jax.modes import inference_modes, training_modes
+    from hybrid_jax.modes import batch_modes, inference_modes, training_modes
 
     schedule = ModeSchedule(pattern="random_chunks", chunk=3, attention_prob=0.5)
     a = np.asarray(training_modes(schedule, (4, 8), 0, 7))
@@ -197,6 +215,11 @@ def test_schedules_for_training_and_inference():
         inference_modes("prefill=linear", [2], 4)
     with pytest.raises(ValueError, match="pattern"):
         ModeSchedule(pattern="mixed")
+    mask = np.array([[0, 1, 0, 1]], bool)
+    assert batch_modes("scored=attention,other=linear", mask).tolist() == [[0, 1, 0, 1]]
+    assert batch_modes("linear", mask).tolist() == [[0, 0, 0, 0]]
+    with pytest.raises(ValueError, match="expected 'scored=MODE,other=MODE'"):
+        batch_modes("queries=attention", mask)
 
 
 def test_generate_takes_a_mode_schedule():
