@@ -256,14 +256,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                   cfg.eval_batches if args.batches is None else args.batches,
                                   cfg.seed)
     metrics = evaluate(ts, batches, num_words=words, modes=args.modes)
-    metrics.update(decode_cache_bytes(ts.model(), cfg.batch_size, batches[0]["inputs"].shape[1]))
+    batch, length = batches[0]["inputs"].shape
+    metrics.update(decode_cache_bytes(ts.model(), batch, length))
     print(json.dumps({**metrics, "step": step}))
     shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy",
              "attention_fraction")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
-    print(f"decode cache for {cfg.batch_size} x {batches[0]['inputs'].shape[1]} tokens: "
-          f"{metrics['cache_bytes'] / 2**20:.2f} MiB (KV {metrics['cache_kv_bytes'] / 2**20:.2f}"
-          f" MiB, recurrent states {metrics['cache_state_bytes'] / 2**20:.2f} MiB)")
+    _print_cache(ts.model(), batch, length)
     return 0
 
 
@@ -338,6 +337,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                           stats=stats)
         print(" ".join(str(int(t)) for t in tokens[0]))
         _print_speculative(stats)
+        _print_cache(ts.model(), 1, len(prompt) + args.max_new_tokens + (args.speculative or 0))
         return 0
     prompts = _prompts(args)
     tokenizer = _run_tokenizer(args.run_dir)
@@ -360,7 +360,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"{sum(len(t) for t in result.tokens)} tokens in {result.seconds:.2f} s "
           f"({result.tokens_per_second:.1f} tokens/s, compile included)", file=sys.stderr)
     _print_speculative(result.speculative)
+    longest = max(len(tokenizer.encode_prompt(p)) for p in prompts)
+    _print_cache(ts.model(), len(prompts),
+                 longest + args.max_new_tokens + (args.speculative or 0))
     return 0
+
+
+def _print_cache(model, batch: int, max_len: int) -> None:
+    from hybrid_jax.cache import decode_cache_bytes
+
+    sizes = decode_cache_bytes(model, batch, max_len)
+    print(f"decode cache for {batch} x {max_len} tokens: {sizes['cache_bytes'] / 2**20:.2f} MiB "
+          f"(KV {sizes['cache_kv_bytes'] / 2**20:.2f} MiB, recurrent states "
+          f"{sizes['cache_state_bytes'] / 2**20:.2f} MiB)", file=sys.stderr)
 
 
 def _print_speculative(stats: dict | None) -> None:
