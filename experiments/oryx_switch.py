@@ -7,8 +7,8 @@ For each trained text run (`lm-wikitext2-oryx-gdn-tiny`, mixed-mode training) th
 rows are run under three schedules: all attention, all linear, and attention → linear →
 attention switching at the `--switch` positions. Writes `OUT/switch.json` (the mean loss at
 each position per run and schedule, and segment means: the first 8 tokens after each switch,
-the rest of each segment) and `OUT/switch.png` (the curves, smoothed over 8 positions, one
-panel per run, the switches marked).
+the rest of each segment) and `OUT/switch.png` (the curves, smoothed over 8 positions, and
+below them their difference from all-attention; one column per run, the switches marked).
 """
 
 from __future__ import annotations
@@ -80,19 +80,27 @@ def plot(results: dict, switches: list[int], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.2), sharey=True,
+    fig, axes = plt.subplots(2, len(results), figsize=(4.2 * len(results), 5.6), sharey="row",
                              squeeze=False)
     kernel = np.ones(SETTLE) / SETTLE
-    for ax, (run, result) in zip(axes[0], results.items(), strict=True):
+
+    def smooth(curve):
+        return np.convolve(np.asarray(curve), kernel, mode="valid")
+
+    for column, (run, result) in enumerate(results.items()):
+        top, bottom = axes[0][column], axes[1][column]
+        reference = np.asarray(result["curves"]["attention"])
         for name, curve in result["curves"].items():
-            curve = np.asarray(curve)
-            smooth = np.convolve(curve, kernel, mode="valid")
-            ax.plot(np.arange(len(smooth)) + SETTLE - 1, smooth, label=name, lw=1.2)
-        for s in switches:
-            ax.axvline(s, color="grey", ls=":", lw=1)
-        ax.set_title(run, fontsize=9)
-        ax.set_xlabel("position")
+            x = np.arange(len(curve) - SETTLE + 1) + SETTLE - 1
+            top.plot(x, smooth(curve), label=name, lw=1.2)
+            bottom.plot(x, smooth(np.asarray(curve) - reference), label=name, lw=1.2)
+        for ax in (top, bottom):
+            for s in switches:
+                ax.axvline(s, color="grey", ls=":", lw=1)
+        top.set_title(run, fontsize=9)
+        bottom.set_xlabel("position")
     axes[0][0].set_ylabel(f"loss (nats/byte, mean of {SETTLE})")
+    axes[1][0].set_ylabel("minus all-attention loss")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=80)
@@ -102,7 +110,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", type=Path, nargs="+")
     parser.add_argument("--switch", default="96,176", help="positions where the mode switches")
-    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("runs/oryx-switch"))
     args = parser.parse_args(argv)
     switches = [int(x) for x in args.switch.split(",")]
