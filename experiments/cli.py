@@ -16,6 +16,7 @@
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
     hybrid-jax inspect mixing RUN_DIR [--out mixing.png]
     hybrid-jax scale NAME --devices 1,2,4,8 --strategy data,fsdp,tensor,seq [--weak|--strong]
+                     [--model PRESET,...] [--time-limit S]
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     imp.add_argument("--fsdp", type=int, default=1,
                      help="shard the parameters over this many devices as they are read")
+    imp.add_argument("--scan-layers", action="store_true",
+                     help="stack the layers (nnx.scan: fast compiles for eval and fine-tuning)")
 
     exp = sub.add_parser("export", help="export a run's model in a pretrained-model layout")
     exp.add_argument("format", choices=("hf",))
@@ -150,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--layers", default=None, metavar="I,J,...",
                       help="the attention layers to convert (default: all)")
     conv.add_argument("--seed", type=int, default=0, help="seed of the new parameters")
+    conv.add_argument("--scan-layers", action="store_true",
+                      help="stack the new run's layers (nnx.scan: fast compiles)")
 
     sub.add_parser("list", help="list presets, block types and experiments")
 
@@ -174,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="work grows with the devices (batch; sequence length for seq)")
     mode.add_argument("--strong", action="store_true", help="fixed global work (the default)")
     scale.add_argument("--steps", type=int, default=5, help="timed steps per setting")
+    scale.add_argument("--model", default="", help="comma-separated model presets, each run in "
+                       "place of the experiment's model (a row group each)")
+    scale.add_argument("--time-limit", type=float, default=None,
+                       help="seconds; settings not started by then are skipped (and printed)")
     scale.add_argument("--out", type=Path, default=None, help="output folder (default "
                        "runs/scale-NAME)")
     _add_overrides(scale)
@@ -237,10 +246,38 @@ def _load_run(run_dir: Path, experiment, step: int | None, command: str):
     return ts, int(meta["step"])
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from hybrid_jax.cache import decode_cache_bytes
-    from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
+def load_for_eval(run_dir: Path, overrides: Sequence[str], step: int | None,
+                  batches: int | None, command: str):
+    """(train state of checkpoint `step` (default latest), its step, held-out batches, their
+    word count) of a run; `batches`: default the run's `train.eval_batches`, 0: all."""
+    from hybrid_jax.train.trainer import bind_data, held_out_set
 
+    _at_least(batches, 0, "--batches")
+    experiment = _read_run(run_dir, overrides)
+    ts, step = _load_run(run_dir, experiment, step, command)
+    cfg = experiment.train
+    data = bind_data(experiment.data, run_dir, resume=True)
+    held_out, words = held_out_set(data, cfg.batch_size,
+                                   cfg.eval_batches if batches is None else batches, cfg.seed)
+    return ts, step, held_out, words
+
+
+def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | None = None,
+                 batches: int | None = None, modes: str | None = None
+                 ) -> tuple[dict[str, float], int]:
+    """Held-out metrics of checkpoint `step` (default latest) of a run, and that step;
+    `modes`: an Oryx mode schedule (`evaluate`). The metrics include the bytes of a decode
+    cache for one held-out batch (`cache_bytes`, `cache_kv_bytes`, `cache_state_bytes`)."""
+    from hybrid_jax.cache import decode_cache_bytes
+    from hybrid_jax.train.trainer import evaluate
+
+    ts, step, held_out, words = load_for_eval(run_dir, overrides, step, batches, "eval")
+    metrics = evaluate(ts, held_out, num_words=words, modes=modes)
+    batch, length = held_out[0]["inputs"].shape
+    return {**metrics, **decode_cache_bytes(ts.model(), batch, length)}, step
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
     _at_least(args.batches, 0, "--batches")
     if args.windows is not None:
         from experiments.window_sweep import run
@@ -248,21 +285,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         run(args.run_dir, args.windows, layers_text=args.layers, out=args.sweep_out,
             step=args.step, batches=args.batches, overrides=args.overrides)
         return 0
-    experiment = _read_run(args.run_dir, args.overrides)
-    ts, step = _load_run(args.run_dir, experiment, args.step, "eval")
-    cfg = experiment.train
-    data = bind_data(experiment.data, args.run_dir, resume=True)
-    batches, words = held_out_set(data, cfg.batch_size,
-                                  cfg.eval_batches if args.batches is None else args.batches,
-                                  cfg.seed)
-    metrics = evaluate(ts, batches, num_words=words, modes=args.modes)
-    batch, length = batches[0]["inputs"].shape
-    metrics.update(decode_cache_bytes(ts.model(), batch, length))
+    metrics, step = evaluate_run(args.run_dir, args.overrides, step=args.step,
+                                 batches=args.batches, modes=args.modes)
     print(json.dumps({**metrics, "step": step}))
     shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy",
              "attention_fraction")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
-    _print_cache(ts.model(), batch, length)
+    _print_cache(metrics, "one held-out batch")
     return 0
 
 
@@ -291,13 +320,17 @@ def _run_tokenizer(run_dir: Path):
     return load_tokenizer(path)
 
 
-def _generation_limits(run_dir: Path, tokenizer) -> tuple[int | None, list[int]]:
-    """The model's position limit and end-of-sequence ids of an imported run."""
+def _hf_files(run_dir: Path) -> tuple[dict, dict]:
+    """An imported run's Hugging Face config.json and generation_config.json ({} if none)."""
     from hybrid_jax.convert.hf import GENERATION_CONFIG, HF_CONFIG
 
-    hf = json.loads((run_dir / HF_CONFIG).read_text()) if (run_dir / HF_CONFIG).is_file() else {}
-    gen = (json.loads((run_dir / GENERATION_CONFIG).read_text())
-           if (run_dir / GENERATION_CONFIG).is_file() else {})
+    return tuple(json.loads((run_dir / name).read_text()) if (run_dir / name).is_file() else {}
+                 for name in (HF_CONFIG, GENERATION_CONFIG))
+
+
+def _generation_limits(run_dir: Path, tokenizer) -> tuple[int | None, list[int]]:
+    """The model's position limit and end-of-sequence ids of an imported run."""
+    hf, gen = _hf_files(run_dir)
     eos = gen.get("eos_token_id", hf.get("eos_token_id"))
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     return hf.get("max_position_embeddings"), sorted({tokenizer.eos_id, *eos})
@@ -331,13 +364,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_token_ids(np.asarray([prompt]), vocab, "prompt token")
         ts, _ = _load_run(args.run_dir, experiment, None, "generate")
         stats = {}
-        tokens = generate(ts.model(), jnp.asarray([prompt]), args.max_new_tokens,
+        tokens = generate(ts.model().with_scan_layers(False), jnp.asarray([prompt]),
+                          args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           seed=args.seed, modes=args.modes, speculative=args.speculative,
-                          stats=stats)
+                          stats=stats, max_positions=_hf_files(args.run_dir)[0].get(
+                              "max_position_embeddings"))
         print(" ".join(str(int(t)) for t in tokens[0]))
         _print_speculative(stats)
-        _print_cache(ts.model(), 1, len(prompt) + args.max_new_tokens + (args.speculative or 0))
+        _print_decode_cache(ts.model(), 1,
+                            len(prompt) + args.max_new_tokens + (args.speculative or 0))
         return 0
     prompts = _prompts(args)
     tokenizer = _run_tokenizer(args.run_dir)
@@ -351,7 +387,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         shown.append(text)
 
     result = generate_text(
-        ts.model(), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+        ts.model().with_scan_layers(False), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
         on_text=show if stream else None, modes=args.modes, speculative=args.speculative)
@@ -361,16 +397,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
           f"({result.tokens_per_second:.1f} tokens/s, compile included)", file=sys.stderr)
     _print_speculative(result.speculative)
     longest = max(len(tokenizer.encode_prompt(p)) for p in prompts)
-    _print_cache(ts.model(), len(prompts),
-                 longest + args.max_new_tokens + (args.speculative or 0))
+    _print_decode_cache(ts.model(), len(prompts),
+                        longest + args.max_new_tokens + (args.speculative or 0))
     return 0
 
 
-def _print_cache(model, batch: int, max_len: int) -> None:
+def _print_decode_cache(model, batch: int, max_len: int) -> None:
     from hybrid_jax.cache import decode_cache_bytes
 
-    sizes = decode_cache_bytes(model, batch, max_len)
-    print(f"decode cache for {batch} x {max_len} tokens: {sizes['cache_bytes'] / 2**20:.2f} MiB "
+    _print_cache(decode_cache_bytes(model, batch, max_len), f"{batch} x {max_len} tokens")
+
+
+def _print_cache(sizes: dict, what: str) -> None:
+    print(f"decode cache for {what}: {sizes['cache_bytes'] / 2**20:.2f} MiB "
           f"(KV {sizes['cache_kv_bytes'] / 2**20:.2f} MiB, recurrent states "
           f"{sizes['cache_state_bytes'] / 2**20:.2f} MiB)", file=sys.stderr)
 
@@ -388,7 +427,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from hybrid_jax.sharding import make_mesh
 
     mesh = make_mesh(MeshConfig(data=1, fsdp=args.fsdp))
-    experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh)
+    experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh,
+                              scan_layers=args.scan_layers)
     print(f"imported {experiment.description} into {args.out}: "
           f"{len(experiment.model.layers)} layers, d_model {experiment.model.d_model}, "
           f"vocab {experiment.model.vocab_size}, {args.dtype}")
@@ -411,12 +451,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
     ts, _ = _load_run(args.run_dir, experiment, None, "convert")
-    if args.to == "oryx":
-        oryx.convert_run(experiment, ts.model(), args.run_dir, args.out, layers=layers,
-                         seed=args.seed)
-    else:
-        nha.convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
-                        num_slots=args.slots, layers=layers, seed=args.seed)
+    converter = oryx.convert_run if args.to == "oryx" else functools.partial(
+        nha.convert_run, window=window, num_slots=args.slots)
+    converter(experiment, ts.model(), args.run_dir, args.out, layers=layers, seed=args.seed,
+              scan_layers=args.scan_layers)
     print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}")
     return 0
 
@@ -507,9 +545,12 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raise ValueError(f"--devices: expected positive counts, got {args.devices!r}")
     scale.request_cpu_devices(max(devices))  # fake CPU devices, where no accelerator has them
     strategies = scale.parse_list(args.strategy, "strategy", scale.STRATEGIES)
+    from hybrid_jax import presets  # jax loads here, after the device request
+
+    models = scale.parse_list(args.model, "model", presets.names()) if args.model else []
     out = Path("runs") / f"scale-{args.name}" if args.out is None else args.out
     scale.run(args.name, devices, strategies, weak=args.weak, steps=args.steps, out=out,
-              overrides=args.overrides)
+              overrides=args.overrides, models=models, time_limit=args.time_limit)
     return 0
 
 

@@ -1,13 +1,23 @@
-"""DeepNorm vs pre-norm / post-norm residuals in a deep, narrow stack (PHA issue, item 5).
+"""DeepNorm vs Post-LN vs Pre-LN residuals in a deep, narrow stack (PHA issue, item 5).
 
-    python -m experiments.deepnorm_stability --out runs/stability [--steps 150] [--layers 48]
-        [--learning-rate 5e-3] [--data ../shared/data]
+    python -m experiments.deepnorm_stability --out runs/stability --data ../shared/data
+        [--layers 48] [--steps 150] [--learning-rates 1e-3,3e-3,1e-2,3e-2,0.1] [--workers 2]
 
-Trains the same 48-layer byte-level model on WikiText-2 three times, changing only the residual
-scheme of its blocks (attention → SwiGLU, `layer("sequential", residual=...)`), with no
-learning-rate warm-up and no gradient clipping, at a learning rate a shallow model trains well
-with. Writes each run under `OUT/<residual>/`, the curves to `OUT/stability.png` and a table to
-`OUT/stability.json` (final train loss, eval loss, steps before a non-finite loss).
+Trains the same 48-layer byte-level model on WikiText-2 once per (arm, learning rate), changing
+only the residual scheme of its blocks (attention → SwiGLU, `layer("sequential", ...)`), with
+AdamW at a constant learning rate, **no warm-up and no gradient clipping**. The arms (DeepNet,
+Wang et al. 2022, compares DeepNorm with Post-LN; Pre-LN is its stable-but-worse reference):
+
+    deepnorm    LN(α·x + f(x)), α = (2L)^¼, DeepNet's init (Xavier, gain β = (8L)^−¼ on the
+                value/output/FFN kernels)
+    post_norm   LN(x + f(x)) with the same Xavier init and gain 1 (α = β = 1): DeepNet's
+                Post-LN baseline, differing from `deepnorm` only in α and β
+    pre_norm    x + f(LN(x)) with the library's init (normal 0.02, outputs / √(2L))
+
+`--workers` processes run the grid (each one run after another). Writes each run under
+`OUT/<arm>-lr<lr>/`, the table to `OUT/stability.json` and `OUT/stability.md`, and the plot
+(final loss against learning rate; loss curves at the largest rate) to `OUT/stability.png`.
+A run whose loss or gradient becomes non-finite is recorded as diverged at that step.
 """
 
 from __future__ import annotations
@@ -15,55 +25,137 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA, WIKITEXT2_RAW
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
 from hybrid_jax.train.metrics import read_metrics
-from hybrid_jax.train.plot import plot_runs
 from hybrid_jax.train.trainer import NonFiniteLossError, train
 
-RESIDUALS = ("deepnorm", "pre_norm", "post_norm")
+ARMS = {
+    "deepnorm": dict(residual="deepnorm"),
+    "post_norm": dict(residual="deepnorm", deepnorm_alpha=1.0, deepnorm_beta=1.0),
+    "pre_norm": dict(residual="pre_norm"),
+}
+LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
 
-def experiment(residual: str, *, layers: int, steps: int, learning_rate: float,
+def experiment(arm: str, *, layers: int, steps: int, learning_rate: float,
                data_dir: str = DATA) -> ExperimentConfig:
-    block = layer("sequential", branches=("attention", "ffn"), residual=residual)
+    block = layer("sequential", branches=("attention", "ffn"), **ARMS[arm])
     model = ModelConfig(layers=(block,) * layers, vocab_size=257, d_model=32, num_heads=2,
-                        ffn_dim=64)
+                        ffn_dim=64, scan_layers=True)
     train_config = TrainConfig(steps=steps, batch_size=16, learning_rate=learning_rate,
-                               warmup_steps=0, min_lr_ratio=1.0, grad_clip=0.0, log_every=5,
+                               warmup_steps=0, min_lr_ratio=1.0, grad_clip=None, log_every=5,
                                eval_batches=4, checkpoint_every=0)
-    return ExperimentConfig(name=f"deepnorm-stability-{residual}", model=model,
+    return ExperimentConfig(name=f"deepnorm-stability-{arm}", model=model,
                             data=replace(WIKITEXT2_RAW, seq_len=64,
                                          path=f"{data_dir}/wikitext-2-raw/wiki.train.raw",
                                          eval_path=f"{data_dir}/wikitext-2-raw/wiki.valid.raw"),
                             train=train_config)
 
 
-def run(out: Path, *, layers: int, steps: int, learning_rate: float, data_dir: str = DATA
-        ) -> dict:
-    table = {}
-    for residual in RESIDUALS:
-        run_dir = out / residual
-        try:
-            config = experiment(residual, layers=layers, steps=steps,
-                                learning_rate=learning_rate, data_dir=data_dir)
-            result = train(config, run_dir, progress=False)
-            diverged = None
-        except NonFiniteLossError as error:
-            result, diverged = {}, error.step
-        losses = [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
-        table[residual] = {"final_train_loss": losses[-1] if losses else math.nan,
-                           "eval_loss": result.get("eval_loss"), "diverged_at_step": diverged,
-                           "first_train_loss": losses[0] if losses else math.nan}
-        print(residual, table[residual], flush=True)
-    summary = {"layers": layers, "steps": steps, "learning_rate": learning_rate,
-               "warmup_steps": 0, "grad_clip": 0.0, "results": table}
+def run_name(arm: str, learning_rate: float) -> str:
+    return f"{arm}-lr{learning_rate:g}"
+
+
+def run_one(out: Path, arm: str, learning_rate: float, *, layers: int, steps: int,
+            data_dir: str) -> dict:
+    """One (arm, learning rate) run; its row of the table, also written to `RUN/row.json`
+    (a run that has one is not made again: an interrupted grid continues)."""
+    run_dir = out / run_name(arm, learning_rate)
+    if (run_dir / "row.json").is_file():
+        return json.loads((run_dir / "row.json").read_text())
+    config = experiment(arm, layers=layers, steps=steps, learning_rate=learning_rate,
+                        data_dir=data_dir)
+    try:
+        result, diverged = train(config, run_dir, progress=False, force=True), None
+    except NonFiniteLossError as error:
+        result, diverged = {}, error.step
+    losses = [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
+    row = {"arm": arm, "learning_rate": learning_rate, "diverged_at_step": diverged,
+           "first_train_loss": losses[0] if losses else math.nan,
+           "max_train_loss": max(losses) if losses else math.nan,
+           "final_train_loss": losses[-1] if losses else math.nan,
+           "eval_loss": result.get("eval_loss")}
+    (run_dir / "row.json").write_text(json.dumps(row))
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def run_grid(out: Path, *, layers: int, steps: int, learning_rates: list[float],
+             data_dir: str, workers: int) -> dict:
+    """Every (arm, learning rate), `workers` processes at a time; the summary."""
+    grid = [(arm, lr) for lr in learning_rates for arm in ARMS]
+    shards = [grid[i::workers] for i in range(workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "experiments.deepnorm_stability",
+                               "--out", str(out), "--layers", str(layers), "--steps", str(steps),
+                               "--data", data_dir, "--only",
+                               ";".join(f"{arm},{lr:g}" for arm, lr in shard)])
+             for shard in shards if shard]
+    for proc in procs:
+        if proc.wait() != 0:
+            raise RuntimeError(f"a worker failed (exit {proc.returncode}): {proc.args}")
+    rows = [json.loads((out / run_name(arm, lr) / "row.json").read_text()) for arm, lr in grid]
+    summary = {"layers": layers, "steps": steps, "warmup_steps": 0, "grad_clip": None,
+               "learning_rates": learning_rates, "results": rows}
     (out / "stability.json").write_text(json.dumps(summary, indent=2))
-    plot_runs([out / r for r in RESIDUALS], out / "stability.png", log_y=True)
+    (out / "stability.md").write_text(markdown_table(rows, learning_rates))
+    plot(out, rows, learning_rates)
     return summary
+
+
+def _cell(row: dict) -> str:
+    if row["diverged_at_step"] is not None:
+        return f"diverged (step {row['diverged_at_step']})"
+    return f"{row['final_train_loss']:.3f} / {row['eval_loss']:.3f}"
+
+
+def markdown_table(rows: list[dict], learning_rates: list[float]) -> str:
+    """Arms × learning rates: final train loss / eval loss (nats per byte), or the divergence."""
+    cells = {(r["arm"], r["learning_rate"]): _cell(r) for r in rows}
+    lines = ["| arm | " + " | ".join(f"lr {lr:g}" for lr in learning_rates) + " |",
+             "|---|" + "---|" * len(learning_rates)]
+    lines += [f"| {arm} | " + " | ".join(cells[arm, lr] for lr in learning_rates) + " |"
+              for arm in ARMS]
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: Path, rows: list[dict], learning_rates: list[float]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for arm in ARMS:
+        mine = [r for r in rows if r["arm"] == arm]
+        finished = [r for r in mine if r["diverged_at_step"] is None]
+        line, = left.plot([r["learning_rate"] for r in finished],
+                          [r["final_train_loss"] for r in finished], marker="o", label=arm)
+        for r in mine:
+            if r["diverged_at_step"] is not None:
+                left.plot(r["learning_rate"], 6.0, marker="x", markersize=9,
+                          color=line.get_color())
+        records = read_metrics(out / run_name(arm, max(learning_rates)))
+        points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+        if points:
+            right.plot(*zip(*points, strict=True), label=arm, color=line.get_color())
+    left.set(xscale="log", xlabel="learning rate (constant, no warm-up)",
+             ylabel="final train loss (nats/byte)", title="x: diverged (non-finite)")
+    right.set(yscale="log", xlabel="step", ylabel="train loss",
+              title=f"loss at lr {max(learning_rates):g}")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "stability.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None) -> int:
@@ -71,12 +163,22 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--learning-rate", type=float, default=5e-3)
+    parser.add_argument("--learning-rates", default=",".join(f"{lr:g}" for lr in LEARNING_RATES))
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--data", default=DATA, help="folder holding wikitext-2-raw/")
+    parser.add_argument("--only", default="", help="(a worker) 'arm,lr;arm,lr' runs to make")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    run(args.out, layers=args.layers, steps=args.steps, learning_rate=args.learning_rate,
-        data_dir=args.data)
+    if args.only:
+        for item in args.only.split(";"):
+            arm, lr = item.split(",")
+            run_one(args.out, arm, float(lr), layers=args.layers, steps=args.steps,
+                    data_dir=args.data)
+        return 0
+    learning_rates = [float(x) for x in args.learning_rates.split(",")]
+    summary = run_grid(args.out, layers=args.layers, steps=args.steps,
+                       learning_rates=learning_rates, data_dir=args.data, workers=args.workers)
+    print(markdown_table(summary["results"], learning_rates))
     return 0
 
 

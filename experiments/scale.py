@@ -1,18 +1,26 @@
 """The scaling study: `hybrid-jax scale EXPERIMENT --devices 1,2,4,8 --strategy data,seq`.
 
-For every strategy and device count it builds the mesh (`data`: batch split, parameters
-replicated; `fsdp`: batch split, parameters and optimizer state sharded; `tensor`: heads and
-MLP units split; `seq`: time split, the context-parallel mixers), initialises the experiment's
-model and optimizer on it, and times a few train steps and forward-only steps on random tokens
-(after one compiling step; medians). `--strong` (default) keeps the experiment's global batch;
-`--weak` multiplies the work by the device count (the batch for data/fsdp/tensor, the sequence
-length for seq).
+For every model (the experiment's, or each `--model` preset in its place), strategy and device
+count it builds the mesh (`data`: batch split, parameters replicated; `fsdp`: batch split,
+parameters and optimizer state sharded; `tensor`: heads and MLP units split; `seq`: time split,
+the context-parallel mixers), initialises the model and optimizer on it, compiles the trainer's
+train step and forward-only (eval) step, and times `steps` of each on random tokens after one
+warm-up call (medians). `--strong` (default) keeps the experiment's global batch; `--weak`
+multiplies the work by the device count (the batch for data/fsdp/tensor, the sequence length
+for seq).
 
-Columns: tokens/s (train), forward tokens/s, per-device TFLOP/s (train), scaling efficiency
-(throughput / (n × throughput of the strategy's smallest device count)), peak memory per
-device. FLOPs are XLA's count of the compiled per-device train step (`cost_analysis`), not the
-shared analytic counter; memory is the device's peak where the backend reports it, else the
-compiled step's arguments + temporaries. On CPU the devices can be fake
+Columns: tokens/s of the train and forward steps; per-device TFLOP/s of both by
+`hybrid_jax.flops`' model count (the trainer's `tflops_per_device`: matmuls, attention by its
+causal or windowed band, recurrences by their chunked work; `uncounted` names mixers without a
+sequence term; the forward step is a third of the train step's), and MFU where the device's
+peak is known (`mfu` by 6N, the MFU of record, and `mfu_model`, as the trainer logs them);
+scaling efficiency = per-device train TFLOP/s / that of the setting's fewest devices (for
+strong scaling and for weak data parallelism the same as tokens/s / (n/n₀ × tokens/s at n₀);
+for weak seq it also counts the longer sequences' attention); the peak memory per device of
+the compiled train and forward steps (XLA's memory analysis: arguments + outputs +
+temporaries − donated buffers); step times and compile time.
+`--time-limit` stops starting new settings after that many seconds (the skipped ones are
+printed); the JSON is rewritten after every row. On CPU the devices can be fake
 (`--xla_force_host_platform_device_count`, set here before jax loads): a plumbing check, not a
 measurement of scaling.
 """
@@ -70,23 +78,23 @@ def scaled_experiment(experiment, strategy: str, devices: int, weak: bool):
     return dataclasses.replace(experiment, train=train, data=data)
 
 
-def _peak_bytes(compiled, devices) -> int | None:
-    stats = [d.memory_stats() for d in devices]
-    if all(s and "peak_bytes_in_use" in s for s in stats):
-        return max(s["peak_bytes_in_use"] for s in stats)
+def _peak_mb(compiled) -> float | None:
+    """The compiled step's peak memory per device (XLA's memory analysis), MiB."""
     analysis = compiled.memory_analysis()
     if analysis is None:
         return None
-    return int(analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
-               + analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+    return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+            + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes) / 2**20
 
 
-def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int) -> dict[str, Any]:
+def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
+            model: str = "experiment") -> dict[str, Any]:
     """One row of the table: the timed train and forward steps of one setting."""
     import jax
     import numpy as np
 
     from experiments.benchmarks.timing import time_compiled
+    from hybrid_jax.flops import device_peak_flops, step_flops
     from hybrid_jax.sharding import make_mesh
     from hybrid_jax.train.trainer import (
         init_train_state,
@@ -104,97 +112,126 @@ def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int) 
                        "targets": tokens[:, 1:].astype(np.int32),
                        "mask": np.ones((batch_size, seq_len), bool)}, mesh)
     ts = init_train_state(experiment, mesh)
-    train_step, eval_step = make_train_step(ts), make_eval_step(ts)
     with jax.set_mesh(mesh):
-        compiled = train_step.lower(ts.state, batch).compile()
-        flops = (compiled.cost_analysis() or {}).get("flops")
-        state = ts.state
         start = time.perf_counter()
-        state, metrics = train_step(state, batch)
-        jax.block_until_ready(metrics)
+        train = make_train_step(ts).lower(ts.state, batch).compile()
+        forward = make_eval_step(ts).lower(ts.state, batch).compile()
         compile_s = time.perf_counter() - start
-
-        def train(state):
-            return train_step(state, batch)[0]
-
+        state, metrics = train(ts.state, batch)  # warm-up
+        jax.block_until_ready(metrics)
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            state = jax.block_until_ready(train(state))
+            state, metrics = train(state, batch)
+            jax.block_until_ready(metrics)
             times.append((time.perf_counter() - start) * 1e3)
         train_ms = statistics.median(times)
-        forward_ms = time_compiled(eval_step, state, batch, warmup=1, iters=steps)
-    tokens_per_step = batch_size * seq_len
-    return dict(
-        strategy=strategy, devices=devices, batch=batch_size, seq_len=seq_len,
+        forward_ms = time_compiled(forward, state, batch, warmup=1, iters=steps)
+    flops, tokens_per_step = step_flops(experiment.model, seq_len), batch_size * seq_len
+    training = flops.training_per_token()  # the model count; one document per row here
+
+    def per_device(flops_per_token: float, ms: float) -> float:  # TFLOP/s per device
+        return flops_per_token * tokens_per_step / (ms / 1e3) / devices / 1e12
+
+    row = dict(
+        model=model, strategy=strategy, devices=devices, batch=batch_size, seq_len=seq_len,
         train_ms=train_ms, forward_ms=forward_ms, compile_s=compile_s,
         tokens_per_s=tokens_per_step / train_ms * 1e3,
         forward_tokens_per_s=tokens_per_step / forward_ms * 1e3,
-        tflops_per_device=None if flops is None else flops / train_ms * 1e3 / 1e12,
-        peak_mb_per_device=(None if (b := _peak_bytes(compiled, mesh.devices.flat)) is None
-                            else b / 2**20),
-    )
+        tflops_per_device=per_device(training, train_ms),
+        forward_tflops_per_device=per_device(training / 3, forward_ms),
+        peak_mb_per_device=_peak_mb(train), forward_peak_mb_per_device=_peak_mb(forward),
+        uncounted=",".join(flops.uncounted) or None, loss=float(metrics["loss"]))
+    peak = device_peak_flops()  # MFU as the trainer logs it: by 6N (mfu) and the model count
+    row["mfu"] = None if peak is None else per_device(flops.six_n, train_ms) * 1e12 / peak
+    row["mfu_model"] = None if peak is None else row["tflops_per_device"] * 1e12 / peak
+    return row
 
 
 def add_efficiency(rows: list[dict[str, Any]]) -> None:
-    """`efficiency = tokens/s / (n/n₀ × tokens/s at n₀)`, n₀ the strategy's fewest devices."""
-    for strategy in {row["strategy"] for row in rows}:
-        own = [row for row in rows if row["strategy"] == strategy]
+    """`efficiency` = per-device train TFLOP/s / that at the fewest devices of the same model
+    and strategy (module docstring)."""
+    for key in {(row["model"], row["strategy"]) for row in rows}:
+        own = [row for row in rows if (row["model"], row["strategy"]) == key]
         base = min(own, key=lambda row: row["devices"])
         for row in own:
-            ideal = base["tokens_per_s"] * row["devices"] / base["devices"]
-            row["efficiency"] = row["tokens_per_s"] / ideal
+            row["efficiency"] = row["tflops_per_device"] / base["tflops_per_device"]
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
-    import matplotlib
+    from hybrid_jax.train.plot import new_figure, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for strategy in dict.fromkeys(row["strategy"] for row in rows):
-        own = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["devices"])
+    fig, (left, right) = new_figure(1, 2, figsize=(10, 4))
+    for key in dict.fromkeys((row["model"], row["strategy"]) for row in rows):
+        own = sorted((r for r in rows if (r["model"], r["strategy"]) == key),
+                     key=lambda r: r["devices"])
         devices = [r["devices"] for r in own]
-        left.plot(devices, [r["tokens_per_s"] for r in own], marker="o", label=strategy)
-        right.plot(devices, [r["efficiency"] for r in own], marker="o", label=strategy)
+        label = key[1] if key[0] == "experiment" else f"{key[0]} {key[1]}"
+        left.plot(devices, [r["tokens_per_s"] for r in own], marker="o", label=label)
+        right.plot(devices, [r["efficiency"] for r in own], marker="o", label=label)
     for ax, label in ((left, "train tokens/s"), (right, "scaling efficiency")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("devices")
         ax.set_ylabel(label)
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
-COLUMNS = ("strategy", "devices", "batch", "seq_len", "tokens_per_s", "forward_tokens_per_s",
-           "tflops_per_device", "efficiency", "peak_mb_per_device", "train_ms", "compile_s")
+COLUMNS = ("model", "strategy", "devices", "batch", "seq_len", "tokens_per_s",
+           "forward_tokens_per_s", "tflops_per_device", "forward_tflops_per_device", "mfu",
+           "mfu_model", "efficiency", "peak_mb_per_device", "forward_peak_mb_per_device",
+           "train_ms", "forward_ms", "compile_s")
+
+
+def experiments_to_run(name: str, models: Sequence[str], overrides: Sequence[str]):
+    """`(model label, experiment)` pairs: the experiment, or one per preset in its place; the
+    overrides apply last (so `model.remat=full` reaches a preset too)."""
+    from experiments import registry
+    from hybrid_jax import presets
+    from hybrid_jax.config import apply_overrides
+
+    experiment = registry.get(name)
+    if not models:
+        return [("experiment", apply_overrides(experiment, overrides))]
+    return [(preset, apply_overrides(dataclasses.replace(experiment, model=presets.get(preset)),
+                                     overrides)) for preset in models]
 
 
 def run(name: str, devices: Sequence[int], strategies: Sequence[str], *, weak: bool,
-        steps: int, out: Path, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+        steps: int, out: Path, overrides: Sequence[str] = (), models: Sequence[str] = (),
+        time_limit: float | None = None) -> list[dict[str, Any]]:
     import jax
 
-    from experiments import registry
-    from experiments.benchmarks.timing import device_name, print_table
-    from hybrid_jax.config import apply_overrides
+    from experiments.benchmarks.timing import device_name, markdown_table, print_table
 
     if max(devices) > jax.device_count():
         raise ValueError(f"--devices {max(devices)} but only {jax.device_count()} devices are "
                          "available")
-    experiment = apply_overrides(registry.get(name), overrides)
-    rows = [measure(experiment, strategy, n, weak=weak, steps=steps)
-            for strategy in strategies for n in devices]
-    add_efficiency(rows)
-    print_table(rows, COLUMNS)
+    settings = [(label, experiment, strategy, n)
+                for label, experiment in experiments_to_run(name, models, overrides)
+                for strategy in strategies for n in devices]
     out.mkdir(parents=True, exist_ok=True)
     mode = "weak" if weak else "strong"
     record = dict(experiment=name, mode=mode, device=device_name(), overrides=list(overrides),
-                  date=time.strftime("%Y-%m-%d"), rows=rows)
+                  date=time.strftime("%Y-%m-%d"), rows=[], skipped=[])
+    start, rows = time.perf_counter(), record["rows"]
+    for label, experiment, strategy, n in settings:
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            record["skipped"].append(f"{label} {strategy} x{n}")
+            print(f"skipped {label} {strategy} x{n}: over the --time-limit of {time_limit:g} s",
+                  flush=True)
+            continue
+        rows.append(measure(experiment, strategy, n, weak=weak, steps=steps, model=label))
+        add_efficiency(rows)
+        print(json.dumps(rows[-1]), flush=True)
+        (out / "scale.json").write_text(json.dumps(record, indent=2))
     (out / "scale.json").write_text(json.dumps(record, indent=2))
-    plot(rows, out / "scale.png", f"{name} ({mode} scaling, {device_name()})")
-    print(f"wrote {out / 'scale.json'} and {out / 'scale.png'}")
+    print_table(rows, COLUMNS)
+    (out / "scale.md").write_text(markdown_table(rows, COLUMNS) + "\n")
+    print(markdown_table(rows, COLUMNS))
+    written = [out / "scale.json", out / "scale.md"]
+    if rows:
+        written.append(plot(rows, out / "scale.png", f"{name} ({mode} scaling, {device_name()})"))
+    print("wrote " + ", ".join(str(path) for path in written))
     return rows

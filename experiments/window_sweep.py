@@ -61,16 +61,11 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
     `layers`: the layers whose window changes (default: every layer with a window option).
     `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole held-out set).
     """
-    from experiments.cli import _load_run, _read_run
-    from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set
+    from experiments.cli import load_for_eval
+    from hybrid_jax.train.trainer import evaluate
 
-    run_dir = Path(run_dir)
-    experiment = _read_run(run_dir, overrides)
-    ts, _ = _load_run(run_dir, experiment, step, "eval --windows")
-    cfg = experiment.train
-    data = bind_data(experiment.data, run_dir, resume=True)
-    held_out, words = held_out_set(data, cfg.batch_size,
-                                   cfg.eval_batches if batches is None else batches, cfg.seed)
+    ts, _, held_out, words = load_for_eval(Path(run_dir), overrides, step, batches,
+                                           "eval --windows")
     model, optimizer = nnx.merge(ts.graphdef, ts.state)
     rows = []
     for window in windows:
@@ -103,14 +98,11 @@ def write_results(rows: Sequence[dict], out_dir: str | Path, *, title: str = "")
 
 
 def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from hybrid_jax.train.plot import new_figure, save_figure
 
     labels = [str(row["window"]) for row in rows]
     positions = range(len(rows))  # even spacing: windows span orders of magnitude, `full` last
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = new_figure(1, 2, figsize=(9, 3.6))
     for ax, key, name in ((axes[0], "loss", "eval loss (nats/token)"),
                           (axes[1], "accuracy", "eval accuracy")):
         ax.plot(positions, [row[key] for row in rows], marker="o")
@@ -120,10 +112,7 @@ def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,

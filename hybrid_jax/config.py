@@ -395,6 +395,8 @@ class TrainConfig:
     mode_schedule: ModeSchedule = ModeSchedule()  # per-token modes of Oryx models
     stop_grace_s: float = 10.0  # after SIGTERM/SIGINT: seconds for the loop to reach its
     # checkpoint before the process is ended anyway (a step stuck in a device computation)
+    time_limit_s: float = 0.0  # > 0: the loop (compiles included) stops at the first step
+    # past this many seconds, then checkpoints and evaluates as at the end; 0: no limit
 
     def __post_init__(self) -> None:
         own = "TrainConfig"
@@ -427,6 +429,7 @@ class TrainConfig:
             _fail(own, "grad_clip", self.grad_clip,
                   "expected None (no clipping) or a finite value > 0")
         check_finite(own, "stop_grace_s", self.stop_grace_s, 0.0, open_low=True)
+        check_finite(own, "time_limit_s", self.time_limit_s, 0.0)
         if self.keep_checkpoints < 1:
             _fail(own, "keep_checkpoints", self.keep_checkpoints, "expected >= 1")
         if self.on_nonfinite not in ("stop", "rollback"):

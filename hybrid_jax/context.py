@@ -9,6 +9,10 @@ generation:
                                 whose id differs from the previous token's starts a document
     extras       {name: [B, T, ...]}  any other per-token array a mixer reads by name (e.g.
                                 Oryx's mode array); blocks and the model pass it through untouched
+    segment_extents  `ops.segment_extents(segment_ids)` (4 × [B, T] int32), made by `create`
+                                once per batch so that the attention layers do not each sort the
+                                ids for the flash kernel's block bounds; None without segment ids
+                                (or in a context built field by field: the kernel then computes it)
 
 It is a pytree (a `flax.struct` dataclass), so it crosses `jit`, `scan` and `remat`. A batch
 dict becomes one with `TokenContext.from_batch`: its `positions` and `segment_ids` entries, and
@@ -23,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from hybrid_jax.ops.attention import segment_extents
+
 EXTRA_PREFIX = "extra."
 
 
@@ -33,6 +39,7 @@ class TokenContext:
     positions: jax.Array  # [B, T] int32
     segment_ids: jax.Array | None = None  # [B, T] int
     extras: dict[str, jax.Array] = struct.field(default_factory=dict)  # name -> [B, T, ...]
+    segment_extents: tuple[jax.Array, ...] | None = None  # of segment_ids (module docstring)
     # Decoding only: mixers that can keep their state after each new token do (Oryx; for
     # speculative decoding's roll-back, `hybrid_jax.speculative`).
     record_steps: bool = struct.field(pytree_node=False, default=False)
@@ -52,8 +59,9 @@ class TokenContext:
             if array is not None and tuple(array.shape[:2]) != tuple(shape_BT):
                 raise ValueError(f"TokenContext.{name}: expected leading shape [batch, time] = "
                                  f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
+        extents = None if segment_ids is None else segment_extents(segment_ids)
         return cls(positions=positions, segment_ids=segment_ids, extras=extras,
-                   record_steps=record_steps)
+                   segment_extents=extents, record_steps=record_steps)
 
     @classmethod
     def from_batch(cls, batch: Mapping[str, jax.Array]) -> TokenContext:

@@ -3,14 +3,25 @@
 Per token of a length-T sequence, forward:
   matmuls      2·N, N the parameters of every weight matrix (the projections, FFNs and the LM
                head; the embedding lookup is no matmul, a tied embedding counts once as head)
-  attention    4·D per (query, key) pair per head: causal attention counted half (a query at t
-               sees t+1 keys), a window w by its band (min(t+1, w) keys)
+  attention    4·D per (query, key) pair per head: causal attention counted half (a query at
+               in-document position p sees p+1 keys), a window w by its band (min(p+1, w)
+               keys). Without segment ids a row is one document (p = t); with them each packed
+               document is its own triangle, as the kernels skip the pairs across documents.
   recurrences  the work of their chunked form (chunk C): intra-chunk C×C products, the state
                reads and writes (e.g. Mamba-2: 2C(N + P) + 4NP per head)
-Training multiplies everything by 3 (backward = 2 × forward). Packed documents do not change
-the count: it is the work of the dense-causal schedule, so packed and unpacked runs compare.
-Mixers without a sequence term here (GSS, Mamba-1) count their matmuls only; `uncounted` lists
-them.
+               (GSS's DSS: 2CH Toeplitz + 8HN state work, H channels, N complex modes)
+Training multiplies everything by 3 (backward = 2 × forward). Composite blocks ("sequential",
+"parallel", "pha") count the sum of their branches. Mixers without a sequence term here
+(Mamba-1) count their matmuls only; `uncounted` lists them.
+
+Two counts, and where each is printed:
+  6N          `StepFlops.six_n` = 3 × matmul per token: the issue's target count, the same
+              for packed and unpacked rows. The MFU of record: the trainer's `mfu`, the
+              throughput benchmark's `mfu_6n` / `mfu_6n_matmul` columns.
+  model       `StepFlops.training_per_token(segment_ids)`: 6N + attention (within documents
+              when the ids are given) + recurrences. The trainer's `tflops_per_device` and
+              `mfu_model` (from each batch's own segment ids), the benchmark's `tflops` and
+              `mfu_model*` columns.
 
 MFU = achieved FLOP/s per device / peak. `device_peak_flops` knows the dense bf16 peaks of the
 usual accelerators (None for others: then the trainer logs no MFU unless given a peak).
@@ -40,20 +51,39 @@ def device_peak_flops(device_kind: str | None = None) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class StepFlops:
-    """Forward FLOPs per token, by kind; `training_per_token` is 3 × their sum."""
+    """Forward FLOPs per token, by kind, of sequences of `length` tokens.
+
+    `attention_terms`: one (FLOPs per visible (query, key) pair, window) per attention term of
+    the model (4·D·H and the layer's window); `attention` is their dense-row count.
+    """
 
     matmul: float
-    attention: float
+    attention_terms: tuple[tuple[float, int | None], ...]
     recurrence: float
+    length: int
     uncounted: tuple[str, ...] = ()
 
     @property
-    def forward_per_token(self) -> float:
-        return self.matmul + self.attention + self.recurrence
+    def six_n(self) -> float:
+        """6·N training FLOPs per token (N: the matmul parameters): the target's count."""
+        return 3.0 * self.matmul
+
+    def attention_per_token(self, segment_ids_BT: np.ndarray | None = None) -> float:
+        """Forward attention FLOPs per token; with `[B, T]` segment ids, within documents."""
+        pairs_by_window: dict[int | None, float] = {}
+        for pair, window in self.attention_terms:
+            pairs_by_window[window] = pairs_by_window.get(window, 0.0) + pair
+        keys = ((lambda w: mean_keys(self.length, w)) if segment_ids_BT is None else
+                (lambda w: mean_document_keys(segment_ids_BT, w)))
+        return sum(pair * keys(window) for window, pair in pairs_by_window.items())
 
     @property
-    def training_per_token(self) -> float:
-        return 3.0 * self.forward_per_token
+    def attention(self) -> float:
+        return self.attention_per_token()
+
+    def training_per_token(self, segment_ids_BT: np.ndarray | None = None) -> float:
+        """3 × (matmul + attention + recurrence): the model count (module docstring)."""
+        return 3.0 * (self.matmul + self.attention_per_token(segment_ids_BT) + self.recurrence)
 
 
 def matmul_params(config: ModelConfig) -> int:
@@ -79,30 +109,54 @@ def mean_keys(length: int, window: int | None) -> float:
     return (window * (window + 1) / 2 + (length - window) * window) / length
 
 
+def mean_document_keys(segment_ids_BT: np.ndarray, window: int | None) -> float:
+    """Mean number of keys a causal query sees within its document (window w: at most w), over
+    the tokens of `[B, T]` segment ids (host numpy). A document is a run of equal ids; an id
+    that comes back later starts another (the packers never do that)."""
+    ids = np.asarray(segment_ids_BT)
+    index = np.arange(ids.shape[1])
+    starts = np.concatenate([np.ones((ids.shape[0], 1), bool), ids[:, 1:] != ids[:, :-1]], 1)
+    position = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+    keys = position + 1 if window is None else np.minimum(position + 1, window)
+    return float(keys.mean())
+
+
 def _head_dim(config: ModelConfig, options, heads: int) -> int:
     return options.head_dim or config.head_dim or config.d_model // heads
 
 
 def _sequence_flops(kind: str, options, config: ModelConfig, length: int
-                    ) -> tuple[float, float] | None:
-    """(attention, recurrence) forward FLOPs per token of one mixer; None if not modelled."""
+                    ) -> tuple[tuple[tuple[float, int | None], ...], float] | None:
+    """(attention terms, recurrence FLOPs per token) of one mixer; None if not modelled."""
     d = config.d_model
     if kind == "attention":
         dim = _head_dim(config, options, options.num_heads)
-        return 4 * dim * options.num_heads * mean_keys(length, options.window), 0.0
+        return ((4 * dim * options.num_heads, options.window),), 0.0
     if kind == "mamba2":
         heads = options.expand * d // options.ssm_head_dim
         c, n, p = options.chunk_size, options.state_size, options.ssm_head_dim
-        return 0.0, options.n_groups * 2 * c * n + heads * (2 * c * p + 4 * n * p)
+        return (), options.n_groups * 2 * c * n + heads * (2 * c * p + 4 * n * p)
     if kind == "gdn":
         k = _head_dim(config, options, options.num_heads)
         v, c = int(options.expand_v * k), options.chunk_size
-        return 0.0, options.num_heads * (2 * c * (3 * k + 2 * v) + c * c / 3 + 6 * k * v)
+        return (), options.num_heads * (2 * c * (3 * k + 2 * v) + c * c / 3 + 6 * k * v)
+    if kind in ("ffn", "dual_ffn"):
+        return (), 0.0
+    if kind == "gss":
+        channels, modes = options.resolved_ssm_dim(config), options.state_size
+        return (), 2 * options.chunk_size * channels + 8 * channels * modes
+    if hasattr(options, "branches"):  # a composite block: the sum over its branches
+        parts = [_sequence_flops(branch.type, branch_options, config, length)
+                 for branch, (_, _, branch_options) in zip(
+                     options.branches, options.branch_options(config), strict=True)]
+        if any(part is None for part in parts):
+            return None
+        return sum((p[0] for p in parts), ()), sum(p[1] for p in parts)
     if kind in ("gsa", "nha"):
         k = _head_dim(config, options, options.num_heads)
         m, c = options.num_slots, options.chunk_size
         window = getattr(options, "window", 0)
-        attention = 0.0 if window == 0 else 4 * k * options.num_heads * mean_keys(length, window)
+        attention = () if window == 0 else ((4 * k * options.num_heads, window),)
         if kind == "nha" and (window is None or window >= length):
             return attention, 0.0  # slots stay empty: causal attention
         # Two chunked gated linear-attention passes (keys → slot logits, slots → values),
@@ -114,7 +168,7 @@ def _sequence_flops(kind: str, options, config: ModelConfig, length: int
 
 def step_flops(config: ModelConfig, length: int) -> StepFlops:
     """Forward FLOPs per token of `config` on sequences of `length` tokens."""
-    attention = recurrence = 0.0
+    attention, recurrence = (), 0.0
     uncounted = []
     for i, spec in enumerate(config.layers):
         options = config.block_options(i)
@@ -124,5 +178,6 @@ def step_flops(config: ModelConfig, length: int) -> StepFlops:
             continue
         attention += sequence[0]
         recurrence += sequence[1]
-    return StepFlops(matmul=2.0 * matmul_params(config), attention=attention,
-                     recurrence=recurrence, uncounted=tuple(sorted(set(uncounted))))
+    return StepFlops(matmul=2.0 * matmul_params(config), attention_terms=attention,
+                     recurrence=recurrence, length=length,
+                     uncounted=tuple(sorted(set(uncounted))))

@@ -6,6 +6,7 @@ Text in and out (a tokenizer, prompts as strings, stop strings): `hybrid_jax.gen
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,17 +24,19 @@ from hybrid_jax.nn.oryx import MODE
 from hybrid_jax.speculative import accepted_drafts, check_speculative, draft_and_verify, rollback
 
 
-def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float,
-                 top_k: int | None, top_p: float | None = None) -> jax.Array:
-    """Greedy when `temperature == 0`, else sampling from the tempered softmax restricted to
-    the `top_k` largest logits and to the smallest set whose probability reaches `top_p`."""
-    if temperature == 0:
+def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float | jax.Array,
+                 top_k: int | None, top_p: float | jax.Array | None = None) -> jax.Array:
+    """Greedy when `temperature` is the number 0, else sampling from the tempered softmax
+    restricted to the `top_k` largest logits and to the smallest set whose probability reaches
+    `top_p`. `temperature` and `top_p` may be traced scalars (one compile for all values);
+    `top_k` sets a shape and is static."""
+    if isinstance(temperature, int | float) and temperature == 0:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     logits = logits_BV / temperature
     if top_k is not None:
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if top_p is not None and top_p < 1:
+    if top_p is not None and not (isinstance(top_p, int | float) and top_p >= 1):
         desc = -jnp.sort(-logits, axis=-1)
         probs = jax.nn.softmax(desc, axis=-1)
         keep = jnp.cumsum(probs, axis=-1) - probs < top_p  # the first always stays
@@ -47,7 +50,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              seed: int = 0, max_len: int | None = None, lengths: Sequence[int] | None = None,
              eos_id: int | None = None, on_tokens: Callable | None = None,
              extras: dict[str, jax.Array] | None = None, modes: Any = None,
-             speculative: int | None = None, stats: dict | None = None) -> jax.Array:
+             max_positions: int | None = None, speculative: int | None = None,
+             stats: dict | None = None) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     Prompts of different lengths: `lengths[b]` tokens of row b are its prompt (right padding
@@ -59,6 +63,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     row are `eos_id`). `on_tokens(position, tokens_B, new_B)` runs on the host after each step
     (streaming; `new_B` marks rows that produced a token) and returns a bool `[B]` of rows to
     stop (stop strings). Sampling draws from `fold_in(key(seed), position)`: reproducible.
+    One compile per shape (batch, prompt width, `max_new_tokens`, `max_len`, shortest prompt)
+    and sampling kind (greedy or not, `top_k`, top-p on or off): the seed, temperature,
+    `top_p`, `eos_id` and `on_tokens` are arguments of the compiled loop.
     The cache holds `max_len` positions (default: longest prompt + new tokens); sliding-window
     layers keep only their window. `extras`: per-token arrays `[B, T + max_new_tokens, ...]`
     (T = `prompt_BT.shape[1]`) for mixers that read them, indexed by position (the
@@ -69,8 +76,11 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     verified by one attention-mode call per round (`hybrid_jax.speculative`); the tokens are
     those of `modes="attention"` greedy decoding. A `stats` dict is filled with the rounds,
     the drafts' acceptance rate (accepted / drafted over the rows generating) and the tokens
-    kept per round. Prompt ids outside the vocabulary, a negative or non-finite temperature,
-    a `top_k` outside `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
+    kept per round. `max_positions`: the model's position limit (e.g. a Hugging Face model's
+    max_position_embeddings; default the config's `max_positions`, None for RoPE models).
+    Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
+    `max_positions`, a negative or non-finite temperature, a `top_k` outside
+    `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
@@ -105,6 +115,10 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
             raise ValueError("speculative decoding is greedy (temperature 0) and sets the modes "
                              "itself (linear drafts, attention verification): got temperature="
                              f"{temperature}, modes={modes!r}")
+    limit = max_positions or model.config.max_positions
+    if limit is not None and int(lengths.max()) + max_new_tokens > limit:
+        raise ValueError(f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens "
+                         f"is longer than the model's {limit} positions")
     spare = speculative or 0  # a round may write up to k positions past the last one kept
     needed = int(lengths.max()) + max_new_tokens + spare
     max_len = needed if max_len is None else max_len
@@ -123,10 +137,23 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                              f"max_new_tokens] = {[prompt_BT.shape[0], width]}, got "
                              f"{list(array.shape)}")
     graphdef, state = nnx.split(model)
-    tokens, counts = _generate(graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32),
-                               jax.random.key(seed), extras, max_new_tokens, temperature, top_k,
-                               top_p, max_len, int(lengths.min()), eos_id, on_tokens,
-                               speculative)
+    sampling = dict(greedy=temperature == 0, top_k=top_k,
+                    top_p=top_p is not None and top_p < 1)
+    handle = next(_HANDLES) if on_tokens is not None else 0
+    if on_tokens is not None:
+        _ON_TOKENS[handle] = on_tokens
+    try:
+        tokens, counts = _generate(
+            graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32), jax.random.key(seed),
+            extras, jnp.float32(temperature or 1.0), jnp.float32(top_p or 1.0),
+            jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(handle),
+            max_new_tokens=max_new_tokens, max_len=max_len, prefix=int(lengths.min()),
+            streaming=on_tokens is not None, speculative=speculative, **sampling)
+        # The host callback must outlive the computation (dispatch is asynchronous).
+        if on_tokens is not None:
+            tokens = jax.block_until_ready(tokens)
+    finally:
+        _ON_TOKENS.pop(handle, None)
     if stats is not None and speculative is not None:
         rounds, accepted, drafted, kept = (int(x) for x in counts)
         stats.update(rounds=rounds, acceptance_rate=accepted / max(drafted, 1),
@@ -138,11 +165,27 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-@functools.partial(jax.jit, static_argnums=(0, *range(6, 15)))
-def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens, temperature,
-              top_k, top_p, max_len, prefix, eos_id, on_tokens, speculative):
+# `on_tokens` of the calls in flight, by handle. The compiled loop calls `_call_on_tokens`
+# with its call's handle (a traced argument), so changing callbacks (streaming, stop strings)
+# reuse one compiled loop per shape instead of compiling per callback object.
+_ON_TOKENS: dict[int, Callable] = {}
+_HANDLES = itertools.count(1)
+
+
+def _call_on_tokens(handle, position, tokens_B, new_B) -> np.ndarray:
+    return np.asarray(_ON_TOKENS[int(handle)](position, tokens_B, new_B), bool)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "max_len", "prefix",
+                                             "streaming", "greedy", "top_k", "top_p",
+                                             "speculative"))
+def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, top_p_value,
+              stop_value, handle, *, max_new_tokens, max_len, prefix, streaming, greedy, top_k,
+              top_p, speculative):
     """The tokens `[B, max_new_tokens]` and, with `speculative`, the int32 counts (rounds,
-    accepted drafts, drafts of generating rows, tokens kept)."""
+    accepted drafts, drafts of generating rows, tokens kept). Static: shapes, which sampling
+    steps run and the drafts per round. Temperature, top-p, the EOS id (`stop_value`, -1:
+    none) and the callback handle are traced."""
     model = nnx.merge(graphdef, state)
     batch = prompt_BT.shape[0]
     width = prompt_BT.shape[1] + max_new_tokens
@@ -150,7 +193,6 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens
     tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens + (speculative or 0) + 1)))
     logits, cache = model.decode(prompt_BT[:, :prefix], model.init_cache(batch, max_len),
                                  extras={k: v[:, :prefix] for k, v in extras.items()})
-    stop_value = -1 if eos_id is None else eos_id
 
     def emit(position, candidate_B, tokens_BW, done_B):
         """Writes each row's token at `position`: its prompt token, else `candidate_B`
@@ -161,9 +203,9 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens
         new = generated & ~done_B
         done_B = done_B | (new & (token == stop_value)) | (
             position + 1 >= lengths_B + max_new_tokens)
-        if on_tokens is not None:
-            stop = io_callback(on_tokens, jax.ShapeDtypeStruct((batch,), jnp.bool_), position,
-                               token, new, ordered=True)
+        if streaming:
+            stop = io_callback(_call_on_tokens, jax.ShapeDtypeStruct((batch,), jnp.bool_),
+                               handle, position, token, new, ordered=True)
             done_B = done_B | (generated & stop)
         tokens_BW = jax.lax.dynamic_update_slice(tokens_BW, token[:, None], (0, position))
         return token, tokens_BW, done_B
@@ -171,7 +213,8 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, max_new_tokens
     def step(carry):
         position, logits_BV, cache, tokens_BW, done_B, counts = carry
         sampled = sample_token(logits_BV, jax.random.fold_in(key, position),
-                               temperature=temperature, top_k=top_k, top_p=top_p)
+                               temperature=0 if greedy else temperature, top_k=top_k,
+                               top_p=top_p_value if top_p else None)
         token, tokens_BW, done_B = emit(position, sampled, tokens_BW, done_B)
         token_extras = {k: jax.lax.dynamic_slice_in_dim(v, position, 1, axis=1)
                         for k, v in extras.items()}

@@ -100,10 +100,6 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     if empty:
         raise ValueError(f"prompt {empty[0]} encodes to no tokens: give some text")
     lengths = np.array([len(x) for x in ids])
-    limit = max_positions or model.config.max_positions
-    if limit is not None and lengths.max() + max_new_tokens > limit:
-        raise ValueError(f"prompt of {lengths.max()} tokens + {max_new_tokens} new tokens is "
-                         f"longer than the model's {limit} positions")
     too_big = [int(x.max()) for x in ids if x.max() >= model.config.vocab_size]
     if too_big:
         raise ValueError(f"tokenizer id {too_big[0]} is outside the model's vocab_size="
@@ -118,7 +114,7 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     out = np.asarray(generate(model, prompt_BT, max_new_tokens, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed, lengths=lengths,
                               eos_id=eos[0] if len(eos) == 1 else None, modes=modes,
-                              speculative=speculative, stats=stats,
+                              max_positions=max_positions, speculative=speculative, stats=stats,
                               on_tokens=streamer if stop or on_text or len(eos) > 1 else None))
     seconds = time.perf_counter() - start
     tokens, texts = [], []

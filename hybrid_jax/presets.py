@@ -38,10 +38,19 @@ def transformer_125m() -> ModelConfig:
 
 @register("transformer-350m")
 def transformer_350m() -> ModelConfig:
-    """24 layers, d_model 1024, 16 heads of 64, SwiGLU 2816, tied (~341M params): the
-    transformer of the 340m comparisons (gdn-340m, mamba2-340m, oryx-*-340m)."""
+    """24 layers, d_model 1024, 16 heads of 64, SwiGLU 2816, tied embeddings, a 32000
+    vocabulary (~341M params): the transformer of the 340m comparisons (gdn-340m, nha-340m,
+    mamba2-340m, oryx-*-340m)."""
     return ModelConfig(layers=("attention",) * 24, vocab_size=32000, d_model=1024, num_heads=16,
                        ffn_dim=2816)
+
+
+@register("llama-40m")
+def llama_40m() -> ModelConfig:
+    """Llama-shaped ~40M: 8 layers, d_model 512, 8 heads of 64 sharing 4 kv heads (GQA),
+    SwiGLU 1408, RoPE, RMSNorm, untied embeddings, vocab 16384 (exports as LlamaForCausalLM)."""
+    return ModelConfig(layers=("attention",) * 8, vocab_size=16384, d_model=512, num_heads=8,
+                       num_kv_heads=4, ffn_dim=1408, tie_embeddings=False)
 
 
 @register("transformer-tiny")
@@ -223,14 +232,32 @@ PHA_ABLATIONS = {
 def pha_config(size: str, **block_options) -> ModelConfig:
     """A PHA model of one of `_PHA_SIZES` ("tiny": d_model 32, 2 layers, byte vocabulary)."""
     d, depth = _PHA_SIZES[size]
-    tiny = size == "tiny"
-    block = layer("pha", **block_options)
-    if tiny:  # a small GSS and a 4-token window keep the CPU tests fast and windowed
-        block = layer("pha", **{"branches": (layer("gss", expansion=2, state_size=8),
-                                             layer("attention", cosine=True, window=4),
-                                             "dual_ffn"), **block_options})
-    return ModelConfig(layers=(block,) * depth, vocab_size=256 if tiny else 50304, d_model=d,
-                       num_heads=4 if tiny else d // 64, num_kv_heads=2 if tiny else d // 256)
+    if size != "tiny":
+        return pha_model(d, depth, **block_options)
+    # A small GSS and a 4-token window keep the CPU tests fast and windowed.
+    block = layer("pha", **{"branches": (layer("gss", expansion=2, state_size=8),
+                                         layer("attention", cosine=True, window=4),
+                                         "dual_ffn"), **block_options})
+    return ModelConfig(layers=(block,) * depth, vocab_size=256, d_model=d, num_heads=4,
+                       num_kv_heads=2)
+
+
+def pha_model(d_model: int, depth: int, *, vocab_size: int = 50304,
+              num_kv_heads: int | None = None, **block_options) -> ModelConfig:
+    """`depth` PHA blocks of width `d_model`: heads of 64, `num_kv_heads` key/value heads
+    (None: d_model // 256)."""
+    return ModelConfig(layers=(layer("pha", **block_options),) * depth, vocab_size=vocab_size,
+                       d_model=d_model, num_heads=d_model // 64,
+                       num_kv_heads=num_kv_heads or max(1, d_model // 256))
+
+
+def attention_only_model(d_model: int, depth: int, ffn_dim: int, *, vocab_size: int = 50304,
+                         num_kv_heads: int | None = None) -> ModelConfig:
+    """PHA's baseline: pre-norm GQA attention → SwiGLU blocks, heads of 64, `num_kv_heads`
+    (None: d_model // 256); `ffn_dim` matches the parameter count of a PHA model."""
+    return ModelConfig(layers=("attention",) * depth, vocab_size=vocab_size, d_model=d_model,
+                       num_heads=d_model // 64, num_kv_heads=num_kv_heads or max(1, d_model // 256),
+                       ffn_dim=ffn_dim)
 
 
 def _register_pha() -> None:
@@ -256,8 +283,7 @@ _register_pha()
 @register("attention-only-180m")
 def attention_only_180m() -> ModelConfig:
     """The paper's baseline for pha-180m: pre-norm GQA transformer of matched size."""
-    return ModelConfig(layers=("attention",) * 14, vocab_size=50304, d_model=768, num_heads=12,
-                       num_kv_heads=3, ffn_dim=3776)
+    return attention_only_model(768, 14, ffn_dim=3776)
 
 
 @register("attention-only-tiny")

@@ -10,7 +10,7 @@ TINY_RUN = ["--set", "train.steps=6", "--set", "train.warmup_steps=2",
             "--set", "train.batch_size=8", "--set", "train.log_every=2",
             "--set", "train.eval_batches=1", "--set", "data.seq_len=16",
             "--set", "data.num_kv_pairs=2", "--set", "train.mesh.data=1", "--set",
-            "model.d_model=16", "--set", "model.num_heads=2"]
+            "model.d_model=16", "--set", "model.num_heads=2", "--set", "train.peak_tflops=1"]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,10 @@ def test_train_writes_the_run_directory(run_dir):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "loss" in x] == [2, 4, 6]
     assert all(x["loss"] > 0 and x["tokens_per_s"] > 0 for x in lines if "loss" in x)
+    # MFU by 6N (of record) and by the model count (6N + attention): the second is larger.
+    assert all(0 < x["mfu"] < x["mfu_model"] for x in lines if "loss" in x)
+    assert all(x["tflops_per_device"] == pytest.approx(x["mfu_model"]) for x in lines
+               if "loss" in x)
     results = json.loads((run_dir / "results.json").read_text())
     assert 0 <= results["accuracy"] <= 1 and results["steps"] == 6
     assert (run_dir / "checkpoints" / "6").is_dir()
@@ -49,7 +53,7 @@ def test_eval_with_oryx_modes_reports_attention_tokens_and_cache(tmp_path, capsy
     metrics = json.loads(captured.out.splitlines()[0])
     assert metrics["attention_fraction"] == pytest.approx(2 / 16)
     assert 0 < metrics["cache_kv_bytes"] < metrics["cache_bytes"]
-    assert "decode cache for 8 x 16 tokens" in captured.err
+    assert "decode cache for one held-out batch" in captured.err
 
 
 def test_generate_is_greedy_and_deterministic(run_dir, capsys):

@@ -80,7 +80,7 @@ def test_every_experiment_loads_and_round_trips_through_json():
 
 
 def test_overrides_parse_by_type():
-    experiment = registry.get(registry.names()[0])
+    experiment = registry.get("lm-gutenberg-transformer-125m")  # attention layers
     changed = apply_overrides(experiment, [
         "train.steps=7", "train.warmup_steps=7",
         "train.learning_rate=0.5", "model.window=none", "model.window=8",

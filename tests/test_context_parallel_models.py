@@ -1,8 +1,9 @@
 """Whole tiny models under context parallelism on 8 fake CPU devices: with a `seq` mesh axis
 of 2, 4 and 8 (alone, and with FSDP and tensor axes, parameters laid out by the rules
-table), the loss and every parameter's gradient
-equal the single-device ones, for a stack holding every block type on packed documents that
-start on and off shard boundaries."""
+table), the loss and every parameter's gradient equal the single-device ones, and so does a
+whole train step of the trainer (AdamW, clipping, Oryx's mode draw): the parameters and the
+optimizer state after it. The stack holds every block type (Oryx, PHA and the generic parallel
+and sequential blocks too), on packed documents that start on and off shard boundaries."""
 
 import functools
 
@@ -13,9 +14,18 @@ import pytest
 from flax import nnx
 
 import hybrid_jax as hj
-from hybrid_jax.config import MeshConfig, ModelConfig, layer
+from hybrid_jax.config import (
+    ExperimentConfig,
+    MeshConfig,
+    ModelConfig,
+    ModeSchedule,
+    TrainConfig,
+    layer,
+)
+from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.sharding import make_mesh, state_shardings
 from hybrid_jax.train.loss import mean_loss, token_stats
+from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
 from tests.helpers import assert_close
 
 T = 32
@@ -29,6 +39,12 @@ CONFIG = ModelConfig(
         layer("gss", state_size=4),
         layer("mamba1", state_size=4, chunk_size=4),
         layer("attention", cosine=True),
+        layer("oryx", num_heads=2, chunk_size=4),
+        layer("pha", branches=(layer("gss", expansion=2, state_size=4),
+                               layer("attention", cosine=True, window=4), "dual_ffn")),
+        layer("parallel", branches=(layer("mamba2", ssm_head_dim=8, state_size=4, chunk_size=4),
+                                    layer("attention", window=6), "ffn"), mixing="learned"),
+        layer("sequential", branches=(layer("attention", window=3), "ffn"), residual="post_norm"),
     ),
     vocab_size=32, d_model=16, num_heads=2, ffn_dim=16)
 
@@ -67,13 +83,18 @@ def loss_and_grads(mesh_config: MeshConfig | None):
         return jax.device_get(f(jax.device_put(state, state_shardings(state, mesh)), batch))
 
 
-# Each mesh compiles the whole stack's gradient (minutes on 2 loaded cores): 4 and 8 shards
-# are `slow` (the op tests cover every mixer on 2, 4 and 8).
+def _mesh_id(m: MeshConfig) -> str:
+    return f"d{m.data}f{m.fsdp}s{m.seq}t{m.tensor}"
+
+
+# Each mesh compiles the whole stack's gradient (a minute of CPU): all are `slow`; the default
+# suite has the train step below on FSDP x seq x tensor, whose Adam moments are the gradients
+# (the op tests cover every mixer on 2, 4 and 8 shards).
 @pytest.mark.parametrize("mesh_config", [
-    MeshConfig(data=1, seq=2), MeshConfig(data=1, fsdp=2, seq=2, tensor=2),
+    pytest.param(MeshConfig(data=1, seq=2), marks=pytest.mark.slow),
+    pytest.param(MeshConfig(data=1, fsdp=2, seq=2, tensor=2), marks=pytest.mark.slow),
     pytest.param(MeshConfig(data=1, seq=4), marks=pytest.mark.slow),
-    pytest.param(MeshConfig(data=1, seq=8), marks=pytest.mark.slow)],
-                         ids=lambda m: f"d{m.data}f{m.fsdp}s{m.seq}t{m.tensor}")
+    pytest.param(MeshConfig(data=1, seq=8), marks=pytest.mark.slow)], ids=_mesh_id)
 def test_every_block_type_matches_single_device(mesh_config):
     ref_loss, ref_grads = loss_and_grads(None)
     loss, grads = loss_and_grads(mesh_config)
@@ -84,3 +105,61 @@ def test_every_block_type_matches_single_device(mesh_config):
                       for g in (grads, ref_grads))
     assert_close(flat, ref_flat, 1e-5, "all gradients")
     assert_close(grads, ref_grads, 1e-3, "grads")
+
+
+def _experiment(mesh_config: MeshConfig) -> ExperimentConfig:
+    # Oryx modes drawn per 8-token chunk; a learning rate of 1e-4 (updates ~0.5 % of the
+    # weights): AdamW's first step is ~lr·sign(g), so a float32 rounding of a gradient as small
+    # as Adam's epsilon moves its weight by up to ~lr·1e-3.
+    return ExperimentConfig(
+        name="cp-train-step", model=CONFIG, data=MQARConfig(seq_len=T, vocab_size=32,
+                                                            num_kv_pairs=2),
+        train=TrainConfig(batch_size=2, steps=10, warmup_steps=0, learning_rate=1e-4,
+                          mesh=mesh_config,
+                          mode_schedule=ModeSchedule(pattern="random_chunks", chunk=8)))
+
+
+def train_step(mesh_config: MeshConfig):
+    """The trainer's state and step on `mesh_config`: the metrics and the (model, optimizer)
+    state after one step, on the host."""
+    experiment = _experiment(mesh_config)
+    mesh = make_mesh(mesh_config, jax.devices()[:int(np.prod(mesh_config.sizes()))])
+    ts = init_train_state(experiment, mesh)  # the same values on every mesh
+    step = make_train_step(ts, modes=experiment.train.mode_schedule, seed=0)
+    with jax.set_mesh(mesh):
+        state, metrics = step(ts.state, to_device(_batch(), mesh))
+    return jax.device_get(metrics), jax.device_get(state)
+
+
+def _moments(optimizer_state, name: str) -> list:
+    """Adam's `mu` or `nu` of every parameter, in the order of their paths."""
+    moments = {str(path): value.get_value() for path, value in
+               nnx.to_flat_state(optimizer_state) if name in path}
+    return [moments[path] for path in sorted(moments)]
+
+
+@functools.cache
+def _reference_step():
+    return train_step(MeshConfig(data=1))
+
+
+@pytest.mark.parametrize("mesh_config", [
+    MeshConfig(data=1, fsdp=2, seq=2, tensor=2),
+    pytest.param(MeshConfig(data=1, fsdp=2, seq=4), marks=pytest.mark.slow),
+    pytest.param(MeshConfig(data=1, seq=2, tensor=4), marks=pytest.mark.slow),
+    pytest.param(MeshConfig(data=2, seq=2, tensor=2), marks=pytest.mark.slow)], ids=_mesh_id)
+def test_a_train_step_matches_single_device(mesh_config):
+    ref_metrics, ref_state = _reference_step()
+    metrics, state = train_step(mesh_config)
+    for key in ("loss", "grad_norm"):
+        assert abs(metrics[key] - ref_metrics[key]) <= 1e-5 * abs(ref_metrics[key]), key
+    assert_close(state[0], ref_state[0], 1e-5, "parameters after one step")
+    assert int(state[1]["step"].get_value()) == int(ref_state[1]["step"].get_value()) == 1
+    # Adam's moments after one step are (1 − β₁)·g and (1 − β₂)·g² of the clipped gradient g:
+    # as one vector to 1e-5, each parameter's to 1e-3 (as the gradients above).
+    for name in ("mu", "nu"):
+        moments, ref_moments = (_moments(s[1], name) for s in (state, ref_state))
+        assert len(moments) == len(ref_moments) > 50
+        flat, ref_flat = (np.concatenate([np.ravel(x) for x in m]) for m in (moments, ref_moments))
+        assert_close(flat, ref_flat, 1e-5, f"{name}, all parameters")
+        assert_close(moments, ref_moments, 1e-3, name)

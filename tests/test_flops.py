@@ -1,10 +1,17 @@
 """FLOP counting against hand-counted small models."""
 
+import numpy as np
 import pytest
 
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
-from hybrid_jax.flops import device_peak_flops, matmul_params, mean_keys, step_flops
+from hybrid_jax.flops import (
+    device_peak_flops,
+    matmul_params,
+    mean_document_keys,
+    mean_keys,
+    step_flops,
+)
 
 
 def test_transformer_by_hand():
@@ -15,7 +22,8 @@ def test_transformer_by_hand():
     flops = step_flops(config, length)
     assert flops.matmul == 2 * matmuls
     assert flops.attention == 2 * 4 * d * (length + 1) / 2  # 2 layers, H·D = d, causal half
-    assert flops.training_per_token == 3 * (2 * matmuls + flops.attention)
+    assert flops.training_per_token() == 3 * (2 * matmuls + flops.attention)
+    assert flops.six_n == 6 * matmuls
 
 
 def test_window_counts_its_band():
@@ -26,10 +34,35 @@ def test_window_counts_its_band():
     assert step_flops(base, 10).attention == 4 * 32 * mean_keys(10, 3)
 
 
+def test_packed_rows_count_each_document_as_its_triangle():
+    """Documents of 3 and 7 tokens in a 10-token row: 6 + 28 pairs, not the row's 55."""
+    ids = np.array([[1] * 3 + [2] * 7])
+    assert mean_document_keys(ids, None) == (6 + 28) / 10
+    assert mean_document_keys(ids, 2) == (1 + 2 + 2 + 1 + 2 * 6) / 10
+    assert mean_document_keys(np.zeros((2, 10), int), None) == mean_keys(10, None)
+    base = ModelConfig(layers=(layer("attention", window=2), "attention"), d_model=32,
+                       num_heads=2)
+    flops = step_flops(base, 10)
+    assert flops.attention_per_token(ids) == 4 * 32 * ((6 + 28) / 10 + 18 / 10)
+    assert flops.training_per_token(ids) < flops.training_per_token()  # the row overstates
+
+
 def test_recurrences_and_uncounted():
     mamba = step_flops(presets.get("mamba2-tiny"), 64)
     assert mamba.attention == 0 and mamba.recurrence > 0 and not mamba.uncounted
-    assert step_flops(presets.get("gss-tiny"), 64).uncounted == ("gss",)
+    gss = step_flops(presets.get("gss-tiny"), 64)  # DSS width 16, 32 modes, chunks of 64
+    assert gss.recurrence == 2 * (2 * 64 * 16 + 8 * 16 * 32) and not gss.uncounted
+    mamba1 = ModelConfig(layers=(layer("mamba1"),), d_model=32, num_heads=2)
+    assert step_flops(mamba1, 64).uncounted == ("mamba1",)
+
+
+def test_parallel_blocks_count_their_branches():
+    """pha-180m's attention branch is attention-only-180m's attention; its GSS adds the DSS."""
+    pha, base = (step_flops(presets.get(n), 8192) for n in ("pha-180m", "attention-only-180m"))
+    assert pha.attention == base.attention > 0 and not pha.uncounted
+    assert pha.recurrence == 14 * (2 * 64 * 192 + 8 * 192 * 64)
+    sequential = step_flops(presets.get("pha-sequential"), 8192)
+    assert (sequential.attention, sequential.recurrence) == (pha.attention, pha.recurrence)
 
 
 @pytest.mark.parametrize("kind, peak", [("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12),

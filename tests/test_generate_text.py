@@ -9,7 +9,7 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.data.tokenizer import ByteTokenizer
-from hybrid_jax.generate import generate, sample_token
+from hybrid_jax.generate import _generate, generate, sample_token
 
 CONFIG = hj.ModelConfig(layers=("gdn", "attention"), d_model=32, num_heads=2, vocab_size=257,
                         init_std=0.3)
@@ -46,9 +46,13 @@ def test_sampling_is_reproducible_from_the_seed(model):
     prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
     kw = dict(temperature=1.0, top_k=50, top_p=0.9)
     a, b = (np.asarray(generate(model, prompt, 8, seed=3, **kw)) for _ in range(2))
+    compiled = _generate._cache_size()
     c = np.asarray(generate(model, prompt, 8, seed=4, **kw))
     np.testing.assert_array_equal(a, b)
     assert (a != c).any()
+    # Another temperature and top-p reuse the compiled loop.
+    generate(model, prompt, 8, seed=3, temperature=0.5, top_k=50, top_p=0.7)
+    assert _generate._cache_size() == compiled
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
@@ -77,6 +81,17 @@ def test_generate_text_stop_strings_and_streaming(model):
                            on_text=lambda row, text: pieces.append(text))
     assert cut.texts[0] == full.texts[1][:full.texts[1].find(stop)]
     assert "".join(pieces) == cut.texts[0]
+
+
+def test_callbacks_and_eos_compile_once(model):
+    """Stop strings, streaming callbacks and EOS ids are arguments of the compiled loop."""
+    tokenizer = ByteTokenizer()
+    hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8, stop=["x"])
+    compiled = _generate._cache_size()
+    for stop, eos in ((["y", "zz"], None), ([], [104, 105])):
+        hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8, stop=stop,
+                         eos_ids=eos, on_text=lambda row, text: None)
+    assert _generate._cache_size() == compiled
 
 
 def test_generate_text_errors(model):

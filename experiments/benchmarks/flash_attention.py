@@ -1,16 +1,23 @@
 """Packed flash attention (Pallas, segment ids) against cuDNN without segments and XLA with them.
 
-    python -m experiments.benchmarks.flash_attention [--parts check,table,variants]
-        [--shapes 125m,d128,d256] [--out flash_attention.json]
+    python -m experiments.benchmarks.flash_attention [--parts check,sweep,table]
+        [--shapes 125m,d128,d256] [--sweep-seconds 40] [--documents packed|causal]
+        [--skip xla,swa] [--interpret] [--out flash_attention.json]
 
 Documents are synthetic: lengths drawn log-normal (median --doc-median tokens, σ = 1, the
 spread of web-text documents), packed back to back. Parts:
   check     bf16 kernel vs a float32 XLA reference with the same segment ids: values and
             gradients of q, k, v (relative error), causal and windowed, GQA, head dims
+  sweep     per head dim (the shapes'), each kernel (forward, dq, dk/dv) timed alone under
+            BlockSizes variants (tiles, warps, stages; dq by atomics; dk/dv per query head
+            with GQA), each checked against the default's result; prints the fastest
+            combination as the BlockSizes to put in block_sizes.py, with each kernel's ms
+            against the default's. Per shape, stops starting variants after --sweep-seconds.
+            On packed documents, or with --documents causal on one document per row (the
+            causal triangle: long documents).
   table     fwd and fwd+bwd ms, TFLOP/s (useful pairs only) and temp memory: cuDNN causal and
-            sliding window (no segments), the kernel unpacked / packed / packed + window, XLA
-            packed
-  variants  the kernel under other tiles at the 125m and d128 shapes (tuning)
+            sliding window (no segments), the kernel unpacked / packed / packed + window (and
+            unpacked / packed with the swept blocks when the sweep ran first), XLA packed
 
 Useful FLOPs: 4·D per (query, visible key) per head, fwd+bwd = 3.5 × fwd.
 """
@@ -20,20 +27,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.benchmarks.timing import cudnn_op, device_name, measure, print_table, write_json
+from experiments.benchmarks.timing import (
+    cudnn_op,
+    device_name,
+    measure,
+    print_table,
+    time_compiled,
+    write_json,
+)
 from hybrid_jax.ops.attention import attention_xla
-from pallas_kernels.flash_attention import api
+from pallas_kernels.flash_attention import api, gpu
 from pallas_kernels.flash_attention.block_sizes import default_block_sizes
-from pallas_kernels.flash_attention.bounds import visible_span
+from pallas_kernels.flash_attention.bounds import document_extents, visible_span
 
 # name: (batch, length, heads, kv_heads, head_dim, window of the windowed rows)
 SHAPES = {"125m": (16, 2048, 12, 12, 64, 512), "d128": (4, 8192, 16, 16, 128, 1024),
-          "d128-gqa-32k": (1, 32768, 16, 4, 128, 1024), "d256": (4, 8192, 4, 4, 256, 1024)}
+          "d128-gqa-32k": (1, 32768, 16, 4, 128, 1024), "d256": (4, 8192, 4, 4, 256, 1024),
+          "tiny": (1, 256, 2, 1, 64, 64)}  # CPU smoke runs of this script (--interpret)
+INTERPRET = {"on": False}  # --interpret: the kernels in Pallas interpret mode
 
 
 def packed_segments(batch: int, length: int, median: float, seed: int = 0) -> np.ndarray:
@@ -52,7 +70,7 @@ def useful_pairs(segment_ids, batch, length, window) -> int:
     """(query, visible key) pairs of a batch; documents are contiguous here."""
     ids = jnp.zeros((batch, length), jnp.int32) if segment_ids is None else jnp.asarray(
         segment_ids)
-    lowest = visible_span(ids, window)[0]
+    lowest = visible_span(document_extents(ids), window)[0]
     return int(jnp.sum(jnp.arange(length) - lowest + 1))
 
 
@@ -70,7 +88,7 @@ def inputs(batch, length, heads, kv_heads, dim, dtype=jnp.bfloat16, seed=0):
 
 def kernel_op(segments, window, blocks=None):
     return lambda q, k, v: api.flash_attention(q, k, v, segments, window=window,
-                                               block_sizes=blocks)
+                                               block_sizes=blocks, interpret=INTERPRET["on"])
 
 
 def xla_op(segments, window):
@@ -122,7 +140,14 @@ def part_table(args):
                  ("pallas packed", kernel_op(segments, None), segments, None),
                  ("pallas packed swa", kernel_op(segments, window), segments, window),
                  ("xla packed", xla_op(segments, None), segments, None)]
+        swept = getattr(args, "swept", {}).get(dim)
+        if swept is not None and swept != default_block_sizes(dim):  # the sweep ran before
+            cases[4:4] = [("pallas causal swept", kernel_op(None, None, swept), None, None),
+                          ("pallas packed swept", kernel_op(segments, None, swept), segments,
+                           None)]
         for impl, op, seg, w in cases:
+            if any(word in impl for word in args.skip):
+                continue
             if impl.startswith("cudnn") and dim > 128:
                 continue
             if impl == "xla packed" and length > 8192:
@@ -137,35 +162,158 @@ def part_table(args):
     return rows
 
 
-VARIANTS = {
-    "q64k64": dict(block_q=64, block_k=64),
-    "q128k128": dict(block_q=128, block_k=128),
-    "w4": dict(num_warps=4),
-    "w8": dict(num_warps=8),
-    "bwd128": dict(block_q_dkv=128, block_k_dkv=128, block_q=128, block_k=128),
-    "bwd_q32k128": dict(block_q_dkv=32, block_k_dkv=128),
-    "stages2": dict(num_stages=2, backward_num_stages=1),
+# Per head dim and kernel: the BlockSizes fields a variant sets, (tiles, warps, stages[, ...]),
+# likelier first (a time-limited sweep keeps them); the default's blocks always run first.
+SWEEP = {
+    "forward": ("block_q", "block_k", "num_warps", "num_stages"),
+    "dq": ("block_q_dq", "block_k_dq", "dq_num_warps", "dq_num_stages"),
+    "dkv": ("block_q_dkv", "block_k_dkv", "dkv_num_warps", "dkv_num_stages", "dq_atomic",
+            "dkv_per_query_head"),
+}
+SWEEP_VARIANTS = {
+    64: {"forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+                     (64, 32, 4, 4), (128, 32, 4, 4), (64, 64, 4, 4), (128, 64, 4, 4)],
+         "dq": [(64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3),
+                (128, 32, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
+         "dkv": [(64, 64, 4, 2), (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2),
+                 (32, 64, 4, 3), (16, 128, 4, 3), (64, 64, 4, 2, True), (32, 128, 4, 3, True),
+                 (64, 128, 8, 2, True)]},
+    128: {"forward": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3),
+                      (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 4)],
+          "dq": [(128, 64, 8, 2), (128, 32, 4, 4), (64, 64, 4, 2), (128, 32, 8, 3),
+                 (64, 32, 4, 3), (128, 64, 8, 3)],
+          "dkv": [(32, 64, 4, 3), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 8, 2), (16, 64, 4, 2),
+                  (64, 128, 8, 2), (16, 128, 8, 3), (32, 128, 8, 2, True),
+                  (32, 128, 8, 2, False, True)]},
+    256: {"forward": [(64, 32, 8, 2), (64, 64, 8, 2), (32, 32, 4, 2), (64, 32, 4, 2),
+                      (128, 32, 8, 2), (64, 16, 4, 3)],
+          "dq": [(64, 32, 8, 2), (32, 32, 4, 2), (64, 16, 4, 2), (128, 32, 8, 2), (64, 32, 4, 1)],
+          "dkv": [(32, 32, 8, 2), (16, 32, 4, 2), (32, 64, 8, 2), (16, 64, 8, 2), (32, 32, 4, 2),
+                  (32, 32, 8, 2, True)]},
 }
 
 
-def part_variants(args):
-    rows = []
-    for name in ("125m", "d128"):
+def _sweep_kernels(q, k, v, segments, window):
+    """Per kernel: a function of (BlockSizes, *arrays) and its arrays (the inputs of the
+    backward from one forward pass). The "dkv" function with dq_atomic is the whole backward,
+    (dq, dk, dv)."""
+    spans = visible_span(document_extents(segments), window)
+    static = lambda blocks: gpu.Static(window=window, scale=q.shape[-1] ** -0.5,
+                                       group=q.shape[2] // k.shape[2], blocks=blocks,
+                                       interpret=INTERPRET["on"])
+    forward = lambda b, q, k, v, seg, *spans: gpu.forward(q, k, v, seg, spans, static(b))
+    o, lse = jax.jit(functools.partial(forward, default_block_sizes(q.shape[-1])))(
+        q, k, v, segments, *spans)
+    do = jax.random.normal(jax.random.key(3), q.shape, jnp.float32).astype(q.dtype)
+    delta = jnp.einsum("bthd,bthd->bht", o.astype(jnp.float32), do.astype(jnp.float32))
+
+    def dkv(b, q, k, v, o, do, lse, delta, seg, *spans):
+        if b.dq_atomic:
+            return gpu.backward(q, k, v, o, lse, do, seg, spans, static(b))
+        return gpu._dkv(q, k, v, do, lse, delta, seg, spans, static(b))
+
+    dq = lambda b, q, k, v, do, lse, delta, seg, *spans: gpu._dq(q, k, v, do, lse, delta, seg,
+                                                                spans, static(b))
+    return {"forward": (forward, (q, k, v, segments, *spans)),
+            "dq": (dq, (q, k, v, do, lse, delta, segments, *spans)),
+            "dkv": (dkv, (q, k, v, o, do, lse, delta, segments, *spans))}
+
+
+def _max_rel(got, want) -> float:
+    return max(float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))
+                     / (float(jnp.max(jnp.abs(w.astype(jnp.float32)))) + 1e-30))
+               for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True))
+
+
+def _variant(base, kernel: str, values):
+    """`base` with a SWEEP_VARIANTS entry's fields (the dk/dv flags False unless given);
+    `values` None: `base`."""
+    if values is None:
+        return base
+    fields = SWEEP[kernel]
+    if kernel == "dkv":
+        values = tuple(values) + (False,) * (len(fields) - len(values))
+    return dataclasses.replace(base, **dict(zip(fields, values, strict=True)))
+
+
+def part_sweep(args):
+    """Each kernel under its variants (the other kernels at their defaults), per head dim,
+    on the table's shapes (packed documents, or one per row), each result checked against the
+    split default's. Picks the fastest forward, dq and dk/dv (an atomic-dq backward competes with
+    dq + dk/dv) and prints them as the BlockSizes to paste into block_sizes.py, with the ms
+    of the default's kernels; the table part (after it) times fwd+bwd of both."""
+    rows, best = [], {}
+    for name in args.shapes:
+        deadline = time.perf_counter() + args.sweep_seconds
         batch, length, heads, kv_heads, dim, _ = SHAPES[name]
         x = inputs(batch, length, heads, kv_heads, dim)
-        segments = jnp.asarray(packed_segments(batch, length, args.doc_median))
-        flops = 4 * dim * heads * useful_pairs(segments, batch, length, None)
-        base = default_block_sizes(dim)
-        for variant in ["default", *VARIANTS]:
-            blocks = (base if variant == "default"
-                      else dataclasses.replace(base, **VARIANTS[variant]))
-            row = {"shape": name, "variant": variant,
-                   **measure(kernel_op(segments, None, blocks), x, flops, memory=False)}
+        segments = (jnp.zeros((batch, length), jnp.int32) if args.documents == "causal" else
+                    jnp.asarray(packed_segments(batch, length, args.doc_median)))
+        kernels = _sweep_kernels(*x, segments, None)
+        base = dataclasses.replace(default_block_sizes(dim), dq_atomic=False,
+                                   dkv_per_query_head=False)
+        run = lambda kernel, blocks, kernels=kernels: jax.jit(
+            functools.partial(kernels[kernel][0], blocks))
+        expected = {kernel: run(kernel, base)(*kernels[kernel][1]) for kernel in SWEEP}
+        times, seen = {}, set()
+        # Round robin over the kernels, so that the time limit cuts each kernel's list alike.
+        lists = [[(kernel, None)] + [(kernel, v) for v in SWEEP_VARIANTS[dim][kernel]]
+                 for kernel in SWEEP]
+        order = [pair for group in itertools.zip_longest(*lists) for pair in group if pair]
+        for kernel, values in order:
+            blocks = _variant(base, kernel, values)
+            if (kernel, blocks) in seen or (blocks.dkv_per_query_head and heads == kv_heads):
+                continue  # a repeat, or per query head without GQA
+            seen.add((kernel, blocks))
+            row = {"shape": name, "D": dim, "documents": args.documents, "kernel": kernel,
+                   "blocks": str({f: getattr(blocks, f) for f in SWEEP[kernel]})}
             rows.append(row)
+            if time.perf_counter() > deadline:
+                row["error"] = "skipped: --sweep-seconds reached"
+                continue
+            try:
+                fn = run(kernel, blocks).lower(*kernels[kernel][1]).compile()
+                want = expected[kernel]
+                if kernel == "dkv" and blocks.dq_atomic:
+                    want = (expected["dq"], *expected["dkv"])
+                row["max_rel_diff"] = _max_rel(fn(*kernels[kernel][1]), want)
+                row["ms"] = time_compiled(fn, *kernels[kernel][1])
+                if row["max_rel_diff"] < 2e-2:
+                    times[(kernel, blocks)] = row["ms"]
+                else:
+                    row["error"] = "differs from the default blocks"
+            except Exception as e:  # noqa: BLE001  (a variant that fails to compile)
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
             print(row, flush=True)
-    print_table(rows, ["shape", "variant", "fwd_ms", "fwd_TFLOPs", "fwd_bwd_ms",
-                       "fwd_bwd_TFLOPs", "error"])
-    return rows
+        best[name] = _assemble(base, times)
+    print_table(rows, ["shape", "kernel", "blocks", "ms", "max_rel_diff", "error"])
+    for name, (blocks, parts) in best.items():
+        print(f"{name} (D {SHAPES[name][4]}, {args.documents}): BlockSizes(**{blocks.changed()})"
+              f"  # ms {parts}")
+    args.swept = {SHAPES[name][4]: blocks for name, (blocks, _) in best.items()}
+    return {"variants": rows, "best": {name: {"blocks": b.changed(), "ms": parts}
+                                       for name, (b, parts) in best.items()}}
+
+
+def _assemble(base, times):
+    """The fastest forward, dq and dk/dv fields, and their ms (`times[(kernel, blocks)]`)."""
+    fastest = lambda kernel, pick=lambda b: True: min(
+        ((ms, b) for (k, b), ms in times.items() if k == kernel and pick(b)),
+        key=lambda t: t[0], default=(None, base))
+    fwd_ms, fwd = fastest("forward")
+    dq_ms, dq = fastest("dq")
+    split_ms, split = fastest("dkv", lambda b: not b.dq_atomic)
+    atomic_ms, atomic = fastest("dkv", lambda b: b.dq_atomic)
+    use_atomic = atomic_ms is not None and (split_ms is None or dq_ms is None
+                                            or atomic_ms < split_ms + dq_ms)
+    dkv = atomic if use_atomic else split
+    default = {kernel: times.get((kernel, base)) for kernel in SWEEP}
+    fields = {f: getattr(fwd, f) for f in SWEEP["forward"]}
+    fields.update({f: getattr(dq, f) for f in SWEEP["dq"]})
+    fields.update({f: getattr(dkv, f) for f in SWEEP["dkv"]})
+    parts = {"forward": fwd_ms, "dq": None if use_atomic else dq_ms,
+             "dkv": atomic_ms if use_atomic else split_ms, "default": default}
+    return dataclasses.replace(base, **fields), parts
 
 
 def main():
@@ -173,11 +321,21 @@ def main():
     parser.add_argument("--parts", default="check,table")
     parser.add_argument("--shapes", default="125m,d128,d256")
     parser.add_argument("--doc-median", type=float, default=1024)
+    parser.add_argument("--sweep-seconds", type=float, default=40,
+                        help="per shape: the sweep skips the variants left after this long")
+    parser.add_argument("--documents", choices=("packed", "causal"), default="packed",
+                        help="the sweep's rows: packed documents or one document per row")
     parser.add_argument("--out", default="flash_attention.json")
+    parser.add_argument("--skip", default="", help="table rows to leave out: comma-separated "
+                        "words of their names, e.g. xla,swa")
+    parser.add_argument("--interpret", action="store_true",
+                        help="kernels in interpret mode: a CPU smoke run (--shapes tiny)")
     args = parser.parse_args()
+    INTERPRET["on"] = args.interpret
+    args.skip = [word for word in args.skip.split(",") if word]
     args.shapes = args.shapes.split(",")
     print(device_name(), flush=True)
-    parts = {"check": part_check, "table": part_table, "variants": part_variants}
+    parts = {"check": part_check, "sweep": part_sweep, "table": part_table}
     results = {}
     for part in args.parts.split(","):
         try:
@@ -185,7 +343,8 @@ def main():
         except Exception as e:  # noqa: BLE001  (one failed part must not cost the others)
             print(f"part {part} failed: {type(e).__name__}: {e}", flush=True)
             results[part] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
-    write_json(args.out, "flash_attention", [], doc_median=args.doc_median, **results)
+        # After every part, so that a time limit keeps what was done.
+        write_json(args.out, "flash_attention", [], doc_median=args.doc_median, **results)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,22 @@
-"""NHA Pallas kernel against cuDNN sliding-window / causal attention and the XLA chunked NHA.
+"""NHA and GSA Pallas kernels against cuDNN attention, our XLA rungs and the fla + flex peer.
 
-    python -m experiments.benchmarks.nha_kernel [--parts check,table,variants,lowering]
-        [--lengths 2048,8192,32768] [--windows 64,512,2048] [--out nha_kernel.json]
+    python -m experiments.benchmarks.nha_kernel [--check] [--table] [--sweep]
+        [--budget-s 270] [--out nha_kernel.json]
 
-Shapes B4 T H16 K=V=D=128 M=64, bf16 (the issue's table). Parts:
-  check     bf16 kernel vs a float32 reference (values and gradients of every input, rel. error)
-  table     fwd and fwd+bwd ms, TFLOP/s and temp memory of every implementation per (T, w)
-  variants  the kernel under other tile / warp settings at one shape (tuning)
+With no part named: check, table, sweep (in that order; the composition peer runs first, in a
+subprocess, before JAX takes the GPU). Parts:
+  check     bf16 kernels vs float32 references, relative errors of the outputs, the final
+            slots and the gradients of every input (the initial state's too): the kernel API
+            at w = 0 (per-token reference; default and --check-variants), and the ops' pallas
+            rungs against their float32 XLA rungs with packed documents and an initial state
+            (NHA w = 200 GQA, w = 0, head dim 256 at w = 128; GSA)
+  table     the issue's target (B4 T8192 and B1 T32768, H16 D128 M64, w = 512): NHA pallas
+            fwd and fwd+bwd beside cuDNN sliding-window and causal attention, the fla
+            chunk_gsa + flex-attention composition (peer), GSA pallas vs xla vs fla, ratios
+  sweep     tile / warp / precision variants of the NHA kernel at B4 T8192 w512, until the
+            time budget is spent (the rest are listed as skipped)
+  profile   each kernel of the pipeline alone (`--profile-variants`)
   lowering  JAX's own Pallas flash attention, Triton vs Mosaic GPU lowering, next to cuDNN
-            (the evidence for the lowering choice, NOTES.md)
 
 FLOPs count only useful work (in-window pairs and slot work): window 4·D per (query, key in
 window) per head; slots 4·K·M per query head (logits + readout) plus 4·K·M per kv head and token
@@ -20,11 +28,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.timing import (
     cudnn_op,
     device_name,
@@ -38,16 +49,22 @@ from pallas_kernels.nha import api
 from pallas_kernels.nha.block_sizes import BlockSizes
 from pallas_kernels.nha.reference import nha_reference
 
-BATCH, HEADS, DIM, SLOTS = 4, 16, 128, 64
+HEADS, DIM, SLOTS, WINDOW = 16, 128, 64, 512
+TABLE_SHAPES = ((4, 8192), (1, 32768))  # (B, T) of the issue's target
+API_CHECKS = ((777, 2, 2, 0),)  # (T, H, G, w) of the kernel API checks (w = 0: all the
+# softmax mass on the slots, where bf16 slot products failed before: NOTES v4)
+OP_CHECKS = ((200, DIM), (0, DIM), (128, 256))  # (w, head dim) of the op checks (GQA 4 / 2)
+CHECK_LENGTH, CHECK_PREFIX = 1000, 300  # the op checks' call, after a state of this many tokens
 NAMES = ("q", "k", "v", "s", "g", "q_window", "k_window")
 
 
-def make_inputs(batch, length, heads, kv_heads, key, dtype=jnp.bfloat16):
+def make_inputs(batch, length, heads, kv_heads, key, dtype=jnp.bfloat16, dim=None):
+    dim = dim or DIM
     keys = iter(jax.random.split(key, 8))
     normal = lambda h, d: jax.random.normal(next(keys), (batch, length, h, d), jnp.float32)
     g = jax.nn.log_sigmoid(normal(kv_heads, SLOTS)) / 8
-    x = dict(q=normal(heads, DIM), k=normal(kv_heads, DIM), v=normal(kv_heads, DIM),
-             s=1 - jnp.exp(g), g=g, q_window=normal(heads, DIM), k_window=normal(kv_heads, DIM))
+    x = dict(q=normal(heads, dim), k=normal(kv_heads, dim), v=normal(kv_heads, dim),
+             s=1 - jnp.exp(g), g=g, q_window=normal(heads, dim), k_window=normal(kv_heads, dim))
     return {n: a.astype(dtype) for n, a in x.items()}
 
 
@@ -56,14 +73,24 @@ def pallas_op(window, blocks=None):
         q, k, v, s, g, window=window, q_window=qw, k_window=kw, block_sizes=blocks)
 
 
-def xla_op(window):
-    def op(q, k, v, s, g, qw, kw):
-        from hybrid_jax.ops.nha import native_hybrid_attention  # the op (issue 5)
+def op(window, implementation):
+    """`hybrid_jax.ops.native_hybrid_attention` forced to one rung."""
+    def run(q, k, v, s, g, qw, kw):
+        from hybrid_jax.ops.nha import native_hybrid_attention
 
         return native_hybrid_attention(q, k, v, s, g, window=window, q_window=qw, k_window=kw,
-                                       implementation="xla")
+                                       implementation=implementation)
 
-    return op
+    return run
+
+
+def gsa_op(implementation):
+    def run(q, k, v, s, g):
+        from hybrid_jax.ops.gsa import gated_slot_attention
+
+        return gated_slot_attention(q, k, v, s, g, implementation=implementation)
+
+    return run
 
 
 def window_pairs(length, window):
@@ -71,79 +98,234 @@ def window_pairs(length, window):
     return window * (window + 1) // 2 + (length - window) * window
 
 
-def nha_flops(length, window):
-    attention = 4 * DIM * window_pairs(length, window) * BATCH * HEADS
-    slots = 8 * DIM * SLOTS * length * BATCH * HEADS if window < length else 0
+def nha_flops(batch, length, window):
+    attention = 4 * DIM * window_pairs(length, window) * batch * HEADS
+    slots = 8 * DIM * SLOTS * length * batch * HEADS if window < length else 0
     return attention + slots
 
 
-def _reference_op(q, k, v, s, g, qw, kw, *, window):
-    return nha_reference(q, k, v, s, g, window=window, q_window=qw, k_window=kw)
+def attention_flops(batch, length, window):
+    return 4 * DIM * window_pairs(length, window) * batch * HEADS
 
 
-def _value_and_grads(op, x, weights):
-    apply = lambda x: op(*(x[n] for n in NAMES))
-    loss = lambda x: jnp.sum(apply(x).astype(jnp.float32) * weights)
-    return jax.jit(apply)(x), jax.jit(jax.grad(loss))(x)
+# --- check ------------------------------------------------------------------------------------
+
+
+def _rel(a, b, floor: float = 0.0) -> float:
+    """‖a − b‖ / max(‖b‖, floor)."""
+    a, b = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (a, b))
+    return float(np.linalg.norm((a - b).ravel()) / max(np.linalg.norm(b.ravel()), floor, 1e-30))
+
+
+def _loss_and_grads(fn, x, weights):
+    """jit(value_and_grad) of Σ w·out (+ Σ w·final slots when fn returns them) w.r.t. x."""
+    def loss(x):
+        result = fn(x)
+        outs = result if isinstance(result, tuple) else (result,)
+        total = sum(jnp.sum(w * o.astype(jnp.float32)) for w, o in zip(weights, outs,
+                                                                          strict=True))
+        return total, result
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+
+
+def _compare(name, fn, reference, x, weights) -> dict:
+    """Relative errors of fn(x) (bf16 leaves) against reference(x upcast to float32): the
+    output, the final slots (the worst of both), every gradient leaf (relative to its norm, or
+    to 1e-3 of the largest gradient's where it is smaller), the worst of all."""
+    x32 = jax.tree.map(lambda a: a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating)
+                       else a, x)
+    (_, ref), ref_grads = _loss_and_grads(reference, x32, weights)
+    (_, got), grads = _loss_and_grads(fn, x, weights)
+    got, ref = (r if isinstance(r, tuple) else (r,) for r in (got, ref))
+    row = {"check": name, "out": _rel(got[0], ref[0])}
+    if len(got) > 1:
+        row["final"] = max(_rel(a, b) for a, b in zip(got[1:], ref[1:], strict=True))
+    paths, _ = jax.tree_util.tree_flatten_with_path(grads)
+    expected = jax.tree.leaves(ref_grads)
+    # A gradient that is ~0 by the math (e.g. ring gates before a document start) is judged
+    # against a thousandth of the largest gradient, not against its own rounding noise.
+    floor = 1e-3 * max(float(np.linalg.norm(np.asarray(e, np.float64))) for e in expected)
+    for (path, grad), ref_grad in zip(paths, expected, strict=True):
+        name = "d" + "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+        row[name] = _rel(grad, ref_grad, floor)
+    errors = {k: v for k, v in row.items() if k != "check"}
+    row["worst"] = max(errors, key=errors.get)
+    row["max"] = errors[row["worst"]]
+    print(row, flush=True)
+    return row
+
+
+def _documents(batch, length, seed):
+    """Segment ids of packed documents of 1 to ~400 tokens (length-1 documents included)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([1, 7, 64, 150, 400], size=(batch, length))
+    ids = np.stack([np.repeat(np.arange(length), row)[:length] for row in lengths])
+    return jnp.asarray(ids, jnp.int32)
+
+
+def _nha_state_call(window, dim, heads=4, kv_heads=2):
+    """A call of the NHA op continuing a state (made by the XLA rung over `prefix` tokens of
+    the same packed documents), returning (o, final slots): fn(x, implementation)."""
+    from hybrid_jax.ops.nha import native_hybrid_attention
+
+    length, prefix = CHECK_LENGTH, CHECK_PREFIX
+    ids = _documents(1, length + prefix, seed=window + dim)
+    x = make_inputs(1, length + prefix, heads, kv_heads, jax.random.key(1), dim=dim)
+    head = {n: a[:, :prefix].astype(jnp.float32) for n, a in x.items()}
+    _, state = jax.jit(functools.partial(
+        native_hybrid_attention, window=window, segment_ids=ids[:, :prefix],
+        return_final_state=True, implementation="xla"))(*(head[n] for n in NAMES[:5]),
+                                                        q_window=head["q_window"],
+                                                        k_window=head["k_window"])
+    tail = {n: a[:, prefix:] for n, a in x.items()}
+
+    def run(implementation, x):
+        out, final = native_hybrid_attention(
+            *(x["inputs"][n] for n in NAMES[:5]), window=window,
+            q_window=x["inputs"]["q_window"], k_window=x["inputs"]["k_window"],
+            segment_ids=ids[:, prefix:], initial_state=x["state"], return_final_state=True,
+            implementation=implementation)
+        return out, final.slot_keys, final.slot_values
+
+    floats = jax.tree.map(lambda a: a, state)._replace(length=None, document_start=None)
+    point = {"inputs": tail, "state": floats}
+    fixed = dict(length=state.length, document_start=state.document_start)
+    fn = lambda impl: lambda x: run(impl, {**x, "state": x["state"]._replace(**fixed)})
+    weights = [jax.random.normal(jax.random.key(2), (1, length, heads, dim)),
+               jax.random.normal(jax.random.key(3), state.slot_keys.shape),
+               jax.random.normal(jax.random.key(4), state.slot_values.shape)]
+    return fn, point, weights
 
 
 def part_check(args):
-    """bf16 kernel (tiles of --blocks) against the float32 per-token reference on upcast
-    inputs."""
     rows = []
-    for length, heads, kv_heads, window in ((1000, 4, 2, 200), (777, 2, 2, 0)):
+    for length, heads, kv_heads, window in API_CHECKS:
         x = make_inputs(1, length, heads, kv_heads, jax.random.key(1))
-        x32 = {n: a.astype(jnp.float32) for n, a in x.items()}
-        weights = jax.random.normal(jax.random.key(2), (1, length, heads, DIM), jnp.float32)
-
-        reference = functools.partial(_reference_op, window=window)
-        ref_out, ref_grads = _value_and_grads(reference, x32, weights)
-        out, grads = _value_and_grads(pallas_op(window, VARIANTS[args.blocks]), x, weights)
-        rel = lambda a, b: float(jnp.linalg.norm((a.astype(jnp.float32) - b).ravel())
-                                 / jnp.maximum(jnp.linalg.norm(b.ravel()), 1e-30))
-        row = {"T": length, "H": heads, "G": kv_heads, "w": window, "out": rel(out, ref_out)}
-        row.update({f"d{n}": rel(grads[n], ref_grads[n]) for n in NAMES})
-        rows.append(row)
-        print(row, flush=True)
-    print_table(rows, ["T", "H", "G", "w", "out", *(f"d{n}" for n in NAMES)])
+        weights = [jax.random.normal(jax.random.key(2), (1, length, heads, DIM))]
+        apply = lambda fn: lambda inputs: fn(*(inputs[n] for n in NAMES))
+        reference = lambda q, k, v, s, g, qw, kw, w=window: nha_reference(
+            q, k, v, s, g, window=w, q_window=qw, k_window=kw)
+        for variant in dict.fromkeys(["default", *args.check_variants]):
+            rows.append(_compare(f"api T{length} H{heads} G{kv_heads} w{window} {variant}",
+                                 apply(pallas_op(window, VARIANTS[variant])),
+                                 apply(reference), x, weights))
+    for window, dim in OP_CHECKS:
+        fn, point, weights = _nha_state_call(window, dim=dim)
+        rows.append(_compare(f"op NHA documents+state w{window} D{dim} GQA", fn("pallas"),
+                             fn("xla"), point, weights))
+    rows.append(_check_gsa())
+    print_table(rows, ["check", "out", "final", "max", "worst"])
     return rows
+
+
+def _check_gsa():
+    """GSA's pallas rung (bf16) against its XLA rung (float32): packed documents, an initial
+    state, the final state."""
+    from hybrid_jax.ops.gsa import gated_slot_attention
+
+    length, heads = CHECK_LENGTH, 4
+    ids = _documents(1, length, seed=5)
+    x = make_inputs(1, length, heads, heads, jax.random.key(6))
+    inputs = {n: x[n] for n in NAMES[:5]}
+    state = tuple(jax.random.normal(key, shape) * 0.3 for key, shape in zip(
+        jax.random.split(jax.random.key(7)), ((1, heads, DIM, SLOTS), (1, heads, SLOTS, DIM)),
+        strict=True))
+
+    def fn(implementation):
+        def run(x):
+            out, final = gated_slot_attention(
+                *(x["inputs"][n] for n in NAMES[:5]), initial_state=x["state"],
+                segment_ids=ids, return_final_state=True, implementation=implementation)
+            return (out, *final)
+
+        return run
+
+    weights = [jax.random.normal(jax.random.key(8), (1, length, heads, DIM)),
+               jax.random.normal(jax.random.key(9), state[0].shape),
+               jax.random.normal(jax.random.key(10), state[1].shape)]
+    return _compare("op GSA documents+state", fn("pallas"), fn("xla"),
+                    {"inputs": inputs, "state": state}, weights)
+
+
+# --- table ------------------------------------------------------------------------------------
+
+
+def run_peer(args) -> list[dict]:
+    """The fla chunk_gsa + flex-attention composition, in its own process (torch), up to 180 s."""
+    shapes = ",".join(f"{b}x{t}" for b, t in TABLE_SHAPES)
+    command = [sys.executable, "-m", "experiments.benchmarks.peers.nha_composition",
+               "--shapes", shapes, "--heads", str(HEADS), "--dim", str(DIM),
+               "--slots", str(SLOTS), "--window", str(WINDOW)]
+    rows, failure = run_json_lines(command, 180, echo="peer")  # rows kept as they arrive
+    if failure:
+        print("peer:", failure, flush=True)
+    return rows or [{"error": "peer failed: " + failure}]
 
 
 def part_table(args):
     rows = []
-    for length in args.lengths:
-        x = make_inputs(BATCH, length, HEADS, HEADS, jax.random.key(0))
+    peers = {(r.get("B"), r.get("T")): r for r in args.peer_rows}
+    for batch, length in TABLE_SHAPES:
+        x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0))
         nha_inputs = [x[n] for n in NAMES]
-        attention_inputs = (x["q_window"], x["k_window"], x["v"])
-        if "cudnn_causal" in args.impls:
-            causal = {"impl": "cudnn_causal", "T": length, "w": length,
-                      **measure(cudnn_op(None), attention_inputs,
-                                4 * DIM * window_pairs(length, length) * BATCH * HEADS)}
-            rows.append(causal)
-            print(causal, flush=True)
-        for window in args.windows:
-            impls = {"pallas_nha": (pallas_op(window, VARIANTS[args.blocks]), nha_inputs,
-                                    nha_flops(length, window)),
-                     "cudnn_swa": (cudnn_op(window), attention_inputs,
-                                   4 * DIM * window_pairs(length, window) * BATCH * HEADS)}
-            if length <= args.xla_max_length and window in args.xla_windows:
-                impls["xla_nha"] = (xla_op(window), nha_inputs, nha_flops(length, window))
-            for name, (fn, inputs, flops) in impls.items():
-                if name not in args.impls:
-                    continue
-                row = {"impl": name, "T": length, "w": window, **measure(fn, inputs, flops)}
+        attention = (x["q_window"], x["k_window"], x["v"])
+        impls = {
+            "cudnn_causal": (cudnn_op(None), attention, attention_flops(batch, length, length)),
+            "cudnn_swa": (cudnn_op(WINDOW), attention, attention_flops(batch, length, WINDOW)),
+            "pallas_nha": (pallas_op(WINDOW), nha_inputs, nha_flops(batch, length, WINDOW)),
+        }
+        if (batch, length) == TABLE_SHAPES[0]:
+            for variant in args.table_variants:
+                impls[f"pallas_nha {variant}"] = (pallas_op(WINDOW, VARIANTS[variant]),
+                                                  nha_inputs, nha_flops(batch, length, WINDOW))
+            gsa_inputs = [x[n] for n in NAMES[:5]]
+            impls["pallas_gsa"] = (gsa_op("pallas"), gsa_inputs, nha_flops(batch, length, 0))
+            impls["xla_gsa"] = (gsa_op("xla"), gsa_inputs, nha_flops(batch, length, 0))
+        found = {}
+        for name, (fn, inputs, flops) in impls.items():
+            row = {"impl": name, "B": batch, "T": length, **measure(fn, inputs, flops)}
+            found[name] = row
+            rows.append(row)
+            print(row, flush=True)
+        peer = peers.get((batch, length), {})
+        for part, impl in (("composition", "fla_gsa+flex_swa"), ("gsa", "fla_chunk_gsa")):
+            if f"{part}_fwd_ms" in peer:
+                row = {"impl": impl, "B": batch, "T": length, "fwd_ms": peer[f"{part}_fwd_ms"],
+                       "fwd_bwd_ms": peer[f"{part}_fwd_bwd_ms"]}
+                found[impl] = row
                 rows.append(row)
-                print(row, flush=True)
-    print_table(rows, ["impl", "T", "w", "fwd_ms", "fwd_bwd_ms", "fwd_TFLOPs", "fwd_bwd_TFLOPs",
-                       "temp_MiB", "error"])
+        _ratios(found)
+    print_table(rows, ["impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "fwd_TFLOPs", "fwd_bwd_TFLOPs",
+                       "temp_MiB", "vs", "error"])
     return rows
 
 
-# Tile variants for --blocks, --variants and --profile-variants: each differs from the current
-# defaults only in the fields shown (so "v3" is v3's chunk-state pass with today's other tiles).
+def _ratios(found: dict) -> None:
+    """Adds to each row its fwd+bwd ratio against the row it is judged by (issue 15's
+    targets): NHA / cuDNN SWA (≤ 2), composition / NHA (≥ 2), fla GSA / GSA (≥ 1.2)."""
+    pairs = [("pallas_nha", "cudnn_swa", "nha/cudnn_swa"),
+             ("pallas_nha", "cudnn_causal", "nha/cudnn_causal"),
+             ("fla_gsa+flex_swa", "pallas_nha", "composition/nha"),
+             ("fla_chunk_gsa", "pallas_gsa", "fla_gsa/gsa"),
+             ("xla_gsa", "pallas_gsa", "xla_gsa/gsa")]
+    for name, by, label in pairs:
+        a, b = found.get(name, {}), found.get(by, {})
+        if "fwd_bwd_ms" in a and "fwd_bwd_ms" in b:
+            ratio = f"{label} {a['fwd_bwd_ms'] / b['fwd_bwd_ms']:.2f}x"
+            a["vs"] = f"{a['vs']}; {ratio}" if "vs" in a else ratio
+
+
+# --- sweep ------------------------------------------------------------------------------------
+
+# Tile variants for --variants, --table-variants, --check-variants and --profile-variants: each
+# differs from the current defaults only in the fields shown.
 VARIANTS = {
     "default": BlockSizes(),
-    "q128": BlockSizes(block_q=128, num_warps=8),  # the window blocks up to run 8
+    "split": BlockSizes(slot_precision="split"),
+    "float32": BlockSizes(slot_precision="float32"),
+    "slots_bf16": BlockSizes(slot_precision="input"),
+    "q128": BlockSizes(block_q=128, num_warps=8),
     "q64_k128": BlockSizes(block_k=128),
     "q64_w8": BlockSizes(num_warps=8),
     "q64_s2": BlockSizes(num_stages=2),
@@ -153,30 +335,37 @@ VARIANTS = {
     "dkv_k128": BlockSizes(block_k_dkv=128),
     "slot_w8": BlockSizes(slot_num_warps=8),
     "slot_bwd_w4": BlockSizes(slot_backward_num_warps=4),
+    "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
+    "split_slot_bwd_w4": BlockSizes(slot_precision="split", slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
-    "slots_bf16": BlockSizes(slot_precision="input"),
-    "float32": BlockSizes(slot_precision="float32"),  # the default up to run 11
-    "v3": BlockSizes(state_group=1, state_block=32),  # one chunk step per scan iteration
-    "v4": BlockSizes(state_group=1),
     "scan8": BlockSizes(state_group=8),
     "scan32": BlockSizes(state_group=32),
+    "k32_w8": BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
+                         slot_num_warps=8),  # the head dim 256 defaults, at 128
 }
 
 
-def part_variants(args):
+def part_sweep(args):
+    """Variants at B4 T8192 w512 until `--budget-s` (counted from the script's start) is spent."""
     rows = []
-    length, window = args.lengths[0], args.windows[0]
-    x = make_inputs(BATCH, length, HEADS, HEADS, jax.random.key(0))
+    batch, length = TABLE_SHAPES[0]
+    x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0))
     for name in args.variants:
-        blocks = VARIANTS[name]
-        row = {"variant": name, "T": length, "w": window,
-               **measure(pallas_op(window, blocks), [x[n] for n in NAMES],
-                         nha_flops(length, window), memory=False),
-               "blocks": str(dataclasses.astuple(blocks))}
+        row = {"variant": name, "T": length, "w": WINDOW}
+        if time.perf_counter() - args.start > args.budget_s:
+            row["error"] = f"skipped: the {args.budget_s:.0f} s budget is spent"
+        else:
+            blocks = VARIANTS[name]
+            row.update(measure(pallas_op(WINDOW, blocks), [x[n] for n in NAMES],
+                               nha_flops(batch, length, WINDOW), memory=False),
+                       blocks=str(dataclasses.astuple(blocks)))
         rows.append(row)
         print(row, flush=True)
     print_table(rows, ["variant", "T", "w", "fwd_ms", "fwd_bwd_ms", "fwd_TFLOPs", "error"])
     return rows
+
+
+# --- lowering and profile ---------------------------------------------------------------------
 
 
 def part_lowering(args):
@@ -184,11 +373,10 @@ def part_lowering(args):
     (ops/gpu/attention_mgpu.py), causal, B4 T8192 H16 D128 float16, next to cuDNN."""
     from jax.experimental.pallas.ops.gpu import attention, attention_mgpu
 
-    length = 8192
+    batch, length = TABLE_SHAPES[0]
     keys = jax.random.split(jax.random.key(3), 3)
     # float16: attention_mgpu's example dtype (it rejected bf16 in our first run)
-    q, k, v = (jax.random.normal(key, (BATCH, length, HEADS, DIM), jnp.float16) for key in keys)
-    flops = 4 * DIM * window_pairs(length, length) * BATCH * HEADS
+    q, k, v = (jax.random.normal(key, (batch, length, HEADS, DIM), jnp.float16) for key in keys)
     mgpu_config = attention_mgpu.TuningConfig(block_q=128, block_kv=128, max_concurrent_steps=2,
                                               causal=True, block_q_dkv=64, block_kv_dkv=64,
                                               block_q_dq=64, block_kv_dq=64)
@@ -200,7 +388,8 @@ def part_lowering(args):
     }
     rows = []
     for name, fn in impls.items():
-        row = {"impl": name, "T": length, **measure(fn, (q, k, v), flops)}
+        row = {"impl": name, "T": length,
+               **measure(fn, (q, k, v), attention_flops(batch, length, length))}
         rows.append(row)
         print(row, flush=True)
     print_table(rows, ["impl", "T", "fwd_ms", "fwd_bwd_ms", "fwd_TFLOPs", "fwd_bwd_TFLOPs",
@@ -209,26 +398,28 @@ def part_lowering(args):
 
 
 def part_profile(args):
-    """Each kernel of the pipeline timed alone (T, w: the first of --lengths, --windows), per
-    tile variant of --profile-variants (`name` or `name:stage+stage`: only the stages whose
-    names contain one of those, the other stages' outputs taken from the first variant): where
-    the time goes. Each stage's function is jitted once, run to make the next stages' inputs,
-    then timed; compile seconds are reported too."""
+    """Each kernel of the pipeline timed alone (B4 T8192 w512), per tile variant of
+    --profile-variants (`name` or `name:stage+stage`: only the stages whose names contain one
+    of those, the other stages' outputs taken from the first variant): where the time goes.
+    Each stage's function is jitted once, run to make the next stages' inputs, then timed;
+    compile seconds are reported too."""
     from pallas_kernels.nha import gpu
 
-    length, window = args.lengths[0], args.windows[0]
-    x = make_inputs(BATCH, length, HEADS, HEADS, jax.random.key(0))
-    delay = lambda a: jnp.pad(a, [(0, 0), (window, 0), (0, 0), (0, 0)])[:, :length]
+    batch, length = TABLE_SHAPES[0]
+    window = WINDOW
+    x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0))
     q, qw, kw, v = x["q"], x["q_window"], x["k_window"], x["v"]
-    ks, vs, ss, gs = (delay(x[n]) for n in ("k", "v", "s", "g"))
+    ks, vs, ss, gs = (x[n] for n in ("k", "v", "s", "g"))  # read w/C chunks back (the shift)
     do = jax.random.normal(jax.random.key(5), q.shape, jnp.bfloat16)
     whole = lambda *a, st: pallas_op(window, st.blocks)(*a)
     rows, first_outputs = [], {}
     for spec in args.profile_variants:
         variant, _, wanted = spec.partition(":")
         wanted = wanted.split("+") if wanted else []
+        blocks = VARIANTS[variant]
         st = gpu.Static(window=window, scale=DIM**-0.5, slots=True, mask_empty=True, group=1,
-                        blocks=VARIANTS[variant], interpret=False)
+                        blocks=blocks, interpret=False, shift_chunks=window // blocks.chunk,
+                        length=length)
 
         def stage(name, fn, *inputs, st=st, variant=variant, wanted=wanted):
             """Runs the jitted stage (its outputs feed later stages) and times it."""
@@ -242,7 +433,7 @@ def part_profile(args):
                 row["compile_s"] = time.perf_counter() - begin
                 row["ms"] = time_compiled(fn, *inputs)
                 first_outputs.setdefault(name, out)
-            except Exception as e:  # report and go on with the first variant's outputs
+            except Exception as e:  # noqa: BLE001  (report and go on with the first outputs)
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 out = first_outputs.get(name)
             rows.append(row)
@@ -253,59 +444,78 @@ def part_profile(args):
         stage("forward (api, whole)", whole, *inputs)
         stage("fwd+bwd (api, whole)", lambda *a, st: forward_and_backward(
             functools.partial(whole, st=st), len(NAMES))[1](*a), *inputs)
-        gc, k_writes, v_writes, log_decay = stage("chunk_prepare", gpu.chunk_prepare,
-                                                  ks, vs, ss, gs)
+        gc, k_writes, v_writes, log_decay = stage(
+            "chunk_prepare", lambda *a, st: gpu.chunk_prepare(*a, None, st), ks, vs, ss, gs)
         kst, vst = stage("chunk_scan K, V", lambda k, v, a, st: gpu.chunk_scan(
-            (k, v), a, st, reverse=False), k_writes, v_writes, log_decay)
-        logits = stage("slot_logits", gpu.slot_logits, q, ks, ss, gc, kst)
-        o_w, lse = stage("window_attention", gpu.window_attention, qw, kw, v, logits)
-        o = stage("slot_readout_add", gpu.slot_readout_add, o_w, logits, lse, vs, ss, gc, vst)
+            (k, v), a, st, reverse=False)[0], k_writes, v_writes, log_decay)
+        logits = stage("slot_logits", lambda *a, st: gpu.slot_logits(*a, None, st),
+                       q, ks, ss, gc, kst)
+        o_w, lse = stage("window_attention", lambda *a, st: gpu.window_attention(*a, None, st),
+                         qw, kw, v, logits)
+        o = stage("slot_readout_add", lambda *a, st: gpu.slot_readout_add(*a, None, st),
+                  o_w, logits, lse, vs, ss, gc, vst)
         delta = jnp.sum(o * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-        stage("bwd: window dq", gpu.window_backward_queries, qw, kw, v, do, lse, delta)
-        stage("bwd: window dk dv", gpu.backward_window_keys, qw, kw, v, do, lse, delta)
+        stage("bwd: window dq", lambda *a, st: gpu.window_backward_queries(*a, None, st),
+              qw, kw, v, do, lse, delta)
+        stage("bwd: window dk dv", lambda *a, st: gpu.backward_window_keys(*a, None, st),
+              qw, kw, v, do, lse, delta)
         slot_inputs = (ks, vs, ss, gc, kst, vst)
-        dq, da, p, qg = stage("bwd: slot queries",
-                              lambda *a, st: gpu.slot_backward_queries(*a[:5], a[5:], st),
-                              q, logits, lse, delta, do, *slot_inputs)
-        k_pull, v_pull = stage("bwd: chunk deltas reverse", gpu.chunk_deltas_reverse,
+        dq, da, p, qg = stage(
+            "bwd: slot queries",
+            lambda *a, st: gpu.slot_backward_queries(*a[:5], a[5:], None, st),
+            q, logits, lse, delta, do, *slot_inputs)
+        k_pull, v_pull = stage("bwd: chunk deltas reverse",
+                               lambda *a, st: gpu.chunk_deltas_reverse(*a, None, st),
                                q, da, do, p, gc)
         k_end, vt_end = stage("bwd: chunk_scan reverse K, V", lambda k, v, a, st: gpu.chunk_scan(
-            (k, v), a, st, reverse=True), k_pull, v_pull, log_decay)
+            (k, v), a, st, reverse=True)[0], k_pull, v_pull, log_decay)
         stage("bwd: slot inputs",
               lambda *a, st: gpu.backward_slot_inputs(a[0], a[1], a[2:5], a[5:11], a[11], a[12],
-                                                       st),
+                                                       None, st),
               q, do, da, p, qg, *slot_inputs, k_end, vt_end)
         write_json(args.out, "nha_kernel_profile", rows)
     print_table(rows, ["variant", "stage", "T", "w", "ms", "compile_s", "error"])
     return rows
 
 
-PARTS = {"check": part_check, "table": part_table, "variants": part_variants,
+PARTS = {"check": part_check, "table": part_table, "sweep": part_sweep,
          "lowering": part_lowering, "profile": part_profile}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ints = lambda s: [int(x) for x in s.split(",")]
-    parser.add_argument("--parts", default="check,table")
-    parser.add_argument("--lengths", type=ints, default=[2048, 8192, 32768])
-    parser.add_argument("--windows", type=ints, default=[64, 512, 2048])
-    parser.add_argument("--xla-max-length", type=int, default=8192,
-                        help="longest T for the XLA chunked NHA (slow, memory-hungry)")
-    parser.add_argument("--xla-windows", type=ints, default=[512])
-    parser.add_argument("--impls", type=lambda s: s.split(","),
-                        default=["cudnn_causal", "pallas_nha", "cudnn_swa", "xla_nha"])
-    parser.add_argument("--blocks", default="default", help="tile variant of the table rows")
-    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
-    parser.add_argument("--profile-variants", type=lambda s: s.split(","), default=["default"])
+    names = lambda s: [x for x in s.split(",") if x]
+    for part in ("check", "table", "sweep"):
+        parser.add_argument(f"--{part}", action="store_true", help=f"run the {part} part")
+    parser.add_argument("--parts", type=names, default=[],
+                        help="parts to run, in order (e.g. profile,lowering)")
+    parser.add_argument("--check-variants", type=names, default=["split"],
+                        help="tile variants also checked at the API level")
+    parser.add_argument("--table-variants", type=names, default=["split"],
+                        help="tile variants also timed in the table at B4 T8192")
+    parser.add_argument("--variants", type=names,
+                        default=["split", "slot_w8", "split_slot_bwd_w4", "q64_k128", "bwd_w8",
+                                 "float32"], help="variants of the sweep")
+    parser.add_argument("--profile-variants", type=names, default=["default"])
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the fla + flex composition peer (table)")
+    parser.add_argument("--budget-s", type=float, default=270.0,
+                        help="the sweep stops starting variants past this many seconds")
     parser.add_argument("--out", default="nha_kernel.json")
     args = parser.parse_args()
+    args.start = time.perf_counter()
+    parts = [p for p in PARTS if getattr(args, p, False) is True] + args.parts
+    parts = parts or ["check", "table", "sweep"]
+    # The peer first, in its own process, before JAX takes the GPU.
+    args.peer_rows = run_peer(args) if "table" in parts and args.peer else []
     print(device_name(), flush=True)
-    results = {}
-    for part in args.parts.split(","):
+    results = {"peer": args.peer_rows}
+    for part in parts:
         results[part] = PARTS[part](args)
         write_json(args.out, "nha_kernel", [], parts=results,
-                   shape=dict(B=BATCH, H=HEADS, K=DIM, V=DIM, D=DIM, M=SLOTS, dtype="bfloat16"))
+                   shape=dict(H=HEADS, K=DIM, V=DIM, D=DIM, M=SLOTS, w=WINDOW, dtype="bfloat16"),
+                   seconds=time.perf_counter() - args.start)
+    print(f"done in {time.perf_counter() - args.start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

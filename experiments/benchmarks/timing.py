@@ -37,20 +37,21 @@ def forward_and_backward(op: Callable, num_args: int) -> tuple[Callable, Callabl
     return fwd, bwd
 
 
-def measure(fn: Callable, inputs: Sequence[Any], flops: float, memory: bool = True
-            ) -> dict[str, Any]:
-    """Compiles fwd and fwd+bwd once each, times them (TFLOP/s from the forward's useful
-    `flops`, fwd+bwd counted as 3.5 × fwd, the flash-attention convention), reads the fwd+bwd
+def measure(fn: Callable, inputs: Sequence[Any], flops: float | None = None,
+            memory: bool = True) -> dict[str, Any]:
+    """Compiles fwd and fwd+bwd once each, times them (with the forward's useful `flops`, also
+    TFLOP/s, fwd+bwd counted as 3.5 × fwd, the flash-attention convention), reads the fwd+bwd
     temp memory; an error (out of memory, unsupported shape) is reported in the row."""
     fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
     row: dict[str, Any] = {}
     try:
         fwd = fwd.lower(*inputs).compile()
         row["fwd_ms"] = time_compiled(fwd, *inputs)
-        row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
         fwd_bwd = fwd_bwd.lower(*inputs).compile()
         row["fwd_bwd_ms"] = time_compiled(fwd_bwd, *inputs)
-        row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
+        if flops is not None:
+            row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
+            row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
         analysis = fwd_bwd.memory_analysis() if memory else None
         if analysis is not None:
             row["temp_MiB"] = analysis.temp_size_in_bytes / 2**20
@@ -78,10 +79,17 @@ def device_name() -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    widths = [max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """The rows as a Markdown table (for BENCHMARKS.md), numbers as in `print_table`."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _fmt(value: Any) -> str:
@@ -90,9 +98,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], **extra: Any) -> None:
+def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], *,
+               quiet: bool = False, **extra: Any) -> None:
+    """The rows and `extra` as one JSON record (rewritten whole: a script may save as it goes,
+    `quiet` then leaves out the "wrote" line)."""
     record = {"benchmark": name, "device": device_name(), "host": platform.node(),
               "date": time.strftime("%Y-%m-%d"), **extra, "rows": list(rows)}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=2))
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")

@@ -6,7 +6,7 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
                   nha-hybrid-340m] [--lengths 2048,8192,32768] [--tokens 32768] [--steps 10]
         [--scan/--no-scan] [--remat none] [--unpacked transformer-125m]
         [--torch transformer-125m] [--compile-check transformer-350m]
-        [--ablate transformer-125m] [--out F.json]
+        [--ablate transformer-125m] [--unscanned transformer-125m] [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
 (`packed_data.py`: WikiText-2 articles, BPE 32768), so each row holds whole and cut documents
@@ -15,9 +15,11 @@ the documents are synthetic (log-normal lengths, median 1024) over random tokens
 says which. `--unpacked` adds runs on random tokens without segment ids (the packing cost).
 Every model: vocabulary 32768, bf16 compute, float32 parameters and AdamW state, the
 trainer's own `init_train_state` / `make_train_step`. FLOPs per token from `hybrid_jax.flops`
-(the trainer's MFU); MFU against the dense bf16 peak and against a bf16 8192³ matmul measured
-in the same run. Memory: what the compiled step needs (arguments + temporaries); a model that
-needs more than 90 % of the device without remat is run with `remat="full"`. The PyTorch
+(the trainer's too): MFU against the dense bf16 peak and against a bf16 8192³ matmul measured
+in the same run, by 6N (the target's count: `mfu_6n`, `mfu_6n_matmul`) and by the model count
+with attention within each batch's documents (`tflops`, `mfu_model`, `mfu_model_matmul`).
+Memory: what the compiled step needs (arguments + temporaries); a model that needs more than
+90 % of the device without remat is run with `remat="full"`. The PyTorch
 peers run first, each in its own process (before JAX takes the GPU).
 """
 
@@ -30,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +54,11 @@ VOCAB = 32768
 MODELS = {name: (lambda name=name: presets.get(name)) for name in
           ("transformer-125m", "transformer-350m", "gdn-340m", "mamba2-130m", "nha-340m",
            "nha-hybrid-340m", "pha-180m", "attention-only-180m")}
+
+
+def model_config(name: str) -> ModelConfig:
+    """A model of `MODELS`, else the preset of that name."""
+    return MODELS[name]() if name in MODELS else presets.get(name)
 
 
 def matmul_tflops(size: int = 8192) -> float:
@@ -88,57 +96,95 @@ def with_attention(config: ModelConfig, implementation: str | None) -> ModelConf
         if spec.type == "attention" else spec for spec in config.layers))
 
 
+@dataclasses.dataclass
+class Built:
+    """A compiled train step of one benchmark row, its state and its batches."""
+
+    config: ModelConfig
+    step: Any  # the compiled step: state, metrics = step(state, batch)
+    state: Any
+    host: list[dict[str, np.ndarray]]  # the batches as numpy (segment ids for the FLOPs)
+    batches: list[dict[str, jax.Array]]
+    info: dict  # compile_s, mem_GiB, remat, document statistics
+
+
+def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, scan: bool,
+               packed: bool, attention: str | None = None) -> Built:
+    """The trainer's own `init_train_state` / `make_train_step` for a benchmark row, compiled,
+    with 4 batches on the device (module docstring: packed text from `data`, or synthetic)."""
+    config = with_attention(model_config(name), attention).replace(
+        vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=remat,
+        scan_layers=scan)
+    batch = max(tokens // length, 1)
+    info = {}
+    # The benchmark feeds its own batches; the data config only has to be a valid one.
+    experiment = ExperimentConfig(name=name, model=config, data=MQARConfig(),
+                                  train=TrainConfig(batch_size=batch, steps=100,
+                                                    learning_rate=3e-4, warmup_steps=10))
+    mesh = make_mesh(MeshConfig())
+    if packed and data:
+        host = packed_batches(data, batch, length, 4, seed=length)
+        info.update(document_stats(host))
+    else:
+        host = [random_batch(batch, length, packed, seed) for seed in range(4)]
+    with jax.set_mesh(mesh):
+        ts = init_train_state(experiment, mesh)
+        batches = [to_device(b, mesh) for b in host]
+        start = time.perf_counter()
+        step = make_train_step(ts).lower(ts.state, batches[0]).compile()
+        info["compile_s"] = time.perf_counter() - start
+        info["mem_GiB"] = _memory_gib(step)
+        if remat == "none" and info["mem_GiB"] > 0.9 * _device_gib():
+            # Too large for the device without remat: rematerialise every block.
+            config, info["remat"] = config.replace(remat="full"), "full"
+            ts = init_train_state(dataclasses.replace(experiment, model=config), mesh)
+            start = time.perf_counter()
+            step = make_train_step(ts).lower(ts.state, batches[0]).compile()
+            info["compile_s"] = time.perf_counter() - start
+            info["mem_GiB"] = _memory_gib(step)
+    return Built(config, step, ts.state, host, batches, info)
+
+
+def flops_columns(config: ModelConfig, host: list[dict[str, np.ndarray]], seconds: float,
+                  peak: float | None, matmul_tflops: float) -> dict:
+    """TFLOP/s by the model count (attention within the batches' documents) and MFU by 6N and
+    by the model count, against the dense peak and the same-run matmul (`hybrid_jax.flops`)."""
+    batch, length = host[0]["inputs"].shape
+    flops = step_flops(config, length)
+    model = float(np.mean([flops.training_per_token(b.get("segment_ids")) for b in host]))
+    per_s = batch * length / seconds
+    row = {"tflops": model * per_s / 1e12, "tflops_6n": flops.six_n * per_s / 1e12}
+    for count in ("6n", "model"):
+        achieved = row["tflops_6n" if count == "6n" else "tflops"]
+        row[f"mfu_{count}"] = achieved * 1e12 / peak if peak else None
+        row[f"mfu_{count}_matmul"] = achieved / matmul_tflops
+    return row
+
+
 def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = None,
             steps: int | None = None, attention: str | None = None) -> dict:
     scan = args.scan if scan is None else scan
-    config = with_attention(MODELS[name](), attention).replace(
-        vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=args.remat,
-        scan_layers=scan)
     batch = max(args.tokens // length, 1)
     row = {"model": name, "T": length, "B": batch, "scan": scan, "remat": args.remat,
            "attn": attention or "auto",
            "data": ("text" if args.data else "synthetic") if packed else "random, unpacked"}
     try:
-        # The benchmark feeds its own batches; the data config only has to be a valid one.
-        experiment = ExperimentConfig(name=name, model=config, data=MQARConfig(),
-                                      train=TrainConfig(batch_size=batch, steps=100,
-                                                        learning_rate=3e-4, warmup_steps=10))
-        mesh = make_mesh(MeshConfig())
-        if packed and args.data:
-            host = packed_batches(args.data, batch, length, 4, seed=length)
-            row.update(document_stats(host))
-        else:
-            host = [random_batch(batch, length, packed, seed) for seed in range(4)]
-        with jax.set_mesh(mesh):
-            ts = init_train_state(experiment, mesh)
-            batches = [to_device(b, mesh) for b in host]
-            start = time.perf_counter()
-            step = make_train_step(ts).lower(ts.state, batches[0]).compile()
-            row["compile_s"] = time.perf_counter() - start
-            row["mem_GiB"] = _memory_gib(step)
-            if args.remat == "none" and row["mem_GiB"] > 0.9 * _device_gib():
-                # Too large for the device without remat: rematerialise every block.
-                config, row["remat"] = config.replace(remat="full"), "full"
-                ts = init_train_state(dataclasses.replace(experiment, model=config), mesh)
-                start = time.perf_counter()
-                step = make_train_step(ts).lower(ts.state, batches[0]).compile()
-                row["compile_s"] = time.perf_counter() - start
-                row["mem_GiB"] = _memory_gib(step)
-            state = ts.state
-            for i in range(2):
-                state, metrics = step(state, batches[i % 4])
-            jax.block_until_ready(metrics)
-            steps = steps or args.steps
-            start = time.perf_counter()
-            for i in range(steps):
-                state, metrics = step(state, batches[i % 4])
-            loss = float(metrics["loss"])
-            seconds = (time.perf_counter() - start) / steps
-        flops = step_flops(config, length)
+        built = build_step(name, length, tokens=args.tokens, data=args.data, remat=args.remat,
+                           scan=scan, packed=packed, attention=attention)
+        row.update(built.info)
+        state, step, batches = built.state, built.step, built.batches
+        for i in range(2):
+            state, metrics = step(state, batches[i % 4])
+        jax.block_until_ready(metrics)
+        steps = steps or args.steps
+        start = time.perf_counter()
+        for i in range(steps):
+            state, metrics = step(state, batches[i % 4])
+        loss = float(metrics["loss"])
+        seconds = (time.perf_counter() - start) / steps
         row.update(step_ms=seconds * 1e3, tokens_per_s=batch * length / seconds, loss=loss,
-                   tflops=flops.training_per_token * batch * length / seconds / 1e12)
-        row["mfu_peak"] = row["tflops"] * 1e12 / args.peak if args.peak else None
-        row["mfu_matmul"] = row["tflops"] / args.matmul_tflops
+                   **flops_columns(built.config, built.host, seconds, args.peak,
+                                   args.matmul_tflops))
     except Exception as e:  # noqa: BLE001  (out of memory and the like: report, go on)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     print(json.dumps(row), flush=True)
@@ -156,7 +202,7 @@ def _device_gib() -> float:
 
 
 def torch_peer(name: str, length: int, args) -> dict:
-    config = MODELS[name]()
+    config = model_config(name)
     batch = max(args.tokens // length, 1)
     command = [sys.executable, "-m", "experiments.benchmarks.peers.torch_gpt",
                "--layers", str(len(config.layers)), "--d-model", str(config.d_model),
@@ -191,6 +237,9 @@ def main():
     parser.add_argument("--compile-check", default="")
     parser.add_argument("--ablate", default="", help="models to rerun at the first length with "
                         "attention forced: pallas unpacked, xla packed (the kernel's share)")
+    parser.add_argument("--unscanned", default="", help="models to rerun at the first length "
+                        "unscanned on unpacked random tokens (cuDNN, so the compile is short): "
+                        "the layer scan's cost")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--out", default="train_throughput.json")
@@ -221,12 +270,14 @@ def main():
         for packed, attention in ((False, "pallas"), (True, "xla")):
             if not over():
                 rows.append(run_one(name, lengths[0], args, packed=packed, attention=attention))
+    for name in split(args.unscanned):
+        if not over():
+            rows.append(run_one(name, lengths[0], args, packed=False, scan=False))
     for row in rows:
         row.setdefault("impl", "jax")
     print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s",
-                       "tflops",
-                       "mfu_peak", "mfu_matmul", "mem_GiB", "compile_s", "docs_per_row",
-                       "error"])
+                       "tflops", "mfu_6n", "mfu_6n_matmul", "mfu_model", "mfu_model_matmul",
+                       "mem_GiB", "compile_s", "docs_per_row", "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,
                matmul_size=args.matmul_size,
                peak_tflops=(args.peak or 0) / 1e12, tokens_per_step=args.tokens,

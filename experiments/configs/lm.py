@@ -79,3 +79,16 @@ def lm_gutenberg_transformer_125m() -> ExperimentConfig:
                      tokenizer=f"bpe:{BPE_VOCAB}", seq_len=1024),
         train=GPU_TRAIN,
         description="GPT-2-small shape on all Gutenberg shards with a 32k BPE (one GPU)")
+
+
+@register("lm-gutenberg-llama-40m")
+def lm_gutenberg_llama_40m() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="lm-gutenberg-llama-40m",
+        model=presets.get("llama-40m").replace(dtype="bfloat16", scan_layers=True),
+        data=replace(GUTENBERG, path=f"{DATA}/gutenberg/train-0[0-3].txt.xz",
+                     tokenizer="bpe:16384", seq_len=1024),
+        train=replace(GPU_TRAIN, steps=1500, learning_rate=1e-3, warmup_steps=100,
+                      eval_every=0, checkpoint_every=0),
+        description="Llama-shaped 40M transformer on 4 Gutenberg shards with a 16k BPE (one "
+                    "GPU, ~2 min; the pretrained model of experiments/nha_conversion.py)")

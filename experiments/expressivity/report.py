@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.expressivity.sweep import Sweep
+from hybrid_jax.train.plot import new_figure, save_figure
 
 LABELS = {
     "transformer": "Transformer",
@@ -151,16 +152,12 @@ def _d_model(rows: list[dict[str, Any]], arch: str, budget: int) -> str:
 def plot(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
     """Accuracy vs parameters per architecture, bars from the min to the max over seeds; one
     panel per evaluation (matplotlib Agg). The x ticks are the budgets."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
     best = aggregate(sweep, rows)
     names = metric_names(sweep)
     titles = ["train distribution"] + [label for label, _ in sweep.eval_variants]
-    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6), squeeze=False)
+    fig, axes = new_figure(1, len(names), figsize=(4.5 * len(names), 3.6), squeeze=False)
     for ax, name, title in zip(axes[0], names, titles, strict=True):
         for arch in sweep.architectures:
             entries = sorted((e for (a, _), e in best.items() if a == arch),
@@ -183,9 +180,7 @@ def plot(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(sweep.name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_report(sweep: Sweep, rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:

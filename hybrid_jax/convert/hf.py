@@ -20,11 +20,17 @@ from hybrid_jax.convert.hf_config import hf_config_from_model, model_config_from
 from hybrid_jax.convert.hf_weights import hf_tensors, load_hf_model, save_safetensors
 from hybrid_jax.convert.run_dir import pretrained_experiment, write_run
 from hybrid_jax.data.text import TOKENIZER_FILE
-from hybrid_jax.data.tokenizer import HF_TOKENIZER_CONFIG, load_tokenizer
+from hybrid_jax.data.tokenizer import (
+    HF_GENERATION_CONFIG,
+    HF_RUN_MODEL_CONFIG,
+    HF_TOKENIZER_CONFIG,
+    HFTokenizer,
+    load_tokenizer,
+)
 from hybrid_jax.nn.lm import LanguageModel
 
-HF_CONFIG = "hf_config.json"  # the imported config.json, inside a run directory
-GENERATION_CONFIG = "generation_config.json"
+HF_CONFIG = HF_RUN_MODEL_CONFIG  # the imported config.json, inside a run directory
+GENERATION_CONFIG = HF_GENERATION_CONFIG
 TOKENIZER_FILES = (TOKENIZER_FILE, HF_TOKENIZER_CONFIG, GENERATION_CONFIG)
 
 
@@ -38,9 +44,11 @@ def read_hf_config(path: Path) -> dict:
 
 
 def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float32",
-              mesh: Mesh | None = None) -> tuple[ExperimentConfig, LanguageModel]:
+              mesh: Mesh | None = None, scan_layers: bool = False
+              ) -> tuple[ExperimentConfig, LanguageModel]:
     """Reads the Hugging Face model in `directory` (parameters in `dtype`, sharded over `mesh`)
-    and writes it as the run directory `run_dir`."""
+    and writes it as the run directory `run_dir` (`scan_layers`: its layers stacked for
+    `nnx.scan`, fast compiles; `generate` and `export` unstack them)."""
     directory, run_dir = Path(directory), Path(run_dir)
     hf = read_hf_config(directory / "config.json")
     config = model_config_from_hf(hf, dtype=dtype)
@@ -51,9 +59,9 @@ def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens, more than "
                          f"the model's vocab_size={config.vocab_size}")
-    model = load_hf_model(directory, config, mesh=mesh)
+    model = load_hf_model(directory, config, mesh=mesh).with_scan_layers(scan_layers)
     experiment = pretrained_experiment(
-        f"hf-{hf['model_type']}", config, run_dir,
+        f"hf-{hf['model_type']}", model.config, run_dir,
         description=f"{hf['model_type']} imported from {directory.absolute()}")
     files = tuple(directory / f for f in TOKENIZER_FILES if (directory / f).is_file())
     write_run(run_dir, experiment, model, files=files, source=str(directory.absolute()))
@@ -64,14 +72,31 @@ def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float
 def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
               max_shard_bytes: int = 5 * 2**30) -> Path:
     """Writes `model` (of the run in `run_dir`) as a Hugging Face directory `out`: config.json,
-    safetensors in the parameters' dtype, and the run's tokenizer files."""
+    safetensors in the parameters' dtype, and the run's tokenizer files.
+
+    A model trained here (no imported config.json) gets its token ids from the run's tokenizer:
+    `eos_token_id` its EOS, no BOS, and a `tokenizer_config.json` naming the EOS for
+    transformers' `PreTrainedTokenizerFast` (byte and word tokenizers are ours only: their
+    tokenizer.json is copied for a re-import, transformers cannot read it). A model with
+    scanned (stacked) layers is written per layer."""
     run_dir, out = Path(run_dir), Path(out)
+    model = model.with_scan_layers(False)
     base = (read_hf_config(run_dir / HF_CONFIG) if (run_dir / HF_CONFIG).is_file() else None)
     hf = hf_config_from_model(model.config, base)
+    tokenizer = (load_tokenizer(run_dir / TOKENIZER_FILE)
+                 if (run_dir / TOKENIZER_FILE).is_file() else None)
+    if base is None and tokenizer is not None:
+        hf.update(eos_token_id=tokenizer.eos_id, bos_token_id=None)
     save_safetensors(hf_tensors(model), out, max_shard_bytes=max_shard_bytes)
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     for name in TOKENIZER_FILES:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, out / name)
+    if base is None and isinstance(tokenizer, HFTokenizer) and not (
+            out / HF_TOKENIZER_CONFIG).is_file():
+        eos = tokenizer.tokenizer.id_to_token(tokenizer.eos_id)
+        (out / HF_TOKENIZER_CONFIG).write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": None,
+             "clean_up_tokenization_spaces": False}, indent=2))
     return out
 

@@ -88,35 +88,73 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32") -> Model
         param_dtype=dtype)
 
 
+# Attention options that Hugging Face's config holds once for all layers.
+UNIFORM_OPTIONS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "rope_scaling",
+                   "qkv_bias")
+
+
+def _exportable(config: ModelConfig) -> list[Any]:
+    """The attention options of every layer; refuses what a Llama-family config cannot say."""
+    others: dict[str, list[int]] = {}
+    for i, spec in enumerate(config.layers):
+        if spec.type != "attention":
+            others.setdefault(spec.type, []).append(i)
+    if others:
+        found = ", ".join(f"{kind!r} at layers {where}" for kind, where in others.items())
+        raise ValueError(
+            "export to Hugging Face writes Llama / Qwen2 / Mistral models, whose every layer is "
+            f"an 'attention' block (pre-norm attention then SwiGLU); found {found}. Export the "
+            "transformer before converting it; a hybrid stays a run directory")
+    if config.position_embedding != "none":
+        _cannot_export("position_embedding", config.position_embedding, "'none' (RoPE only)")
+    if config.resolved_ffn_dim == 0:
+        _cannot_export("ffn_dim", 0, "an FFN in every layer (Llama's SwiGLU MLP)")
+    specs = [config.block_options(i) for i in range(len(config.layers))]
+    for i, spec in enumerate(specs):
+        if spec.cosine:
+            _cannot_export(f"layers[{i}].cosine", True, "dot-product attention (False)")
+        if spec.rope_fraction != 1.0:
+            _cannot_export(f"layers[{i}].rope_fraction", spec.rope_fraction,
+                           "1.0 (RoPE on every channel)")
+    for name in UNIFORM_OPTIONS:
+        values = sorted({getattr(spec, name) for spec in specs}, key=str)
+        if len(values) > 1:
+            _cannot_export(f"layers' {name}", values, "one value for every layer")
+    return specs
+
+
+def _cannot_export(field: str, value: Any, expected: str) -> None:
+    raise ValueError(f"export to Hugging Face: ModelConfig {field}={value!r} has no "
+                     f"Llama-family equivalent; expected {expected}")
+
+
 def hf_config_from_model(config: ModelConfig, base: dict[str, Any] | None = None
                          ) -> dict[str, Any]:
-    """A Hugging Face config.json dict for `config` (an all-attention model).
+    """A Hugging Face config.json dict for `config` (a Llama-family model: `_exportable`).
 
     `base` (the imported config.json) keeps what we do not model (token ids, max positions,
     ...); the architecture fields are always written from `config`.
     """
-    specs = [config.block_options(i) for i in range(len(config.layers))]
-    kinds = {spec.type for spec in config.layers}
-    if kinds != {"attention"}:
-        raise ValueError(f"export to Hugging Face needs an all-attention model, found block "
-                         f"types {sorted(kinds)}")
+    specs = _exportable(config)
+    attention = specs[0]
     windows = [s.window for s in specs]
     window = next((w for w in windows if w is not None), None)
     if any(w not in (None, window) for w in windows):
         raise ValueError(f"export needs one sliding window size, found "
                          f"{sorted(set(windows), key=str)}")
     hf = dict(base or {})
-    kind = "qwen2" if config.qkv_bias else ("mistral" if window else hf.get("model_type",
-                                                                            "llama"))
+    kind = "qwen2" if attention.qkv_bias else ("mistral" if window else hf.get("model_type",
+                                                                               "llama"))
     if kind not in MODEL_TYPES:
         kind = "llama"
-    head_dim = config.resolved_head_dim
+    heads = attention.num_heads
+    head_dim = attention.head_dim or config.d_model // heads
     hf.update(
         architectures=[{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                         "mistral": "MistralForCausalLM"}[kind]],
         model_type=kind, vocab_size=config.vocab_size, hidden_size=config.d_model,
         intermediate_size=config.resolved_ffn_dim, num_hidden_layers=len(config.layers),
-        num_attention_heads=config.num_heads, num_key_value_heads=config.kv_heads,
+        num_attention_heads=heads, num_key_value_heads=attention.num_kv_heads or heads,
         head_dim=head_dim, hidden_act="silu", rms_norm_eps=config.norm_eps,
         tie_word_embeddings=config.tie_embeddings, sliding_window=window)
     hf["dtype" if "dtype" in hf else "torch_dtype"] = config.param_dtype
@@ -131,10 +169,11 @@ def hf_config_from_model(config: ModelConfig, base: dict[str, Any] | None = None
     elif window is not None and None in windows:
         raise ValueError("export: a Llama/Mistral config has one window for every layer, "
                          f"found {windows}")
-    hf["rope_theta"] = config.rope_theta
-    hf["rope_scaling"] = (None if config.rope_scaling is None else
-                          {"rope_type": "llama3", **dict(zip(LLAMA3_SCALING_KEYS,
-                                                             config.rope_scaling, strict=True))})
+    hf["rope_theta"] = attention.rope_theta
+    scaling = attention.rope_scaling
+    hf["rope_scaling"] = (None if scaling is None else
+                          {"rope_type": "llama3", **dict(zip(LLAMA3_SCALING_KEYS, scaling,
+                                                             strict=True))})
     if hf["rope_scaling"]:
-        hf["rope_scaling"]["original_max_position_embeddings"] = int(config.rope_scaling[3])
+        hf["rope_scaling"]["original_max_position_embeddings"] = int(scaling[3])
     return hf

@@ -61,11 +61,14 @@ def convert_to_nha(model: LanguageModel, *, window: int | None, num_slots: int,
 
 def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path, out: Path,
                 *, window: int | None, num_slots: int, layers: Sequence[int] | None = None,
-                seed: int = 0) -> tuple[ExperimentConfig, LanguageModel]:
+                seed: int = 0, scan_layers: bool = False
+                ) -> tuple[ExperimentConfig, LanguageModel]:
     """Writes the NHA conversion of the run in `source` (its `experiment` and `model`) as the
-    run directory `out`, with the source's tokenizer and Hugging Face files."""
-    converted = convert_to_nha(model, window=window, num_slots=num_slots, layers=layers,
-                               seed=seed)
+    run directory `out`, with the source's tokenizer and Hugging Face files; `scan_layers`:
+    its layers stacked for `nnx.scan` (fast compiles for fine-tuning)."""
+    converted = convert_to_nha(model.with_scan_layers(False), window=window,
+                               num_slots=num_slots, layers=layers, seed=seed
+                               ).with_scan_layers(scan_layers)
     experiment = write_conversion(
         experiment, converted, source, out, suffix="nha",
         description=f"NHA (window {window or 'full'}, {num_slots} slots)")

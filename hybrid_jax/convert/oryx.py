@@ -105,11 +105,13 @@ def _new_value(name: str, value: jax.Array) -> jax.Array | None:
 
 
 def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path, out: Path,
-                *, layers: Sequence[int] | None = None, seed: int = 0
-                ) -> tuple[ExperimentConfig, LanguageModel]:
+                *, layers: Sequence[int] | None = None, seed: int = 0,
+                scan_layers: bool = False) -> tuple[ExperimentConfig, LanguageModel]:
     """Writes the Oryx conversion of the run in `source` (its `experiment` and `model`) as the
-    run directory `out`, with the source's tokenizer and Hugging Face files."""
-    converted = convert_to_oryx(model, layers=layers, seed=seed)
+    run directory `out`, with the source's tokenizer and Hugging Face files; `scan_layers`:
+    its layers stacked for `nnx.scan`."""
+    converted = convert_to_oryx(model.with_scan_layers(False), layers=layers, seed=seed
+                                ).with_scan_layers(scan_layers)
     experiment = write_conversion(experiment, converted, source, out, suffix="oryx",
                                   description="Oryx (Mamba-2 linear mode)")
     return experiment, converted

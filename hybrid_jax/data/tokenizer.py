@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +24,13 @@ EOS = "<|endoftext|>"
 WORD_EOS, WORD_UNK = "<eos>", "<unk>"
 # Our own tokenizer.json files say which kind they are under this key; others are HF files.
 KIND_KEY = "hybrid_jax_tokenizer"
-HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # a Hugging Face model's special tokens
+# Files beside a Hugging Face tokenizer.json that may name its end-of-sequence token.
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # eos_token
+HF_GENERATION_CONFIG = "generation_config.json"  # eos_token_id
+HF_MODEL_CONFIG = "config.json"  # eos_token_id (in a run directory: the experiment, without it)
+HF_RUN_MODEL_CONFIG = "hf_config.json"  # an imported model's config.json, in its run directory
+# How the usual tokenizers spell EOS (Llama 2 / Mistral, GPT-2 / Qwen2 / ours, Llama 3, Gemma).
+EOS_SPELLINGS = ("</s>", EOS, "<|end_of_text|>", "<eos>")
 
 
 class Tokenizer(Protocol):
@@ -240,9 +247,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     from tokenizers import Tokenizer as HF
 
     try:
-        return HFTokenizer(HF.from_file(str(path)), name=str(path), eos=_hf_eos(path))
+        tokenizer = HF.from_file(str(path))
     except Exception as e:  # the library raises a bare Exception for malformed files
         raise ValueError(f"tokenizer file {path} could not be loaded: {e}") from None
+    return HFTokenizer(tokenizer, name=str(path), eos=hf_eos(path, tokenizer))
 
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
@@ -250,16 +258,56 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
-def _hf_eos(path: Path) -> str:
-    """The EOS of a Hugging Face `tokenizer_config.json` beside `path`, else ours."""
-    config = path.with_name(HF_TOKENIZER_CONFIG)
-    if not config.is_file():
-        return EOS
+def hf_eos(path: Path, tokenizer: Any) -> str:
+    """The end-of-sequence token of the Hugging Face tokenizer `tokenizer` read from `path`.
+
+    In order: `eos_token` of tokenizer_config.json beside `path`; `eos_token_id` (the first,
+    if a list) of generation_config.json, config.json or hf_config.json there; the tokenizer's
+    only special token (our BPE files: `<|endoftext|>`); its one special token spelled as a
+    usual EOS (`EOS_SPELLINGS`, with a warning). Anything else raises ValueError: no guess.
+    """
+    config = _json_beside(path, HF_TOKENIZER_CONFIG)
+    eos = config.get("eos_token")
+    if eos:
+        return eos["content"] if isinstance(eos, dict) else eos
+    for name in (HF_GENERATION_CONFIG, HF_MODEL_CONFIG, HF_RUN_MODEL_CONFIG):
+        eos_id = _json_beside(path, name).get("eos_token_id")
+        eos_id = eos_id[0] if isinstance(eos_id, list) and eos_id else eos_id
+        if isinstance(eos_id, int) and not isinstance(eos_id, bool):
+            token = tokenizer.id_to_token(eos_id)
+            if token is None:
+                raise ValueError(f"{path.with_name(name)}: eos_token_id {eos_id} is not a token "
+                                 f"of {path} ({tokenizer.get_vocab_size()} tokens)")
+            return token
+    specials = sorted(t.content for t in tokenizer.get_added_tokens_decoder().values()
+                      if t.special)
+    if len(specials) == 1:
+        return specials[0]
+    named = [t for t in specials if t in EOS_SPELLINGS]
+    if len(named) == 1:
+        logging.getLogger("hybrid_jax.tokenizer").warning(
+            "%s: no file beside it names the end-of-sequence token; using its special token "
+            "%r (add %s with \"eos_token\" to choose another)", path, named[0],
+            HF_TOKENIZER_CONFIG)
+        return named[0]
+    raise ValueError(
+        f"{path}: cannot tell its end-of-sequence token: no {HF_TOKENIZER_CONFIG} with "
+        f"\"eos_token\", no eos_token_id in {HF_GENERATION_CONFIG} / {HF_MODEL_CONFIG} beside "
+        f"it, and its special tokens {specials[:8]} hold "
+        f"{'none' if not named else 'several'} of {list(EOS_SPELLINGS)}; add "
+        f"{HF_TOKENIZER_CONFIG} with {{\"eos_token\": ...}}")
+
+
+def _json_beside(path: Path, name: str) -> dict[str, Any]:
+    """The JSON object in file `name` next to `path` ({} when there is none)."""
+    other = path.with_name(name)
+    if not other.is_file():
+        return {}
     try:
-        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token") or EOS
+        data = json.loads(other.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config} is not valid JSON: {e}") from None
-    return eos["content"] if isinstance(eos, dict) else eos
+        raise ValueError(f"{other} is not valid JSON: {e}") from None
+    return data if isinstance(data, dict) else {}
 
 
 def _atomic_write(path: Path, text: str) -> None:

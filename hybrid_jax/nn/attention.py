@@ -123,7 +123,8 @@ class AttentionMixer(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
         q, k, v = self.project(x_BTD, ctx)
-        return self.output(self.mix(q, k, v, segment_ids=ctx.segment_ids))
+        return self.output(self.mix(q, k, v, segment_ids=ctx.segment_ids,
+                                    segment_extents=ctx.segment_extents))
 
     def init_cache(self, batch: int, max_len: int, dtype: Any, *,
                    value_dim: int | None = None) -> AttentionCache:

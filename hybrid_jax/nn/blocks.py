@@ -13,8 +13,12 @@ with one of three residual schemes (`residual=`):
     pre_norm     x + f(norm(x))                (h = norm(x) in a parallel block)
     post_norm    norm(x + f(x))                (h = x)
     deepnorm     norm(α·x + f(x)),  α = (2L)^{1/4}   (Wang et al. 2022, L = number of layers),
-                 and the initial value/output/FFN kernels of the branches scaled by
-                 β = (8L)^{−1/4} (each mixer names them in `deepnorm_scaled`)
+                 with DeepNet's init (its Fig. 2 `deepnorm_init`): every `Linear` kernel of
+                 the branches Xavier-normal, std = gain·√(2/(fan_in + fan_out)), gain
+                 β = (8L)^{−1/4} on the value/output/FFN kernels (each mixer names them in
+                 `deepnorm_scaled`) and 1 on the others (queries, keys, gates). A SwiGLU's gate
+                 keeps gain 1: scaling it too would shrink the arm by β³, not β².
+                 `deepnorm_alpha = deepnorm_beta = 1` is DeepNet's Post-LN baseline.
 
 Parallel options: `branch_norm` (an RMSNorm `bn_i` on each branch's output) and `mixing`:
 "sum" (w_i = 1), "fixed" (w_i = 1/n) or "learned" (w_i = softplus(p_i) / Σ_j softplus(p_j),
@@ -47,6 +51,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import norm
 from hybrid_jax.nn.diagnostics import report
 from hybrid_jax.nn.ffn import FFN, FFNOptions
+from hybrid_jax.nn.layers import Linear
 from hybrid_jax.registry import mixer_type, register_block, register_mixer
 from hybrid_jax.sharding import constrain
 
@@ -74,6 +79,23 @@ class Mixer(Protocol):
 def deepnorm_constants(num_layers: int) -> tuple[float, float]:
     """DeepNorm's `(α, β) = ((2L)^{1/4}, (8L)^{−1/4})` for a decoder of L layers."""
     return (2 * num_layers) ** 0.25, (8 * num_layers) ** -0.25
+
+
+def xavier_std(linear: Linear) -> float:
+    """Xavier (Glorot) normal std of a `Linear`: `√(2 / (fan_in + fan_out))`."""
+    return math.sqrt(2.0 / (math.prod(linear.in_shape) + math.prod(linear.out_shape)))
+
+
+def deepnorm_init(branch: nnx.Module, beta: float) -> None:
+    """DeepNet's init of one branch, in place: each `Linear` kernel (drawn normal with its
+    `init_std`) rescaled to Xavier-normal std, times `beta` for the `deepnorm_scaled` ones."""
+    scaled = {id(functools.reduce(getattr, path.split("."), branch))
+              for path in getattr(branch, "deepnorm_scaled", ())}
+    for _, linear in nnx.iter_graph(branch):
+        if isinstance(linear, Linear) and linear.init_std > 0:
+            gain = beta if id(linear) in scaled else 1.0
+            linear.kernel[...] = linear.kernel[...] * (gain * xavier_std(linear)
+                                                       / linear.init_std)
 
 
 def mixing_weights(logits: jax.Array) -> jax.Array:
@@ -156,9 +178,8 @@ class Block(nnx.Module):
         for name, module in branches:
             setattr(self, f"{name}_norm", norm(config) if not parallel or branch_norm else None)
             setattr(self, name, module)
-            for path in getattr(module, "deepnorm_scaled", ()) if beta != 1.0 else ():
-                kernel = functools.reduce(getattr, path.split("."), module).kernel
-                kernel[...] = kernel[...] * beta
+            if residual == "deepnorm":
+                deepnorm_init(module, beta)
         self.input_norm = norm(config) if parallel and residual == "pre_norm" else None
         self.output_norm = norm(config) if parallel and residual != "pre_norm" else None
         # One raw scalar per branch, float32 whatever the model's parameter dtype.
@@ -171,6 +192,18 @@ class Block(nnx.Module):
         if self.mixing == "learned":
             return mixing_weights(self.mixing_logits[...])
         return jnp.full((n,), 1.0 / n if self.mixing == "fixed" else 1.0, jnp.float32)
+
+    def report_weights(self, weights: jax.Array) -> None:
+        """Reports learned branch weights as diagnostics `mixing_<branch>` (`[n]`, or `[G, n]`
+        from a stacked block after `nnx.scan`, which drops what is reported inside it)."""
+        if self.mixing == "learned":
+            for i, name in enumerate(self.names):
+                report(self, f"mixing_{name}", weights[..., i])
+
+    def report_stacked_weights(self) -> None:
+        """`report_weights` of a block whose parameters are stacked over scanned groups."""
+        if self.mixing == "learned":
+            self.report_weights(jax.vmap(mixing_weights)(self.mixing_logits[...]))
 
     def _residual(self, x: jax.Array, y: jax.Array, out_norm: nnx.Module | None) -> jax.Array:
         if self.residual == "pre_norm":
@@ -207,8 +240,7 @@ class Block(nnx.Module):
                 branch_norm = getattr(self, f"{name}_norm")
                 y = y if branch_norm is None else branch_norm(y)
                 mixed = mixed + weights[i].astype(y.dtype) * y
-                if self.mixing == "learned":
-                    report(self, f"mixing_{name}", weights[i])
+            self.report_weights(weights)
             x_BTD = self._residual(x_BTD, mixed, self.output_norm)
         return x_BTD, BlockCache(tuple(new_caches))
 

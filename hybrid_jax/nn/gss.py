@@ -46,10 +46,11 @@ class GSSOptions:
     state_size: int = 512  # N complex modes
     dt_min: float = 0.001  # log Δ init: U[log dt_min, log dt_max]
     dt_max: float = 0.1
+    chunk_size: int = 64  # of the chunked rung of hybrid_jax.ops.dss.dss
     implementation: str | None = None  # of hybrid_jax.ops.dss.dss
 
     def __post_init__(self) -> None:
-        for name in ("expansion", "state_size"):
+        for name in ("expansion", "state_size", "chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GSSOptions.{name}={value!r}: expected a positive integer")
@@ -105,7 +106,7 @@ class GSSMixer(nnx.Module):
         options.check(config)
         d = config.d_model
         f, h, n = options.expansion * d, options.resolved_ssm_dim(config), options.state_size
-        self.implementation = options.implementation
+        self.implementation, self.chunk_size = options.implementation, options.chunk_size
         self.dtype = compute_dtype(config)
         kw = dense_kwargs(config, rngs)
         self.v_proj = Linear(d, f, axes=("embed", "mlp"), **kw)
@@ -142,7 +143,7 @@ class GSSMixer(nnx.Module):
         u, v = self.inputs(x_BTD)
         log_decay, coeff = self.discretize()
         y = context_parallel.dss(u, log_decay, coeff, segment_ids=ctx.segment_ids,
-                                 implementation=self.implementation)
+                                 chunk_size=self.chunk_size, implementation=self.implementation)
         return self.output(y, u, v)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSSCache:
@@ -162,6 +163,6 @@ class GSSMixer(nnx.Module):
             y = y[:, None]
         else:
             y, state = dss(u, log_decay, coeff, initial_state=cache.dss, return_final_state=True,
-                           implementation=self.implementation)
+                           chunk_size=self.chunk_size, implementation=self.implementation)
         return self.output(y, u, v), GSSCache(dss=state.astype(cache.dss.dtype))
 

@@ -57,6 +57,7 @@ class Linear(nnx.Module):
     ):
         self.in_shape, self.out_shape = _tuple(in_shape), _tuple(out_shape)
         self.dtype = dtype
+        self.init_std = std  # of the kernel as drawn (DeepNorm rescales it, nn/blocks.py)
         self.kernel = param(rngs, nnx.initializers.normal(std), self.in_shape + self.out_shape,
                             param_dtype, axes)
         self.bias = (
@@ -75,6 +76,14 @@ class Linear(nnx.Module):
             y = y + self.bias[...].astype(self.dtype)
         return y
 
+    def logits(self, x: jax.Array) -> jax.Array:
+        """As an output head `[D] → [V]`: float32 logits with the backward in the compute dtype
+        (`ops.logits`)."""
+        if len(self.in_shape) != 1 or len(self.out_shape) != 1 or self.bias is not None:
+            raise ValueError(f"Linear.logits needs one input and one output axis and no bias, got "
+                             f"{self.in_shape} → {self.out_shape}, bias {self.bias is not None}")
+        return ops.logits(x, self.kernel[...], vocab_axis=1, dtype=self.dtype)
+
 
 class Embedding(nnx.Module):
     """Token embedding table `[vocab, d_model]`, also usable as a tied output head."""
@@ -90,9 +99,8 @@ class Embedding(nnx.Module):
         return jnp.take(self.table[...], tokens_BT, axis=0).astype(self.dtype)
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
-        """Logits `x · Eᵀ` in float32."""
-        return jnp.einsum("btd,vd->btv", x_BTD.astype(self.dtype),
-                          self.table[...].astype(self.dtype), preferred_element_type=jnp.float32)
+        """Logits `x · Eᵀ` in float32, the backward in the compute dtype (`ops.logits`)."""
+        return ops.logits(x_BTD, self.table[...], vocab_axis=0, dtype=self.dtype)
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:

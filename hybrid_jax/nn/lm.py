@@ -83,7 +83,7 @@ class LanguageModel(nnx.Module):
         if self.lm_head is None:
             logits = self.embed.attend(x)
         else:
-            logits = self.lm_head(x).astype(jnp.float32)
+            logits = self.lm_head.logits(x)
         return constrain(logits, ("batch", "seq", "vocab"))
 
     def __call__(self, tokens_BT: jax.Array, context: TokenContext | None = None, *,
@@ -160,6 +160,32 @@ class LanguageModel(nnx.Module):
         return nnx.merge(graphdef, nnx.state(self))
 
 
+    def with_scan_layers(self, scan: bool) -> LanguageModel:
+        """This model with its layers stacked for `nnx.scan` (`scan=True`, fast compiles) or
+        one module per layer (`False`: decoding, export), the same values (a copy when the
+        layout changes). Stacked group member j of group g is layer g·period + j."""
+        if self.config.scan_layers == scan:
+            return self
+        config = self.config.replace(scan_layers=scan)
+        graphdef, target = nnx.split(nnx.eval_shape(lambda: LanguageModel(config,
+                                                                          rngs=nnx.Rngs(0))))
+        source = dict(nnx.to_flat_state(nnx.state(self)))
+        period, groups = layer_period(config.layers), len(config.layers) // layer_period(
+            config.layers)
+        filled = []
+        for path, variable in nnx.to_flat_state(target):
+            if path[0] != "blocks":
+                value = source[path].get_value()
+            elif scan:  # member j of every group, stacked
+                value = jnp.stack([source[("blocks", g * period + path[1], *path[2:])]
+                                   .get_value() for g in range(groups)])
+            else:
+                value = source[("blocks", path[1] % period, *path[2:])].get_value()[
+                    path[1] // period]
+            filled.append((path, variable.replace(value)))
+        return nnx.merge(graphdef, nnx.from_flat_state(filled))
+
+
 def _build_blocks(config: ModelConfig, indices, rngs: nnx.Rngs) -> list[nnx.Module]:
     return [block_type(config.layers[i].type).build(config, config.block_options(i),
                                                     layer_index=i, rngs=rngs) for i in indices]
@@ -208,7 +234,11 @@ def _run_blocks(config: ModelConfig, blocks: nnx.List, x: jax.Array, context: To
         return x
     scanned = nnx.scan(lambda x, group: run(group, x), in_axes=(nnx.Carry, 0),
                        out_axes=nnx.Carry)
-    return scanned(x, blocks)
+    x = scanned(x, blocks)
+    for block in blocks:  # diagnostics reported inside the scan are dropped
+        if hasattr(block, "report_stacked_weights"):
+            block.report_stacked_weights()
+    return x
 
 
 def _check_unscanned(config: ModelConfig, what: str) -> None:

@@ -231,7 +231,8 @@ class OryxMixer(nnx.Module):
             return self.linear.recurrence(*a, segment_ids=segments)[0]
 
         def attend(q, k, v):
-            return self.attention.mix(q, k, v, segment_ids=segments)
+            return self.attention.mix(q, k, v, segment_ids=segments,
+                                      segment_extents=ctx.segment_extents)
 
         o_lin = _unless(jnp.all(mode == ATTENTION), linear, *linear_in)
         o_att = _unless(jnp.all(mode == LINEAR), attend, *attention_in)

@@ -8,9 +8,9 @@ with three branches on the same input: GSS (`nn/gss.py`), grouped-query attentio
 and scaled-cosine logits (queries and keys L2-normalised, a learnable per-head temperature
 initialised to √head_dim, so training starts at ordinary attention's logit scale; sliding
 window optional through `window`), and a Dual-FFN (`nn/ffn.py`: a primary SwiGLU arm plus a
-smaller auxiliary arm, summed). DeepNorm's init scaling β = (8L)^{−1/4} multiplies the initial
-kernels of the value and output projections of every branch and of the FFN arms' up/down
-projections (each mixer's `deepnorm_scaled`).
+smaller auxiliary arm, summed). DeepNorm's init is DeepNet's: Xavier-normal kernels, with gain
+β = (8L)^{−1/4} on the value and output projections of every branch and on the FFN arms' up/down
+projections (each mixer's `deepnorm_scaled`), gain 1 on the others (`nn/blocks.py`).
 
 Everything is `BlockOptions` (`nn/blocks.py`), so any of it can be changed per layer or with
 `--set model.<option>=...`, and other parallel blocks are config alone, e.g.

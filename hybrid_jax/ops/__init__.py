@@ -13,6 +13,7 @@ from hybrid_jax.ops.attention import (
     l2_normalize,
     rotary_dim,
     scaled_cosine_attention,
+    segment_extents,
 )
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from hybrid_jax.ops.dss import dss, dss_discretize, dss_kernel, dss_step
@@ -22,6 +23,7 @@ from hybrid_jax.ops.gsa import (
     gsa_slot_logits,
     gsa_slot_readout,
 )
+from hybrid_jax.ops.logits import logits
 from hybrid_jax.ops.nha import (
     NHAState,
     native_hybrid_attention,
@@ -48,11 +50,13 @@ __all__ = [
     "gsa_slot_logits",
     "gsa_slot_readout",
     "l2_normalize",
+    "logits",
     "native_hybrid_attention",
     "native_hybrid_attention_step",
     "nha_empty_state",
     "rotary_dim",
     "scaled_cosine_attention",
+    "segment_extents",
     "ssd",
     "ssd_step",
 ]

@@ -40,6 +40,7 @@ def attention(
     q_positions: jax.Array | None = None,
     kv_positions: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
+    segment_extents: pallas_flash.Extents | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
     """Softmax attention `softmax(scale·q kᵀ + mask) v`.
@@ -57,6 +58,8 @@ def attention(
       kv_positions: `[B, S]` or `[S]` int positions of the keys; < 0 marks an empty slot.
       kv_segment_ids: `[B, S]` document ids of the keys, when they are not the queries' (a
         context-parallel shard attending to gathered keys); needs `segment_ids`.
+      segment_extents: `segment_extents(segment_ids)` computed once for many calls on the
+        same ids (a model's layers); the pallas rung reads it, the others need not.
       implementation: "reference", "xla", "cudnn" (GPU, no segment_ids), "pallas" (GPU flash
         attention with segment_ids, `pallas_kernels.flash_attention`) or None (auto: cudnn,
         then pallas, then xla; `attention_rung` says which).
@@ -65,6 +68,9 @@ def attention(
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
     """
     _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids)
+    if segment_extents is not None and (segment_ids is None or kv_segment_ids is not None):
+        raise ValueError(f"{_OP}: segment_extents need the segment_ids of a self-attention "
+                         "call (and no kv_segment_ids)")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return dispatch(
         _OP,
@@ -80,7 +86,15 @@ def attention(
         q_positions=q_positions,
         kv_positions=kv_positions,
         kv_segment_ids=kv_segment_ids,
+        segment_extents=segment_extents,
     )
+
+
+def segment_extents(segment_ids_BT: jax.Array) -> pallas_flash.Extents:
+    """Where each token's document and contiguous run begin and end (`[B, T]` int32 each; one
+    sort): the flash kernel's block bounds before the window. Depends on the ids only, so
+    `TokenContext` computes it once per batch for every attention layer."""
+    return pallas_flash.document_extents(segment_ids_BT)
 
 
 def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids) -> None:
@@ -143,9 +157,14 @@ def attention_mask(
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Array:
-    """Softmax over `axis` restricted to `mask`; rows with no valid entry give zeros."""
+    """Softmax over `axis` restricted to `mask`; rows with no valid entry give zeros.
+
+    The row maximum is a constant shift (stop_gradient, as in `jax.nn.softmax`): its exact
+    gradient is zero, and differentiating `max` divides by how many entries equal it, which is 0
+    when XLA recomputes the logits with another rounding in another fusion (NaN gradients).
+    """
     masked = jnp.where(mask, logits, -jnp.inf)
-    row_max = jnp.max(masked, axis=axis, keepdims=True)
+    row_max = jax.lax.stop_gradient(jnp.max(masked, axis=axis, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
     weights = jnp.where(mask, jnp.exp(masked - row_max), 0.0)
     total = jnp.sum(weights, axis=axis, keepdims=True)
@@ -153,7 +172,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Ar
 
 
 def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                        kv_segment_ids):
+                        kv_segment_ids, segment_extents=None):
     """The definition: every query against every key of its head, in float32/float64."""
     dtype = _compute_dtype(q)
     group = q.shape[2] // k.shape[2]
@@ -168,7 +187,7 @@ def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positi
 
 
 def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                  kv_segment_ids):
+                  kv_segment_ids, segment_extents=None):
     """Grouped heads without repeating K/V; matmuls in the input dtype, softmax in float32."""
     batch, num_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -184,7 +203,7 @@ def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, k
 
 
 def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                       kv_positions, kv_segment_ids) -> str | None:
+                       kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
     if backend() != "gpu":
         return f"needs a GPU backend, running on {backend()}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -202,7 +221,7 @@ def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positio
 
 
 def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                    kv_segment_ids):
+                    kv_segment_ids, segment_extents=None):
     # Always `is_causal=True` together with a local window: without it JAX attends to the future.
     local_window = None if window is None else (window - 1, 0)
     return jax.nn.dot_product_attention(
@@ -212,7 +231,7 @@ def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions,
 
 
 def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                        kv_positions, kv_segment_ids) -> str | None:
+                        kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
     if backend() != "gpu":
         return f"needs a GPU backend, running on {backend()}"
     if not causal:
@@ -221,12 +240,13 @@ def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positi
         return "explicit positions are not supported"
     if kv_segment_ids is not None:
         return "separate key segment ids (context-parallel gathered keys) are not supported"
-    return pallas_flash.unsupported(q, k, v, segment_ids, window=window)
+    return pallas_flash.unsupported(q, k, v, segment_ids, window=window, extents=segment_extents)
 
 
 def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                     kv_segment_ids):
-    return pallas_flash.flash_attention(q, k, v, segment_ids, window=window, scale=scale)
+                     kv_segment_ids, segment_extents=None):
+    return pallas_flash.flash_attention(q, k, v, segment_ids, extents=segment_extents,
+                                        window=window, scale=scale)
 
 
 _RUNGS = (

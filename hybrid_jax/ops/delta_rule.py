@@ -11,7 +11,9 @@ Layout `[batch, time, heads, dim]`. The op does not normalise q and k (the modul
 them). Recurrent math runs in float32 (float64 stays float64); outputs have the dtype of `q`,
 the final state is float32 (float64 for float64 inputs).
 
-Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked form
+Rungs: "pallas" (the kernels of `pallas_kernels.delta_rule`: GPU, bfloat16/float32 q, k, v,
+head dims 64/128/256; auto picks it wherever it can run the call, else logs why and runs "xla"),
+"reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked form
 first solves the unit-lower-triangular C×C system `(I + A)` of every chunk at once
 (`unit_lower_triangular_inverse`: batched forward substitution and matmuls, float32/float64;
 jaxlib's CPU `solve_triangular` deadlocks when two solves run at once on a small thread pool)
@@ -29,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_floating
-from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.scan import (
     causal_decay_matrix,
     compute_dtype,
@@ -38,6 +40,7 @@ from hybrid_jax.ops.scan import (
     unit_lower_triangular_inverse,
 )
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
+from pallas_kernels.delta_rule import api as pallas_delta_rule
 
 _OP = "gated_delta_rule"
 
@@ -65,12 +68,13 @@ def gated_delta_rule(
       g: `[B, T, H]` log decays (≤ 0).
       beta: `[B, T, H]` write strengths (normally in (0, 1)).
       scale: query scale, default `K**-0.5`.
-      chunk_size: chunk length of the "xla" rung (any T: time is zero-padded internally).
+      chunk_size: chunk length of the "xla" rung (any T: time is zero-padded internally; the
+        "pallas" rung uses its tuned chunk, `pallas_kernels.delta_rule.block_sizes`).
       initial_state: `[B, H, K, V]` state before the first step; None for zeros.
       return_final_state: also return the state after the last step.
       segment_ids: `[B, T]` packed-document ids; the state resets at each document start
         (`hybrid_jax.ops.segments`).
-      implementation: "reference", "xla" or None (auto).
+      implementation: "pallas", "xla", "reference" or None (auto: pallas, then xla).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, final_state)` with `final_state`
@@ -204,7 +208,22 @@ def _chunk_step(state, chunk):
     return state, out
 
 
+def _pallas_unsupported(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts
+                        ) -> str | None:
+    if backend() != "gpu":
+        return f"needs a GPU backend, running on {backend()}"
+    return pallas_delta_rule.unsupported(q, k, v, g, beta, initial_state, starts)
+
+
+def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts):
+    """The Pallas kernels (`pallas_kernels.delta_rule`); their own chunk, not `chunk_size`."""
+    del chunk_size
+    return pallas_delta_rule.gated_delta_rule(q, k, v, g, beta, scale=scale,
+                                              initial_state=initial_state, starts=starts)
+
+
 _RUNGS = (
+    Rung("pallas", gated_delta_rule_pallas, _pallas_unsupported),
     Rung("xla", gated_delta_rule_xla),
     Rung("reference", gated_delta_rule_reference, auto=False),
 )

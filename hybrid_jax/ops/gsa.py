@@ -11,7 +11,10 @@ Per step t and head, with slot keys `K̃` `[K, M]` and slot values `Ṽ` `[M, V]
 Layout `[batch, time, heads, dim]`. Recurrent math and the softmax run in float32 (float64
 stays float64); outputs have the dtype of `q`.
 
-Rungs: "reference" (per-token `lax.scan`, the definition) and "xla" (the two-pass chunked form).
+Rungs: "reference" (per-token `lax.scan`, the definition), "xla" (the two-pass chunked form)
+and "pallas" (the NHA kernels of `pallas_kernels.nha` at window 0, GPU bf16/fp16 inputs: NHA
+without a window is GSA; documents and initial/final states included; auto picks it where
+supported).
 `gated_slot_attention_step` advances one token (decoding).
 
 The two passes of the chunked form are public, for ops that attend to the slots together with
@@ -62,6 +65,7 @@ from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
+from pallas_kernels.nha import api as pallas_nha
 
 _OP = "gated_slot_attention"
 
@@ -96,7 +100,7 @@ def gated_slot_attention(
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
       segment_ids: `[B, T]` packed-document ids; the slots reset at each document start
         (`hybrid_jax.ops.segments`), whose token then writes as it would alone.
-      implementation: "reference", "xla" or None (auto).
+      implementation: "pallas", "reference", "xla" or None (auto).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, (K̃, Ṽ))` with the final state in float32
@@ -351,7 +355,36 @@ def gated_slot_attention_xla(q, k, v, s, g, *, scale, chunk_size, initial_state,
     return out.astype(q.dtype), (final_keys, final_values)
 
 
+def _kernel_context(q, k, v, s, g, initial_state, starts) -> dict:
+    """The NHA kernels' `documents` and `initial_state` (an empty ring: no window) for a GSA
+    call."""
+    documents = None
+    if starts is not None:
+        documents = pallas_nha.Documents(jnp.cumsum(starts, axis=1, dtype=jnp.int32), starts)
+    if initial_state is None:
+        return dict(documents=documents, initial_state=None)
+    empty = lambda x: x[:, :0]
+    return dict(documents=documents, initial_state=pallas_nha.State(
+        *initial_state, empty(k), empty(v), empty(s), empty(g), empty(k)))
+
+
+def gated_slot_attention_pallas(q, k, v, s, g, *, scale, chunk_size, initial_state, starts):
+    """The NHA kernels at window 0 (NHA without a window is GSA): slots, document resets and
+    the initial and final slot states; the final state in float32."""
+    del chunk_size
+    return pallas_nha.native_hybrid_attention(
+        q, k, v, s, g, window=0, scale=scale, return_final_state=True,
+        **_kernel_context(q, k, v, s, g, initial_state, starts))
+
+
+def _pallas_unsupported(q, k, v, s, g, *, scale, chunk_size, initial_state, starts):
+    del scale, chunk_size
+    return pallas_nha.unsupported(q, k, v, s, g, window=0,
+                                  **_kernel_context(q, k, v, s, g, initial_state, starts))
+
+
 _RUNGS = (
+    Rung("pallas", gated_slot_attention_pallas, _pallas_unsupported),
     Rung("xla", gated_slot_attention_xla),
     Rung("reference", gated_slot_attention_reference, auto=False),
 )

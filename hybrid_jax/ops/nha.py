@@ -38,8 +38,11 @@ the ring length. `nha_empty_state` builds the state of an empty sequence;
 `native_hybrid_attention_step` advances it by one token (decoding), O(M·(K+V) + w·(D+V)) per
 head.
 
-Rungs: "pallas" (the kernels of `pallas_kernels.nha`: GPU bf16/fp16 calls without
-`segment_ids`, `initial_state` or `return_final_state`; auto picks it where supported),
+Rungs: "pallas" (the kernels of `pallas_kernels.nha`: GPU bf16/fp16 calls, head dims 64, 128
+or 256, with segment ids, states and GQA; auto picks it where supported; a gate of
+`RESET_LOG_DECAY` in every slot and kv head counts as a document start there, as it does in
+the other rungs numerically; per-slot gates summing below about −87 over 15 consecutive tokens
+overflow the kernels' exact path, `pallas_kernels.nha.chunk_math`),
 "reference" (per-token `lax.scan`, the definition; every query against all keys, masked to its
 window) and "xla" (chunkwise parallel, chunks of C tokens):
 
@@ -72,7 +75,7 @@ from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
-from hybrid_jax.ops.segments import document_starts, reset_log_decay
+from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_starts, reset_log_decay
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "native_hybrid_attention"
@@ -166,8 +169,8 @@ def native_hybrid_attention(
         *(_repeat_heads(x, group, axis=1) for x in _initial_slots(tokens, initial_state, q, v)),
         window=ring, scale=scale, empty_slots=empty_slots, chunk_size=chunk_size,
         slots_idle=initial_state is None and window >= num_steps,
-        call=_Call(q, k, v, s, g, q_window, k_window,
-                   plain=segment_ids is None and initial_state is None and not return_final_state),
+        call=_Call(q, k, v, s, g, q_window, k_window, tokens, segment_ids, initial_state,
+                   return_final_state),
     )
     out = out.astype(q.dtype)
     if not return_final_state:
@@ -588,26 +591,54 @@ class _Call(NamedTuple):
     g: jax.Array
     q_window: jax.Array
     k_window: jax.Array
-    plain: bool  # no segment_ids, no initial_state, no final state wanted
+    tokens: _Tokens  # kv heads, compute dtype
+    segment_ids: jax.Array | None
+    state: NHAState | None
+    final: bool  # the final state is wanted
+
+
+def _kernel_context(call: _Call) -> dict:
+    """The kernels' `documents` and `initial_state` for this call (None for a call without
+    segment ids and state). The kernels' documents: ring tokens before the state's document
+    get an id of their own (-1); a token whose gate is `RESET_LOG_DECAY` in every slot of
+    every kv head starts a document (segment starts, and the resets a context-parallel shard
+    or the state's ring carries)."""
+    if call.segment_ids is None and call.state is None:
+        return dict(documents=None, initial_state=None)
+    tokens = call.tokens
+    ring = 0 if call.state is None else call.state.keys.shape[1]
+    first = tokens.keys.shape[1] - call.q.shape[1] - ring  # ring entries the kernels do not take
+    ids = jnp.where(tokens.visible, tokens.document, -1)[:, first:]
+    starts = jnp.all(tokens.g <= RESET_LOG_DECAY, axis=(2, 3))[:, first:]
+    documents = pallas_nha.Documents(ids, starts)
+    if call.state is None:
+        return dict(documents=documents, initial_state=None)
+    ring_inputs = [x[:, :ring].astype(like.dtype) for x, like in zip(
+        tokens[:5], (call.k, call.v, call.s, call.g, call.k_window), strict=True)]
+    state = pallas_nha.State(call.state.slot_keys, call.state.slot_values, *ring_inputs)
+    return dict(documents=documents, initial_state=state)
 
 
 def nha_pallas(q, q_window, tokens, slots_visible, slot_keys, slot_values, *, window, scale,
                empty_slots, chunk_size, slots_idle, call):
-    """The Pallas kernels on the call's inputs; the slot states passed in are returned
-    untouched (a plain call wants no final state)."""
+    """The Pallas kernels on the call's inputs (kv heads, dtypes as given); without a final
+    state wanted, the slot states passed in are returned untouched."""
     del q, q_window, tokens, slots_visible, chunk_size, slots_idle
-    out = pallas_nha.native_hybrid_attention(
+    result = pallas_nha.native_hybrid_attention(
         call.q, call.k, call.v, call.s, call.g, window=window, scale=scale,
-        q_window=call.q_window, k_window=call.k_window, empty_slots=empty_slots)
-    return out, slot_keys, slot_values
+        q_window=call.q_window, k_window=call.k_window, empty_slots=empty_slots,
+        return_final_state=call.final, **_kernel_context(call))
+    if not call.final:
+        return result, slot_keys, slot_values
+    out, finals = result
+    group = call.q.shape[2] // call.k.shape[2]
+    return (out, *(_repeat_heads(x, group, axis=1).astype(slot_keys.dtype) for x in finals))
 
 
 def _pallas_unsupported(*args, window, empty_slots, call, **kwargs) -> str | None:
-    if not call.plain:
-        return "the kernels take calls without segment_ids, initial_state or return_final_state"
     return pallas_nha.unsupported(call.q, call.k, call.v, call.s, call.g, window=window,
                                   q_window=call.q_window, k_window=call.k_window,
-                                  empty_slots=empty_slots)
+                                  empty_slots=empty_slots, **_kernel_context(call))
 
 
 _RUNGS = (

@@ -9,7 +9,10 @@ Each op turns `segment_ids` into `starts` (`document_starts`) and its rungs appl
 per-token references literally (`reset_state` before the step), the chunked rungs through the
 decay: the start token's log decay becomes `RESET_LOG_DECAY` (`reset_log_decay`; e^{−120} is 0
 in float32 while chunk-cumulative log decays stay small enough for float32), or its
-multiplicative decay 0 where a rung scans decays directly.
+multiplicative decay 0 where a rung scans decays directly. The SSD and gated-delta-rule Pallas
+kernels apply the same starts as masks on their chunk weights (`pallas_kernels/ssd/
+chunk_math.py`, `pallas_kernels/delta_rule/chunk_math.py`), which keeps float32 accuracy however
+many documents a chunk holds.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ Per head h (using B/C group g = h // (H/G)), with state `S_t` of shape `[P, N]`:
     S_t = exp(dt_t·A_h) · S_{t−1} + dt_t · x_t B_tᵀ
     y_t = S_t C_t
 
-(no D skip; the module adds it). Rungs: "reference" (per-token `lax.scan`, the definition) and
-"xla" (the chunked four-step SSD algorithm of Dao & Gu 2024); `ssd_step` is the decode step.
-Decays, cumulative sums and states are float32 (float64 stays float64); y has x's dtype.
+(no D skip; the module adds it). Rungs: "pallas" (the kernels of `pallas_kernels/ssd`, GPU),
+"xla" (the chunked four-step SSD algorithm of Dao & Gu 2024) and "reference" (per-token
+`lax.scan`, the definition); `ssd_step` is the decode step. Decays, cumulative sums and states
+are float32 (float64 stays float64); y has x's dtype.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
-from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.scan import causal_decay_matrix, chunk_state_scan, compute_dtype, to_chunks
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
+from pallas_kernels.ssd import api as pallas_ssd
 
 _OP = "ssd"
 
@@ -44,12 +46,14 @@ def ssd(
       A: `[H]` negative decay rates (`−exp(A_log)`).
       B: `[B, T, G, N]` input projections; G divides H, head h reads group h // (H/G).
       C: `[B, T, G, N]` output projections.
-      chunk_size: chunk length of the "xla" rung (T need not be a multiple).
+      chunk_size: chunk length of the "xla" rung (T need not be a multiple); the "pallas"
+        rung uses its tuned tiles (`pallas_kernels/ssd/block_sizes.py`).
       initial_state: `[B, H, P, N]` state before the first token; None for zeros.
       return_final_state: also return the state after the last token.
       segment_ids: `[B, T]` packed-document ids; the state resets at each document start
         (`hybrid_jax.ops.segments`).
-      implementation: "reference", "xla" or None (auto: "xla").
+      implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU where the
+        kernels take the call, e.g. head and state dims in 64/128/256; else "xla", logged).
 
     Returns:
       y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where
@@ -158,7 +162,21 @@ def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     return y.astype(x.dtype), final_state.reshape(batch, H, P, N)
 
 
+def ssd_pallas(x, dt, A, B, C, *, chunk_size, initial_state, starts):
+    """The Pallas kernels; they take document ids, so the starts become running ids."""
+    del chunk_size  # the kernels' own tiles
+    segment_ids = None if starts is None else jnp.cumsum(starts, axis=1, dtype=jnp.int32)
+    return pallas_ssd.ssd(x, dt, A, B, C, segment_ids=segment_ids, initial_state=initial_state)
+
+
+def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) -> str | None:
+    if backend() != "gpu":
+        return f"needs a GPU backend, running on {backend()}"
+    return pallas_ssd.unsupported(x, dt, A, B, C, initial_state=initial_state)
+
+
 _RUNGS = (
+    Rung("pallas", ssd_pallas, _pallas_unsupported),
     Rung("xla", ssd_xla),
     Rung("reference", ssd_reference, auto=False),
 )

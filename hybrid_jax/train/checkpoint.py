@@ -135,7 +135,10 @@ class Checkpointer:
             self._seal()
 
     def _seal(self) -> None:
-        """Writes the checksums of every committed step that has none yet."""
+        """Writes the checksums of every committed step that has none yet (process 0 only: the
+        processes of a job share the directory)."""
+        if jax.process_index() != 0:
+            return
         with self._sealing:
             for step in saved_steps(self.directory.parent):
                 step_dir = self.directory / str(step)

@@ -1,13 +1,16 @@
 """The learned branch weights of parallel blocks, per layer, from a run's logged diagnostics.
 
 A parallel block with `mixing="learned"` reports `mixing_<branch>` (`nn/diagnostics.py`); the
-trainer logs them as `diag/blocks.<layer>.mixing_<branch>` in `metrics.jsonl`.
+trainer logs them as `diag/blocks.<layer>.mixing_<branch>` in `metrics.jsonl`, or, for a model
+with `scan_layers=True`, as `diag/blocks.<i>.mixing_<branch>/<g>`: block i of scanned group g,
+layer `g · period + i` (the period of the layers in the run's `config.json`).
 `hybrid-jax inspect mixing RUN_DIR` prints the latest weights and draws them as a heat map
 (layers × branches).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,9 +18,21 @@ import numpy as np
 
 from hybrid_jax.nn.diagnostics import PREFIX
 from hybrid_jax.train.metrics import read_metrics
-from hybrid_jax.train.plot import save_figure
+from hybrid_jax.train.plot import new_figure, save_figure
 
-_KEY = re.compile(re.escape(PREFIX) + r"blocks\.(\d+)\.mixing_(\w+)$")
+_KEY = re.compile(re.escape(PREFIX) + r"blocks\.(\d+)\.mixing_(\w+)(?:/(\d+))?$")
+
+
+def _layer_period(run_dir: Path) -> int:
+    """The period of the run's layer pattern (blocks per scanned group), from `config.json`."""
+    from hybrid_jax.config import ExperimentConfig, from_dict
+    from hybrid_jax.nn.lm import layer_period
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir}: the mixing weights come from a scanned model, whose layer "
+                         "numbers need the run's config.json, which is missing")
+    return layer_period(from_dict(ExperimentConfig, json.loads(path.read_text())).model.layers)
 
 
 def mixing_weights(run_dir: str | Path) -> tuple[int, list[int], list[str], np.ndarray]:
@@ -29,7 +44,9 @@ def mixing_weights(run_dir: str | Path) -> tuple[int, list[int], list[str], np.n
                          f"'{PREFIX}blocks.N.mixing_BRANCH' from parallel blocks with "
                          "mixing='learned')")
     record = records[-1]
-    found = {(int(m[1]), m[2]): v for k, v in record.items() if (m := _KEY.match(k))}
+    matches = [(m, v) for k, v in record.items() if (m := _KEY.match(k))]
+    period = _layer_period(run_dir) if any(m[3] is not None for m, _ in matches) else 0
+    found = {(int(m[1]) + period * int(m[3] or 0), m[2]): v for m, v in matches}
     layers = sorted({layer for layer, _ in found})
     branches = sorted({branch for _, branch in found})
     weights = np.full((len(layers), len(branches)), np.nan)
@@ -47,12 +64,7 @@ def format_mixing(step: int, layers: list[int], branches: list[str], weights: np
 
 def plot_mixing(step: int, layers: list[int], branches: list[str], weights: np.ndarray,
                 out: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(branches), 1.2 + 0.35 * len(layers)))
+    fig, ax = new_figure(figsize=(1.6 + 1.2 * len(branches), 1.2 + 0.35 * len(layers)))
     image = ax.imshow(weights, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
     ax.set_xticks(range(len(branches)), branches)
     ax.set_yticks(range(len(layers)), layers)

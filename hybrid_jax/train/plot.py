@@ -21,17 +21,12 @@ def _label(run_dir: Path) -> str:
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = False) -> Path:
     """Draws each metric of `PANELS` against the step, one line per run; returns `out`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = [(Path(d), read_metrics(d)) for d in run_dirs]
     panels = [(key, title) for key, title in PANELS
               if any(key in r for _, records in runs for r in records)]
     if not panels:
         raise ValueError(f"no loss or eval records in {[str(d) for d in run_dirs]}")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    fig, axes = new_figure(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         for run_dir, records in runs:
             points = sorted({r["step"]: r[key] for r in records if key in r}.items())
@@ -48,13 +43,20 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = 
     return save_figure(fig, out)
 
 
-def save_figure(fig, out: str | Path) -> Path:
-    """Writes a matplotlib figure to `out` (folders created) and closes it."""
-    import matplotlib.pyplot as plt
+def new_figure(rows: int = 1, cols: int = 1, **subplots):
+    """`(figure, axes)` of a matplotlib `Figure` that no pyplot backend manages: drawing files
+    needs no display and leaves the caller's backend alone (a notebook's inline plots keep
+    showing; `matplotlib.use("Agg")` here would switch them off for the whole process)."""
+    from matplotlib.figure import Figure
 
+    figure = Figure(figsize=subplots.pop("figsize", None))
+    return figure, figure.subplots(rows, cols, **subplots)
+
+
+def save_figure(fig, out: str | Path) -> Path:
+    """Writes a figure of `new_figure` to `out` (folders created)."""
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
-    plt.close(fig)
     return out

@@ -12,7 +12,10 @@ uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop 
 a device computation), or on a second signal, the logs are flushed and the process exits with
 128 + signal. A non-finite loss or gradient stops the run naming the step and which of the two
 it was, or with `train.on_nonfinite=rollback` restores the last checkpoint and skips that
-step's batch. One process at a time writes a run directory (`run_dir.RunLock`).
+step's batch. `train.time_limit_s` ends the loop early at a step boundary (a budgeted run): it
+checkpoints and evaluates as at the end, and `results["time_limit_reached"]` says so (`steps`
+is the step reached; the learning-rate schedule stays the one of `train.steps`). One process at
+a time writes a run directory (`run_dir.RunLock`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
 from hybrid_jax.context import EXTRA_PREFIX, TokenContext
-from hybrid_jax.data.pipeline import eval_batches, train_iterator
+from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
@@ -217,6 +220,25 @@ def to_device(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
             for k, v in batch.items()}
 
 
+def check_process_rows(mesh: Mesh, batch_size: int) -> None:
+    """Refuses a mesh on which this process's devices do not hold exactly its rows of the
+    batch (`process_rows`: rows p·B/P .. (p+1)·B/P − 1), e.g. a tensor or seq axis across
+    processes with the batch replicated: each process would feed other rows to one array."""
+    count, index = jax.process_count(), jax.process_index()
+    if count == 1:
+        return
+    local = batch_size // count
+    rows = set()
+    for where in batch_sharding(mesh).addressable_devices_indices_map((batch_size, 1)).values():
+        rows.update(range(batch_size)[where[0]])
+    if rows != set(range(index * local, (index + 1) * local)):
+        raise ValueError(
+            f"process {index} of {count}: its devices hold batch rows {sorted(rows)[:8]}..., not "
+            f"its own {index * local}..{(index + 1) * local - 1}: the mesh {dict(mesh.shape)} "
+            "must split the batch across processes (data/fsdp axes spanning them, the others "
+            "within a process)")
+
+
 def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
              eval_step: Callable | None = None, *, num_words: int | None = None,
              modes: str | None = None) -> dict[str, float]:
@@ -241,7 +263,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
             target_bytes = batch.pop("target_bytes", None)
             if target_bytes is not None:
                 num_bytes += int((target_bytes * batch["mask"]).sum())
-            stats = jax.device_get(eval_step(ts.state, to_device(batch, ts.mesh)))
+            # Every process holds the whole batch and places only its rows: no duplicated work.
+            stats = jax.device_get(eval_step(ts.state, to_device(process_rows(batch), ts.mesh)))
             for key in totals:
                 totals[key] += float(stats[key])
     if totals["count"] == 0:
@@ -315,12 +338,16 @@ class _Run:
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
+        check_process_rows(self.mesh, cfg.batch_size)
+        seq_len = int(getattr(self.data, "seq_len", 0))
+        self.flops = step_flops(experiment.model, seq_len) if seq_len else None
         self.batches = DevicePrefetcher(
             train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
-            lambda batch: to_device(batch, self.mesh), depth=cfg.prefetch)
+            self._put, depth=cfg.prefetch)
         self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
                                                       cfg.eval_batches, cfg.seed)
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
+        self.time_limited = False
         self.checkpointer = None if out is None else Checkpointer(
             out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
         damaged: list[dict[str, Any]] = []
@@ -341,10 +368,8 @@ class _Run:
         self.log = MetricsLog(out if self.writes else None)
         self.log.truncate(self.step)  # records past the checkpoint are written again
         self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
-        seq_len = int(getattr(self.data, "seq_len", 0))
         self.tokens_per_step = cfg.batch_size * seq_len
-        self.flops_per_step = (step_flops(experiment.model, seq_len).training_per_token
-                               * self.tokens_per_step if seq_len else 0.0)
+        self.model_flops = 0.0  # of the steps since the last log line (flops.py: model count)
         self.peak_flops = cfg.peak_tflops * 1e12 or device_peak_flops()
         self.last_time, self.last_step = time.perf_counter(), self.step
         for record in damaged:
@@ -355,6 +380,15 @@ class _Run:
             self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
         elif damaged:
             self.bar.message("no intact checkpoint left: starting from step 0")
+
+    def _put(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, jax.Array], float]:
+        """The batch on the mesh, and its training FLOPs by the model count, attention within
+        its own documents (counted on the host, in the prefetch thread)."""
+        flops = 0.0
+        if self.flops is not None:
+            tokens = int(np.prod(batch["inputs"].shape))
+            flops = self.flops.training_per_token(batch.get("segment_ids")) * tokens
+        return to_device(batch, self.mesh), flops
 
     def _latest_intact(self, damaged: list[dict[str, Any]]) -> int | None:
         """Restores the latest step that is intact; each damaged later one is moved to
@@ -395,8 +429,10 @@ class _Run:
         self.checkpointer.save(self.step, self.ts.state, meta)
         self.saved_step = self.step
 
-    def flush(self, step: int, metrics: dict) -> None:
-        """Checks and logs the metrics of `step` (read one step late: dispatch stays async)."""
+    def flush(self, step: int, metrics: dict, flops: float = 0.0) -> None:
+        """Checks and logs the metrics of `step` (read one step late: dispatch stays async);
+        `flops`: the step's training FLOPs by the model count."""
+        self.model_flops += flops
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
             raise NonFiniteLossError(nonfinite_message(step, values["loss"],
@@ -407,11 +443,16 @@ class _Run:
             seconds, devices = max(now - self.last_time, 1e-9), jax.device_count()
             values["tokens_per_s"] = self.tokens_per_step * (step - self.last_step) / seconds
             values["tokens_per_s_per_device"] = values["tokens_per_s"] / devices
-            if self.flops_per_step:
-                values["tflops_per_device"] = (self.flops_per_step * (step - self.last_step)
-                                               / seconds / devices / 1e12)
+            if self.flops is not None:
+                # mfu: 6N (the MFU of record); tflops_per_device and mfu_model: the model count.
+                # The FLOPs of this process's rows, on its own devices.
+                values["tflops_per_device"] = (self.model_flops / seconds
+                                               / jax.local_device_count() / 1e12)
                 if self.peak_flops:
-                    values["mfu"] = values["tflops_per_device"] * 1e12 / self.peak_flops
+                    values["mfu"] = (self.flops.six_n * values["tokens_per_s_per_device"]
+                                     / self.peak_flops)
+                    values["mfu_model"] = values["tflops_per_device"] * 1e12 / self.peak_flops
+            self.model_flops = 0.0
             values["lr"] = float(self.schedule(step))
             self.last_time, self.last_step = now, step
             self.log.write({"step": step, **values})
@@ -446,7 +487,7 @@ class _Run:
                         "message": str(error)})
         self.bar.message(f"{error}: rolled back to step {self.step}, skipping that batch")
         self.bar.set(self.step)
-        self.last_time, self.last_step = time.perf_counter(), self.step
+        self.last_time, self.last_step, self.model_flops = time.perf_counter(), self.step, 0.0
 
     def on_force_exit(self, signal_name: str) -> str:
         """Runs on the watchdog thread before a forced exit: flush, say what is on disk."""
@@ -459,25 +500,44 @@ class _Run:
                  if steps else "no checkpoint was saved")
         return f"{self.out / 'metrics.jsonl'} and tensorboard/ are flushed; {saved}."
 
+    def out_of_time(self, deadline: float | None) -> bool:
+        """Whether `train.time_limit_s` has run out (process 0 decides for every process)."""
+        if deadline is None:
+            return False
+        late = time.perf_counter() >= deadline
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            late = bool(multihost_utils.broadcast_one_to_all(np.int32(late)))
+        if late:
+            self.time_limited = True
+            self.log.write({"step": self.step, "event": "time_limit",
+                            "seconds": self.cfg.time_limit_s})
+            self.bar.message(f"time limit of {self.cfg.time_limit_s:g} s reached at step "
+                             f"{self.step} of {self.cfg.steps}")
+        return late
+
     def loop(self, stop: StopSignals) -> None:
         cfg, pending = self.cfg, None
+        deadline = time.perf_counter() + cfg.time_limit_s if cfg.time_limit_s else None
         while True:
             try:
-                if self.step >= cfg.steps or stop.everywhere():
+                if self.step >= cfg.steps or stop.everywhere() or self.out_of_time(deadline):
                     if stop.received:
                         stop.acknowledge()
                     if pending is not None:
                         self.flush(*pending)
                     return
-                batch = next(self.batches)
+                batch, flops = next(self.batches)
                 if self.step + 1 in self.skipped:
-                    batch = next(self.batches)  # the batch on which this step diverged before
+                    # the batch on which this step diverged before
+                    batch, flops = next(self.batches)
                 self.ts.state, metrics = self.step_fn(self.ts.state, batch)
                 self.step += 1
                 self.bar.update()
                 if pending is not None:
                     self.flush(*pending)
-                pending = (self.step, metrics)
+                pending = (self.step, metrics, flops)
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.flush(*pending)  # never checkpoint a diverged state
                     pending = None
@@ -556,7 +616,8 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
             final = run.evaluate()
         finally:
             run.close()
-    results = {"experiment": experiment.name, "steps": run.cfg.steps,
+    results = {"experiment": experiment.name, "steps": run.step,
+               "time_limit_reached": run.time_limited,
                "params": count_params(run.ts.model()),
                "train_loss": next((r["loss"] for r in reversed(run.log.history) if "loss" in r),
                                   None),

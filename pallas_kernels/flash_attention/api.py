@@ -18,7 +18,12 @@ import jax.numpy as jnp
 
 from pallas_kernels.flash_attention import gpu
 from pallas_kernels.flash_attention.block_sizes import BlockSizes, default_block_sizes
-from pallas_kernels.flash_attention.bounds import visible_span
+from pallas_kernels.flash_attention.bounds import (
+    Extents,
+    document_extents,
+    pad_extents,
+    visible_span,
+)
 from pallas_kernels.flash_attention.reference import flash_attention_reference
 
 IMPLEMENTATIONS = ("gpu", "reference")
@@ -32,6 +37,7 @@ def flash_attention(
     v: jax.Array,
     segment_ids: jax.Array | None = None,
     *,
+    extents: Extents | None = None,
     window: int | None = None,
     scale: float | None = None,
     block_sizes: BlockSizes | None = None,
@@ -43,6 +49,8 @@ def flash_attention(
     Args:
       q: `[B, T, H, D]`; k, v: `[B, T, G, D]` with G dividing H.
       segment_ids: `[B, T]` integer document ids, or None.
+      extents: `bounds.document_extents(segment_ids)` when the caller has it (a model computes
+        it once per batch for all its layers), else computed here.
       window: w >= 1, or None for full causal.
       scale: logit scale, default `D**-0.5`.
       block_sizes: tiles (default `default_block_sizes(D)`).
@@ -58,18 +66,21 @@ def flash_attention(
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"pallas flash_attention: implementation must be one of "
                          f"{IMPLEMENTATIONS} or None, got {implementation!r}")
-    reason = unsupported(q, k, v, segment_ids, window=window,
+    reason = unsupported(q, k, v, segment_ids, window=window, extents=extents,
                          interpret=interpret or implementation == "reference")
     if reason is not None:
         raise ValueError(f"pallas flash_attention: {reason}")
     batch, length = q.shape[:2]
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    segment_ids = (jnp.zeros((batch, length), jnp.int32) if segment_ids is None
-                   else segment_ids.astype(jnp.int32))
     if window is not None and window >= length:
         window = None  # the band covers the whole causal triangle
     if implementation == "reference":
-        return flash_attention_reference(q, k, v, segment_ids, window=window, scale=scale)
+        ids = jnp.zeros((batch, length), jnp.int32) if segment_ids is None else segment_ids
+        return flash_attention_reference(q, k, v, ids, window=window, scale=scale)
+    if extents is None:  # one document (segment_ids None) needs no sort
+        extents = document_extents(segment_ids, (batch, length))
+    segment_ids = (jnp.zeros((batch, length), jnp.int32) if segment_ids is None
+                   else segment_ids.astype(jnp.int32))
     blocks = block_sizes or default_block_sizes(q.shape[-1])
     st = gpu.Static(window=window, scale=scale, group=q.shape[2] // k.shape[2], blocks=blocks,
                     interpret=interpret)
@@ -78,8 +89,8 @@ def flash_attention(
     # out of real rows, and the padded rows' dO is zero.
     pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2),
                             mode="edge" if x.ndim == 2 else "constant")
-    segment_ids = pad(segment_ids)
-    out = _flash(st, pad(q), pad(k), pad(v), segment_ids, *visible_span(segment_ids, window))
+    spans = visible_span(pad_extents(extents, padded), window)
+    out = _flash(st, pad(q), pad(k), pad(v), pad(segment_ids), *spans)
     return out[:, :length]
 
 
@@ -102,7 +113,8 @@ def _flash_bwd(st, residuals, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def unsupported(q, k, v, segment_ids=None, *, window=None, interpret=False) -> str | None:
+def unsupported(q, k, v, segment_ids=None, *, window=None, extents=None, interpret=False
+                ) -> str | None:
     """None when the kernels can run this call, else the reason. `interpret`: no accelerator
     limits (dtype, head dims), as in interpret mode and for the reference."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -118,6 +130,13 @@ def unsupported(q, k, v, segment_ids=None, *, window=None, interpret=False) -> s
                                     or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
         return (f"segment_ids must be integer [B, T] = [{batch}, {length}], got "
                 f"{segment_ids.dtype} {segment_ids.shape}")
+    if extents is not None:
+        if segment_ids is None:
+            return "extents need the segment_ids they were computed from"
+        if not isinstance(extents, Extents) or any(
+                x.shape != (batch, length) for x in extents):
+            return (f"extents must be bounds.Extents of [B, T] = [{batch}, {length}] arrays, "
+                    f"got {jax.tree.map(jnp.shape, extents)}")
     if window is not None and window < 1:
         return f"window must be >= 1 or None, got {window}"
     if not interpret:

@@ -7,44 +7,73 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Tiles (powers of two, >= 8) and Triton launch parameters.
+    """Tiles (powers of two, >= 8), Triton launch parameters and the backward's form, for
+    each of the three kernels separately.
 
-    block_q / block_k: query rows per program and keys per loop step of the forward and of the
-      dq kernel. block_q_dkv / block_k_dkv: query rows per loop step and keys per program of
-      the dk/dv kernel. num_warps / num_stages: forward; backward_*: both backward kernels.
+    forward: block_q query rows per program, block_k keys per loop step; num_warps, num_stages.
+    dq: block_q_dq query rows per program, block_k_dq keys per step; dq_num_warps, dq_num_stages.
+    dk/dv: block_k_dkv keys per program, block_q_dkv query rows per step; dkv_num_warps,
+      dkv_num_stages.
+    dq_atomic: no dq kernel; the dk/dv kernel adds each block's dq share into a float32
+      buffer with atomics (5 matmuls per block pair instead of 7; the order of the additions,
+      so dq's last bits, varies from run to run).
+    dkv_per_query_head: one dk/dv program per query head rather than per kv head (GQA: the
+      group's heads run in parallel, their float32 dk/dv summed afterwards in XLA).
     """
 
-    block_q: int = 128
+    block_q: int = 64
     block_k: int = 64
-    block_q_dkv: int = 64
-    block_k_dkv: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    backward_num_warps: int = 4
-    backward_num_stages: int = 2
+    block_q_dq: int = 64
+    block_k_dq: int = 64
+    dq_num_warps: int = 4
+    dq_num_stages: int = 2
+    block_q_dkv: int = 64
+    block_k_dkv: int = 64
+    dkv_num_warps: int = 4
+    dkv_num_stages: int = 2
+    dq_atomic: bool = False
+    dkv_per_query_head: bool = False
+
+    TILES = ("block_q", "block_k", "block_q_dq", "block_k_dq", "block_q_dkv", "block_k_dkv")
+    LAUNCH = ("num_warps", "num_stages", "dq_num_warps", "dq_num_stages", "dkv_num_warps",
+              "dkv_num_stages")
 
     def __post_init__(self):
-        for name in ("block_q", "block_k", "block_q_dkv", "block_k_dkv"):
+        for name in self.TILES:
             value = getattr(self, name)
             if value < 8 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two >= 8, got {value}")
-        for name in ("num_warps", "num_stages", "backward_num_warps", "backward_num_stages"):
+        for name in self.LAUNCH:
             if getattr(self, name) < 1:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def time_multiple(self) -> int:
         """The padded length is a multiple of every time tile."""
-        return max(self.block_q, self.block_k, self.block_q_dkv, self.block_k_dkv)
+        return max(getattr(self, name) for name in self.TILES)
+
+    def changed(self) -> dict:
+        """The fields that differ from the class defaults (for tables and for pasting)."""
+        base = BlockSizes()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(base, f.name)}
 
 
 def default_block_sizes(head_dim: int) -> BlockSizes:
-    """GPU defaults, the fastest of the variants measured on the H200 (NOTES.md); wider heads
-    take smaller tiles so the float32 accumulators fit the registers."""
-    if head_dim <= 64:
-        return BlockSizes(block_q=64, block_k=64, num_warps=4, backward_num_warps=4)
-    if head_dim <= 128:
-        return BlockSizes(block_q=128, block_k=64, block_q_dkv=32, block_k_dkv=128, num_warps=8,
-                          backward_num_warps=8)
-    return BlockSizes(block_q=64, block_k=32, block_q_dkv=32, block_k_dkv=32, num_warps=8,
-                      num_stages=2, backward_num_warps=8)
+    """GPU defaults: the fastest variant of each kernel in `experiments/benchmarks/
+    flash_attention.py --parts sweep` (H200, jax 0.11.2, kernel version 2, 2026-12-01, packed
+    documents of median 1024 tokens at the benchmark's shapes: D64 B16 T2048 H12, D128 B4 T8192
+    H16, D256 B4 T8192 H4; NOTES.md). The comments give each kernel's ms there, forward / dq /
+    dk,dv, against the run-B tiles these replaced. Wider heads take smaller tiles so the
+    float32 accumulators fit the registers."""
+    if head_dim <= 64:  # 0.513 / 0.442 / 0.654 ms (run B: 0.518 / 0.577 / 0.684)
+        return BlockSizes(block_k=32, num_stages=4, dq_num_stages=3, block_q_dkv=32,
+                          block_k_dkv=128, dkv_num_stages=3)
+    if head_dim <= 128:  # 1.33 / 1.27 / 1.69 ms (run B: 1.46 / 1.42 / 2.10)
+        return BlockSizes(block_k=32, num_stages=4, block_q_dq=128, block_k_dq=32,
+                          dq_num_stages=3, block_q_dkv=32)
+    # 0.814 / 0.998 / 1.60 ms (run B: 1.30 / 1.72 / 2.55)
+    return BlockSizes(block_k=16, block_q_dq=128, block_k_dq=32, dq_num_warps=8,
+                      block_q_dkv=32, block_k_dkv=32)

@@ -1,20 +1,33 @@
 """Flash-attention kernels for NVIDIA GPUs: Pallas with the Triton lowering (BlockSpec kernels,
 testable in interpret mode on CPU; see NOTES.md for the choice over Mosaic GPU).
 
-Layout `[batch, time, heads, dim]`, time padded to a multiple of the tiles, causal. Per query
-block the forward visits key blocks from the lowest visible key of its rows (`bounds.py`: the
-window and the documents) up to the diagonal, with an online softmax in float32; it saves the
-log-sum-exp. The backward recomputes the probabilities: dq per query block over the same key
-blocks, dk/dv per key block over the query blocks from the diagonal to the last query that
-sees one of its keys, looping over the query heads of its GQA group. Blocks that every row
-surely sees in full (inside one document run, the window and the causal triangle) skip the
-mask: each loop runs in three parts, masked / unmasked / masked.
+Layout `[batch, time, heads, dim]`, time padded to a multiple of the tiles, causal. Logits are
+kept in base 2: `s·scale·log₂e` (one FMA with the row maximum before `exp2`), and the saved
+log-sum-exp is base 2 too.
+
+- forward, per query block: key blocks from the lowest visible key of its rows (`bounds.py`:
+  the window and the documents) up to the diagonal, online softmax in float32.
+- dq, per query block over the same key blocks: p recomputed from the log-sum-exp,
+  dS = p ⊙ (dO·Vᵀ − D), D = rowsum(O ⊙ dO) precomputed in XLA, dq = scale·dS·K.
+- dk/dv, per key block over the query blocks from the diagonal to the last query that sees one
+  of its keys, in the transposed orientation (Sᵀ = K·Qᵀ) so that no register tile is
+  transposed: dv += Pᵀ·dO, dk += dSᵀ·Q. With `dq_atomic` this kernel also adds dSᵀᵀ·K into a
+  float32 dq buffer (`[B, H, D, T]`, so the share Kᵀ·dSᵀ needs no transpose either) and the dq
+  kernel is not run. A program takes the query heads of its GQA group in turn, or one query
+  head (`dkv_per_query_head`).
+
+Blocks that every row surely sees in full (inside one document run, the window and the causal
+triangle) skip the mask: each loop runs in three parts, masked / unmasked / masked. The grid's
+first axis (the fastest in launch order) is the block index, so the programs that run at the
+same time share one head's K/V (or Q/dO) in L2; query blocks go last-first (the longest rows
+start first).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +35,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.reference import visible
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
+LOG2E = math.log2(math.e)
 MASK_VALUE = -1e30  # finite: running maxima never meet inf − inf
 
 
@@ -39,17 +55,10 @@ class Static:
     blocks: BlockSizes
     interpret: bool
 
-
-def _mm(a, b):
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
-
-
-def _mm_nt(a, b):
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-
-
-def _mm_tn(a, b):
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
+    @property
+    def scale2(self) -> float:
+        """The logit scale in base 2: exp(scale·s) = exp2(scale2·s)."""
+        return self.scale * LOG2E
 
 
 def _iota(shape, axis):
@@ -58,10 +67,6 @@ def _iota(shape, axis):
 
 def _params(num_warps, num_stages):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
-def _mask(st: Static, rows, cols, row_segments, col_segments):
-    return visible(rows, cols, row_segments, col_segments, st.window)
 
 
 def _loop(lo, hi, full_lo, full_hi, visit, carry):
@@ -73,13 +78,32 @@ def _loop(lo, hi, full_lo, full_hi, visit, carry):
     return lax.fori_loop(b, hi, functools.partial(visit, masked=True), carry)
 
 
-def _key_blocks(st: Static, start, lowest_ref, unmasked_ref):
+def _last_first(blocks: int):
+    """Block index of grid step i when the blocks go last-first."""
+    return lambda i: blocks - 1 - i
+
+
+def _query_block_start(block: int):
+    return (pl.num_programs(0) - 1 - pl.program_id(0)) * block
+
+
+def _key_blocks(start, block_q, block_k, lowest_ref, unmasked_ref):
     """lo, hi, full_lo, full_hi of the key blocks of the query block starting at `start`."""
-    BQ, BK = st.blocks.block_q, st.blocks.block_k
-    lo = lax.div(jnp.min(lowest_ref[...]), BK)
-    hi = lax.div(start + BQ - 1, BK) + 1
-    full_lo = lax.div(jnp.max(unmasked_ref[...]) + BK - 1, BK)
-    return lo, hi, full_lo, lax.div(start + 1, BK)
+    lo = lax.div(jnp.min(lowest_ref[...]), block_k)
+    hi = lax.div(start + block_q - 1, block_k) + 1
+    full_lo = lax.div(jnp.max(unmasked_ref[...]) + block_k - 1, block_k)
+    return lo, hi, full_lo, lax.div(start + 1, block_k)
+
+
+def _query_specs(length: int, head_dim: int, block_q: int, group: int):
+    """BlockSpecs of a grid (query block, head, batch): a query tile, a kv head's whole rows,
+    per-row values of the tile, and the whole row of per-token values."""
+    row = _last_first(length // block_q)
+    query = pl.BlockSpec((None, block_q, None, head_dim), lambda i, h, b: (b, row(i), h, 0))
+    whole = pl.BlockSpec((None, length, None, head_dim), lambda i, h, b: (b, 0, h // group, 0))
+    rows = pl.BlockSpec((None, block_q), lambda i, h, b: (b, row(i)))
+    stat = pl.BlockSpec((None, None, block_q), lambda i, h, b: (b, h, row(i)))
+    return query, whole, rows, pl.BlockSpec((None, length), lambda i, h, b: (b, 0)), stat
 
 
 # --- forward ---------------------------------------------------------------------------------
@@ -88,51 +112,44 @@ def _key_blocks(st: Static, start, lowest_ref, unmasked_ref):
 def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmasked_ref, o_ref,
                     lse_ref, *, st: Static):
     BQ, BK = st.blocks.block_q, st.blocks.block_k
-    start = pl.program_id(2) * BQ
+    start = _query_block_start(BQ)
     rows = start + _iota((BQ, 1), 0)
     q, qseg = q_ref[...], qseg_ref[...][:, None]
 
     def visit(kb, carry, masked):
         m, l, acc = carry
         span = pl.ds(kb * BK, BK)
-        logits = st.scale * _mm_nt(q, k_ref[span, :])
+        s = mm_nt(q, k_ref[span, :])
         if masked:
-            inside = _mask(st, rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :])
-            logits = jnp.where(inside, logits, MASK_VALUE)
-        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
-        p = jnp.exp(logits - m_new[:, None])
-        if masked:  # a row with no visible key yet has m_new = MASK_VALUE
+            inside = visible(rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :],
+                             st.window)
+            s = jnp.where(inside, s, MASK_VALUE)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1) * st.scale2)
+        p = jnp.exp2(s * st.scale2 - m_new[:, None])
+        if masked:  # a row with no visible key yet has m_new = MASK_VALUE·scale2
             p = jnp.where(inside, p, 0.0)
-        correction = jnp.exp(m - m_new)
-        acc = acc * correction[:, None] + _mm(p.astype(v_ref.dtype), v_ref[span, :])
+        correction = jnp.exp2(m - m_new)
+        acc = acc * correction[:, None] + mm(p.astype(v_ref.dtype), v_ref[span, :])
         return m_new, l * correction + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((BQ,), MASK_VALUE, F32), jnp.zeros((BQ,), F32),
             jnp.zeros(o_ref.shape, F32))
-    m, l, acc = _loop(*_key_blocks(st, start, lowest_ref, unmasked_ref), visit, init)
+    m, l, acc = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit, init)
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)  # every row sees itself: l > 0
-    lse_ref[...] = m + jnp.log(l)
-
-
-def _query_specs(st: Static, length: int, head_dim: int):
-    BQ, group = st.blocks.block_q, st.group
-    query = pl.BlockSpec((None, BQ, None, head_dim), lambda b, h, i: (b, i, h, 0))
-    whole = pl.BlockSpec((None, length, None, head_dim), lambda b, h, i: (b, 0, h // group, 0))
-    rows = pl.BlockSpec((None, BQ), lambda b, h, i: (b, i))
-    return query, whole, rows, pl.BlockSpec((None, length), lambda b, h, i: (b, 0))
+    lse_ref[...] = m + jnp.log2(l)
 
 
 def forward(q, k, v, segment_ids, spans, st: Static):
-    """o `[B, Tp, H, D]` (dtype of q) and the log-sum-exp `[B, H, Tp]` float32."""
+    """o `[B, Tp, H, D]` (dtype of q) and the base-2 log-sum-exp `[B, H, Tp]` float32."""
     batch, length, heads, head_dim = q.shape
     lowest_key, _, unmasked_from, _ = spans
-    query, whole, rows, all_rows = _query_specs(st, length, head_dim)
     BQ = st.blocks.block_q
-    return pl.pallas_call(
+    query, whole, rows, all_rows, stat = _query_specs(length, head_dim, BQ, st.group)
+    return pallas_call(
         functools.partial(_forward_kernel, st=st),
-        grid=(batch, heads, length // BQ),
+        grid=(length // BQ, heads, batch),
         in_specs=[query, whole, whole, rows, all_rows, rows, rows],
-        out_specs=[query, pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))],
+        out_specs=[query, stat],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, length), F32)],
         compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
@@ -145,8 +162,8 @@ def forward(q, k, v, segment_ids, spans, st: Static):
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref, lowest_ref,
                unmasked_ref, dq_ref, *, st: Static):
-    BQ, BK = st.blocks.block_q, st.blocks.block_k
-    start = pl.program_id(2) * BQ
+    BQ, BK = st.blocks.block_q_dq, st.blocks.block_k_dq
+    start = _query_block_start(BQ)
     rows = start + _iota((BQ, 1), 0)
     q, do, qseg = q_ref[...], do_ref[...], qseg_ref[...][:, None]
     lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
@@ -154,14 +171,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_r
     def visit(kb, dq, masked):
         span = pl.ds(kb * BK, BK)
         keys = k_ref[span, :]
-        p = jnp.exp(st.scale * _mm_nt(q, keys) - lse)
+        p = jnp.exp2(mm_nt(q, keys) * st.scale2 - lse)
         if masked:
-            inside = _mask(st, rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :])
+            inside = visible(rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :],
+                             st.window)
             p = jnp.where(inside, p, 0.0)
-        ds = p * (_mm_nt(do, v_ref[span, :]) - delta)
-        return dq + _mm(ds.astype(keys.dtype), keys)
+        ds = p * (mm_nt(do, v_ref[span, :]) - delta)
+        return dq + mm(ds.astype(keys.dtype), keys)
 
-    dq = _loop(*_key_blocks(st, start, lowest_ref, unmasked_ref), visit,
+    dq = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit,
                jnp.zeros(dq_ref.shape, F32))
     dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
 
@@ -169,45 +187,51 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_r
 def _dq(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
     batch, length, heads, head_dim = q.shape
     lowest_key, _, unmasked_from, _ = spans
-    query, whole, rows, all_rows = _query_specs(st, length, head_dim)
-    BQ = st.blocks.block_q
-    stat = pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))
-    return pl.pallas_call(
+    BQ = st.blocks.block_q_dq
+    query, whole, rows, all_rows, stat = _query_specs(length, head_dim, BQ, st.group)
+    return pallas_call(
         functools.partial(_dq_kernel, st=st),
-        grid=(batch, heads, length // BQ),
+        grid=(length // BQ, heads, batch),
         in_specs=[query, whole, whole, query, stat, stat, rows, all_rows, rows, rows],
         out_specs=query, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
+        compiler_params=_params(st.blocks.dq_num_warps, st.blocks.dq_num_stages),
         interpret=st.interpret, name="flash_attention_dq",
     )(q, k, v, do, lse, delta, segment_ids, segment_ids, lowest_key, unmasked_from)
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref,
-                highest_ref, unmasked_ref, dk_ref, dv_ref, *, st: Static, length: int):
+                highest_ref, unmasked_ref, *refs, st: Static, length: int, heads: int):
+    """One key block against the query blocks that see it, for `heads` query heads (q_ref
+    `[T, heads, D]`); refs: dk, dv (and the float32 dq buffer `[heads, D, T]` with dq_atomic,
+    an alias of a zero input)."""
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
-    first = pl.program_id(2) * BK
-    cols = first + _iota((1, BK), 1)
-    keys, values, kseg = k_ref[...], v_ref[...], kseg_ref[...][None, :]
+    dk_ref, dv_ref = refs[-2:]  # with dq_atomic refs[0] is the zero input that refs[1] aliases
+    first = pl.program_id(0) * BK
+    cols = first + _iota((BK, 1), 0)  # this block's keys run down the rows of Sᵀ
+    keys, values, kseg = k_ref[...], v_ref[...], kseg_ref[...][:, None]
     bounds = (lax.div(first, BQ),
               jnp.minimum(lax.div(jnp.max(highest_ref[...]), BQ) + 1, length // BQ),
               lax.div(first + BK - 1 + BQ - 1, BQ),
               lax.div(jnp.min(unmasked_ref[...]) + 1, BQ))
     dk = jnp.zeros(dk_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
-    for r in range(st.group):
+    for r in range(heads):
         def visit(qb, carry, masked, r=r):
             dk, dv = carry
             span = pl.ds(qb * BQ, BQ)
             q, do = q_ref[span, r, :], do_ref[span, r, :]
-            lse, delta = lse_ref[r, span][:, None], delta_ref[r, span][:, None]
-            p = jnp.exp(st.scale * _mm_nt(q, keys) - lse)
+            lse, delta = lse_ref[r, span][None, :], delta_ref[r, span][None, :]
+            p_t = jnp.exp2(mm_nt(keys, q) * st.scale2 - lse)  # [BK, BQ]
             if masked:
-                inside = _mask(st, qb * BQ + _iota((BQ, 1), 0), cols, qseg_ref[span][:, None],
-                               kseg)
-                p = jnp.where(inside, p, 0.0)
-            dv = dv + _mm_tn(p.astype(do.dtype), do)
-            ds = p * (_mm_nt(do, values) - delta)
-            return dk + _mm_tn(ds.astype(q.dtype), q), dv
+                inside = visible(qb * BQ + _iota((1, BQ), 1), cols, qseg_ref[span][None, :],
+                                 kseg, st.window)
+                p_t = jnp.where(inside, p_t, 0.0)
+            dv = dv + mm(p_t.astype(do.dtype), do)
+            ds_t = (p_t * (mm_nt(values, do) - delta)).astype(q.dtype)
+            if st.blocks.dq_atomic:
+                pltriton.atomic_add(refs[1], (jnp.asarray(r, jnp.int32), slice(None), span),
+                                    mm_tn(keys, ds_t))
+            return dk + mm(ds_t, q), dv
 
         dk, dv = _loop(*bounds, visit, (dk, dv))
     dk_ref[...] = (st.scale * dk).astype(dk_ref.dtype)
@@ -215,31 +239,62 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
 
 
 def _dkv(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
+    """dk, dv `[B, Tp, G, D]` (and with dq_atomic the float32 dq `[B, H, D, Tp]`, unscaled)."""
     batch, length, kv_heads, head_dim = k.shape
     _, highest_query, _, unmasked_until = spans
-    BK, group = st.blocks.block_k_dkv, st.group
-    grouped = lambda x: x.reshape(batch, length, kv_heads, group, head_dim)
-    per_group = lambda x: x.reshape(batch, kv_heads, group, length)
-    whole = pl.BlockSpec((None, length, None, group, head_dim), lambda b, h, j: (b, 0, h, 0, 0))
-    stat = pl.BlockSpec((None, None, group, length), lambda b, h, j: (b, h, 0, 0))
-    block = pl.BlockSpec((None, BK, None, head_dim), lambda b, h, j: (b, j, h, 0))
-    keys = pl.BlockSpec((None, BK), lambda b, h, j: (b, j))
-    return pl.pallas_call(
-        functools.partial(_dkv_kernel, st=st, length=length),
-        grid=(batch, kv_heads, length // BK),
-        in_specs=[whole, block, block, whole, stat, stat,
-                  pl.BlockSpec((None, length), lambda b, h, j: (b, 0)), keys, keys, keys],
-        out_specs=[block, block],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
+    BK, group, heads = st.blocks.block_k_dkv, st.group, q.shape[2]
+    per_program = 1 if st.blocks.dkv_per_query_head else group
+    programs = heads // per_program  # along the grid's head axis
+    kv_head = lambda h: h * per_program // group
+    grouped = lambda x: x.reshape(batch, length, programs, per_program, head_dim)
+    per_group = lambda x: x.reshape(batch, programs, per_program, length)
+    whole = pl.BlockSpec((None, length, None, per_program, head_dim),
+                         lambda j, h, b: (b, 0, h, 0, 0))
+    stat = pl.BlockSpec((None, None, per_program, length), lambda j, h, b: (b, h, 0, 0))
+    block = pl.BlockSpec((None, BK, None, head_dim), lambda j, h, b: (b, j, kv_head(h), 0))
+    out_block = pl.BlockSpec((None, BK, None, head_dim), lambda j, h, b: (b, j, h, 0))
+    keys = pl.BlockSpec((None, BK), lambda j, h, b: (b, j))
+    # Summed over the group afterwards: float32 partials per query head.
+    out_dtype = k.dtype if per_program == group else F32
+    out_shape = [jax.ShapeDtypeStruct((batch, length, programs, head_dim), out_dtype)] * 2
+    in_specs = [whole, block, block, whole, stat, stat,
+                pl.BlockSpec((None, length), lambda j, h, b: (b, 0)), keys, keys, keys]
+    args = [grouped(q), k, v, grouped(do), per_group(lse), per_group(delta), segment_ids,
+            segment_ids, highest_query, unmasked_until]
+    out_specs, aliases = [out_block, out_block], {}
+    if st.blocks.dq_atomic:
+        dq_spec = pl.BlockSpec((None, None, per_program, head_dim, length),
+                               lambda j, h, b: (b, h, 0, 0, 0))
+        dq_shape = (batch, programs, per_program, head_dim, length)
+        in_specs.append(dq_spec)
+        args.append(jnp.zeros(dq_shape, F32))
+        out_specs.insert(0, dq_spec)
+        out_shape.insert(0, jax.ShapeDtypeStruct(dq_shape, F32))
+        aliases = {len(args) - 1: 0}
+    outs = pallas_call(
+        functools.partial(_dkv_kernel, st=st, length=length, heads=per_program),
+        grid=(length // BK, programs, batch),
+        in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        input_output_aliases=aliases,
+        compiler_params=_params(st.blocks.dkv_num_warps, st.blocks.dkv_num_stages),
         interpret=st.interpret, name="flash_attention_dkv",
-    )(grouped(q), k, v, grouped(do), per_group(lse), per_group(delta), segment_ids,
-      segment_ids, highest_query, unmasked_until)
+    )(*args)
+    dk, dv = outs[-2:]
+    if per_program != group:
+        dk, dv = (x.reshape(batch, length, kv_heads, group // per_program, head_dim).sum(3)
+                  .astype(k.dtype) for x in (dk, dv))
+    if st.blocks.dq_atomic:
+        return dk, dv, outs[0].reshape(batch, heads, head_dim, length)
+    return dk, dv
 
 
 def backward(q, k, v, o, lse, do, segment_ids, spans, st: Static):
     """dq, dk, dv from the saved output and log-sum-exp (D = rowsum(o ⊙ dO) in float32)."""
     delta = jnp.einsum("bthd,bthd->bht", o.astype(F32), do.astype(F32))
+    if st.blocks.dq_atomic:
+        dk, dv, dq_t = _dkv(q, k, v, do, lse, delta, segment_ids, spans, st)
+        dq = (st.scale * jnp.transpose(dq_t, (0, 3, 1, 2))).astype(q.dtype)
+        return dq, dk, dv
     dq = _dq(q, k, v, do, lse, delta, segment_ids, spans, st)
     dk, dv = _dkv(q, k, v, do, lse, delta, segment_ids, spans, st)
     return dq, dk, dv

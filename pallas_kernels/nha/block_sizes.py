@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+SLOT_PRECISIONS = ("mixed", "split", "float32", "input")
+
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
@@ -22,10 +24,12 @@ class BlockSizes:
     num_warps / num_stages: Triton launch parameters (GPU) of the window attention forward;
       backward_*: of its backward kernels; slot_num_warps / slot_backward_num_warps: of the
       per-chunk slot kernels of the forward / backward pass.
-    slot_precision: operand dtype of the slot products (`layout.slot_dtype`): "mixed" (bf16
-      only in the backward's gradient products dq, dk̄, dv̄: 7 % faster fwd+bwd than "float32"
-      on the H200 at the same ≤ 0.4 % gradient error, also at w = 0; NOTES.md, v5), "float32"
-      (TF32 on the GPU) or "input" (bf16 everywhere: faster, gradients about 4x less accurate).
+    slot_precision: how the slot products take their float32 operands
+      (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
+      dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same
+      ≤ 0.4 % gradient error, also at w = 0; NOTES.md, v5), "split" (as "mixed", with hi + lo
+      bf16 pairs instead of TF32: NOTES.md, v6), "float32" (TF32 on the GPU) or "input" (bf16
+      in the within-chunk products: faster, gradients about 4x less accurate).
     """
 
     chunk: int = 64
@@ -45,8 +49,8 @@ class BlockSizes:
     slot_precision: str = "mixed"
 
     def __post_init__(self):
-        if self.slot_precision not in ("float32", "input", "mixed"):
-            raise ValueError("BlockSizes.slot_precision must be 'float32', 'input' or 'mixed', "
+        if self.slot_precision not in SLOT_PRECISIONS:
+            raise ValueError(f"BlockSizes.slot_precision must be one of {SLOT_PRECISIONS}, "
                              f"got {self.slot_precision!r}")
         for name in ("chunk", "sub_chunk", "block_q", "block_k", "block_q_dkv", "block_k_dkv",
                      "state_block", "state_group"):
@@ -68,9 +72,15 @@ class BlockSizes:
 
 
 def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
-    """Defaults measured on an H200 (GPU; see NOTES.md); TPU tiles fill the 128-lane axis."""
+    """Defaults measured on an H200 at head dim 128 (GPU; see NOTES.md); TPU tiles fill the
+    128-lane axis. Head dim 256 (not yet measured): twice the warps (a [64, 256] float32
+    accumulator is 128 registers a thread at 4 warps) and key / query tiles of 32 rows in the
+    pipelined window loops, so that their stages fit the 227 KB of shared memory a block may
+    use (forward: q 32 KB + 3 stages of k, v at 32 KB; dq and dk/dv: 64 KB + 2 stages of 32 KB)."""
     if backend == "tpu":
         return BlockSizes(chunk=128, sub_chunk=16, block_q=128, block_k=128, block_q_dkv=128,
                           block_k_dkv=128, state_block=128)
-    del head_dim
+    if head_dim > 128:
+        return BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
+                          slot_num_warps=8)
     return BlockSizes()

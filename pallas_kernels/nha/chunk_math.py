@@ -25,23 +25,28 @@ gates of one slot sum below about −87 (float32 overflow; with g = logsigmoid(f
 that needs f < −46 on 15 consecutive tokens). Rows outside a sub-chunk's pairs are masked
 before `exp`, so nothing overflows there.
 
-Every dot accumulates in float32. The products with the float32 slot states take float32
-operands (TF32 on the GPU's tensor cores, exact in interpret mode), except those of the
-slot-input gradients dk̄, dv̄; every other product takes the `dtype` its caller passes
-(`layout.slot_dtype`). Under the default precision that is bf16 only where the result is itself
-a gradient (dq, dk̄, dv̄), and float32 wherever the backward subtracts nearly equal numbers
-(dA = P·(dP − D), the log-gate gradient): bf16 operands there cost an order of magnitude in the
-gradients' accuracy (NOTES.md).
+Documents (packed sequences). A document start among the chunk's slot inputs empties the slots
+before that input enters; per chunk it is described by σ `[C]` int32, the number of starts in
+rows ≤ t (`Segments`). Then the entering state reaches row t only while σ_t = 0, a write at row j
+reaches row t ≥ j only while σ_j = σ_t, and the gates of the start rows are left out of G (the
+state they would decay is gone anyway), so G and the fast path stay as without documents.
+
+Every dot accumulates in float32; `Products` says how each takes its operands
+(`layout.slot_products`: float32 — TF32 on the GPU —, the 16-bit type, or a hi + lo split).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from pallas_kernels import matmul
 
 F32 = jnp.float32
 MASK_VALUE = -1e30
@@ -50,20 +55,61 @@ MASK_VALUE = -1e30
 Rows = Callable[[int, int], jax.Array]
 """`rows(start, size)` loads rows start..start+size−1 of one head's chunk: `[size, X]`."""
 
-
-def mm(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ b with float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
+Segments = Callable[[int, int], jax.Array]
+"""`sigma(start, size)`: σ of rows start..start+size−1, `[size]` int32 (module docstring)."""
 
 
-def mm_nt(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a @ bᵀ with float32 accumulation."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
+def _split(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """x ≈ hi + lo with hi, lo of the 16-bit `dtype` (about 16 mantissa bits of x)."""
+    hi = x.astype(dtype)
+    return hi, (x.astype(F32) - hi.astype(F32)).astype(dtype)
 
 
-def mm_tn(a: jax.Array, b: jax.Array) -> jax.Array:
-    """aᵀ @ b with float32 accumulation."""
-    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
+@dataclasses.dataclass(frozen=True)
+class Products:
+    """How a slot product takes its operands; every product accumulates in float32.
+
+    narrow: the 16-bit type (bfloat16), or the inputs' 32-bit type (then every product is
+    32-bit); exact: the inputs' dtype (an operand flagged exact is a value of it: q, k, v, dO);
+    wide: how a float32 operand is taken: "float32", "narrow" or "split" (hi + lo). Two exact
+    16-bit operands are multiplied as they are (exact, no rounding).
+    """
+
+    narrow: Any
+    exact: Any
+    wide: str
+
+    def dot(self, a, b, matmul, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
+        """`matmul(a, b)` (one of `pallas_kernels.matmul`'s) with the operands so taken."""
+        narrow = self.narrow
+        if jnp.dtype(narrow).itemsize == 4:
+            return matmul(a.astype(narrow), b.astype(narrow))
+        exact_a, exact_b = (e and jnp.dtype(self.exact) == jnp.dtype(narrow)
+                            for e in (exact_a, exact_b))
+        if (exact_a and exact_b) or self.wide == "narrow":
+            return matmul(a.astype(narrow), b.astype(narrow))
+        if self.wide == "float32":
+            return matmul(a.astype(F32), b.astype(F32))
+        a_parts = (a.astype(narrow),) if exact_a else _split(a, narrow)
+        b_parts = (b.astype(narrow),) if exact_b else _split(b, narrow)
+        out = matmul(a_parts[0], b_parts[0])  # hi·hi, then the two cross terms (lo·lo dropped)
+        if len(b_parts) == 2:
+            out += matmul(a_parts[0], b_parts[1])
+        if len(a_parts) == 2:
+            out += matmul(a_parts[1], b_parts[0])
+        return out
+
+    def mm(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
+        """a @ b."""
+        return self.dot(a, b, matmul.mm, exact_a, exact_b)
+
+    def mm_nt(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
+        """a @ bᵀ."""
+        return self.dot(a, b, matmul.mm_nt, exact_a, exact_b)
+
+    def mm_tn(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
+        """aᵀ @ b."""
+        return self.dot(a, b, matmul.mm_tn, exact_a, exact_b)
 
 
 def iota(shape: tuple[int, int], axis: int) -> jax.Array:
@@ -94,6 +140,32 @@ def _causal(C: int) -> jax.Array:
     return iota((C, C), 0) >= iota((C, C), 1)
 
 
+def _and(mask: jax.Array, other: jax.Array | None) -> jax.Array:
+    return mask if other is None else mask & other
+
+
+def _same_segment(sigma: Segments | None, C: int, start: int, size: int) -> jax.Array | None:
+    """`[C, size]`: row r of the chunk and row start + c lie in the same document (None: no
+    documents)."""
+    if sigma is None:
+        return None
+    return sigma(0, C)[:, None] == sigma(start, size)[None, :]
+
+
+def _entering(sigma: Segments | None, C: int) -> jax.Array | None:
+    """`[C, 1]`: the state entering the chunk reaches row t (no document starts at rows ≤ t)."""
+    return None if sigma is None else sigma(0, C)[:, None] == 0
+
+
+def exiting(sigma: Segments | None, C: int) -> jax.Array | None:
+    """`[C, 1]`: row n's write reaches the chunk end (no document starts after it)."""
+    return None if sigma is None else sigma(0, C)[:, None] == sigma(C - 1, 1)[None, :]
+
+
+def _masked(x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    return x if mask is None else jnp.where(mask, x, 0.0)
+
+
 def _key_subchunk_decays(G: jax.Array, g: Rows, jb: int, S: int):
     """Factors at the last row r of key sub-chunk jb: e^{G_t − G_r} for every row t ≥ jb·S
     (else 0) `[C, M]`, and e^{G_r − G_j} ≤ 1 for its rows j `[S, M]`."""
@@ -110,139 +182,142 @@ def _query_subchunk_decays(G: jax.Array, g: Rows, ib: int, S: int):
     return jnp.exp(g(ib * S, S) - ref), key
 
 
-def slot_scores(pairs, y: Rows, g: Rows, *, S: int, dtype) -> list[jax.Array]:
+def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Products,
+                sigma: Segments | None = None) -> list[jax.Array]:
     """The scores form for several `(x [C, X] value, x' Rows, state [X, M] f32)` that share y
-    (s̄) and the gates: one `[C, M]` float32 array per pair."""
+    (s̄) and the gates (x, x' are inputs: q, k̄ or dO, v̄): one `[C, M]` float32 array per
+    pair. `state` / `intra`: the products with the state / of the within-chunk pairs."""
     C = pairs[0][0].shape[0]
+    entering = _entering(sigma, C)
 
     def fast():
         G = g(0, C)
-        y_inv = (y(0, C).astype(F32) * jnp.exp(-G)).astype(dtype)
+        y_inv = y(0, C).astype(F32) * jnp.exp(-G)
+        pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
         return tuple(
-            jnp.exp(G) * (mm(x.astype(F32), state) + mm(jnp.where(
-                _causal(C), mm_nt(x.astype(dtype), x_keys(0, C).astype(dtype)), 0.0
-            ).astype(dtype), y_inv))
-            for x, x_keys, state in pairs)
+            jnp.exp(G) * (_masked(state.mm(x, x_state, exact_a=True), entering)
+                          + intra.mm(jnp.where(pair_mask, intra.mm_nt(x, x_keys(0, C), True, True),
+                                               0.0), y_inv))
+            for x, x_keys, x_state in pairs)
 
-    return list(lax.cond(_fast_path(g, C), fast,
-                         lambda: _slot_scores_subchunks(pairs, y, g, S=S, dtype=dtype)))
+    def exact():
+        G = g(0, C)
+        entry = jnp.exp(G)
+        outs = [entry * _masked(state.mm(x, x_state, exact_a=True), entering)
+                for x, _, x_state in pairs]
+        for jb in range(C // S):
+            query, key = _key_subchunk_decays(G, g, jb, S)
+            y_jb = y(jb * S, S).astype(F32) * key
+            mask = _and(iota((C, S), 0) >= iota((C, S), 1) + jb * S,
+                        _same_segment(sigma, C, jb * S, S))
+            for n, (x, x_keys, _) in enumerate(pairs):
+                a = jnp.where(mask, intra.mm_nt(x, x_keys(jb * S, S), True, True), 0.0)
+                outs[n] = outs[n] + query * intra.mm(a, y_jb)
+        return tuple(outs)
 
-
-def _slot_scores_subchunks(pairs, y: Rows, g: Rows, *, S: int, dtype):
-    C = pairs[0][0].shape[0]
-    G = g(0, C)
-    entry = jnp.exp(G)
-    outs = [entry * mm(x.astype(F32), state) for x, _, state in pairs]
-    for jb in range(C // S):
-        query, key = _key_subchunk_decays(G, g, jb, S)
-        y_jb = (y(jb * S, S).astype(F32) * key).astype(dtype)
-        mask = iota((C, S), 0) >= iota((C, S), 1) + jb * S
-        for n, (x, x_keys, _) in enumerate(pairs):
-            a = jnp.where(mask, mm_nt(x.astype(dtype), x_keys(jb * S, S).astype(dtype)), 0.0)
-            outs[n] = outs[n] + query * mm(a.astype(dtype), y_jb)
-    return tuple(outs)
+    return list(lax.cond(_fast_path(g, C), fast, exact))
 
 
 def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *, S: int,
-                 dtype) -> jax.Array:
-    """The readout form: p `[C, M]` float32 weights of the slots, u the values `[C, Y]`
-    entering with s̄ = y, state_t `[Y, M]` float32 (Ṽᵀ or K̃). Returns `[C, Y]` float32."""
+                 state: Products, intra: Products, sigma: Segments | None = None) -> jax.Array:
+    """The readout form: p `[C, M]` float32 weights of the slots, u the values `[C, Y]` (an
+    input: v̄ or k̄) entering with s̄ = y, state_t `[Y, M]` float32 (Ṽᵀ or K̃). Returns
+    `[C, Y]` float32."""
     C = p.shape[0]
+    entering = _entering(sigma, C)
 
     def fast():
         G = g(0, C)
         weights = p * jnp.exp(G)
-        y_inv = (y(0, C).astype(F32) * jnp.exp(-G)).astype(dtype)
-        pairs = jnp.where(_causal(C), mm_nt(weights.astype(dtype), y_inv), 0.0)
-        return mm_nt(weights, state_t) + mm(pairs.astype(dtype), u(0, C).astype(dtype))
+        y_inv = y(0, C).astype(F32) * jnp.exp(-G)
+        pairs = jnp.where(_and(_causal(C), _same_segment(sigma, C, 0, C)),
+                          intra.mm_nt(weights, y_inv), 0.0)
+        return (state.mm_nt(_masked(weights, entering), state_t)
+                + intra.mm(pairs, u(0, C), exact_b=True))
 
-    return lax.cond(_fast_path(g, C), fast,
-                    lambda: _slot_readout_subchunks(p, y, u, g, state_t, S=S, dtype=dtype))
+    def exact():
+        G = g(0, C)
+        out = state.mm_nt(_masked(p * jnp.exp(G), entering), state_t)
+        for jb in range(C // S):
+            query, key = _key_subchunk_decays(G, g, jb, S)
+            y_jb = y(jb * S, S).astype(F32) * key
+            mask = _and(iota((C, S), 0) >= iota((C, S), 1) + jb * S,
+                        _same_segment(sigma, C, jb * S, S))
+            w = jnp.where(mask, intra.mm_nt(p * query, y_jb), 0.0)
+            out = out + intra.mm(w, u(jb * S, S), exact_b=True)
+        return out
 
-
-def _slot_readout_subchunks(p, y: Rows, u: Rows, g: Rows, state_t, *, S: int, dtype):
-    C = p.shape[0]
-    G = g(0, C)
-    out = mm_nt(p * jnp.exp(G), state_t)
-    for jb in range(C // S):
-        query, key = _key_subchunk_decays(G, g, jb, S)
-        y_jb = (y(jb * S, S).astype(F32) * key).astype(dtype)
-        mask = iota((C, S), 0) >= iota((C, S), 1) + jb * S
-        w = jnp.where(mask, mm_nt((p * query).astype(dtype), y_jb), 0.0)
-        out = out + mm(w.astype(dtype), u(jb * S, S).astype(dtype))
-    return out
+    return lax.cond(_fast_path(g, C), fast, exact)
 
 
 def slot_input_grads(heads, k_in: jax.Array, v_in: jax.Array, s_in: jax.Array, g: Rows,
-                     k_end: jax.Array, vt_end: jax.Array, *, S: int, scale: float, dtype,
-                     ds_dtype):
+                     k_end: jax.Array, vt_end: jax.Array, *, S: int, scale: float,
+                     intra: Products, gradient: Products, sigma: Segments | None = None):
     """Gradients of one chunk's slot inputs (k̄ `[C, K]`, v̄ `[C, V]`, s̄ `[C, M]`, values).
 
     heads: per query head of the group `(q, dO, dA, P)` Rows (query rows of this chunk; dA the
     gradient of the scaled slot logits, P the slot probabilities). k_end `[K, M]`, vt_end
-    `[V, M]`: gradients of K̃ and Ṽᵀ after the chunk. dtype: operands of the products of dk̄
-    and dv̄; ds_dtype: of those of ds̄ (it feeds the log-gate gradient, a difference of nearly
-    equal sums). Returns float32 `(dk̄, dv̄, ds̄)`.
+    `[V, M]`: gradients of K̃ and Ṽᵀ after the chunk. `gradient`: the products of dk̄ and dv̄;
+    `intra`: those of ds̄ (it feeds the log-gate gradient, a difference of nearly equal sums).
+    Returns float32 `(dk̄, dv̄, ds̄)`.
     """
     C = k_in.shape[0]
     G = g(0, C)
-    exit_decay = jnp.exp(g(C - 1, 1) - G)  # write n as seen at the chunk end, ≤ 1
-    written = (s_in.astype(F32) * exit_decay).astype(dtype)
-    dk = mm_nt(written, k_end.astype(dtype))
-    dv = mm_nt(written, vt_end.astype(dtype))
-    ds = exit_decay * (mm(k_in.astype(ds_dtype), k_end.astype(ds_dtype))
-                       + mm(v_in.astype(ds_dtype), vt_end.astype(ds_dtype)))
+    exit_decay = _masked(jnp.exp(g(C - 1, 1) - G), exiting(sigma, C))  # write n at the end, ≤ 1
+    written = s_in.astype(F32) * exit_decay
+    dk = gradient.mm_nt(written, k_end)
+    dv = gradient.mm_nt(written, vt_end)
+    ds = exit_decay * (intra.mm(k_in, k_end, exact_a=True) + intra.mm(v_in, vt_end, exact_a=True))
     # (Computing the within-chunk part first measured 1.4 ms slower on the H200: NOTES.md, v5.)
-    dtypes = dict(dtype=dtype, ds_dtype=ds_dtype)
-    intra = lax.cond(
+    options = dict(scale=scale, intra=intra, gradient=gradient, sigma=sigma)
+    inside = lax.cond(
         _fast_path(g, C),
-        lambda: _input_grads_fast(heads, k_in, v_in, s_in, g, scale=scale, **dtypes),
-        lambda: _input_grads_subchunks(heads, k_in, v_in, s_in, g, S=S, scale=scale, **dtypes))
-    return dk + intra[0], dv + intra[1], ds + intra[2]
+        lambda: _input_grads_fast(heads, k_in, v_in, s_in, g, **options),
+        lambda: _input_grads_subchunks(heads, k_in, v_in, s_in, g, S=S, **options))
+    return dk + inside[0], dv + inside[1], ds + inside[2]
 
 
-def _input_grads_fast(heads, k_in, v_in, s_in, g: Rows, *, scale: float, dtype, ds_dtype):
+def _input_grads_fast(heads, k_in, v_in, s_in, g: Rows, *, scale: float, intra: Products,
+                      gradient: Products, sigma):
     C = k_in.shape[0]
     G = g(0, C)
-    entry, inverse = jnp.exp(G), jnp.exp(-G)
-    s_inv = (s_in.astype(F32) * inverse).astype(dtype)
-    mask = iota((C, C), 0) <= iota((C, C), 1)  # key row n ≤ query row t
-    k_in, v_in = k_in.astype(ds_dtype), v_in.astype(ds_dtype)
-    dk = dv = inner = 0.0
-    for q, do, da, p in heads:
-        q_all, do_all = q(0, C), do(0, C)
-        da_entry, p_entry = da(0, C) * entry, p(0, C) * entry
-        dk += scale * mm(jnp.where(mask, mm_nt(s_inv, da_entry.astype(dtype)), 0.0
-                                   ).astype(dtype), q_all.astype(dtype))
-        dv += mm(jnp.where(mask, mm_nt(s_inv, p_entry.astype(dtype)), 0.0).astype(dtype),
-                 do_all.astype(dtype))
-        qk = jnp.where(mask, scale * mm_nt(k_in, q_all.astype(ds_dtype)), 0.0)
-        ov = jnp.where(mask, mm_nt(v_in, do_all.astype(ds_dtype)), 0.0)
-        inner += (mm(qk.astype(ds_dtype), da_entry.astype(ds_dtype))
-                  + mm(ov.astype(ds_dtype), p_entry.astype(ds_dtype)))
-    return dk, dv, inverse * inner
+    mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
+    dk, dv, inner = _query_rows_pull(heads, k_in, v_in, s_in.astype(F32) * jnp.exp(-G), 0, C,
+                                     jnp.exp(G), mask, scale=scale, intra=intra,
+                                     gradient=gradient)
+    return dk, dv, jnp.exp(-G) * inner
 
 
-def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: float, dtype,
-                           ds_dtype):
+def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: float,
+                           intra: Products, gradient: Products, sigma):
     C = k_in.shape[0]
     G = g(0, C)
     dk = dv = ds = 0.0
     for ib in range(C // S):
         query, key = _query_subchunk_decays(G, g, ib, S)
-        mask = iota((C, S), 0) <= iota((C, S), 1) + ib * S  # key row n ≤ query row t
-        s_key = (s_in.astype(F32) * key).astype(dtype)
-        inner = jnp.zeros_like(G)
-        for q, do, da, p in heads:
-            q_ib, do_ib = q(ib * S, S), do(ib * S, S)
-            da_ib, p_ib = da(ib * S, S) * query, p(ib * S, S) * query
-            dk += scale * mm(jnp.where(mask, mm_nt(s_key, da_ib.astype(dtype)), 0.0
-                                       ).astype(dtype), q_ib.astype(dtype))
-            dv += mm(jnp.where(mask, mm_nt(s_key, p_ib.astype(dtype)), 0.0).astype(dtype),
-                     do_ib.astype(dtype))
-            qk = jnp.where(mask, scale * mm_nt(k_in.astype(ds_dtype), q_ib.astype(ds_dtype)), 0.0)
-            ov = jnp.where(mask, mm_nt(v_in.astype(ds_dtype), do_ib.astype(ds_dtype)), 0.0)
-            inner += (mm(qk.astype(ds_dtype), da_ib.astype(ds_dtype))
-                      + mm(ov.astype(ds_dtype), p_ib.astype(ds_dtype)))
-        ds += key * inner
+        mask = _and(iota((C, S), 0) <= iota((C, S), 1) + ib * S,
+                    _same_segment(sigma, C, ib * S, S))
+        pull = _query_rows_pull(heads, k_in, v_in, s_in.astype(F32) * key, ib * S, S, query,
+                                mask, scale=scale, intra=intra, gradient=gradient)
+        dk, dv, ds = dk + pull[0], dv + pull[1], ds + key * pull[2]
     return dk, dv, ds
+
+
+def _query_rows_pull(heads, k_in, v_in, s_key, start: int, size: int, query, mask, *,
+                     scale: float, intra: Products, gradient: Products):
+    """What query rows start..start+size−1 contribute to the gradients of every key row n:
+    dk̄, dv̄ and the inner sum of ds̄ (before its key-side decay). s_key: s̄ with the key-side
+    decay factors; query `[size, M]`: the query-side ones; mask `[C, size]`: key row n ≤ query
+    row t, same document."""
+    dk = dv = inner = 0.0
+    for q, do, da, p in heads:
+        q_rows, do_rows = q(start, size), do(start, size)
+        da_rows, p_rows = da(start, size) * query, p(start, size) * query
+        dk += scale * gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, da_rows), 0.0), q_rows,
+                                  exact_b=True)
+        dv += gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, p_rows), 0.0), do_rows,
+                          exact_b=True)
+        qk = jnp.where(mask, scale * intra.mm_nt(k_in, q_rows, True, True), 0.0)
+        ov = jnp.where(mask, intra.mm_nt(v_in, do_rows, True, True), 0.0)
+        inner += intra.mm(qk, da_rows) + intra.mm(ov, p_rows)
+    return dk, dv, inner

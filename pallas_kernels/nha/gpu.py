@@ -26,9 +26,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.call import pallas_call
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
-from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, mm, mm_nt, mm_tn, window_mask
-from pallas_kernels.nha.layout import Layout, Static, visible
+from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
+from pallas_kernels.nha.layout import Layout, Static, in_softmax, slot_rows
+from pallas_kernels.nha.slot_kernels import SlotDocs
 
 
 def _params(num_warps: int, num_stages: int):
@@ -55,26 +58,32 @@ chunk_prepare = functools.partial(slot_kernels.chunk_prepare, layout=LAYOUT)
 chunk_deltas_reverse = functools.partial(slot_kernels.chunk_deltas_reverse, layout=LAYOUT)
 slot_logits = functools.partial(slot_kernels.slot_logits, layout=LAYOUT)
 slot_readout_add = functools.partial(slot_kernels.slot_readout_add, layout=LAYOUT)
+slot_readout = functools.partial(slot_kernels.slot_readout, layout=LAYOUT)
 slot_backward_queries = functools.partial(slot_kernels.slot_backward_queries, layout=LAYOUT)
 backward_slot_inputs = functools.partial(slot_kernels.backward_slot_inputs, layout=LAYOUT)
 
 
-def chunk_scan(deltas, log_decay, st: Static, *, reverse: bool):
+def chunk_scan(deltas, log_decay, st: Static, *, reverse: bool, initial=None):
     """Slot states at chunk boundaries from per-chunk writes, for each of `deltas` (e.g. ΔK̃
     and ΔṼᵀ, `[B, NC, G, X, M]` float32) under the shared log decays `[B, NC, G, 1, M]`, each
     in place of its delta: forward, entry c is the state entering chunk c
-    (`S_{c+1} = S_c·e^{G_last,c} + Δ_c`); reverse, the gradient of the state after chunk c
-    (`D_{c−1} = D_c·e^{G_last,c} + Δ_c`). Deltas of one width share a kernel."""
-    out = list(deltas)
+    (`S_{c+1} = S_c·e^{G_last,c} + Δ_c`, S_0 = `initial` or 0); reverse, the gradient of the
+    state after chunk c (`D_{c−1} = D_c·e^{G_last,c} + Δ_c`, D_{NC−1} = `initial` or 0).
+    Returns (states, finals): finals `[B, G, X, M]` are S_NC (forward) or D_{−1}, the gradient
+    of the state entering chunk 0 (reverse). Deltas of one width share a kernel."""
+    out, finals = list(deltas), list(deltas)
+    if initial is None:
+        initial = [jnp.zeros(d.shape[:1] + d.shape[2:], F32) for d in deltas]
     for width in sorted({d.shape[3] for d in deltas}):
         same = [i for i, d in enumerate(deltas) if d.shape[3] == width]
-        for i, state in zip(same, _chunk_scan([deltas[i] for i in same], log_decay, st,
-                                              reverse), strict=True):
-            out[i] = state
-    return tuple(out)
+        states, last = _chunk_scan([deltas[i] for i in same], log_decay,
+                                   [initial[i] for i in same], st, reverse)
+        for i, state, final in zip(same, states, last, strict=True):
+            out[i], finals[i] = state, final
+    return tuple(out), tuple(finals)
 
 
-def _chunk_scan(deltas, log_decay, st: Static, reverse: bool):
+def _chunk_scan(deltas, log_decay, initial, st: Static, reverse: bool):
     """A sequential loop over chunks per feature tile and batch·kv head. Each iteration issues
     the loads of `state_group` chunk steps (over all deltas) ahead of their multiply-adds, so
     that their latencies overlap (one load per step measured ≈ 10 µs per chunk step, NOTES.md)."""
@@ -84,7 +93,9 @@ def _chunk_scan(deltas, log_decay, st: Static, reverse: bool):
     steps = math.gcd(max(st.blocks.state_group // n, 1), num_chunks)  # per iteration
 
     def kernel(*refs):
-        delta_refs, decay_ref, out_refs = refs[:n], refs[n], refs[n + 1:]
+        delta_refs, decay_ref = refs[:n], refs[n]
+        init_refs, out_refs, final_refs = refs[n + 1:2 * n + 1], refs[2 * n + 1:3 * n + 1], \
+            refs[3 * n + 1:]
 
         def iteration(i, states):
             chunks = [i * steps + j for j in range(steps)]
@@ -97,135 +108,192 @@ def _chunk_scan(deltas, log_decay, st: Static, reverse: bool):
                 states = tuple(s * decay + u for s, u in zip(states, update, strict=True))
             return states
 
-        zeros = jnp.zeros((1, tile, slots), F32)
-        lax.fori_loop(0, num_chunks // steps, iteration, (zeros,) * n)
+        states = lax.fori_loop(0, num_chunks // steps, iteration,
+                               tuple(ref[...] for ref in init_refs))
+        for ref, state in zip(final_refs, states, strict=True):
+            ref[...] = state
 
     spec = pl.BlockSpec((None, num_chunks, None, tile, slots), lambda b, h, t: (b, 0, h, t, 0))
-    return pl.pallas_call(
+    one = pl.BlockSpec((None, 1, None, tile, slots), lambda b, h, t: (b, 0, h, t, 0))
+    per_head = [jax.ShapeDtypeStruct((batch, 1, kv_heads, width, slots), F32)] * n
+    outs = pallas_call(
         kernel, grid=(batch, kv_heads, width // tile),
         in_specs=[spec] * n + [pl.BlockSpec((None, num_chunks, None, 1, slots),
-                                            lambda b, h, t: (b, 0, h, 0, 0))],
-        out_specs=[spec] * n, out_shape=[jax.ShapeDtypeStruct(d.shape, F32) for d in deltas],
+                                            lambda b, h, t: (b, 0, h, 0, 0))] + [one] * n,
+        out_specs=[spec] * n + [one] * n,
+        out_shape=[jax.ShapeDtypeStruct(d.shape, F32) for d in deltas] + per_head,
         input_output_aliases={i: i for i in range(n)}, compiler_params=_params(4, 3),
         interpret=st.interpret, name="nha_chunk_scan_reverse" if reverse else "nha_chunk_scan",
-    )(*deltas, log_decay)
+    )(*deltas, log_decay, *(x.astype(F32)[:, None] for x in initial))
+    return outs[:n], [x[:, 0] for x in outs[n:]]
 
 
 # --- forward --------------------------------------------------------------------------------
 
 
 def _band(start: jax.Array, rows: int, window: int, block: int, length: int):
-    """Key blocks [lo, hi) that intersect the windows of query rows start..start+rows−1."""
+    """Key blocks [lo, hi) that intersect the windows of query positions start..start+rows−1
+    (positions of the key arrays, whose length is `length`)."""
     lo = lax.div(jnp.maximum(start - window + 1, 0), block)
     hi = jnp.minimum(lax.div(start + rows - 1, block) + 1, length // block)
     return lo, hi
 
 
+def _in_window(st: Static, positions, cols, query_ids, key_ids):
+    """`[R, BK]`: key positions `cols` in the windows of query `positions` (both positions of
+    the key arrays), within the query's document."""
+    inside = window_mask(positions, cols, st.window)
+    return inside if query_ids is None else inside & (query_ids[:, None] == key_ids[None, :])
+
+
 def _window_attention_kernel(*refs, st: Static, length: int):
     qw_ref, kw_ref, v_ref = refs[:3]
-    a_ref = refs[3] if st.slots else None
+    optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids] (_doc_inputs)
+    a_ref = optional.pop(0) if st.slots else None
+    holds_ref = optional.pop(0) if st.slots and st.documents else None
+    qid_ref, kid_ref = optional if st.documents else (None, None)
     o_ref, lse_ref = refs[-2:]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
     rows = start + iota((BQ, 1), 0)
     if st.slots:  # the slots open the online softmax; their values are added by slot_readout
-        logits = jnp.where(visible(rows, st), a_ref[...], MASK_VALUE)
+        use = in_softmax(st, slot_rows(st, rows, None if holds_ref is None else holds_ref[...]))
+        logits = jnp.where(use, a_ref[...], MASK_VALUE)
         m = jnp.max(logits, axis=1)
-        l = jnp.sum(jnp.where(visible(rows, st), jnp.exp(logits - m[:, None]), 0.0), axis=1)
+        l = jnp.sum(jnp.where(use, jnp.exp(logits - m[:, None]), 0.0), axis=1)
     else:
         m = jnp.full((BQ,), MASK_VALUE, F32)
         l = jnp.zeros((BQ,), F32)
     acc = jnp.zeros(o_ref.shape, F32)
     if st.window:
         qw = qw_ref[...]
+        positions = st.offset + rows
+        query_ids = None if qid_ref is None else qid_ref[...]
 
         def visit(kb, carry):
             m, l, acc = carry
-            keys = kw_ref[pl.ds(kb * BK, BK), :]
-            inside = window_mask(rows, kb * BK + iota((1, BK), 1), st.window)
+            span = pl.ds(kb * BK, BK)
+            keys = kw_ref[span, :]
+            inside = _in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
+                                None if kid_ref is None else kid_ref[span])
             logits = st.scale * mm_nt(qw, keys)
             m_new = jnp.maximum(m, jnp.max(jnp.where(inside, logits, MASK_VALUE), axis=1))
             p = jnp.where(inside, jnp.exp(logits - m_new[:, None]), 0.0)
             correction = jnp.exp(m - m_new)
-            acc = acc * correction[:, None] + mm(p.astype(qw.dtype), v_ref[pl.ds(kb * BK, BK), :])
+            acc = acc * correction[:, None] + mm(p.astype(qw.dtype), v_ref[span, :])
             return m_new, l * correction + jnp.sum(p, axis=1), acc
 
-        lo, hi = _band(start, BQ, st.window, BK, length)
+        lo, hi = _band(st.offset + start, BQ, st.window, BK, length)
         m, l, acc = lax.fori_loop(lo, hi, visit, (m, l, acc))
     o_ref[...] = acc / l[:, None]
     lse_ref[...] = m + jnp.log(l)
 
 
-def window_attention(qw, kw, v, slot_logits_, st: Static):
+def _doc_inputs(docs: SlotDocs | None, st: Static, rows: int, key_length: int, *, holds: bool,
+                keys: str):
+    """(in_specs, arrays) of the document arrays of a window kernel with grid
+    (b, ·, query block): the block's holds (if `holds`) and query ids, and the key ids — the
+    whole row (keys="whole") or, for the dk/dv kernel whose grid walks key blocks, its block
+    (keys="block"; the query ids are then the whole row)."""
+    if docs is None:
+        return [], []
+    offset_blocks = st.offset // rows
+    block = lambda n, shift: pl.BlockSpec((None, n), lambda b, h, i: (b, i + shift))
+    whole = pl.BlockSpec((None, key_length), lambda b, h, i: (b, 0))
+    if keys == "block":
+        return [block(rows, 0), whole], [docs.ids, docs.ids]
+    specs, arrays = ([block(rows, 0)], [docs.holds]) if holds else ([], [])
+    return specs + [block(rows, offset_blocks), whole], arrays + [docs.ids, docs.ids]
+
+
+def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static):
     """The window part of o (normalised by the softmax over slots AND window) `[B, Tp, H, V]`
-    float32, and the log-sum-exp over both `[B, H, Tp]` float32. slot_logits_: `[B, Tp, H, M]`
-    or None without slots."""
+    float32, and the log-sum-exp over both `[B, H, Tp]` float32. kw, v: `[B, P + Tp, G, ·]`
+    (P = st.offset positions before the call); slot_logits_: `[B, Tp, H, M]` or None without
+    slots."""
     batch, length, heads, window_dim = qw.shape
+    key_length = kw.shape[1]
     value_dim, group = v.shape[-1], st.group
     BQ = st.blocks.block_q
     query = lambda d: pl.BlockSpec((None, BQ, None, d), lambda b, h, i: (b, i, h, 0))
-    whole = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h // group, 0))
+    whole = lambda d: pl.BlockSpec((None, key_length, None, d),
+                                   lambda b, h, i: (b, 0, h // group, 0))
     in_specs = [query(window_dim), whole(window_dim), whole(value_dim)]
     if st.slots:
         in_specs.append(query(slot_logits_.shape[-1]))
-    return pl.pallas_call(
-        functools.partial(_window_attention_kernel, st=st, length=length),
+    doc_specs, doc_arrays = _doc_inputs(docs, st, BQ, key_length, holds=st.slots, keys="whole")
+    return pallas_call(
+        functools.partial(_window_attention_kernel, st=st, length=key_length),
         grid=(batch, heads, length // BQ),
-        in_specs=in_specs,
+        in_specs=in_specs + doc_specs,
         out_specs=[query(value_dim), pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct((batch, length, heads, value_dim), F32),
                    jax.ShapeDtypeStruct((batch, heads, length), F32)],
         compiler_params=_forward_params(st), interpret=st.interpret, name="nha_window_attention",
-    )(qw, kw, v, *(() if slot_logits_ is None else (slot_logits_,)))
+    )(qw, kw, v, *(() if slot_logits_ is None else (slot_logits_,)), *doc_arrays)
 
 
-def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dqw_ref,
-                                    *, st: Static, length: int):
+def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
+                                    st: Static, length: int):
+    qid_ref, kid_ref = refs[:2] if st.documents else (None, None)
+    dqw_ref = refs[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
-    rows = start + iota((BQ, 1), 0)
+    positions = st.offset + start + iota((BQ, 1), 0)
     qw, do, lse, delta = qw_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    query_ids = None if qid_ref is None else qid_ref[...]
 
     def visit(kb, dqw):
-        keys = kw_ref[pl.ds(kb * BK, BK), :]
-        inside = window_mask(rows, kb * BK + iota((1, BK), 1), st.window)
+        span = pl.ds(kb * BK, BK)
+        keys = kw_ref[span, :]
+        inside = _in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
+                            None if kid_ref is None else kid_ref[span])
         p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys) - lse[:, None]), 0.0)
-        ds = p * (mm_nt(do, v_ref[pl.ds(kb * BK, BK), :]) - delta[:, None])
+        ds = p * (mm_nt(do, v_ref[span, :]) - delta[:, None])
         return dqw + mm(ds.astype(keys.dtype), keys)
 
-    lo, hi = _band(start, BQ, st.window, BK, length)
+    lo, hi = _band(st.offset + start, BQ, st.window, BK, length)
     dqw = lax.fori_loop(lo, hi, visit, jnp.zeros(dqw_ref.shape, F32))
     dqw_ref[...] = (st.scale * dqw).astype(dqw_ref.dtype)
 
 
-def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
-    """Gradient of the window queries `[B, Tp, H, D]`."""
+def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st: Static):
+    """Gradient of the window queries `[B, Tp, H, D]` (kw, v: `[B, P + Tp, G, ·]`)."""
     batch, length, heads, window_dim = qw.shape
+    key_length = kw.shape[1]
     value_dim, group = v.shape[-1], st.group
     BQ = st.blocks.block_q
     query = lambda d: pl.BlockSpec((None, BQ, None, d), lambda b, h, i: (b, i, h, 0))
-    whole = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h // group, 0))
+    whole = lambda d: pl.BlockSpec((None, key_length, None, d),
+                                   lambda b, h, i: (b, 0, h // group, 0))
     row = pl.BlockSpec((None, None, BQ), lambda b, h, i: (b, h, i))
-    return pl.pallas_call(
-        functools.partial(_window_backward_queries_kernel, st=st, length=length),
+    doc_specs, doc_arrays = _doc_inputs(docs, st, BQ, key_length, holds=False, keys="whole")
+    return pallas_call(
+        functools.partial(_window_backward_queries_kernel, st=st, length=key_length),
         grid=(batch, heads, length // BQ),
         in_specs=[query(window_dim), whole(window_dim), whole(value_dim), query(value_dim), row,
-                  row],
+                  row] + doc_specs,
         out_specs=query(window_dim), out_shape=jax.ShapeDtypeStruct(qw.shape, qw.dtype),
         compiler_params=_backward_params(st), interpret=st.interpret,
         name="nha_window_backward_queries",
-    )(qw, kw, v, do, lse, delta)
+    )(qw, kw, v, do, lse, delta, *doc_arrays)
 
 
-def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dkw_ref, dv_ref, *,
-                          st: Static, length: int):
+def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, st: Static,
+                          length: int):
+    kid_ref, qid_ref = refs[:2] if st.documents else (None, None)
+    dkw_ref, dv_ref = refs[-2:]
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
-    first = pl.program_id(2) * BK
+    first = pl.program_id(2) * BK  # a position of the key arrays; queries sit st.offset later
     cols = first + iota((1, BK), 1)
     keys, values = kw_ref[...], v_ref[...]
+    key_ids = None if kid_ref is None else kid_ref[...]
     dtype = keys.dtype
-    lo = lax.div(first, BQ)
-    hi = jnp.minimum(lax.div(first + BK + st.window - 2, BQ) + 1, length // BQ)
+    # Query blocks whose windows meet these keys: query positions first .. first + BK + w − 2.
+    last_query = first + BK + st.window - 2 - st.offset
+    lo = lax.div(jnp.maximum(first - st.offset, 0), BQ)
+    hi = jnp.where(last_query >= 0,
+                   jnp.minimum(lax.div(jnp.maximum(last_query, 0), BQ) + 1, length // BQ), 0)
     dk = jnp.zeros(dkw_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
     for r in range(st.group):
@@ -234,7 +302,9 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dkw
             span = pl.ds(qb * BQ, BQ)
             qw, do = qw_ref[span, r, :], do_ref[span, r, :]
             lse, delta = lse_ref[r, span], delta_ref[r, span]
-            inside = window_mask(qb * BQ + iota((BQ, 1), 0), cols, st.window)
+            query_ids = None if qid_ref is None else qid_ref[pl.ds(st.offset + qb * BQ, BQ)]
+            inside = _in_window(st, st.offset + qb * BQ + iota((BQ, 1), 0), cols, query_ids,
+                                key_ids)
             p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys) - lse[:, None]), 0.0)
             dv = dv + mm_tn(p.astype(dtype), do)
             ds = p * (mm_nt(do, values) - delta[:, None])
@@ -245,9 +315,11 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dkw
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def backward_window_keys(qw, kw, v, do, lse, delta, st: Static):
-    """Gradients of the window keys and of the values through the window: `[B, Tp, G, ·]`."""
-    batch, length, kv_heads, window_dim = kw.shape
+def backward_window_keys(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st: Static):
+    """Gradients of the window keys and of the values through the window: `[B, P + Tp, G, ·]`
+    (the P positions before the call included)."""
+    batch, length, heads, window_dim = qw.shape
+    key_length, kv_heads = kw.shape[1], kw.shape[2]
     value_dim, group = v.shape[-1], st.group
     BK = st.blocks.block_k_dkv
     whole = lambda d: pl.BlockSpec((None, length, None, group, d),
@@ -255,17 +327,16 @@ def backward_window_keys(qw, kw, v, do, lse, delta, st: Static):
     rows = pl.BlockSpec((None, None, group, length), lambda b, h, j: (b, h, 0, 0))
     block = lambda d: pl.BlockSpec((None, BK, None, d), lambda b, h, j: (b, j, h, 0))
     per_group = lambda x: x.reshape(batch, kv_heads, group, length)
-    return pl.pallas_call(
+    doc_specs, doc_arrays = _doc_inputs(docs, st, BK, key_length, holds=False, keys="block")
+    return pallas_call(
         functools.partial(_backward_keys_kernel, st=st, length=length),
-        grid=(batch, kv_heads, length // BK),
+        grid=(batch, kv_heads, key_length // BK),
         in_specs=[whole(window_dim), block(window_dim), block(value_dim), whole(value_dim),
-                  rows, rows],
+                  rows, rows] + doc_specs,
         out_specs=[block(window_dim), block(value_dim)],
         out_shape=[jax.ShapeDtypeStruct(kw.shape, kw.dtype),
                    jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_backward_params(st), interpret=st.interpret,
         name="nha_backward_window_keys",
     )(LAYOUT.grouped(qw, group), kw, v, LAYOUT.grouped(do, group), per_group(lse),
-      per_group(delta))
-
-
+      per_group(delta), *doc_arrays)

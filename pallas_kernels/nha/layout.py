@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,19 +18,24 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.nha.block_sizes import BlockSizes
-from pallas_kernels.nha.chunk_math import F32, Rows, iota
+from pallas_kernels.nha.chunk_math import F32, Products, Rows, iota
 
 
 @dataclasses.dataclass(frozen=True)
 class Static:
     """The static part of one NHA call (hashable: it is a `custom_vjp` nondiff argument).
 
-    window: w clipped to the length; slots: the slot branch takes part (False only when the
-    slots can never hold a token and empty slots are masked); mask_empty: rows t < w leave the
-    (empty) slots out of the softmax; group: query heads per kv head; shift_chunks: D > 0 when
+    window: w (clipped to the length without an initial state); slots: the slot branch takes
+    part (False only when the slots can never hold a token and empty slots are masked);
+    mask_empty: rows whose slots hold nothing of their document leave the slots out of the
+    softmax (else M zero-value sinks); group: query heads per kv head; shift_chunks: D > 0 when
     the slot inputs are passed undelayed and w = D·C: stream chunk c then reads (and its
     gradients go to) token chunk (c − D) mod NC, the chunks c < D counting as empty (0: the
-    inputs come delayed already).
+    inputs come delayed already); length: the call's T (stream steps ≥ T take no part, so the
+    final slot state is the one after step T − 1); offset: P, the window's key arrays hold P
+    positions before the call's first token (the ring of an initial state, front-padded to a
+    multiple of the tiles; 0 without one); documents: per-token document arrays are passed
+    (`Documents` in api.py: window masks, slot resets, which rows' slots count).
     """
 
     window: int
@@ -41,23 +46,63 @@ class Static:
     blocks: BlockSizes
     interpret: bool
     shift_chunks: int = 0
+    length: int | None = None
+    offset: int = 0
+    documents: bool = False
 
 
-def slot_dtype(st: Static, input_dtype, gradient: bool = False):
-    """Operand dtype of a slot product (`BlockSizes.slot_precision`): "float32" always float32,
-    "input" always the 16-bit type, "mixed" the 16-bit type only for the `gradient` products
-    of the backward (dq, dk̄, dv̄), float32 for the forward and for what feeds the backward's
-    cancellations (dP, D = o·dO, ds̄ and the log-gate gradient). The 16-bit type is bfloat16
-    even for float16 inputs: the fast path's factors reach e^{±60}, beyond float16's range."""
-    precision = st.blocks.slot_precision
-    if precision == "float32" or (precision == "mixed" and not gradient):
-        return F32
-    return jnp.bfloat16 if input_dtype == jnp.float16 else input_dtype
+class SlotProducts(NamedTuple):
+    """Operand handling of the three kinds of slot products (`BlockSizes.slot_precision`):
+    `state` (a float32 slot state, or its gradient, with a chunk's rows), `intra` (the
+    within-chunk pairs and the log-gate gradient's products) and `gradient` (dq, dk̄, dv̄)."""
+
+    state: Products
+    intra: Products
+    gradient: Products
 
 
-def visible(rows: jax.Array, st: Static) -> jax.Array:
-    """Rows whose softmax includes the slots (with masked empty slots: t ≥ w)."""
-    return rows >= st.window if st.mask_empty else rows >= 0
+# Per precision: how the float32 operands of (state, intra, gradient) products are taken.
+_WIDE = {
+    "float32": ("float32", "float32", "float32"),
+    "mixed": ("float32", "float32", "narrow"),
+    "split": ("split", "split", "narrow"),
+    "input": ("float32", "narrow", "narrow"),
+}
+
+
+def slot_products(st: Static, input_dtype) -> SlotProducts:
+    """The slot products' operand handling for inputs (q, k, v) of `input_dtype`.
+
+    A float32 operand is taken as float32 (TF32 on the GPU's tensor cores, exact in interpret
+    mode), "narrow" (rounded to the 16-bit type) or "split" (a hi + lo pair of 16-bit values:
+    each product becomes two or three 16-bit products, about 16 mantissa bits against TF32's
+    11). "mixed" narrows only the gradient products (their rounding stays a rounding of the
+    result); what feeds the backward's cancellations (dA = P·(dP − D), the log-gate gradient)
+    stays float32 or split: narrowed, it costs an order of magnitude in the gradients'
+    accuracy (NOTES.md). Products of two inputs take them as they are (exact).
+    The 16-bit type is bfloat16 also for float16 inputs (the fast path's factors reach
+    e^{±60}, beyond float16's range); 32-bit inputs (interpret-mode tests) keep every product
+    32-bit.
+    """
+    input_dtype = jnp.dtype(input_dtype)
+    narrow = jnp.dtype(jnp.bfloat16) if input_dtype.itemsize == 2 else input_dtype
+    return SlotProducts(*(Products(narrow, input_dtype, wide)
+                          for wide in _WIDE[st.blocks.slot_precision]))
+
+
+def slot_rows(st: Static, rows: jax.Array, holds: jax.Array | None = None) -> jax.Array:
+    """`[R, 1]` bool: the query rows whose slots hold a token of their document. rows `[R, 1]`
+    are query positions; holds: the loaded `[R]` int32 row flags (with documents), else the
+    rule t ≥ w."""
+    if holds is not None:
+        return holds[:, None] != 0
+    return rows >= st.window
+
+
+def in_softmax(st: Static, held: jax.Array) -> jax.Array:
+    """Rows whose softmax includes the M slot logits: those whose slots hold something (masked
+    empty slots), or every row (zero-value sinks, whose logits are then 0)."""
+    return held if st.mask_empty else jnp.ones_like(held)
 
 
 def stream_chunk(st: Static, c, num_chunks: int):
@@ -65,13 +110,24 @@ def stream_chunk(st: Static, c, num_chunks: int):
     return lax.rem(c + num_chunks - st.shift_chunks, num_chunks)
 
 
-def chunk_valid(st: Static, axis: int) -> jax.Array:
-    """This program's stream chunk holds tokens (it is not one of the D empty leading chunks)."""
-    return pl.program_id(axis) >= st.shift_chunks
+def stream_rows_valid(st: Static, axis: int) -> Callable[[int, int], jax.Array]:
+    """`valid(start, size)`: which rows start..start+size−1 of this program's stream chunk
+    (grid axis `axis`) hold a slot input entering during the call: not in one of the D empty
+    leading chunks, and at a stream step < T (padded steps write and decay nothing)."""
+    c = pl.program_id(axis)
+    C = st.blocks.chunk
+
+    def valid(start: int, size: int) -> jax.Array:
+        ok = c >= st.shift_chunks
+        if st.length is not None:
+            ok = ok & (c * C + start + iota((size, 1), 0) < st.length)
+        return ok
+
+    return valid
 
 
-def masked(rows: Rows, valid: jax.Array) -> Rows:
-    return lambda start, size: jnp.where(valid, rows(start, size), 0)
+def masked(rows: Rows, valid: Callable[[int, int], jax.Array]) -> Rows:
+    return lambda start, size: jnp.where(valid(start, size), rows(start, size), 0)
 
 
 @dataclasses.dataclass(frozen=True)

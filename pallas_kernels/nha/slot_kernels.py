@@ -6,40 +6,64 @@ and the slot state entering that chunk (`chunk_math` does the chunk's math):
   chunk_prepare         gate cumsum G, the chunk's writes to the slot states, its decay
   slot_logits           scale·K̃_tᵀ q_t for every step
   slot_readout_add      o += Ṽ_tᵀ P_t with the final softmax weights of the slots
+  slot_readout          o = Ṽ_tᵀ softmax(ℓ_t) and its log-sum-exp (w = 0: no window kernel)
   slot_backward_queries dq, dA = P ⊙ (dP − D), P, and the query part of the log-gate gradient
   chunk_deltas_reverse  the chunk's pull on the state gradients
   backward_slot_inputs  dk̄, dv̄, ds̄ and the log-gate gradient (reverse cumsum in the chunk)
 
 Arrays are in the layout's order (`[B, T, H, d]` or `[B, H, T, d]`); slot states are
-`[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]`.
+`[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]`. With documents (`docs`, a
+`SlotDocs`) the kernels also read per-token `[B, T]` int32 arrays: σ and the start flags of the
+slot inputs (stream order, `chunk_math`), and which query rows' slots hold a token of their
+document.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.call import pallas_call
 from pallas_kernels.nha.chunk_math import (
     F32,
+    MASK_VALUE,
+    exiting,
     iota,
-    mm_tn,
     rows_of,
     slot_input_grads,
-    slot_readout,
     slot_scores,
 )
+from pallas_kernels.nha.chunk_math import slot_readout as readout_form
 from pallas_kernels.nha.layout import (
     Layout,
     Static,
-    chunk_valid,
+    in_softmax,
     masked,
-    slot_dtype,
+    slot_products,
+    slot_rows,
     stream_chunk,
-    visible,
+    stream_rows_valid,
 )
+
+
+class SlotDocs(NamedTuple):
+    """Per-token int32 arrays of a call with documents (or an initial state), padded to Tp.
+
+    ids: `[B, P + Tp]` document of every window key position (P = Static.offset positions
+      before the call), the query at t having ids[P + t]; the window kernels' masks.
+    holds: `[B, Tp]` 1 where query t's slots hold a token of its document.
+    sigma: `[B, Tp]` σ of the slot inputs, in the stream arrays' order (`chunk_math`).
+    starts: `[B, Tp]` 1 where a slot input starts a document (its gate is left out).
+    """
+
+    ids: jax.Array
+    holds: jax.Array
+    sigma: jax.Array
+    starts: jax.Array
 
 
 def _dims(x: jax.Array, layout: Layout):
@@ -62,6 +86,9 @@ class _Specs:
         b, x, y = grid
         return (b, x, y) if self.chunk_axis == 2 else (b, y, x)  # (batch, head, chunk)
 
+    def _to_token(self, c):
+        return stream_chunk(self.st, c, self.num_chunks)
+
     def head(self, d):
         """This query head's chunk."""
         return self.layout.seq(self.C, d, lambda *g: self._bhc(g))
@@ -78,9 +105,9 @@ class _Specs:
     def stream(self, d, heads: str = "query"):
         """A slot input (token-indexed) at the token chunk this stream chunk reads."""
         group = self.st.group if heads == "query" else 1
-        to_token = lambda c: stream_chunk(self.st, c, self.num_chunks)
         return self.layout.seq(
-            self.C, d, lambda *g: (lambda b, h, c: (b, h // group, to_token(c)))(*self._bhc(g)))
+            self.C, d,
+            lambda *g: (lambda b, h, c: (b, h // group, self._to_token(c)))(*self._bhc(g)))
 
     def state(self, d, m, heads: str = "query"):
         group = self.st.group if heads == "query" else 1
@@ -90,6 +117,15 @@ class _Specs:
     def row(self):
         return self.layout.rows_spec(self.C, lambda *g: self._bhc(g))
 
+    def token_rows(self, stream: bool):
+        """This chunk of a per-token `[B, Tp]` array: in stream order (the slot inputs' σ and
+        starts) or in query order (holds)."""
+        to = self._to_token if stream else (lambda c: c)
+        return pl.BlockSpec((None, self.C), lambda *g: (lambda b, h, c: (b, to(c)))(*self._bhc(g)))
+
+
+_QUERY_DOCS = ("sigma", "holds")  # the document arrays of the per-query-head slot kernels
+
 
 def _kv(bhc, group):
     b, h, c = bhc
@@ -98,186 +134,282 @@ def _kv(bhc, group):
 
 def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_shape, warps, name,
           **kwargs):
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=layout.params(st, warps, len(grid), False),
         interpret=layout.interpret(st), name=name, **kwargs)
 
 
-def chunk_prepare(ks, vs, ss, gs, st: Static, layout: Layout):
-    """Per chunk, in parallel: the cumulative log gates G (float32, shape of gs), the chunk's
-    writes to the slot states as seen at its end, ΔK̃ `[B, NC, G, K, M]` and ΔṼᵀ
-    `[B, NC, G, V, M]` (Σ_j k̄_j (s̄_j ⊙ e^{G_last − G_j})ᵀ), and its log decay G_last
-    `[B, NC, G, 1, M]`; float32."""
+def _segments(sigma_ref):
+    """The `chunk_math.Segments` loader of a σ block, or None without documents."""
+    if sigma_ref is None:
+        return None
+    return lambda start, size: sigma_ref[pl.ds(start, size)]
+
+
+def _doc_refs(refs, names, st: Static):
+    """Splits a kernel's refs into (refs without the document arrays, {name: ref or None})."""
+    if not st.documents:
+        return list(refs), dict.fromkeys(names)
+    refs = list(refs)
+    return refs[len(names):], dict(zip(names, refs[:len(names)], strict=True))
+
+
+def _doc_args(docs: SlotDocs | None, specs: _Specs, names) -> tuple[list, list]:
+    """(in_specs, arrays) of the document arrays `names` a kernel reads (none without docs)."""
+    if docs is None:
+        return [], []
+    order = dict(sigma=True, starts=True, holds=False)
+    return ([specs.token_rows(order[name]) for name in names],
+            [getattr(docs, name) for name in names])
+
+
+def chunk_prepare(ks, vs, ss, gs, docs: SlotDocs | None, st: Static, layout: Layout):
+    """Per chunk, in parallel: the cumulative log gates G (float32, shape of gs; document
+    starts' gates left out), the chunk's writes to the slot states as seen at its end, ΔK̃
+    `[B, NC, G, K, M]` and ΔṼᵀ `[B, NC, G, V, M]` (Σ_j k̄_j (s̄_j ⊙ e^{G_last − G_j})ᵀ over
+    the writes after the chunk's last document start), and its log decay G_last
+    `[B, NC, G, 1, M]` (MASK_VALUE when a document starts in the chunk); float32."""
     batch, length, kv_heads, slots = _dims(ss, layout)
     key_dim, value_dim = ks.shape[-1], vs.shape[-1]
     num_chunks = length // st.blocks.chunk
     specs = _Specs(layout, st, num_chunks, chunk_axis=1)
+    products = slot_products(st, ks.dtype).state
+    names = ("sigma", "starts")
 
-    def kernel(ks_ref, vs_ref, ss_ref, gs_ref, gc_ref, kd_ref, vd_ref, decay_ref):
-        valid = chunk_valid(st, 1)
-        g = jnp.where(valid, gs_ref[...].astype(F32), 0.0)
+    def kernel(*refs):
+        refs, doc = _doc_refs(refs, names, st)
+        ks_ref, vs_ref, ss_ref, gs_ref, gc_ref, kd_ref, vd_ref, decay_ref = refs
+        C = st.blocks.chunk
+        valid = stream_rows_valid(st, 1)(0, C)
+        keep = valid if doc["starts"] is None else valid & (doc["starts"][...][:, None] == 0)
+        g = jnp.where(keep, gs_ref[...].astype(F32), 0.0)
         G = layout.cumsum(g)
         last = jnp.sum(g, axis=0, keepdims=True)
         gc_ref[...] = G
         written = jnp.where(valid, ss_ref[...].astype(F32), 0.0) * jnp.exp(last - G)
-        kd_ref[...] = mm_tn(ks_ref[...].astype(F32), written)
-        vd_ref[...] = mm_tn(vs_ref[...].astype(F32), written)
+        sigma = _segments(doc["sigma"])
+        if sigma is not None:
+            written = jnp.where(exiting(sigma, C), written, 0.0)
+            last = jnp.where(sigma(C - 1, 1)[None, :] == 0, last, MASK_VALUE)
+        kd_ref[...] = products.mm_tn(ks_ref[...], written, exact_a=True)
+        vd_ref[...] = products.mm_tn(vs_ref[...], written, exact_a=True)
         decay_ref[...] = last
 
+    doc_specs, doc_arrays = _doc_args(docs, specs, names)
     states = lambda d: jax.ShapeDtypeStruct((batch, num_chunks, kv_heads, d, slots), F32)
     return _call(
         kernel, layout, st, (batch, num_chunks, kv_heads),
-        [specs.stream(d, "kv") for d in (key_dim, value_dim, slots, slots)],
+        doc_specs + [specs.stream(d, "kv") for d in (key_dim, value_dim, slots, slots)],
         [specs.kv(slots, "kv"), specs.state(key_dim, slots, "kv"),
          specs.state(value_dim, slots, "kv"), specs.state(1, slots, "kv")],
         [jax.ShapeDtypeStruct(gs.shape, F32), states(key_dim), states(value_dim), states(1)],
         4, "nha_chunk_prepare",
-    )(ks, vs, ss, gs)
+    )(*doc_arrays, ks, vs, ss, gs)
 
 
-def chunk_deltas_reverse(q, da, do, p, gc, st: Static, layout: Layout):
+def chunk_deltas_reverse(q, da, do, p, gc, docs: SlotDocs | None, st: Static, layout: Layout):
     """Per chunk, in parallel, the chunk's queries' pull on the state entering it, summed over
     each kv head's group: scale·Σ_t q_t (dA_t ⊙ e^{G_t})ᵀ `[B, NC, G, K, M]` and
-    Σ_t dO_t (P_t ⊙ e^{G_t})ᵀ `[B, NC, G, V, M]`, float32."""
+    Σ_t dO_t (P_t ⊙ e^{G_t})ᵀ `[B, NC, G, V, M]` over the rows before the chunk's first
+    document start, float32."""
     batch, length, kv_heads, slots = _dims(gc, layout)
     key_dim, value_dim, group = q.shape[-1], do.shape[-1], st.group
     num_chunks = length // st.blocks.chunk
     specs = _Specs(layout, st, num_chunks, chunk_axis=1)
+    products = slot_products(st, q.dtype).state
 
-    def kernel(q_ref, da_ref, do_ref, p_ref, gc_ref, kd_ref, vd_ref):
+    def kernel(*refs):
+        refs, doc = _doc_refs(refs, ("sigma",), st)
+        q_ref, da_ref, do_ref, p_ref, gc_ref, kd_ref, vd_ref = refs
         entry = jnp.exp(gc_ref[...])
         C = entry.shape[0]
+        if doc["sigma"] is not None:
+            entry = jnp.where(doc["sigma"][...][:, None] == 0, entry, 0.0)
         kd = vd = 0.0
         for r in range(group):
             rows = lambda ref, r=r: layout.head_rows(ref, r)(0, C)
-            kd += mm_tn(rows(q_ref).astype(F32), rows(da_ref) * entry)
-            vd += mm_tn(rows(do_ref).astype(F32), rows(p_ref) * entry)
+            kd += products.mm_tn(rows(q_ref), rows(da_ref) * entry, exact_a=True)
+            vd += products.mm_tn(rows(do_ref), rows(p_ref) * entry, exact_a=True)
         kd_ref[...] = st.scale * kd
         vd_ref[...] = vd
 
+    doc_specs, doc_arrays = _doc_args(docs, specs, ("sigma",))
     states = lambda d: jax.ShapeDtypeStruct((batch, num_chunks, kv_heads, d, slots), F32)
     return _call(
         kernel, layout, st, (batch, num_chunks, kv_heads),
-        [specs.group(key_dim), specs.group(slots), specs.group(value_dim), specs.group(slots),
-         specs.kv(slots, "kv")],
+        doc_specs + [specs.group(key_dim), specs.group(slots), specs.group(value_dim),
+                     specs.group(slots), specs.kv(slots, "kv")],
         [specs.state(key_dim, slots, "kv"), specs.state(value_dim, slots, "kv")],
         [states(key_dim), states(value_dim)], 4, "nha_chunk_deltas_reverse",
-    )(*(layout.grouped(x, group) for x in (q, da, do, p)), gc)
+    )(*doc_arrays, *(layout.grouped(x, group) for x in (q, da, do, p)), gc)
 
 
-def slot_logits(q, ks, ss, gc, key_states, st: Static, layout: Layout) -> jax.Array:
-    """Scaled slot logits `scale·K̃_tᵀ q_t` of every step, float32, q's shape with M features."""
+def _held(st: Static, holds_ref, C: int):
+    """`[C, 1]` bool: this query chunk's rows whose slots hold a token of their document."""
+    rows = pl.program_id(2) * C + iota((C, 1), 0)
+    return slot_rows(st, rows, None if holds_ref is None else holds_ref[...])
+
+
+def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
+                layout: Layout) -> jax.Array:
+    """Scaled slot logits `scale·K̃_tᵀ q_t` of every step (0 where the slots hold nothing of
+    t's document), float32, q's shape with M features."""
     batch, length, heads, key_dim = _dims(q, layout)
-    slots = ss.shape[-1]
-    specs = _Specs(layout, st, length // st.blocks.chunk)
-
-    def kernel(q_ref, ks_ref, ss_ref, gc_ref, kst_ref, out_ref):
-        q = q_ref[...]
-        writes = masked(rows_of(ss_ref), chunk_valid(st, 2))
-        [logits] = slot_scores([(q, rows_of(ks_ref), kst_ref[...])], writes,
-                               rows_of(gc_ref), S=st.blocks.sub_chunk,
-                               dtype=slot_dtype(st, q.dtype))
-        out_ref[...] = st.scale * logits
-
-    return _call(
-        kernel, layout, st, (batch, heads, length // st.blocks.chunk),
-        [specs.head(key_dim), specs.stream(key_dim), specs.stream(slots), specs.kv(slots),
-         specs.state(key_dim, slots)],
-        specs.head(slots), jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32),
-        st.blocks.slot_num_warps, "nha_slot_logits",
-    )(q, ks, ss, gc, key_states)
-
-
-def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, st: Static,
-                     layout: Layout):
-    """o = o_window + Ṽ_tᵀ P_slots with P_slots = exp(logits − lse) (masked), float32,
-    written over o_window."""
-    batch, length, heads, value_dim = _dims(o_window, layout)
-    slots = ss.shape[-1]
     C = st.blocks.chunk
-    specs = _Specs(layout, st, length // C)
+    products = slot_products(st, q.dtype)
 
-    def kernel(o_ref, a_ref, lse_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref):
-        rows = pl.program_id(2) * C + iota((C, 1), 0)
-        p = jnp.where(visible(rows, st), jnp.exp(a_ref[...] - lse_ref[...][:, None]), 0.0)
-        writes = masked(rows_of(ss_ref), chunk_valid(st, 2))
-        out_ref[...] = o_ref[...] + slot_readout(
-            p, writes, rows_of(vs_ref), rows_of(gc_ref), vst_ref[...],
-            S=st.blocks.sub_chunk, dtype=slot_dtype(st, vs_ref.dtype))
+    def kernel(*refs):
+        refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
+        q_ref, ks_ref, ss_ref, gc_ref, kst_ref, out_ref = refs
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        [logits] = slot_scores([(q_ref[...], rows_of(ks_ref), kst_ref[...])], writes,
+                               rows_of(gc_ref), S=st.blocks.sub_chunk, state=products.state,
+                               intra=products.intra, sigma=_segments(doc["sigma"]))
+        out_ref[...] = jnp.where(_held(st, doc["holds"], C), st.scale * logits, 0.0)
 
+    specs, slots = _Specs(layout, st, length // C), ss.shape[-1]
+    doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     return _call(
         kernel, layout, st, (batch, heads, length // C),
-        [specs.head(value_dim), specs.head(slots), specs.row(), specs.stream(value_dim),
-         specs.stream(slots), specs.kv(slots), specs.state(value_dim, slots)],
-        specs.head(value_dim), jax.ShapeDtypeStruct(o_window.shape, F32),
-        st.blocks.slot_num_warps, "nha_slot_readout", input_output_aliases={0: 0},
-    )(o_window, logits, lse, vs, ss, gc, value_states)
+        doc_specs + [specs.head(key_dim), specs.stream(key_dim), specs.stream(slots),
+                     specs.kv(slots), specs.state(key_dim, slots)],
+        specs.head(slots), jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32),
+        st.blocks.slot_num_warps, "nha_slot_logits",
+    )(*doc_arrays, q, ks, ss, gc, key_states)
 
 
-def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, st: Static, layout: Layout):
+def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: SlotDocs | None,
+                     st: Static, layout: Layout):
+    """o = o_window + Ṽ_tᵀ P_slots with P_slots = exp(logits − lse) (masked), float32,
+    written over o_window. With o_window and lse None (w = 0) the softmax is over the slots
+    alone: returns o and its log-sum-exp `[B, H, T]`."""
+    batch, length, heads, slots = _dims(logits, layout)
+    value_dim = vs.shape[-1]
+    C = st.blocks.chunk
+    specs = _Specs(layout, st, length // C)
+    products = slot_products(st, vs.dtype)
+    alone = o_window is None
+
+    def kernel(*refs):
+        refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
+        if alone:
+            a_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref, lse_ref = refs
+        else:
+            o_ref, a_ref, lse_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref = refs
+        held = _held(st, doc["holds"], C)
+        a = a_ref[...]
+        if alone:
+            use = in_softmax(st, held)
+            m = jnp.max(jnp.where(use, a, MASK_VALUE), axis=1, keepdims=True)
+            e = jnp.where(use, jnp.exp(a - m), 0.0)
+            total = jnp.sum(e, axis=1, keepdims=True)
+            lse_ref[...] = (m + jnp.log(total))[:, 0]
+            p = jnp.where(held, e / total, 0.0)
+        else:
+            p = jnp.where(held, jnp.exp(a - lse_ref[...][:, None]), 0.0)
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        out = readout_form(p, writes, rows_of(vs_ref), rows_of(gc_ref), vst_ref[...],
+                           S=st.blocks.sub_chunk, state=products.state, intra=products.intra,
+                           sigma=_segments(doc["sigma"]))
+        out_ref[...] = out if alone else o_ref[...] + out
+
+    doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
+    slot_specs = [specs.stream(value_dim), specs.stream(slots), specs.kv(slots),
+                  specs.state(value_dim, slots)]
+    out_shape = jax.ShapeDtypeStruct(logits.shape[:-1] + (value_dim,), F32)
+    if alone:
+        return _call(
+            kernel, layout, st, (batch, heads, length // C),
+            doc_specs + [specs.head(slots)] + slot_specs, [specs.head(value_dim), specs.row()],
+            [out_shape, jax.ShapeDtypeStruct((batch, heads, length), F32)],
+            st.blocks.slot_num_warps, "nha_slot_readout",
+        )(*doc_arrays, logits, vs, ss, gc, value_states)
+    return _call(
+        kernel, layout, st, (batch, heads, length // C),
+        doc_specs + [specs.head(value_dim), specs.head(slots), specs.row()] + slot_specs,
+        specs.head(value_dim), out_shape, st.blocks.slot_num_warps, "nha_slot_readout_add",
+        input_output_aliases={len(doc_arrays): 0},
+    )(*doc_arrays, o_window, logits, lse, vs, ss, gc, value_states)
+
+
+def slot_readout(logits, vs, ss, gc, value_states, docs: SlotDocs | None, st: Static,
+                 layout: Layout):
+    """No window (w = 0): o = Ṽ_tᵀ softmax(ℓ_t) over the slots alone, float32, and its
+    log-sum-exp `[B, H, T]` (the window kernel is skipped)."""
+    return slot_readout_add(None, logits, None, vs, ss, gc, value_states, docs, st, layout)
+
+
+def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs | None,
+                          st: Static, layout: Layout):
     """Slot part of the query-side backward: dq (dtype of q) and float32 dA (gradient of the
     scaled logits), P (slot probabilities) and this head's part of the log-gate gradient
-    dA ⊙ A + P ⊙ dP (the last three with M features)."""
+    dA ⊙ A + P ⊙ dP (the last three with M features, 0 where the slots hold nothing)."""
     ks, vs, ss, gc, key_states, value_states = slot_inputs
     batch, length, heads, key_dim = _dims(q, layout)
     value_dim, slots = do.shape[-1], ss.shape[-1]
     C, S = st.blocks.chunk, st.blocks.sub_chunk
     specs = _Specs(layout, st, length // C)
+    products = slot_products(st, q.dtype)
 
-    def kernel(q_ref, a_ref, lse_ref, delta_ref, do_ref, ks_ref, vs_ref, ss_ref, gc_ref, kst_ref,
-               vst_ref, dq_ref, da_ref, p_ref, qg_ref):
-        rows = pl.program_id(2) * C + iota((C, 1), 0)
+    def kernel(*refs):
+        refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
+        (q_ref, a_ref, lse_ref, delta_ref, do_ref, ks_ref, vs_ref, ss_ref, gc_ref, kst_ref,
+         vst_ref, dq_ref, da_ref, p_ref, qg_ref) = refs
         do, logits = do_ref[...], a_ref[...]
-        dtype = slot_dtype(st, do.dtype, gradient=True)
         gate = rows_of(gc_ref)
-        writes = masked(rows_of(ss_ref), chunk_valid(st, 2))
+        sigma = _segments(doc["sigma"])
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         [dp] = slot_scores([(do, rows_of(vs_ref), vst_ref[...])], writes, gate, S=S,
-                           dtype=slot_dtype(st, do.dtype))
-        p = jnp.where(visible(rows, st), jnp.exp(logits - lse_ref[...][:, None]), 0.0)
+                           state=products.state, intra=products.intra, sigma=sigma)
+        p = jnp.where(_held(st, doc["holds"], C), jnp.exp(logits - lse_ref[...][:, None]), 0.0)
         da = p * (dp - delta_ref[...][:, None])
-        dq = slot_readout(da, writes, rows_of(ks_ref), gate, kst_ref[...], S=S,
-                          dtype=dtype)
+        dq = readout_form(da, writes, rows_of(ks_ref), gate, kst_ref[...], S=S,
+                          state=products.state, intra=products.gradient, sigma=sigma)
         dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
         da_ref[...] = da
         p_ref[...] = p
         qg_ref[...] = da * logits + p * dp
 
+    doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_shape = jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32)
     return _call(
         kernel, layout, st, (batch, heads, length // C),
-        [specs.head(key_dim), specs.head(slots), specs.row(), specs.row(),
-         specs.head(value_dim), specs.stream(key_dim), specs.stream(value_dim),
-         specs.stream(slots), specs.kv(slots), specs.state(key_dim, slots),
-         specs.state(value_dim, slots)],
+        doc_specs + [specs.head(key_dim), specs.head(slots), specs.row(), specs.row(),
+                     specs.head(value_dim), specs.stream(key_dim), specs.stream(value_dim),
+                     specs.stream(slots), specs.kv(slots), specs.state(key_dim, slots),
+                     specs.state(value_dim, slots)],
         [specs.head(key_dim)] + [specs.head(slots)] * 3,
         [jax.ShapeDtypeStruct(q.shape, q.dtype)] + [slot_shape] * 3,
         st.blocks.slot_backward_num_warps, "nha_slot_backward_queries",
-    )(q, logits, lse, delta, do, ks, vs, ss, gc, key_states, value_states)
+    )(*doc_arrays, q, logits, lse, delta, do, ks, vs, ss, gc, key_states, value_states)
 
 
-def _backward_slots_kernel(q_ref, do_ref, da_ref, p_ref, qg_ref, ks_ref, vs_ref, ss_ref, gc_ref,
-                           kend_ref, vend_ref, dks_ref, dvs_ref, dss_ref, dg_ref, *, st: Static,
-                           layout: Layout):
+def _backward_slots_kernel(*refs, st: Static, layout: Layout):
+    refs, doc = _doc_refs(refs, ("sigma",), st)
+    (q_ref, do_ref, da_ref, p_ref, qg_ref, ks_ref, vs_ref, ss_ref, gc_ref, kend_ref, vend_ref,
+     dks_ref, dvs_ref, dss_ref, dg_ref) = refs
     heads = [tuple(layout.head_rows(ref, r) for ref in (q_ref, do_ref, da_ref, p_ref))
              for r in range(st.group)]
-    valid = chunk_valid(st, 2)  # else: tokens that never enter the slots, gradient 0
+    C = st.blocks.chunk
+    valid = stream_rows_valid(st, 2)(0, C)  # else: tokens that never enter the slots, gradient 0
     s_in = jnp.where(valid, ss_ref[...].astype(F32), 0.0)
-    C = s_in.shape[0]
+    products = slot_products(st, ks_ref.dtype)
     dk, dv, ds = slot_input_grads(
         heads, ks_ref[...], vs_ref[...], s_in, rows_of(gc_ref), kend_ref[...],
-        vend_ref[...], S=st.blocks.sub_chunk, scale=st.scale,
-        dtype=slot_dtype(st, ks_ref.dtype, gradient=True), ds_dtype=slot_dtype(st, ks_ref.dtype))
+        vend_ref[...], S=st.blocks.sub_chunk, scale=st.scale, intra=products.intra,
+        gradient=products.gradient, sigma=_segments(doc["sigma"]))
     dG = sum(layout.head_rows(qg_ref, r)(0, C) for r in range(st.group)) - s_in * ds
-    # The log gate g_j enters every G_t with t ≥ j: reverse cumulative sum within the chunk.
+    # The log gate g_j enters every G_t with t ≥ j: reverse cumulative sum within the chunk
+    # (api.py adds the later chunks and zeroes the document starts' gates).
     dg_ref[...] = jnp.where(valid, layout.reverse_cumsum(dG), 0.0)
     dks_ref[...] = jnp.where(valid, dk, 0.0).astype(dks_ref.dtype)
     dvs_ref[...] = jnp.where(valid, dv, 0.0).astype(dvs_ref.dtype)
     dss_ref[...] = jnp.where(valid, ds, 0.0).astype(dss_ref.dtype)
 
 
-def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, st: Static,
-                         layout: Layout):
+def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, docs: SlotDocs | None,
+                         st: Static, layout: Layout):
     """Gradients of the slot inputs `(dk̄, dv̄, ds̄)` and, float32, the reverse cumulative sum
     of the log-gate gradient within each stream chunk (api.py adds the later chunks), all in
     the layout of the slot inputs (token chunks when shift_chunks > 0)."""
@@ -286,15 +418,18 @@ def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, st: Stat
     batch, length, kv_heads, key_dim = _dims(ks, layout)
     value_dim, slots, group = vs.shape[-1], ss.shape[-1], st.group
     specs = _Specs(layout, st, length // st.blocks.chunk)
+    doc_specs, doc_arrays = _doc_args(docs, specs, ("sigma",))
     return _call(
         functools.partial(_backward_slots_kernel, st=st, layout=layout), layout, st,
         (batch, kv_heads, length // st.blocks.chunk),
-        [specs.group(key_dim), specs.group(value_dim), specs.group(slots), specs.group(slots),
-         specs.group(slots), specs.stream(key_dim, "kv"), specs.stream(value_dim, "kv"),
-         specs.stream(slots, "kv"), specs.kv(slots, "kv"), specs.state(key_dim, slots, "kv"),
-         specs.state(value_dim, slots, "kv")],
+        doc_specs + [specs.group(key_dim), specs.group(value_dim), specs.group(slots),
+                     specs.group(slots), specs.group(slots), specs.stream(key_dim, "kv"),
+                     specs.stream(value_dim, "kv"), specs.stream(slots, "kv"),
+                     specs.kv(slots, "kv"), specs.state(key_dim, slots, "kv"),
+                     specs.state(value_dim, slots, "kv")],
         [specs.stream(d, "kv") for d in (key_dim, value_dim, slots, slots)],
         [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (ks, vs, ss)]
         + [jax.ShapeDtypeStruct(ss.shape, F32)],
         st.blocks.slot_backward_num_warps, "nha_backward_slot_inputs",
-    )(*(layout.grouped(x, group) for x in (q, do, da, p, qg)), ks, vs, ss, gc, k_end, vt_end)
+    )(*doc_arrays, *(layout.grouped(x, group) for x in (q, do, da, p, qg)), ks, vs, ss, gc,
+      k_end, vt_end)

@@ -20,14 +20,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from pallas_kernels.call import pallas_call
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
-from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, mm, mm_nt, mm_tn, window_mask
+from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
 from pallas_kernels.nha.layout import (
     Layout,
     Static,
+    in_softmax,
+    slot_rows,
     triangular_cumsum,
     triangular_reverse_cumsum,
-    visible,
 )
 
 
@@ -53,39 +56,51 @@ chunk_prepare = functools.partial(slot_kernels.chunk_prepare, layout=LAYOUT)
 chunk_deltas_reverse = functools.partial(slot_kernels.chunk_deltas_reverse, layout=LAYOUT)
 slot_logits = functools.partial(slot_kernels.slot_logits, layout=LAYOUT)
 slot_readout_add = functools.partial(slot_kernels.slot_readout_add, layout=LAYOUT)
+slot_readout = functools.partial(slot_kernels.slot_readout, layout=LAYOUT)
 slot_backward_queries = functools.partial(slot_kernels.slot_backward_queries, layout=LAYOUT)
 backward_slot_inputs = functools.partial(slot_kernels.backward_slot_inputs, layout=LAYOUT)
 
 
-def chunk_scan(deltas, log_decay, st: Static, *, reverse: bool):
-    """Slot states at chunk boundaries (same contract as `gpu.chunk_scan`), one kernel per
-    delta."""
-    return tuple(_chunk_scan(delta, log_decay, st, reverse) for delta in deltas)
+def chunk_scan(deltas, log_decay, st: Static, *, reverse: bool, initial=None):
+    """Slot states at chunk boundaries and the finals (same contract as `gpu.chunk_scan`), one
+    kernel per delta."""
+    if initial is None:
+        initial = [jnp.zeros(d.shape[:1] + d.shape[2:], F32) for d in deltas]
+    outs = [_chunk_scan(delta, log_decay, init, st, reverse)
+            for delta, init in zip(deltas, initial, strict=True)]
+    return tuple(o[0] for o in outs), tuple(o[1] for o in outs)
 
 
-def _chunk_scan(delta, log_decay, st: Static, reverse: bool):
+def _chunk_scan(delta, log_decay, initial, st: Static, reverse: bool):
     """Grid (B, G, NC), the chunk axis sequential, the running state in VMEM."""
     batch, num_chunks, kv_heads, width, slots = delta.shape
     chunk = (lambda c: num_chunks - 1 - c) if reverse else (lambda c: c)
     spec = lambda d: pl.BlockSpec((None, None, None, d, slots),
                                   lambda b, h, c: (b, chunk(c), h, 0, 0))
+    whole = pl.BlockSpec((None, None, width, slots), lambda b, h, c: (b, h, 0, 0))
 
-    def kernel(delta_ref, decay_ref, out_ref, state_ref):
+    def kernel(delta_ref, decay_ref, init_ref, out_ref, final_ref, state_ref):
         @pl.when(pl.program_id(2) == 0)
         def _():
-            state_ref[...] = jnp.zeros_like(state_ref)
+            state_ref[...] = init_ref[...]
 
         update = delta_ref[...]
         out_ref[...] = state_ref[...]
         state_ref[...] = state_ref[...] * jnp.exp(decay_ref[...]) + update
 
-    return pl.pallas_call(
-        kernel, grid=(batch, kv_heads, num_chunks), in_specs=[spec(width), spec(1)],
-        out_specs=spec(width), out_shape=jax.ShapeDtypeStruct(delta.shape, F32),
+        @pl.when(pl.program_id(2) == num_chunks - 1)
+        def _():
+            final_ref[...] = state_ref[...]
+
+    return pallas_call(
+        kernel, grid=(batch, kv_heads, num_chunks), in_specs=[spec(width), spec(1), whole],
+        out_specs=[spec(width), whole],
+        out_shape=[jax.ShapeDtypeStruct(delta.shape, F32),
+                   jax.ShapeDtypeStruct((batch, kv_heads, width, slots), F32)],
         scratch_shapes=[pltpu.VMEM((width, slots), F32)], input_output_aliases={0: 0},
         compiler_params=_params(3, True), interpret=_interpret(st),
         name="nha_chunk_scan_reverse" if reverse else "nha_chunk_scan",
-    )(delta, log_decay)
+    )(delta, log_decay, initial.astype(F32))
 
 
 # --- window kernels: the band on the grid ---------------------------------------------------
@@ -127,9 +142,18 @@ def _query_band(st: Static, length: int):
     return band, query, keys
 
 
-def window_attention(qw, kw, v, slot_logits_, st: Static):
+def _no_documents(docs, st: Static):
+    """The TPU window kernels take no documents and no positions before the call (api.py
+    refuses such calls for the TPU)."""
+    if docs is not None or st.documents or st.offset:
+        raise ValueError("the TPU NHA kernels take no documents or initial state")
+
+
+def window_attention(qw, kw, v, slot_logits_, docs, st: Static):
     """The window part of o (normalised over slots and window) `[B, H, Tp, V]` and the
-    log-sum-exp `[B, H, Tp]`, float32 (same contract as `gpu.window_attention`)."""
+    log-sum-exp `[B, H, Tp]`, float32 (same contract as `gpu.window_attention`, without
+    documents)."""
+    _no_documents(docs, st)
     batch, heads, length, window_dim = qw.shape
     value_dim = v.shape[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
@@ -148,9 +172,10 @@ def window_attention(qw, kw, v, slot_logits_, st: Static):
         @pl.when(j == 0)
         def _():
             if st.slots:  # the slots open the online softmax (values: slot_readout_add)
-                logits = jnp.where(visible(rows, st), a_ref[...], MASK_VALUE)
+                use = in_softmax(st, slot_rows(st, rows))
+                logits = jnp.where(use, a_ref[...], MASK_VALUE)
                 m = jnp.max(logits, axis=1, keepdims=True)
-                p = jnp.where(visible(rows, st), jnp.exp(logits - m), 0.0)
+                p = jnp.where(use, jnp.exp(logits - m), 0.0)
                 m_ref[...] = m
                 l_ref[...] = jnp.sum(p, axis=1, keepdims=True)
             else:
@@ -177,7 +202,7 @@ def window_attention(qw, kw, v, slot_logits_, st: Static):
             o_ref[...] = acc_ref[...] / l_ref[...]
             lse_ref[...] = (m_ref[...] + jnp.log(l_ref[...]))[:, 0]
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, heads, length // BQ, band.steps), in_specs=in_specs,
         out_specs=[query(value_dim), pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, length, value_dim), F32),
@@ -189,8 +214,9 @@ def window_attention(qw, kw, v, slot_logits_, st: Static):
     )(qw, kw, v, *(() if slot_logits_ is None else (slot_logits_,)))
 
 
-def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
+def window_backward_queries(qw, kw, v, do, lse, delta, docs, st: Static):
     """Gradient of the window queries `[B, H, Tp, D]`."""
+    _no_documents(docs, st)
     batch, heads, length, window_dim = qw.shape
     value_dim = v.shape[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
@@ -218,7 +244,7 @@ def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
         def _():
             dqw_ref[...] = (st.scale * acc_ref[...]).astype(dqw_ref.dtype)
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, heads, length // BQ, band.steps),
         in_specs=[query(window_dim), keys(window_dim), keys(value_dim), query(value_dim), row,
                   row],
@@ -229,9 +255,10 @@ def window_backward_queries(qw, kw, v, do, lse, delta, st: Static):
     )(qw, kw, v, do, lse, delta)
 
 
-def backward_window_keys(qw, kw, v, do, lse, delta, st: Static):
+def backward_window_keys(qw, kw, v, do, lse, delta, docs, st: Static):
     """Gradients of the window keys and of the values through the window `[B, G, Tp, ·]`:
     grid (B, G, key block, group·band steps)."""
+    _no_documents(docs, st)
     batch, kv_heads, length, window_dim = kw.shape
     value_dim, group = v.shape[-1], st.group
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
@@ -277,7 +304,7 @@ def backward_window_keys(qw, kw, v, do, lse, delta, st: Static):
             dkw_ref[...] = dk_acc[...].astype(dkw_ref.dtype)
             dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel, grid=(batch, kv_heads, length // BK, group * steps),
         in_specs=[query(window_dim), key(window_dim), key(value_dim), query(value_dim), row,
                   row],

@@ -1,6 +1,8 @@
 """`hybrid-jax import hf / generate --prompt / export hf / convert` end to end, and their
 one-line errors."""
 
+import json
+
 import pytest
 
 from experiments.cli import main
@@ -25,8 +27,9 @@ def test_export_and_convert(run_dir, tmp_path, capsys):
     assert main(["export", "hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     assert main(["convert", str(run_dir), "--to", "nha", "--out", str(tmp_path / "nha"),
-                 "--window", "full", "--slots", "4"]) == 0
+                 "--window", "full", "--slots", "4", "--scan-layers"]) == 0
     assert (tmp_path / "nha" / "tokenizer.json").is_file()
+    assert json.loads((tmp_path / "nha" / "config.json").read_text())["model"]["scan_layers"]
     assert main(["convert", str(run_dir), "--to", "oryx", "--out", str(tmp_path / "oryx")]) == 0
     assert main(["generate", str(tmp_path / "oryx"), "--prompt-ids", "3 4 5",
                  "--max-new-tokens", "4", "--speculative", "2"]) == 0
@@ -36,6 +39,7 @@ def test_export_and_convert(run_dir, tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--prompt-file", "/nonexistent/prompts.txt"], "--prompt-file /nonexistent/prompts.txt"),
     (["--prompt", "the cat " * 40], "longer than the model's 64 positions"),
+    (["--prompt-ids", "5 " * 60, "--max-new-tokens", "8"], "longer than the model's 64 positions"),
 ])
 def test_generate_errors_are_one_line(run_dir, capsys, args, message):
     assert main(["generate", str(run_dir), *args]) == 2
@@ -44,6 +48,16 @@ def test_generate_errors_are_one_line(run_dir, capsys, args, message):
     lines = [line for line in err.strip().splitlines()
              if not line.startswith("generate: checkpoint step")]
     assert len(lines) == 1 and message in lines[0], err
+
+
+def test_sampling_is_reproducible_from_the_seed(run_dir, capsys):
+    outputs = []
+    for seed in (3, 3, 4):
+        assert main(["generate", str(run_dir), "--prompt", "the cat", "--temperature", "1",
+                     "--top-p", "0.95", "--seed", str(seed), "--max-new-tokens", "8",
+                     "--no-stream"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] != outputs[2]
 
 
 def test_unknown_tokenizer_is_one_line(run_dir, tmp_path, capsys):

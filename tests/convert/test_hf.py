@@ -103,3 +103,73 @@ def test_import_errors_name_the_problem(tmp_path):
     wrong = model_config_from_hf({**hf, "intermediate_size": 40})
     with pytest.raises(ValueError, match=r"down_proj.*expected shape \(32, 40\)"):
         load_hf_model(FIXTURES / "llama", wrong)
+
+
+def copy_tokenizer(tmp_path, special_eos=True, **beside):
+    """The llama fixture's tokenizer.json alone in `tmp_path`, plus JSON files `beside`."""
+    data = json.loads((FIXTURES / "llama" / "tokenizer.json").read_text())
+    for token in data["added_tokens"]:
+        token["special"] = token["special"] and (special_eos or token["content"] != "</s>")
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    for name, content in beside.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(content))
+    return tmp_path / "tokenizer.json"
+
+
+def test_eos_without_tokenizer_config(tmp_path, caplog):
+    # An eos_token_id in config.json (or generation_config.json) names the EOS ...
+    assert load_tokenizer(copy_tokenizer(tmp_path, config={"eos_token_id": [1, 2]})).eos_id == 1
+    (tmp_path / "config.json").unlink()
+    # ... else the one special token spelled as an EOS, with a warning ...
+    with caplog.at_level("WARNING"):
+        assert load_tokenizer(copy_tokenizer(tmp_path)).eos_id == 2
+    assert "'</s>'" in caplog.text and "tokenizer_config.json" in caplog.text
+    # ... and none of them: an error, no guess.
+    with pytest.raises(ValueError, match=r"cannot tell its end-of-sequence token.*'<s>', "
+                                         r"'<unk>'\] hold none"):
+        load_tokenizer(copy_tokenizer(tmp_path, special_eos=False))
+
+
+def test_export_refuses_what_llama_cannot_express():
+    from hybrid_jax.convert.hf_config import hf_config_from_model
+    from hybrid_jax.convert.nha import nha_config
+
+    config = model_config_from_hf(json.loads((FIXTURES / "llama" / "config.json").read_text()))
+    hybrid = nha_config(config, window=4, num_slots=4, layers=[1])
+    with pytest.raises(ValueError, match=r"every layer is an 'attention' block.*found 'nha' at "
+                                         r"layers \[1\]"):
+        hf_config_from_model(hybrid)
+    for change, message in ((dict(rope_fraction=0.5), r"layers\[0\].rope_fraction=0.5"),
+                            (dict(position_embedding="learned", max_positions=64),
+                             "position_embedding='learned'"),
+                            (dict(ffn_dim=0), "ffn_dim=0")):
+        with pytest.raises(ValueError, match=message):
+            hf_config_from_model(config.replace(**change))
+
+
+def test_export_of_a_model_trained_here_names_its_eos(tmp_path):
+    """A run of ours (no imported config.json, our BPE) exports with eos_token_id and a
+    tokenizer_config.json naming its EOS."""
+    from hybrid_jax.data.tokenizer import train_bpe
+    from hybrid_jax.nn.lm import create_model
+
+    tokenizer = train_bpe(["the cat sat on the mat. " * 20], 300)
+    run = tmp_path / "run"
+    tokenizer.save(run / "tokenizer.json")
+    config = model_config_from_hf(json.loads((FIXTURES / "llama" / "config.json").read_text())
+                                  ).replace(vocab_size=320)
+    export_hf(create_model(config, seed=0), run, tmp_path / "hf")
+    hf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert hf["eos_token_id"] == tokenizer.eos_id and hf["bos_token_id"] is None
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())[
+        "eos_token"] == "<|endoftext|>"
+    assert load_tokenizer(tmp_path / "hf" / "tokenizer.json").eos_id == tokenizer.eos_id
+
+
+def test_export_of_scanned_layers_is_per_layer(tmp_path):
+    model, _ = load("llama")
+    export_hf(model.with_scan_layers(True), FIXTURES / "llama", tmp_path / "hf")
+    again = load_hf_model(tmp_path / "hf", model.config)
+    before, after = params(model), params(again)
+    assert before.keys() == after.keys()
+    assert all(np.array_equal(before[k], after[k]) for k in before)

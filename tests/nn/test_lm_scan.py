@@ -18,29 +18,18 @@ def test_layer_period():
     assert layer_period(("a", "b", "a")) == 3
 
 
-def _copy_into_scanned(plain: LanguageModel, scanned: LanguageModel, period: int) -> None:
-    """Stacks the plain model's block parameters group by group into the scanned model."""
-    source = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(plain, nnx.Param))}
-    values = {}
-    for path, variable in nnx.to_flat_state(nnx.state(scanned, nnx.Param)):
-        if path[0] == "blocks":
-            groups = variable.get_value().shape[0]
-            values[path] = jnp.stack([source[("blocks", g * period + path[1], *path[2:])]
-                                      for g in range(groups)])
-        else:
-            values[path] = source[path]
-    for path, variable in nnx.to_flat_state(nnx.state(scanned, nnx.Param)):
-        variable.set_value(values[path])
-
-
 @pytest.mark.parametrize("remat", ["none", "dots_saveable"])
 def test_scanned_equals_loop(remat):
     config = presets.get("transformer-tiny")  # period 2 (full, windowed), 2 groups
     config = config.replace(layers=(layer("attention"), layer("attention", window=4)) * 2,
                             remat=remat)
     plain = LanguageModel(config, rngs=nnx.Rngs(0))
-    scanned = LanguageModel(config.replace(scan_layers=True), rngs=nnx.Rngs(1))
-    _copy_into_scanned(plain, scanned, period=2)
+    scanned = plain.with_scan_layers(True)  # the same values, stacked per group member
+    assert scanned.config.scan_layers and scanned.blocks[1].mixer.q_proj.kernel.shape[0] == 2
+    again = scanned.with_scan_layers(False)
+    for (_, a), (_, b) in zip(nnx.to_flat_state(nnx.state(plain)),
+                              nnx.to_flat_state(nnx.state(again)), strict=True):
+        np.testing.assert_array_equal(a.get_value(), b.get_value())
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, 256, (2, 21)))
     segments = jnp.asarray([[0] * 8 + [1] * 13, [0] * 21])

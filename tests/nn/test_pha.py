@@ -2,6 +2,7 @@
 constants, reduction to one branch, and mixing introspection of a trained run.
 (Decode = parallel for every PHA preset and ablation: the `-tiny` presets in test_lm.)"""
 
+import functools
 import json
 
 import jax
@@ -50,6 +51,9 @@ def test_gradients_reach_every_branch_and_mixing_scalar():
 
 @pytest.mark.parametrize("depth", [1, 3, 6])
 def test_deepnorm_constants_follow_the_formulas(depth):
+    """α = (2L)^¼ on the residual; DeepNet's init: Xavier-normal kernels, gain β = (8L)^−¼ on
+    value/output/FFN up-down kernels, gain 1 on queries, keys and gates (read from parameters
+    against a pre-norm model of the same seed, whose kernels are normal(init_std))."""
     base = presets.get("pha-tiny")
     model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
     spec = base.layers[0]
@@ -57,20 +61,24 @@ def test_deepnorm_constants_follow_the_formulas(depth):
     pre_norm = hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
     alpha, beta = (2 * depth) ** 0.25, (8 * depth) ** -0.25
     assert deepnorm_constants(depth) == pytest.approx((alpha, beta))
+
+    def check(block, plain, path, gain):
+        linear, base_linear = (functools.reduce(getattr, path.split("."), b)
+                               for b in (block, plain))
+        fan = np.prod(linear.in_shape) + np.prod(linear.out_shape)
+        ratio = linear.kernel[...] / base_linear.kernel[...]
+        expected = gain * np.sqrt(2 / fan) / base_linear.init_std
+        assert_close(ratio, jnp.full_like(ratio, expected), 1e-5, f"{path} (gain {gain})")
+
     for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
         assert block.alpha == pytest.approx(alpha) and plain.alpha == 1.0
-        scaled = {"attention": ("v_proj", "o_proj"), "gss": ("u_proj", "uc_proj", "out_proj")}
-        for branch, names in scaled.items():
-            for name in names:
-                ratio = (getattr(getattr(block, branch), name).kernel[...]
-                         / getattr(getattr(plain, branch), name).kernel[...])
-                assert_close(ratio, jnp.full_like(ratio, beta), 1e-6, f"{branch}.{name}")
-        same = block.attention.q_proj.kernel[...] / plain.attention.q_proj.kernel[...]
-        assert_close(same, jnp.ones_like(same), 1e-6, "queries are not scaled")
-        for arm in ("primary", "aux"):
-            ratio = (getattr(block.dual_ffn, arm).down.kernel[...]
-                     / getattr(plain.dual_ffn, arm).down.kernel[...])
-            assert_close(ratio, jnp.full_like(ratio, beta), 1e-6, f"dual_ffn.{arm}.down")
+        for path in ("attention.v_proj", "attention.o_proj", "gss.u_proj", "gss.uc_proj",
+                     "gss.out_proj", "dual_ffn.primary.up", "dual_ffn.primary.down",
+                     "dual_ffn.aux.up", "dual_ffn.aux.down"):
+            check(block, plain, path, beta)
+        for path in ("attention.q_proj", "attention.k_proj", "gss.v_proj",
+                     "dual_ffn.primary.gate", "dual_ffn.aux.gate"):
+            check(block, plain, path, 1.0)
 
 
 @pytest.mark.parametrize("index,branch", [(0, "gss"), (1, "attention"), (2, "dual_ffn")])
@@ -87,20 +95,27 @@ def test_one_weight_forced_to_one_reduces_the_block_to_that_branch(index, branch
     assert_close(block(x, ctx), expected, 1e-6, branch)
 
 
-def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys):
+@pytest.mark.parametrize("scan", [False, True])
+def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys, scan):
+    """Unscanned, layer 1 logs `blocks.1.mixing_*`; scanned (groups of one block), it logs
+    `blocks.0.mixing_*/1` (group 1), and `inspect mixing` names it layer 1 either way."""
     experiment = ExperimentConfig(
-        name="pha-mixing-test", model=presets.get("pha-tiny").replace(vocab_size=32),
+        name="pha-mixing-test",
+        model=presets.get("pha-tiny").replace(vocab_size=32, scan_layers=scan),
         data=MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2),
         train=TrainConfig(steps=2, batch_size=8, log_every=1, warmup_steps=0))
     train(experiment, tmp_path, progress=False)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    logged = [r for r in records if "diag/blocks.1.mixing_attention" in r]
+    key = "diag/blocks.0.mixing_{}/1" if scan else "diag/blocks.1.mixing_{}"
+    logged = [r for r in records if key.format("attention") in r]
     assert [r["step"] for r in logged] == [1, 2]
-    weights = [logged[-1][f"diag/blocks.1.mixing_{b}"] for b in ("attention", "dual_ffn", "gss")]
+    weights = [logged[-1][key.format(b)] for b in ("attention", "dual_ffn", "gss")]
     assert abs(sum(weights) - 1) < 1e-5 and weights != [1 / 3] * 3  # trained away from equal
     assert cli_main(["inspect", "mixing", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "mixing weights at step 2" in out and "dual_ffn" in out
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["1"])
+    assert [float(w) for w in row[1:]] == pytest.approx(weights, abs=1e-4)
     assert (tmp_path / "mixing.png").stat().st_size > 1000
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     assert cli_main(["inspect", "mixing", str(tmp_path)]) == 2

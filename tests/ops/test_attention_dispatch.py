@@ -69,3 +69,46 @@ def test_no_log_on_cpu(caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
         ops.attention(q, q, q, segment_ids=jnp.zeros((1, 8), jnp.int32))
     assert not [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+
+
+def _count(jaxpr, name: str) -> int:
+    """Equations of primitive `name` in a jaxpr and all its sub-jaxprs (scan, vjp, cond...)."""
+    found = 0
+    for eqn in jaxpr.eqns:
+        found += eqn.primitive.name == name
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _count(inner, name)
+    return found
+
+
+def test_packed_model_sorts_the_segment_ids_once(on_gpu, monkeypatch):
+    """The flash kernel's document extents (a sort) come once per batch from the context,
+    not once per attention layer (3 unscanned layers here)."""
+    from flax import nnx
+
+    from hybrid_jax.config import ModelConfig
+    from hybrid_jax.context import TokenContext
+    from hybrid_jax.nn.lm import LanguageModel
+    from pallas_kernels.flash_attention import api
+
+    calls, flash_attention = [], api.flash_attention
+
+    def kernel(*args, **kwargs):  # the pallas rung's call, run by the interpreter on CPU
+        calls.append(kwargs["extents"])
+        return flash_attention(*args, **kwargs, interpret=True)
+
+    monkeypatch.setattr(api, "flash_attention", kernel)
+    model = LanguageModel(ModelConfig(layers=("attention",) * 3, vocab_size=16, d_model=128,
+                                      num_heads=2, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    tokens = jnp.zeros((2, 32), jnp.int32)
+    ids = jnp.asarray(np.repeat([[0, 1, 2, 3]], 8, axis=1).repeat(2, 0), jnp.int32)
+    sorts = lambda context: _count(jax.make_jaxpr(lambda i: model(tokens, context(i)))(ids).jaxpr,
+                                   "sort")
+    assert sorts(lambda i: TokenContext.create(tokens.shape, segment_ids=i)) == 1
+    assert len(calls) == 3 and all(c is not None for c in calls)
+    # A context without extents (built field by field): each layer sorts.
+    assert sorts(lambda i: TokenContext(positions=jnp.zeros(tokens.shape, jnp.int32),
+                                        segment_ids=i)) == 3

@@ -1,13 +1,18 @@
-"""gated_delta_rule: reference and chunked rungs against a float64 numpy per-token loop."""
+"""gated_delta_rule: reference and chunked rungs against a float64 numpy per-token loop; which
+rung auto picks on a GPU (the Pallas kernels are tested in tests/pallas)."""
 
 import functools
+import importlib
+import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
+from pallas_kernels.delta_rule import api as pallas_delta_rule
 from tests.helpers import assert_close, normals
 
 
@@ -191,7 +196,7 @@ def test_memory_is_linear_in_time_and_far_below_per_token_states():
         (dict(initial_state=np.zeros((2, 2, 4, 4))), "axis V of initial_state"),
         (dict(q=np.zeros((2, 5, 2, 4), np.int32)), "q must be a floating-point array"),
         (dict(chunk_size=0), "chunk_size must be a positive int"),
-        (dict(implementation="pallas"), "implementation='pallas' is not available"),
+        (dict(implementation="cudnn"), "implementation='cudnn' is not available"),
     ],
 )
 def test_bad_inputs_are_named(change, message):
@@ -211,3 +216,50 @@ def test_bad_step_inputs_are_named():
         gated_delta_rule_step(state, q, q, jnp.zeros((2, 2, 5)), g, g)
     with pytest.raises(ValueError, match=r"g must have shape \[B,H\]"):
         gated_delta_rule_step(state, q, q, v, g[..., None], g)
+
+
+delta_rule_module = importlib.import_module("hybrid_jax.ops.delta_rule")
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """The backend patched to "gpu": rung choice from shapes only (nothing runs on a GPU)."""
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    monkeypatch.setattr(delta_rule_module, "backend", lambda: "gpu")
+    monkeypatch.setattr(pallas_delta_rule, "_platform", lambda: "gpu")
+    dispatch._LOGGED.clear()
+
+
+def _rung(B, T, H, K, V, dtype=jnp.bfloat16, documents=False, initial_state=False):
+    sds = jax.ShapeDtypeStruct
+    args = (sds((B, T, H, K), dtype), sds((B, T, H, K), dtype), sds((B, T, H, V), dtype),
+            sds((B, T, H), dtype), sds((B, T, H), dtype))
+    kwargs = dict(scale=K**-0.5, chunk_size=64,
+                  initial_state=sds((B, H, K, V), jnp.float32) if initial_state else None,
+                  starts=sds((B, T), jnp.bool_) if documents else None)
+    rung, reasons = dispatch.choose("gated_delta_rule", delta_rule_module._RUNGS, None, *args,
+                                    **kwargs)
+    return rung.name, reasons
+
+
+@pytest.mark.parametrize("K,V", [(128, 128), (64, 64), (256, 256), (128, 256)])
+def test_auto_picks_the_kernel_on_gpu(on_gpu, K, V):
+    assert _rung(4, 8192, 16, K, V, documents=True, initial_state=True)[0] == "pallas"
+    assert _rung(2, 777, 4, K, V, dtype=jnp.float32)[0] == "pallas"
+
+
+def test_auto_falls_back_with_the_reason(on_gpu, caplog):
+    name, reasons = _rung(2, 64, 4, 96, 128)
+    assert name == "xla" and "head dim K=96" in reasons[0]
+    q, k, v, g, beta, _ = _inputs(16, K=8, V=8, dtype=jnp.float32)
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        for _ in range(2):  # same shapes: logged once (traced only: the xla rung on the CPU)
+            jax.eval_shape(lambda *a: gated_delta_rule(*a), q, k, v, g, beta)
+    records = [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+    assert len(records) == 1 and "pallas: head dim K=8" in records[0].getMessage()
+
+
+def test_forced_kernel_refuses_unsupported_calls():
+    q, k, v, g, beta, _ = _inputs(16, dtype=jnp.float32)
+    with pytest.raises(ValueError, match="'pallas' cannot run this call: needs a GPU"):
+        gated_delta_rule(q, k, v, g, beta, implementation="pallas")

@@ -1,4 +1,5 @@
-"""dss / dss_step / dss_discretize against independent float64 numpy definitions."""
+"""dss / dss_step / dss_discretize against independent float64 numpy definitions; the chunked
+rung against the per-token reference with documents, odd lengths and initial states."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from tests.helpers import assert_close as assert_close_real
 from tests.helpers import normals
 
 H, N = 3, 4
+RUNGS = ("reference", "xla", "scan", "fft")
 
 
 def assert_close(actual, expected, tol, what=""):
@@ -59,9 +61,10 @@ def test_rungs_match_numpy(x64, T):
     def run(u, raw, s0):
         params = dss_discretize(*raw)
         out = {impl: dss(u, *params, initial_state=s0, return_final_state=True,
-                         implementation=impl) for impl in ("reference", "xla", "fft")}
-        for impl in ("xla", "fft"):
-            out[impl + "_zero"] = dss(u, *params, return_final_state=True, implementation=impl)
+                         implementation=impl, chunk_size=16) for impl in RUNGS}
+        for impl in ("xla", "scan", "fft"):
+            out[impl + "_zero"] = dss(u, *params, return_final_state=True, implementation=impl,
+                                      chunk_size=16)
         out["auto"] = (dss(u, *params, initial_state=s0), out["fft"][1])
         return out
 
@@ -83,8 +86,8 @@ def test_per_channel_modes_and_kernel_formula(x64):
     @jax.jit
     def run(u, raw):
         params = dss_discretize(*raw)
-        return dss_kernel(*params, T), {impl: dss(u, *params, implementation=impl)
-                                        for impl in ("reference", "xla", "fft")}
+        return dss_kernel(*params, T), {impl: dss(u, *params, implementation=impl,
+                                                  chunk_size=8) for impl in RUNGS}
 
     kernel, out = run(u, raw)
     lam, lam_dt, w = numpy_discretize(*raw)
@@ -102,12 +105,13 @@ def test_per_channel_modes_and_kernel_formula(x64):
         assert_close(y, conv, 1e-12, impl)
 
 
-def _loss(impl):
+def _loss(impl, segment_ids=None, chunk_size=16):
     """A scalar of every output and the final state, as a function of raw (real) inputs."""
 
     def loss(u, raw, s_re, s_im):
         y, final = dss(u, *dss_discretize(*raw), initial_state=jax.lax.complex(s_re, s_im),
-                       return_final_state=True, implementation=impl)
+                       return_final_state=True, implementation=impl, segment_ids=segment_ids,
+                       chunk_size=chunk_size)
         return (jnp.sum(jnp.sin(y) * jnp.cos(y[:, ::-1])) + 0.3 * jnp.sum(jnp.abs(final) ** 2)
                 + jnp.sum(0.7 * final.real - 0.2 * final.imag))
 
@@ -118,9 +122,71 @@ def test_gradients_match_reference(x64):
     u, raw, s0 = _inputs(100, seed=7)
     inputs = (u, raw, s0.real, s0.imag)
     grads = jax.jit(lambda *a: {impl: jax.grad(_loss(impl), (0, 1, 2, 3))(*a)
-                                for impl in ("reference", "xla", "fft")})(*inputs)
-    for impl in ("xla", "fft"):
+                                for impl in RUNGS})(*inputs)
+    for impl in ("xla", "scan", "fft"):
         assert_close(grads[impl], grads["reference"], 1e-10, f"{impl} grads")
+
+
+# Document starts for chunks of 8 at T = 29 (the last chunk holds 5 tokens), one batch row per
+# layout: on chunk edges, inside chunks, one-token documents (consecutive starts, token 1, the
+# partial last chunk), a chunk lying inside one document, and a single document (the initial
+# state reaches all of it).
+DOCUMENT_STARTS = ((8, 16, 24), (3, 13, 27), (1, 2, 9, 10, 11, 28), (5, 21), ())
+
+
+def _segment_ids(T, rows):
+    ids = np.zeros((len(rows), T), np.int32)
+    for row, starts in enumerate(rows):
+        for s in starts:
+            ids[row, s:] += 1
+    return jnp.asarray(ids)
+
+
+def test_chunked_matches_reference_with_documents(x64):
+    """Values, final state and gradients (inputs, parameters, initial state) of the chunked rung
+    against the per-token reference, documents on and off chunk edges, odd length."""
+    T = 29
+    u, raw, s0 = _inputs(T, batch=len(DOCUMENT_STARTS), seed=12)
+    seg = _segment_ids(T, DOCUMENT_STARTS)
+    inputs = (u, raw, s0.real, s0.imag)
+
+    @jax.jit
+    def run(*inputs):
+        return {impl: (jax.value_and_grad(_loss(impl, seg, chunk_size=8), (0, 1, 2, 3))(*inputs),
+                       dss(u, *dss_discretize(*raw), initial_state=s0, segment_ids=seg,
+                           return_final_state=True, implementation=impl, chunk_size=8))
+                for impl in ("reference", "xla")}
+
+    out = run(*inputs)
+    (loss, grads), values = out["xla"]
+    (loss_ref, grads_ref), values_ref = out["reference"]
+    assert_close(values, values_ref, 1e-12, "values and final states")
+    assert_close((loss, grads), (loss_ref, grads_ref), 1e-10, "loss and gradients")
+    assert_close(values_ref[0][-1], numpy_dss(u[-1:], raw, s0[-1:])[0][0], 1e-12, "one document")
+
+
+@pytest.mark.parametrize("T,chunk", [(1, 8), (8, 8), (9, 8), (40, 1), (33, 64)])
+def test_chunked_odd_lengths_and_chunk_sizes(x64, T, chunk):
+    u, raw, s0 = _inputs(T, seed=13)
+    seg = _segment_ids(T, [[t for t in (3, 8, 16) if t < T], []])
+    params = dss_discretize(*raw)
+    run = jax.jit(lambda impl, **kw: dss(u, *params, initial_state=s0, segment_ids=seg,
+                                         return_final_state=True, implementation=impl, **kw),
+                  static_argnums=0, static_argnames="chunk_size")
+    assert_close(run("xla", chunk_size=chunk), run("reference"), 1e-12, f"T={T} C={chunk}")
+
+
+def test_auto_picks_the_chunked_rung_for_packed_text():
+    from hybrid_jax.ops.dispatch import choose
+    from hybrid_jax.ops.dss import _RUNGS
+
+    u, raw, _ = _inputs(16, dtype=jnp.float32)
+    kwargs = dict(initial_state=None, return_final_state=False, chunk_size=8)
+    packed = choose("dss", _RUNGS, None, u, *dss_discretize(*raw),
+                    starts=jnp.zeros((2, 16), bool), **kwargs)
+    assert packed[0].name == "xla" and "fft: a convolution cannot restart" in packed[1][0]
+    assert choose("dss", _RUNGS, None, u, *dss_discretize(*raw), starts=None,
+                  **kwargs)[0].name == "fft"
 
 
 def test_reference_gradients_match_numpy_finite_differences(x64):
@@ -173,13 +239,13 @@ def test_float32_accuracy_and_bfloat16_dtypes():
     def run(u, raw, s0):
         params = dss_discretize(*raw)
         out = {impl: dss(u, *params, initial_state=s0, return_final_state=True,
-                         implementation=impl) for impl in ("reference", "xla", "fft")}
+                         implementation=impl, chunk_size=32) for impl in RUNGS}
         out["bf16"] = dss(u.astype(jnp.bfloat16), *params, initial_state=s0,
                           return_final_state=True)
         return out
 
     out = run(u, raw, s0)
-    for impl in ("reference", "xla", "fft"):
+    for impl in RUNGS:
         assert out[impl][0].dtype == jnp.float32 and out[impl][1].dtype == jnp.complex64
         assert_close(out[impl], expected, 1e-5, impl)
     y, final = out["bf16"]
@@ -197,6 +263,7 @@ def test_float32_accuracy_and_bfloat16_dtypes():
         (dict(coeff=lambda c: c[:2]), "axis H of coeff"),
         (dict(initial_state=lambda s: s[..., :2]), "axis N of initial_state"),
         (dict(implementation="pallas"), "implementation='pallas' is not available"),
+        (dict(chunk_size=0), "chunk_size must be a positive integer"),
     ],
 )
 def test_bad_inputs_are_named(change, message):

@@ -241,7 +241,8 @@ def test_memory_is_linear_in_time_and_far_below_per_token_states():
         (dict(initial_state=np.zeros((2, 2, 4, 6))), "slot state must be a pair"),
         (dict(s=np.zeros((2, 5, 2, 6), np.int32)), "s must be a floating-point array"),
         (dict(chunk_size=24), "chunk_size must be a power of two"),
-        (dict(implementation="pallas"), "implementation='pallas' is not available"),
+        (dict(implementation="cudnn"), "implementation='cudnn' is not available"),
+        (dict(implementation="pallas"), "implementation='pallas' cannot run this call"),
     ],
 )
 def test_bad_inputs_are_named(change, message):

@@ -50,7 +50,7 @@ def _gsa(seed):
 def _dss(seed):
     u, log_dt, re, im, w_re, w_im = normals(seed, (B, T, H), (H,), (4,), (4,), (H, 4), (H, 4))
     log_decay, coeff = ops.dss_discretize(0.3 * log_dt - 1, 0.3 * re, jnp.abs(im), w_re, w_im)
-    return ops.dss, (u, log_decay, coeff), {}
+    return ops.dss, (u, log_decay, coeff), dict(chunk_size=4)
 
 
 OPS = {"ssd": (_ssd, "xla"), "selective_scan": (_selective_scan, "xla"),

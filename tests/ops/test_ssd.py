@@ -161,7 +161,8 @@ def test_memory_is_linear_in_length_without_per_token_states():
         (dict(x=lambda x: x.astype(jnp.int32)), "x must be a floating-point array"),
         (dict(initial_state=lambda s: s[..., :2]), "axis N of initial_state"),
         (dict(chunk_size=0), "chunk_size must be a positive int"),
-        (dict(implementation="pallas"), "implementation='pallas' is not available"),
+        (dict(implementation="cudnn"), "implementation='cudnn' is not available"),
+        (dict(implementation="pallas"), "implementation='pallas' cannot run this call"),
     ],
 )
 def test_bad_inputs_are_named(change, message):

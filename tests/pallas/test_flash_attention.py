@@ -8,6 +8,8 @@ than the window.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,11 +17,12 @@ import pytest
 
 from pallas_kernels.flash_attention import api
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
-from pallas_kernels.flash_attention.bounds import visible_span
+from pallas_kernels.flash_attention.bounds import document_extents, pad_extents, visible_span
 from pallas_kernels.flash_attention.reference import visible
 from tests.helpers import assert_close, normals
 
-TINY = BlockSizes(block_q=16, block_k=8, block_q_dkv=8, block_k_dkv=16)
+TINY = BlockSizes(block_q=16, block_k=8, block_q_dq=8, block_k_dq=16, block_q_dkv=8,
+                  block_k_dkv=16)
 
 
 def segments_from_lengths(*rows):
@@ -72,6 +75,33 @@ def test_head_dims(head_dim):
     check(q, k, v, PACKED[1:], 6)
 
 
+@pytest.mark.parametrize("variant", [dict(dq_atomic=True), dict(dkv_per_query_head=True),
+                                     dict(dq_atomic=True, dkv_per_query_head=True)])
+def test_backward_variants(variant):
+    """dq by atomics from the dk/dv kernel; dk/dv per query head summed over the GQA group."""
+    q, k, v = normals(4, (1, 39, 4, 8), (1, 39, 2, 8), (1, 39, 2, 8), dtype=np.float32)
+    check(q, k, v, PACKED[1:], 6, dataclasses.replace(TINY, **variant))
+
+
+def test_given_extents_and_padding():
+    """Extents computed once by the caller give the kernel's own result; padding them equals
+    the extents of the padded ids (the pad joins the last document and run)."""
+    q, k, v = normals(5, (1, 39, 2, 8), (1, 39, 1, 8), (1, 39, 1, 8), dtype=np.float32)
+    ids = PACKED[1:]
+    np.testing.assert_array_equal(
+        api.flash_attention(q, k, v, ids, extents=document_extents(ids), window=6,
+                            block_sizes=TINY, interpret=True),
+        run(q, k, v, ids, 6, "gpu"))
+    for ids in (PACKED, PACKED.at[0, 30:39].set(0)):
+        padded = jnp.pad(ids, [(0, 0), (0, 9)], mode="edge")
+        for got, want in zip(pad_extents(document_extents(ids), 48), document_extents(padded),
+                             strict=True):
+            np.testing.assert_array_equal(got, want)
+    none = document_extents(None, (2, 39))
+    for got, want in zip(none, document_extents(jnp.zeros((2, 39), jnp.int32)), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_bounds_match_the_mask(window):
     """lowest/highest are the first/last visible ones (conservative when an id comes back);
@@ -79,7 +109,7 @@ def test_bounds_match_the_mask(window):
     length = PACKED.shape[1]
     t = jnp.arange(length)
     for ids, exact in ((PACKED, True), (PACKED.at[0, 30:33].set(0), False)):
-        lowest, highest, unmasked_from, unmasked_until = visible_span(ids, window)
+        lowest, highest, unmasked_from, unmasked_until = visible_span(document_extents(ids), window)
         mask = visible(t[:, None], t[None, :], ids[:, :, None], ids[:, None, :], window)
         first_visible = jnp.argmax(mask, axis=2)
         last_visible = length - 1 - jnp.argmax(mask[:, ::-1], axis=1)
@@ -102,5 +132,10 @@ def test_rejects_bad_inputs():
     q64 = jnp.zeros((1, 16, 2, 64))
     assert "bfloat16" in api.unsupported(q64, q64, q64)  # float32 is for interpret mode only
     assert "head_dim must be one of" in api.unsupported(*(x.astype(jnp.bfloat16) for x in (q,) * 3))
+    with pytest.raises(ValueError, match="extents need the segment_ids"):
+        api.flash_attention(q, q, q, extents=document_extents(None, (1, 16)), interpret=True)
+    with pytest.raises(ValueError, match="extents must be bounds.Extents"):
+        api.flash_attention(q, q, q, jnp.zeros((1, 16), jnp.int32),
+                            extents=document_extents(None, (1, 15)), interpret=True)
     with pytest.raises(ValueError, match="implementation must be one of"):
         api.flash_attention(q, q, q, implementation="cudnn", interpret=True)

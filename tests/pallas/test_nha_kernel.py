@@ -1,17 +1,24 @@
 """NHA Pallas kernels (GPU and TPU versions, interpret mode on CPU) against float64 references.
 
-Values against a numpy per-token loop of the equations (DESIGN.md, system 1) written here;
-gradients of every input against `jax.grad` of `reference.nha_reference` (a per-token
-`lax.scan`) in float64, itself checked against the numpy loop.
-Tiny tiles (chunk 8) so that small T spans several chunks and key blocks. Interpret mode
-compiles slowly on CPU: the default run checks one GPU-kernel configuration with gradients and
-one TPU-kernel configuration by value (about 1.5 min); `pytest -m slow` runs the rest (every
-window case, GQA, sink mode, strong gates, TPU gradients).
+Plain calls (the kernel API): values against a numpy per-token loop of the equations
+(DESIGN.md, system 1) written here; gradients of every input against `jax.grad` of
+`reference.nha_reference` (a per-token `lax.scan`) in float64, itself checked against the
+numpy loop. Packed documents, initial and final states (through the ops' pallas rungs, the
+kernels in interpret mode): values and final slots against the numpy loop of
+`tests/ops/test_nha.py`, gradients of every input and of the initial state against the op's
+float64 reference rung; GSA's pallas rung (the kernels at w = 0) against GSA's reference.
+Tiny tiles (chunk 8) so that small T spans several chunks and key blocks, with document
+boundaries on and off them. Interpret mode compiles slowly on CPU: the default run checks one
+plain GPU configuration, one with documents + state + GQA, GSA's rung (values and gradients)
+and one TPU configuration by value; `pytest -m slow` runs the rest (every window case, the
+shifted slot inputs with documents, sinks, states at w = 0 and w > T, head dim 256, strong
+gates, 16-bit precisions, TPU gradients).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +26,10 @@ import numpy as np
 import pytest
 
 from pallas_kernels.nha import api
-from pallas_kernels.nha.block_sizes import BlockSizes
+from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
 from tests.helpers import assert_close, normals
+from tests.ops import test_nha as op_tests
 
 TINY = BlockSizes(chunk=8, sub_chunk=8, block_q=8, block_k=8, block_q_dkv=8, block_k_dkv=8,
                   state_block=8)
@@ -81,19 +89,23 @@ def kernel_nha(x, window, scale, empty_slots, backend="gpu", blocks=TINY):
 
 
 def value_and_grads(fn, x, weights):
-    loss = lambda x: jnp.sum(fn(x) * weights)
-    return jax.jit(lambda x: (fn(x), jax.grad(loss)(x)))(x)
+    """fn(x) and the gradient of Σ weights·fn(x) w.r.t. every leaf of x: one compile."""
+    loss = lambda x: (lambda out: (jnp.sum(out * weights), out))(fn(x))
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+    return out, grads
 
 
 def check(x, window, empty_slots, backend="gpu", grads=True, blocks=TINY):
     scale = 0.5
-    out = kernel_nha(x, window, scale, empty_slots, backend, blocks)
+    kernel = lambda x: kernel_nha(x, window, scale, empty_slots, backend, blocks)
+    if grads:
+        weights = normals(7, x["q"].shape[:3] + x["v"].shape[3:], dtype=np.float32)
+        out, kernel_grads = value_and_grads(kernel, x, weights)
+    else:
+        out = kernel(x)
     assert_close(out, numpy_nha(x, window, scale, empty_slots), 1e-5, "values vs numpy")
     if not grads:
         return
-    weights = normals(7, out.shape, dtype=np.float32)
-    _, kernel_grads = value_and_grads(
-        lambda x: kernel_nha(x, window, scale, empty_slots, backend, blocks), x, weights)
     with jax.enable_x64(True):
         x64 = {n: jnp.asarray(a, jnp.float64) for n, a in x.items()}
         _, ref_grads = value_and_grads(lambda x: scan_nha(x, window, scale, empty_slots), x64,
@@ -157,16 +169,207 @@ def test_tpu_kernel_gradients():
     check(make_inputs(6, 1, 21, 4, 2), 8, "mask", backend="tpu")
 
 
-def test_op_pallas_rung_takes_plain_calls_only():
-    """`hybrid_jax.ops.native_hybrid_attention(implementation="pallas")` names why it cannot run:
-    packed documents (and, on this CPU, no kernel platform)."""
+@pytest.fixture
+def interpret_kernels(monkeypatch):
+    """The ops' pallas rungs run the kernels in interpret mode with the tiny tiles (on this CPU
+    they would otherwise refuse: no kernel platform)."""
+    monkeypatch.setattr(api, "native_hybrid_attention", functools.partial(
+        api.native_hybrid_attention, interpret=True, block_sizes=TINY))
+    monkeypatch.setattr(api, "unsupported", functools.partial(api.unsupported, interpret=True))
+
+
+# Row 0: document starts at 8 (a chunk and key-block edge) and 9 (a 1-token document), then one
+# longer than every window tested; row 1: a start at 13 (off the edges).
+PACKED = jnp.asarray([[0] * 8 + [1] + [2] * 28, [0] * 13 + [1] * 24], jnp.int32)
+
+
+def _op_loss(implementation, args, state, *, window, segment_ids, empty_slots, weights):
+    """Σ w·o + Σ w·final slots of the NHA op (documents, state, final state), and (o, final)."""
     from hybrid_jax.ops.nha import native_hybrid_attention
+
+    out, final = native_hybrid_attention(
+        *args[:5], window=window, q_window=args[5], k_window=args[6], segment_ids=segment_ids,
+        initial_state=state, return_final_state=True, empty_slots=empty_slots, chunk_size=8,
+        implementation=implementation)
+    loss = (jnp.sum(weights[0] * out) + jnp.sum(weights[1] * final.slot_keys)
+            + jnp.sum(weights[2] * final.slot_values))
+    return loss, (out, final)
+
+
+def check_op(T, window, *, state=True, segment_ids=PACKED, empty_slots="mask", H=4, G=2, K=3,
+             V=4, M=3, D=5, grads=True):
+    """The NHA op's pallas rung (float32, interpret mode) against the numpy loop (outputs,
+    final slots) and the float64 reference rung (gradients of every input and of the initial
+    state's arrays, through the outputs and the final slots)."""
+    dims = dict(G=G, K=K, V=V, M=M, D=D)
+    args = op_tests._inputs(T, H=H, seed=T + window, dtype=jnp.float32, **dims)
+    segment_ids = None if segment_ids is None else segment_ids[:, :T]
+    with jax.enable_x64(True):  # the state's float64 draws, before the float32 kernel runs
+        base = op_tests._random_state(window + 3, window=window, **dims) if state else None
+    weights = normals(9, (2, T, H, V), (2, G, K, M), (2, G, M, V), dtype=np.float32)
+    options = dict(window=window, segment_ids=segment_ids, empty_slots=empty_slots)
+    floats = lambda tree, dtype: jax.tree.map(
+        lambda x: jnp.asarray(x, dtype) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+        else jnp.asarray(x), tree)
+    grad = lambda impl, dtype, ws: jax.jit(jax.value_and_grad(
+        functools.partial(_op_loss, impl, **options, weights=ws), argnums=(0, 1),
+        has_aux=True, allow_int=True))
+    if grads:
+        (_, (out, final)), kernel_grads = grad("pallas", jnp.float32, weights)(
+            args, floats(base, jnp.float32))
+    else:
+        _, (out, final) = jax.jit(functools.partial(_op_loss, "pallas", **options,
+                                                    weights=weights))(args, floats(base,
+                                                                                   jnp.float32))
+    expected, (slot_keys, slot_values, starts) = op_tests.numpy_nha(
+        *args[:5], window, K**-0.5, *args[5:], segment_ids=segment_ids, state=base,
+        empty_slots=empty_slots)
+    what = f"T={T} w={window} state={state} documents={segment_ids is not None} {empty_slots}"
+    assert_close(out, expected, 1e-5, what + " values")
+    assert_close((final.slot_keys, final.slot_values), (slot_keys, slot_values), 1e-5,
+                 what + " final slots")
+    np.testing.assert_array_equal(final.document_start, starts)
+    if not grads:
+        return
+    with jax.enable_x64(True):
+        _, ref_grads = grad("reference", jnp.float64, [jnp.asarray(w, jnp.float64)
+                                                        for w in weights])(
+            floats(args, jnp.float64), floats(base, jnp.float64))
+    for name, got, ref in zip(NAMES, kernel_grads[0], ref_grads[0], strict=True):
+        assert_close(got, ref, 1e-5, f"{what} d{name}")
+    if state:
+        for name in base._fields[:7]:
+            assert_close(getattr(kernel_grads[1], name), getattr(ref_grads[1], name), 1e-5,
+                         f"{what} d state.{name}")
+
+
+def test_op_documents_state_gqa(interpret_kernels):
+    """The op's pallas rung with packed documents, an initial state whose document starts in
+    the ring (batch row 1), the final state, GQA and w = 5 (not a multiple of the chunk: the
+    ring and the call's slot inputs are copied into one stream)."""
+    check_op(29, 5)
+
+
+@pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_gsa_pallas_rung(interpret_kernels, grads):
+    """GSA's pallas rung (the NHA kernels at w = 0, float32) against GSA's float64 reference
+    rung: packed documents, an initial state, the final state; values, and (slow) gradients
+    of every input and of the initial state."""
+    from hybrid_jax.ops.gsa import gated_slot_attention
+
+    T, H = 27, 2
+    x = op_tests._inputs(T, H=H, G=H, seed=3, dtype=jnp.float32)[:5]
+    state = tuple(normals(4, (2, H, 3, 3), (2, H, 3, 4), dtype=np.float32))
+    weights = normals(5, (2, T, H, 4), (2, H, 3, 3), (2, H, 3, 4), dtype=np.float32)
+
+    def run(impl, dtype):
+        def loss(x, state):
+            out, final = gated_slot_attention(*x, initial_state=state, return_final_state=True,
+                                              segment_ids=PACKED[:, :T], chunk_size=8,
+                                              implementation=impl)
+            total = sum(jnp.sum(w.astype(dtype) * y) for w, y in zip(weights, (out, *final),
+                                                                     strict=True))
+            return total, (out, final)
+
+        cast = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, dtype), tree)
+        if not grads:
+            return jax.jit(loss)(cast(x), cast(state)), None
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(cast(x),
+                                                                               cast(state))
+
+    (_, got), kernel_grads = run("pallas", jnp.float32)
+    with jax.enable_x64(True):
+        (_, expected), ref_grads = run("reference", jnp.float64)
+    assert_close(got, expected, 1e-5, "GSA values and final slots")
+    if grads:
+        assert_close(kernel_grads, ref_grads, 1e-5, "GSA gradients")
+
+
+def test_op_documents_full_window(interpret_kernels):
+    """w ≥ T without a state (nha-hybrid's full-window layers on packed text): the slots stay
+    idle and the window kernels alone run, masked to each document (values; gradients in the
+    slow suite)."""
+    check_op(21, 30, state=False, grads=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("T", "window", "options"), [
+    (29, 16, dict(state=False)),  # w = 2 chunks: the slot inputs read in place, final slots
+    (29, 3, dict(state=False, empty_slots="sink")),
+    (29, 0, {}),  # no window: the slots alone, from a state, across documents
+    (29, 5, dict(segment_ids=None, empty_slots="sink")),  # a state without segment ids
+    (21, 40, {}),  # w > T: the whole call inside the ring's window
+    (21, 1, dict(state=False, segment_ids=None)),
+    (21, 30, dict(state=False)),  # idle slots, documents: gradients
+])
+def test_op_documents_and_states(interpret_kernels, T, window, options):
+    check_op(T, window, **options)
+
+
+@pytest.mark.slow
+def test_op_head_dim_256(interpret_kernels):
+    """Head dims of 256 (nha-340m) with GQA, documents and a state."""
+    check_op(13, 3, H=2, G=1, K=256, V=256, M=4, D=256)
+
+
+@pytest.mark.parametrize(("window", "head_dim", "kv_heads", "options", "kernels"), [
+    (200, 128, 2, dict(documents=True, state=True), 11),  # fwd 5 kernels, bwd 6
+    pytest.param(512, 128, 2, {}, 11, marks=pytest.mark.slow),  # plain, slot inputs in place
+    pytest.param(512, 128, 2, dict(precision="split"), 11, marks=pytest.mark.slow),
+    pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
+    pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
+    pytest.param(2000, 128, 2, dict(documents=True), 3, marks=pytest.mark.slow),  # idle slots
+])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv_heads,
+                                               options, kernels):
+    """Forward and backward build their Triton kernels (Pallas' Triton lowering, no GPU
+    needed) at the GPU's default tiles and real sizes (M = 64, bf16 q/k/v, float32 s/g),
+    with documents, a state and the final slots."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    B, T, H, M, D = 1, 1000, 4, 64, head_dim
+    ring = window if options.get("state") else 0
+    blocks = dataclasses.replace(default_block_sizes("gpu", D),
+                                 slot_precision=options.get("precision", "mixed"))
+    inputs = [spec(B, T, H, D), spec(B, T, kv_heads, D), spec(B, T, kv_heads, D),
+              spec(B, T, kv_heads, M, dtype=jnp.float32),
+              spec(B, T, kv_heads, M, dtype=jnp.float32), spec(B, T, H, D),
+              spec(B, T, kv_heads, D)]
+    documents = (api.Documents(spec(B, ring + T, dtype=jnp.int32),
+                               spec(B, ring + T, dtype=jnp.bool_))
+                 if options.get("documents") else None)
+    ring_shapes = [(D, D), (D, D), (M, jnp.float32), (M, jnp.float32), (D, D)]
+    state = (api.State(spec(B, kv_heads, D, M, dtype=jnp.float32),
+                       spec(B, kv_heads, M, D, dtype=jnp.float32),
+                       *(spec(B, ring, kv_heads, d, dtype=jnp.bfloat16 if t == D else t)
+                         for d, t in ring_shapes))
+             if options.get("state") else None)
+
+    def grads(x, documents, state):
+        def run(*x):
+            return api.native_hybrid_attention(
+                *x[:5], window=window, q_window=x[5], k_window=x[6], documents=documents,
+                initial_state=state, return_final_state=True, block_sizes=blocks)
+
+        out, vjp = jax.vjp(run, *x)
+        return vjp(out)
+
+    text = jax.jit(grads).trace(inputs, documents, state).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == kernels
+
+
+def test_op_pallas_rung_names_why_it_cannot_run():
+    """`hybrid_jax.ops.native_hybrid_attention(implementation="pallas")` on this CPU names the
+    reason (no kernel platform), with documents and a state too."""
+    from hybrid_jax.ops.nha import native_hybrid_attention, nha_empty_state
 
     x = make_inputs(8, 1, 8, 2, 2)
     args = [x[n] for n in NAMES[:5]]
     segments = jnp.zeros((1, 8), jnp.int32)
-    for options, message in ((dict(segment_ids=segments), "segment_ids"), ({}, "platform")):
-        with pytest.raises(ValueError, match=message):
+    state = nha_empty_state(1, 2, 8, 8, 4, 2)
+    for options in ({}, dict(segment_ids=segments, initial_state=state)):
+        with pytest.raises(ValueError, match="platform"):
             jax.eval_shape(lambda *a, o=options: native_hybrid_attention(
                 *a, window=2, implementation="pallas", **o), *args)
 
@@ -182,15 +385,24 @@ def test_unsupported_reasons():
     assert "k has shape" in api.unsupported(args[0], bad_k, *args[2:], window=1, interpret=True)
     with pytest.raises(ValueError, match="cannot|platform"):
         api.native_hybrid_attention(*args, window=2, backend="cpu")
+    documents = api.documents_from_segment_ids(jnp.zeros((1, 8), jnp.int32))
+    assert api.unsupported(*args, window=2, documents=documents, interpret=True) is None
+    assert "TPU kernels take no documents" in api.unsupported(
+        *args, window=2, documents=documents, backend="tpu", interpret=True)
+    assert "documents.ids has shape" in api.unsupported(
+        *args, window=2, documents=api.Documents(documents.ids[:, 1:], documents.starts[:, 1:]),
+        interpret=True)
+    assert "initial_state must be a State" in api.unsupported(
+        *args, window=2, initial_state=(x["k"], x["v"]), interpret=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("window", "dtype"), [(0, jnp.bfloat16), (16, jnp.bfloat16),
                                                (0, jnp.float16)])
 def test_gpu_kernel_16bit_slot_precisions(window, dtype):
-    """16-bit inputs: the "float32" and (default) "mixed" slot precisions stay within 16-bit
-    rounding (2 %) of the float64 reference, values and gradients, with all the softmax mass on
-    the slots (w = 0) too; "mixed" does round some gradient products (it differs)."""
+    """16-bit inputs: the "float32", (default) "mixed" and "split" slot precisions stay within
+    16-bit rounding (2 %) of the float64 reference, values and gradients, with all the softmax
+    mass on the slots (w = 0) too; "mixed" does round some gradient products (it differs)."""
     x = {n: a.astype(dtype) for n, a in make_inputs(5, 1, 37, 2, 2).items()}
     weights = normals(7, (1, 37, 2, 8), dtype=np.float32)
     with jax.enable_x64(True):
@@ -198,7 +410,7 @@ def test_gpu_kernel_16bit_slot_precisions(window, dtype):
         ref_out, ref_grads = value_and_grads(lambda x: scan_nha(x, window, 0.5, "mask"), x64,
                                              jnp.asarray(weights, jnp.float64))
     grads = {}
-    for precision in ("float32", "mixed"):
+    for precision in ("float32", "mixed", "split"):
         blocks = dataclasses.replace(TINY, slot_precision=precision)
         out, grads[precision] = value_and_grads(
             lambda x, blocks=blocks: kernel_nha(x, window, 0.5, "mask", blocks=blocks

@@ -37,6 +37,7 @@ TRAIN_CASES = [
     (dict(eval_batches=-1), r"TrainConfig.eval_batches=-1: expected an integer >= 0"),
     (dict(log_every=True), r"TrainConfig.log_every=True: expected an integer"),
     (dict(stop_grace_s=0), r"TrainConfig.stop_grace_s=0: expected a finite value in \(0"),
+    (dict(time_limit_s=-1.0), r"TrainConfig.time_limit_s=-1.0: expected a finite value in \[0"),
     (dict(async_checkpoint="yes"), r"TrainConfig.async_checkpoint='yes': expected true or"),
     (dict(mesh=(1, 1, 1)), r"TrainConfig.mesh=\(1, 1, 1\): expected a MeshConfig"),
 ]

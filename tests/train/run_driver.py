@@ -3,7 +3,9 @@
     python -m tests.train.run_driver CONFIG.json RUN_DIR SECONDS_PER_BATCH
 
 The experiment comes from CONFIG.json; each batch is delayed by SECONDS_PER_BATCH so a test can
-signal the run midway. Exits 128 + signal number when interrupted, like `hybrid-jax train`.
+signal the run midway. A multi-process job is set by the `HYBRID_JAX_*` environment
+(`hybrid_jax.distributed`). Prints `{"interrupted": ..., "step": ...}` and exits 128 + signal
+number when interrupted, like `hybrid-jax train`.
 """
 
 import json
@@ -13,6 +15,7 @@ import time
 
 import hybrid_jax.train.trainer as trainer
 from hybrid_jax.config import ExperimentConfig, from_dict
+from hybrid_jax.distributed import initialize
 
 
 class SlowBatches:
@@ -34,11 +37,13 @@ class SlowBatches:
 
 def main() -> int:
     config, run_dir, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    initialize()  # a multi-process job when the environment describes one
     experiment = from_dict(ExperimentConfig, json.loads(open(config).read()))
     make_iterator = trainer.train_iterator
     trainer.train_iterator = lambda *a, **k: SlowBatches(make_iterator(*a, **k), delay)
     results = trainer.train(experiment, run_dir, progress=False, resume=True)
     if results.get("interrupted"):
+        print(json.dumps({k: results[k] for k in ("interrupted", "step")}), flush=True)
         return 128 + signal.Signals[results["interrupted"]].value
     return 0
 

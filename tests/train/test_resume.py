@@ -93,6 +93,20 @@ def test_sigterm_then_resume_gives_the_uninterrupted_losses(corpus, reference, t
         assert resumed[key] == reference[key]
 
 
+def test_time_limit_stops_checkpoints_and_resumes(corpus, reference, tmp_path):
+    """A spent `train.time_limit_s` ends the loop at the first step boundary (here before step
+    1): checkpoint, final eval, `time_limit_reached`; resuming without it gives the
+    uninterrupted losses."""
+    experiment = tiny_text_experiment(corpus, steps=STEPS, time_limit_s=1e-9)
+    limited = train(experiment, tmp_path, progress=False)
+    assert limited["time_limit_reached"] and limited["steps"] == 0
+    assert np.isfinite(limited["eval_loss"]) and saved_steps(tmp_path) == [0]
+    assert [r["event"] for r in records(tmp_path) if "event" in r] == ["time_limit"]
+    resumed = train(tiny_text_experiment(corpus, steps=STEPS), tmp_path, progress=False,
+                    resume=True)
+    assert losses(tmp_path) == losses(reference[0]) and not resumed["time_limit_reached"]
+
+
 def test_sigkill_during_saves_resumes_from_the_last_complete_checkpoint(corpus, reference,
                                                                         tmp_path):
     experiment = tiny_text_experiment(corpus, steps=STEPS, checkpoint_every=1,

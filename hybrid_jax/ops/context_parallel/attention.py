@@ -19,20 +19,22 @@ from hybrid_jax.ops.context_parallel.collectives import SEQ_AXIS, halo, seq_shar
 
 
 def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
-              q_positions=None, kv_positions=None, implementation=None, axis_name=SEQ_AXIS):
+              q_positions=None, kv_positions=None, segment_extents=None, implementation=None,
+              axis_name=SEQ_AXIS):
     """`hybrid_jax.ops.attention`, context-parallel over `axis_name` for self-attention (the
-    positions are then the sequence's own); shapes and result as the op."""
+    positions are then the sequence's own); shapes and result as the op. `segment_extents`
+    (whole-sequence indices) serve the unsharded call only; a shard's keys come with their
+    own segment ids."""
     op_kwargs = dict(causal=causal, window=window, scale=scale, implementation=implementation)
     shards = seq_shards(axis_name)
     if shards == 1:
         return _attention(q, k, v, segment_ids=segment_ids, q_positions=q_positions,
-                          kv_positions=kv_positions, **op_kwargs)
+                          kv_positions=kv_positions, segment_extents=segment_extents,
+                          **op_kwargs)
     if q_positions is not None or kv_positions is not None or q.shape[1] != k.shape[1]:
         raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
                          "self-attention without explicit positions (a decode step runs "
                          f"without a '{axis_name}' axis); got q {q.shape}, k {k.shape}")
-    if segment_ids is None:
-        segment_ids = jnp.zeros(q.shape[:2], jnp.int32)
     local_length = q.shape[1] // shards
     use_halo = causal and window is not None and window - 1 < (shards - 1) * local_length
 
@@ -40,15 +42,18 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         q, k, v, segment_ids = seq
         start = jax.lax.axis_index(axis_name) * local_length
         q_positions = start + jnp.arange(local_length)
-        if use_halo:
-            width = window - 1
-            k_all, v_all, kv_segment_ids = (jnp.concatenate([halo(x, width, axis_name), x], 1)
-                                            for x in (k, v, segment_ids))
-            kv_positions = start - width + jnp.arange(width + local_length)  # < 0: masked
-        else:
-            k_all, v_all, kv_segment_ids = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True)
-                                            for x in (k, v, segment_ids))
-            kv_positions = jnp.arange(k_all.shape[1])
+        width = window - 1 if use_halo else 0
+        kv_positions = (start - width + jnp.arange(width + local_length) if use_halo  # < 0: masked
+                        else jnp.arange(k.shape[1] * shards))
+
+        def gather(x):
+            if x is None:  # no segment ids (one document per row): none are passed on
+                return None
+            if use_halo:
+                return jnp.concatenate([halo(x, width, axis_name), x], 1)
+            return jax.lax.all_gather(x, axis_name, axis=1, tiled=True)
+
+        k_all, v_all, kv_segment_ids = (gather(x) for x in (k, v, segment_ids))
         return _attention(q, k_all, v_all, segment_ids=segment_ids,
                           kv_segment_ids=kv_segment_ids, q_positions=q_positions,
                           kv_positions=kv_positions, **op_kwargs)

@@ -48,16 +48,18 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     if shards == 1:
         return _native_hybrid_attention(q, k, v, s, g, q_window=q_window, k_window=k_window,
                                        segment_ids=segment_ids, **op_kwargs)
-    if segment_ids is None:
-        segment_ids = jnp.zeros(q.shape[:2], jnp.int32)
     dtype = compute_dtype(q, k, v, s, g, q_window, k_window)
     local_length = q.shape[1] // shards
 
     def local(seq, _):
         q, k, v, s, g, q_window, k_window, segment_ids = seq
         start = jax.lax.axis_index(axis_name) * local_length
-        starts, document_start = _documents(segment_ids, start, axis_name)
-        g = jnp.where(starts[:, :, None, None], RESET_LOG_DECAY, g.astype(dtype))
+        g = g.astype(dtype)
+        if segment_ids is None:  # one document: the op gets no segment ids (kernels need none)
+            document_start = jnp.zeros(q.shape[:1], jnp.int32)
+        else:
+            starts, document_start = _documents(segment_ids, start, axis_name)
+            g = jnp.where(starts[:, :, None, None], RESET_LOG_DECAY, g)
         # The window's tokens before the shard, oldest first (zeros before the sequence).
         past = [halo(x.astype(dtype), window, axis_name) for x in (k, v, s, g, k_window)]
         stream = [jnp.concatenate([p, x.astype(dtype)], 1)[:, :local_length] if window

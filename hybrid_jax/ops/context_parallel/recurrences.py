@@ -144,14 +144,15 @@ def selective_scan(x, dt, A, B, C, *, chunk_size=64, initial_state=None,
 
 
 def dss(u, log_decay, coeff, *, initial_state=None, return_final_state=False,
-        segment_ids=None, implementation=None, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
+        segment_ids=None, chunk_size=64, implementation=None, axis_name=SEQ_AXIS,
+        combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.dss`, context-parallel (complex state `[B, H, N]`)."""
     dtype = jnp.promote_types(compute_dtype(u, log_decay, coeff), jnp.complex64)
     state_shape = u.shape[:1] + log_decay.shape
 
     def run(u, params, h, ids):
         return _dss(u, *params, initial_state=h, return_final_state=True, segment_ids=ids,
-                    implementation=implementation)
+                    chunk_size=chunk_size, implementation=implementation)
 
     def transition(u, params):  # exp(λΔ·T_shard), the same for every batch row
         return jnp.broadcast_to(jnp.exp(u.shape[1] * params[0].astype(dtype)), state_shape)

@@ -1,0 +1,165 @@
+"""flash-linear-attention's (fla) chunk kernels at the shapes of `linear_ops.py`, fwd and fwd+bwd.
+
+    python3 -m experiments.benchmarks.peers.fla_linear [--shapes 4x8192,8x4096,2x16384]
+        [--ops ssd,gated_delta_rule,gated_slot_attention] [--iters 10]
+
+Run by `linear_ops.py` in its own process before JAX takes the GPU; needs torch and fla
+(`fla-core` 0.6: `fla.ops`), neither a dependency of hybrid_jax. Heads 16, K = V = 128, bf16,
+layout [B, T, H, D] (fla 0.6 has no `head_first`), gates in log space:
+  ssd                   chunk_simple_gla(q=C, k=B per head, v=dt·x, g=dt·A, scale=1): SSD
+                        with one B/C group broadcast to the heads (the inputs come prepared)
+  gated_delta_rule      chunk_gated_delta_rule(q, k l2-normalised, v, g=−softplus, beta)
+  gated_slot_attention  chunk_gsa(q, k, v, s=1−e^g, g=logsigmoid/8), 64 slots
+fwd+bwd is the gradient of sum(o.float()) w.r.t. every input, as in linear_ops. fla's GDN and
+SSD backward may fail on Triton 3.6 on Hopper (fla issue #640): that row says "refused" with
+the error instead of stopping the run.
+
+Prints one JSON line per (op, shape) as soon as it is measured, flushed, shapes in the order
+given (the targets' 4 × 8192 first): first the row with the forward only (`"partial": true`),
+then the whole row, which replaces it (`linear_ops` keeps the last row per op and shape, so a
+run cut off by its time limit keeps what it finished). `first_call_s` is the wall time of the
+first forward and of the first fwd+bwd: Triton compiling and autotuning fla's kernels, ~a
+minute for an op's first shape, seconds for its next (the autotuning keys hold no lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+HEADS, DIM, SLOTS = 16, 128, 64
+
+
+def make_inputs(name: str, batch: int, length: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+    """fla's arguments (positional, keyword) for one op, bf16 except float32 log decays."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    normal = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)
+    bf16 = torch.bfloat16
+    bthd = (batch, length, HEADS, DIM)
+    if name == "ssd":
+        dt = F.softplus(normal(batch, length, HEADS) - 3.0)
+        A = -torch.exp(torch.rand(HEADS, device="cuda", generator=gen) * 2.7)
+        x = normal(*bthd)
+        B, C = (normal(batch, length, 1, DIM).expand(bthd).contiguous() for _ in range(2))
+        v = (x * dt[..., None]).to(bf16)
+        return (C.to(bf16), B.to(bf16), v, dt * A), {"scale": 1.0}
+    if name == "gated_delta_rule":
+        q, k = (F.normalize(normal(*bthd), dim=-1).to(bf16) for _ in range(2))
+        g = -F.softplus(normal(batch, length, HEADS))
+        beta = torch.sigmoid(normal(batch, length, HEADS)).to(bf16)
+        return (q, k, normal(*bthd).to(bf16), g, beta), {}
+    if name == "gated_slot_attention":
+        g = F.logsigmoid(normal(batch, length, HEADS, SLOTS)) / 8
+        s = 1 - torch.exp(g)
+        q, k, v = (normal(*bthd).to(bf16) for _ in range(3))
+        return (q, k, v, s.to(bf16), g.to(bf16)), {}
+    raise ValueError(name)
+
+
+def fla_op(name: str):
+    if name == "ssd":
+        from fla.ops.simple_gla import chunk_simple_gla
+        return chunk_simple_gla
+    if name == "gated_delta_rule":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        return chunk_gated_delta_rule
+    if name == "gated_slot_attention":
+        from fla.ops.gsa import chunk_gsa
+        return chunk_gsa
+    raise ValueError(name)
+
+
+def time_ms(fn, warmup: int = 2, iters: int = 10) -> float:
+    """Median of CUDA-event times (warm-up calls also run fla's Triton autotuning)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _first_call_s(fn) -> float:
+    """Wall seconds of one call, synchronised (on a fresh op: compiling and autotuning)."""
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+
+
+def run_one(name: str, batch: int, length: int, iters: int) -> dict:
+    row = {"op": name, "impl": "fla", "B": batch, "T": length, "first_call_s": {}}
+    op = fla_op(name)
+    args, kwargs = make_inputs(name, batch, length)
+
+    def forward():
+        with torch.no_grad():
+            return op(*args, **kwargs)[0]
+
+    try:
+        row["first_call_s"]["fwd"] = _first_call_s(forward)
+        row["fwd_ms"] = time_ms(forward, iters=iters)
+    except Exception as e:  # noqa: BLE001  (report and go on)
+        row["error"] = "fwd refused: " + _error(e)
+        return row
+    _emit({**row, "partial": True})
+    leaves = [a.detach().requires_grad_(a.is_floating_point()) for a in args]
+
+    def forward_backward():
+        for a in leaves:
+            a.grad = None
+        out = op(*leaves, **kwargs)[0]
+        out.float().sum().backward()
+
+    try:
+        row["first_call_s"]["fwd_bwd"] = _first_call_s(forward_backward)
+        row["fwd_bwd_ms"] = time_ms(forward_backward, iters=iters)
+    except Exception as e:  # noqa: BLE001  (fla #640: its backward refuses on Triton 3.6)
+        row["error"] = "fwd+bwd refused: " + _error(e)
+    row["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="4x8192,8x4096,2x16384")
+    parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention")
+    parser.add_argument("--iters", type=int, default=10)
+    args = parser.parse_args()
+    import fla
+
+    _emit({"fla_version": getattr(fla, "__version__", "?"), "torch": torch.__version__,
+           "device": torch.cuda.get_device_name()})
+    for shape in args.shapes.split(","):
+        batch, length = map(int, shape.split("x"))
+        for name in args.ops.split(","):
+            try:
+                row = run_one(name, batch, length, args.iters)
+            except Exception as e:  # noqa: BLE001  (e.g. out of memory building the inputs)
+                row = {"op": name, "impl": "fla", "B": batch, "T": length, "error": _error(e)}
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            _emit(row)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+"""The gated delta rule (Gated DeltaNet) in Pallas, GPU (Triton lowering): entry point
+`api.gated_delta_rule` (differentiable: values, final state, gradients of every input and of
+the initial state), `api.unsupported` for `implementation=` dispatch in
+`hybrid_jax.ops.delta_rule`."""

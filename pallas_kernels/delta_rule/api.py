@@ -1,0 +1,166 @@
+"""The gated delta rule with Pallas kernels: entry point, support checks, custom VJP.
+
+Per step t and head, state S `[K, V]` (the initial state, or zeros):
+
+    S ← e^{g_t} S;   u_t = β_t (v_t − Sᵀ k_t);   S ← S + k_t u_tᵀ;   o_t = Sᵀ (scale·q_t)
+
+and the state is zero before each document's first token (`starts`). This is the contract of
+`hybrid_jax.ops.gated_delta_rule` (its "pallas" rung). Time is cut into chunks of C steps and
+padded to a multiple of C (padded steps have β = 0, g = 0: they leave the state alone).
+Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_states_and_outputs`
+(one sequential pass over chunks per batch, head and V tile); backward:
+`backward.chunk_state_gradients` (the reverse pass) and `backward.chunk_gradients` (parallel).
+Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.delta_rule.backward import chunk_gradients, chunk_state_gradients
+from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.delta_rule.forward import chunk_prepare, chunk_states_and_outputs
+from pallas_kernels.delta_rule.static import Static
+
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (jnp.bfloat16, jnp.float32)
+F32 = jnp.float32
+
+
+def gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    starts: jax.Array | None = None,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule over a sequence (module docstring); differentiable in every array.
+
+    Args:
+      q, k: `[B, T, H, K]`; v: `[B, T, H, V]` (one dtype: bfloat16 or float32).
+      g: `[B, T, H]` log decays (≤ 0); beta: `[B, T, H]` write strengths (any float dtype).
+      scale: query scale, default `K**-0.5`.
+      initial_state: `[B, H, K, V]` state before the first step, or None (zeros).
+      starts: `[B, T]` bool, True where a document starts (after the first token: the first
+        token continues `initial_state`), or None.
+      block_sizes: tiles and launch parameters (default `default_block_sizes(K, V, B·H)`).
+      interpret: run the kernels in Pallas interpret mode (CPU tests).
+
+    Returns:
+      `(o, final_state)`: o `[B, T, H, V]` in q's dtype, final state `[B, H, K, V]` float32.
+    """
+    reason = unsupported(q, k, v, g, beta, initial_state, starts, block_sizes=block_sizes,
+                         interpret=interpret)
+    if reason is not None:
+        raise ValueError(f"pallas gated_delta_rule: {reason}")
+    batch, length, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    blocks = _fitted(block_sizes or default_block_sizes(key_dim, value_dim, batch * heads),
+                     key_dim, value_dim)
+    st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
+                documents=starts is not None, interpret=interpret)
+    padded = -(-length // blocks.chunk) * blocks.chunk
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2))
+    g = g.astype(F32)
+    if starts is not None:
+        g = jnp.where(starts[..., None], 0.0, g)  # a start's own decay multiplies a zero state
+    heads_first = lambda x: pad(x.astype(F32)).transpose(0, 2, 1)  # [B, T, H] → [B, H, Tp]
+    state = (jnp.zeros((batch, heads, key_dim, value_dim), F32) if initial_state is None
+             else initial_state.astype(F32))
+    out, final_state = _core(st, pad(q), pad(k), pad(v), heads_first(g), heads_first(beta),
+                             None if starts is None else pad(starts.astype(F32)), state)
+    return out[:, :length], final_state
+
+
+def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_sizes=None,
+                interpret=False) -> str | None:
+    """None when the kernels can run this call, else the reason (for `implementation=`
+    dispatch)."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return f"q, k, v must be [batch, time, heads, dim], got {q.shape}, {k.shape}, {v.shape}"
+    batch, length, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    expected = dict(k=(q.shape, k), v=((batch, length, heads, value_dim), v),
+                    g=((batch, length, heads), g), beta=((batch, length, heads), beta))
+    if initial_state is not None:
+        expected["initial_state"] = ((batch, heads, key_dim, value_dim), initial_state)
+    if starts is not None:
+        expected["starts"] = ((batch, length), starts)
+    for name, (shape, x) in expected.items():
+        if tuple(x.shape) != tuple(shape):
+            return f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}"
+    if k.dtype != q.dtype or v.dtype != q.dtype or q.dtype not in DTYPES:
+        return (f"q, k, v must share one dtype, bfloat16 or float32; got {q.dtype}, {k.dtype}, "
+                f"{v.dtype}")
+    others = dict(g=g, beta=beta, initial_state=initial_state)
+    for name, x in others.items():
+        if x is not None and (not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == jnp.float64):
+            return f"{name} must be a floating dtype other than float64, got {x.dtype}"
+    platform = _platform()
+    if not interpret:
+        if platform == "tpu":
+            return ("no TPU variant: the kernels are written for the Pallas Triton lowering "
+                    "(loops over chunks with row slices, in-register cumulative sums)")
+        if platform != "gpu":
+            return f"needs a GPU (platform {platform!r}; interpret=True runs them on the CPU)"
+        for name, dim in (("K", key_dim), ("V", value_dim)):
+            if dim not in HEAD_DIMS:
+                return f"head dim {name}={dim} (the GPU kernels take {HEAD_DIMS})"
+    else:
+        for name, dim in (("K", key_dim), ("V", value_dim)):
+            if dim < 2 or dim & (dim - 1):
+                return f"head dim {name}={dim} must be a power of two"
+    if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
+        return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
+    return None
+
+
+def _platform() -> str:
+    platform = jax.default_backend()
+    return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+
+
+def _fitted(blocks: BlockSizes, key_dim: int, value_dim: int) -> BlockSizes:
+    """Tiles no wider than the head dims (powers of two, so they divide them)."""
+    return dataclasses.replace(
+        blocks, value_block=min(blocks.value_block, value_dim),
+        gradient_key_block=min(blocks.gradient_key_block, key_dim),
+        gradient_value_block=min(blocks.gradient_value_block, value_dim))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(st: Static, q, k, v, g, beta, starts, initial_state):
+    w, u0, p = chunk_prepare(q, k, v, g, beta, starts, st, save=False)
+    return tuple(chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st,
+                                          save=False))
+
+
+def _core_forward(st: Static, q, k, v, g, beta, starts, initial_state):
+    w, u0, p, t = chunk_prepare(q, k, v, g, beta, starts, st, save=True)
+    out, final_state, states, u = chunk_states_and_outputs(q, k, w, u0, p, g, starts,
+                                                           initial_state, st, save=True)
+    return (out, final_state), (q, k, v, g, beta, starts, w, p, t, states, u)
+
+
+def _core_backward(st: Static, residuals, cotangents):
+    q, k, v, g, beta, starts, w, p, t, states, u = residuals
+    d_out, d_final = cotangents
+    d_out = d_out.astype(q.dtype)
+    du, d_states, d_initial = chunk_state_gradients(q, k, w, p, g, starts, d_out,
+                                                    d_final.astype(F32), st)
+    dq, dk, dv, d_beta, dg = chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u,
+                                             du, d_out, st)
+    return dq, dk, dv, dg, d_beta, None, d_initial
+
+
+_core.defvjp(_core_forward, _core_backward)

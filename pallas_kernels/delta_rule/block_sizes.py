@@ -1,0 +1,67 @@
+"""Tiles and Triton launch parameters of the gated delta rule kernels, and their defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles (powers of two) and launch parameters.
+
+    chunk: C, the steps of one chunk (one program of the parallel kernels; one iteration of the
+      sequential ones). sub_chunk: the blocks of the C×C triangular inverse (diagonal blocks by
+      forward substitution, the rest by block substitution).
+    value_block: the V tile of the two sequential kernels (one program per batch, head and V
+      tile; the state update is separable over the columns of V).
+    gradient_key_block / gradient_value_block: the K and V tiles that `chunk_gradients` loops
+      over (its float32 accumulators are [C, key tile] and [C, C]).
+    prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
+      math (carried through the loop), instead of leaving it to Triton's pipeliner.
+    *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
+      two sequential kernels (state) and of `chunk_gradients` (gradient).
+    """
+
+    chunk: int = 64
+    sub_chunk: int = 16
+    value_block: int = 64
+    gradient_key_block: int = 64
+    gradient_value_block: int = 64
+    prefetch: bool = False
+    prepare_num_warps: int = 4
+    prepare_num_stages: int = 1
+    state_num_warps: int = 4
+    state_num_stages: int = 2
+    gradient_num_warps: int = 8
+    gradient_num_stages: int = 1
+
+    def __post_init__(self):
+        for name in ("chunk", "sub_chunk", "value_block", "gradient_key_block",
+                     "gradient_value_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 2 or value & (value - 1):
+                raise ValueError(f"BlockSizes.{name} must be a power of two >= 2, got {value!r}")
+        if self.sub_chunk > self.chunk:
+            raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
+                             f"({self.chunk})")
+        for name in ("prepare_num_warps", "prepare_num_stages", "state_num_warps",
+                     "state_num_stages", "gradient_num_warps", "gradient_num_stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
+
+
+SEQUENTIAL_PROGRAMS = 128
+"""The sequential kernels run one program per (batch, head, V tile): about one per SM of an
+H100/H200 (132) keeps the machine busy while each program waits on its chain of products."""
+
+
+def default_block_sizes(key_dim: int, value_dim: int, heads: int = 64) -> BlockSizes:
+    """GPU defaults (NOTES.md) for `heads` = batch × heads sequences. The V tile of the
+    sequential kernels is at most 64 (32 for K = 256, so that the float32 state [K, V tile]
+    stays ≈ 64 registers a thread at 4 warps), and narrower (down to 16) while there would be
+    fewer than `SEQUENTIAL_PROGRAMS` programs."""
+    tile = min(value_dim, 64 if key_dim <= 128 else 32)
+    while tile > 16 and heads * (value_dim // tile) < SEQUENTIAL_PROGRAMS:
+        tile //= 2
+    return BlockSizes(value_block=tile, gradient_key_block=min(key_dim, 64),
+                      gradient_value_block=min(value_dim, 64))

@@ -1,0 +1,103 @@
+"""Where the gated delta rule kernels' arrays live (layout in `forward.py`): block specs, the
+kernels' ref lists with the optional document starts, and the sequential kernels' chunk loads
+and loop, written once for the two kinds of kernel:
+
+  per chunk   grid (batch, head, chunk): one chunk of rows, the chunk's state
+  sequential  grid (batch, head, V tile): whole sequences, one loop over chunks inside
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+
+class ChunkSpecs:
+    """Specs of a per-chunk kernel, chunk C."""
+
+    def __init__(self, chunk: int):
+        self.C = chunk
+
+    def rows(self, dim: int) -> pl.BlockSpec:
+        """This chunk's rows of a `[B, Tp, H, dim]` array."""
+        return pl.BlockSpec((None, self.C, None, dim), lambda b, h, c: (b, c, h, 0))
+
+    def steps(self) -> pl.BlockSpec:
+        """This chunk of a `[B, H, Tp]` array (g, β)."""
+        return pl.BlockSpec((None, None, self.C), lambda b, h, c: (b, h, c))
+
+    def starts(self) -> pl.BlockSpec:
+        """This chunk of the `[B, Tp]` document starts."""
+        return pl.BlockSpec((None, self.C), lambda b, h, c: (b, c))
+
+    def state(self, key_dim: int, value_dim: int) -> pl.BlockSpec:
+        """The state of this chunk in a `[B, H, NC·K, V]` array of per-chunk states."""
+        return pl.BlockSpec((None, None, key_dim, value_dim), lambda b, h, c: (b, h, c, 0))
+
+
+class SequentialSpecs:
+    """Specs of a sequential kernel over `length` padded steps, V tile `tile`."""
+
+    def __init__(self, length: int, tile: int):
+        self.length, self.tile = length, tile
+
+    def whole(self, dim: int) -> pl.BlockSpec:
+        """The whole sequence of one head of a `[B, Tp, H, dim]` array."""
+        return pl.BlockSpec((None, self.length, None, dim), lambda b, h, j: (b, 0, h, 0))
+
+    def tiled(self) -> pl.BlockSpec:
+        """The whole sequence of this V tile of a `[B, Tp, H, V]` array."""
+        return pl.BlockSpec((None, self.length, None, self.tile), lambda b, h, j: (b, 0, h, j))
+
+    def steps(self) -> pl.BlockSpec:
+        return pl.BlockSpec((None, None, self.length), lambda b, h, j: (b, h, 0))
+
+    def starts(self) -> pl.BlockSpec:
+        return pl.BlockSpec((None, self.length), lambda b, h, j: (b, 0))
+
+    def state(self, rows: int) -> pl.BlockSpec:
+        """This V tile of a `[B, H, rows, V]` state array (one state, or NC·K rows of them)."""
+        return pl.BlockSpec((None, None, rows, self.tile), lambda b, h, j: (b, h, 0, j))
+
+
+def with_starts(in_specs: list, args: list, starts_spec: pl.BlockSpec, starts, documents: bool):
+    """Appends the document starts (spec and array) when the call has documents."""
+    if documents:
+        in_specs.append(starts_spec)
+        args.append(starts)
+    return in_specs, args
+
+
+def split_refs(refs, count: int, documents: bool):
+    """(the first `count` refs, the starts ref or None, the remaining refs) of a kernel whose
+    inputs are `count` arrays, the optional starts, then the rest."""
+    starts_ref = refs[count] if documents else None
+    return refs[:count], starts_ref, refs[count + documents:]
+
+
+def chunk_loop(num_chunks: int, load, step, carry, *, reverse: bool, prefetch: bool):
+    """`carry = step(c, carry, load(c))` for every chunk c, in time order or reversed. `load(c)`
+    reads chunk c's tiles; no address depends on the carry, so the loads can be issued ahead
+    of the math: by Triton's pipeliner (num_stages), or, with `prefetch`, explicitly: the next
+    chunk's tiles are loaded before this chunk's step and carried through the loop."""
+    order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
+    if not prefetch:
+        return lax.fori_loop(0, num_chunks, lambda i, s: step(order(i), s, load(order(i))),
+                             carry)
+
+    def body(i, state):
+        s, tiles = state
+        ahead = load(order(jnp.minimum(i + 1, num_chunks - 1)))
+        return step(order(i), s, tiles), ahead
+
+    return lax.fori_loop(0, num_chunks, body, (carry, load(order(0))))[0]
+
+
+def load_chunk(refs: dict, starts_ref, c, C: int) -> dict:
+    """Rows c·C.. of every `[Tp, d]` ref in `refs`, the chunk's log decays and starts."""
+    span = pl.ds(c * C, C)
+    tiles = {name: ref[span, :] for name, ref in refs.items() if name != "g"}
+    tiles["g"] = refs["g"][span]
+    tiles["starts"] = None if starts_ref is None else starts_ref[span]
+    return tiles

@@ -1,0 +1,144 @@
+"""Mamba-2's SSD recurrence with Pallas kernels: entry point, support checks, custom VJP.
+
+Per head h (B/C group g = h // (H/G)), state `S_t` `[P, N]`:
+
+    S_t = exp(dt_t·A_h)·S_{t−1} + dt_t·x_t B_tᵀ,    y_t = S_t C_t
+
+with packed documents (`segment_ids`: a token whose id differs from the previous one starts a
+document; the state is zero before it, and the first token of the call continues
+`initial_state`). This is the contract of `hybrid_jax.ops.ssd` (whose "pallas" rung calls
+`ssd` here). Decays, cumulative sums and states are float32; matmul operands are the input
+dtype (bf16 on the GPU: states at chunk boundaries are stored, and read out, in bf16).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.ssd import gpu
+from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
+
+DIMS = (64, 128, 256)
+_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def ssd(
+    x: jax.Array,
+    dt: jax.Array,
+    A: jax.Array,
+    B: jax.Array,
+    C: jax.Array,
+    *,
+    segment_ids: jax.Array | None = None,
+    initial_state: jax.Array | None = None,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """The SSD recurrence (differentiable in every array input).
+
+    Args:
+      x: `[B, T, H, P]`; dt: `[B, T, H]` positive steps; A: `[H]` negative rates;
+      B, C: `[B, T, G, N]`, G dividing H.
+      segment_ids: `[B, T]` integer document ids, or None (one document per row).
+      initial_state: `[B, H, P, N]`, or None for zeros.
+      block_sizes: tiles (default `default_block_sizes(P, N)`).
+      interpret: run the kernels in Pallas interpret mode (CPU tests).
+
+    Returns:
+      `(y [B, T, H, P] in x's dtype, final state [B, H, P, N] float32)`.
+    """
+    reason = unsupported(x, dt, A, B, C, segment_ids=segment_ids, initial_state=initial_state,
+                         interpret=interpret)
+    if reason is not None:
+        raise ValueError(f"pallas ssd: {reason}")
+    batch, length, heads, head_dim = x.shape
+    groups, state_dim = B.shape[2:]
+    blocks = (block_sizes or default_block_sizes(head_dim, state_dim)).for_dims(head_dim)
+    chunk = blocks.chunk
+    padded = -(-length // chunk) * chunk
+    pad = lambda v: jnp.pad(v, [(0, 0), (0, padded - length)] + [(0, 0)] * (v.ndim - 2))
+    # Padding: dt = 0 (decay 1, no input) leaves the state unchanged; its outputs are cut off.
+    dt = dt.astype(jnp.float32)
+    log_decay = dt * A.astype(jnp.float32)
+    doc = None
+    if segment_ids is not None:
+        starts = jnp.concatenate([jnp.zeros((batch, 1), bool),
+                                  segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        # A document's first log decay is never read (chunk_math): 0, and no gradient.
+        log_decay = jnp.where(starts[..., None], 0.0, log_decay)
+        per_chunk = pad(starts).reshape(batch, padded // chunk, chunk)
+        doc = jnp.cumsum(per_chunk, axis=2, dtype=jnp.int32).reshape(batch, padded)
+    head_major = lambda v: pad(v).transpose(0, 2, 1)  # [B, T, H] -> [B, H, Tp]
+    if initial_state is None:
+        initial_state = jnp.zeros((batch, heads, head_dim, state_dim), jnp.float32)
+    st = gpu.Static(blocks=blocks, group=heads // groups, documents=doc is not None,
+                    interpret=interpret)
+    y, final_state = _core(st, pad(x), head_major(dt), head_major(log_decay),
+                           pad(B.astype(x.dtype)), pad(C.astype(x.dtype)), doc,
+                           initial_state.astype(jnp.float32))
+    return y[:, :length], final_state
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(st, x, dt, a, B, C, doc, s0):
+    return tuple(gpu.forward(x, dt, a, B, C, doc, s0, st, store_states=False))
+
+
+def _core_fwd(st, x, dt, a, B, C, doc, s0):
+    y, final_state, states = gpu.forward(x, dt, a, B, C, doc, s0, st, store_states=True)
+    return (y, final_state), (x, dt, a, B, C, doc, states)
+
+
+def _core_bwd(st, residuals, cotangents):
+    x, dt, a, B, C, doc, states = residuals
+    dy, d_final = cotangents
+    dy = dy.astype(x.dtype)
+    d_states, d_initial, kept = gpu.state_grads(dy, a, C, doc, states,
+                                                d_final.astype(jnp.float32), st)
+    dx, d_dt, d_a, dB, dC = gpu.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept,
+                                            st)
+    return dx, d_dt, d_a, dB.astype(B.dtype), dC.astype(C.dtype), None, d_initial
+
+
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None,
+                interpret=False) -> str | None:
+    """None when the kernels can run this call, else the reason. On the GPU: head and state
+    dims in `DIMS`, bf16 / f16 / f32 inputs; interpreted: any power-of-two dims (the tiles,
+    powers of two clipped to P, then divide P)."""
+    if x.ndim != 4 or dt.ndim != 3 or A.ndim != 1 or B.ndim != 4 or C.ndim != 4:
+        return (f"expected x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N]; got "
+                f"shapes {x.shape}, {dt.shape}, {A.shape}, {B.shape}, {C.shape}")
+    batch, length, heads, head_dim = x.shape
+    groups, state_dim = B.shape[2:]
+    if dt.shape != (batch, length, heads) or A.shape != (heads,):
+        return f"dt must be {(batch, length, heads)} and A {(heads,)}, got {dt.shape}, {A.shape}"
+    if B.shape[:2] != (batch, length) or C.shape != B.shape:
+        return f"B and C must both be [{batch}, {length}, G, N], got {B.shape} and {C.shape}"
+    if heads % groups:
+        return f"groups G={groups} must divide heads H={heads}"
+    if initial_state is not None and initial_state.shape != (batch, heads, head_dim, state_dim):
+        return (f"initial_state must be {(batch, heads, head_dim, state_dim)}, got "
+                f"{initial_state.shape}")
+    if segment_ids is not None and (segment_ids.shape != (batch, length)
+                                    or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
+        return (f"segment_ids must be integer [{batch}, {length}], got {segment_ids.dtype} "
+                f"{segment_ids.shape}")
+    arrays = dict(x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    for name, array in arrays.items():
+        if array is not None and array.dtype not in _DTYPES:
+            return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
+    if interpret:
+        if any(d & (d - 1) for d in (head_dim, state_dim)):
+            return f"P={head_dim} and N={state_dim} must be powers of two"
+        return None
+    if jax.default_backend() != "gpu":
+        return f"the kernels run on a GPU (Triton), the default backend is {jax.default_backend()}"
+    if head_dim not in DIMS or state_dim not in DIMS:
+        return f"head dim P={head_dim} and state dim N={state_dim} must be in {DIMS}"
+    return None

@@ -1,0 +1,81 @@
+"""Tile sizes and Triton launch parameters of the SSD kernels, per head dimensions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+_POWERS = ("chunk", "block_p", "backward_block_p", "grads_block_p")
+_COUNTS = ("num_warps", "num_stages", "backward_num_warps", "backward_num_stages",
+           "grads_num_warps", "grads_num_stages", "local_num_warps", "local_num_stages")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles (powers of two) and launch parameters of the three kernels (`gpu.py`).
+
+    chunk: L, the time steps of one chunk (states are kept at chunk boundaries only).
+    block_p: rows of the state tile `[block_p, N]` each program of the forward carries in
+      registers over the chunk loop (more programs, more redundant chunk scores C·Bᵀ).
+    backward_block_p: the same for the reverse pass over chunks (state gradients).
+    grads_block_p: feature tile of the per-chunk gradient kernel's loop over P. At P = 128 the
+      whole of P (128): 64 splits each head's products into pieces whose partial sums ptxas
+      serializes against the tensor cores ("wgmma serialized", its warning C7514).
+    num_warps / num_stages: the forward; backward_*: the reverse pass; grads_*: the per-chunk
+      gradient kernel.
+    split_forward: the forward's within-chunk outputs from a kernel of their own
+      (`gpu.chunk_outputs`, every chunk in parallel, launched with local_num_warps /
+      local_num_stages), so that the loop over chunks only carries the state (not yet timed:
+      `linear_ops` times it beside the default, NOTES.md).
+
+    Defaults (P, N ≤ 128) from the first H200 sweep (2026-12-01, jax 0.11.2, B4 T8192 H16
+    P = N = 128 bf16, `linear_ops --parts sweep`), the fastest of each kernel: forward (chunk
+    64, block_p 64, 4 warps, 2 stages) 0.609 ms; reverse pass (64, 4 warps, 2 stages) 0.465 ms;
+    per-chunk gradients: block 128 with 8 warps (1.62 ms at 2 stages, 1.81 at 1, against 2.14
+    at the tiles before: block 64, 1 stage). That sweep timed round 1's gradient kernel; the
+    current one (NOTES.md, round 2) keeps block 128 and 8 warps, and 1 stage: at 2 stages Triton
+    3.6 gives it 229,888 bytes of shared memory, 2.5 KB under the H200's 227 KB per block (XLA's
+    own Triton may allocate a little differently, and a kernel over the limit does not launch);
+    `linear_ops` times the 2-stage variant beside it. The plain forward and the forward inside
+    the VJP share the forward's fields: that sweep's best forward *is* (64, 64, 4, 2), so the
+    run's two whole-op forward rows (0.668 vs 0.782 ms) ran the same kernels (NOTES.md).
+    """
+
+    chunk: int = 64
+    block_p: int = 64
+    backward_block_p: int = 64
+    grads_block_p: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+    backward_num_warps: int = 4
+    backward_num_stages: int = 2
+    grads_num_warps: int = 8
+    grads_num_stages: int = 1
+    split_forward: bool = False
+    local_num_warps: int = 4
+    local_num_stages: int = 2
+
+    def __post_init__(self):
+        for name in _POWERS:
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
+        for name in _COUNTS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
+
+    def for_dims(self, head_dim: int) -> BlockSizes:
+        """The feature tiles clipped to the head dimension P (a tile never exceeds P)."""
+        return dataclasses.replace(self, block_p=min(self.block_p, head_dim),
+                                   backward_block_p=min(self.backward_block_p, head_dim),
+                                   grads_block_p=min(self.grads_block_p, head_dim))
+
+
+def default_block_sizes(head_dim: int, state_dim: int) -> BlockSizes:
+    """GPU defaults (NOTES.md): P = N = 128 is the tuned case; a head or state dimension of 256
+    takes chunks of 32 and narrower feature tiles, so the float32 tiles stay in registers (not
+    timed yet: chosen by ptxas' spill counts, where one pipeline stage spills least in the
+    per-chunk gradient kernel, as at 128)."""
+    if max(head_dim, state_dim) <= 128:
+        return BlockSizes().for_dims(head_dim)
+    return BlockSizes(chunk=32, block_p=32, backward_block_p=32, grads_block_p=64).for_dims(
+        head_dim)

@@ -1,0 +1,339 @@
+"""SSD kernels for NVIDIA GPUs: Pallas with the Triton lowering (NOTES.md says why).
+
+Arrays (time padded to a multiple of the chunk L, NC chunks): x, dy `[B, T, H, P]`; dt and the
+log decays a = dt·A `[B, H, T]` float32; B, C `[B, T, G, N]`; doc `[B, T]` int32 (document
+starts so far within each chunk, `chunk_math`); states `[B, H, P, N]` float32; states at chunk
+boundaries `[B, H, NC, P, N]` in the input dtype (the matmul operand type).
+
+  forward      grid (B, H, P/block_p): one program carries a `[block_p, N]` state tile in
+               registers through a loop over all chunks; per chunk it writes the chunk's output
+               (within-chunk scores C·Bᵀ, decayed, times dt·x, plus the entering state read
+               out by C) and updates the tile; optionally it stores the tile entering each
+               chunk (the backward's residual). Nothing else of the state reaches HBM.
+               With `split_forward` the within-chunk part comes from `chunk_outputs` (grid
+               (B, G, NC), every chunk in parallel) and the loop only adds the readout.
+  state_grads  grid (B, H, P/backward_block_p): the reverse loop over chunks, the gradient of
+               the state leaving each chunk (dH_c = e^{cum_last} dH_{c+1} + Σ_t e^{cum_t} dy_t
+               C_tᵀ), and carry_c·⟨dH_c, S_c⟩ from the float32 dH (the log decays' chunk-end
+               term, so chunk_grads never forms the `[P, N]` product).
+  chunk_grads  grid (B, G, NC): every chunk in parallel; a loop over the group's heads shares
+               the chunk's C·Bᵀ and accumulates dB, dC in registers; dx, dt's gradient through
+               dt·x, and the log decays' gradient per step.
+
+Gradient of the log decays: with every weight e^{±cum}, ∂L/∂cum_t = C_t·dC_t − B_t·dB_t (this
+head's parts) + [t = last]·⟨dH, S_next⟩; its within-chunk part is summed from the `[L, L]`
+products in float32 (rows minus columns), not from the rounded dB, dC, because the reverse
+cumulative sum over the chunk subtracts nearly equal numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.call import pallas_call
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
+from pallas_kernels.ssd.block_sizes import BlockSizes
+from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """The static part of one call (hashable: a `custom_vjp` nondiff argument).
+
+    group: heads per B/C group (H/G); documents: doc is passed (packed documents).
+    """
+
+    blocks: BlockSizes
+    group: int
+    documents: bool
+    interpret: bool
+
+
+def _params(num_warps: int, num_stages: int):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _doc_args(st: Static, doc):
+    return (doc,) if st.documents else ()
+
+
+def _chunk_loop(num_chunks: int, load, body, init, *, reverse: bool = False):
+    """`lax.fori_loop` over the chunks (last to first with `reverse`) carrying a state. Each
+    step issues `load(next chunk)` (the per-step vectors) before `body(chunk, loaded, state)`
+    runs, so those small loads' latency overlaps a chunk's work instead of stalling each step
+    of the serial loop (the larger matmul operands are left to Triton's pipelining)."""
+    order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
+
+    def step(i, carry):
+        state, loaded = carry
+        ahead = load(order(jnp.minimum(i + 1, num_chunks - 1)))
+        return body(order(i), loaded, state), ahead
+
+    return lax.fori_loop(0, num_chunks, step, (init, load(order(0))))[0]
+
+
+def _vector_loader(L: int, *refs):
+    """The per-step vectors `[L]` of chunk c of each ref (None stays None)."""
+    return lambda c: tuple(None if ref is None else ref[pl.ds(c * L, L)] for ref in refs)
+
+
+# --- forward ---------------------------------------------------------------------------------
+
+
+def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
+    x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
+    doc_ref = refs[5] if st.documents else None
+    split = st.blocks.split_forward
+    local_ref = refs[5 + st.documents] if split else None
+    s0_ref, y_ref, final_ref = refs[5 + st.documents + split:8 + st.documents + split]
+    states_ref = refs[-1] if store_states else None
+    L = st.blocks.chunk
+    dtype = x_ref.dtype  # matmul operands
+
+    def chunk(c, vectors, state):
+        dt, a, doc = vectors
+        rows = pl.ds(c * L, L)
+        w = chunk_weights(a, doc)
+        keys, queries = b_ref[rows, :], c_ref[rows, :]
+        u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
+        if split:  # the within-chunk part came from `chunk_outputs`
+            y = local_ref[rows, :].astype(F32)
+        else:
+            scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
+            y = mm(scores.astype(dtype), u.astype(dtype))
+        y += w.into[:, None] * mm_nt(queries, state.astype(dtype))
+        y_ref[rows, :] = y.astype(y_ref.dtype)
+        if store_states:
+            states_ref[c] = state.astype(states_ref.dtype)
+        return w.carry * state + mm_tn((u * w.out[:, None]).astype(dtype), keys)
+
+    final_ref[...] = _chunk_loop(num_chunks, _vector_loader(L, dt_ref, a_ref, doc_ref), chunk,
+                                 s0_ref[...])
+
+
+def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
+    """y `[B, T, H, P]` (x's dtype), the final state (float32) and, with `store_states`, the
+    state entering every chunk `[B, H, NC, P, N]` (x's dtype). With `split_forward` the
+    within-chunk outputs come first from `chunk_outputs` (every chunk in parallel), and the
+    loop over chunks only reads the entering state out and updates it."""
+    batch, length, heads, P = x.shape
+    N = B.shape[-1]
+    L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
+    num_chunks = length // L
+    seq = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, p: (b, 0, h, p))
+    keys = pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))
+    per_step = pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0))
+    tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
+    in_specs = [seq(BP), per_step, per_step, keys, keys]
+    local = ()
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
+    if st.blocks.split_forward:
+        local = (chunk_outputs(x, dt, a, B, C, doc, st),)
+        in_specs.append(seq(BP))
+    out_specs = [seq(BP), tile]
+    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(s0.shape, F32)]
+    if store_states:
+        out_specs.append(pl.BlockSpec((None, None, num_chunks, BP, N),
+                                      lambda b, h, p: (b, h, 0, p, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype))
+    return pallas_call(
+        functools.partial(_forward_kernel, st=st, num_chunks=num_chunks,
+                          store_states=store_states),
+        grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
+        out_shape=out_shape, compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
+        interpret=st.interpret, name="ssd_forward",
+    )(x, dt, a, B, C, *_doc_args(st, doc), *local, s0)
+
+
+def _chunk_outputs_kernel(*refs, st: Static):
+    x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
+    doc = refs[5][...] if st.documents else None
+    y_ref = refs[-1]
+    raw_scores = mm_nt(c_ref[...], b_ref[...])  # C_t·B_s, shared by the group's heads
+
+    def head(r, carry):
+        dt = dt_ref[r, :]
+        decay = pair_decay(chunk_weights(a_ref[r, :], doc).cum, doc)
+        # scores_ts dt_s: dt scales the columns, so x is the operand as loaded.
+        scores = (raw_scores * (decay * dt[None, :])).astype(x_ref.dtype)
+        y_ref[:, r, :] = mm(scores, x_ref[:, r, :]).astype(y_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, st.group, head, 0)
+
+
+def chunk_outputs(x, dt, a, B, C, doc, st: Static):
+    """Each chunk's outputs from its own inputs only, Σ_{s ≤ t} (C_t·B_s) e^{cum_t − cum_s}
+    dt_s x_s, `[B, T, H, P]` in x's dtype: every (batch, group, chunk) in parallel, a loop
+    over the group's heads sharing C·Bᵀ."""
+    batch, length, heads, P = x.shape
+    groups, N = B.shape[2:]
+    L, R = st.blocks.chunk, st.group
+    heads_of = pl.BlockSpec((None, L, R, P), lambda b, g, c: (b, c, g, 0))
+    per_step = pl.BlockSpec((None, R, L), lambda b, g, c: (b, g, c))
+    keys = pl.BlockSpec((None, L, None, N), lambda b, g, c: (b, c, g, 0))
+    in_specs = [heads_of, per_step, per_step, keys, keys]
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    return pallas_call(
+        functools.partial(_chunk_outputs_kernel, st=st),
+        grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        compiler_params=_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
+        interpret=st.interpret, name="ssd_chunk_outputs",
+    )(x, dt, a, B, C, *_doc_args(st, doc))
+
+
+# --- backward: the reverse pass over chunks ---------------------------------------------------
+
+
+def _state_grads_kernel(*refs, st: Static, num_chunks: int):
+    dy_ref, a_ref, c_ref = refs[:3]
+    doc_ref = refs[3] if st.documents else None
+    states_ref, d_final_ref, d_states_ref, d_initial_ref, kept_ref = refs[3 + st.documents:]
+    L = st.blocks.chunk
+    dtype = d_states_ref.dtype
+    vectors = _vector_loader(L, a_ref, doc_ref)
+
+    def chunk(c, loaded, d_state):
+        rows = pl.ds(c * L, L)
+        state, (a, doc) = loaded
+        w = chunk_weights(a, doc)
+        d_states_ref[c] = d_state.astype(dtype)  # the gradient of the state leaving chunk c
+        # ⟨dH_c, carry·S_c⟩: the entering state's share of ∂L/∂cum_last (chunk_grads adds the
+        # chunk's own writes), from the float32 dH while it is in registers.
+        kept_ref[pl.ds(c, 1)] = jnp.full((1,), w.carry * jnp.sum(d_state * state.astype(F32)))
+        pulled = (dy_ref[rows, :].astype(F32) * w.into[:, None]).astype(dtype)
+        return w.carry * d_state + mm_tn(pulled, c_ref[rows, :])
+
+    load = lambda c: (states_ref[c], vectors(c))  # the entering state tile, a step ahead too
+    d_initial_ref[...] = _chunk_loop(num_chunks, load, chunk, d_final_ref[...], reverse=True)
+
+
+def state_grads(dy, a, C, doc, states, d_final, st: Static):
+    """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype), of the
+    initial state `[B, H, P, N]` float32, and `carry_c·⟨dH_c, S_c⟩` per chunk `[B, H, NC]`
+    float32 (S_c: the stored state entering chunk c)."""
+    batch, length, heads, P = dy.shape
+    N = C.shape[-1]
+    L, BP, group = st.blocks.chunk, st.blocks.backward_block_p, st.group
+    num_chunks = length // L
+    tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
+    boundary = pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0))
+    in_specs = [pl.BlockSpec((None, length, None, BP), lambda b, h, p: (b, 0, h, p)),
+                pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0)),
+                pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))]
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
+    d_states, d_initial, kept = pallas_call(
+        functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
+        grid=(batch, heads, P // BP), in_specs=in_specs + [boundary, tile],
+        out_specs=[boundary, tile,
+                   pl.BlockSpec((None, None, None, num_chunks), lambda b, h, p: (b, h, p, 0))],
+        out_shape=[jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), dy.dtype),
+                   jax.ShapeDtypeStruct(d_final.shape, F32),
+                   jax.ShapeDtypeStruct((batch, heads, P // BP, num_chunks), F32)],
+        compiler_params=_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
+        interpret=st.interpret, name="ssd_state_grads",
+    )(dy, a, C, *_doc_args(st, doc), states, d_final)
+    return d_states, d_initial, jnp.sum(kept, axis=2)
+
+
+# --- backward: every chunk in parallel --------------------------------------------------------
+
+
+def _chunk_grads_kernel(*refs, st: Static):
+    x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
+    doc_ref = refs[5] if st.documents else None
+    (dy_ref, states_ref, d_states_ref, kept_ref, dx_ref, ddt_ref, da_ref, db_ref,
+     dc_ref) = refs[5 + st.documents:]
+    keys, queries = b_ref[...], c_ref[...]  # [L, N], shared by the group's heads
+    dtype = keys.dtype
+    doc = None if doc_ref is None else doc_ref[...]
+    raw_scores = mm_nt(queries, keys)  # C_t·B_s, [L, L]
+    P = x_ref.shape[-1]
+    BP = st.blocks.grads_block_p
+    tiles = [pl.ds(p * BP, BP) for p in range(P // BP)]
+
+    def head(r, grads):
+        d_queries, d_keys = grads
+        dt = dt_ref[r, :]
+        w = chunk_weights(a_ref[r, :], doc)
+        decay = pair_decay(w.cum, doc)
+        loaded = [(x_ref[:, r, cols], dy_ref[:, r, cols]) for cols in tiles]  # once per head
+        # D_ts = (dy_t·dt_s x_s) e^{cum_t − cum_s}: the gradient of the decayed scores. dt
+        # scales the products' rows or columns, never an operand: x goes to the matmuls as
+        # loaded (no float32 or rescaled copies of it in registers).
+        d_scores = sum(mm_nt(dy, x) for x, dy in loaded) * (decay * dt[None, :])
+        products = d_scores * raw_scores  # ∂L/∂cum through the pairs: rows minus columns
+        d_cum = jnp.sum(products, axis=1) - jnp.sum(products, axis=0)
+        scores = (raw_scores * decay).astype(dtype)
+        d_scores = d_scores.astype(dtype)
+        d_queries += mm(d_scores, keys)
+        d_keys += mm_tn(d_scores, queries)
+        through_entry = pull = d_dt = 0.0
+        for cols, (x, dy) in zip(tiles, loaded, strict=True):
+            state, d_state = states_ref[r, cols, :], d_states_ref[r, cols, :]
+            x32 = x.astype(F32)
+            # du = Sᵀ-pair part + leaving-state part. Neither is added to the other as a raw
+            # matmul result (each has a second use), so Triton does not chain the two
+            # products into one accumulator (a chained product takes a warp layout that
+            # repeats M = L rows on every warp group).
+            via_pairs = mm_tn(scores, dy)
+            via_state = w.out[:, None] * mm_nt(keys, d_state)  # du via the leaving state
+            state_pull = jnp.sum(x32 * via_state, axis=1)
+            pull += dt * state_pull  # out_s u_s·(dH B_s) = B_s·dB_s via that state
+            d_dt += jnp.sum(x32 * via_pairs, axis=1) + state_pull
+            dx_ref[:, r, cols] = ((via_pairs + via_state) * dt[:, None]).astype(dx_ref.dtype)
+            through_entry += w.into[:, None] * mm(dy, state)  # dC via the entering state
+            d_keys += (w.out * dt)[:, None] * mm(x, d_state)  # dB via the leaving state
+        # C loaded again here (an L1/L2 hit): a float32 copy hoisted out of the head loop
+        # would hold 32 registers per thread through it.
+        d_cum += jnp.sum(c_ref[...].astype(F32) * through_entry, axis=1)
+        d_queries += through_entry
+        # The leaving state S' = carry·S + Σ_s out_s u_s B_sᵀ adds ⟨dH, S'⟩ at the last step:
+        # its first part came from the reverse pass (`kept`).
+        ddt_ref[r, :] = d_dt
+        da_ref[r, :] = reverse_cumsum(d_cum - pull) + (kept_ref[r] + jnp.sum(pull))
+        return d_queries, d_keys
+
+    zeros = jnp.zeros(keys.shape, F32)
+    d_queries, d_keys = lax.fori_loop(0, st.group, head, (zeros, zeros))
+    dc_ref[...] = d_queries
+    db_ref[...] = d_keys
+
+
+def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
+    """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype; d dt (through dt·x only) and
+    d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32. `kept`: `state_grads`' third
+    output."""
+    batch, length, heads, P = x.shape
+    groups, N = B.shape[2:]
+    L, R = st.blocks.chunk, st.group
+    heads_of = lambda d: pl.BlockSpec((None, L, R, d), lambda b, g, c: (b, c, g, 0))
+    per_step = pl.BlockSpec((None, R, L), lambda b, g, c: (b, g, c))
+    keys = pl.BlockSpec((None, L, None, N), lambda b, g, c: (b, c, g, 0))
+    boundary = pl.BlockSpec((None, R, None, P, N), lambda b, g, c: (b, g, c, 0, 0))
+    in_specs = [heads_of(P), per_step, per_step, keys, keys]
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    per_chunk = pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
+    per_head = jax.ShapeDtypeStruct((batch, heads, length), F32)
+    return pallas_call(
+        functools.partial(_chunk_grads_kernel, st=st),
+        grid=(batch, groups, length // L),
+        in_specs=in_specs + [heads_of(P), boundary, boundary, per_chunk],
+        out_specs=[heads_of(P), per_step, per_step, keys, keys],
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head, per_head,
+                   jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
+        compiler_params=_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
+        interpret=st.interpret, name="ssd_chunk_grads",
+    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, kept)

@@ -1,0 +1,157 @@
+"""Gated delta rule Pallas kernels (interpret mode on CPU) against the per-token reference.
+
+Values (outputs and final state) and gradients of every input (q, k, v, g, β, initial state)
+at float32 against `hybrid_jax.ops.gated_delta_rule(implementation="reference")` (a per-token
+`lax.scan`, itself checked against a numpy loop in tests/ops) in float64. Tiny tiles (chunk 8,
+sub-chunks of 4, two V and two K tiles) so that short sequences span several chunks, the
+blocked inverse has off-diagonal blocks and every tile loop runs twice. The GPU kernels are
+also lowered to Triton IR at the real head dims (no GPU needed: lowering only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.ops.delta_rule import gated_delta_rule
+from hybrid_jax.ops.segments import document_starts
+from pallas_kernels.delta_rule import api
+from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
+from tests.helpers import assert_close, normals
+
+TINY = BlockSizes(chunk=8, sub_chunk=4, value_block=8, gradient_key_block=8,
+                  gradient_value_block=8)
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def make_inputs(seed, batch, length, heads=2, key_dim=16, value_dim=16):
+    """q, k (L2-normalised, as the modules pass them), v, g ≤ 0 (a weak and a strong head),
+    β in (0, 1), an initial state; float32."""
+    q, k, v, g, beta, state = normals(
+        seed, (batch, length, heads, key_dim), (batch, length, heads, key_dim),
+        (batch, length, heads, value_dim), (batch, length, heads), (batch, length, heads),
+        (batch, heads, key_dim, value_dim), dtype=np.float32)
+    return dict(q=q, k=k / jnp.linalg.norm(k, axis=-1, keepdims=True), v=v,
+                g=-jnp.exp(g) * jnp.asarray([0.1, 1.5], jnp.float32), beta=jax.nn.sigmoid(beta),
+                initial_state=state)
+
+
+def kernel_run(x, segment_ids, scale, blocks):
+    starts = document_starts("test", segment_ids, *x["q"].shape[:2])
+    return api.gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
+                                initial_state=x.get("initial_state"), starts=starts,
+                                block_sizes=blocks, interpret=True)
+
+
+def reference_run(x, segment_ids, scale):
+    x64 = {name: value.astype(jnp.float64) for name, value in x.items()}
+    return gated_delta_rule(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], scale=scale,
+                            initial_state=x64.get("initial_state"), segment_ids=segment_ids,
+                            return_final_state=True, implementation="reference")
+
+
+def weighted_loss(run, weights):
+    """Σ o·w_o + Σ S_T·w_S: every output and the final state reach the gradient."""
+    def loss(x):
+        out, final_state = run(x)
+        return (jnp.sum(out * weights[0].astype(out.dtype))
+                + jnp.sum(final_state * weights[1].astype(final_state.dtype)))
+    return loss
+
+
+def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY):
+    batch, _, heads, key_dim = x["q"].shape
+    weights = normals(7, x["v"].shape, (batch, heads, key_dim, x["v"].shape[3]))
+    kernel = lambda x: kernel_run(x, segment_ids, scale, blocks)
+    reference = lambda x: reference_run(x, segment_ids, scale)
+    with_values = lambda run: jax.jit(jax.value_and_grad(
+        lambda x: (weighted_loss(run, weights)(x), run(x)), has_aux=True))
+    (_, expected), expected_grads = with_values(reference)(x)
+    if primal:  # the forward without residuals (no gradient pending)
+        assert_close(jax.jit(kernel)(x), expected, 1e-5, "values")
+        grads = jax.jit(jax.grad(weighted_loss(kernel, weights)))(x)
+    else:  # values from the forward that saves the backward's residuals
+        (_, values), grads = with_values(kernel)(x)
+        assert_close(values, expected, 1e-5, "values")
+    for name in x:
+        assert_close(grads[name], expected_grads[name], 1e-5, f"d{name}")
+
+
+def test_documents_initial_state_odd_length(x64):
+    """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
+    8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
+    and ids are reused (a start is a change of id); row 1: one start at 20 and a length-1
+    document at the last step. The initial state reaches the first document only."""
+    x = make_inputs(0, batch=2, length=37)
+    ids = np.zeros((2, 37), np.int32)
+    for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
+        ids[0, start:] = doc
+    ids[1, 20:], ids[1, 36:] = 1, 2
+    check_against_reference(x, jnp.asarray(ids), 0.4, primal=False)
+
+
+def test_one_document_zero_initial_state(x64):
+    """No segment ids, no initial state, T a multiple of the chunk; values from the primal
+    forward; the sequential loops load each chunk one step ahead (`prefetch`)."""
+    x = make_inputs(1, batch=1, length=24, key_dim=8, value_dim=8)  # one K and one V tile
+    del x["initial_state"]
+    check_against_reference(x, None, None, primal=True,
+                            blocks=dataclasses.replace(TINY, prefetch=True))
+
+
+def _platform_gpu(monkeypatch):
+    monkeypatch.setattr(api, "_platform", lambda: "gpu")
+
+
+@pytest.mark.parametrize("key_dim,value_dim,documents", [(128, 128, True), (256, 64, False)])
+def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents):
+    """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
+    dims with the default tiles, bf16."""
+    _platform_gpu(monkeypatch)
+    batch, length, heads = 1, 200, 2
+    rows = (batch, length, heads)
+    arrays = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in [
+        (rows + (key_dim,), jnp.bfloat16), (rows + (key_dim,), jnp.bfloat16),
+        (rows + (value_dim,), jnp.bfloat16), (rows, jnp.float32), (rows, jnp.float32),
+        ((batch, heads, key_dim, value_dim), jnp.float32)]]
+    if documents:
+        arrays.append(jax.ShapeDtypeStruct((batch, length), jnp.bool_))
+
+    def loss(q, k, v, g, beta, state, starts=None):
+        out, final_state = api.gated_delta_rule(q, k, v, g, beta, initial_state=state,
+                                                starts=starts)
+        return jnp.sum(out.astype(jnp.float32)) + jnp.sum(final_state)
+
+    for fn in (loss, jax.grad(loss, argnums=tuple(range(6)))):
+        text = jax.jit(fn).trace(*arrays).lower(lowering_platforms=("cuda",)).as_text()
+        assert "xla.gpu.triton" in text
+
+
+def test_unsupported_calls_name_the_reason(monkeypatch):
+    x = make_inputs(2, batch=1, length=8)
+    args = [x[n] for n in NAMES[:5]]
+    assert "needs a GPU" in api.unsupported(*args)
+    assert api.unsupported(*args, interpret=True) is None
+    monkeypatch.setattr(api, "_platform", lambda: "tpu")
+    assert "no TPU variant" in api.unsupported(*args)
+    _platform_gpu(monkeypatch)
+    assert "head dim K=16" in api.unsupported(*args)
+    wide = make_inputs(2, batch=1, length=8, key_dim=128, value_dim=64)
+    wide_args = [wide[n] for n in NAMES[:5]]
+    assert api.unsupported(*wide_args) is None
+    assert "one dtype" in api.unsupported(wide_args[0].astype(jnp.bfloat16), *wide_args[1:])
+    assert "initial_state has shape" in api.unsupported(*wide_args, x["initial_state"])
+    with pytest.raises(ValueError, match="pallas gated_delta_rule: needs a GPU|head dim"):
+        api.gated_delta_rule(*args)
+    with pytest.raises(ValueError, match="sub_chunk"):
+        BlockSizes(chunk=16, sub_chunk=32)
+
+
+@pytest.mark.parametrize("key_dim,value_dim,heads,tile", [
+    (128, 128, 64, 64), (256, 64, 64, 32), (128, 64, 64, 32), (128, 128, 4, 16)])
+def test_default_value_tile_keeps_the_gpu_busy(key_dim, value_dim, heads, tile):
+    assert default_block_sizes(key_dim, value_dim, heads).value_block == tile

@@ -1,0 +1,151 @@
+"""SSD Pallas kernels (interpret mode on CPU) against the op's per-token reference in float64.
+
+The kernels compute in float32; values and the gradients of every input (x, dt, A, B, C and the
+initial state, through y and the final state) must agree to ~1e-5. Tiny tiles (chunk 8, state
+and feature tiles of 4 of P = 8) so a short sequence spans several chunks and every feature
+loop runs twice. A lowering test builds the Triton kernels at the GPU's shapes without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.ops.ssd import ssd as ssd_op
+from pallas_kernels.ssd import api
+from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
+from tests.helpers import assert_close, normals
+
+TINY = BlockSizes(chunk=8, block_p=4, backward_block_p=4, grads_block_p=4)
+SPLIT = dataclasses.replace(TINY, split_forward=True)
+NAMES = ("x", "dt", "A", "B", "C", "initial_state")
+
+
+def make_inputs(seed, batch, length, heads, groups, head_dim=8, state_dim=16):
+    x, dt_raw, a_raw, B, C, s0 = normals(
+        seed, (batch, length, heads, head_dim), (batch, length, heads), (heads,),
+        (batch, length, groups, state_dim), (batch, length, groups, state_dim),
+        (batch, heads, head_dim, state_dim), dtype=np.float32)
+    dt = 0.5 * jax.nn.softplus(dt_raw)
+    A = -jnp.exp(0.5 * a_raw)  # some chunks decay by e^{-10} and more
+    return dict(x=x, dt=dt, A=A, B=B, C=C, initial_state=s0)
+
+
+def documents(length: int) -> np.ndarray:
+    """Row 0: starts on chunk edges (8, 16) and off them, a length-1 document (11); row 1:
+    length-1 documents only, then one long document."""
+    ids = np.zeros((2, length), np.int32)
+    for start in (3, 8, 11, 12, 16):
+        ids[0, start:] += 1
+    ids[1] = np.minimum(np.arange(length), 10)
+    return ids
+
+
+def kernel_fn(segment_ids, with_initial=True, blocks=TINY):
+    def fn(x, dt, A, B, C, initial_state):
+        return api.ssd(x, dt, A, B, C, segment_ids=segment_ids,
+                       initial_state=initial_state if with_initial else None,
+                       block_sizes=blocks, interpret=True)
+    return fn
+
+
+def reference_fn(segment_ids, with_initial=True):
+    def fn(x, dt, A, B, C, initial_state):
+        return ssd_op(x, dt, A, B, C, segment_ids=segment_ids, return_final_state=True,
+                      initial_state=initial_state if with_initial else None,
+                      implementation="reference")
+    return fn
+
+
+def values_and_grads(fn, inputs, seed):
+    """(y, final state) and the gradients of Σ w·y + Σ w_f·final w.r.t. every input."""
+    @jax.jit
+    def run(inputs):
+        out, vjp = jax.vjp(fn, *(inputs[n] for n in NAMES))
+        weights = normals(seed, out[0].shape, out[1].shape, dtype=np.float32)
+        return out, vjp(tuple(w.astype(o.dtype) for w, o in zip(weights, out, strict=True)))
+
+    return run(inputs)
+
+
+def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY):
+    out, grads = values_and_grads(kernel_fn(segment_ids, with_initial, blocks), inputs, seed=7)
+    assert out[0].dtype == jnp.float32 and out[1].dtype == jnp.float32
+    with jax.enable_x64(True):
+        wide = {n: jnp.asarray(np.asarray(v), jnp.float64) for n, v in inputs.items()}
+        ids = None if segment_ids is None else jnp.asarray(segment_ids)
+        ref_out, ref_grads = values_and_grads(reference_fn(ids, with_initial), wide, seed=7)
+        assert_close(out, ref_out, 1e-5, "y, final state")
+        for name, grad, ref in zip(NAMES, grads, ref_grads, strict=True):
+            if with_initial or name != "initial_state":
+                assert_close(grad, ref, 1e-5, f"d{name}")
+
+
+@pytest.mark.parametrize("blocks", [TINY, SPLIT], ids=["fused", "split_forward"])
+def test_documents_initial_state_groups_odd_length(blocks):
+    """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
+    forward fused or split (within-chunk outputs from their own kernel)."""
+    inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
+    check_against_reference(inputs, documents(19), blocks=blocks)
+
+
+def test_one_document_zero_initial_state_one_head_per_group():
+    """No segment ids (the kernels' mask-free path), no initial state, G = H, 21 steps."""
+    inputs = make_inputs(1, batch=1, length=21, heads=2, groups=2)
+    check_against_reference(inputs, None, with_initial=False)
+
+
+def test_forward_only_and_bfloat16_inputs():
+    """The primal forward (no stored states) in bf16: y bf16, final state float32, near the
+    float32 kernel."""
+    inputs = make_inputs(2, batch=1, length=13, heads=2, groups=1)
+    ids = np.array([[0] * 5 + [1] * 8], np.int32)
+    narrow = {n: v.astype(jnp.bfloat16) for n, v in inputs.items()}
+    wide = {n: v.astype(jnp.float32) for n, v in narrow.items()}
+    run = jax.jit(lambda x: kernel_fn(ids)(*(x[n] for n in NAMES)))
+    y, final = run(narrow)
+    assert y.dtype == jnp.bfloat16 and final.dtype == jnp.float32
+    assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
+
+
+@pytest.mark.parametrize("head_dim, state_dim, groups, packed, split",
+                         [(128, 128, 1, True, False), (64, 256, 4, False, False),
+                          (128, 128, 1, True, True)])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
+                                               packed, split):
+    """Forward and backward build Triton kernels (Pallas' Triton lowering, no GPU needed) at
+    the default tiles, with and without documents, the forward fused or split."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    batch, length, heads = 2, 1000, 8
+    args = (spec(batch, length, heads, head_dim), spec(batch, length, heads),
+            spec(heads, dtype=jnp.float32), spec(batch, length, groups, state_dim),
+            spec(batch, length, groups, state_dim), spec(batch, length, dtype=jnp.int32))
+
+    def grads(x, dt, A, B, C, ids):
+        blocks = dataclasses.replace(default_block_sizes(head_dim, state_dim),
+                                     split_forward=split)
+        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids if packed else None,
+                                              block_sizes=blocks), x, dt, A, B, C)
+        return vjp(out)
+
+    text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    # forward (and chunk_outputs when split), state_grads, chunk_grads
+    assert text.count("__gpu$xla.gpu.triton") == 3 + split
+
+
+def test_unsupported_calls_are_refused_with_the_reason():
+    inputs = make_inputs(3, batch=1, length=4, heads=2, groups=1)
+    arrays = [inputs[n] for n in NAMES[:5]]
+    assert api.unsupported(*arrays, interpret=True) is None
+    assert "default backend is cpu" in api.unsupported(*arrays)
+    assert "float64" in api.unsupported(*arrays[:3], np.zeros((1, 4, 1, 16)), arrays[4],
+                                        interpret=True)
+    odd = make_inputs(3, batch=1, length=4, heads=2, groups=1, head_dim=6)
+    assert "powers of two" in api.unsupported(*(odd[n] for n in NAMES[:5]), interpret=True)
+    with pytest.raises(ValueError, match="pallas ssd: .*default backend is cpu"):
+        api.ssd(*arrays)

@@ -1,0 +1,76 @@
+"""The notebooks of colab/: stored without outputs, each with its Colab badge, install cell and
+knob, and each executed top to bottom in its own kernel on CPU (nbclient).
+
+A kernel is a separate process: it gets this environment without the test-only XLA_FLAGS of
+conftest.py (a notebook sets what it needs itself, e.g. the sharding notebook's 8 fake CPU
+devices), with the repository on PYTHONPATH and JAX on the CPU. A notebook asserts its own
+results, so a wrong number fails here like an exception.
+"""
+
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+COLAB = ROOT / "colab"
+NAMES = ("quickstart", "mixers", "nha-window", "expressivity", "sharding", "pha-mixing",
+         "oryx-modes", "from-llama")
+# The repository placeholder of the badges and install cells (colab/README.md says how to set it).
+BADGE = re.compile(r'href="https://colab\.research\.google\.com/github/([^/"]+/[^/"]+)'
+                   r'/blob/main/colab/([^/"]+)\.ipynb"')
+REPOSITORY = re.compile(r'^REPOSITORY = "https://github\.com/([^/"]+/[^/"]+)"', re.M)
+KNOB = re.compile(r"^(BIG|HF_DIR) = (False|None)  # <- the knob", re.M)
+
+
+def read(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(COLAB / f"{name}.ipynb", as_version=4)
+
+
+def test_the_notebooks_are_the_listed_ones():
+    assert sorted(p.stem for p in COLAB.glob("*.ipynb")) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_without_outputs(name):
+    notebook = read(name)
+    nbformat.validate(notebook)
+    for i, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, (
+                f"colab/{name}.ipynb cell {i} has outputs: clear them before committing "
+                "(colab/README.md)")
+        assert "execution" not in cell.metadata, f"cell {i} carries execution timings"
+    assert "widgets" not in notebook.metadata
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_badge_install_cell_and_knob(name):
+    cells = read(name).cells
+    badge = BADGE.search(cells[0].source)
+    assert badge and badge[2] == name, "the first cell opens with a badge to this notebook"
+    install = cells[1].source
+    assert install == read("quickstart").cells[1].source, "every notebook has the same install"
+    assert REPOSITORY.search(install)[1] == badge[1], "badge and install name one repository"
+    assert 'find_spec("hybrid_jax") is None' in install
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    assert KNOB.search(code), "a knob line `BIG = False  # <- the knob` (or HF_DIR = None)"
+    assert "jax.devices()" in code, "a device check"
+
+
+def kernel_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in (env.get("PYTHONPATH"),) if p])
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_runs_top_to_bottom(name):
+    notebook = read(name)
+    client = NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(COLAB)}})
+    client.execute(env=kernel_environment())  # raises CellExecutionError naming the cell

@@ -1,0 +1,66 @@
+"""The profile parser of `experiments/benchmarks/trace_summary.py`: exact sums on a small
+GPU-shaped trace, and a real CPU trace of this jax version (the format it writes)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.benchmarks import trace_summary
+
+
+def _gpu_trace(path):
+    meta = lambda pid, tid, kind, name: {"ph": "M", "pid": pid, "tid": tid, "name": kind,
+                                         "args": {"name": name}}
+    kernel = lambda tid, name, dur: {"ph": "X", "pid": 2, "tid": tid, "ts": 0, "dur": dur,
+                                     "name": name}
+    events = [meta(1, 0, "process_name", "/host:CPU"), meta(2, 0, "process_name",
+                                                             "/device:GPU:0"),
+              meta(2, 7, "thread_name", "Stream #7(compute)"),
+              meta(2, 9, "thread_name", "XLA Ops"),  # derived from the kernels: not counted
+              kernel(7, "flash_attention_dkv", 300.0), kernel(7, "flash_attention_dkv", 300.0),
+              kernel(7, "sm90_xmma_gemm_bf16", 250.0), kernel(7, "loop_fusion.3", 150.0),
+              kernel(9, "fusion.3", 1000.0),
+              {"ph": "X", "pid": 1, "tid": 0, "ts": 0, "dur": 5000.0, "name": "host work"}]
+    with gzip.open(path, "wt") as f:
+        json.dump({"displayTimeUnit": "ns", "traceEvents": events + [{}]}, f)
+
+
+def test_gpu_kernels_by_total_time(tmp_path):
+    run = tmp_path / "plugins" / "profile" / "run"
+    run.mkdir(parents=True)
+    _gpu_trace(run / "perfetto_trace.json.gz")
+    summary = trace_summary.summarize(tmp_path, steps=2)  # the directory: finds the file
+    assert summary["events"] == 4 and "Stream #7" in summary["selection"]
+    rows = summary["kernels"]
+    assert [r["name"] for r in rows] == ["flash_attention_dkv", "sm90_xmma_gemm_bf16",
+                                         "loop_fusion.3"]
+    assert rows[0]["count"] == 2 and rows[0]["total_ms"] == 0.6 and rows[0]["share"] == 0.6
+    assert rows[0]["ms_per_step"] == 0.3 and rows[0]["mean_us"] == 300.0
+    assert summary["device_ms_per_step"] == pytest.approx(0.5)
+    kinds = {r["category"]: r["share"] for r in summary["categories"]}
+    assert kinds == pytest.approx({"attention": 0.6, "matmul": 0.25, "fusion": 0.15})
+
+
+def test_a_real_cpu_trace(tmp_path):
+    f = jax.jit(lambda a: jnp.sin(a @ a).sum())
+    a = jnp.ones((64, 64))
+    f(a).block_until_ready()
+    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
+        for _ in range(3):
+            f(a).block_until_ready()
+    summary = trace_summary.summarize(tmp_path, steps=3, process="/host:CPU",
+                                      thread="XLAPjRtCpuClient|XLAEigen")
+    assert summary["events"] > 0 and summary["device_ms_per_step"] > 0
+    assert sum(r["share"] for r in summary["kernels"]) == pytest.approx(1.0)
+    # A thread pattern that matches nothing falls back to every thread of the process.
+    everything = trace_summary.summarize(tmp_path, process="/host:CPU", thread="no such")
+    assert "no thread matches" in everything["selection"]
+    assert everything["events"] >= summary["events"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no perfetto_trace"):
+        trace_summary.summarize(tmp_path / "empty")

@@ -1,0 +1,73 @@
+"""train.loss: the custom-gradient cross entropy equals the plain one bit for bit (float32)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.train.loss import mean_loss, token_stats
+
+
+def plain_token_stats(logits_BTV, targets_BT, mask_BT):
+    """The loss as written before its custom gradient: logsumexp, take_along_axis, argmax."""
+    logits = logits_BTV.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets_BT[..., None], axis=-1)[..., 0]
+    weights = mask_BT.astype(jnp.float32)
+    correct = (jnp.argmax(logits, axis=-1) == targets_BT).astype(jnp.float32)
+    return {"loss_sum": jnp.sum((log_z - target_logit) * weights),
+            "correct": jnp.sum(correct * weights), "count": jnp.sum(weights)}
+
+
+def _batch(batch=3, length=19, vocab=101):
+    """Logits with a tie for the maximum and a -inf column, targets (some predicted), and the
+    mask of packed rows: no target across a document boundary, padding at the end."""
+    rng = np.random.default_rng(0)
+    logits = 4 * rng.standard_normal((batch, length, vocab)).astype(np.float32)
+    logits[0, 3, [7, 9]] = logits[0, 3].max() + 1
+    logits[:, :, 5] = -np.inf
+    targets = rng.integers(6, vocab, (batch, length)).astype(np.int32)  # never the -inf one
+    targets[1, :4] = logits[1, :4].argmax(-1)
+    segments = np.arange(length) // 6
+    mask = np.tile(np.append(segments[1:] == segments[:-1], False), (batch, 1))
+    mask[-1, -3:] = False
+    return jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask)
+
+
+def _stats_and_grads(stats_fn, logits, targets, mask):
+    loss = lambda logits, weights: mean_loss(stats_fn(logits, targets, weights))
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(logits, mask.astype(jnp.float32))
+    return jax.jit(stats_fn)(logits, targets, mask), grads
+
+
+def test_values_and_gradients_equal_the_plain_loss_exactly():
+    logits, targets, mask = _batch()
+    stats, grads = _stats_and_grads(token_stats, logits, targets, mask)
+    plain_stats, plain_grads = _stats_and_grads(plain_token_stats, logits, targets, mask)
+    assert 0 < float(stats["correct"]) < float(stats["count"]) < mask.size
+    for key in stats:
+        assert float(stats[key]) == float(plain_stats[key]), key
+    for got, want in zip(grads, plain_grads, strict=True):  # logits, then the weights
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert not np.any(np.asarray(grads[0])[~np.asarray(mask)])  # unscored rows get nothing
+
+
+def test_correct_count_gradient_reaches_the_weights_only():
+    logits, targets, mask = _batch()
+    weights = mask.astype(jnp.float32)
+    for stats_fn in (token_stats, plain_token_stats):
+        correct = lambda l, w, stats_fn=stats_fn: stats_fn(l, targets, w)["correct"]
+        d_logits, d_weights = jax.jit(jax.grad(correct, argnums=(0, 1)))(logits, weights)
+        assert not np.any(np.asarray(d_logits))
+        np.testing.assert_array_equal(
+            np.asarray(d_weights), np.asarray(jnp.argmax(logits, -1) == targets, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_nan_logits_give_a_nan_loss_like_the_plain_one(dtype):
+    logits, targets, mask = _batch()
+    logits = logits.at[0, 2, 11].set(jnp.nan).astype(dtype)  # one NaN: a NaN loss
+    stats = token_stats(logits, targets, mask)
+    plain = plain_token_stats(logits, targets, mask)
+    assert np.isnan(float(stats["loss_sum"])) and np.isnan(float(plain["loss_sum"]))
+    assert float(stats["correct"]) == float(plain["correct"])
