@@ -64,14 +64,15 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     (streaming; `new_B` marks rows that produced a token) and returns a bool `[B]` of rows to
     stop (stop strings). Sampling draws from `fold_in(key(seed), position)`: reproducible.
     One compile per shape (batch, prompt width, `max_new_tokens`, `max_len`, shortest prompt)
-    and sampling kind (greedy or not, `top_k`, top-p on or off): the seed, temperature,
-    `top_p`, `eos_id` and `on_tokens` are arguments of the compiled loop.
-    The cache holds `max_len` positions (default: longest prompt + new tokens); sliding-window
-    layers keep only their window. `extras`: per-token arrays `[B, T + max_new_tokens, ...]`
-    (T = `prompt_BT.shape[1]`) for mixers that read them, indexed by position (the
-    `TokenContext` of each fed token). `modes`: Oryx's per-token mode schedule, "linear",
-    "attention", "prefill=linear,decode=attention" (each row's own prompt is its prefill) or
-    a `[B, T + max_new_tokens]` 0/1 array (`hybrid_jax.modes.inference_modes`).
+    and sampling kind (greedy or not, `top_k`, top-p on or off, `speculative`): the seed,
+    temperature, `top_p`, `eos_id` and `on_tokens` are arguments of the compiled loop.
+    The cache holds `max_len` positions (default: longest prompt + new tokens, + k with
+    `speculative=k`); sliding-window layers keep only their window. `extras`: per-token
+    arrays `[B, T + max_new_tokens, ...]` (T = `prompt_BT.shape[1]`) for mixers that read
+    them, indexed by position (the `TokenContext` of each fed token). `modes`: Oryx's
+    per-token mode schedule, "linear", "attention", "prefill=linear,decode=attention" (each
+    row's own prompt is its prefill) or a `[B, T + max_new_tokens]` 0/1 array
+    (`hybrid_jax.modes.inference_modes`).
     `speculative=k` (Oryx models, greedy): self-speculative decoding, k linear-mode drafts
     verified by one attention-mode call per round (`hybrid_jax.speculative`); the tokens are
     those of `modes="attention"` greedy decoding. A `stats` dict is filled with the rounds,
