@@ -2,14 +2,15 @@
 / convert.
 
     hybrid-jax train NAME [--out DIR] [--resume] [--set key=value ...]
-    hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N]
+    hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N] [--modes SCHEDULE]
                    [--windows 0,4,16,full [--layers I,...] [--sweep-out DIR]]
     hybrid-jax generate RUN_DIR (--prompt TEXT ... | --prompt-file F | --prompt-ids "1 2 3")
                        [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-                       [--stop S ...] [--seed N]
+                       [--stop S ...] [--seed N] [--modes SCHEDULE | --speculative K]
     hybrid-jax import hf HF_DIR --out RUN_DIR [--dtype float32|bfloat16] [--fsdp N]
     hybrid-jax export hf RUN_DIR --out HF_DIR
-    hybrid-jax convert RUN_DIR --to nha --out NEW_RUN_DIR [--window W] [--slots M] [--layers I,J]
+    hybrid-jax convert RUN_DIR --to nha|oryx --out NEW_RUN_DIR [--window W] [--slots M]
+                       [--layers I,J]
     hybrid-jax list
     hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
@@ -99,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --windows: the layers to change (default: all windowed)")
     evaluate.add_argument("--sweep-out", type=Path, default=None,
                           help="with --windows: output folder (default RUN_DIR/window_sweep)")
+    evaluate.add_argument("--modes", default=None, metavar="SCHEDULE",
+                          help="Oryx modes: linear, attention or scored=attention,other=linear "
+                               "(attention on the positions whose next token is scored)")
     _add_overrides(evaluate)
 
     gen = sub.add_parser("generate", help="continue prompts with a run's model")
@@ -117,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--modes", default=None, metavar="SCHEDULE",
                      help="Oryx modes: linear, attention or prefill=linear,decode=attention")
+    gen.add_argument("--speculative", type=int, default=None, metavar="K",
+                     help="Oryx self-speculative decoding (greedy): K linear-mode drafts per "
+                          "attention-mode verification; the tokens of attention-mode decoding")
     _add_overrides(gen)
 
     imp = sub.add_parser("import", help="import a pretrained model as a run directory")
@@ -138,13 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="convert a run's transformer into a hybrid")
     conv.add_argument("run_dir", type=Path)
-    conv.add_argument("--to", required=True, help="nha (oryx is not available yet)")
+    conv.add_argument("--to", required=True, choices=("nha", "oryx"),
+                      help="nha, or oryx (Mamba-2 linear mode; --window/--slots unused)")
     conv.add_argument("--out", type=Path, required=True, help="the new run directory")
     conv.add_argument("--window", default="512", help="NHA window W, or 'full'")
     conv.add_argument("--slots", type=int, default=64, help="NHA slots M per kv head")
     conv.add_argument("--layers", default=None, metavar="I,J,...",
                       help="the attention layers to convert (default: all)")
-    conv.add_argument("--seed", type=int, default=0, help="seed of the new slot gates")
+    conv.add_argument("--seed", type=int, default=0, help="seed of the new parameters")
     conv.add_argument("--scan-layers", action="store_true",
                       help="stack the new run's layers (nnx.scan: fast compiles)")
 
@@ -255,12 +263,18 @@ def load_for_eval(run_dir: Path, overrides: Sequence[str], step: int | None,
 
 
 def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | None = None,
-                 batches: int | None = None) -> tuple[dict[str, float], int]:
-    """Held-out metrics of checkpoint `step` (default latest) of a run, and that step."""
+                 batches: int | None = None, modes: str | None = None
+                 ) -> tuple[dict[str, float], int]:
+    """Held-out metrics of checkpoint `step` (default latest) of a run, and that step;
+    `modes`: an Oryx mode schedule (`evaluate`). The metrics include the bytes of a decode
+    cache for one held-out batch (`cache_bytes`, `cache_kv_bytes`, `cache_state_bytes`)."""
+    from hybrid_jax.cache import decode_cache_bytes
     from hybrid_jax.train.trainer import evaluate
 
     ts, step, held_out, words = load_for_eval(run_dir, overrides, step, batches, "eval")
-    return evaluate(ts, held_out, num_words=words), step
+    metrics = evaluate(ts, held_out, num_words=words, modes=modes)
+    batch, length = held_out[0]["inputs"].shape
+    return {**metrics, **decode_cache_bytes(ts.model(), batch, length)}, step
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -272,10 +286,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
             step=args.step, batches=args.batches, overrides=args.overrides)
         return 0
     metrics, step = evaluate_run(args.run_dir, args.overrides, step=args.step,
-                                 batches=args.batches)
+                                 batches=args.batches, modes=args.modes)
     print(json.dumps({**metrics, "step": step}))
-    shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy")
+    shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy",
+             "attention_fraction")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
+    _print_cache(metrics, "one held-out batch")
     return 0
 
 
@@ -347,13 +363,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
         check_token_ids(np.asarray([prompt]), vocab, "prompt token")
         ts, _ = _load_run(args.run_dir, experiment, None, "generate")
+        stats = {}
         tokens = generate(ts.model().with_scan_layers(False), jnp.asarray([prompt]),
                           args.max_new_tokens,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          seed=args.seed, modes=args.modes,
-                          max_positions=_hf_files(args.run_dir)[0].get(
+                          seed=args.seed, modes=args.modes, speculative=args.speculative,
+                          stats=stats, max_positions=_hf_files(args.run_dir)[0].get(
                               "max_position_embeddings"))
         print(" ".join(str(int(t)) for t in tokens[0]))
+        _print_speculative(stats)
+        _print_decode_cache(ts.model(), 1,
+                            len(prompt) + args.max_new_tokens + (args.speculative or 0))
         return 0
     prompts = _prompts(args)
     tokenizer = _run_tokenizer(args.run_dir)
@@ -370,12 +390,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ts.model().with_scan_layers(False), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
-        on_text=show if stream else None, modes=args.modes)
+        on_text=show if stream else None, modes=args.modes, speculative=args.speculative)
     for prompt, text in zip(prompts, result.texts, strict=True):
         print("" if shown else f"{prompt}{text}")
     print(f"{sum(len(t) for t in result.tokens)} tokens in {result.seconds:.2f} s "
           f"({result.tokens_per_second:.1f} tokens/s, compile included)", file=sys.stderr)
+    _print_speculative(result.speculative)
+    longest = max(len(tokenizer.encode_prompt(p)) for p in prompts)
+    _print_decode_cache(ts.model(), len(prompts),
+                        longest + args.max_new_tokens + (args.speculative or 0))
     return 0
+
+
+def _print_decode_cache(model, batch: int, max_len: int) -> None:
+    from hybrid_jax.cache import decode_cache_bytes
+
+    _print_cache(decode_cache_bytes(model, batch, max_len), f"{batch} x {max_len} tokens")
+
+
+def _print_cache(sizes: dict, what: str) -> None:
+    print(f"decode cache for {what}: {sizes['cache_bytes'] / 2**20:.2f} MiB "
+          f"(KV {sizes['cache_kv_bytes'] / 2**20:.2f} MiB, recurrent states "
+          f"{sizes['cache_state_bytes'] / 2**20:.2f} MiB)", file=sys.stderr)
+
+
+def _print_speculative(stats: dict | None) -> None:
+    if stats:
+        print(f"speculative: {stats['rounds']} rounds, acceptance rate "
+              f"{stats['acceptance_rate']:.3f}, {stats['tokens_per_round']:.2f} tokens per round",
+              file=sys.stderr)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -401,20 +444,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from hybrid_jax.convert.nha import convert_run
+    from hybrid_jax.convert import nha, oryx
 
-    if args.to != "nha":
-        detail = (" (the Oryx block does not exist yet)" if args.to == "oryx" else "")
-        raise ValueError(f"--to {args.to!r} is not supported{detail}; expected 'nha'")
     window = None if args.window == "full" else _int_arg("--window", args.window)
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
     ts, _ = _load_run(args.run_dir, experiment, None, "convert")
-    convert_run(experiment, ts.model(), args.run_dir, args.out, window=window,
-                num_slots=args.slots, layers=layers, seed=args.seed,
-                scan_layers=args.scan_layers)
-    print(f"converted layers {layers or 'all'} of {args.run_dir} to NHA in {args.out}")
+    converter = oryx.convert_run if args.to == "oryx" else functools.partial(
+        nha.convert_run, window=window, num_slots=args.slots)
+    converter(experiment, ts.model(), args.run_dir, args.out, layers=layers, seed=args.seed,
+              scan_layers=args.scan_layers)
+    print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}")
     return 0
 
 
@@ -427,14 +468,27 @@ def _int_arg(flag: str, text: str) -> int:
 
 @functools.cache
 def _param_count(preset: str) -> int:
-    """Parameters of a preset (built abstractly: shapes only, no arrays)."""
+    """Parameters of a preset, built abstractly (shapes only, no arrays) and, for a deep
+    stack of few distinct layers, from stacks of one and two of each (a layer's parameters do
+    not depend on its neighbours): tracing 48 layers takes seconds each."""
     from flax import nnx
 
     from hybrid_jax import presets
     from hybrid_jax.nn.lm import LanguageModel, count_params
 
     config = presets.get(preset)
-    return count_params(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
+
+    def count(layers) -> int:
+        short = config.replace(layers=tuple(layers))
+        return count_params(nnx.eval_shape(lambda: LanguageModel(short, rngs=nnx.Rngs(0))))
+
+    specs = list(dict.fromkeys(config.layers))
+    if 3 * len(specs) >= len(config.layers):
+        return count(config.layers)
+    one = {spec: count([spec]) for spec in specs}
+    per_layer = {spec: count([spec, spec]) - one[spec] for spec in specs}
+    outside = one[specs[0]] - per_layer[specs[0]]  # embeddings, final norm, head
+    return outside + sum(per_layer[spec] for spec in config.layers)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -34,6 +34,15 @@ class ConvCache:
 
 
 @struct.dataclass
+class ConvHistory:
+    """A short conv's inputs kept whole through a decode call (the previous `size − 1`, then
+    the call's): `ShortConv.decode` of a `ConvHistory` returns one, from which the cache after
+    any prefix of the call's tokens is cut (speculative decoding rolls back to one)."""
+
+    inputs: jax.Array  # [B, size - 1 + T, C]
+
+
+@struct.dataclass
 class Mamba1Cache:
     """Mamba-1 decode state: the short conv's last inputs and the selective-scan state."""
 
@@ -46,8 +55,14 @@ class Mamba2Cache:
     """Mamba-2 decode state: the short convs' last inputs and the SSM state."""
 
     x_conv: ConvCache  # [B, conv_size - 1, H·P]
-    bc_conv: ConvCache  # [B, conv_size - 1, 2·G·N]
-    ssm: jax.Array  # [B, H, P, N] float32
+    b_conv: ConvCache  # [B, conv_size - 1, G·N]
+    c_conv: ConvCache  # [B, conv_size - 1, G·N]
+    state: jax.Array  # [B, H, P, N] float32
+
+    @property
+    def convs(self) -> list[ConvCache]:
+        """The convs' caches in the order of `Mamba2Mixer.features` (x, B, C)."""
+        return [self.x_conv, self.b_conv, self.c_conv]
 
 
 @struct.dataclass
@@ -66,6 +81,11 @@ class GatedDeltaNetCache:
     k_conv: ConvCache | None  # [B, conv_size - 1, H·K]
     v_conv: ConvCache | None  # [B, conv_size - 1, H·V]
     state: jax.Array  # [B, H, K, V] float32
+
+    @property
+    def convs(self) -> list[ConvCache | None]:
+        """The convs' caches in the order of `GatedDeltaNetMixer.features` (q, k, v)."""
+        return [self.q_conv, self.k_conv, self.v_conv]
 
 
 @struct.dataclass
@@ -148,10 +168,39 @@ class OryxCache:
     """Oryx decode state: BOTH the linear mixer's state and the KV cache, since every token
     writes its key/value into both whatever its mode (so the mode may change at any token)."""
 
-    linear: Any  # GatedDeltaNetCache
+    linear: Any  # GatedDeltaNetCache / Mamba2Cache (LinearSteps while recording steps)
     attention: AttentionCache
+
+
+@struct.dataclass
+class LinearSteps:
+    """A linear mixer's decode state after each token of one decode call (`OryxCache.linear`
+    under `TokenContext.record_steps`): every conv's inputs (`ConvHistory`) and the state after
+    each token. `prefix(n)` is the mixer's cache after the call's first n tokens."""
+
+    conv_inputs: list[jax.Array]  # [B, size - 1 + T, C] per conv, in the cache's order
+    states: jax.Array  # [B, T, ...] float32
+    cache_type: type = struct.field(pytree_node=False, default=None)
+
+    def prefix(self, n: jax.Array) -> Any:
+        """The cache (of `cache_type`) after the first `n` (traced, 1..T) tokens."""
+        T = self.states.shape[1]
+        convs = [ConvCache(jax.lax.dynamic_slice_in_dim(x, n, x.shape[1] - T, axis=1))
+                 for x in self.conv_inputs]
+        return self.cache_type(*convs, state=jax.lax.dynamic_index_in_dim(
+            self.states, n - 1, axis=1, keepdims=False))
 
 
 def cache_nbytes(cache: Any) -> int:
     """Bytes held by the arrays of a decode cache (any pytree of caches)."""
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache))
+
+
+def decode_cache_bytes(model: Any, batch: int, max_len: int) -> dict[str, int]:
+    """Bytes of `model.init_cache(batch, max_len)` (built abstractly): in all, in KV caches
+    (attention, Oryx's attention mode) and in fixed-size recurrent states (the rest)."""
+    cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
+    kv = sum(cache_nbytes(c) for c in jax.tree.leaves(
+        cache, is_leaf=lambda x: isinstance(x, AttentionCache)) if isinstance(c, AttentionCache))
+    total = cache_nbytes(cache)
+    return {"cache_bytes": total, "cache_kv_bytes": kv, "cache_state_bytes": total - kv}

@@ -21,6 +21,7 @@ from hybrid_jax.cache import check_token_ids
 from hybrid_jax.modes import inference_modes
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.nn.oryx import MODE
+from hybrid_jax.speculative import accepted_drafts, check_speculative, draft_and_verify, rollback
 
 
 def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float | jax.Array,
@@ -49,7 +50,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
              seed: int = 0, max_len: int | None = None, lengths: Sequence[int] | None = None,
              eos_id: int | None = None, on_tokens: Callable | None = None,
              extras: dict[str, jax.Array] | None = None, modes: Any = None,
-             max_positions: int | None = None) -> jax.Array:
+             max_positions: int | None = None, speculative: int | None = None,
+             stats: dict | None = None) -> jax.Array:
     """Returns `[B, max_new_tokens]` tokens continuing `prompt_BT`.
 
     Prompts of different lengths: `lengths[b]` tokens of row b are its prompt (right padding
@@ -62,15 +64,20 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     (streaming; `new_B` marks rows that produced a token) and returns a bool `[B]` of rows to
     stop (stop strings). Sampling draws from `fold_in(key(seed), position)`: reproducible.
     One compile per shape (batch, prompt width, `max_new_tokens`, `max_len`, shortest prompt)
-    and sampling kind (greedy or not, `top_k`, top-p on or off): the seed, temperature,
-    `top_p`, `eos_id` and `on_tokens` are arguments of the compiled loop.
-    The cache holds `max_len` positions (default: longest prompt + new tokens); sliding-window
-    layers keep only their window. `extras`: per-token arrays `[B, T + max_new_tokens, ...]`
-    (T = `prompt_BT.shape[1]`) for mixers that read them, indexed by position (the
-    `TokenContext` of each fed token). `modes`: Oryx's per-token mode schedule, "linear",
-    "attention", "prefill=linear,decode=attention" (each row's own prompt is its prefill) or
-    a `[B, T + max_new_tokens]` 0/1 array (`hybrid_jax.modes.inference_modes`).
-    `max_positions`: the model's position limit (e.g. a Hugging Face model's
+    and sampling kind (greedy or not, `top_k`, top-p on or off, `speculative`): the seed,
+    temperature, `top_p`, `eos_id` and `on_tokens` are arguments of the compiled loop.
+    The cache holds `max_len` positions (default: longest prompt + new tokens, + k with
+    `speculative=k`); sliding-window layers keep only their window. `extras`: per-token
+    arrays `[B, T + max_new_tokens, ...]` (T = `prompt_BT.shape[1]`) for mixers that read
+    them, indexed by position (the `TokenContext` of each fed token). `modes`: Oryx's
+    per-token mode schedule, "linear", "attention", "prefill=linear,decode=attention" (each
+    row's own prompt is its prefill) or a `[B, T + max_new_tokens]` 0/1 array
+    (`hybrid_jax.modes.inference_modes`).
+    `speculative=k` (Oryx models, greedy): self-speculative decoding, k linear-mode drafts
+    verified by one attention-mode call per round (`hybrid_jax.speculative`); the tokens are
+    those of `modes="attention"` greedy decoding. A `stats` dict is filled with the rounds,
+    the drafts' acceptance rate (accepted / drafted over the rows generating) and the tokens
+    kept per round. `max_positions`: the model's position limit (e.g. a Hugging Face model's
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
     `max_positions`, a negative or non-finite temperature, a `top_k` outside
@@ -101,14 +108,26 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
             lengths > prompt_BT.shape[1]).any():
         raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] prompt lengths in "
                          f"[1, {prompt_BT.shape[1]}], got {lengths.tolist()}")
-    needed = int(lengths.max()) + max_new_tokens
+    if speculative is not None:
+        if not _is_int(speculative) or speculative < 1:
+            raise ValueError(f"speculative must be an integer >= 1 (drafts per round), got "
+                             f"{speculative!r}")
+        if temperature != 0 or modes is not None:
+            raise ValueError("speculative decoding is greedy (temperature 0) and sets the modes "
+                             "itself (linear drafts, attention verification): got temperature="
+                             f"{temperature}, modes={modes!r}")
     limit = max_positions or model.config.max_positions
-    if limit is not None and needed > limit:
+    if limit is not None and int(lengths.max()) + max_new_tokens > limit:
         raise ValueError(f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens "
                          f"is longer than the model's {limit} positions")
+    spare = speculative or 0  # a round may write up to k positions past the last one kept
+    needed = int(lengths.max()) + max_new_tokens + spare
     max_len = needed if max_len is None else max_len
     if not _is_int(max_len) or max_len < needed:
-        raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens = {needed}")
+        raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens"
+                         + (" + speculative" if spare else "") + f" = {needed}")
+    if speculative is not None:
+        check_speculative(model, max_len)
     extras = dict(extras or {})
     width = prompt_BT.shape[1] + max_new_tokens
     if modes is not None:
@@ -125,16 +144,22 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     if on_tokens is not None:
         _ON_TOKENS[handle] = on_tokens
     try:
-        out = _generate(graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32),
-                        jax.random.key(seed), extras, jnp.float32(temperature or 1.0),
-                        jnp.float32(top_p or 1.0), jnp.int32(-1 if eos_id is None else eos_id),
-                        jnp.int32(handle), max_new_tokens=max_new_tokens, max_len=max_len,
-                        prefix=int(lengths.min()), streaming=on_tokens is not None,
-                        **sampling)
+        tokens, counts = _generate(
+            graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32), jax.random.key(seed),
+            extras, jnp.float32(temperature or 1.0), jnp.float32(top_p or 1.0),
+            jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(handle),
+            max_new_tokens=max_new_tokens, max_len=max_len, prefix=int(lengths.min()),
+            streaming=on_tokens is not None, speculative=speculative, **sampling)
         # The host callback must outlive the computation (dispatch is asynchronous).
-        return jax.block_until_ready(out) if on_tokens is not None else out
+        if on_tokens is not None:
+            tokens = jax.block_until_ready(tokens)
     finally:
         _ON_TOKENS.pop(handle, None)
+    if stats is not None and speculative is not None:
+        rounds, accepted, drafted, kept = (int(x) for x in counts)
+        stats.update(rounds=rounds, acceptance_rate=accepted / max(drafted, 1),
+                     tokens_per_round=kept / max(rounds, 1))
+    return tokens
 
 
 def _is_int(value: object) -> bool:
@@ -153,26 +178,29 @@ def _call_on_tokens(handle, position, tokens_B, new_B) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "max_len", "prefix",
-                                             "streaming", "greedy", "top_k", "top_p"))
+                                             "streaming", "greedy", "top_k", "top_p",
+                                             "speculative"))
 def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, top_p_value,
               stop_value, handle, *, max_new_tokens, max_len, prefix, streaming, greedy, top_k,
-              top_p):
-    """The loop of `generate`; static: shapes and which sampling steps run. Temperature,
-    top-p, the EOS id (`stop_value`, -1: none) and the callback handle are traced."""
+              top_p, speculative):
+    """The tokens `[B, max_new_tokens]` and, with `speculative`, the int32 counts (rounds,
+    accepted drafts, drafts of generating rows, tokens kept). Static: shapes, which sampling
+    steps run and the drafts per round. Temperature, top-p, the EOS id (`stop_value`, -1:
+    none) and the callback handle are traced."""
     model = nnx.merge(graphdef, state)
     batch = prompt_BT.shape[0]
     width = prompt_BT.shape[1] + max_new_tokens
-    tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens)))
+    # Columns past `width` are read (never kept) by a speculative round near the end.
+    tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens + (speculative or 0) + 1)))
     logits, cache = model.decode(prompt_BT[:, :prefix], model.init_cache(batch, max_len),
                                  extras={k: v[:, :prefix] for k, v in extras.items()})
 
-    def step(carry):
-        position, logits_BV, cache, tokens_BW, done_B = carry
-        sampled = sample_token(logits_BV, jax.random.fold_in(key, position),
-                               temperature=0 if greedy else temperature, top_k=top_k,
-                               top_p=top_p_value if top_p else None)
+    def emit(position, candidate_B, tokens_BW, done_B):
+        """Writes each row's token at `position`: its prompt token, else `candidate_B`
+        (`stop_value` once the row is done); the rows that end there are done."""
         generated = position >= lengths_B
-        token = jnp.where(generated, jnp.where(done_B, stop_value, sampled), tokens_BW[:, position])
+        token = jnp.where(generated, jnp.where(done_B, stop_value, candidate_B),
+                          tokens_BW[:, position])
         new = generated & ~done_B
         done_B = done_B | (new & (token == stop_value)) | (
             position + 1 >= lengths_B + max_new_tokens)
@@ -181,14 +209,42 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, t
                                handle, position, token, new, ordered=True)
             done_B = done_B | (generated & stop)
         tokens_BW = jax.lax.dynamic_update_slice(tokens_BW, token[:, None], (0, position))
+        return token, tokens_BW, done_B
+
+    def step(carry):
+        position, logits_BV, cache, tokens_BW, done_B, counts = carry
+        sampled = sample_token(logits_BV, jax.random.fold_in(key, position),
+                               temperature=0 if greedy else temperature, top_k=top_k,
+                               top_p=top_p_value if top_p else None)
+        token, tokens_BW, done_B = emit(position, sampled, tokens_BW, done_B)
         token_extras = {k: jax.lax.dynamic_slice_in_dim(v, position, 1, axis=1)
                         for k, v in extras.items()}
         logits, cache = model.decode(token[:, None], cache, extras=token_extras)
-        return position + 1, logits[:, -1], cache, tokens_BW, done_B
+        return position + 1, logits[:, -1], cache, tokens_BW, done_B, counts
 
-    carry = (jnp.int32(prefix), logits[:, -1], cache, tokens_BW, jnp.zeros((batch,), bool))
-    carry = jax.lax.while_loop(lambda c: (c[0] < width) & ~jnp.all(c[4]), step, carry)
+    def speculative_round(carry):
+        position, logits_BV, cache, tokens_BW, done_B, counts = carry
+        greedy = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        next_B = jnp.where(position < lengths_B, tokens_BW[:, position], greedy)
+        block, targets, logits, recorded = draft_and_verify(
+            model, cache, tokens_BW, lengths_B, position, next_B, speculative)
+        accepted_B = accepted_drafts(block, targets)
+        n = jnp.min(jnp.where(done_B, speculative, accepted_B))
+        cache = rollback(recorded, speculative + 1, n + 1)
+        tokens_BW, done_B_after = jax.lax.fori_loop(
+            0, n + 1, lambda i, c: emit(position + i, block[:, i], *c)[1:], (tokens_BW, done_B))
+        active = ~done_B
+        counts = counts + jnp.stack([1, jnp.sum(jnp.where(active, accepted_B, 0)),
+                                     speculative * jnp.sum(active), n + 1]).astype(jnp.int32)
+        return (position + n + 1, jax.lax.dynamic_index_in_dim(logits, n, 1, keepdims=False),
+                cache, tokens_BW, done_B_after, counts)
+
+    carry = (jnp.int32(prefix), logits[:, -1], cache, tokens_BW, jnp.zeros((batch,), bool),
+             jnp.zeros((4,), jnp.int32))
+    carry = jax.lax.while_loop(lambda c: (c[0] < width) & ~jnp.all(c[4]),
+                               step if speculative is None else speculative_round, carry)
     index_BN = lengths_B[:, None] + jnp.arange(max_new_tokens)
     # Rows that all ended early leave the later columns unwritten: they read as stopped.
-    return jnp.where(index_BN < carry[0], jnp.take_along_axis(carry[3], index_BN, axis=1),
-                     stop_value)
+    tokens = jnp.where(index_BN < carry[0], jnp.take_along_axis(carry[3], index_BN, axis=1),
+                       stop_value)
+    return tokens, carry[5]

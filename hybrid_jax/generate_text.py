@@ -29,6 +29,7 @@ class TextGeneration:
     texts: list[str]  # one continuation per prompt, cut at EOS / stop strings
     tokens: list[np.ndarray]  # the generated ids of each prompt (up to and without EOS)
     seconds: float  # wall time of the generation, compile included on a first call
+    speculative: dict | None = None  # speculative decoding's statistics (`generate`'s stats)
 
     @property
     def tokens_per_second(self) -> float:
@@ -82,13 +83,15 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
                   top_p: float | None = None, seed: int = 0, stop: Sequence[str] = (),
                   eos_ids: Sequence[int] | None = None, max_positions: int | None = None,
                   on_text: Callable[[int, str], None] | None = None,
-                  modes: Any = None) -> TextGeneration:
+                  modes: Any = None, speculative: int | None = None) -> TextGeneration:
     """Continues each prompt (see the module docstring).
 
     `eos_ids`: the ids that end a row (default: the tokenizer's EOS). `max_positions`: the
     model's position limit (e.g. a Hugging Face model's max_position_embeddings); a prompt
     that leaves no room for `max_new_tokens` is an error. `on_text(row, text)` receives each
-    row's text as it is generated (streaming). `modes`: an Oryx mode schedule (`generate`).
+    row's text as it is generated (streaming). `modes`: an Oryx mode schedule; `speculative`:
+    Oryx self-speculative decoding with this many drafts (`generate`; its statistics in
+    `TextGeneration.speculative`).
     """
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
@@ -107,10 +110,11 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     eos = [tokenizer.eos_id] if eos_ids is None else list(eos_ids)
     streamer = _Streamer(tokenizer, len(ids), stop, eos, on_text)
     start = time.perf_counter()
+    stats = {}
     out = np.asarray(generate(model, prompt_BT, max_new_tokens, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed, lengths=lengths,
                               eos_id=eos[0] if len(eos) == 1 else None, modes=modes,
-                              max_positions=max_positions,
+                              max_positions=max_positions, speculative=speculative, stats=stats,
                               on_tokens=streamer if stop or on_text or len(eos) > 1 else None))
     seconds = time.perf_counter() - start
     tokens, texts = [], []
@@ -125,4 +129,4 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
         tokens.append(row)
         texts.append(cut)
     streamer.flush(texts)
-    return TextGeneration(texts, tokens, seconds)
+    return TextGeneration(texts, tokens, seconds, stats or None)

@@ -10,6 +10,10 @@ blocks' `default_mode`).
 
 Inference (`inference_modes`): "linear", "attention", "prefill=linear,decode=attention" (any
 mode for each part), or an explicit `[B, T]` array.
+
+Evaluation (`batch_modes`, `hybrid-jax eval --modes`): "linear", "attention", or
+"scored=MODE,other=MODE": the positions whose next token is scored (MQAR's queries, the
+needle's query) in one mode and the rest in the other, e.g. "scored=attention,other=linear".
 """
 
 from __future__ import annotations
@@ -43,6 +47,28 @@ def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) 
     return batch if modes is None else {**batch, f"{EXTRA_PREFIX}{MODE}": modes}
 
 
+def _parts(schedule: str, names: tuple[str, str]) -> dict[str, int]:
+    """"MODE" (both parts) or "A=MODE,B=MODE" for the two part `names` → {part: mode id}."""
+    parts = dict.fromkeys(names, schedule)
+    if "=" in schedule:
+        parts = dict(part.partition("=")[::2] for part in schedule.split(","))
+        if set(parts) != set(names):
+            raise ValueError(f"mode schedule {schedule!r}: expected '{names[0]}=MODE,"
+                             f"{names[1]}=MODE'")
+    for name, mode in parts.items():
+        if mode not in MODE_NAMES:
+            raise ValueError(f"mode schedule {schedule!r}: {name} mode {mode!r} is not one of "
+                             f"{list(MODE_NAMES)}")
+    return {name: MODE_NAMES[mode] for name, mode in parts.items()}
+
+
+def batch_modes(schedule: str, mask_BT: np.ndarray) -> np.ndarray:
+    """`[B, T]` int32 modes of an eval batch whose scored positions are `mask_BT`, from
+    "linear", "attention" or "scored=MODE,other=MODE" (module docstring)."""
+    parts = _parts(schedule, ("scored", "other"))
+    return np.where(np.asarray(mask_BT, bool), parts["scored"], parts["other"]).astype(np.int32)
+
+
 def inference_modes(schedule, lengths_B, total_len: int) -> np.ndarray:
     """`[B, total_len]` int32 modes of prompts of `lengths_B` tokens and what follows them,
     from a schedule string (module docstring) or an explicit `[B, total_len]` 0/1 array."""
@@ -54,15 +80,6 @@ def inference_modes(schedule, lengths_B, total_len: int) -> np.ndarray:
             raise ValueError(f"mode schedule array: expected [batch, prompt + new tokens] = "
                              f"{[batch, total_len]} of 0/1, got shape {list(modes.shape)}")
         return modes.astype(np.int32)
-    parts = {"prefill": schedule, "decode": schedule}
-    if "=" in schedule:
-        parts = dict(part.partition("=")[::2] for part in schedule.split(","))
-        if set(parts) != {"prefill", "decode"}:
-            raise ValueError(f"mode schedule {schedule!r}: expected 'prefill=MODE,decode=MODE'")
-    for name, mode in parts.items():
-        if mode not in MODE_NAMES:
-            raise ValueError(f"mode schedule {schedule!r}: {name} mode {mode!r} is not one of "
-                             f"{list(MODE_NAMES)}")
+    parts = _parts(schedule, ("prefill", "decode"))
     in_prompt = np.arange(total_len)[None, :] < lengths_B[:, None]
-    return np.where(in_prompt, MODE_NAMES[parts["prefill"]],
-                    MODE_NAMES[parts["decode"]]).astype(np.int32)
+    return np.where(in_prompt, parts["prefill"], parts["decode"]).astype(np.int32)

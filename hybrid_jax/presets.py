@@ -39,7 +39,8 @@ def transformer_125m() -> ModelConfig:
 @register("transformer-350m")
 def transformer_350m() -> ModelConfig:
     """24 layers, d_model 1024, 16 heads of 64, SwiGLU 2816, tied embeddings, a 32000
-    vocabulary (~341M params): the transformer of the size of gdn-340m and nha-340m."""
+    vocabulary (~341M params): the transformer of the 340m comparisons (gdn-340m, nha-340m,
+    mamba2-340m, oryx-*-340m)."""
     return ModelConfig(layers=("attention",) * 24, vocab_size=32000, d_model=1024, num_heads=16,
                        ffn_dim=2816)
 
@@ -93,6 +94,17 @@ def mamba2_130m() -> ModelConfig:
                        vocab_size=50304, d_model=768, ffn_dim=0)
 
 
+@register("mamba2-340m")
+def mamba2_340m() -> ModelConfig:
+    """Mamba-2 ~350M: 48 layers, d_model 1024, expand 2, head dim 64, state 128, no FFN.
+
+    Depth and width are the Mamba-2 paper's 370M model; the 32000 vocabulary is the other
+    340m presets' (the paper's is GPT-NeoX's 50280).
+    """
+    return ModelConfig(layers=(layer("mamba2", ssm_head_dim=64, state_size=128),) * 48,
+                       vocab_size=32000, d_model=1024, ffn_dim=0)
+
+
 @register("gss-tiny")
 def gss_tiny() -> ModelConfig:
     """2 GSS layers, d_model 64 (gate width 256, DSS width 16, 32 modes), no FFN as in GSS."""
@@ -117,6 +129,14 @@ def gdn_hybrid_tiny() -> ModelConfig:
     """Gated DeltaNet then attention (each with a SwiGLU FFN), d_model 64: a tiny hybrid."""
     return ModelConfig(layers=(_GDN_TINY, "attention"), vocab_size=256, d_model=64,
                        num_heads=4)
+
+
+@register("gdn-130m")
+def gdn_130m() -> ModelConfig:
+    """Gated DeltaNet ~131M: oryx-gdn-130m's shape without the attention query: 12 layers,
+    d_model 768, 12 heads of 64 (values of 64: expand_v 1), SwiGLU FFN 2048."""
+    return ModelConfig(layers=(layer("gdn", expand_v=1),) * 12, vocab_size=50304, d_model=768,
+                       num_heads=12, ffn_dim=2048)
 
 
 @register("gdn-340m")
@@ -280,6 +300,7 @@ def oryx_gdn_tiny() -> ModelConfig:
     Shared by both modes (`hybrid_jax.nn.oryx.shared_fraction`): 85.7 % of each block's
     parameters (W_K, W_V, W_G, W_O, convs, norms, FFN), 87.4 % of the model's with the
     embeddings; each mode owns its W_Q, the linear mode its β / decay parameters.
+    Baselines of the same size: transformer-tiny, gdn-tiny.
     """
     return ModelConfig(layers=(layer("oryx", chunk_size=16),) * 2, vocab_size=256, d_model=64,
                        num_heads=4)
@@ -290,6 +311,7 @@ def oryx_gdn_130m() -> ModelConfig:
     """12 Oryx-GDN layers, d_model 768, 12 heads of 64, SwiGLU FFN 2048 (~138M params).
 
     Shared by both modes: 85.5 % of each block, 89.6 % of the model with the embeddings.
+    Baselines: transformer-125m, gdn-130m (this shape without W_Q^att), mamba2-130m.
     """
     return ModelConfig(layers=("oryx",) * 12, vocab_size=50304, d_model=768, num_heads=12,
                        ffn_dim=2048)
@@ -300,9 +322,52 @@ def oryx_gdn_340m() -> ModelConfig:
     """21 Oryx-GDN layers, d_model 1024, 16 heads of 64, SwiGLU FFN 2816 (~348M params).
 
     Shared by both modes: 85.8 % of each block (`hybrid_jax.nn.oryx.shared_fraction`).
+    Baselines: transformer-350m, gdn-340m, mamba2-340m.
     """
     return ModelConfig(layers=("oryx",) * 21, vocab_size=32000, d_model=1024, num_heads=16,
                        ffn_dim=2816)
+
+
+def _oryx_mamba2(base: str) -> ModelConfig:
+    """The Mamba-2 preset `base` with each layer an Oryx block in Mamba-2 mode (the same
+    mixer, plus the attention query W_Q^att of G·N channels and RoPE)."""
+    config = get(base)
+    return config.replace(layers=tuple(
+        layer("oryx", linear_mixer="mamba2", **dict(spec.options)) for spec in config.layers))
+
+
+@register("oryx-mamba2-tiny")
+def oryx_mamba2_tiny() -> ModelConfig:
+    """mamba2-tiny as Oryx (4 layers, d_model 64, 8 value heads of 16, state 16, one B/C
+    group: one attention head of 16 over all 8 value heads), no FFN.
+
+    Shared by both modes (`hybrid_jax.nn.oryx.shared_fraction`): 90.9 % of each block, 92.0 %
+    of the model; each mode owns its query (C, or W_Q^att: d·16 each), the linear mode dt / A /
+    D. Baselines of the same size: mamba2-tiny, transformer-tiny, gdn-tiny.
+    """
+    return _oryx_mamba2("mamba2-tiny")
+
+
+@register("oryx-mamba2-130m")
+def oryx_mamba2_130m() -> ModelConfig:
+    """mamba2-130m as Oryx: 24 layers, d_model 768, 24 value heads of 64, state 128, one
+    group (one attention head of 128), no FFN (~131M params).
+
+    Shared by both modes: 94.4 % of each block, 96.1 % of the model with the embeddings.
+    Baselines: mamba2-130m, transformer-125m, gdn-130m.
+    """
+    return _oryx_mamba2("mamba2-130m")
+
+
+@register("oryx-mamba2-340m")
+def oryx_mamba2_340m() -> ModelConfig:
+    """mamba2-340m as Oryx: 48 layers, d_model 1024, 32 value heads of 64, state 128, one
+    group, no FFN (~356M params).
+
+    Shared by both modes: 95.6 % of each block, 96.0 % of the model with the embeddings.
+    Baselines: mamba2-340m, transformer-350m, gdn-340m.
+    """
+    return _oryx_mamba2("mamba2-340m")
 
 
 @register("nha-hybrid-1b")

@@ -43,6 +43,19 @@ def test_eval_reproduces_the_final_metrics(run_dir, capsys):
     assert metrics["loss"] == pytest.approx(results["eval_loss"], rel=1e-5)
 
 
+def test_eval_with_oryx_modes_reports_attention_tokens_and_cache(tmp_path, capsys):
+    """MQAR of 2 pairs in 16 tokens: attention on the 2 scored query tokens = 1/8 of them."""
+    out = tmp_path / "oryx"
+    assert main(["train", "mqar-oryx-gdn-tiny", "--out", str(out), "--quiet", *TINY_RUN]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--modes", "scored=attention,other=linear"]) == 0
+    captured = capsys.readouterr()
+    metrics = json.loads(captured.out.splitlines()[0])
+    assert metrics["attention_fraction"] == pytest.approx(2 / 16)
+    assert 0 < metrics["cache_kv_bytes"] < metrics["cache_bytes"]
+    assert "decode cache for one held-out batch" in captured.err
+
+
 def test_generate_is_greedy_and_deterministic(run_dir, capsys):
     assert main(["generate", str(run_dir), "--prompt-ids", "3 5 7", "--max-new-tokens", "5"]) == 0
     first = capsys.readouterr().out.split()

@@ -1,3 +1,3 @@
 """Experiment definitions; each module registers its experiments on import."""
 
-from experiments.configs import lm, mqar, nha, pha  # noqa: F401
+from experiments.configs import lm, mqar, nha, oryx, pha  # noqa: F401

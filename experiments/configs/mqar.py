@@ -6,7 +6,7 @@ import dataclasses
 
 from experiments.registry import register
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, ModeSchedule, TrainConfig
+from hybrid_jax.config import ExperimentConfig, TrainConfig
 from hybrid_jax.data.mqar import MQARConfig
 
 MQAR_TINY = MQARConfig(vocab_size=256, seq_len=64, num_kv_pairs=8)
@@ -77,13 +77,3 @@ def mqar_gsa_hybrid_tiny() -> ExperimentConfig:
     return _mqar_experiment("gsa-hybrid-tiny",
                             "Gated Slot Attention + attention hybrid on MQAR (8 pairs, length 64)")
 
-
-@register("mqar-oryx-gdn-tiny")
-def mqar_oryx_gdn_tiny() -> ExperimentConfig:
-    """Oryx-GDN trained in mixed mode: chunks of 16 tokens, each in attention mode with
-    probability 0.5 (`train.mode_schedule`), so both modes learn the task."""
-    train = dataclasses.replace(MQAR_TRAIN, steps=800, mode_schedule=ModeSchedule(
-        pattern="random_chunks", chunk=16, attention_prob=0.5))
-    return ExperimentConfig(name="mqar-oryx-gdn-tiny", model=presets.get("oryx-gdn-tiny"),
-                            data=MQAR_TINY, train=train,
-                            description="Oryx (attention | GDN per 16-token chunk) on MQAR")

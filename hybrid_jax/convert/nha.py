@@ -17,17 +17,12 @@ fine-tuning starts.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-import jax
-from flax import nnx
-
 from hybrid_jax.config import ExperimentConfig, ModelConfig, layer
-from hybrid_jax.convert.run_dir import write_run
-from hybrid_jax.nn.lm import LanguageModel, create_model
-from hybrid_jax.train.checkpoint import leaf_name
+from hybrid_jax.convert.params import named_values, transplant, write_conversion
+from hybrid_jax.nn.lm import LanguageModel
 
 # Attention options an NHA layer takes over unchanged.
 SHARED_OPTIONS = ("num_heads", "num_kv_heads", "head_dim", "rope_theta", "rope_fraction",
@@ -59,26 +54,9 @@ def convert_to_nha(model: LanguageModel, *, window: int | None, num_slots: int,
                    layers: Sequence[int] | None = None, seed: int = 0) -> LanguageModel:
     """The NHA hybrid of `model` (see the module docstring); `seed` draws the new W_f."""
     config = nha_config(model.config, window=window, num_slots=num_slots, layers=layers)
-    old = {leaf_name(path): variable for path, variable in
-           jax.tree_util.tree_flatten_with_path(nnx.state(model), is_leaf=_is_variable)[0]}
-    graphdef, fresh = nnx.split(create_model(config, seed=seed))
-    used = set()
-
-    def take(path, variable):
-        name = leaf_name(path)
-        if name in old:
-            used.add(name)
-            return variable.replace(old[name].get_value())
-        if not name.endswith(NEW_PARAMETER):
-            raise ValueError(f"convert: {name} is neither in the original model nor the new "
-                             "slot gate")
-        return variable
-
-    state = jax.tree_util.tree_map_with_path(take, fresh, is_leaf=_is_variable)
-    missing = sorted(set(old) - used)
-    if missing:
-        raise ValueError(f"convert: parameters of the original model left out: {missing[:4]}")
-    return nnx.merge(graphdef, state)
+    return transplant(config, named_values(model),
+                      lambda name, value: value if name.endswith(NEW_PARAMETER) else None,
+                      seed=seed)
 
 
 def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path, out: Path,
@@ -91,15 +69,7 @@ def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path
     converted = convert_to_nha(model.with_scan_layers(False), window=window,
                                num_slots=num_slots, layers=layers, seed=seed
                                ).with_scan_layers(scan_layers)
-    experiment = dataclasses.replace(
-        experiment, name=f"{experiment.name}-nha", model=converted.config,
-        description=f"{experiment.name} converted to NHA (window {window or 'full'}, "
-                    f"{num_slots} slots)")
-    files = tuple(p for p in Path(source).iterdir() if p.suffix == ".json"
-                  and p.name not in ("config.json", "results.json"))
-    write_run(out, experiment, converted, files=files, source=str(source))
+    experiment = write_conversion(
+        experiment, converted, source, out, suffix="nha",
+        description=f"NHA (window {window or 'full'}, {num_slots} slots)")
     return experiment, converted
-
-
-def _is_variable(x) -> bool:
-    return isinstance(x, nnx.Variable)

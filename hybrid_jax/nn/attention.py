@@ -126,10 +126,13 @@ class AttentionMixer(nnx.Module):
         return self.output(self.mix(q, k, v, segment_ids=ctx.segment_ids,
                                     segment_extents=ctx.segment_extents))
 
-    def init_cache(self, batch: int, max_len: int, dtype: Any) -> AttentionCache:
+    def init_cache(self, batch: int, max_len: int, dtype: Any, *,
+                   value_dim: int | None = None) -> AttentionCache:
+        """Keys `[B, L, Hkv, D]` and values `[B, L, Hkv, value_dim]` (default D)."""
         length = max_len if self.window is None else min(self.window, max_len)
         shape = (batch, length, self.num_kv_heads, self.head_dim)
-        return AttentionCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
+        values = (*shape[:3], value_dim or self.head_dim)
+        return AttentionCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(values, dtype),
                               positions=jnp.full((length,), -1, jnp.int32))
 
     def decode(self, x_BTD: jax.Array, cache: AttentionCache, ctx: TokenContext

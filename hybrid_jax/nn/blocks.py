@@ -64,7 +64,7 @@ SOFTPLUS_INV_1 = math.log(math.e - 1.0)  # softplus(p) = 1: equal weights at ini
 class Mixer(Protocol):
     """What a block needs from a branch; `x_BTD` in, `y_BTD` out.
 
-    Optional class attribute `deepnorm_scaled`: dotted names of the `Linear`s whose initial
+    Optional (class) attribute `deepnorm_scaled`: dotted names of the `Linear`s whose initial
     kernels DeepNorm scales by β (value, output and FFN projections).
     """
 
@@ -90,7 +90,7 @@ def deepnorm_init(branch: nnx.Module, beta: float) -> None:
     """DeepNet's init of one branch, in place: each `Linear` kernel (drawn normal with its
     `init_std`) rescaled to Xavier-normal std, times `beta` for the `deepnorm_scaled` ones."""
     scaled = {id(functools.reduce(getattr, path.split("."), branch))
-              for path in getattr(type(branch), "deepnorm_scaled", ())}
+              for path in getattr(branch, "deepnorm_scaled", ())}
     for _, linear in nnx.iter_graph(branch):
         if isinstance(linear, Linear) and linear.init_std > 0:
             gain = beta if id(linear) in scaled else 1.0

@@ -30,7 +30,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
-from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param, run_convs
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
@@ -171,12 +171,8 @@ class GatedDeltaNetMixer(nnx.Module):
         qkv = self.projections(x_BTD)
         if self.q_conv is None:
             qkv, conv_caches = [jax.nn.silu(x) for x in qkv], [None] * 3
-        elif conv_caches is None:
-            qkv = [conv(x, segment_ids) for conv, x in zip(self._convs, qkv, strict=True)]
         else:
-            stepped = [conv.decode(x, c) for conv, x, c in zip(self._convs, qkv, conv_caches,
-                                                                 strict=True)]
-            qkv, conv_caches = [y for y, _ in stepped], [c for _, c in stepped]
+            qkv, conv_caches = run_convs(self._convs, qkv, segment_ids, conv_caches)
         return (*self.heads(*qkv), *self.gates(x_BTD), conv_caches)
 
     def recurrence(self, q, k, v, g, beta, *, segment_ids: jax.Array | None = None,
@@ -212,8 +208,7 @@ class GatedDeltaNetMixer(nnx.Module):
                ) -> tuple[jax.Array, GatedDeltaNetCache]:
         """Continues from `cache`: one token with the recurrence step, a prefill chunked."""
         del ctx
-        q, k, v, g, beta, convs = self.features(
-            x_BTD, conv_caches=[cache.q_conv, cache.k_conv, cache.v_conv])
+        q, k, v, g, beta, convs = self.features(x_BTD, conv_caches=cache.convs)
         o, state = self.recurrence(q, k, v, g, beta, state=cache.state)
         new_cache = GatedDeltaNetCache(*convs, state=state.astype(cache.state.dtype))
         return self.output(o, x_BTD), new_cache

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax import ops
-from hybrid_jax.cache import ConvCache
+from hybrid_jax.cache import ConvCache, ConvHistory
 from hybrid_jax.ops.context_parallel import with_past
 
 Shape = int | Sequence[int]
@@ -223,12 +223,27 @@ class ShortConv(nnx.Module):
     def init_cache(self, batch: int, channels: int, dtype) -> ConvCache:
         return ConvCache(jnp.zeros((batch, self.size - 1, channels), dtype))
 
-    def decode(self, x_BTC: jax.Array, cache: ConvCache) -> tuple[jax.Array, ConvCache]:
-        """Convolves new inputs continuing `cache` (any number of new steps)."""
+    def decode(self, x_BTC: jax.Array, cache: ConvCache | ConvHistory
+               ) -> tuple[jax.Array, ConvCache | ConvHistory]:
+        """Convolves new inputs continuing `cache` (any number of new steps); a `ConvHistory`
+        (holding exactly the last `size − 1` inputs) comes back holding them all."""
         window = jnp.concatenate([cache.inputs.astype(jnp.float32), x_BTC.astype(jnp.float32)],
                                  axis=1)
         weight = self.weight[...].astype(jnp.float32)
         past, steps = self.size - 1, x_BTC.shape[1]
         y = sum(window[:, past - lag: past - lag + steps] * weight[lag] for lag in range(self.size))
+        if isinstance(cache, ConvHistory):
+            return self._finish(y), ConvHistory(window.astype(cache.inputs.dtype))
         new_inputs = window[:, window.shape[1] - past:].astype(cache.inputs.dtype)
         return self._finish(y), ConvCache(new_inputs)
+
+
+def run_convs(convs: Sequence[ShortConv], inputs: Sequence[jax.Array],
+              segment_ids_BT: jax.Array | None = None, caches: Sequence[ConvCache] | None = None
+              ) -> tuple[list[jax.Array], list[ConvCache] | None]:
+    """Each conv on its input: with `caches` (decoding) continuing them and returning the new
+    caches, else over whole sequences (restarting at `segment_ids_BT` document starts), None."""
+    if caches is None:
+        return [conv(x, segment_ids_BT) for conv, x in zip(convs, inputs, strict=True)], None
+    stepped = [conv.decode(x, c) for conv, x, c in zip(convs, inputs, caches, strict=True)]
+    return [y for y, _ in stepped], [c for _, c in stepped]

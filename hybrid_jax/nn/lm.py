@@ -122,18 +122,22 @@ class LanguageModel(nnx.Module):
                        max_len=max_len, windowed=windowed)
 
     def decode(self, tokens_BT: jax.Array, cache: LMCache, *,
-               extras: dict[str, jax.Array] | None = None) -> tuple[jax.Array, LMCache]:
+               extras: dict[str, jax.Array] | None = None, record_steps: bool = False
+               ) -> tuple[jax.Array, LMCache]:
         """Consumes `tokens_BT` after what `cache` holds; returns their logits and the new cache.
 
         Positions continue from the cache (one document per row); `extras` are the per-token
-        arrays `[B, T, ...]` of these tokens, as in `__call__`. Past the cache's `max_len`
-        (unless it is `windowed`) this raises; inside jit, where the position is traced, the
-        logits of such a call are NaN instead.
+        arrays `[B, T, ...]` of these tokens, as in `__call__`. `record_steps`: layers that can
+        return their state after each of these tokens do (`TokenContext.record_steps`; the
+        cache must then be rolled back, `hybrid_jax.speculative.rollback`). Past the cache's
+        `max_len` (unless it is `windowed`) this raises; inside jit, where the position is
+        traced, the logits of such a call are NaN instead.
         """
         _check_unscanned(self.config, "decoding")
         self._check_tokens(tokens_BT)
         overflow = check_cache_room(cache, tokens_BT.shape[1])
-        context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras)
+        context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras,
+                                      record_steps=record_steps)
         x = self._embed(tokens_BT, context.positions)
         layer_caches = []
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):

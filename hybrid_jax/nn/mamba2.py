@@ -9,8 +9,9 @@ Per token, with `d_inner = expand·d_model` split into `H = d_inner / P` heads o
     out = W_out · RMSNorm_G(y ⊙ silu(z))            (RMSNorm over each of the G groups)
 
 as in mamba_ssm's `Mamba2Simple` and fla's `Mamba2` layer. The fused `in_proj` of the references
-is kept as four projections (z, x, [B; C], dt) — the same map, with head-shaped outputs that
-shard along heads — and the depthwise conv over `[x; B; C]` as one conv on x and one on [B; C].
+is kept as five projections (z, x, B, C, dt) — the same map, with head-shaped outputs that
+shard along heads — and the depthwise conv over `[x; B; C]` as one conv on each (depthwise:
+the same map), so that Oryx can share B (its keys) and x (its values) without C.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
-from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param
+from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param, run_convs
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.ssd import ssd, ssd_step
 from hybrid_jax.sharding import constrain
@@ -53,6 +54,9 @@ class Mamba2Options:
     dt_init_floor: float = 1e-4
     a_init_min: float = 1.0  # A_log init: log U[a_init_min, a_init_max]
     a_init_max: float = 16.0
+    # False: attention-compatible parts (an attention layer converted to Oryx, convert/oryx.py)
+    conv_activation: bool = True  # SiLU after the short convs
+    gated_norm: bool = True  # out = W_out·RMSNorm_G(y ⊙ silu(z)); False: W_out·y (no z)
     implementation: str | None = None  # of hybrid_jax.ops.ssd.ssd
 
     def __post_init__(self) -> None:
@@ -111,8 +115,10 @@ class Mamba2Mixer(nnx.Module):
     """The Mamba-2 mixer; decoding keeps a `Mamba2Cache` (conv inputs and the `[B, H, P, N]`
     float32 SSM state), so its memory does not grow with the sequence.
 
-    Parts: `project(x)` (the un-convolved x, [B; C], z, dt), `split` (heads after the short
-    convs), the op `ssd`, and `output(y, x, z)` (D skip, gated norm, `out_proj`).
+    Parts (shared with attention by Oryx, `nn/oryx.py`): `features(x)` (x, dt, B, C after the
+    short convs), `recurrence(x, dt, B, C)` (the SSD op and the D skip) and `output(y, x)`
+    (gated norm with `z_proj`, `out_proj`). In attention terms (SSD's duality) C is the query,
+    B the key and x the value, with one query/key head per group of H/G value heads.
     """
 
     deepnorm_scaled = ("x_proj", "out_proj")
@@ -126,77 +132,89 @@ class Mamba2Mixer(nnx.Module):
         self.dtype = compute_dtype(config)
         d, kw = config.d_model, dense_kwargs(config, rngs)
         pdtype = kw["param_dtype"]
-        self.z_proj = Linear(d, (h, p), axes=("embed", "heads", "head_dim"), **kw)
+        self.z_proj = (Linear(d, (h, p), axes=("embed", "heads", "head_dim"), **kw)
+                       if options.gated_norm else None)
         self.x_proj = Linear(d, (h, p), axes=("embed", "heads", "head_dim"), **kw)
-        self.bc_proj = Linear(d, (2, g, n), axes=("embed", None, None, "state"), **kw)
+        self.b_proj = Linear(d, (g, n), axes=("embed", None, "state"), **kw)
+        self.c_proj = Linear(d, (g, n), axes=("embed", None, "state"), **kw)
         self.dt_proj = Linear(d, h, axes=("embed", "heads"), **kw)
-        conv_kw = dict(rngs=rngs, use_bias=True, dtype=self.dtype, param_dtype=pdtype)
+        conv_kw = dict(rngs=rngs, use_bias=True, activation=options.conv_activation,
+                       dtype=self.dtype, param_dtype=pdtype)
         self.x_conv = ShortConv(h * p, options.conv_size, axis="heads", **conv_kw)
-        self.bc_conv = ShortConv(2 * g * n, options.conv_size, **conv_kw)
+        self.b_conv = ShortConv(g * n, options.conv_size, **conv_kw)
+        self.c_conv = ShortConv(g * n, options.conv_size, **conv_kw)
         self.dt_bias = param(rngs, _dt_bias_init(options), h, jnp.float32, ("heads",))
         self.A_log = param(rngs, _a_log_init(options), h, jnp.float32, ("heads",))
         self.D = param(rngs, nnx.initializers.ones, h, jnp.float32, ("heads",))
-        self.norm = GatedRMSNorm(h * p, group_size=h * p // g, norm_before_gate=False,
-                                 eps=config.norm_eps, dtype=self.dtype, param_dtype=pdtype)
+        self.norm = (GatedRMSNorm(h * p, group_size=h * p // g, norm_before_gate=False,
+                                  eps=config.norm_eps, dtype=self.dtype, param_dtype=pdtype)
+                     if options.gated_norm else None)
         self.out_proj = Linear((h, p), d, axes=("heads", "head_dim", "embed"),
                                **{**kw, "std": output_std(config)})
 
-    def project(self, x_BTD: jax.Array):
-        """The un-convolved `x [B,T,H·P]`, `[B; C] [B,T,2·G·N]`, and `z`, `dt` (float32)."""
+    @property
+    def _convs(self) -> tuple[ShortConv, ShortConv, ShortConv]:
+        return self.x_conv, self.b_conv, self.c_conv
+
+    def features(self, x_BTD: jax.Array, segment_ids: jax.Array | None = None,
+                 conv_caches: list | None = None):
+        """x `[B,T,H,P]`, dt `[B,T,H]` (float32), B, C `[B,T,G,N]` after the short convs, and
+        the convs' new caches (with `conv_caches`, decoding continues them; else
+        `segment_ids` reset the convs at document starts)."""
         batch, T = x_BTD.shape[:2]
-        x = self.x_proj(x_BTD).reshape(batch, T, -1)
-        bc = self.bc_proj(x_BTD).reshape(batch, T, -1)
-        z = constrain(self.z_proj(x_BTD), ("batch", "seq", "heads", "head_dim"))
-        dt = jax.nn.softplus(self.dt_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...])
-        return x, bc, z, dt
-
-    def split(self, x_conv: jax.Array, bc_conv: jax.Array):
-        batch, T = x_conv.shape[:2]
-        x = constrain(x_conv.reshape(batch, T, self.heads, self.head_dim),
+        raw = [proj(x_BTD).reshape(batch, T, -1) for proj in (self.x_proj, self.b_proj,
+                                                               self.c_proj)]
+        (x, B, C), conv_caches = run_convs(self._convs, raw, segment_ids, conv_caches)
+        x = constrain(x.reshape(batch, T, self.heads, self.head_dim),
                       ("batch", "seq", "heads", "head_dim"))
-        bc = bc_conv.reshape(batch, T, 2, self.groups, self.state_size)
-        return x, bc[:, :, 0], bc[:, :, 1]
+        B, C = (y.reshape(batch, T, self.groups, self.state_size) for y in (B, C))
+        dt = jax.nn.softplus(self.dt_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...])
+        return x, dt, B, C, conv_caches
 
-    def output(self, y_BTHP: jax.Array, x_BTHP: jax.Array, z_BTHP: jax.Array) -> jax.Array:
-        y = y_BTHP.astype(jnp.float32) + self.D[...][:, None] * x_BTHP.astype(jnp.float32)
-        batch, T = y.shape[:2]
-        y = self.norm(y.reshape(batch, T, -1), z_BTHP.reshape(batch, T, -1))
-        return self.out_proj(y.reshape(z_BTHP.shape))
+    def recurrence(self, x, dt, B, C, *, segment_ids: jax.Array | None = None,
+                   state: jax.Array | None = None):
+        """The SSD plus the D skip, `y [B,T,H,P]` float32, and with `state` (decoding: one
+        token with the step, more chunked) the new state, else None."""
+        A = -jnp.exp(self.A_log[...])
+        if state is None:  # training / eval: the context-parallel form when the mesh has one
+            y = context_parallel.ssd(x, dt, A, B, C, chunk_size=self.chunk_size,
+                                     segment_ids=segment_ids, implementation=self.implementation)
+        elif x.shape[1] == 1:
+            y, state = ssd_step(state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
+            y = y[:, None]
+        else:
+            y, state = ssd(x, dt, A, B, C, chunk_size=self.chunk_size, initial_state=state,
+                           return_final_state=True, implementation=self.implementation)
+        return y.astype(jnp.float32) + self.D[...][:, None] * x.astype(jnp.float32), state
 
-    def _A(self) -> jax.Array:
-        return -jnp.exp(self.A_log[...])
+    def output(self, y_BTHP: jax.Array, x_BTD: jax.Array) -> jax.Array:
+        """`out_proj(RMSNorm_G(y ⊙ silu(z)))` with z = `z_proj(x_BTD)` (`out_proj(y)` without
+        the gated norm)."""
+        if self.norm is None:
+            return self.out_proj(y_BTHP)
+        z = constrain(self.z_proj(x_BTD), ("batch", "seq", "heads", "head_dim"))
+        batch, T = z.shape[:2]
+        y = self.norm(y_BTHP.reshape(batch, T, -1), z.reshape(batch, T, -1))
+        return self.out_proj(y.reshape(z.shape))
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
-        segment_ids = ctx.segment_ids
-        x, bc, z, dt = self.project(x_BTD)
-        x, B, C = self.split(self.x_conv(x, segment_ids), self.bc_conv(bc, segment_ids))
-        y = context_parallel.ssd(x, dt, self._A(), B, C, chunk_size=self.chunk_size,
-                                 segment_ids=segment_ids, implementation=self.implementation)
-        return self.output(y, x, z)
+        *features, _ = self.features(x_BTD, ctx.segment_ids)
+        y, _ = self.recurrence(*features, segment_ids=ctx.segment_ids)
+        return self.output(y, x_BTD)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> Mamba2Cache:
         del max_len  # the state has a fixed size
-        return Mamba2Cache(
-            x_conv=self.x_conv.init_cache(batch, self.heads * self.head_dim, dtype),
-            bc_conv=self.bc_conv.init_cache(batch, 2 * self.groups * self.state_size, dtype),
-            ssm=jnp.zeros((batch, self.heads, self.head_dim, self.state_size), jnp.float32))
+        widths = (self.heads * self.head_dim,) + (self.groups * self.state_size,) * 2
+        convs = [conv.init_cache(batch, width, dtype)
+                 for conv, width in zip(self._convs, widths, strict=True)]
+        return Mamba2Cache(*convs, state=jnp.zeros(
+            (batch, self.heads, self.head_dim, self.state_size), jnp.float32))
 
     def decode(self, x_BTD: jax.Array, cache: Mamba2Cache, ctx: TokenContext
                ) -> tuple[jax.Array, Mamba2Cache]:
         """Continues from `cache`: one token with `ssd_step`, a prefill with the chunked SSD."""
         del ctx
-        x, bc, z, dt = self.project(x_BTD)
-        x_conv, x_conv_cache = self.x_conv.decode(x, cache.x_conv)
-        bc_conv, bc_conv_cache = self.bc_conv.decode(bc, cache.bc_conv)
-        x, B, C = self.split(x_conv, bc_conv)
-        if x_BTD.shape[1] == 1:
-            y, state = ssd_step(cache.ssm, x[:, 0], dt[:, 0], self._A(), B[:, 0], C[:, 0])
-            y = y[:, None]
-        else:
-            y, state = ssd(x, dt, self._A(), B, C, chunk_size=self.chunk_size,
-                           initial_state=cache.ssm, return_final_state=True,
-                           implementation=self.implementation)
-        new_cache = Mamba2Cache(x_conv=x_conv_cache, bc_conv=bc_conv_cache,
-                                ssm=state.astype(cache.ssm.dtype))
-        return self.output(y, x, z), new_cache
-
+        *features, convs = self.features(x_BTD, conv_caches=cache.convs)
+        y, state = self.recurrence(*features, state=cache.state)
+        new_cache = Mamba2Cache(*convs, state=state.astype(cache.state.dtype))
+        return self.output(y, x_BTD), new_cache

@@ -37,15 +37,16 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
-from hybrid_jax.context import TokenContext
+from hybrid_jax.context import EXTRA_PREFIX, TokenContext
 from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
 from hybrid_jax.flops import device_peak_flops, step_flops
-from hybrid_jax.modes import with_modes
+from hybrid_jax.modes import batch_modes, with_modes
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.lm import LanguageModel, count_params
+from hybrid_jax.nn.oryx import ATTENTION, MODE
 from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
 from hybrid_jax.train.checkpoint import (
     Checkpointer,
@@ -239,20 +240,26 @@ def check_process_rows(mesh: Mesh, batch_size: int) -> None:
 
 
 def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
-             eval_step: Callable | None = None, *, num_words: int | None = None
-             ) -> dict[str, float]:
+             eval_step: Callable | None = None, *, num_words: int | None = None,
+             modes: str | None = None) -> dict[str, float]:
     """Mean loss, perplexity and accuracy over the scored positions of `batches`.
 
     Batches with `target_bytes` (text) add `bits_per_byte`: total nats / (ln 2 · UTF-8 bytes of
     the scored text), comparable across tokenizers. `num_words` (the words of the whole
-    evaluated text) adds `word_perplexity`: exp(total nats / words).
+    evaluated text) adds `word_perplexity`: exp(total nats / words). `modes`: an Oryx eval
+    schedule (`hybrid_jax.modes.batch_modes`, e.g. "linear" or "scored=attention,other=linear")
+    for every batch, adding `attention_fraction` (of all tokens).
     """
     eval_step = make_eval_step(ts) if eval_step is None else eval_step
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-    num_bytes = 0
+    num_bytes, in_attention, num_tokens = 0, 0, 0
     with jax.set_mesh(ts.mesh):
         for batch in batches:
             batch = dict(batch)
+            if modes is not None:
+                batch[f"{EXTRA_PREFIX}{MODE}"] = batch_modes(modes, batch["mask"])
+                in_attention += int((batch[f"{EXTRA_PREFIX}{MODE}"] == ATTENTION).sum())
+                num_tokens += batch["mask"].size
             target_bytes = batch.pop("target_bytes", None)
             if target_bytes is not None:
                 num_bytes += int((target_bytes * batch["mask"]).sum())
@@ -272,6 +279,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
         metrics["bytes"] = num_bytes
     if num_words:
         metrics["word_perplexity"] = math.exp(min(totals["loss_sum"] / num_words, 700.0))
+    if modes is not None:
+        metrics["attention_fraction"] = in_attention / num_tokens
     return metrics
 
 

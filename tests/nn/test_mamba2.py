@@ -80,13 +80,14 @@ def mamba2_numpy(p, x, starts, *, groups, eps):
     z = np.einsum("btd,dhp->bthp", x, p["z_proj.kernel"])
     xs = np.einsum("btd,dhp->bthp", x, p["x_proj.kernel"])
     H, P = xs.shape[2:]
-    bc = np.einsum("btd,dkgn->btkgn", x, p["bc_proj.kernel"])
-    N = bc.shape[-1]
+    B, C = (np.einsum("btd,dgn->btgn", x, p[f"{name}_proj.kernel"]) for name in "bc")
+    N = B.shape[-1]
     dt = np.log1p(np.exp(x @ p["dt_proj.kernel"] + p["dt_bias"]))  # softplus
     xs = numpy_conv(xs.reshape(batch, T, -1), p["x_conv.weight"], p["x_conv.bias"],
                     starts).reshape(batch, T, H, P)
-    bc = numpy_conv(bc.reshape(batch, T, -1), p["bc_conv.weight"], p["bc_conv.bias"],
-                    starts).reshape(batch, T, 2, groups, N)
+    B, C = (numpy_conv(y.reshape(batch, T, -1), p[f"{name}_conv.weight"],
+                       p[f"{name}_conv.bias"], starts).reshape(batch, T, groups, N)
+            for name, y in (("b", B), ("c", C)))
     A = -np.exp(p["A_log"])
     y = np.zeros_like(xs)
     for b in range(batch):
@@ -95,8 +96,8 @@ def mamba2_numpy(p, x, starts, *, groups, eps):
             state = np.zeros((P, N))
             for t in range(T):
                 decay = 0.0 if starts[b, t] else np.exp(dt[b, t, h] * A[h])
-                state = decay * state + dt[b, t, h] * np.outer(xs[b, t, h], bc[b, t, 0, g])
-                y[b, t, h] = state @ bc[b, t, 1, g] + p["D"][h] * xs[b, t, h]
+                state = decay * state + dt[b, t, h] * np.outer(xs[b, t, h], B[b, t, g])
+                y[b, t, h] = state @ C[b, t, g] + p["D"][h] * xs[b, t, h]
     gated = (y * silu(z)).reshape(batch, T, groups, -1)
     normed = gated / np.sqrt(np.mean(gated ** 2, axis=-1, keepdims=True) + eps)
     normed = normed.reshape(batch, T, H, P) * p["norm.scale"].reshape(H, P)

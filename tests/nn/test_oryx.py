@@ -1,6 +1,8 @@
 """Oryx: all-attention / all-linear equal the single mixers with the same weights, mixed modes
 decode exactly like the parallel pass (values and gradients), both modes' parameters learn."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,19 +14,27 @@ from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer
+from hybrid_jax.nn.mamba2 import Mamba2Mixer
 from hybrid_jax.nn.oryx import MODE, OryxMixer, OryxOptions, shared_fraction
 from tests.helpers import assert_close, normals
 
-CONFIG = ModelConfig(layers=(layer("oryx", chunk_size=4),) * 2, vocab_size=32, d_model=16,
-                     num_heads=2)
+# GDN: 2 heads of 8. Mamba-2: d_inner 32 as 8 value heads of 4, 2 groups of B/C (state 8):
+# the attention mode's 2 heads, each over 4 value heads.
+LAYERS = {"gdn": layer("oryx", chunk_size=4),
+          "mamba2": layer("oryx", linear_mixer="mamba2", ssm_head_dim=4, state_size=8,
+                          n_groups=2, chunk_size=4)}
+CONFIGS = {kind: ModelConfig(layers=(spec,) * 2, vocab_size=32, d_model=16, num_heads=2)
+           for kind, spec in LAYERS.items()}
+CONFIG = CONFIGS["gdn"]
+KINDS = list(LAYERS)
 T = 7  # chunks of 4: switches below fall on a chunk edge (4) and mid-chunk (2, 5, 6)
 MODES = np.array([[0, 0, 1, 1, 0, 1, 1],
                   [1, 1, 1, 1, 0, 0, 1]], np.int32)
 
 
-def mixer_and_input(seed=0):
-    options = OryxOptions(num_heads=2, chunk_size=4)
-    mixer = OryxMixer(CONFIG, options, rngs=nnx.Rngs(seed))
+def mixer_and_input(kind="gdn", seed=0):
+    options = CONFIGS[kind].block_options(0)
+    mixer = OryxMixer(CONFIGS[kind], options, rngs=nnx.Rngs(seed))
     x = normals(seed, (2, T, 16), dtype=np.float32)
     return mixer, options, x
 
@@ -33,16 +43,25 @@ def ctx_with(mode):
     return TokenContext.create((2, T), extras={MODE: jnp.asarray(mode, jnp.int32)})
 
 
-def test_all_linear_equals_the_gated_deltanet_mixer():
-    mixer, options, x = mixer_and_input()
-    gdn = GatedDeltaNetMixer(CONFIG, options.linear_options(), rngs=nnx.Rngs(5))
-    nnx.update(gdn, nnx.state(mixer.linear))
+@pytest.mark.parametrize("kind", KINDS)
+def test_all_linear_equals_the_linear_mixer(kind):
+    mixer, options, x = mixer_and_input(kind)
+    single = {"gdn": GatedDeltaNetMixer, "mamba2": Mamba2Mixer}[kind](
+        CONFIGS[kind], options.linear_options(), rngs=nnx.Rngs(5))
+    nnx.update(single, nnx.state(mixer.linear))
     ctx = ctx_with(np.zeros((2, T)))
-    assert_close(mixer(x, ctx), gdn(x, TokenContext.create((2, T))), 1e-6, "all-linear")
+    assert_close(mixer(x, ctx), single(x, TokenContext.create((2, T))), 1e-6, "all-linear")
+
+
+def causal_softmax_attention(q, k, v):
+    """Causal softmax attention of `[B,T,G,K]` q, k over `[B,T,G,V]` v (one head per group)."""
+    logits = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+    logits = jnp.where(np.tril(np.ones((T, T), bool)), logits, -jnp.inf)
+    return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, axis=-1), v)
 
 
 def test_all_attention_equals_softmax_attention_on_the_shared_keys_and_values():
-    """Reference written out: RoPE'd W_Q^att x against RoPE'd shared keys, causal softmax."""
+    """GDN mode, written out: RoPE'd W_Q^att x against RoPE'd shared keys, causal softmax."""
     mixer, _, x = mixer_and_input()
     ctx = ctx_with(np.ones((2, T)))
     lin = mixer.linear
@@ -51,9 +70,24 @@ def test_all_attention_equals_softmax_attention_on_the_shared_keys_and_values():
     k = k / jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True) + 1e-6)  # GDN's eps
     rope, positions = mixer.attention.rope, ctx.positions
     q, k = rope(mixer.attention.q_proj(x), positions), rope(k, positions)
-    logits = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(8)
-    logits = jnp.where(np.tril(np.ones((T, T), bool)), logits, -jnp.inf)
-    o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, axis=-1), v)
+    o = causal_softmax_attention(q, k, v)
+    assert_close(mixer(x, ctx), lin.output(o, x), 1e-6, "all-attention")
+
+
+def test_all_attention_mamba2_is_one_head_per_group_over_its_value_heads():
+    """Mamba-2 mode, written out: keys B (conv, SiLU), values x; group g's attention pattern
+    weights the values of heads 4g..4g+3; no D skip; Mamba-2's gated norm and out_proj."""
+    mixer, _, x = mixer_and_input("mamba2")
+    ctx = ctx_with(np.ones((2, T)))
+    lin = mixer.linear
+    keys = lin.b_conv(lin.b_proj(x).reshape(2, T, -1), None).reshape(2, T, 2, 8)
+    values = lin.x_conv(lin.x_proj(x).reshape(2, T, -1), None).reshape(2, T, 8, 4)
+    rope, positions = mixer.attention.rope, ctx.positions
+    q, keys = rope(mixer.attention.q_proj(x), positions), rope(keys, positions)
+    heads = [causal_softmax_attention(q[:, :, g:g + 1], keys[:, :, g:g + 1],
+                                      values[:, :, 4 * g + h:4 * g + h + 1])
+             for g in range(2) for h in range(4)]
+    o = jnp.concatenate(heads, axis=2)
     assert_close(mixer(x, ctx), lin.output(o, x), 1e-6, "all-attention")
 
 
@@ -72,11 +106,12 @@ def decode_tokens(model, tokens, modes, split):
     return jnp.concatenate(out, axis=1)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("split", [0, 5])
-def test_mixed_modes_decode_equals_parallel_values_and_gradients(split):
+def test_mixed_modes_decode_equals_parallel_values_and_gradients(kind, split):
     """Token by token (split 0: the one-token steps, values), and a prefill of 5 (the chunked
     form with a carried state and the cache) then steps (values and gradients)."""
-    model = hj.create_model(CONFIG, seed=1)
+    model = hj.create_model(CONFIGS[kind], seed=1)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, T)), jnp.int32)
     modes = jnp.asarray(MODES)
     weights = normals(3, (2, T, 32), dtype=np.float32)
@@ -96,8 +131,16 @@ def test_mixed_modes_decode_equals_parallel_values_and_gradients(split):
                      1e-5, "gradients")
 
 
-def test_gradients_reach_both_modes_and_only_the_modes_used():
-    model = hj.create_model(CONFIG, seed=1)
+# Per mode: the query of each mode, a small linear-mode parameter, a shared projection.
+PROBES = {"gdn": {"q_att": "attention.q_proj", "q_lin": "linear.q_proj",
+                  "small": "linear.b_proj", "k": "linear.k_proj"},
+          "mamba2": {"q_att": "attention.q_proj", "q_lin": "linear.c_proj",
+                     "small": "linear.dt_proj", "k": "linear.b_proj"}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_reach_both_modes_and_only_the_modes_used(kind):
+    model = hj.create_model(CONFIGS[kind], seed=1)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, T)), jnp.int32)
     graphdef, state = nnx.split(model)
 
@@ -107,35 +150,57 @@ def test_gradients_reach_both_modes_and_only_the_modes_used():
     def norms(modes):
         grads = grad(state, jnp.asarray(modes))
         mixer = nnx.merge(graphdef, grads).blocks[0].mixer
-        return {name: float(jnp.linalg.norm(part.kernel[...])) for name, part in [
-            ("q_att", mixer.attention.q_proj), ("q_lin", mixer.linear.q_proj),
-            ("beta", mixer.linear.b_proj), ("k", mixer.linear.k_proj)]}
+        parts = {name: functools.reduce(getattr, path.split("."), mixer)
+                 for name, path in PROBES[kind].items()}
+        return {name: float(jnp.linalg.norm(part.kernel[...])) for name, part in parts.items()}
 
     mixed = norms(MODES)
     assert min(mixed.values()) > 0, mixed
     linear_only = norms(np.zeros_like(MODES))
     assert linear_only["q_att"] == 0 and linear_only["q_lin"] > 0, linear_only
     attention_only = norms(np.ones_like(MODES))
-    assert attention_only["q_lin"] == 0 and attention_only["beta"] == 0, attention_only
+    assert attention_only["q_lin"] == 0 and attention_only["small"] == 0, attention_only
 
 
-def test_modes_are_checked():
+def test_modes_and_options_are_checked():
     mixer, _, x = mixer_and_input()
     with pytest.raises(ValueError, match="expected modes 0"):
         mixer(x, ctx_with(np.full((2, T), 2)))
     with pytest.raises(ValueError, match="linear_mixer"):
         OryxOptions(linear_mixer="mamba3")
+    with pytest.raises(ValueError, match=r"\['state_size'\] do not apply to linear_mixer='gdn'"):
+        OryxOptions(state_size=16)
+    with pytest.raises(ValueError, match=r"\['expand_v'\] do not apply to linear_mixer='mamba2'"):
+        OryxOptions(linear_mixer="mamba2", expand_v=2)
 
 
-def test_shared_fraction_of_the_tiny_preset():
-    model = hj.create_model(presets.get("oryx-gdn-tiny"))
-    assert shared_fraction(model.blocks[0]) == pytest.approx(0.857, abs=1e-3)
-    assert shared_fraction(model) == pytest.approx(0.874, abs=1e-3)
+@pytest.mark.parametrize("name, block, model", [("oryx-gdn-tiny", 0.857, 0.874),
+                                                ("oryx-mamba2-tiny", 0.909, 0.920)])
+def test_shared_fraction_of_the_tiny_presets(name, block, model):
+    built = nnx.eval_shape(lambda: hj.LanguageModel(presets.get(name), rngs=nnx.Rngs(0)))
+    assert shared_fraction(built.blocks[0]) == pytest.approx(block, abs=1e-3)
+    assert shared_fraction(built) == pytest.approx(model, abs=1e-3)
+
+
+def test_decode_cache_holds_both_states_and_reports_its_bytes():
+    """2 layers: a KV cache of 7 positions × 2 heads × (8 + 8) float32 per row, plus the
+    linear mixer's state and conv inputs; the Mamba-2 mode's values are 4 heads of 4 per
+    key head (16 wide)."""
+    from hybrid_jax.cache import decode_cache_bytes
+
+    for kind in KINDS:
+        model = nnx.eval_shape(lambda kind=kind: hj.LanguageModel(CONFIGS[kind],
+                                                                  rngs=nnx.Rngs(0)))
+        sizes = decode_cache_bytes(model, 2, T)
+        assert sizes["cache_kv_bytes"] == 2 * (2 * T * 2 * (8 + {"gdn": 8, "mamba2": 16}[kind])
+                                               * 4 + T * 4), (kind, sizes)
+        assert sizes["cache_state_bytes"] > 0
+        assert sizes["cache_bytes"] == sizes["cache_kv_bytes"] + sizes["cache_state_bytes"]
 
 
 def test_schedules_for_training_and_inference():
     from hybrid_jax.config import ModeSchedule
-    from hybrid_jax.modes import inference_modes, training_modes
+    from hybrid_jax.modes import batch_modes, inference_modes, training_modes
 
     schedule = ModeSchedule(pattern="random_chunks", chunk=3, attention_prob=0.5)
     a = np.asarray(training_modes(schedule, (4, 8), 0, 7))
@@ -150,6 +215,11 @@ def test_schedules_for_training_and_inference():
         inference_modes("prefill=linear", [2], 4)
     with pytest.raises(ValueError, match="pattern"):
         ModeSchedule(pattern="mixed")
+    mask = np.array([[0, 1, 0, 1]], bool)
+    assert batch_modes("scored=attention,other=linear", mask).tolist() == [[0, 1, 0, 1]]
+    assert batch_modes("linear", mask).tolist() == [[0, 0, 0, 0]]
+    with pytest.raises(ValueError, match="expected 'scored=MODE,other=MODE'"):
+        batch_modes("queries=attention", mask)
 
 
 def test_generate_takes_a_mode_schedule():

@@ -1,0 +1,144 @@
+"""Oryx mode-switch curves: per-token loss on held-out text when the mode switches mid-row.
+
+    python -m experiments.oryx_switch RUN_DIR [RUN_DIR ...] [--switch 96,176] [--batches N]
+                                      [--out DIR]
+
+For each trained text run (`lm-wikitext2-oryx-gdn-tiny`, mixed-mode training) the held-out
+rows are run under three schedules: all attention, all linear, and attention → linear →
+attention switching at the `--switch` positions. Writes `OUT/switch.json` (the mean loss at
+each position per run and schedule, and segment means: the first 8 tokens after each switch,
+the rest of each segment) and `OUT/switch.png` (the curves, smoothed over 8 positions, and
+below them their difference from all-attention; one column per run, the switches marked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from experiments.run import read_experiment
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE
+from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train.trainer import bind_data, held_out_set, restore_train_state
+
+SETTLE = 8  # tokens after a switch reported on their own
+
+
+def switch_modes(T: int, switches: list[int]) -> np.ndarray:
+    """`[T]` modes: attention, then linear from `switches[0]`, attention from `switches[1]` …"""
+    modes = np.full(T, ATTENTION, np.int32)
+    for i, start in enumerate(switches):
+        modes[start:] = LINEAR if i % 2 == 0 else ATTENTION
+    return modes
+
+
+def position_losses(model, batches, modes_T: np.ndarray) -> np.ndarray:
+    """Mean next-token loss at each position `[T]` over the scored tokens of `batches`."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def losses(state, batch):
+        ctx = TokenContext.from_batch(batch)
+        ctx = ctx.replace(extras={MODE: jnp.broadcast_to(modes_T, batch["inputs"].shape)})
+        logits = nnx.merge(graphdef, state)(batch["inputs"], ctx).astype(jnp.float32)
+        nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
+            logits, batch["targets"][..., None], -1)[..., 0]
+        mask = batch["mask"].astype(jnp.float32)
+        return jnp.sum(nll * mask, 0), jnp.sum(mask, 0)
+
+    total, count = 0.0, 0.0
+    for batch in batches:
+        batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "target_bytes"}
+        s, c = jax.device_get(losses(state, batch))
+        total, count = total + s, count + c
+    return total / np.maximum(count, 1)
+
+
+def segments(curves: dict[str, np.ndarray], switches: list[int]) -> list[dict]:
+    """Mean loss per schedule over the first SETTLE tokens after each boundary and the rest."""
+    T = len(next(iter(curves.values())))
+    edges = [0, *switches, T]
+    rows = []
+    for start, end in zip(edges[:-1], edges[1:], strict=True):
+        for lo, hi in ((start, min(start + SETTLE, end)), (min(start + SETTLE, end), end)):
+            if hi > lo:
+                rows.append({"positions": [lo, hi], **{name: float(np.mean(c[lo:hi]))
+                                                       for name, c in curves.items()}})
+    return rows
+
+
+def plot(results: dict, switches: list[int], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(results), figsize=(4.2 * len(results), 5.6), sharey="row",
+                             squeeze=False)
+    kernel = np.ones(SETTLE) / SETTLE
+
+    def smooth(curve):
+        return np.convolve(np.asarray(curve), kernel, mode="valid")
+
+    for column, (run, result) in enumerate(results.items()):
+        top, bottom = axes[0][column], axes[1][column]
+        reference = np.asarray(result["curves"]["attention"])
+        for name, curve in result["curves"].items():
+            x = np.arange(len(curve) - SETTLE + 1) + SETTLE - 1
+            top.plot(x, smooth(curve), label=name, lw=1.2)
+            bottom.plot(x, smooth(np.asarray(curve) - reference), label=name, lw=1.2)
+        for ax in (top, bottom):
+            for s in switches:
+                ax.axvline(s, color="grey", ls=":", lw=1)
+        top.set_title(run, fontsize=9)
+        bottom.set_xlabel("position")
+    axes[0][0].set_ylabel(f"loss (nats/byte, mean of {SETTLE})")
+    axes[1][0].set_ylabel("minus all-attention loss")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", type=Path, nargs="+")
+    parser.add_argument("--switch", default="96,176", help="positions where the mode switches")
+    parser.add_argument("--batches", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=Path("runs/oryx-switch"))
+    args = parser.parse_args(argv)
+    switches = [int(x) for x in args.switch.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for run_dir in args.run_dirs:
+        experiment = read_experiment(run_dir / "config.json")
+        ts, _ = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh))
+        data = bind_data(experiment.data, run_dir, resume=True)
+        batches, _ = held_out_set(data, experiment.train.batch_size, args.batches,
+                                  experiment.train.seed)
+        T = batches[0]["inputs"].shape[1]
+        schedules = {"attention": np.full(T, ATTENTION, np.int32),
+                     "linear": np.full(T, LINEAR, np.int32),
+                     "switching": switch_modes(T, switches)}
+        curves = {name: position_losses(ts.model(), batches, modes)
+                  for name, modes in schedules.items()}
+        results[run_dir.name] = {"curves": {k: v.tolist() for k, v in curves.items()},
+                                 "segments": segments(curves, switches)}
+        print(f"{run_dir.name}: mean loss over [lo, hi) per schedule")
+        for row in results[run_dir.name]["segments"]:
+            print(f"  {str(row['positions']):12s} " + "  ".join(
+                f"{name} {row[name]:.3f}" for name in schedules))
+    (args.out / "switch.json").write_text(json.dumps({"switches": switches, **results}))
+    plot(results, switches, args.out / "switch.png")
+    print(f"wrote {args.out / 'switch.json'} and {args.out / 'switch.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""Self-speculative decoding: the roll-back restores the caches of a shorter call exactly, and
+greedy speculative generation equals attention-mode greedy generation token for token."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax as hj
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.generate import generate
+from hybrid_jax.nn.oryx import MODE
+from hybrid_jax.speculative import accepted_drafts, draft_and_verify, rollback
+from tests.helpers import assert_close
+
+LAYERS = {"gdn": layer("oryx", chunk_size=4),
+          "mamba2": layer("oryx", linear_mixer="mamba2", ssm_head_dim=4, state_size=8,
+                          n_groups=2, chunk_size=4)}
+
+
+def model_of(kind, seed=1):
+    """Oryx, full attention, Oryx: every kind of layer the roll-back handles."""
+    config = ModelConfig(layers=(LAYERS[kind], "attention", LAYERS[kind]), vocab_size=32,
+                         d_model=16, num_heads=2, init_std=0.1)
+    return hj.create_model(config, seed=seed)
+
+
+def attention_modes(shape):
+    return {MODE: jnp.ones(shape, jnp.int32)}
+
+
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_rollback_equals_decoding_only_the_kept_tokens(kind):
+    """A recorded call of 5 tokens rolled back to `keep` gives the caches (linear states,
+    convs, KV positions) and next-token logits of a call of the first `keep` tokens."""
+    model = model_of(kind)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 9)), jnp.int32)
+    _, cache = model.decode(tokens[:, :3], model.init_cache(2, 12), extras=attention_modes((2, 3)))
+    _, recorded = model.decode(tokens[:, 3:8], cache, extras=attention_modes((2, 5)),
+                               record_steps=True)
+    for keep in (1, 3, 5):
+        rolled = rollback(recorded, 5, jnp.int32(keep))
+        _, direct = model.decode(tokens[:, 3:3 + keep], cache,
+                                 extras=attention_modes((2, keep)))
+        assert int(rolled.index) == 3 + keep
+        oryx_rolled, oryx_direct = rolled.layers[0].branches[0], direct.layers[0].branches[0]
+        assert_close(oryx_rolled.linear, oryx_direct.linear, 1e-6, f"linear keep={keep}")
+        for layer_index, branch in ((0, 0), (1, 0)):
+            kv = rolled.layers[layer_index].branches[branch]
+            positions = (kv.attention if hasattr(kv, "attention") else kv).positions
+            assert (np.asarray(positions) >= 0).sum() == 3 + keep
+        nxt = tokens[:, 3 + keep:4 + keep]
+        logits_rolled, _ = model.decode(nxt, rolled, extras=attention_modes((2, 1)))
+        logits_direct, _ = model.decode(nxt, direct, extras=attention_modes((2, 1)))
+        assert_close(logits_rolled, logits_direct, 1e-5, f"next logits keep={keep}")
+
+
+@pytest.mark.parametrize("kind, ks, eos", [("gdn", (2, 5), True), ("mamba2", (1, 4), False)])
+def test_greedy_speculative_equals_attention_mode_greedy(kind, ks, eos):
+    """Random prompts of different lengths (batch 3, so rows still in their prompt and rows
+    generating share rounds), several k; an end-of-sequence id cuts rows the same way."""
+    model = model_of(kind)
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, 32, (3, 7)).astype(np.int32)
+    lengths = np.array([7, 3, 5])
+    want = np.asarray(generate(model, prompt, 14, lengths=lengths, modes="attention"))
+    for k in ks:
+        stats = {}
+        got = np.asarray(generate(model, prompt, 14, lengths=lengths, speculative=k,
+                                  stats=stats))
+        assert (got == want).all(), (k, got, want)
+        assert 0 <= stats["acceptance_rate"] <= 1 and stats["tokens_per_round"] >= 1, stats
+    if eos:
+        eos_id = int(want[1, 4])
+        assert (np.asarray(generate(model, prompt, 14, lengths=lengths, speculative=3,
+                                    eos_id=eos_id))
+                == np.asarray(generate(model, prompt, 14, lengths=lengths, modes="attention",
+                                       eos_id=eos_id))).all()
+
+
+def test_rows_accept_different_numbers_of_drafts():
+    """The setting above exercises lockstep acceptance: after a common prefill, the first
+    round's accepted drafts differ between rows."""
+    model = model_of("mamba2")
+    prompt = jnp.asarray(np.random.default_rng(4).integers(0, 32, (3, 3)), jnp.int32)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def first_round(state):
+        model = nnx.merge(graphdef, state)
+        logits, cache = model.decode(prompt, model.init_cache(3, 16),
+                                     extras=attention_modes((3, 3)))
+        next_token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        block, targets, _, _ = draft_and_verify(model, cache, jnp.pad(prompt, ((0, 0), (0, 10))),
+                                                jnp.full((3,), 3), jnp.int32(3), next_token, 5)
+        return accepted_drafts(block, targets)
+
+    accepted = np.asarray(first_round(state))
+    assert len(set(accepted.tolist())) > 1, accepted
+
+
+def test_accepted_drafts_counts_the_leading_matches():
+    block = jnp.asarray([[9, 1, 2, 3], [9, 1, 5, 3], [9, 4, 2, 3]])
+    targets = jnp.asarray([[1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 3, 7]])
+    assert accepted_drafts(block, targets).tolist() == [3, 1, 0]
+
+
+def test_bad_requests_are_refused():
+    model = model_of("gdn")
+    prompt = np.zeros((1, 3), np.int32)
+    with pytest.raises(ValueError, match="greedy"):
+        generate(model, prompt, 4, speculative=2, temperature=0.5)
+    with pytest.raises(ValueError, match="speculative must be an integer >= 1"):
+        generate(model, prompt, 4, speculative=0)
+    plain = hj.create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
+                                        num_heads=2))
+    with pytest.raises(ValueError, match="no Oryx layer"):
+        generate(plain, prompt, 4, speculative=2)
+    gdn = hj.create_model(ModelConfig(layers=(LAYERS["gdn"], "gdn"), vocab_size=32, d_model=16,
+                                      num_heads=2))
+    with pytest.raises(ValueError, match=r"layer 1 \(gdn\) keeps a GatedDeltaNetCache"):
+        generate(gdn, prompt, 4, speculative=2)
