@@ -88,8 +88,8 @@ def _mesh_id(m: MeshConfig) -> str:
 
 
 # Each mesh compiles the whole stack's gradient (a minute of CPU): all are `slow`; the default
-# suite has the train step below on FSDP x seq x tensor, whose Adam moments are the gradients
-# (the op tests cover every mixer on 2, 4 and 8 shards).
+# suite has the train step below on FSDP x seq x tensor (part of the stack), whose Adam moments
+# are the gradients (the op tests cover every mixer on 2, 4 and 8 shards).
 @pytest.mark.parametrize("mesh_config", [
     pytest.param(MeshConfig(data=1, seq=2), marks=pytest.mark.slow),
     pytest.param(MeshConfig(data=1, fsdp=2, seq=2, tensor=2), marks=pytest.mark.slow),
@@ -107,22 +107,27 @@ def test_every_block_type_matches_single_device(mesh_config):
     assert_close(grads, ref_grads, 1e-3, "grads")
 
 
-def _experiment(mesh_config: MeshConfig) -> ExperimentConfig:
+# The whole stack, and a part of it for the default suite (windowed attention, the delta rule,
+# NHA, Oryx's mode draw, PHA's parallel branches): a fifth of the compile time.
+LAYER_SETS = {"all": CONFIG.layers, "some": tuple(CONFIG.layers[i] for i in (0, 2, 4, 8, 9))}
+
+
+def _experiment(mesh_config: MeshConfig, layers: tuple) -> ExperimentConfig:
     # Oryx modes drawn per 8-token chunk; a learning rate of 1e-4 (updates ~0.5 % of the
     # weights): AdamW's first step is ~lr·sign(g), so a float32 rounding of a gradient as small
     # as Adam's epsilon moves its weight by up to ~lr·1e-3.
     return ExperimentConfig(
-        name="cp-train-step", model=CONFIG, data=MQARConfig(seq_len=T, vocab_size=32,
+        name="cp-train-step", model=CONFIG.replace(layers=layers), data=MQARConfig(seq_len=T, vocab_size=32,
                                                             num_kv_pairs=2),
         train=TrainConfig(batch_size=2, steps=10, warmup_steps=0, learning_rate=1e-4,
                           mesh=mesh_config,
                           mode_schedule=ModeSchedule(pattern="random_chunks", chunk=8)))
 
 
-def train_step(mesh_config: MeshConfig):
-    """The trainer's state and step on `mesh_config`: the metrics and the (model, optimizer)
-    state after one step, on the host."""
-    experiment = _experiment(mesh_config)
+def train_step(mesh_config: MeshConfig, layers: str):
+    """The trainer's state and step on `mesh_config` for the stack `layers` ("all" or "some"):
+    the metrics and the (model, optimizer) state after one step, on the host."""
+    experiment = _experiment(mesh_config, LAYER_SETS[layers])
     mesh = make_mesh(mesh_config, jax.devices()[:int(np.prod(mesh_config.sizes()))])
     ts = init_train_state(experiment, mesh)  # the same values on every mesh
     step = make_train_step(ts, modes=experiment.train.mode_schedule, seed=0)
@@ -139,18 +144,20 @@ def _moments(optimizer_state, name: str) -> list:
 
 
 @functools.cache
-def _reference_step():
-    return train_step(MeshConfig(data=1))
+def _reference_step(layers: str):
+    return train_step(MeshConfig(data=1), layers)
 
 
-@pytest.mark.parametrize("mesh_config", [
-    MeshConfig(data=1, fsdp=2, seq=2, tensor=2),
-    pytest.param(MeshConfig(data=1, fsdp=2, seq=4), marks=pytest.mark.slow),
-    pytest.param(MeshConfig(data=1, seq=2, tensor=4), marks=pytest.mark.slow),
-    pytest.param(MeshConfig(data=2, seq=2, tensor=2), marks=pytest.mark.slow)], ids=_mesh_id)
-def test_a_train_step_matches_single_device(mesh_config):
-    ref_metrics, ref_state = _reference_step()
-    metrics, state = train_step(mesh_config)
+@pytest.mark.parametrize("mesh_config,layers", [
+    (MeshConfig(data=1, fsdp=2, seq=2, tensor=2), "some"),
+    pytest.param(MeshConfig(data=1, fsdp=2, seq=2, tensor=2), "all", marks=pytest.mark.slow),
+    pytest.param(MeshConfig(data=1, fsdp=2, seq=4), "all", marks=pytest.mark.slow),
+    pytest.param(MeshConfig(data=1, seq=2, tensor=4), "all", marks=pytest.mark.slow),
+    pytest.param(MeshConfig(data=2, seq=2, tensor=2), "all", marks=pytest.mark.slow)],
+    ids=lambda x: _mesh_id(x) if isinstance(x, MeshConfig) else x)
+def test_a_train_step_matches_single_device(mesh_config, layers):
+    ref_metrics, ref_state = _reference_step(layers)
+    metrics, state = train_step(mesh_config, layers)
     for key in ("loss", "grad_norm"):
         assert abs(metrics[key] - ref_metrics[key]) <= 1e-5 * abs(ref_metrics[key]), key
     # Adam's first step moves each weight by ≈ lr·sign(g), and where g ≈ 0 its sign is rounding
@@ -164,7 +171,7 @@ def test_a_train_step_matches_single_device(mesh_config):
     # as one vector to 1e-5, each parameter's to 1e-3 (as the gradients above).
     for name in ("mu", "nu"):
         moments, ref_moments = (_moments(s[1], name) for s in (state, ref_state))
-        assert len(moments) == len(ref_moments) > 50
+        assert len(moments) == len(ref_moments) > 20
         flat, ref_flat = (np.concatenate([np.ravel(x) for x in m]) for m in (moments, ref_moments))
         assert_close(flat, ref_flat, 1e-5, f"{name}, all parameters")
         assert_close(moments, ref_moments, 1e-3, name)

@@ -10,8 +10,8 @@ padded to a multiple of C (padded steps have β = 0, g = 0: they leave the state
 Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_states_and_outputs`
 (one sequential pass over chunks per batch, head and V tile); backward:
 `backward.chunk_state_gradients` (the reverse pass) and `backward.chunk_gradients` (parallel).
-Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's
-expanded values) run as column slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
+Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
+slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def gated_delta_rule(
         outs, finals = zip(*(
             gated_delta_rule(q, k, v_slice, g, beta, scale=scale, initial_state=state,
                              starts=starts, block_sizes=block_sizes, interpret=interpret)
-            for v_slice, state in zip(jnp.split(v, slices, axis=-1), states)))
+            for v_slice, state in zip(jnp.split(v, slices, axis=-1), states, strict=True)),
+            strict=True)
         return jnp.concatenate(outs, axis=-1), jnp.concatenate(finals, axis=-1)
     blocks = _fitted(block_sizes or default_block_sizes(key_dim, value_dim, batch * heads),
                      key_dim, value_dim)

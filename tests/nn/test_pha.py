@@ -49,7 +49,7 @@ def test_gradients_reach_every_branch_and_mixing_scalar():
             assert norm > 0, f"layer {i} branch {name}"
 
 
-@pytest.mark.parametrize("depth", [1, 3, 6])
+@pytest.mark.parametrize("depth", [1, 4])
 def test_deepnorm_constants_follow_the_formulas(depth):
     """α = (2L)^¼ on the residual; DeepNet's init: Xavier-normal kernels, gain β = (8L)^−¼ on
     value/output/FFN up-down kernels, gain 1 on queries, keys and gates (read from parameters
