@@ -117,8 +117,8 @@ def _experiment(mesh_config: MeshConfig, layers: tuple) -> ExperimentConfig:
     # weights): AdamW's first step is ~lr·sign(g), so a float32 rounding of a gradient as small
     # as Adam's epsilon moves its weight by up to ~lr·1e-3.
     return ExperimentConfig(
-        name="cp-train-step", model=CONFIG.replace(layers=layers), data=MQARConfig(seq_len=T, vocab_size=32,
-                                                            num_kv_pairs=2),
+        name="cp-train-step", model=CONFIG.replace(layers=layers),
+        data=MQARConfig(seq_len=T, vocab_size=32, num_kv_pairs=2),
         train=TrainConfig(batch_size=2, steps=10, warmup_steps=0, learning_rate=1e-4,
                           mesh=mesh_config,
                           mode_schedule=ModeSchedule(pattern="random_chunks", chunk=8)))
