@@ -222,6 +222,10 @@ _PHA_GSS = layer("gss", expansion=2, state_size=64)
 _PHA_SIZES = {"90m": (512, 14), "125m": (640, 13), "180m": (768, 14), "tiny": (32, 2)}
 PHA_ABLATIONS = {
     "sequential": dict(layout="sequential", branch_norm=False, mixing="sum"),
+    # The same serial stack with pre-norm residuals: at the Gutenberg ablation's learning rate
+    # (2e-3) the DeepNorm serial stack (30 post-norm sublayers) diverged.
+    "sequential-prenorm": dict(layout="sequential", branch_norm=False, mixing="sum",
+                               residual="pre_norm"),
     "no-attention": dict(branches=(_PHA_GSS, "dual_ffn")),
     "no-gss": dict(branches=(_PHA_ATTENTION, "dual_ffn")),
     "no-ffn-aux": dict(branches=(_PHA_GSS, _PHA_ATTENTION, "ffn")),

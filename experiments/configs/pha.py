@@ -1,5 +1,6 @@
 """The PHA ablation on Project Gutenberg (issue 16, item 6): `lm-gutenberg-pha` and its variants
-`-sequential`, `-no-attention`, `-no-gss`, `-attention-only`.
+`-sequential`, `-no-attention`, `-no-gss`, `-attention-only`, and `-sequential-prenorm` (the
+serial stack with pre-norm residuals instead of DeepNorm's post-norm).
 
 Same width and depth class (d_model 384, 10 blocks, 6 query heads of 64, 2 key/value heads), same
 data (the first four Gutenberg training shards, ~24 M BPE tokens), same BPE tokenizer (8192,
@@ -25,7 +26,8 @@ from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
 from hybrid_jax.presets import PHA_ABLATIONS, attention_only_model, pha_model
 
 # In the driver's order: the baseline and the largest ablation first, should time run out.
-VARIANTS = ("pha", "attention-only", "pha-no-attention", "pha-sequential", "pha-no-gss")
+VARIANTS = ("pha", "attention-only", "pha-no-attention", "pha-sequential", "pha-no-gss",
+            "pha-sequential-prenorm")
 VOCAB = 8192
 WIDTH, DEPTH, KV_HEADS, ATTENTION_ONLY_FFN = 384, 10, 2, 1920
 SHARDS = 4

@@ -14,12 +14,12 @@
 # and the lead's wheels installed to /tmp/site before. Writes $OUT/speculative.json and .log.
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/oryx1}; mkdir -p $OUT
-timeout 230 python3 -m experiments.benchmarks.oryx_speculative \
+timeout ${ORYX_TIMEOUT:-230} python3 -m experiments.benchmarks.oryx_speculative \
     --train lm-wikitext2-oryx-gdn-small --steps 250 --out-dir /tmp/oryx1-small \
     --set data.path=.devdata/wiki.train.raw --set data.eval_path=.devdata/wiki.valid.raw \
     --set train.warmup_steps=25 --set train.time_limit_s=60 \
     --k 2,4 --batch 1,8 --prompt-len 64 --new-tokens 128 \
     --presets oryx-gdn-130m,oryx-mamba2-130m,oryx-gdn-340m,oryx-mamba2-340m --dtype bfloat16 \
     --presets-k 4 --presets-batch 1 \
-    --budget-s 200 --out $OUT/speculative.json 2>&1 | tee $OUT/speculative.log
+    --budget-s ${ORYX_BUDGET:-200} --out $OUT/speculative.json 2>&1 | tee $OUT/speculative.log
 echo "oryx_speculative rc=${PIPESTATUS[0]}"
