@@ -3,6 +3,7 @@ memory at T = 2048 / 8192 / 32768, inference prefill + decode, and a per-branch 
 
     python -m experiments.benchmarks.pha_efficiency [--lengths 8192,2048,32768]
         [--tokens 32768] [--steps 5] [--parts train,profile,inference] [--time-limit 170]
+        [--models pha-180m,attention-only-180m] [--pha-window 512] [--trace-top 20]
         [--out pha_efficiency.json]
 
 1. Training (`train_throughput.run_one`, the trainer's own step): the same global batch of
@@ -13,17 +14,27 @@ memory at T = 2048 / 8192 / 32768, inference prefill + decode, and a per-branch 
    says so). Memory is the compiled step's arguments + temporaries.
 2. Per-branch profile at the first length: forward + backward (gradients w.r.t. the input and
    the branch's parameters) of each branch of one block alone on `[B, T, 768]` bf16 packed input
-   (pha: gss, attention, dual_ffn; attention-only: attention, ffn), and of the DSS op alone,
-   chunked ("xla") against the per-token associative scan ("scan") it replaced. ms per layer;
-   × 14 layers next to the step time says what limits the step.
+   (pha: gss, attention, dual_ffn; attention-only: attention, ffn), ms per layer and the
+   compiled temporaries (MiB; for a branch alone they hold what its backward keeps); × the
+   model's layers next to the step time says what limits the step. The GSS branch is also cut
+   into its pieces, each fwd+bwd on the branch's own activations: the in-projections (u =
+   norm(gelu(x W_u)), gate = x W_v), discretize + the DSS op (chunked "xla" rung) on that u, the
+   output (D skip, W_uc, ⊙ gelu(gate), W_o), and the DSS op alone on random u. Then the GSS
+   branch's fwd+bwd is traced (`jax.profiler`): its top `--trace-top` kernels by time
+   (`trace_summary.py`), and its optimised HLO is written next to `--out` (`*_gss_hlo.txt`),
+   so a kernel's name can be found there.
 3. Inference: prefill of `--prompt` tokens × `--decode-batch` rows into a decode cache
    (`model.decode`, what `generate` does), then `--new-tokens` single-token decode steps; tokens/s
    of each and the cache size (KV cache, GSS state).
 
-Order: training at the first length, the profile, training at the other lengths, inference;
+`--pha-window W` adds `pha-180m-w{W}`: pha-180m with a sliding window of W keys on its
+attention branch (the issue allows one; not the preset), compared like pha-180m. The last of
+`--models` is the baseline of the ratios.
+
+Parts run in the order of `--parts` (train: every length in order; profile: the first length);
 `--time-limit` (seconds) skips the parts that would start later (listed at the end; `--parts`
 and `--lengths` run them in a second call). Prints one JSON line per row, then the tables
-(with pha / attention-only ratios per T), and writes `--out`.
+(with each model / the baseline ratios per T), and writes `--out`.
 """
 
 from __future__ import annotations
@@ -31,37 +42,79 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.benchmarks import trace_summary, train_throughput
 from experiments.benchmarks.timing import device_name, print_table, time_compiled, write_json
-from experiments.benchmarks.train_throughput import VOCAB, matmul_tflops, random_batch, run_one
+from experiments.benchmarks.train_throughput import (
+    VOCAB,
+    matmul_tflops,
+    model_config,
+    random_batch,
+    run_one,
+)
 from hybrid_jax import presets
+from hybrid_jax.config import layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.flops import device_peak_flops
 from hybrid_jax.nn.lm import create_model
+from hybrid_jax.nn.pha import PHA_BRANCHES
 from hybrid_jax.ops.dss import dss
 
-MODELS = ("pha-180m", "attention-only-180m")  # --models: the pair to compare (PHA first)
+MODELS = ("pha-180m", "attention-only-180m")  # --models: PHA first, the baseline last
+
+
+def windowed_pha(window: int) -> str:
+    """Registers `pha-180m-w{window}` (pha-180m, attention branch windowed) for this run."""
+    name = f"pha-180m-w{window}"
+    branches = tuple(layer("attention", **{**dict(b.options), "window": window})
+                     if getattr(b, "type", b) == "attention" else b for b in PHA_BRANCHES)
+    train_throughput.MODELS[name] = lambda: presets.pha_config("180m", branches=branches)
+    return name
 
 
 def _bf16(name: str, **changes):
-    return presets.get(name).replace(vocab_size=VOCAB, dtype="bfloat16", **changes)
+    return model_config(name).replace(vocab_size=VOCAB, dtype="bfloat16", **changes)
 
 
-def _grad_ms(fn, *args) -> float:
-    """Median ms of forward + backward of `sum(fn(*args))` w.r.t. every argument."""
+def _grad(fn, *args):
+    """The compiled forward + backward of `sum(fn(*args))` w.r.t. every argument."""
     grad = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)),
                             argnums=tuple(range(len(args)))))
-    return time_compiled(grad.lower(*args).compile(), *args, warmup=2, iters=5)
+    return grad.lower(*args).compile()
 
 
-def branch_rows(models: list[str], length: int, tokens: int) -> list[dict]:
-    """fwd+bwd ms of each branch of one block, and of the DSS op's rungs, at `length`."""
+def _grad_row(row: dict, fn, *args):
+    """`row` with fwd+bwd ms and the compiled temporaries (MiB) of `fn`; the compiled gradient
+    (None on error, which the row reports)."""
+    try:
+        compiled = _grad(fn, *args)
+        row["fwd_bwd_ms"] = time_compiled(compiled, *args, warmup=2, iters=5)
+        memory = compiled.memory_analysis()
+        if memory is not None:
+            row["temp_MiB"] = memory.temp_size_in_bytes / 2**20
+    except Exception as e:  # noqa: BLE001  (report and go on)
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        compiled = None
+    print(row, flush=True)
+    return compiled
+
+
+def _total(outputs) -> jax.Array:
+    return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(outputs))
+
+
+def branch_rows(models: list[str], length: int, tokens: int, trace_top: int = 20,
+                trace_dir: str | None = None, hlo_path: str | None = None) -> list[dict]:
+    """fwd+bwd ms and temporaries of each branch of one block, of the GSS branch's pieces and
+    of the DSS op alone at `length`; the GSS branch's top kernels when `trace_top` > 0."""
     batch = max(tokens // length, 1)
     host = random_batch(batch, length, packed=True)
     ctx = TokenContext.create((batch, length), positions=jnp.asarray(host["positions"]),
@@ -75,34 +128,65 @@ def branch_rows(models: list[str], length: int, tokens: int) -> list[dict]:
             graphdef, params, rest = nnx.split(getattr(block, branch), nnx.Param, ...)
             run = (lambda x, params, graphdef=graphdef, rest=rest:
                    nnx.merge(graphdef, params, rest)(x, ctx))
-            row = {"part": f"{name} {branch}", "T": length, "B": batch}
-            try:
-                row["fwd_bwd_ms"] = _grad_ms(run, x, params)
-            except Exception as e:  # noqa: BLE001  (report and go on)
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-            rows.append(row)
-            print(rows[-1], flush=True)
-        if "gss" in block.names:
-            rows += _dss_rows(block.gss, batch, length, ctx.segment_ids)
+            rows.append({"part": f"{name} {branch}", "T": length, "B": batch})
+            compiled = _grad_row(rows[-1], run, x, params)
+            if branch == "gss" and name == models[0]:
+                rows += gss_piece_rows(block.gss, x, ctx)
+                if compiled is not None and hlo_path:
+                    Path(hlo_path).write_text(compiled.as_text())
+                if compiled is not None and trace_top > 0:
+                    rows += trace_rows(compiled, (x, params), trace_top, trace_dir)
     return rows
 
 
-def _dss_rows(gss, batch: int, length: int, segment_ids) -> list[dict]:
+def gss_piece_rows(gss, x: jax.Array, ctx: TokenContext) -> list[dict]:
+    """fwd+bwd of the GSS branch's pieces on its own activations (`GSSMixer`'s parts)."""
+    graphdef, params, rest = nnx.split(gss, nnx.Param, ...)
+    merged = lambda params: nnx.merge(graphdef, params, rest)  # noqa: E731
+    u, gate = jax.jit(lambda x, params: merged(params).inputs(x))(x, params)
     log_decay, coeff = gss.discretize()
-    u = jax.random.normal(jax.random.key(1), (batch, length, log_decay.shape[0]), jnp.bfloat16)
+
+    def run_dss(u, log_decay, coeff):
+        return dss(u, log_decay, coeff, segment_ids=ctx.segment_ids, chunk_size=gss.chunk_size,
+                   implementation="xla")
+
+    y = jax.jit(run_dss)(u, log_decay, coeff)
+    batch, length = x.shape[:2]
+    pieces = [
+        ("gss in-projections: u = norm(gelu(x W_u)), gate = x W_v",
+         lambda x, params: _total(merged(params).inputs(x)), (x, params)),
+        ("gss discretize + dss op (xla) on the branch's u",
+         lambda u, params: run_dss(u, *merged(params).discretize()), (u, params)),
+        ("gss output: W_o(W_uc(y + D u) * gelu(gate))",
+         lambda y, u, gate, params: merged(params).output(y, u, gate), (y, u, gate, params)),
+        ("dss op alone (xla), random u",
+         run_dss, (jax.random.normal(jax.random.key(1), u.shape, u.dtype), log_decay, coeff)),
+    ]
     rows = []
-    for implementation in ("xla", "scan"):
-        row = {"part": f"dss op alone ({implementation})", "T": length, "B": batch}
-        try:
-            row["fwd_bwd_ms"] = _grad_ms(
-                lambda u, a, c, impl=implementation: dss(u, a, c, segment_ids=segment_ids,
-                                                         implementation=impl), u, log_decay,
-                coeff)
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-        rows.append(row)
-        print(row, flush=True)
+    for part, fn, args in pieces:
+        rows.append({"part": part, "T": length, "B": batch})
+        _grad_row(rows[-1], fn, *args)
     return rows
+
+
+def trace_rows(compiled, args, top: int, trace_dir: str | None, runs: int = 3) -> list[dict]:
+    """The top kernels of `runs` calls of `compiled(*args)` under `jax.profiler.trace`."""
+    directory = Path(trace_dir or tempfile.mkdtemp(prefix="pha_gss_trace_"))
+    try:
+        with jax.profiler.trace(str(directory), create_perfetto_trace=True):
+            for _ in range(runs):
+                jax.block_until_ready(compiled(*args))
+        summary = trace_summary.summarize(directory, runs)
+    except Exception as e:  # noqa: BLE001  (a missing profiler plugin must not cost the rest)
+        print(f"gss trace failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return [{"part": "gss trace", "error": f"{type(e).__name__}: {str(e)[:160]}"}]
+    trace_summary.print_summary(summary, top)
+    return [{"part": f"gss kernel {r['name'][:90]}", "kernel_ms": r["ms_per_step"],
+             "kernel_count": r["count"] // runs, "kernel_share_%": 100 * r["share"]}
+            for r in summary["kernels"][:top]] + [
+        {"part": f"gss kernels: {r['category']}", "kernel_ms": r["ms_per_step"],
+         "kernel_count": r["count"] // runs, "kernel_share_%": 100 * r["share"]}
+        for r in summary["categories"]]
 
 
 def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
@@ -150,24 +234,41 @@ def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
 
 
 def ratios(train_rows: list[dict], models: list[str]) -> list[dict]:
-    """models[0] / models[1] (pha-180m / attention-only-180m) tokens/s and memory per T (the
-    paper's +23.9 % tokens/s, −22.0 % memory at 8192; −39.6 % memory at 2048)."""
+    """Each model / the baseline `models[-1]` (pha-180m / attention-only-180m), tokens/s and
+    memory per T (the paper's +23.9 % tokens/s, −22.0 % memory at 8192; −39.6 % memory at
+    2048)."""
     out = []
     by = {(r["model"], r["T"]): r for r in train_rows if "error" not in r}
     for length in sorted({r["T"] for r in train_rows}):
-        pha, base = by.get((models[0], length)), by.get((models[1], length))
-        if pha and base:
-            out.append({"T": length,
-                        "tokens_per_s_change_%": 100 * (pha["tokens_per_s"]
-                                                        / base["tokens_per_s"] - 1),
-                        "memory_change_%": 100 * (pha["mem_GiB"] / base["mem_GiB"] - 1),
-                        "remat": f"{pha['remat']} / {base['remat']}"})
+        base = by.get((models[-1], length))
+        for name in models[:-1]:
+            model = by.get((name, length))
+            if model and base:
+                out.append({"model": name, "T": length,
+                            "tokens_per_s_change_%": 100 * (model["tokens_per_s"]
+                                                            / base["tokens_per_s"] - 1),
+                            "memory_change_%": 100 * (model["mem_GiB"] / base["mem_GiB"] - 1),
+                            "remat": f"{model['remat']} / {base['remat']}"})
     return out
+
+
+def plan(parts: list[str], lengths: list[int], prompt: int) -> list[tuple[str, int]]:
+    """(part, length) in the order of `parts`: train at every length, profile at the first."""
+    known = {"train", "profile", "inference"}
+    if not parts or set(parts) - known:
+        raise ValueError(f"--parts: expected some of {sorted(known)}, got {parts}")
+    steps = []
+    for part in parts:
+        steps += ([("train", length) for length in lengths] if part == "train" else
+                  [("profile", lengths[0])] if part == "profile" else [("inference", prompt)])
+    return steps
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--pha-window", type=int, default=0,
+                        help="also pha-180m with this sliding window on its attention branch")
     parser.add_argument("--lengths", default="8192,2048,32768")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=5)
@@ -175,6 +276,8 @@ def main(argv=None) -> int:
     parser.add_argument("--decode-batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--parts", default="train,profile,inference")
+    parser.add_argument("--trace-top", type=int, default=20,
+                        help="kernels of the traced GSS branch to list (0: no trace)")
     parser.add_argument("--time-limit", type=float, default=170.0,
                         help="seconds; parts that would start later are skipped")
     parser.add_argument("--matmul-size", type=int, default=8192)
@@ -183,39 +286,45 @@ def main(argv=None) -> int:
     # What train_throughput.run_one reads.
     args.data, args.scan, args.remat = "", True, "none"
     start = time.perf_counter()
-    over = lambda: time.perf_counter() - start > args.time_limit
+    over = lambda: time.perf_counter() - start > args.time_limit  # noqa: E731
     lengths = [int(x) for x in args.lengths.split(",")]
     models = args.models.split(",")
+    if args.pha_window:
+        models.insert(len(models) - 1, windowed_pha(args.pha_window))
+    schedule = plan(args.parts.split(","), lengths, args.prompt)
     print(device_name(), flush=True)
     args.peak = device_peak_flops()
     args.matmul_tflops = matmul_tflops(args.matmul_size)
+    out = Path(args.out)
     train_rows, profile, inference, skipped = [], [], [], []
-    plan = [("train", lengths[0]), ("profile", lengths[0]),
-            *(("train", length) for length in lengths[1:]), ("inference", args.prompt)]
-    plan = [(part, length) for part, length in plan if part in args.parts.split(",")]
-    for part, length in plan:
+    for part, length in schedule:
         if over():
             skipped.append(f"{part} T={length}")
             continue
         if part == "train":
             train_rows += [run_one(name, length, args, packed=True) for name in models]
         elif part == "profile":
-            profile = branch_rows(models, length, args.tokens)
+            profile = branch_rows(models, length, args.tokens, args.trace_top,
+                                  hlo_path=str(out.with_name(out.stem + "_gss_hlo.txt")))
         else:
             inference = [inference_row(name, args.decode_batch, args.prompt, args.new_tokens)
                          for name in models]
     step_ms = {r["model"]: r.get("step_ms") for r in train_rows if r["T"] == lengths[0]}
-    depth = {name: len(presets.get(name).layers) for name in models}
+    depth = {name: len(model_config(name).layers) for name in models}
     for row in profile:
-        model = next((m for m in models if row["part"].startswith(m)), models[0])
+        model = next((m for m in models if row["part"].startswith(m + " ")), models[0])
         if "fwd_bwd_ms" in row and step_ms.get(model):
             row["x_layers_share_of_step_%"] = 100 * row["fwd_bwd_ms"] * depth[model] / step_ms[
                 model]
+    kernels = [r for r in profile if "kernel_ms" in r]
     tables = [(train_rows, ["model", "T", "B", "tokens_per_s", "tflops", "mfu_matmul", "mem_GiB",
                             "remat", "compile_s", "step_ms", "error"]),
-              (ratios(train_rows, models), ["T", "tokens_per_s_change_%", "memory_change_%",
-                                            "remat"]),
-              (profile, ["part", "T", "B", "fwd_bwd_ms", "x_layers_share_of_step_%", "error"]),
+              (ratios(train_rows, models), ["model", "T", "tokens_per_s_change_%",
+                                            "memory_change_%", "remat"]),
+              ([r for r in profile if "kernel_ms" not in r],
+               ["part", "T", "B", "fwd_bwd_ms", "temp_MiB", "x_layers_share_of_step_%",
+                "error"]),
+              (kernels, ["part", "kernel_ms", "kernel_count", "kernel_share_%"]),
               (inference, ["model", "B", "prompt", "prefill_tokens_per_s", "decode_tokens_per_s",
                            "decode_ms_per_step", "cache_MiB", "compile_s", "error"])]
     for rows, columns in tables:

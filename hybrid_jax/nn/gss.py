@@ -32,7 +32,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std
-from hybrid_jax.nn.layers import Linear, param
+from hybrid_jax.nn.layers import Linear, gated_down, param
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.dss import dss, dss_discretize, dss_step
 
@@ -98,7 +98,7 @@ def _log_uniform_init(low: float, high: float):
                       "Gated State Space (GELU gates, DSS on a reduced width)")
 class GSSMixer(nnx.Module):
     """The GSS mixer; decoding keeps a `GSSCache` (the `[B, H, N]` complex DSS state).
-    Parts: `inputs(x)` (u, gate v), `discretize()`, the op `dss`, `output(y, u, v)`."""
+    Parts: `inputs(x)` (u, gate), `discretize()`, the op `dss`, `output(y, u, gate)`."""
 
     deepnorm_scaled = ("u_proj", "uc_proj", "out_proj")
 
@@ -131,20 +131,24 @@ class GSSMixer(nnx.Module):
                               jnp.exp(self.lambda_log_im[...]), self.w_re[...], self.w_im[...])
 
     def inputs(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The DSS input u `[B, T, H]` and the gate v `[B, T, F]`."""
-        u = self.ssm_norm(jax.nn.gelu(self.u_proj(x_BTD)))
-        return u, jax.nn.gelu(self.v_proj(x_BTD))
+        """The DSS input u `[B, T, H]` and the gate's pre-activation `W_v x` `[B, T, F]` (v =
+        gelu of it, applied in `output`). Only `W_u x` is kept for the backward pass: GELU's
+        terms and the norm are recomputed from it."""
+        u = jax.checkpoint(lambda pre: self.ssm_norm(jax.nn.gelu(pre)))(self.u_proj(x_BTD))
+        return u, self.v_proj(x_BTD)
 
-    def output(self, y_BTH: jax.Array, u_BTH: jax.Array, v_BTF: jax.Array) -> jax.Array:
+    def output(self, y_BTH: jax.Array, u_BTH: jax.Array, gate_BTF: jax.Array) -> jax.Array:
+        """`W_o(W_uc(y + D ⊙ u) ⊙ gelu(gate))`, keeping the gate and W_uc's output (not v, GELU's
+        terms or the product: `gated_down`) for the backward pass."""
         y = y_BTH.astype(jnp.float32) + self.D[...] * u_BTH.astype(jnp.float32)
-        return self.out_proj(self.uc_proj(y) * v_BTF)
+        return gated_down(jax.nn.gelu, gate_BTF, self.uc_proj(y), self.out_proj)
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
-        u, v = self.inputs(x_BTD)
+        u, gate = self.inputs(x_BTD)
         log_decay, coeff = self.discretize()
         y = context_parallel.dss(u, log_decay, coeff, segment_ids=ctx.segment_ids,
                                  chunk_size=self.chunk_size, implementation=self.implementation)
-        return self.output(y, u, v)
+        return self.output(y, u, gate)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> GSSCache:
         del max_len, dtype  # the state has a fixed size and is complex
@@ -156,7 +160,7 @@ class GSSMixer(nnx.Module):
                ) -> tuple[jax.Array, GSSCache]:
         """Continues from `cache`: one token with `dss_step`, a prefill with `dss`."""
         del ctx
-        u, v = self.inputs(x_BTD)
+        u, gate = self.inputs(x_BTD)
         log_decay, coeff = self.discretize()
         if x_BTD.shape[1] == 1:
             y, state = dss_step(cache.dss, u[:, 0], log_decay, coeff)
@@ -164,5 +168,5 @@ class GSSMixer(nnx.Module):
         else:
             y, state = dss(u, log_decay, coeff, initial_state=cache.dss, return_final_state=True,
                            chunk_size=self.chunk_size, implementation=self.implementation)
-        return self.output(y, u, v), GSSCache(dss=state.astype(cache.dss.dtype))
+        return self.output(y, u, gate), GSSCache(dss=state.astype(cache.dss.dtype))
 

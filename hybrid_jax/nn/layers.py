@@ -6,6 +6,7 @@ Parameters are created in `param_dtype` with a `logical_axes` name per dimension
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -108,8 +109,16 @@ def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
     return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
+@functools.partial(jax.checkpoint, static_argnums=(2, 3))
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float, dtype) -> jax.Array:
+    """Recomputed in the backward from x and γ: autodiff of the float32 math would keep two
+    float32 copies of x (4× a bf16 activation) until then."""
+    return (rms_normalize(x, eps) * scale.astype(jnp.float32)).astype(dtype)
+
+
 class RMSNorm(nnx.Module):
-    """`x / rms(x) · γ` over the last axis, in float32; output in `dtype`."""
+    """`x / rms(x) · γ` over the last axis, in float32; output in `dtype`. Only x is kept for the
+    backward pass."""
 
     def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32,
                  param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
@@ -117,7 +126,7 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return (rms_normalize(x, self.eps) * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+        return _rms_norm(x, self.scale[...], self.eps, jnp.dtype(self.dtype))
 
 
 class GatedRMSNorm(nnx.Module):
@@ -172,7 +181,14 @@ class SwiGLU(nnx.Module):
                            std=std if out_std is None else out_std, **kw)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+        return gated_down(jax.nn.silu, self.gate(x), self.up(x), self.down)
+
+
+def gated_down(activation, gate: jax.Array, value: jax.Array, down: Linear) -> jax.Array:
+    """`down(activation(gate) ⊙ value)`, keeping only `gate` and `value` (dot outputs) for the
+    backward pass: the activation's terms and the product are recomputed there, fused into the
+    backward's own elementwise work (autodiff would keep 3–5 more arrays of the hidden width)."""
+    return jax.checkpoint(lambda g, v: down(activation(g) * v))(gate, value)
 
 
 def _causal_conv(inputs: tuple[jax.Array, jax.Array | None], weight: jax.Array) -> jax.Array:

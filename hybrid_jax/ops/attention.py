@@ -15,6 +15,7 @@ empty cache slot. `segment_ids` (self-attention only) keep packed documents apar
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -335,7 +336,13 @@ def cosine_logit_scale(log_temperature: jax.Array) -> jax.Array:
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """x / ||x|| over the last axis, computed in float32, returned in x's dtype."""
+    """x / ||x|| over the last axis, computed in float32, returned in x's dtype. Recomputed in
+    the backward pass from x (autodiff would keep float32 copies of x until then)."""
+    return _l2_normalize(x, eps)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(1,))
+def _l2_normalize(x: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 

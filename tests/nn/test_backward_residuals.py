@@ -1,0 +1,95 @@
+"""What the backward pass keeps: RMSNorm, SwiGLU, cosine attention's L2 norm and GSS recompute
+their elementwise terms from their inputs / dot outputs (`jax.checkpoint`), and their reverse-mode
+gradients still equal forward-mode derivatives (which `jax.checkpoint` does not change)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.ad_checkpoint import print_saved_residuals
+
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.layers import RMSNorm, SwiGLU
+from hybrid_jax.ops.attention import l2_normalize
+from tests.nn.test_mamba2 import first_mixer
+
+D, HIDDEN, GATE = 8, 24, 16  # d_model, SwiGLU hidden width, GSS gate width (expansion 2)
+
+
+def modules(dtype):
+    """name → (module, x) of every module whose backward is checked here."""
+    rngs = nnx.Rngs(0)
+    x = jax.random.normal(jax.random.key(1), (2, 5, D), dtype)
+    gss = first_mixer(ModelConfig(layers=(layer("gss", expansion=2, ssm_dim=4, state_size=6),),
+                                  vocab_size=32, d_model=D, num_heads=2, init_std=0.5,
+                                  dtype=jnp.dtype(dtype).name))
+    return {"rms_norm": (RMSNorm(D, dtype=dtype, param_dtype=dtype), x),
+            "swiglu": (SwiGLU(D, HIDDEN, rngs=rngs, dtype=dtype, param_dtype=dtype), x),
+            "gss": (gss, x)}
+
+
+def as_function(module):
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    # No documents: their masked Toeplitz product is a custom_vjp, which has no forward mode.
+    ctx = TokenContext.create((2, 5))
+
+    def run(x, params):
+        module = nnx.merge(graphdef, params, rest)
+        return module(x, ctx) if hasattr(module, "discretize") else module(x)
+    return run, params
+
+
+def check_reverse_matches_forward(fn, *args):
+    """`⟨∇ Σ w·fn(args), t⟩` (reverse mode, through the rematerialised backward) equals the
+    forward-mode derivative of `Σ w·fn(args)` along random tangents t."""
+    leaves, tree = jax.tree.flatten(args)
+    keys = jax.random.split(jax.random.key(7), len(leaves) + 1)
+    tangents = tree.unflatten([jax.random.normal(k, x.shape, x.dtype)
+                               for k, x in zip(keys[1:], leaves, strict=True)])
+    weights = jax.random.normal(keys[0], jax.eval_shape(fn, *args).shape)
+    loss = lambda *a: jnp.sum(weights * fn(*a).astype(jnp.float32))  # noqa: E731
+    _, forward = jax.jvp(loss, args, tangents)
+    grads = jax.grad(loss, argnums=tuple(range(len(args))))(*args)
+    reverse = sum(jnp.vdot(g, t) for g, t in zip(jax.tree.leaves(grads),
+                                                 jax.tree.leaves(tangents), strict=True))
+    np.testing.assert_allclose(reverse, forward, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "swiglu", "gss", "l2_normalize"])
+def test_reverse_mode_matches_forward_mode(name):
+    if name == "l2_normalize":
+        check_reverse_matches_forward(l2_normalize, modules(jnp.float32)["rms_norm"][1])
+        return
+    module, x = modules(jnp.float32)[name]
+    run, params = as_function(module)
+    check_reverse_matches_forward(run, x, params)
+
+
+def saved_shapes(fn, *args, capsys) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, shape) of every residual the backward of `sum(fn(*args))` keeps."""
+    capsys.readouterr()
+    print_saved_residuals(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), *args)
+    found = re.findall(r"\b(bf16|f16|f32|f64|c64|i32|bool)\[([\d,]*)\]",
+                       capsys.readouterr().out)
+    return [(dtype, tuple(int(d) for d in dims.split(",") if d)) for dtype, dims in found]
+
+
+@pytest.mark.parametrize("name,width,kept", [("rms_norm", D, 1), ("swiglu", HIDDEN, 2),
+                                             ("gss", GATE, 2)])
+def test_backward_keeps_inputs_and_dot_outputs_only(name, width, kept, capsys):
+    """bf16 activations: no float32 copy of an activation, and of the widest activations only
+    the `kept` ones the backward needs (RMSNorm: x; SwiGLU: both dot outputs; GSS: the gate's
+    and W_uc's dot outputs)."""
+    module, x = modules(jnp.bfloat16)[name]
+    run, params = as_function(module)
+    saved = saved_shapes(run, x, params, capsys=capsys)
+    wide = [(dtype, shape) for dtype, shape in saved if shape[:2] == (2, 5) and
+            shape[-1] == width]
+    assert len(wide) == kept and all(dtype == "bf16" for dtype, _ in wide), saved
+    saved = saved_shapes(l2_normalize, x, capsys=capsys)
+    assert saved == [("bf16", x.shape)], saved
+    np.testing.assert_array_equal(np.asarray(l2_normalize(x)).dtype, jnp.bfloat16)
