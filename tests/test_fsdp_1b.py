@@ -9,9 +9,9 @@ parameter counts are the ones the presets document.
 `slow`: the trainer's step really trains the presets' width with FSDP 8, layer scan and remat:
 3 steps on one repeated batch (B 8, T 128), finite and decreasing losses, each device holding
 1/8 of the live state. `HYBRID_JAX_1B_LAYERS` sets the depth: the default 4 cycles the preset's
-distinct layer kinds (every parameter kind at the 1B width, ~0.34B parameters, ~5.5 GB of
-float32 state); `full` is the preset itself (nha-hybrid-1b: 22 GB of parameters, gradients and
-moments, plus activations: a 128 GB host).
+distinct layer kinds (every parameter kind at the 1B width: 0.34B / 0.31B parameters; on 2 busy
+CPU cores both took 15 min and peaked at 15.5 GB resident, ≈ 45 bytes per parameter); `full` is
+the preset itself (by that rate ≈ 63 GB for nha-hybrid-1b, ≈ 50 GB for transformer-1b).
 """
 
 import functools
@@ -27,15 +27,20 @@ from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.sharding import make_mesh, state_shardings
-from hybrid_jax.train.trainer import _abstract_train_state, init_train_state, make_train_step, \
-    to_device
+from hybrid_jax.train.trainer import (
+    _abstract_train_state,
+    init_train_state,
+    make_train_step,
+    to_device,
+)
 
 PRESETS = ("nha-hybrid-1b", "transformer-1b")
 DEVICES = 8
 LARGE = 1 << 16  # elements; smaller leaves (norm scales and their moments, the step) replicate
 # T 128: two of NHA's 64-token chunks. On CPU (jax 0.10.2) a call whose T fits in one chunk
-# (T <= 64) with no initial state gets garbage from GSA's chunked readout under jit (an XLA
-# CPU miscompile of the chunk step with a constant zero state; reported, not fixed here).
+# (T <= 64) with no initial state gets garbage (NaN or ~1e30, varying between processes) from
+# GSA's chunked readout under jit: the chunk step compiled with a constant zero state, correct
+# eagerly or with the state as an argument, so apparently an XLA CPU bug; reported, not fixed.
 B, T = 8, 128
 
 
