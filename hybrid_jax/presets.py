@@ -376,15 +376,25 @@ def oryx_mamba2_340m() -> ModelConfig:
 
 @register("nha-hybrid-1b")
 def nha_hybrid_1b() -> ModelConfig:
-    """nha-hybrid-340m scaled to ~1.4B for FSDP: 24 layers, d_model 2048, 8 heads of 256, FFN
-    5632, full windows in every 6th layer.
+    """nha-hybrid-340m scaled to ~1.4B for FSDP: 24 layers, d_model 2048, 8 heads of 256, 64
+    slots, window 32, FFN 5632, full windows in every 6th layer (1,389,512,704 params).
 
-    Our choice of shape (a Llama-1B-like width and FFN with NHA's head size); at this size the
-    parameters and Adam moments (~16 GB in float32) are meant to be sharded: train it with
-    `--set train.mesh.fsdp=-1 --set train.mesh.data=1` (and `--set model.remat=full`).
+    Our choice of shape (a Llama-1B-like width and FFN with NHA's head size; transformer-1b is
+    its baseline). In float32 its parameters, gradients and AdamW moments take 22 GB, so they
+    are sharded: README, "Scaling" (`train.mesh.fsdp`, `model.scan_layers`, `model.remat`).
     """
     return ModelConfig(
         layers=tuple(layer("nha", window=None) if i % 6 == 5 else layer("nha")
                      for i in range(24)),
         vocab_size=32000, d_model=2048, num_heads=8, ffn_dim=5632, window=32,
         tie_embeddings=False)
+
+
+@register("transformer-1b")
+def transformer_1b() -> ModelConfig:
+    """Llama-shaped ~1.1B (TinyLlama-1.1B's shape): 22 layers, d_model 2048, 32 heads of 64
+    sharing 4 kv heads (GQA), SwiGLU 5632, RoPE, untied embeddings, vocab 32000
+    (1,100,048,384 params): the transformer baseline of nha-hybrid-1b (same width, FFN and
+    vocabulary). Train it sharded like nha-hybrid-1b (README, "Scaling")."""
+    return ModelConfig(layers=("attention",) * 22, vocab_size=32000, d_model=2048, num_heads=32,
+                       num_kv_heads=4, ffn_dim=5632, tie_embeddings=False)

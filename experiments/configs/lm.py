@@ -4,7 +4,8 @@ next to the project root (not the current directory).
 The data paths are options (`--set data.path=... --set data.eval_path=...`), so the same
 experiments run on any corpus. Tiny variants use the byte tokenizer and train on a CPU in
 minutes; the 125M variants train a 32k byte-level BPE on the training split at the start of the
-run (recorded as RUN_DIR/tokenizer.json) and are sized for one GPU.
+run (recorded as RUN_DIR/tokenizer.json) and are sized for one GPU; the ~1B ones shard their
+parameters and AdamW state over every device (FSDP).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from experiments.registry import register
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, TrainConfig
+from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
 from hybrid_jax.data.text import TextConfig
 
 # The corpora live next to the project (`<project>/../shared/data`), wherever it is run from.
@@ -92,3 +93,18 @@ def lm_gutenberg_llama_40m() -> ExperimentConfig:
                       eval_every=0, checkpoint_every=0),
         description="Llama-shaped 40M transformer on 4 Gutenberg shards with a 16k BPE (one "
                     "GPU, ~2 min; the pretrained model of experiments/nha_conversion.py)")
+
+
+def _lm_gutenberg_1b(preset: str) -> ExperimentConfig:
+    return ExperimentConfig(
+        name=f"lm-gutenberg-{preset}",
+        model=presets.get(preset).replace(dtype="bfloat16", scan_layers=True, remat="full"),
+        data=replace(GUTENBERG, path=f"{DATA}/gutenberg/train-*.txt.xz", tokenizer="bpe:32000",
+                     seq_len=2048),
+        train=replace(GPU_TRAIN, learning_rate=3e-4, mesh=MeshConfig(data=1, fsdp=-1)),
+        description=f"{preset} on all Gutenberg shards with a 32k BPE, T 2048: parameters and "
+                    "AdamW state sharded over every device (FSDP), layer scan, remat full")
+
+
+for _preset in ("nha-hybrid-1b", "transformer-1b"):
+    register(f"lm-gutenberg-{_preset}")(lambda preset=_preset: _lm_gutenberg_1b(preset))
