@@ -1,7 +1,11 @@
 """hybrid_jax: hybrid attention / linear-recurrence sequence models in JAX and Flax NNX."""
 
-from hybrid_jax import ops, presets
-from hybrid_jax.config import (
+from hybrid_jax.xla_flags import exclude_faulty_cpu_fusion
+
+exclude_faulty_cpu_fusion()  # before anything starts a JAX backend
+
+from hybrid_jax import ops, presets  # noqa: E402
+from hybrid_jax.config import (  # noqa: E402
     ExperimentConfig,
     LayerSpec,
     MeshConfig,
@@ -9,9 +13,9 @@ from hybrid_jax.config import (
     TrainConfig,
     layer,
 )
-from hybrid_jax.context import TokenContext
-from hybrid_jax.generate_text import generate_text
-from hybrid_jax.nn import LanguageModel, count_params, create_model
+from hybrid_jax.context import TokenContext  # noqa: E402
+from hybrid_jax.generate_text import generate_text  # noqa: E402
+from hybrid_jax.nn import LanguageModel, count_params, create_model  # noqa: E402
 
 __all__ = [
     "ExperimentConfig",

@@ -90,6 +90,18 @@ def test_zero_initial_state_scale_and_small_chunks(x64):
         assert_close(out, (expected["out"], expected["state"]), 1e-10, f"{impl} {chunk_size}")
 
 
+@pytest.mark.parametrize("T, chunk_size", [(64, 64), (13, 16)])
+def test_one_chunk_zero_state_under_jit_float32(T, chunk_size):
+    """A sequence in one chunk from the zero state, float32 under jit, at a mixer's sizes: the
+    case XLA:CPU's YNNPACK fusion got wrong in jaxlib 0.10 (values near 1e30) until
+    `hybrid_jax.xla_flags` left reductions out of it."""
+    args, _ = _inputs(T, K=32, V=32, M=64, seed=5, dtype=jnp.float32)
+    expected = numpy_gsa(*args, 32**-0.5)["out"]
+    out = jax.jit(functools.partial(gated_slot_attention, chunk_size=chunk_size,
+                                    implementation="xla"))(*args)
+    assert_close(out, expected, 1e-4, f"xla T {T} chunk {chunk_size}")
+
+
 def test_initial_state_chains(x64):
     """[0:t] then [t:T] from the carried state equals [0:T] in one call."""
     args, state = _inputs(100, seed=2)
