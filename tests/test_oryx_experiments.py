@@ -29,7 +29,7 @@ def test_switch_modes_and_segments():
 
 
 @pytest.mark.parametrize("task, oryx", [("mqar4", "mqar4-oryx-gdn-tiny"),
-                                        ("needle8", "needle8-oryx-gdn-tiny"),
+                                        ("needle", "needle-oryx-gdn-tiny"),
                                         ("lm-wikitext2", "lm-wikitext2-oryx-gdn-tiny")])
 def test_baselines_train_like_their_oryx_run(task, oryx):
     """Same data, vocabulary, width and training as the Oryx run; no modes, no Oryx layer."""
