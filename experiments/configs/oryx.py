@@ -58,32 +58,31 @@ def mqar4_oryx_gdn_tiny() -> ExperimentConfig:
                             description="Oryx-GDN, mixed mode, on MQAR (4 pairs, vocab 64)")
 
 
-@register("needle-oryx-gdn-tiny")
-def needle_oryx_gdn_tiny() -> ExperimentConfig:
-    """200 steps at a constant 3e-3 after warmup: at attention probability 0.5 the needle is
-    found (train accuracy 1) from step ~125 (CPU, 2026-12-01)."""
-    data = NeedleConfig(seq_len=64)
-    train = dataclasses.replace(MQAR_TRAIN, steps=200, eval_every=0, eval_batches=4,
+def _needle(name: str, data: NeedleConfig, steps: int, description: str) -> ExperimentConfig:
+    """oryx-gdn-tiny in mixed mode on `data` at a constant 3e-3 after warmup."""
+    train = dataclasses.replace(MQAR_TRAIN, steps=steps, eval_every=0, eval_batches=4,
                                 log_every=50, min_lr_ratio=1.0, mode_schedule=MIXED)
     model = presets.get("oryx-gdn-tiny").replace(vocab_size=data.vocab_size)
-    return ExperimentConfig(name="needle-oryx-gdn-tiny", model=model, data=data, train=train,
-                            description="Oryx-GDN, mixed mode, on a 64-token needle in a "
-                                        "haystack")
+    return ExperimentConfig(name=name, model=model, data=data, train=train,
+                            description=description)
+
+
+@register("needle-oryx-gdn-tiny")
+def needle_oryx_gdn_tiny() -> ExperimentConfig:
+    """200 steps: at attention probability 0.5 the needle is found (train accuracy 1) from
+    step ~125 (CPU, 2026-12-01)."""
+    return _needle("needle-oryx-gdn-tiny", NeedleConfig(seq_len=64), 200,
+                   "Oryx-GDN, mixed mode, on a 64-token needle in a haystack")
 
 
 @register("needle8-oryx-gdn-tiny")
 def needle8_oryx_gdn_tiny() -> ExperimentConfig:
     """Multi-key needle in a haystack: 8 needles (16 keys, 16 values) in 64 tokens, one queried;
-    600 steps at a constant 3e-3 after warmup. At attention probability 0.5 it was still on the
-    plateau (loss ln 16) at step 250 on CPU, where it was stopped: one scored token per row
-    learns slowly; a GPU-sized budget."""
+    600 steps. At attention probability 0.5 it was still on the plateau (loss ln 16) at step
+    250 on CPU, where it was stopped: one scored token per row learns slowly; a GPU budget."""
     data = NeedleConfig(num_filler=16, num_keys=16, num_values=16, seq_len=64, num_needles=8)
-    train = dataclasses.replace(MQAR_TRAIN, steps=600, eval_every=0, eval_batches=4,
-                                log_every=100, min_lr_ratio=1.0, mode_schedule=MIXED)
-    model = presets.get("oryx-gdn-tiny").replace(vocab_size=data.vocab_size)
-    return ExperimentConfig(name="needle8-oryx-gdn-tiny", model=model, data=data, train=train,
-                            description="Oryx-GDN, mixed mode, on 8 needles in a 64-token "
-                                        "haystack")
+    return _needle("needle8-oryx-gdn-tiny", data, 600,
+                   "Oryx-GDN, mixed mode, on 8 needles in a 64-token haystack")
 
 
 @register("lm-wikitext2-oryx-gdn-tiny")
