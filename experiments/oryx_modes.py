@@ -9,7 +9,9 @@ scored tokens (MQAR's queries, the needle's query: attention only where the answ
 i.e. linear prefill + attention on the query tokens) — prints recall (accuracy on the scored
 positions) and the fraction of tokens in attention mode, and writes them as JSON (`--out`;
 each run's `modes.json` when no `--set` changes its data). `--set` overrides the runs' configs,
-e.g. a longer haystack at evaluation.
+e.g. a longer haystack at evaluation. A run of a model without Oryx layers (a single-mixer
+baseline, `<task>-baseline-*` in `experiments/configs/oryx.py`) is evaluated once, as the
+schedule "single mixer" (attention fraction 1 for a transformer, 0 for a linear model).
 """
 
 from __future__ import annotations
@@ -19,20 +21,31 @@ import json
 from pathlib import Path
 
 from experiments.run import read_experiment
-from hybrid_jax.config import apply_overrides
+from hybrid_jax.config import ModelConfig, apply_overrides
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import bind_data, evaluate, held_out_set, restore_train_state
 
 SCHEDULES = {"linear": "linear", "attention": "attention",
              "linear + attention on the queries": "scored=attention,other=linear"}
+SINGLE_MIXER = "single mixer"
+
+
+def is_oryx(model: ModelConfig) -> bool:
+    return any(spec.type == "oryx" for spec in model.layers)
 
 
 def run_modes(run_dir: Path, batches: int, overrides=()) -> dict[str, dict[str, float]]:
-    """{schedule: {recall, attention_fraction, loss}} of the run's latest checkpoint."""
+    """{schedule: {recall, attention_fraction, loss}} of the run's latest checkpoint (one
+    schedule, SINGLE_MIXER, for a model without Oryx layers)."""
     experiment = apply_overrides(read_experiment(run_dir / "config.json"), overrides)
     ts, _ = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh))
     data = bind_data(experiment.data, run_dir, resume=True)
     held_out, _ = held_out_set(data, experiment.train.batch_size, batches, experiment.train.seed)
+    if not is_oryx(experiment.model):
+        stats = evaluate(ts, held_out)
+        attention = all(spec.type == "attention" for spec in experiment.model.layers)
+        return {SINGLE_MIXER: {"recall": stats["accuracy"], "loss": stats["loss"],
+                               "attention_fraction": float(attention)}}
     results = {}
     for name, schedule in SCHEDULES.items():
         stats = evaluate(ts, held_out, modes=schedule)

@@ -1,7 +1,7 @@
 """Oryx mode-switch curves: per-token loss on held-out text when the mode switches mid-row.
 
     python -m experiments.oryx_switch RUN_DIR [RUN_DIR ...] [--switch 96,176] [--batches N]
-                                      [--out DIR]
+                                      [--baselines RUN_DIR ...] [--out DIR]
 
 For each trained text run (`lm-wikitext2-oryx-gdn-tiny`, mixed-mode training) the held-out
 rows are run under three schedules: all attention, all linear, and attention → linear →
@@ -9,6 +9,9 @@ attention switching at the `--switch` positions. Writes `OUT/switch.json` (the m
 each position per run and schedule, and segment means: the first 8 tokens after each switch,
 the rest of each segment) and `OUT/switch.png` (the curves, smoothed over 8 positions, and
 below them their difference from all-attention; one column per run, the switches marked).
+`--baselines`: runs of single-mixer models on the same text (`lm-wikitext2-baseline-*`,
+`experiments/configs/oryx.py`), whose per-position losses are added to every column (dashed)
+and to the segment means, named by their run directories.
 """
 
 from __future__ import annotations
@@ -39,14 +42,16 @@ def switch_modes(T: int, switches: list[int]) -> np.ndarray:
     return modes
 
 
-def position_losses(model, batches, modes_T: np.ndarray) -> np.ndarray:
-    """Mean next-token loss at each position `[T]` over the scored tokens of `batches`."""
+def position_losses(model, batches, modes_T: np.ndarray | None) -> np.ndarray:
+    """Mean next-token loss at each position `[T]` over the scored tokens of `batches`, every
+    row in the modes `modes_T` (None: no mode array, for models without Oryx layers)."""
     graphdef, state = nnx.split(model)
 
     @jax.jit
     def losses(state, batch):
         ctx = TokenContext.from_batch(batch)
-        ctx = ctx.replace(extras={MODE: jnp.broadcast_to(modes_T, batch["inputs"].shape)})
+        if modes_T is not None:
+            ctx = ctx.replace(extras={MODE: jnp.broadcast_to(modes_T, batch["inputs"].shape)})
         logits = nnx.merge(graphdef, state)(batch["inputs"], ctx).astype(jnp.float32)
         nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
             logits, batch["targets"][..., None], -1)[..., 0]
@@ -74,7 +79,7 @@ def segments(curves: dict[str, np.ndarray], switches: list[int]) -> list[dict]:
     return rows
 
 
-def plot(results: dict, switches: list[int], out: Path) -> None:
+def plot(results: dict, switches: list[int], out: Path, baselines: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,6 +99,10 @@ def plot(results: dict, switches: list[int], out: Path) -> None:
             x = np.arange(len(curve) - SETTLE + 1) + SETTLE - 1
             top.plot(x, smooth(curve), label=name, lw=1.2)
             bottom.plot(x, smooth(np.asarray(curve) - reference), label=name, lw=1.2)
+        for name, curve in (baselines or {}).items():
+            x = np.arange(len(curve) - SETTLE + 1) + SETTLE - 1
+            top.plot(x, smooth(curve), label=name, lw=1, ls="--")
+            bottom.plot(x, smooth(np.asarray(curve) - reference), label=name, lw=1, ls="--")
         for ax in (top, bottom):
             for s in switches:
                 ax.axvline(s, color="grey", ls=":", lw=1)
@@ -106,36 +115,48 @@ def plot(results: dict, switches: list[int], out: Path) -> None:
     fig.savefig(out, dpi=80)
 
 
+def _model_and_batches(run_dir: Path, num_batches: int) -> tuple:
+    """The run's trained model and `num_batches` of its held-out batches."""
+    experiment = read_experiment(run_dir / "config.json")
+    ts, _ = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh))
+    data = bind_data(experiment.data, run_dir, resume=True)
+    batches, _ = held_out_set(data, experiment.train.batch_size, num_batches,
+                              experiment.train.seed)
+    return ts.model(), batches
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", type=Path, nargs="+")
     parser.add_argument("--switch", default="96,176", help="positions where the mode switches")
     parser.add_argument("--batches", type=int, default=32)
+    parser.add_argument("--baselines", type=Path, nargs="*", default=[],
+                        help="runs of single-mixer models on the same data (no modes)")
     parser.add_argument("--out", type=Path, default=Path("runs/oryx-switch"))
     args = parser.parse_args(argv)
     switches = [int(x) for x in args.switch.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
+    baselines = {run_dir.name: position_losses(*_model_and_batches(run_dir, args.batches), None)
+                 for run_dir in args.baselines}
     results = {}
     for run_dir in args.run_dirs:
-        experiment = read_experiment(run_dir / "config.json")
-        ts, _ = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh))
-        data = bind_data(experiment.data, run_dir, resume=True)
-        batches, _ = held_out_set(data, experiment.train.batch_size, args.batches,
-                                  experiment.train.seed)
+        model, batches = _model_and_batches(run_dir, args.batches)
         T = batches[0]["inputs"].shape[1]
         schedules = {"attention": np.full(T, ATTENTION, np.int32),
                      "linear": np.full(T, LINEAR, np.int32),
                      "switching": switch_modes(T, switches)}
-        curves = {name: position_losses(ts.model(), batches, modes)
+        curves = {name: position_losses(model, batches, modes)
                   for name, modes in schedules.items()}
         results[run_dir.name] = {"curves": {k: v.tolist() for k, v in curves.items()},
-                                 "segments": segments(curves, switches)}
+                                 "segments": segments({**curves, **baselines}, switches)}
         print(f"{run_dir.name}: mean loss over [lo, hi) per schedule")
         for row in results[run_dir.name]["segments"]:
             print(f"  {str(row['positions']):12s} " + "  ".join(
-                f"{name} {row[name]:.3f}" for name in schedules))
-    (args.out / "switch.json").write_text(json.dumps({"switches": switches, **results}))
-    plot(results, switches, args.out / "switch.png")
+                f"{name} {row[name]:.3f}" for name in [*schedules, *baselines]))
+    (args.out / "switch.json").write_text(json.dumps(
+        {"switches": switches, **results,
+         "baselines": {k: v.tolist() for k, v in baselines.items()}}))
+    plot(results, switches, args.out / "switch.png", baselines)
     print(f"wrote {args.out / 'switch.json'} and {args.out / 'switch.png'}")
     return 0
 

@@ -15,7 +15,8 @@ from hybrid_jax.data.tasks import (
     split_config,
 )
 
-CONFIGS = [SelectiveCopyingConfig(), MKARConfig(), ARDecodingConfig(), NeedleConfig()]
+CONFIGS = [SelectiveCopyingConfig(), MKARConfig(), ARDecodingConfig(), NeedleConfig(),
+           NeedleConfig(num_needles=6, num_keys=6, seq_len=24)]  # needles fill 18 of 22 places
 
 
 def examples(config, split="eval", seed=0, count=200):
@@ -63,15 +64,19 @@ def check_ar_decoding(c, ex):
 
 def check_needle(c, ex):
     x = list(ex["inputs"])
-    start = x.index(c.needle_token)
-    assert x.count(c.needle_token) == 1 and x[-2] == c.query_token
-    key, value = x[start + 1], x[start + 2]
-    assert x[-1] == key and c.num_filler <= key < c.num_filler + c.num_keys
+    starts = [i for i, t in enumerate(x) if t == c.needle_token]
+    assert len(starts) == c.num_needles and x[-2] == c.query_token
+    assert np.all(np.diff(starts) >= 3) and starts[-1] + 3 <= len(x) - 2
+    pairs = {x[s + 1]: x[s + 2] for s in starts}
+    assert len(pairs) == c.num_needles  # distinct keys
+    assert all(c.num_filler <= k < c.num_filler + c.num_keys for k in pairs)
+    assert all(c.num_filler + c.num_keys <= v < c.needle_token for v in pairs.values())
+    assert x[-1] in pairs
     assert ex["mask"].tolist() == [False] * (c.seq_len - 1) + [True]
-    assert ex["targets"][-1] == value
-    needle = {start, start + 1, start + 2}
-    assert all(t < c.num_filler for i, t in enumerate(x[:-2]) if i not in needle)
-    return start / (c.seq_len - 5)
+    assert ex["targets"][-1] == pairs[x[-1]]
+    needles = {s + i for s in starts for i in range(3)}
+    assert all(t < c.num_filler for i, t in enumerate(x[:-2]) if i not in needles)
+    return starts[0] / (c.seq_len - 5)
 
 
 CHECKS = {SelectiveCopyingConfig: check_selective_copying, MKARConfig: check_mkar,
@@ -132,6 +137,18 @@ def test_ood_knobs_shift_the_distribution():
     assert np.mean(skewed == 0) > 0.5
 
 
+def test_every_needle_is_queried_and_spread_over_the_depths():
+    c = NeedleConfig(num_needles=4, seq_len=64)
+    queried, first, last = np.zeros(4), [], []
+    for ex in examples(c, count=400):
+        starts = np.flatnonzero(ex["inputs"] == c.needle_token)
+        queried[list(ex["inputs"][starts + 1]).index(ex["inputs"][-1])] += 1
+        first.append(starts[0])
+        last.append(starts[-1])
+    assert queried.min() > 70  # uniform: 100 each
+    assert min(first) <= 2 and max(last) >= 64 - 5 - 2  # needles reach both ends
+
+
 def test_vocabulary_layouts():
     sc = SelectiveCopyingConfig(num_tokens=10, min_distance=2, max_distance=4)
     assert sc.vocab_size == 13 and sc.number_token(2) == 10 and sc.number_token(4) == 12
@@ -149,6 +166,8 @@ def test_vocabulary_layouts():
     (dict(kind=MKARConfig, seq_len=3), "seq_len=3"),
     (dict(kind=ARDecodingConfig, seq_len=7), "seq_len=7"),
     (dict(kind=NeedleConfig, min_depth=0.9, max_depth=0.5), "max_depth=0.5"),
+    (dict(kind=NeedleConfig, num_needles=9, num_keys=8), r"num_needles=9: .* <= 8"),
+    (dict(kind=NeedleConfig, num_needles=4, seq_len=13), r"seq_len=13: expected a value >= 14"),
 ])
 def test_bad_configs_are_named(config, message):
     kind = config.pop("kind")
