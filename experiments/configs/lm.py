@@ -19,8 +19,10 @@ from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
 from hybrid_jax.data.text import TextConfig
 
-# The corpora live next to the project (`<project>/../shared/data`), wherever it is run from.
-DATA = os.path.normpath(Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
+# The corpora live next to the project (`<project>/../shared/data`), wherever it is run from;
+# `HYBRID_JAX_DATA` points elsewhere (a checkout outside the project's parent, a mounted disk).
+DATA = os.environ.get("HYBRID_JAX_DATA") or os.path.normpath(
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
 # WikiText articles start with a top-level heading line " = Title = " (sections use " = = ").
 WIKITEXT_ARTICLE = r"^ = [^=].* = $"
 BPE_VOCAB = 32768
