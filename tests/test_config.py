@@ -1,6 +1,9 @@
 """Config validation, presets, overrides and JSON round trips."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +116,12 @@ def test_bad_overrides_are_named(override, message):
 def test_configs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         ModelConfig().d_model = 3
+
+
+def test_hybrid_jax_data_points_the_lm_experiments_at_another_corpus_folder(tmp_path):
+    code = ("from experiments import registry; e = registry.get('lm-wikitext2-transformer-tiny'); "
+            "print(e.data.path)")
+    env = {**os.environ, "HYBRID_JAX_DATA": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=120).stdout.strip()
+    assert out == f"{tmp_path}/wikitext-2-raw/wiki.train.raw"
