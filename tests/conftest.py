@@ -3,12 +3,15 @@
 import os
 
 # Tests are dominated by XLA compile time on tiny shapes: cheaper LLVM passes make the suite
-# several times faster without changing floating-point semantics.
+# several times faster, and XLA's classic CPU fusion emitters (instead of the MLIR ones)
+# compile another ~40 % faster. No fast-math: results differ from the defaults by rounding
+# (a few ulps), while each compiled step runs up to ~2x slower, which tiny shapes do not feel.
 os.environ["XLA_FLAGS"] = " ".join([
     os.environ.get("XLA_FLAGS", ""),
     "--xla_force_host_platform_device_count=8",
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
 ]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

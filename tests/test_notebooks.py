@@ -1,10 +1,14 @@
 """The notebooks of colab/: stored without outputs, each with its Colab badge, install cell and
 knob, and each executed top to bottom in its own kernel on CPU (nbclient).
 
-A kernel is a separate process: it gets this environment without the test-only XLA_FLAGS of
-conftest.py (a notebook sets what it needs itself, e.g. the sharding notebook's 8 fake CPU
-devices), with the repository on PYTHONPATH and JAX on the CPU. A notebook asserts its own
-results, so a wrong number fails here like an exception.
+A kernel is a separate process: it gets this environment with the repository on PYTHONPATH,
+JAX on the CPU, and conftest.py's XLA_FLAGS less its 8 fake devices (a notebook sets what it
+needs itself, e.g. the sharding notebook's 8 fake CPU devices). Those flags make compiles ~3x
+cheaper and compiled steps ~3x slower, so the quickstart, which runs 300 training steps, keeps
+XLA's defaults; every other notebook spends more compiling than running. The notebooks that
+train a language model run a third to a half of their steps in the default suite
+(`HYBRID_JAX_NOTEBOOK_QUICK=1`, read in their knob cell) and all of them in the slow one. A
+notebook asserts its own results, so a wrong number fails here like an exception.
 """
 
 import os
@@ -24,6 +28,7 @@ BADGE = re.compile(r'href="https://colab\.research\.google\.com/github/([^/"]+/[
                    r'/blob/main/colab/([^/"]+)\.ipynb"')
 REPOSITORY = re.compile(r'^REPOSITORY = "https://github\.com/([^/"]+/[^/"]+)"', re.M)
 KNOB = re.compile(r"^(BIG|HF_DIR) = (False|None)  # <- the knob", re.M)
+QUICK = "HYBRID_JAX_NOTEBOOK_QUICK"  # set here; a training notebook then runs fewer steps
 
 
 def read(name: str) -> nbformat.NotebookNode:
@@ -61,16 +66,30 @@ def test_badge_install_cell_and_knob(name):
     assert "jax.devices()" in code, "a device check"
 
 
-def kernel_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+def kernel_environment(name: str, quick: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", QUICK)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in (env.get("PYTHONPATH"),) if p])
     env["JAX_PLATFORMS"] = "cpu"
+    if quick:
+        env[QUICK] = "1"
+    if name != "quickstart":
+        env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                                    if "device_count" not in f)
     return env
+
+
+def execute(name: str, quick: bool) -> None:
+    client = NotebookClient(read(name), timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(COLAB)}})
+    client.execute(env=kernel_environment(name, quick))  # raises CellExecutionError naming the cell
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_runs_top_to_bottom(name):
-    notebook = read(name)
-    client = NotebookClient(notebook, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(COLAB)}})
-    client.execute(env=kernel_environment())  # raises CellExecutionError naming the cell
+    execute(name, quick=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in NAMES if QUICK in read(n).cells[4].source])
+def test_runs_top_to_bottom_with_all_its_steps(name):
+    execute(name, quick=False)
