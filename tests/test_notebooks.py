@@ -6,9 +6,10 @@ JAX on the CPU, and conftest.py's XLA_FLAGS less its 8 fake devices (a notebook 
 needs itself, e.g. the sharding notebook's 8 fake CPU devices). Those flags make compiles ~3x
 cheaper and compiled steps ~3x slower, so the quickstart, which runs 300 training steps, keeps
 XLA's defaults; every other notebook spends more compiling than running. The notebooks that
-train a language model run a third to a half of their steps in the default suite
-(`HYBRID_JAX_NOTEBOOK_QUICK=1`, read in their knob cell) and all of them in the slow one. A
-notebook asserts its own results, so a wrong number fails here like an exception.
+train run shorter in the default suite (`HYBRID_JAX_NOTEBOOK_QUICK=1`, read in their knob
+cell: the language models a third to a half of their steps, the quickstart 32-token sequences)
+and as users run them in the slow one. A notebook asserts its own results, so a wrong number
+fails here like an exception.
 """
 
 import os
