@@ -303,6 +303,30 @@ def _masked_toeplitz_bwd(residuals, g_BXCH):
 _masked_toeplitz.defvjp(_masked_toeplitz_fwd, _masked_toeplitz_bwd)
 
 
+@jax.custom_vjp
+def _materialized(x: jax.Array) -> jax.Array:
+    """`x`, written to memory in the forward pass and its cotangent in the backward pass.
+
+    A fusion barrier both ways (`optimization_barrier`). Without it, XLA's GPU compiler fused
+    the backward of the chunk scan into the reduction of the chunk decay's gradient over
+    (B, chunks), and the gather building the Toeplitz matrix into every masked reduction that
+    reads it: 4.5 ms and 2 × 1.2 ms of pha-180m's 10 ms GSS-branch step at [4, 8192]
+    (BENCHMARKS.md, "the GSS branch's pieces and kernels"); written once, each is a small array.
+    """
+    return jax.lax.optimization_barrier(x)
+
+
+def _materialized_fwd(x):
+    return jax.lax.optimization_barrier(x), None
+
+
+def _materialized_bwd(_, g):
+    return (jax.lax.optimization_barrier(g),)
+
+
+_materialized.defvjp(_materialized_fwd, _materialized_bwd)
+
+
 def _real_matmul(equation: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(equation, a, b, precision=_HIGHEST)
 
@@ -331,7 +355,8 @@ def _chunked(u, log_decay, coeff, initial_state, starts, *, chunk_size):
     powers = jnp.exp(jnp.arange(size + 1, dtype=real)[:, None, None] * log_decay)  # a^k [k,h,n]
     kernel = jnp.einsum("khn,hn->kh", powers[:size], coeff, precision=_HIGHEST).real
     lag = jnp.arange(size)[:, None] - jnp.arange(size)[None, :]
-    toeplitz = jnp.where((lag >= 0)[..., None], kernel[jnp.maximum(lag, 0)], 0)  # [i, j, h]
+    toeplitz = _materialized(
+        jnp.where((lag >= 0)[..., None], kernel[jnp.maximum(lag, 0)], 0))  # [i, j, h]
     if starts is None:
         same = continues = None
         transmits = jnp.ones((batch, chunks), bool)
@@ -354,7 +379,7 @@ def _chunked(u, log_decay, coeff, initial_state, starts, *, chunk_size):
     to_end = powers[size - 1::-1]  # a^{C−1−j}
     local = jax.lax.complex(_real_matmul("jhn,bxjh->bxhn", to_end.real, u_last),
                             _real_matmul("jhn,bxjh->bxhn", to_end.imag, u_last))
-    decay = jnp.where(transmits[..., None, None], powers[size], 0)  # [b, x, h, n]
+    decay = _materialized(jnp.where(transmits[..., None, None], powers[size], 0))  # [b,x,h,n]
     ends = linear_scan(decay, local, initial_state, axis=1)
     zero = jnp.zeros((batch, 1, channels, modes), dtype)
     entering = jnp.concatenate([zero if initial_state is None

@@ -1,0 +1,87 @@
+"""Where a linear-mixer op's time goes on the GPU: its kernels, forward and fwd+bwd, by time.
+
+    python -m experiments.benchmarks.op_kernels [--ops ssd,gated_delta_rule,
+        gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
+        [--window 512] [--top 12] [--out op_kernels.json]
+
+The inputs of `linear_ops` (H16, K = V = P = N = 128, GSA/NHA 64 slots, bf16); NHA at window
+`--window`. Each op's jitted forward and fwd+bwd (gradient of a sum w.r.t. every input) run
+3 times under `jax.profiler.trace`; `trace_summary` sums the device kernels by name. Prints
+per op and pass the whole time per call and the top kernels (ms per call, share); writes every
+kernel row to JSON. This is the profile to read before a kernel change (which kernel of the
+op to make faster), not a timing of record (`linear_ops` is that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+from experiments.benchmarks import trace_summary
+from experiments.benchmarks.linear_ops import OPS, SLOTS, make_inputs
+from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
+from hybrid_jax.ops.nha import native_hybrid_attention
+
+RUNS = 3
+
+
+def op_and_inputs(name: str, batch: int, length: int, window: int, impl: str):
+    if name == "native_hybrid_attention":
+        q, k, v, s, g = make_inputs("gated_slot_attention", batch, length, jax.random.key(0))
+        return functools.partial(native_hybrid_attention, window=window,
+                                 implementation=impl), (q, k, v, s, g)
+    return (functools.partial(OPS[name], implementation=impl),
+            make_inputs(name, batch, length, jax.random.key(0)))
+
+
+def profile(fn, inputs) -> dict:
+    """Kernel summary of RUNS calls of the compiled `fn(*inputs)`, per call."""
+    compiled = jax.jit(fn).lower(*inputs).compile()
+    jax.block_until_ready(compiled(*inputs))  # warm-up outside the trace
+    directory = tempfile.mkdtemp(prefix="op_kernels_")
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for _ in range(RUNS):
+            jax.block_until_ready(compiled(*inputs))
+    return trace_summary.summarize(directory, RUNS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention,"
+                                         "native_hybrid_attention")
+    parser.add_argument("--shape", default="4x8192")
+    parser.add_argument("--impl", default="pallas")
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--out", default="op_kernels.json")
+    args = parser.parse_args()
+    batch, length = map(int, args.shape.split("x"))
+    print(device_name(), f"B{batch} T{length} H16 D128 M{SLOTS} bf16, impl {args.impl}",
+          flush=True)
+    rows = []
+    for name in args.ops.split(","):
+        op, inputs = op_and_inputs(name, batch, length, args.window, args.impl)
+        forward = lambda *a, op=op: jax.tree.leaves(op(*a))[0]
+        passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs))))
+        for label, fn in passes.items():
+            try:
+                summary = profile(fn, inputs)
+            except Exception as e:  # one op failing must not lose the others' rows
+                print(f"{name} {label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                rows.append({"op": name, "pass": label, "error": str(e)[:300]})
+                continue
+            print(f"\n{name} {label}: {summary['device_ms_per_step']:.3f} ms of kernels a call")
+            trace_summary.print_summary(summary, args.top)
+            rows += [{"op": name, "pass": label, "kernel": r["name"][:120],
+                      "ms": r["ms_per_step"], "count": r["count"] // RUNS,
+                      "share": r["share"]} for r in summary["kernels"]]
+    write_json(args.out, "op_kernels", rows, shape=args.shape, impl=args.impl,
+               window=args.window)
+
+
+if __name__ == "__main__":
+    main()
