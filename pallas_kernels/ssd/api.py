@@ -9,6 +9,8 @@ document; the state is zero before it, and the first token of the call continues
 `initial_state`). This is the contract of `hybrid_jax.ops.ssd` (whose "pallas" rung calls
 `ssd` here). Decays, cumulative sums and states are float32; matmul operands are the input
 dtype (bf16 on the GPU: states at chunk boundaries are stored, and read out, in bf16).
+Long rows run as S sequence segments (`BlockSizes.segments`): the kernels on `[B·S, T/S]`,
+then `segments.combine` adds each segment's entering state exactly (NOTES.md, round 3).
 """
 
 from __future__ import annotations
