@@ -42,9 +42,9 @@ def choose_segments(programs: int, num_chunks: int, sms: int) -> int:
 
 
 def sm_count() -> int:
-    """Streaming multiprocessors of the first device (`core_count` of a GPU device); where the
+    """Streaming multiprocessors of the first local device (`core_count` of a GPU device); where the
     device does not say (a CPU device, e.g. a lowering test), `FALLBACK_SMS`."""
-    return getattr(jax.devices()[0], "core_count", None) or FALLBACK_SMS
+    return getattr(jax.local_devices()[0], "core_count", None) or FALLBACK_SMS
 
 
 def split(v: jax.Array, segments: int) -> jax.Array:
