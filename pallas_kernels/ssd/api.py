@@ -9,6 +9,8 @@ document; the state is zero before it, and the first token of the call continues
 `initial_state`). This is the contract of `hybrid_jax.ops.ssd` (whose "pallas" rung calls
 `ssd` here). Decays, cumulative sums and states are float32; matmul operands are the input
 dtype (bf16 on the GPU: states at chunk boundaries are stored, and read out, in bf16).
+Long rows run as S sequence segments (`BlockSizes.segments`): the kernels on `[B·S, T/S]`,
+then `segments.combine` adds each segment's entering state exactly (NOTES.md, round 3).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ssd import gpu
+from pallas_kernels.ssd import gpu, segments
 from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
 
 DIMS = (64, 128, 256)
@@ -44,7 +46,8 @@ def ssd(
       B, C: `[B, T, G, N]`, G dividing H.
       segment_ids: `[B, T]` integer document ids, or None (one document per row).
       initial_state: `[B, H, P, N]`, or None for zeros.
-      block_sizes: tiles (default `default_block_sizes(P, N)`).
+      block_sizes: tiles and sequence segments (default `default_block_sizes(P, N)`; its
+        `segments` None: chosen by `segments.choose_segments` on a GPU, 1 interpreted).
       interpret: run the kernels in Pallas interpret mode (CPU tests).
 
     Returns:
@@ -58,27 +61,41 @@ def ssd(
     groups, state_dim = B.shape[2:]
     blocks = (block_sizes or default_block_sizes(head_dim, state_dim)).for_dims(head_dim)
     chunk = blocks.chunk
-    padded = -(-length // chunk) * chunk
+    num_chunks = -(-length // chunk)
+    S = blocks.segments or (1 if interpret else segments.choose_segments(
+        batch * heads * (head_dim // blocks.block_p), num_chunks, segments.sm_count()))
+    padded = -(-num_chunks // S) * S * chunk  # S segments of whole chunks
     pad = lambda v: jnp.pad(v, [(0, 0), (0, padded - length)] + [(0, 0)] * (v.ndim - 2))
     # Padding: dt = 0 (decay 1, no input) leaves the state unchanged; its outputs are cut off.
-    dt = dt.astype(jnp.float32)
+    dt = pad(dt.astype(jnp.float32))
     log_decay = dt * A.astype(jnp.float32)
-    doc = None
+    starts = doc = None
     if segment_ids is not None:
-        starts = jnp.concatenate([jnp.zeros((batch, 1), bool),
-                                  segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        # Starts of the whole row (a segment's first token may start a document; the row's
+        # first token never does: it continues initial_state).
+        starts = pad(jnp.concatenate([jnp.zeros((batch, 1), bool),
+                                      segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1))
         # A document's first log decay is never read (chunk_math): 0, and no gradient.
         log_decay = jnp.where(starts[..., None], 0.0, log_decay)
-        per_chunk = pad(starts).reshape(batch, padded // chunk, chunk)
-        doc = jnp.cumsum(per_chunk, axis=2, dtype=jnp.int32).reshape(batch, padded)
-    head_major = lambda v: pad(v).transpose(0, 2, 1)  # [B, T, H] -> [B, H, Tp]
+        doc = jnp.cumsum(starts.reshape(-1, chunk), axis=1, dtype=jnp.int32).reshape(
+            batch * S, padded // S)
+    rows = lambda v: segments.split(pad(v), S)  # [B, T, ...] -> [B·S, Tp/S, ...]
+    head_major = lambda v: segments.split(v, S).transpose(0, 2, 1)  # -> [B·S, H, Tp/S]
     if initial_state is None:
-        initial_state = jnp.zeros((batch, heads, head_dim, state_dim), jnp.float32)
+        s0 = jnp.zeros((batch * S, heads, head_dim, state_dim), jnp.float32)
+    else:  # segment 0 continues initial_state, every other one starts from zero
+        s0 = initial_state.astype(jnp.float32)[:, None]
+        s0 = jnp.pad(s0, [(0, 0), (0, S - 1), (0, 0), (0, 0), (0, 0)]).reshape(
+            (batch * S,) + s0.shape[2:])
     st = gpu.Static(blocks=blocks, group=heads // groups, documents=doc is not None,
                     interpret=interpret)
-    y, final_state = _core(st, pad(x), head_major(dt), head_major(log_decay),
-                           pad(B.astype(x.dtype)), pad(C.astype(x.dtype)), doc,
-                           initial_state.astype(jnp.float32))
+    C = pad(C.astype(x.dtype))
+    y, final_state = _core(st, rows(x), head_major(dt), head_major(log_decay),
+                           rows(B.astype(x.dtype)), segments.split(C, S), doc, s0)
+    if S > 1:
+        y, final_state = segments.combine(y, final_state, log_decay, starts, C, S)
+    else:
+        y = y.reshape(batch, padded, heads, head_dim)
     return y[:, :length], final_state
 
 

@@ -26,6 +26,11 @@ class BlockSizes:
       (`gpu.chunk_outputs`, every chunk in parallel, launched with local_num_warps /
       local_num_stages), so that the loop over chunks only carries the state (not yet timed:
       `linear_ops` times it beside the default, NOTES.md).
+    segments: S, a power of two: each row is split into S equal segments (of whole chunks)
+      that the kernels run as separate rows, `[B·S, T/S]`: S times the programs and chains S
+      times shorter, combined exactly in XLA (`segments.py`, NOTES.md round 3). None
+      (default): `segments.choose_segments`, about 2 programs per SM with ≥ 8 chunks per
+      segment on a GPU, 1 in interpret mode.
 
     Defaults (P, N ≤ 128) from the first H200 sweep (2026-12-01, jax 0.11.2, B4 T8192 H16
     P = N = 128 bf16, `linear_ops --parts sweep`), the fastest of each kernel: forward (chunk
@@ -53,8 +58,13 @@ class BlockSizes:
     split_forward: bool = False
     local_num_warps: int = 4
     local_num_stages: int = 2
+    segments: int | None = None
 
     def __post_init__(self):
+        S = self.segments
+        if S is not None and (S < 1 or S & (S - 1)):
+            raise ValueError(f"BlockSizes.segments must be None or a power of two, got "
+                             f"{self.segments}")
         for name in _POWERS:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):

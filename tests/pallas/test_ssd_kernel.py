@@ -18,6 +18,7 @@ import pytest
 from hybrid_jax.ops.ssd import ssd as ssd_op
 from pallas_kernels.ssd import api
 from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.ssd.segments import choose_segments
 from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(chunk=8, block_p=4, backward_block_p=4, grads_block_p=4)
@@ -112,13 +113,52 @@ def test_forward_only_and_bfloat16_inputs():
     assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
 
 
+def segment_documents(length: int) -> np.ndarray:
+    """Starts against the segments of 8 tokens (S = 4 of 29 steps padded to 32) and of 16
+    (S = 2). Row 0: on boundaries (8, 16: a length-1 document first in its segment), one after
+    (17) and inside (21, a document over the boundary at 24); row 1: one after (9, 25) and
+    inside (3, 12: a document over the boundaries at 16 and 24, through a whole segment)."""
+    ids = np.zeros((2, length), np.int32)
+    for row, starts in enumerate([(8, 16, 17, 21), (3, 9, 12, 25)]):
+        for start in starts:
+            ids[row, start:] += 1
+    return ids
+
+
+@pytest.mark.parametrize("segments, packed, with_initial, heads, groups, length", [
+    (2, True, True, 4, 2, 29), (4, True, False, 2, 1, 29), (4, False, True, 2, 2, 27)])
+def test_sequence_segments_match_reference(segments, packed, with_initial, heads, groups,
+                                           length):
+    """Rows split into S segments (the kernels on [B·S, T/S], combined in XLA): values and
+    every gradient as unsplit, with documents on, next to and inside segment boundaries, with
+    and without initial state, odd lengths (padding), G < H and G = H."""
+    inputs = make_inputs(4 + segments, batch=2, length=length, heads=heads, groups=groups)
+    check_against_reference(inputs, segment_documents(length) if packed else None,
+                            with_initial, dataclasses.replace(TINY, segments=segments))
+
+
+def test_choose_segments_rule():
+    """The largest power of two with ≤ 2 programs per SM and ≥ 8 chunks per segment."""
+    assert choose_segments(programs=128, num_chunks=128, sms=132) == 2  # B4 T8192 H16
+    assert choose_segments(programs=256, num_chunks=64, sms=132) == 1  # B8 T4096
+    assert choose_segments(programs=64, num_chunks=256, sms=132) == 4  # B2 T16384
+    assert choose_segments(programs=1, num_chunks=1024, sms=132) == 128  # chunks bound
+    assert choose_segments(programs=16, num_chunks=15, sms=132) == 1
+    assert choose_segments(programs=16, num_chunks=16, sms=132) == 2
+    assert choose_segments(programs=133, num_chunks=1024, sms=132) == 1
+    with pytest.raises(ValueError, match="segments must be None or a power of two, got 3"):
+        BlockSizes(segments=3)
+
+
 @pytest.mark.parametrize("head_dim, state_dim, groups, packed, split",
                          [(128, 128, 1, True, False), (64, 256, 4, False, False),
                           (128, 128, 1, True, True)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
                                                packed, split):
     """Forward and backward build Triton kernels (Pallas' Triton lowering, no GPU needed) at
-    the default tiles, with and without documents, the forward fused or split."""
+    the default tiles, with and without documents, the forward fused or split; the automatic
+    sequence segments (the CPU device has no SM count: `segments.FALLBACK_SMS`) split these
+    rows in 2 (P = N = 128) and 4 (P = 64, N = 256)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     batch, length, heads = 2, 1000, 8
