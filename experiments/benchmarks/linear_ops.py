@@ -12,10 +12,11 @@ Heads 16, K = V = P = N = 128 (SSD: one B/C group; GSA: 64 slots), bf16 inputs. 
          row of the sweep's best
   table  per shape and op: every rung the op has (enumerated through `implementation=`, so a
          new rung appears by itself; "reference" left out; `--impls` keeps some), the SSD
-         kernel's variants (`SSD_VARIANTS`), fla's chunk kernel (the peer script
-         `peers/fla_linear.py`, run in its own process BEFORE JAX takes the GPU) and cuDNN
-         causal attention (`jax.nn.dot_product_attention`) at the same [B, T, 16, 128]; the
-         ratios ours/fla (fwd, fwd+bwd) and ours/cuDNN (fwd+bwd); then the issue's targets.
+         and GDN kernels' variants (`SSD_VARIANTS`, `GDN_VARIANTS`), fla's chunk kernel (the
+         peer script `peers/fla_linear.py`, run in its own process BEFORE JAX takes the GPU)
+         and cuDNN causal attention (`jax.nn.dot_product_attention`) at the same
+         [B, T, 16, 128]; the ratios ours/fla (fwd, fwd+bwd) and ours/cuDNN (fwd+bwd); then
+         the issue's targets.
 The fla peer measures the same `--shapes` and `--ops`, in that order, and each of its rows
 is kept as it arrives (`peers/stream.py`): at `--fla-timeout` (default: ~90 s per op for the
 first shape, fla's autotuning, and 25 s for each further one, within `--time-limit`) it is
@@ -27,6 +28,7 @@ JSON rewritten, so a run stopped from outside keeps its rows too. Rows past `--t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -42,6 +44,8 @@ from hybrid_jax.ops.delta_rule import gated_delta_rule
 from hybrid_jax.ops.dispatch import IMPLEMENTATIONS
 from hybrid_jax.ops.gsa import gated_slot_attention
 from hybrid_jax.ops.ssd import ssd
+from pallas_kernels.delta_rule import api as pallas_gdn
+from pallas_kernels.delta_rule.block_sizes import default_block_sizes as gdn_block_sizes
 from pallas_kernels.ssd import api as pallas_ssd
 from pallas_kernels.ssd.block_sizes import BlockSizes
 
@@ -62,6 +66,17 @@ TARGETS = {
 SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
                 "pallas (split forward)": BlockSizes(split_forward=True),
                 **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
+# Gated delta rule kernel variants (its NOTES.md, Round 3): the per-chunk gradients as two
+# kernels (`split_gradients`) at 8 and 4 warps and other tiles, beside the fused default.
+_GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
+GDN_VARIANTS = {
+    f"pallas ({label})": dataclasses.replace(_GDN_BASE, split_gradients=True, **changes)
+    for label, changes in (
+        ("split gradients", {}),
+        ("split gradients, 4 warps", dict(gradient_num_warps=4)),
+        ("split gradients, V tile 128", dict(gradient_value_block=128)),
+        ("split gradients, K tile 32, 4 warps",
+         dict(gradient_key_block=32, gradient_num_warps=4)))}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 
@@ -143,17 +158,27 @@ def _ratios(row: dict, fla: dict | None, cudnn: dict | None) -> None:
             row[column] = row[key] / peer[key]
 
 
+def kernel_variants(name: str, tuned=None) -> dict:
+    """label → fn(*inputs) of each kernel variant of `name`'s pallas rung timed beside it:
+    `SSD_VARIANTS` and the sweep's best (`tuned`), `GDN_VARIANTS`; none for other ops."""
+    if name == "ssd":
+        variants = dict(SSD_VARIANTS, **({"pallas (sweep best)": tuned} if tuned else {}))
+        call = lambda *a, blocks: pallas_ssd.ssd(*a, block_sizes=blocks)[0]
+    elif name == "gated_delta_rule":
+        variants = GDN_VARIANTS
+        call = lambda *a, blocks: pallas_gdn.gated_delta_rule(*a, block_sizes=blocks)[0]
+    else:
+        return {}
+    return {label: functools.partial(call, blocks=blocks) for label, blocks in variants.items()}
+
+
 def _candidates(name: str, inputs: tuple, impls: set[str] | None, tuned) -> list[tuple]:
     """(label, None or why it is not timed, fn) for each rung of `name` kept by `impls`, and
-    for SSD's pallas rung its variants: `SSD_VARIANTS` and the sweep's best (`tuned`)."""
+    when its pallas rung runs, that rung's `kernel_variants`."""
     found = [(impl, reason, functools.partial(OPS[name], implementation=impl))
              for impl, reason in rungs(name, inputs) if impls is None or impl in impls]
-    if name == "ssd" and any(impl == "pallas" and reason is None for impl, reason, _ in found):
-        variants = dict(SSD_VARIANTS, **({"pallas (sweep best)": tuned} if tuned else {}))
-        for label, blocks in variants.items():
-            fn = functools.partial(lambda *a, blocks: pallas_ssd.ssd(*a, block_sizes=blocks)[0],
-                                   blocks=blocks)
-            found.append((label, None, fn))
+    if any(impl == "pallas" and reason is None for impl, reason, _ in found):
+        found += [(label, None, fn) for label, fn in kernel_variants(name, tuned).items()]
     return found
 
 

@@ -2,14 +2,16 @@
 
     python -m experiments.benchmarks.op_kernels [--ops ssd,gated_delta_rule,
         gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
-        [--window 512] [--top 12] [--out op_kernels.json]
+        [--window 512] [--top 12] [--variants] [--out op_kernels.json]
 
 The inputs of `linear_ops` (H16, K = V = P = N = 128, GSA/NHA 64 slots, bf16); NHA at window
 `--window`. Each op's jitted forward and fwd+bwd (gradient of a sum w.r.t. every input) run
 3 times under `jax.profiler.trace`; `trace_summary` sums the device kernels by name. Prints
 per op and pass the whole time per call and the top kernels (ms per call, share); writes every
-kernel row to JSON. This is the profile to read before a kernel change (which kernel of the
-op to make faster), not a timing of record (`linear_ops` is that).
+kernel row to JSON. `--variants` also profiles the fwd+bwd of each kernel variant of the op's
+pallas rung (`linear_ops.kernel_variants`; their forwards are the default's). This is the
+profile to read before a kernel change (which kernel of the op to make faster), not a timing
+of record (`linear_ops` is that).
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import functools
 import tempfile
 
 import jax
-import jax.numpy as jnp
 
 from experiments.benchmarks import trace_summary
-from experiments.benchmarks.linear_ops import OPS, SLOTS, make_inputs
+from experiments.benchmarks.linear_ops import OPS, SLOTS, kernel_variants, make_inputs
 from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
 from hybrid_jax.ops.nha import native_hybrid_attention
 
@@ -57,6 +58,8 @@ def main() -> None:
     parser.add_argument("--impl", default="pallas")
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--variants", action="store_true",
+                        help="also the fwd+bwd of the pallas rung's kernel variants")
     parser.add_argument("--out", default="op_kernels.json")
     args = parser.parse_args()
     batch, length = map(int, args.shape.split("x"))
@@ -66,7 +69,11 @@ def main() -> None:
     for name in args.ops.split(","):
         op, inputs = op_and_inputs(name, batch, length, args.window, args.impl)
         forward = lambda *a, op=op: jax.tree.leaves(op(*a))[0]
-        passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs))))
+        passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs)),
+                          strict=True))
+        if args.variants and args.impl == "pallas":
+            passes.update({f"fwd+bwd {label}": forward_and_backward(fn, len(inputs))[1]
+                           for label, fn in kernel_variants(name).items()})
         for label, fn in passes.items():
             try:
                 summary = profile(fn, inputs)

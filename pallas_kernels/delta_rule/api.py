@@ -9,7 +9,7 @@ and the state is zero before each document's first token (`starts`). This is the
 padded to a multiple of C (padded steps have β = 0, g = 0: they leave the state alone).
 Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_states_and_outputs`
 (one sequential pass over chunks per batch, head and V tile); backward:
-`backward.chunk_state_gradients` (the reverse pass) and `backward.chunk_gradients` (parallel).
+`backward.chunk_state_gradients` (the reverse pass) and `gradients.chunk_gradients` (parallel).
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
 slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
 """
@@ -22,9 +22,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.delta_rule.backward import chunk_gradients, chunk_state_gradients
+from pallas_kernels.delta_rule.backward import chunk_state_gradients
 from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.delta_rule.forward import chunk_prepare, chunk_states_and_outputs
+from pallas_kernels.delta_rule.gradients import chunk_gradients
 from pallas_kernels.delta_rule.static import Static
 
 HEAD_DIMS = (64, 128, 256)

@@ -1,19 +1,13 @@
-"""Backward kernels of the gated delta rule (layout as in `forward.py`; dO `[B, Tp, H, V]`).
+"""The reverse-time backward kernel of the gated delta rule (layout as in `forward.py`;
+dO `[B, Tp, H, V]`); the per-chunk gradients that follow it are in `gradients.py`.
 
   chunk_state_gradients  one program per (batch, head, V tile): the reverse-time pass over
                          chunks, dS in registers: dU of every chunk, the gradient of the state
                          after every chunk, the initial state's gradient
-  chunk_gradients        one program per (batch, head, chunk): dq, dk, dv, dβ, dg
 
-Per chunk (NOTES.md), with S₀ the state entering it, dS₁ the gradient of the state after it,
-R = β ⊙ (V − e^Γ ⊙ K S₀) = (I + A) U and X = β e^Γ ⊙ K:
+Per chunk (NOTES.md), with dS₁ the gradient of the state after it:
 
-    dU  = Pᵀ dO + K̃ dS₁                  (sequential, with dS₀ = e^{Γ_C} dS₁ + Q̃ᵀ dO − Wᵀ dU)
-    dR  = Tᵀ dU,   dv = β ⊙ dR,   dA = −dR Uᵀ (strictly lower),   dX = −dR S₀ᵀ
-    dQ̃ = dO S₀ᵀ,  dK̃ = U dS₁ᵀ,   dP = dO Uᵀ
-
-and the gradients of the decays (row/column sums of dA ⊙ A, dP ⊙ P, ...) into dΓ, whose reverse
-cumulative sum within the chunk is dg (Γ restarts at every chunk).
+    dU  = Pᵀ dO + K̃ dS₁,   dS₀ = e^{Γ_C} dS₁ + Q̃ᵀ dO − Wᵀ dU
 """
 
 from __future__ import annotations
@@ -21,19 +15,14 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call
 from pallas_kernels.delta_rule.chunk_math import (
     F32,
     chunk_decays,
-    iota,
-    reverse_cumsum,
-    total,
 )
 from pallas_kernels.delta_rule.layout import (
-    ChunkSpecs,
     SequentialSpecs,
     chunk_loop,
     load_chunk,
@@ -41,7 +30,7 @@ from pallas_kernels.delta_rule.layout import (
     with_starts,
 )
 from pallas_kernels.delta_rule.static import Static, compiler_params
-from pallas_kernels.matmul import mm, mm_nt, mm_tn
+from pallas_kernels.matmul import mm, mm_tn
 
 
 def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
@@ -90,103 +79,3 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
         compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_state_gradients",
     )(*args, d_final)
-
-
-def _gradients_kernel(*refs, st: Static):
-    (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, rest = split_refs(refs, 5, st.documents)
-    (t_ref, s0_ref, ds1_ref, u_ref, du_ref, do_ref,
-     dq_ref, dk_ref, dv_ref, dbeta_ref, dg_ref) = rest
-    C = st.blocks.chunk
-    key_dim, value_dim = k_ref.shape[-1], v_ref.shape[-1]
-    key_tile, value_tile = st.blocks.gradient_key_block, st.blocks.gradient_value_block
-    key_spans = [pl.ds(i * key_tile, key_tile) for i in range(key_dim // key_tile)]
-    value_spans = [pl.ds(j * value_tile, value_tile) for j in range(value_dim // value_tile)]
-    op = k_ref.dtype
-    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
-    beta = beta_ref[...]
-    pairs = chunk.pairs()
-    lower = iota((C, C), 0) > iota((C, C), 1)  # A's pairs (strictly lower)
-    t = t_ref[...]
-    tiles = lambda j: (du_ref[:, value_spans[j]], u_ref[:, value_spans[j]],
-                       do_ref[:, value_spans[j]])
-
-    # Intra-chunk products, contracting over V: dA = −dR Uᵀ and dP = dO Uᵀ; dv from dR.
-    d_a = d_p = jnp.zeros((C, C), F32)
-    d_beta = jnp.zeros((C,), F32)
-    for j, span in enumerate(value_spans):
-        du, u, do = tiles(j)
-        d_r = mm_tn(t, du)
-        dv_ref[:, span] = (beta[:, None] * d_r).astype(dv_ref.dtype)
-        d_beta += jnp.sum(d_r * v_ref[:, span].astype(F32), axis=1)
-        d_a -= mm_nt(d_r.astype(op), u)
-        d_p += mm_nt(do, u)
-    kk = mm_nt(k_ref[...], k_ref[...])
-    qk = mm_nt(q_ref[...], k_ref[...])
-    d_a_kk = jnp.where(lower, d_a * kk * pairs, 0.0)  # A = β (K Kᵀ) ⊙ D, strictly lower
-    d_beta += jnp.sum(d_a_kk, axis=1)
-    d_kk = beta[:, None] * jnp.where(lower, d_a * pairs, 0.0)
-    # K Kᵀ has k on both sides: dk gets (d_kk + d_kkᵀ) K. One product of the sum transposed in
-    # registers spills less than a second (chained) product with the transposed operand.
-    d_kk = (d_kk + d_kk.T).astype(op)
-    d_qk = st.scale * d_p * pairs  # P = scale (Q Kᵀ) ⊙ D
-    # dA ⊙ A + dP ⊙ P: the decays' share of dΓ (row t gains it, column j loses it).
-    from_pairs = beta[:, None] * d_a_kk + d_qk * qk
-    d_log = jnp.sum(from_pairs, axis=1) - jnp.sum(from_pairs, axis=0)
-    d_qk = d_qk.astype(op)
-
-    # Products with the chunk's states, contracting over V, one K tile at a time.
-    to_last = jnp.zeros((), F32)  # dΓ_last from K̃ and from the entering state's decay
-    for span_k in key_spans:
-        d_x = d_q = d_k = jnp.zeros((C, key_tile), F32)
-        for j, span in enumerate(value_spans):
-            du, u, do = tiles(j)
-            s0, ds1 = s0_ref[span_k, span], ds1_ref[span_k, span]
-            d_r = mm_tn(t, du).astype(op)
-            d_x -= mm_nt(d_r, s0)
-            d_q += mm_nt(do, s0)
-            # dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands,
-            # ≈ float32 accuracy, u as loaded (a float32 u for one TF32 product spills; the
-            # low part made after the first product spills less than before it).
-            ds1_hi = ds1.astype(op)
-            d_k += mm_nt(u, ds1_hi) + mm_nt(u, (ds1 - ds1_hi.astype(F32)).astype(op))
-            to_last += chunk.decay * total(ds1 * s0.astype(F32))
-        q, k = q_ref[:, span_k], k_ref[:, span_k]
-        dq_ref[:, span_k] = (st.scale * chunk.entry[:, None] * d_q
-                             + mm(d_qk, k)).astype(dq_ref.dtype)
-        dk_ref[:, span_k] = (chunk.to_end[:, None] * d_k + (beta * chunk.entry)[:, None] * d_x
-                             + mm_tn(d_qk, q) + mm(d_kk, k)).astype(dk_ref.dtype)
-        # The row sums from q and k loaded again: float32 copies made before the products
-        # would stay live across them (spills, NOTES.md).
-        kf = k_ref[:, span_k].astype(F32)
-        x_k = jnp.sum(d_x * kf, axis=1)
-        through_end = chunk.to_end * jnp.sum(d_k * kf, axis=1)
-        d_beta += chunk.entry * x_k
-        q_q = jnp.sum(d_q * q_ref[:, span_k].astype(F32), axis=1)
-        d_log += chunk.entry * (st.scale * q_q + beta * x_k) - through_end
-        to_last += jnp.sum(through_end)
-    d_log += jnp.where(iota((C,), 0) == C - 1, to_last, 0.0)
-    dbeta_ref[...] = d_beta
-    dg_ref[...] = reverse_cumsum(d_log)
-
-
-def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
-    """dq, dk, dv (input dtype) and dβ, dg `[B, H, Tp]` (float32) of every chunk, in parallel."""
-    batch, length, heads, key_dim = q.shape
-    value_dim, C = v.shape[-1], st.blocks.chunk
-    specs = ChunkSpecs(C)
-    rows, state = specs.rows, specs.state(key_dim, value_dim)
-    in_specs, args = with_starts(
-        [rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
-        [q, k, v, g, beta], specs.starts(), starts, st.documents)
-    in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim)]
-    blocks = st.blocks
-    return pallas_call(
-        functools.partial(_gradients_kernel, st=st),
-        grid=(batch, heads, length // C), in_specs=in_specs,
-        out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g.shape, F32),
-                   jax.ShapeDtypeStruct(g.shape, F32)],
-        compiler_params=compiler_params(blocks.gradient_num_warps, blocks.gradient_num_stages),
-        interpret=st.interpret, name="gated_delta_rule_chunk_gradients",
-    )(*args, t, states, d_states, u, du, d_out)

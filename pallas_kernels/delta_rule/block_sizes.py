@@ -16,10 +16,13 @@ class BlockSizes:
       tile; the state update is separable over the columns of V).
     gradient_key_block / gradient_value_block: the K and V tiles that `chunk_gradients` loops
       over (its float32 accumulators are [C, key tile] and [C, C]).
+    split_gradients: the per-chunk gradients as two kernels (`gradients.py`): dv and the pair
+      terms' [C, C] gradients per chunk, then dq and dk per (chunk, K tile), each with a small
+      live set, instead of one kernel doing both (NOTES.md, Round 3).
     prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
       math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
-      two sequential kernels (state) and of `chunk_gradients` (gradient).
+      two sequential kernels (state) and of the per-chunk gradient kernels (gradient).
     """
 
     chunk: int = 64
@@ -27,6 +30,7 @@ class BlockSizes:
     value_block: int = 64
     gradient_key_block: int = 64
     gradient_value_block: int = 64
+    split_gradients: bool = False
     prefetch: bool = False
     prepare_num_warps: int = 4
     prepare_num_stages: int = 1

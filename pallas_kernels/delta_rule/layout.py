@@ -3,6 +3,7 @@ kernels' ref lists with the optional document starts, and the sequential kernels
 and loop, written once for the two kinds of kernel:
 
   per chunk   grid (batch, head, chunk): one chunk of rows, the chunk's state
+  per K tile  grid (batch, head, chunk × K tile): as per chunk, one K tile of q, k and the state
   sequential  grid (batch, head, V tile): whole sequences, one loop over chunks inside
 """
 
@@ -34,6 +35,43 @@ class ChunkSpecs:
     def state(self, key_dim: int, value_dim: int) -> pl.BlockSpec:
         """The state of this chunk in a `[B, H, NC·K, V]` array of per-chunk states."""
         return pl.BlockSpec((None, None, key_dim, value_dim), lambda b, h, c: (b, h, c, 0))
+
+
+class KeyTileSpecs:
+    """Specs of a per-(chunk, K tile) kernel, chunk C, `tiles` K tiles: grid (batch, head,
+    chunk · tiles + K tile), the K tiles of one chunk next to each other (they read the same
+    rows of dO, U, dU, T: neighbours in time share them through L2)."""
+
+    def __init__(self, chunk: int, tiles: int):
+        self.C, self.tiles = chunk, tiles
+
+    def rows(self, dim: int) -> pl.BlockSpec:
+        """This chunk's rows of a `[B, Tp, H, dim]` array."""
+        n = self.tiles
+        return pl.BlockSpec((None, self.C, None, dim), lambda b, h, p: (b, p // n, h, 0))
+
+    def key_rows(self, key_tile: int) -> pl.BlockSpec:
+        """This chunk's rows, this K tile's columns of a `[B, Tp, H, K]` array."""
+        n = self.tiles
+        return pl.BlockSpec((None, self.C, None, key_tile), lambda b, h, p: (b, p // n, h, p % n))
+
+    def steps(self) -> pl.BlockSpec:
+        n = self.tiles
+        return pl.BlockSpec((None, None, self.C), lambda b, h, p: (b, h, p // n))
+
+    def starts(self) -> pl.BlockSpec:
+        n = self.tiles
+        return pl.BlockSpec((None, self.C), lambda b, h, p: (b, p // n))
+
+    def state(self, key_tile: int, value_dim: int) -> pl.BlockSpec:
+        """This K tile's rows of this chunk's state in a `[B, H, NC·K, V]` array (block
+        c · tiles + K tile)."""
+        return pl.BlockSpec((None, None, key_tile, value_dim), lambda b, h, p: (b, h, p, 0))
+
+    def partial(self) -> pl.BlockSpec:
+        """This chunk of this K tile's row of a `[B, H, tiles, Tp]` array of partial sums."""
+        n = self.tiles
+        return pl.BlockSpec((None, None, None, self.C), lambda b, h, p: (b, h, p % n, p // n))
 
 
 class SequentialSpecs:

@@ -81,17 +81,20 @@ def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY)
         assert_close(grads[name], expected_grads[name], 1e-5, f"d{name}")
 
 
-def test_documents_initial_state_odd_length(x64):
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split_gradients"])
+def test_documents_initial_state_odd_length(x64, split):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
     and ids are reused (a start is a change of id); row 1: one start at 20 and a length-1
-    document at the last step. The initial state reaches the first document only."""
+    document at the last step. The initial state reaches the first document only. Both forms
+    of the per-chunk gradients (`BlockSizes.split_gradients`)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
         ids[0, start:] = doc
     ids[1, 20:], ids[1, 36:] = 1, 2
-    check_against_reference(x, jnp.asarray(ids), 0.4, primal=False)
+    check_against_reference(x, jnp.asarray(ids), 0.4, primal=False,
+                            blocks=dataclasses.replace(TINY, split_gradients=split))
 
 
 def test_one_document_zero_initial_state(x64):
@@ -103,16 +106,17 @@ def test_one_document_zero_initial_state(x64):
                             blocks=dataclasses.replace(TINY, prefetch=True))
 
 
-def test_bfloat16_within_rounding(x64):
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split_gradients"])
+def test_bfloat16_within_rounding(x64, split):
     """bf16 q, k, v (float32 g, β, state): the bf16 paths of the kernels (the inverse's
-    hi/lo split products, U₀'s split T, dK̃'s split dS₁) stay within bf16 rounding of the
-    float64 reference on the same inputs; chunk 16 of sub-chunks 4, so the inverse merges
-    its blocks twice (4 → 8 → 16)."""
+    hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
+    dKK) stay within bf16 rounding of the float64 reference on the same inputs; chunk 16 of
+    sub-chunks 4, so the inverse merges its blocks twice (4 → 8 → 16)."""
     x = make_inputs(3, batch=1, length=45)
     x.update({n: x[n].astype(jnp.bfloat16).astype(jnp.float32) for n in ("q", "k", "v")})
     ids = np.zeros((1, 45), np.int32)
     ids[0, 21:] = 1
-    blocks = dataclasses.replace(TINY, chunk=16)
+    blocks = dataclasses.replace(TINY, chunk=16, split_gradients=split)
     weights = normals(7, x["v"].shape, x["initial_state"].shape)
 
     def kernel(x):
@@ -143,10 +147,12 @@ def _platform_gpu(monkeypatch):
     monkeypatch.setattr(api, "_platform", lambda: "gpu")
 
 
-@pytest.mark.parametrize("key_dim,value_dim,documents", [(128, 128, True), (256, 64, False)])
-def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents):
+@pytest.mark.parametrize("key_dim,value_dim,documents,split", [
+    (128, 128, True, False), (256, 64, False, False), (128, 128, True, True),
+    (256, 64, False, True)])
+def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, split):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
-    dims with the default tiles, bf16."""
+    dims with the default tiles (and the split per-chunk gradients), bf16."""
     _platform_gpu(monkeypatch)
     batch, length, heads = 1, 200, 2
     rows = (batch, length, heads)
@@ -158,8 +164,10 @@ def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents)
         arrays.append(jax.ShapeDtypeStruct((batch, length), jnp.bool_))
 
     def loss(q, k, v, g, beta, state, starts=None):
+        blocks = dataclasses.replace(default_block_sizes(key_dim, value_dim, batch * heads),
+                                     split_gradients=split)
         out, final_state = api.gated_delta_rule(q, k, v, g, beta, initial_state=state,
-                                                starts=starts)
+                                                starts=starts, block_sizes=blocks)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(final_state)
 
     for fn in (loss, jax.grad(loss, argnums=tuple(range(6)))):

@@ -1,0 +1,232 @@
+"""The per-chunk gradient kernels of the gated delta rule (layout as in `forward.py`), after
+`backward.chunk_state_gradients` has made dU and the gradients of the states after each chunk.
+
+Per chunk (NOTES.md), with S₀ the state entering it, dS₁ the gradient of the state after it,
+R = β ⊙ (V − e^Γ ⊙ K S₀) = (I + A) U and X = β e^Γ ⊙ K:
+
+    dR  = Tᵀ dU,   dv = β ⊙ dR,   dA = −dR Uᵀ (strictly lower),   dX = −dR S₀ᵀ
+    dQ̃ = dO S₀ᵀ,  dK̃ = U dS₁ᵀ,   dP = dO Uᵀ
+
+and the gradients of the decays (row/column sums of dA ⊙ A, dP ⊙ P, ...) into dΓ, whose reverse
+cumulative sum within the chunk is dg (Γ restarts at every chunk). Two forms
+(`BlockSizes.split_gradients`):
+
+  fused  `chunk_gradients`, one program per (batch, head, chunk): everything, the K tiles one
+         after another
+  split  `chunk_pair_gradients`, one program per (batch, head, chunk): dv and the [C, C]
+         gradients of the pair terms, dQK = ∂/∂(Q Kᵀ) and dKK = ∂/∂(K Kᵀ) + its transpose
+         (stored in the input dtype, as the fused form rounds them for its products); then
+         `chunk_key_gradients`, one program per (batch, head, chunk, K tile): dq and dk of
+         that tile. Two small live sets instead of one large one; dβ and dΓ come out as
+         partial sums that XLA adds up (dg's cumulative sum too: a few MB).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.call import pallas_call
+from pallas_kernels.delta_rule.chunk_math import F32, chunk_decays, iota, reverse_cumsum, total
+from pallas_kernels.delta_rule.layout import ChunkSpecs, KeyTileSpecs, split_refs, with_starts
+from pallas_kernels.delta_rule.static import Static, compiler_params
+from pallas_kernels.matmul import mm, mm_nt, mm_tn
+
+
+def _sum(arrays):
+    return functools.reduce(operator.add, arrays)
+
+
+def _value_spans(value_dim: int, st: Static) -> list:
+    tile = st.blocks.gradient_value_block
+    return [pl.ds(j * tile, tile) for j in range(value_dim // tile)]
+
+
+def _pair_part(st: Static, chunk, beta, q_ref, k_ref, v_ref, t_ref, u_ref, du_ref, do_ref,
+               dv_ref):
+    """dv (stored), and (dQK, dKK) in the input dtype, dβ and dΓ `[C]` of the pair terms."""
+    C, op = t_ref.shape[0], k_ref.dtype
+    pairs = chunk.pairs()
+    lower = iota((C, C), 0) > iota((C, C), 1)  # A's pairs (strictly lower)
+    t = t_ref[...]
+    # Intra-chunk products, contracting over V: dA = −dR Uᵀ and dP = dO Uᵀ; dv from dR.
+    d_a = d_p = jnp.zeros((C, C), F32)
+    d_beta = jnp.zeros((C,), F32)
+    for span in _value_spans(v_ref.shape[-1], st):
+        u = u_ref[:, span]
+        d_r = mm_tn(t, du_ref[:, span])
+        dv_ref[:, span] = (beta[:, None] * d_r).astype(dv_ref.dtype)
+        d_beta += jnp.sum(d_r * v_ref[:, span].astype(F32), axis=1)
+        d_a -= mm_nt(d_r.astype(op), u)
+        d_p += mm_nt(do_ref[:, span], u)
+    kk = mm_nt(k_ref[...], k_ref[...])
+    qk = mm_nt(q_ref[...], k_ref[...])
+    d_a_kk = jnp.where(lower, d_a * kk * pairs, 0.0)  # A = β (K Kᵀ) ⊙ D, strictly lower
+    d_beta += jnp.sum(d_a_kk, axis=1)
+    d_kk = beta[:, None] * jnp.where(lower, d_a * pairs, 0.0)
+    # K Kᵀ has k on both sides: dk gets (d_kk + d_kkᵀ) K. One product of the sum transposed in
+    # registers spills less than a second (chained) product with the transposed operand.
+    d_kk = (d_kk + d_kk.T).astype(op)
+    d_qk = st.scale * d_p * pairs  # P = scale (Q Kᵀ) ⊙ D
+    # dA ⊙ A + dP ⊙ P: the decays' share of dΓ (row t gains it, column j loses it).
+    from_pairs = beta[:, None] * d_a_kk + d_qk * qk
+    d_log = jnp.sum(from_pairs, axis=1) - jnp.sum(from_pairs, axis=0)
+    return d_qk.astype(op), d_kk, d_beta, d_log
+
+
+def _key_part(st: Static, chunk, beta, d_qk, d_kk, keys, q_ref, k_ref, s0_ref, ds1_ref, t_ref,
+              u_ref, du_ref, do_ref, dq_ref, dk_ref):
+    """dq and dk of the K rows `keys` (stored); their dβ and dΓ `[C]` (dΓ_last included).
+
+    One float32 accumulator at a time (the products over V tiles of dQ̃, then dX, then dK̃),
+    each used up (its row sum, its share of dk) before the next: a small live set."""
+    op = k_ref.dtype
+    spans = _value_spans(u_ref.shape[-1], st)
+    tiles = lambda span: (s0_ref[keys, span], ds1_ref[keys, span])
+    d_q = _sum(mm_nt(do_ref[:, span], tiles(span)[0]) for span in spans)
+    q_q = jnp.sum(d_q * q_ref[:, keys].astype(F32), axis=1)
+    dq_ref[:, keys] = (st.scale * chunk.entry[:, None] * d_q
+                       + mm(d_qk, k_ref[:, keys])).astype(dq_ref.dtype)
+    t = t_ref[...]
+    d_x = -_sum(mm_nt(mm_tn(t, du_ref[:, span]).astype(op), tiles(span)[0]) for span in spans)
+    # The row sums from k loaded again each time: a float32 copy kept across the products
+    # would stay live (spills, NOTES.md).
+    x_k = jnp.sum(d_x * k_ref[:, keys].astype(F32), axis=1)
+    d_key = (beta * chunk.entry)[:, None] * d_x
+    # dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands, ≈ float32
+    # accuracy, u as loaded.
+    d_k = jnp.zeros_like(d_x)
+    to_last = jnp.zeros((), F32)  # dΓ_last from K̃ and from the entering state's decay
+    for span in spans:
+        u, (s0, ds1) = u_ref[:, span], tiles(span)
+        ds1_hi = ds1.astype(op)
+        d_k += mm_nt(u, ds1_hi) + mm_nt(u, (ds1 - ds1_hi.astype(F32)).astype(op))
+        to_last += chunk.decay * total(ds1 * s0.astype(F32))
+    through_end = chunk.to_end * jnp.sum(d_k * k_ref[:, keys].astype(F32), axis=1)
+    d_key += chunk.to_end[:, None] * d_k
+    dk_ref[:, keys] = (d_key + mm_tn(d_qk, q_ref[:, keys])
+                       + mm(d_kk, k_ref[:, keys])).astype(dk_ref.dtype)
+    d_log = chunk.entry * (st.scale * q_q + beta * x_k) - through_end
+    last = iota(d_log.shape, 0) == d_log.shape[0] - 1
+    return chunk.entry * x_k, d_log + jnp.where(last, to_last + jnp.sum(through_end), 0.0)
+
+
+def _gradients_kernel(*refs, st: Static):
+    (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, rest = split_refs(refs, 5, st.documents)
+    (t_ref, s0_ref, ds1_ref, u_ref, du_ref, do_ref,
+     dq_ref, dk_ref, dv_ref, dbeta_ref, dg_ref) = rest
+    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
+    beta = beta_ref[...]
+    d_qk, d_kk, d_beta, d_log = _pair_part(st, chunk, beta, q_ref, k_ref, v_ref, t_ref, u_ref,
+                                           du_ref, do_ref, dv_ref)
+    key_tile = st.blocks.gradient_key_block
+    for i in range(k_ref.shape[-1] // key_tile):
+        beta_part, log_part = _key_part(st, chunk, beta, d_qk, d_kk, pl.ds(i * key_tile, key_tile),
+                                        q_ref, k_ref, s0_ref, ds1_ref, t_ref, u_ref, du_ref,
+                                        do_ref, dq_ref, dk_ref)
+        d_beta += beta_part
+        d_log += log_part
+    dbeta_ref[...] = d_beta
+    dg_ref[...] = reverse_cumsum(d_log)
+
+
+def _pair_gradients_kernel(*refs, st: Static):
+    (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, rest = split_refs(refs, 5, st.documents)
+    t_ref, u_ref, du_ref, do_ref, dv_ref, dqk_ref, dkk_ref, dbeta_ref, dlog_ref = rest
+    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
+    d_qk, d_kk, dbeta_ref[...], dlog_ref[...] = _pair_part(
+        st, chunk, beta_ref[...], q_ref, k_ref, v_ref, t_ref, u_ref, du_ref, do_ref, dv_ref)
+    dqk_ref[...], dkk_ref[...] = d_qk, d_kk
+
+
+def _key_gradients_kernel(*refs, st: Static):
+    (q_ref, k_ref, g_ref, beta_ref), starts_ref, rest = split_refs(refs, 4, st.documents)
+    (t_ref, s0_ref, ds1_ref, u_ref, du_ref, do_ref, dqk_ref, dkk_ref,
+     dq_ref, dk_ref, dbeta_ref, dlog_ref) = rest
+    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
+    dbeta_ref[...], dlog_ref[...] = _key_part(
+        st, chunk, beta_ref[...], dqk_ref[...], dkk_ref[...], pl.ds(0, k_ref.shape[-1]), q_ref,
+        k_ref, s0_ref, ds1_ref, t_ref, u_ref, du_ref, do_ref, dq_ref, dk_ref)
+
+
+def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
+    """dq, dk, dv (input dtype) and dβ, dg `[B, H, Tp]` (float32) of every chunk, in parallel:
+    one kernel, or two with `split_gradients`."""
+    if st.blocks.split_gradients:
+        return _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st)
+    batch, length, heads, key_dim = q.shape
+    value_dim, C = v.shape[-1], st.blocks.chunk
+    specs = ChunkSpecs(C)
+    rows, state = specs.rows, specs.state(key_dim, value_dim)
+    in_specs, args = with_starts(
+        [rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
+        [q, k, v, g, beta], specs.starts(), starts, st.documents)
+    in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim)]
+    blocks = st.blocks
+    return pallas_call(
+        functools.partial(_gradients_kernel, st=st),
+        grid=(batch, heads, length // C), in_specs=in_specs,
+        out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g.shape, F32),
+                   jax.ShapeDtypeStruct(g.shape, F32)],
+        compiler_params=compiler_params(blocks.gradient_num_warps, blocks.gradient_num_stages),
+        interpret=st.interpret, name="gated_delta_rule_chunk_gradients",
+    )(*args, t, states, d_states, u, du, d_out)
+
+
+def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
+    batch, length, heads, key_dim = q.shape
+    value_dim, C = v.shape[-1], st.blocks.chunk
+    params = compiler_params(st.blocks.gradient_num_warps, st.blocks.gradient_num_stages)
+    dv, d_qk, d_kk, beta_pairs, log_pairs = chunk_pair_gradients(q, k, v, g, beta, starts, t, u,
+                                                                 du, d_out, st, params)
+    key_tile = st.blocks.gradient_key_block
+    specs = KeyTileSpecs(C, key_dim // key_tile)
+    rows = specs.rows
+    in_specs, args = with_starts(
+        [specs.key_rows(key_tile), specs.key_rows(key_tile), specs.steps(), specs.steps()],
+        [q, k, g, beta], specs.starts(), starts, st.documents)
+    state = specs.state(key_tile, value_dim)
+    in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim),
+                 rows(C), rows(C)]
+    partial_shape = jax.ShapeDtypeStruct((batch, heads, specs.tiles, length), F32)
+    dq, dk, beta_keys, log_keys = pallas_call(
+        functools.partial(_key_gradients_kernel, st=st),
+        grid=(batch, heads, length // C * specs.tiles), in_specs=in_specs,
+        out_specs=[specs.key_rows(key_tile), specs.key_rows(key_tile), specs.partial(),
+                   specs.partial()],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   partial_shape, partial_shape],
+        compiler_params=params, interpret=st.interpret,
+        name="gated_delta_rule_chunk_key_gradients",
+    )(*args, t, states, d_states, u, du, d_out, d_qk, d_kk)
+    d_log = (log_pairs + jnp.sum(log_keys, axis=2)).reshape(batch, heads, -1, C)
+    dg = (jnp.sum(d_log, axis=-1, keepdims=True) - jnp.cumsum(d_log, axis=-1) + d_log)
+    return dq, dk, dv, beta_pairs + jnp.sum(beta_keys, axis=2), dg.reshape(g.shape)
+
+
+def chunk_pair_gradients(q, k, v, g, beta, starts, t, u, du, d_out, st: Static, params):
+    """dQK, dKK `[B, Tp, H, C]` and dv (input dtype); the pair terms' dβ and dΓ `[B, H, Tp]`."""
+    batch, length, heads, key_dim = q.shape
+    value_dim, C = v.shape[-1], st.blocks.chunk
+    specs = ChunkSpecs(C)
+    rows = specs.rows
+    in_specs, args = with_starts(
+        [rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
+        [q, k, v, g, beta], specs.starts(), starts, st.documents)
+    in_specs += [rows(C), rows(value_dim), rows(value_dim), rows(value_dim)]
+    pair_shape = jax.ShapeDtypeStruct((batch, length, heads, C), q.dtype)
+    return pallas_call(
+        functools.partial(_pair_gradients_kernel, st=st),
+        grid=(batch, heads, length // C), in_specs=in_specs,
+        out_specs=[rows(value_dim), rows(C), rows(C), specs.steps(), specs.steps()],
+        out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), pair_shape, pair_shape,
+                   jax.ShapeDtypeStruct(g.shape, F32), jax.ShapeDtypeStruct(g.shape, F32)],
+        compiler_params=params, interpret=st.interpret,
+        name="gated_delta_rule_chunk_pair_gradients",
+    )(*args, t, u, du, d_out)
