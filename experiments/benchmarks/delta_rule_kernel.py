@@ -1,7 +1,8 @@
 """Gated delta rule: the Pallas kernels against the XLA chunked rung and cuDNN causal attention.
 
     python -m experiments.benchmarks.delta_rule_kernel [--check] [--table] [--sweep]
-        [--shapes 8x4096,4x8192,2x16384] [--budget-s 190] [--out delta_rule_kernel.json]
+        [--shapes 8x4096,4x8192,2x16384] [--budget-s 190] [--split-gradients]
+        [--out delta_rule_kernel.json]
 
 H16, K = V = 128 (check: also 64/256), bf16 inputs. Parts (all three when none is named):
   check  bf16 kernels (and one float32 case) against the float32 per-token reference on the
@@ -247,8 +248,16 @@ def main() -> None:
                         default=["8x4096", "4x8192", "2x16384"], help="BATCHxLENGTH,...")
     parser.add_argument("--budget-s", type=float, default=190.0,
                         help="rows left after this many seconds are skipped")
+    parser.add_argument("--split-gradients", action="store_true",
+                        help="check and time the kernels with BlockSizes.split_gradients "
+                             "(the op's pallas rung then runs them: its default tiles with "
+                             "this knob on)")
     parser.add_argument("--out", default="delta_rule_kernel.json")
     args = parser.parse_args()
+    if args.split_gradients:
+        defaults = api.default_block_sizes
+        api.default_block_sizes = lambda *a: dataclasses.replace(defaults(*a),
+                                                                 split_gradients=True)
     print(device_name(), flush=True)
     budget = Budget(args.budget_s)
     chosen = [part for part in PARTS if getattr(args, part)] or list(PARTS)
