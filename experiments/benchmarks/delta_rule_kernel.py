@@ -248,16 +248,17 @@ def main() -> None:
                         default=["8x4096", "4x8192", "2x16384"], help="BATCHxLENGTH,...")
     parser.add_argument("--budget-s", type=float, default=190.0,
                         help="rows left after this many seconds are skipped")
-    parser.add_argument("--split-gradients", action="store_true",
-                        help="check and time the kernels with BlockSizes.split_gradients "
-                             "(the op's pallas rung then runs them: its default tiles with "
-                             "this knob on)")
+    parser.add_argument("--fused-gradients", action="store_true",
+                        help="check and time the kernels with the per-chunk gradients fused "
+                             "in one kernel at 8 warps (round 2's form; the default splits "
+                             "them, BlockSizes.split_gradients): the op's pallas rung then "
+                             "runs its default tiles with this change")
     parser.add_argument("--out", default="delta_rule_kernel.json")
     args = parser.parse_args()
-    if args.split_gradients:
+    if args.fused_gradients:
         defaults = api.default_block_sizes
-        api.default_block_sizes = lambda *a: dataclasses.replace(defaults(*a),
-                                                                 split_gradients=True)
+        api.default_block_sizes = lambda *a: dataclasses.replace(
+            defaults(*a), split_gradients=False, gradient_num_warps=8)
     print(device_name(), flush=True)
     budget = Budget(args.budget_s)
     chosen = [part for part in PARTS if getattr(args, part)] or list(PARTS)

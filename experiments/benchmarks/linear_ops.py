@@ -66,17 +66,17 @@ TARGETS = {
 SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
                 "pallas (split forward)": BlockSizes(split_forward=True),
                 **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Round 3): the per-chunk gradients as two
-# kernels (`split_gradients`) at 8 and 4 warps and other tiles, beside the fused default.
+# Gated delta rule kernel variants (its NOTES.md, Round 3) beside the default (the per-chunk
+# gradients split in two kernels at 4 warps): the fused kernel of round 2, the split at 8 warps
+# and with other tiles.
 _GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
 GDN_VARIANTS = {
-    f"pallas ({label})": dataclasses.replace(_GDN_BASE, split_gradients=True, **changes)
+    f"pallas ({label})": dataclasses.replace(_GDN_BASE, **changes)
     for label, changes in (
-        ("split gradients", {}),
-        ("split gradients, 4 warps", dict(gradient_num_warps=4)),
+        ("fused gradients, 8 warps", dict(split_gradients=False, gradient_num_warps=8)),
+        ("split gradients, 8 warps", dict(gradient_num_warps=8)),
         ("split gradients, V tile 128", dict(gradient_value_block=128)),
-        ("split gradients, K tile 32, 4 warps",
-         dict(gradient_key_block=32, gradient_num_warps=4)))}
+        ("split gradients, K tile 32", dict(gradient_key_block=32)))}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 

@@ -30,7 +30,7 @@ class BlockSizes:
     value_block: int = 64
     gradient_key_block: int = 64
     gradient_value_block: int = 64
-    split_gradients: bool = False
+    split_gradients: bool = False  # the default_block_sizes() take the split (measured faster)
     prefetch: bool = False
     prepare_num_warps: int = 4
     prepare_num_stages: int = 1
@@ -67,5 +67,9 @@ def default_block_sizes(key_dim: int, value_dim: int, heads: int = 64) -> BlockS
     tile = min(value_dim, 64 if key_dim <= 128 else 32)
     while tile > 16 and heads * (value_dim // tile) < SEQUENTIAL_PROGRAMS:
         tile //= 2
+    # The split per-chunk gradients at 4 warps: fwd+bwd 4.15 ms against 5.98 fused (8 warps)
+    # and 5.27 split at 8 warps (H200, B4 T8192 H16 K = V = 128 bf16, NOTES.md Round 3). K 256
+    # keeps 8 warps, the launch ptxas counted without spills there (4 warps not measured).
     return BlockSizes(value_block=tile, gradient_key_block=min(key_dim, 64),
-                      gradient_value_block=min(value_dim, 64))
+                      gradient_value_block=min(value_dim, 64), split_gradients=True,
+                      gradient_num_warps=4 if key_dim <= 128 else 8)

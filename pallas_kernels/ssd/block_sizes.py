@@ -29,7 +29,7 @@ class BlockSizes:
     segments: S, a power of two: each row is split into S equal segments (of whole chunks)
       that the kernels run as separate rows, `[B·S, T/S]`: S times the programs and chains S
       times shorter, combined exactly in XLA (`segments.py`, NOTES.md round 3). None
-      (default): `segments.choose_segments`, about 2 programs per SM with ≥ 8 chunks per
+      (default): `segments.choose_segments`, about 1 program per SM with ≥ 8 chunks per
       segment on a GPU, 1 in interpret mode.
 
     Defaults (P, N ≤ 128) from the first H200 sweep (2026-12-01, jax 0.11.2, B4 T8192 H16

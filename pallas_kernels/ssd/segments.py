@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 F32 = jnp.float32
-PROGRAMS_PER_SM = 2
+PROGRAMS_PER_SM = 1  # at 2 (S = 2 at 4 × 8192) fwd+bwd was 25 % slower (NOTES.md, round 3)
 MIN_CHUNKS = 8  # per segment
 FALLBACK_SMS = 132  # H100 / H200 SXM, the GPUs the rule was set on
 

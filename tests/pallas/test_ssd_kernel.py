@@ -138,10 +138,11 @@ def test_sequence_segments_match_reference(segments, packed, with_initial, heads
 
 
 def test_choose_segments_rule():
-    """The largest power of two with ≤ 2 programs per SM and ≥ 8 chunks per segment."""
-    assert choose_segments(programs=128, num_chunks=128, sms=132) == 2  # B4 T8192 H16
+    """The largest power of two with ≤ 1 program per SM and ≥ 8 chunks per segment."""
+    assert choose_segments(programs=128, num_chunks=128, sms=132) == 1  # B4 T8192 H16
     assert choose_segments(programs=256, num_chunks=64, sms=132) == 1  # B8 T4096
-    assert choose_segments(programs=64, num_chunks=256, sms=132) == 4  # B2 T16384
+    assert choose_segments(programs=64, num_chunks=256, sms=132) == 2  # B2 T16384
+    assert choose_segments(programs=32, num_chunks=512, sms=132) == 4  # B1 T32768
     assert choose_segments(programs=1, num_chunks=1024, sms=132) == 128  # chunks bound
     assert choose_segments(programs=16, num_chunks=15, sms=132) == 1
     assert choose_segments(programs=16, num_chunks=16, sms=132) == 2
