@@ -3,8 +3,8 @@ causal attention, fwd and fwd+bwd, in one run.
 
     python -m experiments.benchmarks.linear_ops [--parts check,sweep,table]
         [--shapes 4x8192,8x4096,2x16384] [--ops ssd,gated_delta_rule,gated_slot_attention]
-        [--impls xla,pallas] [--no-fla] [--fla-timeout SECONDS] [--time-limit SECONDS]
-        [--out linear_ops.json]
+        [--impls xla,pallas] [--no-fla] [--fla-timeout SECONDS] [--fla-cache DIR]
+        [--time-limit SECONDS] [--out linear_ops.json]
 
 Heads 16, K = V = P = N = 128 (SSD: one B/C group; GSA: 64 slots), bf16 inputs. Parts:
   check  the SSD kernel's GPU accuracy (`ssd_kernel.part_check`)
@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -123,13 +124,20 @@ def rungs(name: str, inputs: tuple) -> list[tuple[str, str | None]]:
     return found
 
 
-def fla_rows(shapes: str, op_names: str, timeout: float) -> list[dict]:
+def fla_rows(shapes: str, op_names: str, timeout: float, cache: str | None = None
+             ) -> list[dict]:
     """The fla peer in a subprocess (torch must take and free the GPU before JAX): its last
-    row per (op, shape), each kept as it arrives, also those before a time-out."""
+    row per (op, shape), each kept as it arrives, also those before a time-out. `cache`: a
+    directory for Triton's kernel and autotuning cache (`TRITON_CACHE_DIR` with
+    `TRITON_CACHE_AUTOTUNING=1`), so fla's autotuning — minutes on its first calls, 159 s for
+    `chunk_gsa`'s forward alone on the H200 — is paid once and reused by later runs given it."""
     command = [sys.executable, "-m", "experiments.benchmarks.peers.fla_linear", "--shapes",
                shapes, "--ops", op_names]
-    print(f"fla peer: up to {timeout:.0f} s", flush=True)
-    lines, failure = run_json_lines(command, timeout, echo="fla peer:")
+    env = None if cache is None else {"TRITON_CACHE_DIR": str(Path(cache).resolve()),
+                                      "TRITON_CACHE_AUTOTUNING": "1"}
+    print(f"fla peer: up to {timeout:.0f} s" + (f", Triton cache {cache}" if cache else ""),
+          flush=True)
+    lines, failure = run_json_lines(command, timeout, echo="fla peer:", env=env)
     if failure:
         print("fla peer:", failure, flush=True)
     rows = {}
@@ -253,6 +261,9 @@ def main() -> None:
     parser.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--fla-timeout", type=float, default=None,
                         help="seconds for the fla peer (default: default_fla_timeout)")
+    parser.add_argument("--fla-cache", default=None,
+                        help="Triton cache directory for the fla peer (kernels and autotuning "
+                             "results; reuse it across runs to skip fla's autotuning)")
     parser.add_argument("--sweep-seconds", type=float, default=110.0)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds for the run")
     parser.add_argument("--out", default="linear_ops.json")
@@ -276,7 +287,7 @@ def main() -> None:
     peers = []
     if "table" in parts and args.fla:  # first: torch takes and frees the GPU before JAX
         timeout = args.fla_timeout or default_fla_timeout(args.ops, args.shapes)
-        peers = fla_rows(args.shapes, args.ops, min(timeout, args.time_limit))
+        peers = fla_rows(args.shapes, args.ops, min(timeout, args.time_limit), args.fla_cache)
     record["fla"] = peers
     print(device_name(), f"(fla peer done at {time.perf_counter() - start:.0f} s)", flush=True)
     if "check" in parts:

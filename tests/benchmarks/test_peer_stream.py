@@ -34,7 +34,7 @@ def test_a_failing_peer_says_so_with_its_rows():
 
 
 def test_fla_rows_keeps_the_last_row_per_op_and_shape(monkeypatch):
-    def fake(command, timeout, echo):
+    def fake(command, timeout, echo, env=None):
         return stream.run_json_lines([sys.executable, "-c", PEER, "hang"], 3, echo=echo)
 
     monkeypatch.setattr("experiments.benchmarks.linear_ops.run_json_lines", fake)
@@ -42,3 +42,23 @@ def test_fla_rows_keeps_the_last_row_per_op_and_shape(monkeypatch):
     assert rows == [{"op": "ssd", "B": 4, "T": 8192, "fwd_ms": 1.0, "fwd_bwd_ms": 3.0},
                     {"op": "gsa", "B": 4, "T": 8192, "fwd_ms": 2.0,
                      "error": "fwd+bwd not reached: timed out after 3 s"}]
+
+
+def test_fla_rows_gives_the_peer_a_triton_cache(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake(command, timeout, echo, env=None):
+        seen.update(env or {})
+        return [], ""
+
+    monkeypatch.setattr("experiments.benchmarks.linear_ops.run_json_lines", fake)
+    fla_rows("4x8192", "ssd", timeout=3, cache=str(tmp_path / "triton"))
+    assert seen == {"TRITON_CACHE_DIR": str(tmp_path / "triton"),
+                    "TRITON_CACHE_AUTOTUNING": "1"}
+
+
+def test_run_json_lines_sets_the_peer_environment():
+    peer = "import json, os; print(json.dumps({'v': os.environ['HYBRID_JAX_PEER_TEST']}))"
+    rows, failure = stream.run_json_lines([sys.executable, "-c", peer], timeout=30,
+                                          env={"HYBRID_JAX_PEER_TEST": "x"})
+    assert failure == "" and rows == [{"v": "x"}]

@@ -14,15 +14,17 @@ import threading
 import time
 
 
-def run_json_lines(command: list[str], timeout: float, *, echo: str = "peer") -> tuple[
-        list[dict], str]:
+def run_json_lines(command: list[str], timeout: float, *, echo: str = "peer",
+                   env: dict[str, str] | None = None) -> tuple[list[dict], str]:
     """`(dicts printed one per line, failure)`: failure is "" when the peer exited 0, else the
     time-out or the tail of its stderr. Each dict is printed (prefixed by `echo`) when it
-    arrives; the peer's process group is killed at `timeout` seconds."""
+    arrives; the peer's process group is killed at `timeout` seconds. `env`: variables set
+    for the peer on top of this process's environment."""
     lines: queue.Queue[str | None] = queue.Queue()
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                   bufsize=1, start_new_session=True)
+                                   bufsize=1, start_new_session=True,
+                                   env=None if env is None else {**os.environ, **env})
 
         def read():
             for line in process.stdout:
