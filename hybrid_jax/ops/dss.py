@@ -30,10 +30,26 @@ inverse powers, so nothing overflows), all of it real matmuls over the modes:
 
 with the chunk states S_c `[B, T/C, H, N]` carried by `associative_scan` over chunks (from the
 initial state); the last chunk's powers are shifted for the final state of an odd length. The
-intra term is a masked reduction with its own VJP (`_masked_toeplitz`): forward and each
-gradient are one reduction whose product has no other consumer, so no `[B, T, C, H]` product
-needs to be written. The whole rung runs under `jax.checkpoint` (only its inputs are kept for
-the backward pass).
+whole rung runs under `jax.checkpoint` (only its inputs are kept for the backward pass).
+
+The intra term with documents. Documents are contiguous, so each token of a chunk has a rank
+r = 0, 1, ... (its document counted from the chunk's first token's; `document_ranks`). When
+every chunk of the call holds at most R = 3 documents (`fits_matmuls`, one scalar), the term is
+`Σ_{r<R} P_r ⊙ (T · (P_r ⊙ u))` with `P_r = [rank == r]`: one batched matmul over the R masked
+copies of u (`_document_matmuls`), and autodiff's gradients are matmuls too. Otherwise it is the
+masked reduction `Σ_j T_ij [same document]_ij u_j` with its own VJP (`_masked_toeplitz`: forward
+and each gradient are one reduction whose product has no other consumer, so no
+`[B, X, C, C, H]` product is written). `lax.cond` picks one at run time, so the answer is exact
+for any documents; under jit both compile and one runs (under vmap, both run and a select
+keeps each row's; inside a context-parallel shard_map each shard picks its own).
+Why R = 3: a chunk of C = 64 holds R + 1 documents only if R − 1 whole documents lie inside
+it, and one such chunk anywhere in the batch sends the whole call to the reduction. With
+R = 2, one document shorter than 63 tokens does; with R = 3 it takes two in one chunk. On the
+benchmarks' packed data (log-normal lengths, `flash_attention.packed_segments`), 400 batches of
+[4, 8192]: median 1024 → at most 2 documents per chunk in 396, 3 in 4; median 256 → 2 in 62,
+3 in 336, 4 in 2 (R = 2 would fall back in 85 % of those steps, R = 3 in 0.5 %). R = 3 costs
+1.5× R = 2's matmul work, ≈ 0.1 ms per layer at the shape below, so it pays once R = 2 falls
+back in more than ~5–10 % of steps (a fallback costs ≈ 1 ms more).
 
 Why chunked rather than "FFT per document with a correction", counted per token and layer at
 pha-180m's sizes (H = 192 channels, N = 64 modes, C = 64, T = 8192), forward:
@@ -45,6 +61,25 @@ pha-180m's sizes (H = 192 channels, N = 64 modes, C = 64, T = 8192), forward:
   exponentials) and the [T, H, N] states it reads: ≈ 98 KB per token, as much as the per-token
   scan it replaces, and it subtracts the leaked sum of earlier documents (cancellation in
   float32). The chunked form moves ~5× fewer bytes and is exact at every document start.
+
+The intra term's two forms at pha-180m's GSS branch, [B, T, H] = [4, 8192, 192], C = 64
+(X = 128 chunks), float32 (HIGHEST: no TF32, so cuBLAS/Triton f32 GEMMs on CUDA cores, H200
+peak ≈ 67 TFLOP/s), U = one [B, X, C, H] float32 array = 25 MB, fwd + bwd (the backward needs no
+recomputed y: the term is linear, its gradients are dT and du only):
+- masked reduction: 3 reductions (y, du, dT) of B·X·C²·H = 0.40 G multiply-adds each,
+  2.4 GFLOP in all, reading ≈ U + T + the [B, X, C, C] mask and writing U each (≈ 55 MB); they
+  are XLA elementwise reductions at < 1 TFLOP/s on H200: 0.51 + 0.39 + 0.33 = 1.24 ms
+  (experiments/benchmarks/results/s5a/pha.log; `fused_reduce.2` / `.3` in s4d's HLO).
+- R = 3 matmuls: forward one batched GEMM (batch h = 192, M = C = 64, K = 64, N = R·B·X =
+  1536) = 2.4 GFLOP; backward du (same GEMM transposed) and dT (K = R·B·X) 2.4 GFLOP each:
+  7.2 GFLOP (3× the reductions' FLOPs, counting the causal zeros either way). Bytes, if XLA
+  fuses no mask into a GEMM: forward ≈ 14 U (u, the R masked copies written and read, R
+  products written and read, y), backward ≈ 24 U: ≈ 0.95 GB, 0.22 ms at 4.3 TB/s; the GEMMs
+  at 40–60 TFLOP/s take 0.12–0.18 ms, so ≈ 0.2–0.3 ms in all, against 1.24 ms (the branch
+  4.09 → ≈ 3.1 ms). When a batch falls back it costs what it did, plus the run-time predicate
+  and u in chunks written once as the cond's operand (≈ U). XLA's GPU conditional reads its
+  predicate on the host (a 1-byte copy and a stream sync per call, forward and backward): a
+  gap of some µs per layer to look for in the trace.
 """
 
 from __future__ import annotations
@@ -303,6 +338,50 @@ def _masked_toeplitz_bwd(residuals, g_BXCH):
 _masked_toeplitz.defvjp(_masked_toeplitz_fwd, _masked_toeplitz_bwd)
 
 
+# R of the module docstring: chunks of up to this many documents take the matmul form.
+_MATMUL_DOCUMENTS = 3
+
+
+def document_ranks(docs_BXC: jax.Array) -> jax.Array:
+    """Each token's document counted from its chunk's first token's: 0, 1, ... `[B, X, C]`
+    (`docs` is any per-chunk count of document starts up to and including the token)."""
+    return docs_BXC - docs_BXC[..., :1]
+
+
+def fits_matmuls(ranks_BXC: jax.Array, documents: int = _MATMUL_DOCUMENTS) -> jax.Array:
+    """Whether every chunk holds at most `documents` documents (a scalar bool): then the
+    intra-chunk term is `documents` Toeplitz matmuls (`_document_matmuls`)."""
+    return jnp.all(ranks_BXC[..., -1] < documents)
+
+
+def _document_matmuls(toeplitz_CCH: jax.Array, ranks_BXC: jax.Array, u_BXCH: jax.Array,
+                      documents: int = _MATMUL_DOCUMENTS) -> jax.Array:
+    """`Σ_{r < documents} P_r ⊙ (T · (P_r ⊙ u))`, `P_r = [rank == r]`: per chunk, each document
+    through the causal Toeplitz matrix alone. Exact when `fits_matmuls(ranks, documents)`. The
+    R masked copies of u are one batched matmul (batch h, N = R·B·X), so are its gradients."""
+    masks_RBXC1 = (ranks_BXC == jnp.arange(documents)[:, None, None, None])[..., None]
+    y_RBXCH = jnp.einsum("ijh,rbxjh->rbxih", toeplitz_CCH, jnp.where(masks_RBXC1, u_BXCH, 0),
+                         precision=_HIGHEST)
+    return jnp.sum(jnp.where(masks_RBXC1, y_RBXCH, 0), axis=0)
+
+
+def _intra_documents(toeplitz_CCH: jax.Array, docs_BXC: jax.Array, u_BXCH: jax.Array
+                     ) -> jax.Array:
+    """`y[b,x,i,h] = Σ_{j ≤ i, same document} toeplitz[i,j,h] u[b,x,j,h]`: matmuls when every
+    chunk holds few enough documents, else the masked reduction (one of them runs)."""
+
+    def matmuls(toeplitz_CCH, docs_BXC, u_BXCH):
+        return _document_matmuls(toeplitz_CCH, document_ranks(docs_BXC), u_BXCH)
+
+    def masked(toeplitz_CCH, docs_BXC, u_BXCH):
+        lag = jnp.arange(docs_BXC.shape[-1])[:, None] - jnp.arange(docs_BXC.shape[-1])
+        same = (docs_BXC[..., :, None] == docs_BXC[..., None, :]) & (lag >= 0)
+        return _masked_toeplitz(toeplitz_CCH, same, u_BXCH)
+
+    return jax.lax.cond(fits_matmuls(document_ranks(docs_BXC)), matmuls, masked,
+                        toeplitz_CCH, docs_BXC, u_BXCH)
+
+
 @jax.custom_vjp
 def _materialized(x: jax.Array) -> jax.Array:
     """`x`, written to memory in the forward pass and its cotangent in the backward pass.
@@ -358,22 +437,19 @@ def _chunked(u, log_decay, coeff, initial_state, starts, *, chunk_size):
     toeplitz = _materialized(
         jnp.where((lag >= 0)[..., None], kernel[jnp.maximum(lag, 0)], 0))  # [i, j, h]
     if starts is None:
-        same = continues = None
+        continues = None
         transmits = jnp.ones((batch, chunks), bool)
         u_last = u_x
+        y = jnp.einsum("ijh,bxjh->bxih", toeplitz, u_x, precision=_HIGHEST)
     else:
         docs = jnp.cumsum(to_chunks(starts, size), axis=2)  # document index within the chunk
-        same = (docs[..., :, None] == docs[..., None, :]) & (lag >= 0)
         continues = docs == 0  # [b, x, C]: still in the document entering the chunk
         transmits = docs[..., -1] == 0  # [b, x]: no start in the chunk (padding has none)
         # Only the chunk's last document reaches its end state.
         u_last = jnp.where((docs == docs[..., -1:])[..., None], u_x, 0)
-    if same is None:
-        y = jnp.einsum("ijh,bxjh->bxih", toeplitz, u_x, precision=_HIGHEST)
-    else:
         # `+ zeros_like(u)` gives the kernel u's varying mesh axes (inside a context-parallel
         # shard_map its gradient is a per-shard sum, and autodiff of this add adds the psum).
-        y = _masked_toeplitz(toeplitz + jnp.zeros_like(u_x[0, 0, :1]), same, u_x)
+        y = _intra_documents(toeplitz + jnp.zeros_like(u_x[0, 0, :1]), docs, u_x)
 
     # State of each chunk's own tokens at its end, then carried across chunks.
     to_end = powers[size - 1::-1]  # a^{C−1−j}

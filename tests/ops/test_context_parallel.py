@@ -98,6 +98,19 @@ def test_dss():
     check_matches_single_device(lambda u: fn(u, log_decay, coeff), (u,))
 
 
+def test_dss_shards_take_their_own_intra_chunk_form():
+    # One chunk of 32 on one device, of 8 on each of 4 shards: the single device's chunk and
+    # shard 1 hold 4 documents (starts 9, 10, 11: the masked reduction), the other shards at most
+    # 2 (matmuls); the choice is made per shard.
+    (u,) = _draw(18, (2, T))
+    ids = jnp.asarray([[0] * 9 + [1, 2] + [3] * 21, [0] * 20 + [1] * 12], jnp.int32)
+    log_decay = jax.lax.complex(-jnp.asarray([[0.1, 0.5]]), jnp.asarray([[0.3, 1.0]]))
+    coeff = jax.lax.complex(*_draw(19, (1, 2), (1, 2)))
+    fn = functools.partial(cp.dss, segment_ids=ids, chunk_size=32, return_final_state=True,
+                           implementation="xla")
+    check_matches_single_device(lambda u: fn(u[..., None], log_decay, coeff), (u,), shards=(4,))
+
+
 def test_linear_scan_with_resets():
     (b,) = _draw(7, (2, T, 3, 2))
     a = jnp.exp(_log_gates(8, (2, T, 3, 2), -jnp.inf))  # decay 0 at document starts

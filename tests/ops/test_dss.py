@@ -6,7 +6,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.ops.dss import dss, dss_discretize, dss_kernel, dss_step
+from hybrid_jax.ops.dss import (
+    _MATMUL_DOCUMENTS,
+    _document_matmuls,
+    _masked_apply,
+    document_ranks,
+    dss,
+    dss_discretize,
+    dss_kernel,
+    dss_step,
+    fits_matmuls,
+)
+from hybrid_jax.ops.scan import to_chunks
+from hybrid_jax.ops.segments import document_starts
 from tests.helpers import assert_close as assert_close_real
 from tests.helpers import normals
 
@@ -128,10 +140,13 @@ def test_gradients_match_reference(x64):
 
 
 # Document starts for chunks of 8 at T = 29 (the last chunk holds 5 tokens), one batch row per
-# layout: on chunk edges, inside chunks, one-token documents (consecutive starts, token 1, the
-# partial last chunk), a chunk lying inside one document, and a single document (the initial
-# state reaches all of it).
-DOCUMENT_STARTS = ((8, 16, 24), (3, 13, 27), (1, 2, 9, 10, 11, 28), (5, 21), ())
+# layout: on chunk edges (chunk position 0), inside chunks, one-token documents (consecutive
+# starts, token 1, the partial last chunk), a chunk lying inside one document, and a single
+# document (the initial state reaches all of it). Every chunk holds at most 3 documents (the
+# intra-chunk matmuls), except with MANY_DOCUMENTS: chunk 8..15 of its third row holds 4 (the
+# masked reduction).
+DOCUMENT_STARTS = ((8, 16, 24), (3, 13, 27), (1, 2, 9, 10, 28), (5, 21), ())
+MANY_DOCUMENTS = DOCUMENT_STARTS[:2] + ((1, 2, 9, 10, 11, 28),) + DOCUMENT_STARTS[3:]
 
 
 def _segment_ids(T, rows):
@@ -142,12 +157,50 @@ def _segment_ids(T, rows):
     return jnp.asarray(ids)
 
 
-def test_chunked_matches_reference_with_documents(x64):
+def _ranks(segment_ids, chunk):
+    """`document_ranks` of the chunked rung's chunks, from segment ids."""
+    starts = document_starts("test", segment_ids, *segment_ids.shape)
+    return document_ranks(jnp.cumsum(to_chunks(starts, chunk), axis=2))
+
+
+def test_document_ranks_and_the_matmul_predicate():
+    # Chunks of 4: a start at a chunk's position 0 is rank 0 there; ranks count documents.
+    ranks = _ranks(_segment_ids(12, [(4, 6, 7), (1, 2, 3, 9)]), 4)
+    np.testing.assert_array_equal(ranks, [[[0] * 4, [0, 0, 1, 2], [0] * 4],
+                                          [[0, 1, 2, 3], [0] * 4, [0, 1, 1, 1]]])
+    assert fits_matmuls(ranks, 4) and not fits_matmuls(ranks, 3)
+    assert fits_matmuls(ranks[:1], 3) and not fits_matmuls(ranks[:1], 2)
+    assert _MATMUL_DOCUMENTS == 3  # DOCUMENT_STARTS / MANY_DOCUMENTS are laid out for it
+    assert fits_matmuls(_ranks(_segment_ids(29, DOCUMENT_STARTS), 8))
+    assert not fits_matmuls(_ranks(_segment_ids(29, MANY_DOCUMENTS), 8))
+    assert fits_matmuls(_ranks(_segment_ids(29, MANY_DOCUMENTS[3:]), 8))
+
+
+def test_document_matmuls_equal_the_masked_reduction_only_when_they_fit():
+    """The two intra-chunk forms directly: equal where every chunk holds ≤ 3 documents, and the
+    matmuls drop the 4th document of a chunk (so the run-time choice matters)."""
+    C = 8
+    toeplitz, u = normals(3, (C, C, H), (5, 4, C, H), dtype=jnp.float32)
+    toeplitz = jnp.tril(jnp.moveaxis(toeplitz, -1, 0)).transpose(1, 2, 0)
+    docs = jnp.cumsum(to_chunks(document_starts("test", _segment_ids(32, MANY_DOCUMENTS), 5, 32),
+                                C), axis=2)
+    same = (docs[..., :, None] == docs[..., None, :]) & jnp.tril(jnp.ones((C, C), bool))
+    matmuls, masked = _document_matmuls(toeplitz, document_ranks(docs), u), _masked_apply(
+        toeplitz, same, u)
+    fits = np.asarray(document_ranks(docs)[..., -1] < 3)
+    assert fits.sum() == fits.size - 1
+    np.testing.assert_allclose(np.asarray(matmuls)[fits], np.asarray(masked)[fits], atol=1e-5)
+    assert np.abs(np.asarray(matmuls - masked)[~fits]).max() > 1e-2
+
+
+@pytest.mark.parametrize("rows", [DOCUMENT_STARTS, MANY_DOCUMENTS], ids=["matmuls", "masked"])
+def test_chunked_matches_reference_with_documents(x64, rows):
     """Values, final state and gradients (inputs, parameters, initial state) of the chunked rung
-    against the per-token reference, documents on and off chunk edges, odd length."""
+    against the per-token reference, documents on and off chunk edges, odd length; with every
+    chunk's intra term as matmuls, and with one chunk too many documents for them."""
     T = 29
-    u, raw, s0 = _inputs(T, batch=len(DOCUMENT_STARTS), seed=12)
-    seg = _segment_ids(T, DOCUMENT_STARTS)
+    u, raw, s0 = _inputs(T, batch=len(rows), seed=12)
+    seg = _segment_ids(T, rows)
     inputs = (u, raw, s0.real, s0.imag)
 
     @jax.jit
@@ -163,6 +216,21 @@ def test_chunked_matches_reference_with_documents(x64):
     assert_close(values, values_ref, 1e-12, "values and final states")
     assert_close((loss, grads), (loss_ref, grads_ref), 1e-10, "loss and gradients")
     assert_close(values_ref[0][-1], numpy_dss(u[-1:], raw, s0[-1:])[0][0], 1e-12, "one document")
+
+
+def test_chunked_under_vmap_takes_each_rows_branch(x64):
+    """vmap turns the run-time choice into a select of both forms: still the reference's."""
+    T = 29
+    u, raw, s0 = _inputs(T, batch=2 * len(DOCUMENT_STARTS), seed=14)
+    seg = jnp.stack([_segment_ids(T, DOCUMENT_STARTS), _segment_ids(T, MANY_DOCUMENTS)])
+    params = dss_discretize(*raw)
+    run = jax.jit(jax.vmap(
+        lambda u, s, ids, impl: dss(u, *params, initial_state=s, segment_ids=ids,
+                                    return_final_state=True, implementation=impl, chunk_size=8),
+        in_axes=(0, 0, 0, None)), static_argnums=3)
+    split = lambda x: x.reshape((2, -1) + x.shape[1:])  # noqa: E731
+    assert_close(run(split(u), split(s0), seg, "xla"), run(split(u), split(s0), seg, "reference"),
+                 1e-12)
 
 
 @pytest.mark.parametrize("T,chunk", [(1, 8), (8, 8), (9, 8), (40, 1), (33, 64)])
