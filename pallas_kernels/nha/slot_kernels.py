@@ -31,8 +31,8 @@ from pallas_kernels.call import pallas_call
 from pallas_kernels.nha.chunk_math import (
     F32,
     MASK_VALUE,
-    exiting,
     InputSide,
+    exiting,
     iota,
     rows_of,
     slot_input_grads,
