@@ -335,6 +335,8 @@ VARIANTS = {
     "dkv_k128": BlockSizes(block_k_dkv=128),
     "slot_w8": BlockSizes(slot_num_warps=8),
     "slot_bwd_w4": BlockSizes(slot_backward_num_warps=4),
+    "slot_bwd_split_w4": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4),
+    "slot_bwd_split_w8": BlockSizes(split_slot_backward=True),
     "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
     "split_slot_bwd_w4": BlockSizes(slot_precision="split", slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),

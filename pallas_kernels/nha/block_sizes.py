@@ -24,6 +24,9 @@ class BlockSizes:
     num_warps / num_stages: Triton launch parameters (GPU) of the window attention forward;
       backward_*: of its backward kernels; slot_num_warps / slot_backward_num_warps: of the
       per-chunk slot kernels of the forward / backward pass.
+    split_slot_backward: each of the two backward slot kernels runs as two with smaller live
+      sets (dA, P, then dq; the keys' half, then the values' half of the slot-input
+      gradients), so that fewer warps fit without spills (NOTES.md, v7).
     slot_precision: how the slot products take their float32 operands
       (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
       dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same
@@ -46,6 +49,7 @@ class BlockSizes:
     backward_num_stages: int = 2
     slot_num_warps: int = 4
     slot_backward_num_warps: int = 8
+    split_slot_backward: bool = False
     slot_precision: str = "mixed"
 
     def __post_init__(self):

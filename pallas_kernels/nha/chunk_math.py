@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -250,74 +250,82 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
     return lax.cond(_fast_path(g, C), fast, exact)
 
 
-def slot_input_grads(heads, k_in: jax.Array, v_in: jax.Array, s_in: jax.Array, g: Rows,
-                     k_end: jax.Array, vt_end: jax.Array, *, S: int, scale: float,
-                     intra: Products, gradient: Products, sigma: Segments | None = None):
-    """Gradients of one chunk's slot inputs (k̄ `[C, K]`, v̄ `[C, V]`, s̄ `[C, M]`, values).
+class InputSide(NamedTuple):
+    """One half of the slot-input gradients: the keys (x = k̄, x_end = dK̃ after the chunk,
+    per query head (q, dA), scale = the logits' scale) or the values (v̄, dṼᵀ, (dO, P), 1)."""
 
-    heads: per query head of the group `(q, dO, dA, P)` Rows (query rows of this chunk; dA the
-    gradient of the scaled slot logits, P the slot probabilities). k_end `[K, M]`, vt_end
-    `[V, M]`: gradients of K̃ and Ṽᵀ after the chunk. `gradient`: the products of dk̄ and dv̄;
+    x_in: jax.Array
+    x_end: jax.Array
+    heads: list
+    scale: float
+
+
+def slot_input_grads(sides: list[InputSide], s_in: jax.Array, g: Rows, *, S: int,
+                     intra: Products, gradient: Products, sigma: Segments | None = None):
+    """Gradients of one chunk's slot inputs: dx `[C, X]` of every side's input (k̄, v̄) and
+    the sides' part of ds̄ `[C, M]` (ds̄ is the sum over both sides, so a kernel may compute
+    one side and another kernel the other). s_in: s̄ `[C, M]` values; each head of a side is
+    `(inputs, weights)` Rows of this chunk's query rows; `gradient`: the products of dx;
     `intra`: those of ds̄ (it feeds the log-gate gradient, a difference of nearly equal sums).
-    Returns float32 `(dk̄, dv̄, ds̄)`.
+    Returns float32 `([dx per side], ds̄ part)`.
     """
-    C = k_in.shape[0]
+    C = s_in.shape[0]
     G = g(0, C)
     exit_decay = _masked(jnp.exp(g(C - 1, 1) - G), exiting(sigma, C))  # write n at the end, ≤ 1
     written = s_in.astype(F32) * exit_decay
-    dk = gradient.mm_nt(written, k_end)
-    dv = gradient.mm_nt(written, vt_end)
-    ds = exit_decay * (intra.mm(k_in, k_end, exact_a=True) + intra.mm(v_in, vt_end, exact_a=True))
+    dxs = [gradient.mm_nt(written, side.x_end) for side in sides]
+    ds = exit_decay * sum(intra.mm(side.x_in, side.x_end, exact_a=True) for side in sides)
     # (Computing the within-chunk part first measured 1.4 ms slower on the H200: NOTES.md, v5.)
-    options = dict(scale=scale, intra=intra, gradient=gradient, sigma=sigma)
+    options = dict(intra=intra, gradient=gradient, sigma=sigma)
     inside = lax.cond(
         _fast_path(g, C),
-        lambda: _input_grads_fast(heads, k_in, v_in, s_in, g, **options),
-        lambda: _input_grads_subchunks(heads, k_in, v_in, s_in, g, S=S, **options))
-    return dk + inside[0], dv + inside[1], ds + inside[2]
+        lambda: _input_grads_fast(sides, s_in, g, **options),
+        lambda: _input_grads_subchunks(sides, s_in, g, S=S, **options))
+    return [dx + part for dx, part in zip(dxs, inside[0], strict=True)], ds + inside[1]
 
 
-def _input_grads_fast(heads, k_in, v_in, s_in, g: Rows, *, scale: float, intra: Products,
-                      gradient: Products, sigma):
-    C = k_in.shape[0]
+def _input_grads_fast(sides, s_in, g: Rows, *, intra: Products, gradient: Products, sigma):
+    C = s_in.shape[0]
     G = g(0, C)
     mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
-    dk, dv, inner = _query_rows_pull(heads, k_in, v_in, s_in.astype(F32) * jnp.exp(-G), 0, C,
-                                     jnp.exp(G), mask, scale=scale, intra=intra,
-                                     gradient=gradient)
-    return dk, dv, jnp.exp(-G) * inner
+    dxs, inner = _query_rows_pull(sides, s_in.astype(F32) * jnp.exp(-G), 0, C, jnp.exp(G),
+                                  mask, intra=intra, gradient=gradient)
+    return tuple(dxs), jnp.exp(-G) * inner
 
 
-def _input_grads_subchunks(heads, k_in, v_in, s_in, g: Rows, *, S: int, scale: float,
-                           intra: Products, gradient: Products, sigma):
-    C = k_in.shape[0]
+def _input_grads_subchunks(sides, s_in, g: Rows, *, S: int, intra: Products,
+                           gradient: Products, sigma):
+    C = s_in.shape[0]
     G = g(0, C)
-    dk = dv = ds = 0.0
+    dxs, ds = [0.0] * len(sides), 0.0
     for ib in range(C // S):
         query, key = _query_subchunk_decays(G, g, ib, S)
         mask = _and(iota((C, S), 0) <= iota((C, S), 1) + ib * S,
                     _same_segment(sigma, C, ib * S, S))
-        pull = _query_rows_pull(heads, k_in, v_in, s_in.astype(F32) * key, ib * S, S, query,
-                                mask, scale=scale, intra=intra, gradient=gradient)
-        dk, dv, ds = dk + pull[0], dv + pull[1], ds + key * pull[2]
-    return dk, dv, ds
+        pull, inner = _query_rows_pull(sides, s_in.astype(F32) * key, ib * S, S, query, mask,
+                                       intra=intra, gradient=gradient)
+        dxs, ds = [a + b for a, b in zip(dxs, pull, strict=True)], ds + key * inner
+    return tuple(dxs), ds
 
 
-def _query_rows_pull(heads, k_in, v_in, s_key, start: int, size: int, query, mask, *,
-                     scale: float, intra: Products, gradient: Products):
+def _query_rows_pull(sides, s_key, start: int, size: int, query, mask, *, intra: Products,
+                     gradient: Products):
     """What query rows start..start+size−1 contribute to the gradients of every key row n:
-    dk̄, dv̄ and the inner sum of ds̄ (before its key-side decay). s_key: s̄ with the key-side
-    decay factors; query `[size, M]`: the query-side ones; mask `[C, size]`: key row n ≤ query
-    row t, same document."""
-    dk = dv = inner = 0.0
-    for q, do, da, p in heads:
-        q_rows, do_rows = q(start, size), do(start, size)
-        da_rows, p_rows = da(start, size) * query, p(start, size) * query
-        dk += scale * gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, da_rows), 0.0), q_rows,
-                                  exact_b=True)
-        dv += gradient.mm(jnp.where(mask, gradient.mm_nt(s_key, p_rows), 0.0), do_rows,
-                          exact_b=True)
-        qk = jnp.where(mask, scale * intra.mm_nt(k_in, q_rows, True, True), 0.0)
-        ov = jnp.where(mask, intra.mm_nt(v_in, do_rows, True, True), 0.0)
-        inner += intra.mm(qk, da_rows) + intra.mm(ov, p_rows)
-    return dk, dv, inner
+    each side's dx and the inner sum of ds̄ (before its key-side decay). s_key: s̄ with the
+    key-side decay factors; query `[size, M]`: the query-side ones; mask `[C, size]`: key row
+    n ≤ query row t, same document."""
+    dxs, inner = [0.0] * len(sides), 0.0
+    for r in range(len(sides[0].heads)):
+        for i, side in enumerate(sides):
+            inputs, weights = side.heads[r]
+            in_rows, w_rows = inputs(start, size), weights(start, size) * query
+            dxs[i] += _scaled(side.scale, gradient.mm(
+                jnp.where(mask, gradient.mm_nt(s_key, w_rows), 0.0), in_rows, exact_b=True))
+            pairs = jnp.where(mask, _scaled(side.scale,
+                                            intra.mm_nt(side.x_in, in_rows, True, True)), 0.0)
+            inner += intra.mm(pairs, w_rows)
+    return dxs, inner
+
+
+def _scaled(scale: float, x: jax.Array) -> jax.Array:
+    return x if scale == 1.0 else scale * x

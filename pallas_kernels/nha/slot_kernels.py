@@ -31,6 +31,7 @@ from pallas_kernels.call import pallas_call
 from pallas_kernels.nha.chunk_math import (
     F32,
     MASK_VALUE,
+    InputSide,
     exiting,
     iota,
     rows_of,
@@ -344,18 +345,28 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
                           st: Static, layout: Layout):
     """Slot part of the query-side backward: dq (dtype of q) and float32 dA (gradient of the
     scaled logits), P (slot probabilities) and this head's part of the log-gate gradient
-    dA ⊙ A + P ⊙ dP (the last three with M features, 0 where the slots hold nothing)."""
+    dA ⊙ A + P ⊙ dP (the last three with M features, 0 where the slots hold nothing). One
+    kernel, or with `BlockSizes.split_slot_backward` two: dA, P and the gate part, then dq
+    from the dA it wrote (NOTES.md, v7)."""
     ks, vs, ss, gc, key_states, value_states = slot_inputs
     batch, length, heads, key_dim = _dims(q, layout)
     value_dim, slots = do.shape[-1], ss.shape[-1]
     C, S = st.blocks.chunk, st.blocks.sub_chunk
     specs = _Specs(layout, st, length // C)
     products = slot_products(st, q.dtype)
+    split = st.blocks.split_slot_backward
+
+    def dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref):
+        dq = readout_form(da, writes, rows_of(ks_ref), gate, kst_ref[...], S=S,
+                          state=products.state, intra=products.gradient, sigma=sigma)
+        dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
 
     def kernel(*refs):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
-        (q_ref, a_ref, lse_ref, delta_ref, do_ref, ks_ref, vs_ref, ss_ref, gc_ref, kst_ref,
-         vst_ref, dq_ref, da_ref, p_ref, qg_ref) = refs
+        (a_ref, lse_ref, delta_ref, do_ref, vs_ref, ss_ref, gc_ref, vst_ref, *refs) = refs
+        if not split:
+            ks_ref, kst_ref, dq_ref, *refs = refs
+        da_ref, p_ref, qg_ref = refs
         do, logits = do_ref[...], a_ref[...]
         gate = rows_of(gc_ref)
         sigma = _segments(doc["sigma"])
@@ -364,47 +375,86 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
                            state=products.state, intra=products.intra, sigma=sigma)
         p = jnp.where(_held(st, doc["holds"], C), jnp.exp(logits - lse_ref[...][:, None]), 0.0)
         da = p * (dp - delta_ref[...][:, None])
-        dq = readout_form(da, writes, rows_of(ks_ref), gate, kst_ref[...], S=S,
-                          state=products.state, intra=products.gradient, sigma=sigma)
-        dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
+        if not split:
+            dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref)
         da_ref[...] = da
         p_ref[...] = p
         qg_ref[...] = da * logits + p * dp
 
+    def dq_kernel(*refs):
+        refs, doc = _doc_refs(refs, ("sigma",), st)
+        da_ref, ks_ref, ss_ref, gc_ref, kst_ref, dq_ref = refs
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        dq_of(da_ref[...], writes, rows_of(gc_ref), _segments(doc["sigma"]), ks_ref, kst_ref,
+              dq_ref)
+
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_shape = jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32)
-    return _call(
-        kernel, layout, st, (batch, heads, length // C),
-        doc_specs + [specs.head(key_dim), specs.head(slots), specs.row(), specs.row(),
-                     specs.head(value_dim), specs.stream(key_dim), specs.stream(value_dim),
-                     specs.stream(slots), specs.kv(slots), specs.state(key_dim, slots),
-                     specs.state(value_dim, slots)],
-        [specs.head(key_dim)] + [specs.head(slots)] * 3,
-        [jax.ShapeDtypeStruct(q.shape, q.dtype)] + [slot_shape] * 3,
-        st.blocks.slot_backward_num_warps, "nha_slot_backward_queries",
-    )(*doc_arrays, q, logits, lse, delta, do, ks, vs, ss, gc, key_states, value_states)
+    dq_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    value_specs = [specs.head(slots), specs.row(), specs.row(), specs.head(value_dim),
+                   specs.stream(value_dim), specs.stream(slots), specs.kv(slots),
+                   specs.state(value_dim, slots)]
+    value_arrays = [logits, lse, delta, do, vs, ss, gc, value_states]
+    key_specs, key_arrays = [specs.stream(key_dim), specs.state(key_dim, slots)], [ks, key_states]
+    warps = st.blocks.slot_backward_num_warps
+    if not split:
+        dq, da, p, qg = _call(
+            kernel, layout, st, (batch, heads, length // C),
+            doc_specs + value_specs + key_specs, [specs.head(key_dim)] + [specs.head(slots)] * 3,
+            [dq_shape] + [slot_shape] * 3, warps, "nha_slot_backward_queries",
+        )(*doc_arrays, *value_arrays, *key_arrays)
+        return dq, da, p, qg
+    da, p, qg = _call(
+        kernel, layout, st, (batch, heads, length // C), doc_specs + value_specs,
+        [specs.head(slots)] * 3, [slot_shape] * 3, warps, "nha_slot_backward_probabilities",
+    )(*doc_arrays, *value_arrays)
+    sigma_specs, sigma_arrays = _doc_args(docs, specs, ("sigma",))
+    dq = _call(
+        dq_kernel, layout, st, (batch, heads, length // C),
+        sigma_specs + [specs.head(slots), specs.stream(key_dim), specs.stream(slots),
+                       specs.kv(slots), specs.state(key_dim, slots)],
+        specs.head(key_dim), dq_shape, warps, "nha_slot_backward_dq",
+    )(*sigma_arrays, da, ks, ss, gc, key_states)
+    return dq, da, p, qg
 
 
-def _backward_slots_kernel(*refs, st: Static, layout: Layout):
+def _backward_slots_kernel(*refs, st: Static, layout: Layout, part: str):
+    """part "both": every slot-input gradient; "keys": dk̄ and the keys' part of ds̄ (float32);
+    "values": dv̄, then ds̄ (adding the keys' part it reads) and the log-gate gradient."""
     refs, doc = _doc_refs(refs, ("sigma",), st)
-    (q_ref, do_ref, da_ref, p_ref, qg_ref, ks_ref, vs_ref, ss_ref, gc_ref, kend_ref, vend_ref,
-     dks_ref, dvs_ref, dss_ref, dg_ref) = refs
-    heads = [tuple(layout.head_rows(ref, r) for ref in (q_ref, do_ref, da_ref, p_ref))
-             for r in range(st.group)]
+    refs = iter(refs)
+    take = lambda count: [next(refs) for _ in range(count)]
+    heads = lambda in_ref, w_ref: [(layout.head_rows(in_ref, r), layout.head_rows(w_ref, r))
+                                   for r in range(st.group)]
+    sides = []
+    if part != "values":
+        q_ref, da_ref, ks_ref, kend_ref = take(4)
+        sides.append(InputSide(ks_ref[...], kend_ref[...], heads(q_ref, da_ref), st.scale))
+    if part != "keys":
+        do_ref, p_ref, qg_ref, vs_ref, vend_ref = take(5)
+        sides.append(InputSide(vs_ref[...], vend_ref[...], heads(do_ref, p_ref), 1.0))
+    ss_ref, gc_ref = take(2)
+    ds_keys_ref = take(1)[0] if part == "values" else None
+    outs = list(refs)
     C = st.blocks.chunk
     valid = stream_rows_valid(st, 2)(0, C)  # else: tokens that never enter the slots, gradient 0
     s_in = jnp.where(valid, ss_ref[...].astype(F32), 0.0)
-    products = slot_products(st, ks_ref.dtype)
-    dk, dv, ds = slot_input_grads(
-        heads, ks_ref[...], vs_ref[...], s_in, rows_of(gc_ref), kend_ref[...],
-        vend_ref[...], S=st.blocks.sub_chunk, scale=st.scale, intra=products.intra,
-        gradient=products.gradient, sigma=_segments(doc["sigma"]))
+    products = slot_products(st, sides[0].x_in.dtype)
+    dxs, ds = slot_input_grads(sides, s_in, rows_of(gc_ref), S=st.blocks.sub_chunk,
+                               intra=products.intra, gradient=products.gradient,
+                               sigma=_segments(doc["sigma"]))
+    for out_ref, dx in zip(outs[:len(dxs)], dxs, strict=True):
+        out_ref[...] = jnp.where(valid, dx, 0.0).astype(out_ref.dtype)
+    if part == "keys":
+        outs[1][...] = ds
+        return
+    dss_ref, dg_ref = outs[len(dxs):]
+    if ds_keys_ref is not None:
+        ds = ds + ds_keys_ref[...]
     dG = sum(layout.head_rows(qg_ref, r)(0, C) for r in range(st.group)) - s_in * ds
     # The log gate g_j enters every G_t with t ≥ j: reverse cumulative sum within the chunk
     # (api.py adds the later chunks and zeroes the document starts' gates).
     dg_ref[...] = jnp.where(valid, layout.reverse_cumsum(dG), 0.0)
-    dks_ref[...] = jnp.where(valid, dk, 0.0).astype(dks_ref.dtype)
-    dvs_ref[...] = jnp.where(valid, dv, 0.0).astype(dvs_ref.dtype)
     dss_ref[...] = jnp.where(valid, ds, 0.0).astype(dss_ref.dtype)
 
 
@@ -412,24 +462,40 @@ def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, docs: Sl
                          st: Static, layout: Layout):
     """Gradients of the slot inputs `(dk̄, dv̄, ds̄)` and, float32, the reverse cumulative sum
     of the log-gate gradient within each stream chunk (api.py adds the later chunks), all in
-    the layout of the slot inputs (token chunks when shift_chunks > 0)."""
+    the layout of the slot inputs (token chunks when shift_chunks > 0). One kernel, or with
+    `BlockSizes.split_slot_backward` two: the keys' half, then the values' half (NOTES.md, v7)."""
     da, p, qg = slot_grads
     ks, vs, ss, gc = slot_inputs[:4]
     batch, length, kv_heads, key_dim = _dims(ks, layout)
     value_dim, slots, group = vs.shape[-1], ss.shape[-1], st.group
     specs = _Specs(layout, st, length // st.blocks.chunk)
     doc_specs, doc_arrays = _doc_args(docs, specs, ("sigma",))
-    return _call(
-        functools.partial(_backward_slots_kernel, st=st, layout=layout), layout, st,
-        (batch, kv_heads, length // st.blocks.chunk),
-        doc_specs + [specs.group(key_dim), specs.group(value_dim), specs.group(slots),
-                     specs.group(slots), specs.group(slots), specs.stream(key_dim, "kv"),
-                     specs.stream(value_dim, "kv"), specs.stream(slots, "kv"),
-                     specs.kv(slots, "kv"), specs.state(key_dim, slots, "kv"),
-                     specs.state(value_dim, slots, "kv")],
-        [specs.stream(d, "kv") for d in (key_dim, value_dim, slots, slots)],
-        [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (ks, vs, ss)]
-        + [jax.ShapeDtypeStruct(ss.shape, F32)],
-        st.blocks.slot_backward_num_warps, "nha_backward_slot_inputs",
-    )(*doc_arrays, *(layout.grouped(x, group) for x in (q, do, da, p, qg)), ks, vs, ss, gc,
-      k_end, vt_end)
+    grouped = lambda x: layout.grouped(x, group)
+    key_args = ([specs.group(key_dim), specs.group(slots), specs.stream(key_dim, "kv"),
+                 specs.state(key_dim, slots, "kv")], [grouped(q), grouped(da), ks, k_end])
+    value_args = ([specs.group(value_dim), specs.group(slots), specs.group(slots),
+                   specs.stream(value_dim, "kv"), specs.state(value_dim, slots, "kv")],
+                  [grouped(do), grouped(p), grouped(qg), vs, vt_end])
+    gate_args = ([specs.stream(slots, "kv"), specs.kv(slots, "kv")], [ss, gc])
+    out = lambda x, dtype=None: (specs.stream(x.shape[-1], "kv"),
+                                 jax.ShapeDtypeStruct(x.shape, dtype or x.dtype))
+
+    def call(part, args, outs):
+        in_specs, arrays = (sum(parts, []) for parts in zip(*args, strict=True))
+        out_specs, out_shapes = zip(*outs, strict=True)
+        return _call(
+            functools.partial(_backward_slots_kernel, st=st, layout=layout, part=part), layout,
+            st, (batch, kv_heads, length // st.blocks.chunk), doc_specs + in_specs,
+            list(out_specs), list(out_shapes), st.blocks.slot_backward_num_warps,
+            f"nha_backward_slot_inputs{'' if part == 'both' else '_' + part}",
+        )(*doc_arrays, *arrays)
+
+    value_outs = [out(vs), out(ss), out(ss, F32)]
+    if not st.blocks.split_slot_backward:
+        dks, dvs, dss, dg = call("both", [key_args, value_args, gate_args],
+                                 [out(ks)] + value_outs)
+        return dks, dvs, dss, dg
+    dks, ds_keys = call("keys", [key_args, gate_args], [out(ks), out(ss, F32)])
+    dvs, dss, dg = call("values", [value_args, gate_args, ([specs.stream(slots, "kv")],
+                                                            [ds_keys])], value_outs)
+    return dks, dvs, dss, dg

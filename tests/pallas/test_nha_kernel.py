@@ -250,6 +250,25 @@ def test_op_documents_state_gqa(interpret_kernels):
     check_op(29, 5)
 
 
+def test_op_split_slot_backward(monkeypatch):
+    """The backward slot kernels split in two each (`BlockSizes.split_slot_backward`):
+    documents, an initial state, GQA (the case above at the variant's tiles)."""
+    monkeypatch.setattr(api, "native_hybrid_attention", functools.partial(
+        api.native_hybrid_attention, interpret=True,
+        block_sizes=dataclasses.replace(TINY, split_slot_backward=True)))
+    monkeypatch.setattr(api, "unsupported", functools.partial(api.unsupported, interpret=True))
+    check_op(29, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [0, 16])
+def test_gpu_kernel_split_slot_backward(window):
+    """The split backward slot kernels at w = 0 (all the softmax mass on the slots, GQA, sink
+    mode) and w = 16 (slot inputs read in place, two chunks back)."""
+    blocks = dataclasses.replace(TINY, split_slot_backward=True)
+    check(make_inputs(2, 1, 21, 4, 2), window, "sink" if window == 0 else "mask", blocks=blocks)
+
+
 @pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_gsa_pallas_rung(interpret_kernels, grads):
     """GSA's pallas rung (the NHA kernels at w = 0, float32) against GSA's float64 reference
@@ -316,6 +335,7 @@ def test_op_head_dim_256(interpret_kernels):
     (200, 128, 2, dict(documents=True, state=True), 11),  # fwd 5 kernels, bwd 6
     pytest.param(512, 128, 2, {}, 11, marks=pytest.mark.slow),  # plain, slot inputs in place
     pytest.param(512, 128, 2, dict(precision="split"), 11, marks=pytest.mark.slow),
+    pytest.param(512, 128, 2, dict(split_slot_backward=True), 13, marks=pytest.mark.slow),
     pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
     pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
     pytest.param(2000, 128, 2, dict(documents=True), 3, marks=pytest.mark.slow),  # idle slots
@@ -330,7 +350,8 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv
     B, T, H, M, D = 1, 1000, 4, 64, head_dim
     ring = window if options.get("state") else 0
     blocks = dataclasses.replace(default_block_sizes("gpu", D),
-                                 slot_precision=options.get("precision", "mixed"))
+                                 slot_precision=options.get("precision", "mixed"),
+                                 split_slot_backward=options.get("split_slot_backward", False))
     inputs = [spec(B, T, H, D), spec(B, T, kv_heads, D), spec(B, T, kv_heads, D),
               spec(B, T, kv_heads, M, dtype=jnp.float32),
               spec(B, T, kv_heads, M, dtype=jnp.float32), spec(B, T, H, D),
