@@ -74,8 +74,12 @@ def fla_op(name: str):
     raise ValueError(name)
 
 
-def time_ms(fn, warmup: int = 2, iters: int = 10) -> float:
-    """Median of CUDA-event times (warm-up calls also run fla's Triton autotuning)."""
+CALLS = 5  # back-to-back calls per repeat, as `timing.CALLS` on our side (no JAX here)
+
+
+def time_ms(fn, warmup: int = 2, iters: int = 10, calls: int = CALLS) -> float:
+    """Median over `iters` repeats of the CUDA-event time per call of `calls` back-to-back
+    calls (warm-up calls also run fla's Triton autotuning)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -83,10 +87,11 @@ def time_ms(fn, warmup: int = 2, iters: int = 10) -> float:
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
 
 
