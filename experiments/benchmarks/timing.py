@@ -50,9 +50,10 @@ def forward_and_backward(op: Callable, num_args: int) -> tuple[Callable, Callabl
 
 def measure(fn: Callable, inputs: Sequence[Any], flops: float | None = None,
             memory: bool = True) -> dict[str, Any]:
-    """Compiles fwd and fwd+bwd once each, times them (`CALLS` back-to-back calls a repeat; with the forward's useful `flops`, also
-    TFLOP/s, fwd+bwd counted as 3.5 × fwd, the flash-attention convention), reads the fwd+bwd
-    temp memory; an error (out of memory, unsupported shape) is reported in the row."""
+    """Compiles fwd and fwd+bwd once each, times them (`CALLS` back-to-back calls a repeat;
+    with the forward's useful `flops`, also TFLOP/s, fwd+bwd counted as 3.5 × fwd, the
+    flash-attention convention), reads the fwd+bwd temp memory; an error (out of memory,
+    unsupported shape) is reported in the row."""
     fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
     row: dict[str, Any] = {}
     try:
