@@ -68,8 +68,8 @@ SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
                 **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 and 4) beside the default (the
 # per-chunk gradients split in two kernels at 4 warps): the fused kernel of round 2, the split
-# at 8 warps and with other tiles, chunk_prepare's inverse block by block, and the sequential
-# kernels' loads three chunks deep (its fwd column; the backward's state pass spills more).
+# at 8 warps and with other tiles, chunk_prepare's inverse block by block, the two sequential
+# kernels at 8 warps, and both.
 _GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
 GDN_VARIANTS = {
     f"pallas ({label})": dataclasses.replace(_GDN_BASE, **changes)
@@ -79,7 +79,9 @@ GDN_VARIANTS = {
         ("split gradients, V tile 128", dict(gradient_value_block=128)),
         ("split gradients, K tile 32", dict(gradient_key_block=32)),
         ("inverse by block", dict(inverse_by_block=True)),
-        ("states 3 stages", dict(state_num_stages=3)))}
+        ("sequential 8 warps", dict(state_num_warps=8)),
+        ("inverse by block, sequential 8 warps", dict(inverse_by_block=True,
+                                                      state_num_warps=8)))}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 
