@@ -67,9 +67,10 @@ TARGETS = {
 SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
                 "pallas (split forward)": BlockSizes(split_forward=True),
                 **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Round 3) beside the default (the per-chunk
-# gradients split in two kernels at 4 warps): the fused kernel of round 2, the split at 8 warps
-# and with other tiles.
+# Gated delta rule kernel variants (its NOTES.md, Rounds 3 and 4) beside the default (the
+# per-chunk gradients split in two kernels at 4 warps): the fused kernel of round 2, the split
+# at 8 warps and with other tiles, chunk_prepare's inverse block by block, the two sequential
+# kernels at 8 warps, and both.
 _GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
 GDN_VARIANTS = {
     f"pallas ({label})": dataclasses.replace(_GDN_BASE, **changes)
@@ -77,7 +78,11 @@ GDN_VARIANTS = {
         ("fused gradients, 8 warps", dict(split_gradients=False, gradient_num_warps=8)),
         ("split gradients, 8 warps", dict(gradient_num_warps=8)),
         ("split gradients, V tile 128", dict(gradient_value_block=128)),
-        ("split gradients, K tile 32", dict(gradient_key_block=32)))}
+        ("split gradients, K tile 32", dict(gradient_key_block=32)),
+        ("inverse by block", dict(inverse_by_block=True)),
+        ("sequential 8 warps", dict(state_num_warps=8)),
+        ("inverse by block, sequential 8 warps", dict(inverse_by_block=True,
+                                                      state_num_warps=8)))}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 

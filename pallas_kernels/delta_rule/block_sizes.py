@@ -19,6 +19,10 @@ class BlockSizes:
     split_gradients: the per-chunk gradients as two kernels (`gradients.py`): dv and the pair
       terms' [C, C] gradients per chunk, then dq and dk per (chunk, K tile), each with a small
       live set, instead of one kernel doing both (NOTES.md, Round 3).
+    inverse_by_block: `chunk_prepare` inverts the diagonal sub-chunk blocks of T viewed as
+      `[C / sub_chunk, sub_chunk, sub_chunk]` (sums within a warp, no Aᵀ) instead of on the
+      whole C×C tile (a shared-memory round trip and two barriers a substitution step)
+      (NOTES.md, Round 4).
     prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
       math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
@@ -32,6 +36,7 @@ class BlockSizes:
     gradient_value_block: int = 64
     split_gradients: bool = False  # the default_block_sizes() take the split (measured faster)
     prefetch: bool = False
+    inverse_by_block: bool = False
     prepare_num_warps: int = 4
     prepare_num_stages: int = 1
     state_num_warps: int = 4

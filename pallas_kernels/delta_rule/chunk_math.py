@@ -105,23 +105,41 @@ def split_rows(a: jax.Array, b: jax.Array) -> jax.Array:
     return mm(a_hi, b) + mm((a - a_hi.astype(F32)).astype(b.dtype), b)
 
 
-def lower_inverse(a: jax.Array, a_t: jax.Array, size: int, op) -> jax.Array:
-    """T = (I + a)⁻¹ of a strictly lower triangular float32 `[n, n]` given with its transpose
-    `a_t` (computed as such by the caller, in the same register layout), in registers.
+def lower_inverse(a: jax.Array, a_t: jax.Array | None, size: int, op) -> jax.Array:
+    """T = (I + a)⁻¹ of a strictly lower triangular float32 `[n, n]`, in registers.
 
-    The diagonal blocks of `size` rows, all at once, by forward substitution in float32 (exact:
-    row r of a block's inverse is e_r − Σ_{j<r} a_rj · (row j)). It is carried transposed, and
-    the coefficients of step r are a column of aᵀ, so that both sums of a step run along
-    axis 1 (within a warp; rows are spread over warps). Then blocks of size b are merged
+    The diagonal blocks of `size` rows first, all at once, by forward substitution in float32
+    (exact: row r of a block's inverse is e_r − Σ_{j<r} a_rj · (row j)): on the whole tile
+    from aᵀ when the caller gives `a_t` (computed as such, in the same register layout), else
+    block by block from `a` (`_diagonal_inverses_by_block`). Then blocks of size b are merged
     pairwise into blocks of 2b, b = size, 2·size, …: with T block diagonal and a_b the
     lower-left b × b block of each 2b one, T ← T − T (a_b T) (T₂₁ = −T₂₂ a₂₁ T₁₁), by
     `split_products`.
     """
     n = a.shape[0]
     rows, cols = iota((n, n), 0), iota((n, n), 1)
-    eye = (rows == cols).astype(F32)
     block = lambda x, b: x // b
-    same = block(rows, size) == block(cols, size)
+    t = (_diagonal_inverses_by_block(a, size) if a_t is None
+         else _diagonal_inverses_whole(a_t, size))
+    b = size
+    while b < n:
+        lower_left = ((block(rows, 2 * b) == block(cols, 2 * b)) & (block(rows, b) % 2 == 1)
+                      & (block(cols, b) % 2 == 0))
+        t = t - split_products(t, split_products(jnp.where(lower_left, a, 0.0), t, op), op)
+        b *= 2
+    return t
+
+
+def _diagonal_inverses_whole(a_t: jax.Array, size: int) -> jax.Array:
+    """The diagonal blocks of (I + a)⁻¹ (zero elsewhere), `[n, n]`, on the whole tile from aᵀ.
+
+    Carried transposed, with the coefficients of step r a column of aᵀ, so that both sums of
+    a step run along axis 1 (within a warp; rows are spread over warps); the coefficients
+    still reach axis 1 through shared memory (a layout conversion and two barriers a step)."""
+    n = a_t.shape[0]
+    rows, cols = iota((n, n), 0), iota((n, n), 1)
+    eye = (rows == cols).astype(F32)
+    same = rows // size == cols // size
     step_col = cols % size
     # Tᵀ of the diagonal blocks (column j final once local index j is done), made from a_t so
     # that Triton gives it a_t's register layout (the dot's: a row's values within one warp).
@@ -131,11 +149,30 @@ def lower_inverse(a: jax.Array, a_t: jax.Array, size: int, op) -> jax.Array:
         a_r = jnp.sum(jnp.where((step_col == r) & same, a_t, 0.0), axis=1)
         done = jnp.sum(x * a_r[None, :], axis=1, keepdims=True)  # [n, 1]: Σ_j T[j, c] a[t, j]
         x = jnp.where((step_col == r) & same, eye - done, x)
-    t = x.T
-    b = size
-    while b < n:
-        lower_left = ((block(rows, 2 * b) == block(cols, 2 * b)) & (block(rows, b) % 2 == 1)
-                      & (block(cols, b) % 2 == 0))
-        t = t - split_products(t, split_products(jnp.where(lower_left, a, 0.0), t, op), op)
-        b *= 2
-    return t
+    return x.T
+
+
+def _diagonal_inverses_by_block(a: jax.Array, size: int) -> jax.Array:
+    """The diagonal blocks of (I + a)⁻¹ (zero elsewhere), `[n, n]`, block by block.
+
+    The tile is viewed as `[n / size, size, n / size, size]` (row block, row in block, column
+    block, column in block) and its diagonal blocks taken out as `[n / size, size, size]`: in
+    the dot layout at 4 warps each 16-row block lives in one warp, so the reshapes move
+    nothing and every sum below stays within a warp (no shared memory, no barrier a step).
+    Carried transposed, y[b, c, i] = T[b·s + i, b·s + c]: column r of y is
+    e_r − Σ_{j<r} a[b·s + r, b·s + j] · (column j of y), with the coefficients row r of the
+    block; one transpose at the end."""
+    n = a.shape[0]
+    nb = n // size
+    a4 = a.reshape(nb, size, nb, size)  # a4[b, i, d, j] = a[b·s + i, d·s + j]
+    diagonal = iota(a4.shape, 0) == iota(a4.shape, 2)
+    blocks = jnp.sum(jnp.where(diagonal, a4, 0.0), axis=2)  # [nb, s, s]: a's diagonal blocks
+    row, col = iota(blocks.shape, 1), iota(blocks.shape, 2)
+    eye = (row == col).astype(F32)
+    y = eye + 0.0 * blocks  # in the blocks' register layout
+    for r in range(1, size):
+        coef = jnp.sum(jnp.where(row == r, blocks, 0.0), axis=1, keepdims=True)  # [nb, 1, s]
+        done = jnp.sum(coef * y, axis=2, keepdims=True)  # [nb, s, 1]
+        y = jnp.where(col == r, eye - done, y)
+    t_blocks = jnp.swapaxes(y, 1, 2)
+    return jnp.where(diagonal, t_blocks[:, :, None, :], 0.0).reshape(n, n)

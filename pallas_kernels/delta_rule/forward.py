@@ -49,11 +49,13 @@ def _prepare_kernel(*refs, st: Static, save: bool):
     pairs = chunk.pairs()
     p_ref[...] = (st.scale * mm_nt(q_ref[...], k) * pairs).astype(op)
     beta = beta_ref[...]
-    kk = mm_nt(k, k)  # symmetric: A and Aᵀ from the same tile
+    kk = mm_nt(k, k)  # symmetric: A and (for the whole-tile inverse) Aᵀ from the same tile
     # A from P's decays (the strict mask where used: fewer exponentials, fewer instructions).
     lower = iota(pairs.shape, 0) > iota(pairs.shape, 1)
     a = jnp.where(lower, beta[:, None] * kk * pairs, 0.0)
-    a_t = beta[None, :] * kk * chunk.pairs(strict=True, transposed=True)
+    # The inverse block by block needs no Aᵀ (half the exponentials; NOTES.md, Round 4).
+    a_t = (None if st.blocks.inverse_by_block
+           else beta[None, :] * kk * chunk.pairs(strict=True, transposed=True))
     t = lower_inverse(a, a_t, st.blocks.sub_chunk, op)
     # The row scales of the right-hand sides go onto T's columns (W = T diag(β e^Γ) K), so K
     # and V reach the products as loaded. U₀ = T diag(β) V to ≈ float32 accuracy (V is exact
