@@ -128,3 +128,24 @@ def test_presets_have_the_papers_sizes():
         model = nnx.eval_shape(lambda name=name: hj.LanguageModel(presets.get(name),
                                                                    rngs=nnx.Rngs(0)))
         assert abs(hj.count_params(model) / paper - 1) < 0.02, name
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_deepnorm_counts_the_sublayers_of_a_serial_stack(depth):
+    """pha-sequential has 3 post-norm residuals per layer: DeepNet's α = (3L)^¼ and
+    β = (12L)^−¼ (its 3-sublayer decoder formulas), not the 2-sublayer (2L)^¼ (read from the
+    initialised block and its value projection against a pre-norm model of the same seed)."""
+    base = presets.get("pha-sequential-tiny")
+    model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
+    spec = base.layers[0]
+    plain_spec = layer(spec.type, **{**dict(spec.options), "residual": "pre_norm"})
+    pre_norm = hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
+    alpha, beta = (3 * depth) ** 0.25, (12 * depth) ** -0.25
+    assert deepnorm_constants(depth, 3) == pytest.approx((alpha, beta))
+    for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
+        assert block.alpha == pytest.approx(alpha) and block.beta == pytest.approx(beta)
+        v, v_plain = block.attention.v_proj, plain.attention.v_proj
+        fan = np.prod(v.in_shape) + np.prod(v.out_shape)
+        ratio = v.kernel[...] / v_plain.kernel[...]
+        assert_close(ratio, jnp.full_like(ratio, beta * np.sqrt(2 / fan) / v_plain.init_std),
+                     1e-5, "attention.v_proj")
