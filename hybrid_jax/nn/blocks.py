@@ -12,10 +12,12 @@ with one of three residual schemes (`residual=`):
 
     pre_norm     x + f(norm(x))                (h = norm(x) in a parallel block)
     post_norm    norm(x + f(x))                (h = x)
-    deepnorm     norm(α·x + f(x)),  α = (2L)^{1/4}   (Wang et al. 2022, L = number of layers),
-                 with DeepNet's init (its Fig. 2 `deepnorm_init`): every `Linear` kernel of
-                 the branches Xavier-normal, std = gain·√(2/(fan_in + fan_out)), gain
-                 β = (8L)^{−1/4} on the value/output/FFN kernels (each mixer names them in
+    deepnorm     norm(α·x + f(x)),  α = (kL)^{1/4}   (Wang et al. 2022, L = number of layers,
+                 k = residual sublayers per layer: the branches of a sequential block, 2 for a
+                 parallel one, so α = (2L)^{1/4} for attention → FFN), with DeepNet's init
+                 (its Fig. 2 `deepnorm_init`): every `Linear` kernel of the branches
+                 Xavier-normal, std = gain·√(2/(fan_in + fan_out)), gain
+                 β = (4kL)^{−1/4} on the value/output/FFN kernels (each mixer names them in
                  `deepnorm_scaled`) and 1 on the others (queries, keys, gates). A SwiGLU's gate
                  keeps gain 1: scaling it too would shrink the arm by β³, not β².
                  `deepnorm_alpha = deepnorm_beta = 1` is DeepNet's Post-LN baseline.
@@ -76,9 +78,15 @@ class Mixer(Protocol):
                ) -> tuple[jax.Array, Any]: ...
 
 
-def deepnorm_constants(num_layers: int) -> tuple[float, float]:
-    """DeepNorm's `(α, β) = ((2L)^{1/4}, (8L)^{−1/4})` for a decoder of L layers."""
-    return (2 * num_layers) ** 0.25, (8 * num_layers) ** -0.25
+def deepnorm_constants(num_layers: int, sublayers_per_layer: int = 2) -> tuple[float, float]:
+    """DeepNorm's `(α, β) = ((kL)^{1/4}, (4kL)^{−1/4})` for L layers of k residual sublayers.
+
+    DeepNet's bound on the model update sums `(v² + w²)/α²` over the S = kL post-norm
+    sublayers and sets it to 1 with v = w = β and α = S^{1/4}: its decoder-only formulas are
+    k = 2 (attention, FFN: `(2L)^{1/4}`, `(8L)^{−1/4}`) and its encoder-decoder's decoder
+    k = 3 (self-attention, cross-attention, FFN: `(3M)^{1/4}`, `(12M)^{−1/4}`)."""
+    sublayers = sublayers_per_layer * num_layers
+    return sublayers ** 0.25, (4 * sublayers) ** -0.25
 
 
 def xavier_std(linear: Linear) -> float:
@@ -262,7 +270,10 @@ def build_block(config: ModelConfig, options: BlockOptions, *, layer_index: int,
     del layer_index
     alpha = beta = 1.0
     if options.residual == "deepnorm":
-        alpha, beta = deepnorm_constants(len(config.layers))
+        # Sequential: one post-norm residual per branch. Parallel: one residual around all
+        # branches, counted as DeepNet's two-sublayer layer (the PHA paper's (2L)^{1/4}).
+        per_layer = len(options.branches) if options.layout == "sequential" else 2
+        alpha, beta = deepnorm_constants(len(config.layers), per_layer)
         alpha = alpha if options.deepnorm_alpha is None else options.deepnorm_alpha
         beta = beta if options.deepnorm_beta is None else options.deepnorm_beta
     branches = [(name, module(config, branch_options, rngs=rngs))

@@ -49,16 +49,21 @@ def test_gradients_reach_every_branch_and_mixing_scalar():
             assert norm > 0, f"layer {i} branch {name}"
 
 
+def _deepnorm_and_pre_norm(preset: str, depth: int):
+    """`depth` layers of `preset` (DeepNorm) and the same with pre-norm residuals, same seed."""
+    base = presets.get(preset)
+    model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
+    spec = base.layers[0]
+    plain_spec = layer(spec.type, **{**dict(spec.options), "residual": "pre_norm"})
+    return model, hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
+
+
 @pytest.mark.parametrize("depth", [1, 4])
 def test_deepnorm_constants_follow_the_formulas(depth):
     """α = (2L)^¼ on the residual; DeepNet's init: Xavier-normal kernels, gain β = (8L)^−¼ on
     value/output/FFN up-down kernels, gain 1 on queries, keys and gates (read from parameters
     against a pre-norm model of the same seed, whose kernels are normal(init_std))."""
-    base = presets.get("pha-tiny")
-    model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
-    spec = base.layers[0]
-    plain_spec = layer(spec.type, **{**dict(spec.options), "residual": "pre_norm"})
-    pre_norm = hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
+    model, pre_norm = _deepnorm_and_pre_norm("pha-tiny", depth)
     alpha, beta = (2 * depth) ** 0.25, (8 * depth) ** -0.25
     assert deepnorm_constants(depth) == pytest.approx((alpha, beta))
 
@@ -128,3 +133,20 @@ def test_presets_have_the_papers_sizes():
         model = nnx.eval_shape(lambda name=name: hj.LanguageModel(presets.get(name),
                                                                    rngs=nnx.Rngs(0)))
         assert abs(hj.count_params(model) / paper - 1) < 0.02, name
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_deepnorm_counts_the_sublayers_of_a_serial_stack(depth):
+    """pha-sequential has 3 post-norm residuals per layer: DeepNet's α = (3L)^¼ and
+    β = (12L)^−¼ (its 3-sublayer decoder formulas), not the 2-sublayer (2L)^¼ (read from the
+    initialised block and its value projection against a pre-norm model of the same seed)."""
+    model, pre_norm = _deepnorm_and_pre_norm("pha-sequential-tiny", depth)
+    alpha, beta = (3 * depth) ** 0.25, (12 * depth) ** -0.25
+    assert deepnorm_constants(depth, 3) == pytest.approx((alpha, beta))
+    for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
+        assert block.alpha == pytest.approx(alpha) and block.beta == pytest.approx(beta)
+        v, v_plain = block.attention.v_proj, plain.attention.v_proj
+        fan = np.prod(v.in_shape) + np.prod(v.out_shape)
+        ratio = v.kernel[...] / v_plain.kernel[...]
+        assert_close(ratio, jnp.full_like(ratio, beta * np.sqrt(2 / fan) / v_plain.init_std),
+                     1e-5, "attention.v_proj")

@@ -1,0 +1,152 @@
+"""Why the serial PHA stack with DeepNorm diverged in the Gutenberg ablation (issue 16): a
+CPU-sized reproduction.
+
+    python -m experiments.pha_serial_deepnorm --out runs/pha-serial [--arms a,b,...]
+        [--d-model 128] [--steps 300] [--learning-rate 2e-3] [--warmup 30]
+
+Trains `pha-sequential`'s shape (10 blocks of GSS → cosine GQA → Dual-FFN, each sublayer with
+its own residual) at a small width on byte-level Gutenberg (`train-00`, held-out `valid`), one
+arm after another, changing only the residual scheme and DeepNorm's constants:
+
+    prenorm          x + f(norm(x))                          (pha-sequential-prenorm)
+    deepnorm-blocks  norm(α·x + f(x)), α = (2·10)^¼, β = (8·10)^−¼   (the ablation's constants)
+    deepnorm-subl    α = 30^¼, β = 120^−¼: DeepNet's count of 30 sublayers (the library's
+                     constants for this stack since the fix, `deepnorm_constants(10, 3)`)
+    post-ln          α = β = 1 (DeepNet's Post-LN baseline)
+
+Writes `OUT/<arm>/` (the run), `OUT/summary.json` (per arm: first, max, final train loss, eval
+loss) and `OUT/loss.png` (train loss against step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from experiments.configs.lm import GUTENBERG
+from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
+from hybrid_jax.presets import PHA_ABLATIONS, pha_model
+from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.trainer import NonFiniteLossError, train
+
+DEPTH, SUBLAYERS = 10, 30
+ARMS = {
+    "prenorm": PHA_ABLATIONS["sequential-prenorm"],
+    "deepnorm-blocks": {**PHA_ABLATIONS["sequential"], "deepnorm_alpha": (2 * DEPTH) ** 0.25,
+                        "deepnorm_beta": (8 * DEPTH) ** -0.25},
+    "deepnorm-subl": {**PHA_ABLATIONS["sequential"], "deepnorm_alpha": SUBLAYERS ** 0.25,
+                      "deepnorm_beta": (4 * SUBLAYERS) ** -0.25},
+    "post-ln": {**PHA_ABLATIONS["sequential"], "deepnorm_alpha": 1.0, "deepnorm_beta": 1.0},
+}
+# A run "diverged" when its last logged train loss is this far above its lowest one (the
+# ablation's run ended at 6.76 nats, the unigram level of its BPE) or a loss is non-finite.
+DIVERGED_RISE = 0.5
+
+
+def model(arm: str, d_model: int) -> ModelConfig:
+    """`pha-sequential`'s 10 blocks at width `d_model` (heads of 64, one key/value head)."""
+    return pha_model(d_model, DEPTH, vocab_size=257, num_kv_heads=1,
+                     **ARMS[arm]).replace(scan_layers=True)
+
+
+def experiment(arm: str, *, d_model: int, steps: int, learning_rate: float, warmup: int,
+               seq_len: int, batch_size: int, data_dir: str | None) -> ExperimentConfig:
+    data = replace(GUTENBERG, seq_len=seq_len)
+    if data_dir is not None:
+        data = replace(data, path=f"{data_dir}/gutenberg/train-00.txt.xz",
+                       eval_path=f"{data_dir}/gutenberg/valid.txt.xz")
+    # The ablation's schedule (AdamW, β2 0.95, clip 1, cosine to 10 %), shortened.
+    train_config = TrainConfig(steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+                               warmup_steps=warmup, min_lr_ratio=0.1, weight_decay=0.1,
+                               log_every=10, eval_batches=8, checkpoint_every=0, seed=0)
+    return ExperimentConfig(name=f"pha-serial-{arm}", model=model(arm, d_model), data=data,
+                            train=train_config)
+
+
+def run_name(arm: str, learning_rate: float) -> str:
+    return f"{arm}-lr{learning_rate:g}"
+
+
+def run_one(out: Path, arm: str, learning_rate: float, **kwargs) -> dict:
+    """One run, its summary row (also `RUN/row.json`; a run that has one is not made again)."""
+    run_dir = out / run_name(arm, learning_rate)
+    if (run_dir / "row.json").is_file():
+        return json.loads((run_dir / "row.json").read_text())
+    config = experiment(arm, learning_rate=learning_rate, **kwargs)
+    try:
+        result, nonfinite = train(config, run_dir, progress=False, force=True), None
+    except NonFiniteLossError as error:
+        result, nonfinite = {}, error.step
+    losses = [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
+    final = losses[-1] if losses else math.nan
+    row = {"arm": arm, "learning_rate": learning_rate,
+           "alpha": ARMS[arm].get("deepnorm_alpha"), "beta": ARMS[arm].get("deepnorm_beta"),
+           "nonfinite_at_step": nonfinite, "min_train_loss": min(losses, default=math.nan),
+           "final_train_loss": final, "eval_loss": result.get("eval_loss"),
+           "diverged": nonfinite is not None or final > min(losses, default=final)
+           + DIVERGED_RISE}
+    (run_dir / "row.json").write_text(json.dumps(row))
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def plot(out: Path, rows: list[dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for row in rows:
+        records = read_metrics(out / run_name(row["arm"], row["learning_rate"]))
+        points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+        if points:
+            ax.plot(*zip(*points, strict=True), label=f"{row['arm']} lr {row['learning_rate']:g}")
+    ax.set(xlabel="step", ylabel="train loss (nats/byte)",
+           title="serial PHA stack, 10 blocks: residual scheme")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "loss.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", default="deepnorm-blocks,2e-3;prenorm,2e-3",
+                        help="'arm,lr;arm,lr' runs, one after another")
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--data", default=None, help="folder holding gutenberg/ (default: the "
+                        "configs' DATA)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for item in args.runs.split(";"):
+        arm, lr = item.split(",")
+        rows.append(run_one(args.out, arm, float(lr), d_model=args.d_model, steps=args.steps,
+                            warmup=args.warmup, seq_len=args.seq_len,
+                            batch_size=args.batch_size, data_dir=args.data))
+    summary_path = args.out / "summary.json"
+    previous = json.loads(summary_path.read_text())["rows"] if summary_path.is_file() else []
+    keep = [r for r in previous if (r["arm"], r["learning_rate"]) not in
+            {(x["arm"], x["learning_rate"]) for x in rows}]
+    rows = keep + rows
+    summary_path.write_text(json.dumps({"d_model": args.d_model, "steps": args.steps,
+                                        "warmup": args.warmup, "seq_len": args.seq_len,
+                                        "batch_size": args.batch_size, "rows": rows}, indent=2))
+    plot(args.out, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
