@@ -124,6 +124,20 @@ def markdown_table(rows: list[dict], learning_rates: list[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loss_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, train loss) of a run's logged metrics."""
+    return [(r["step"], r["loss"]) for r in read_metrics(run_dir) if "loss" in r]
+
+
+def save_figure(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
 def plot(out: Path, rows: list[dict], learning_rates: list[float]) -> Path:
     import matplotlib
 
@@ -140,8 +154,7 @@ def plot(out: Path, rows: list[dict], learning_rates: list[float]) -> Path:
             if r["diverged_at_step"] is not None:
                 left.plot(r["learning_rate"], 6.0, marker="x", markersize=9,
                           color=line.get_color())
-        records = read_metrics(out / run_name(arm, max(learning_rates)))
-        points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+        points = loss_curve(out / run_name(arm, max(learning_rates)))
         if points:
             right.plot(*zip(*points, strict=True), label=arm, color=line.get_color())
     left.set(xscale="log", xlabel="learning rate (constant, no warm-up)",
@@ -151,11 +164,7 @@ def plot(out: Path, rows: list[dict], learning_rates: list[float]) -> Path:
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "stability.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "stability.png")
 
 
 def main(argv=None) -> int:

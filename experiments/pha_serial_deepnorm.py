@@ -1,8 +1,9 @@
 """Why the serial PHA stack with DeepNorm diverged in the Gutenberg ablation (issue 16): a
 CPU-sized reproduction.
 
-    python -m experiments.pha_serial_deepnorm --out runs/pha-serial [--arms a,b,...]
-        [--d-model 128] [--steps 300] [--learning-rate 2e-3] [--warmup 30]
+    python -m experiments.pha_serial_deepnorm --out runs/pha-serial
+        [--runs "deepnorm-blocks,2e-3;prenorm,2e-3"] [--d-model 128] [--steps 300]
+        [--warmup 30] [--seq-len 128] [--batch-size 8] [--data DIR]
 
 Trains `pha-sequential`'s shape (10 blocks of GSS → cosine GQA → Dual-FFN, each sublayer with
 its own residual) at a small width on byte-level Gutenberg (`train-00`, held-out `valid`), one
@@ -27,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import GUTENBERG
+from experiments.deepnorm_stability import loss_curve, run_name, save_figure
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
 from hybrid_jax.presets import PHA_ABLATIONS, pha_model
 from hybrid_jax.train.metrics import read_metrics
@@ -66,10 +68,6 @@ def experiment(arm: str, *, d_model: int, steps: int, learning_rate: float, warm
                             train=train_config)
 
 
-def run_name(arm: str, learning_rate: float) -> str:
-    return f"{arm}-lr{learning_rate:g}"
-
-
 def run_one(out: Path, arm: str, learning_rate: float, **kwargs) -> dict:
     """One run, its summary row (also `RUN/row.json`; a run that has one is not made again)."""
     run_dir = out / run_name(arm, learning_rate)
@@ -101,19 +99,14 @@ def plot(out: Path, rows: list[dict]) -> Path:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for row in rows:
-        records = read_metrics(out / run_name(row["arm"], row["learning_rate"]))
-        points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+        points = loss_curve(out / run_name(row["arm"], row["learning_rate"]))
         if points:
             ax.plot(*zip(*points, strict=True), label=f"{row['arm']} lr {row['learning_rate']:g}")
     ax.set(xlabel="step", ylabel="train loss (nats/byte)",
            title="serial PHA stack, 10 blocks: residual scheme")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "loss.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "loss.png")
 
 
 def main(argv=None) -> int:
