@@ -12,17 +12,20 @@ memory at T = 2048 / 8192 / 32768, inference prefill + decode, and a per-branch 
    rung), vocabulary 32768, bf16 compute, float32 parameters and AdamW state, scanned layers, no
    remat (a model that would need > 90 % of the device falls back to remat="full", the row
    says so). Memory is the compiled step's arguments + temporaries.
-2. Per-branch profile at the first length: forward + backward (gradients w.r.t. the input and
-   the branch's parameters) of each branch of one block alone on `[B, T, 768]` bf16 packed input
-   (pha: gss, attention, dual_ffn; attention-only: attention, ffn), ms per layer and the
-   compiled temporaries (MiB; for a branch alone they hold what its backward keeps); × the
-   model's layers next to the step time says what limits the step. The GSS branch is also cut
-   into its pieces, each fwd+bwd on the branch's own activations: the in-projections (u =
-   norm(gelu(x W_u)), gate = x W_v), discretize + the DSS op (chunked "xla" rung) on that u, the
-   output (D skip, W_uc, ⊙ gelu(gate), W_o), and the DSS op alone on random u. Then the GSS
-   branch's fwd+bwd is traced (`jax.profiler`): its top `--trace-top` kernels by time
-   (`trace_summary.py`), and its optimised HLO is written next to `--out` (`*_gss_hlo.txt`),
-   so a kernel's name can be found there.
+2. Profile at the first length: forward + backward (gradients w.r.t. the input and the
+   parameters) of one block's branches alone and of one whole block (`block(x, ctx)`: branches,
+   per-branch norms, mixing, residual) on `[B, T, d_model]` bf16 packed input (pha: gss,
+   attention, dual_ffn; attention-only: attention, ffn), ms per layer and the compiled
+   temporaries (MiB; for a branch alone they hold what its backward keeps); × the model's
+   layers next to the step time says what limits the step, and "block − sum of branches" per
+   model what the composition costs beyond its branches. Order (most wanted first, since
+   `--time-limit` also skips the profile's later steps): the GSS branch, each model's whole
+   block (the first model's traced with `jax.profiler`: its top `--trace-top` kernels by time,
+   `trace_summary.py`, and its optimised HLO written next to `--out` as `*_block_hlo.txt`),
+   the other branches, the GSS branch's pieces, each fwd+bwd on the branch's own activations
+   (the in-projections u = norm(gelu(x W_u)), gate = x W_v; discretize + the DSS op, chunked
+   "xla" rung, on that u; the output: D skip, W_uc, ⊙ gelu(gate), W_o; the DSS op alone on
+   random u), then the GSS branch's trace (HLO in `*_gss_hlo.txt`).
 3. Inference: prefill of `--prompt` tokens × `--decode-batch` rows into a decode cache
    (`model.decode`, what `generate` does), then `--new-tokens` single-token decode steps; tokens/s
    of each and the cache size (KV cache, GSS state).
@@ -32,9 +35,10 @@ attention branch (the issue allows one; not the preset), compared like pha-180m.
 `--models` is the baseline of the ratios.
 
 Parts run in the order of `--parts` (train: every length in order; profile: the first length);
-`--time-limit` (seconds) skips the parts that would start later (listed at the end; `--parts`
-and `--lengths` run them in a second call). Prints one JSON line per row, then the tables
-(with each model / the baseline ratios per T), and writes `--out`.
+`--time-limit` (seconds) skips the parts, and the profile's steps, that would start later
+(listed at the end; `--parts` and `--lengths` run them in a second call). Prints one JSON
+line per row, then the tables (with each model / the baseline ratios per T), and writes
+`--out`.
 """
 
 from __future__ import annotations
@@ -111,32 +115,85 @@ def _total(outputs) -> jax.Array:
     return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(outputs))
 
 
-def branch_rows(models: list[str], length: int, tokens: int, trace_top: int = 20,
-                trace_dir: str | None = None, hlo_path: str | None = None) -> list[dict]:
-    """fwd+bwd ms and temporaries of each branch of one block, of the GSS branch's pieces and
-    of the DSS op alone at `length`; the GSS branch's top kernels when `trace_top` > 0."""
+def _module_grad_row(part: str, module, x: jax.Array, ctx: TokenContext):
+    """`_grad_row` of `module(x, ctx)` w.r.t. x and its parameters: (row, compiled, args)."""
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+    run = lambda x, params: nnx.merge(graphdef, params, rest)(x, ctx)  # noqa: E731
+    row = {"part": part, "T": x.shape[1], "B": x.shape[0]}
+    return row, _grad_row(row, run, x, params), (x, params)
+
+
+def profile_steps(models: list[str], length: int, tokens: int, trace_top: int = 20,
+                  trace_dir: str | None = None, hlo_stem: str | None = None):
+    """`(label, run)` of the profile in the order it runs, each `run()` giving its rows, and
+    each model's branch names. The steps: the
+    GSS branch of `models[0]`, one whole block of every model (`models[0]`'s traced, its HLO
+    written), the other branches, the GSS branch's pieces and its trace. fwd+bwd ms and
+    temporaries of each, on `[B, length, d_model]` bf16 packed input."""
     batch = max(tokens // length, 1)
     host = random_batch(batch, length, packed=True)
     ctx = TokenContext.create((batch, length), positions=jnp.asarray(host["positions"]),
                               segment_ids=jnp.asarray(host["segment_ids"]))
-    rows = []
+    blocks, inputs, gss_compiled = {}, {}, {}
     for name in models:
         config = _bf16(name)
-        block = create_model(config.replace(layers=config.layers[:1])).blocks[0]
-        x = jax.random.normal(jax.random.key(0), (batch, length, config.d_model), jnp.bfloat16)
-        for branch in block.names:
-            graphdef, params, rest = nnx.split(getattr(block, branch), nnx.Param, ...)
-            run = (lambda x, params, graphdef=graphdef, rest=rest:
-                   nnx.merge(graphdef, params, rest)(x, ctx))
-            rows.append({"part": f"{name} {branch}", "T": length, "B": batch})
-            compiled = _grad_row(rows[-1], run, x, params)
-            if branch == "gss" and name == models[0]:
-                rows += gss_piece_rows(block.gss, x, ctx)
-                if compiled is not None and hlo_path:
-                    Path(hlo_path).write_text(compiled.as_text())
-                if compiled is not None and trace_top > 0:
-                    rows += trace_rows(compiled, (x, params), trace_top, trace_dir)
-    return rows
+        blocks[name] = create_model(config.replace(layers=config.layers[:1])).blocks[0]
+        inputs[name] = jax.random.normal(jax.random.key(0), (batch, length, config.d_model),
+                                         jnp.bfloat16)
+    first = models[0]
+
+    def traced(model: str, what: str, compiled, args) -> list[dict]:
+        if compiled is None:
+            return []
+        if hlo_stem:
+            Path(f"{hlo_stem}_{what}_hlo.txt").write_text(compiled.as_text())
+        return trace_rows(compiled, args, trace_top, trace_dir,
+                          label=f"{model} {what}") if trace_top > 0 else []
+
+    def branch(name: str, part: str, keep: bool = False):
+        def run():
+            row, compiled, args = _module_grad_row(f"{name} {part}", getattr(blocks[name], part),
+                                                   inputs[name], ctx)
+            if keep:
+                gss_compiled["gss"] = compiled, args
+            return [row]
+        return run
+
+    def block(name: str):
+        def run():
+            row, compiled, args = _module_grad_row(f"{name} block", blocks[name], inputs[name],
+                                                   ctx)
+            return [row] + (traced(name, "block", compiled, args) if name == first else [])
+        return run
+
+    has_gss = "gss" in blocks[first].names
+    steps = [(f"{first} gss", branch(first, "gss", keep=True))] if has_gss else []
+    steps += [(f"{name} block", block(name)) for name in models]
+    steps += [(f"{name} {part}", branch(name, part)) for name in models
+              for part in blocks[name].names if not (name == first and part == "gss")]
+    if has_gss:
+        steps += [("gss pieces", lambda: gss_piece_rows(blocks[first].gss, inputs[first], ctx)),
+                  ("gss trace", lambda: traced(first, "gss", *gss_compiled.get("gss",
+                                                                                (None, None))))]
+    return steps, {name: blocks[name].names for name in models}
+
+
+def block_minus_branches(rows: list[dict], models: list[str],
+                         branches: dict[str, tuple[str, ...]]) -> list[dict]:
+    """Per model, "block − Σ branches": fwd+bwd ms and temporaries of one whole block beyond its
+    branches alone (norms, mixing, residual, and how the composition compiles)."""
+    by = {r["part"]: r for r in rows if "fwd_bwd_ms" in r}
+    out = []
+    for name in models:
+        parts = [by.get(f"{name} {b}") for b in ("block", *branches[name])]
+        if all(parts):
+            block, *alone = parts
+            row = {"part": f"{name} block - sum of branches", "T": block["T"], "B": block["B"],
+                   "fwd_bwd_ms": block["fwd_bwd_ms"] - sum(r["fwd_bwd_ms"] for r in alone)}
+            if "temp_MiB" in block and all("temp_MiB" in r for r in alone):
+                row["temp_MiB"] = block["temp_MiB"] - sum(r["temp_MiB"] for r in alone)
+            out.append(row)
+    return out
 
 
 def gss_piece_rows(gss, x: jax.Array, ctx: TokenContext) -> list[dict]:
@@ -169,22 +226,25 @@ def gss_piece_rows(gss, x: jax.Array, ctx: TokenContext) -> list[dict]:
     return rows
 
 
-def trace_rows(compiled, args, top: int, trace_dir: str | None, runs: int = 3) -> list[dict]:
-    """The top kernels of `runs` calls of `compiled(*args)` under `jax.profiler.trace`."""
-    directory = Path(trace_dir or tempfile.mkdtemp(prefix="pha_gss_trace_"))
+def trace_rows(compiled, args, top: int, trace_dir: str | None, runs: int = 3,
+               label: str = "gss") -> list[dict]:
+    """The top kernels of `runs` calls of `compiled(*args)` under `jax.profiler.trace`, rows
+    named `label kernel ...`."""
+    directory = Path(tempfile.mkdtemp(prefix="pha_trace_", dir=trace_dir))
     try:
         with jax.profiler.trace(str(directory), create_perfetto_trace=True):
             for _ in range(runs):
                 jax.block_until_ready(compiled(*args))
         summary = trace_summary.summarize(directory, runs)
     except Exception as e:  # noqa: BLE001  (a missing profiler plugin must not cost the rest)
-        print(f"gss trace failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-        return [{"part": "gss trace", "error": f"{type(e).__name__}: {str(e)[:160]}"}]
+        print(f"{label} trace failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        return [{"part": f"{label} trace", "error": f"{type(e).__name__}: {str(e)[:160]}"}]
+    print(label, flush=True)
     trace_summary.print_summary(summary, top)
-    return [{"part": f"gss kernel {r['name'][:90]}", "kernel_ms": r["ms_per_step"],
+    return [{"part": f"{label} kernel {r['name'][:90]}", "kernel_ms": r["ms_per_step"],
              "kernel_count": r["count"] // runs, "kernel_share_%": 100 * r["share"]}
             for r in summary["kernels"][:top]] + [
-        {"part": f"gss kernels: {r['category']}", "kernel_ms": r["ms_per_step"],
+        {"part": f"{label} kernels: {r['category']}", "kernel_ms": r["ms_per_step"],
          "kernel_count": r["count"] // runs, "kernel_share_%": 100 * r["share"]}
         for r in summary["categories"]]
 
@@ -304,8 +364,14 @@ def main(argv=None) -> int:
         if part == "train":
             train_rows += [run_one(name, length, args, packed=True) for name in models]
         elif part == "profile":
-            profile = branch_rows(models, length, args.tokens, args.trace_top,
-                                  hlo_path=str(out.with_name(out.stem + "_gss_hlo.txt")))
+            steps, branches = profile_steps(models, length, args.tokens, args.trace_top,
+                                            hlo_stem=str(out.with_name(out.stem)))
+            for label, run in steps:
+                if over():
+                    skipped.append(f"profile {label}")
+                else:
+                    profile += run()
+            profile += block_minus_branches(profile, models, branches)
         else:
             inference = [inference_row(name, args.decode_batch, args.prompt, args.new_tokens)
                          for name in models]

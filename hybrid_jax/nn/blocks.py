@@ -53,7 +53,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import norm
 from hybrid_jax.nn.diagnostics import report
 from hybrid_jax.nn.ffn import FFN, FFNOptions
-from hybrid_jax.nn.layers import Linear
+from hybrid_jax.nn.layers import Linear, rms_normalize
 from hybrid_jax.registry import mixer_type, register_block, register_mixer
 from hybrid_jax.sharding import constrain
 
@@ -104,6 +104,30 @@ def deepnorm_init(branch: nnx.Module, beta: float) -> None:
             gain = beta if id(linear) in scaled else 1.0
             linear.kernel[...] = linear.kernel[...] * (gain * xavier_std(linear)
                                                        / linear.init_std)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(5, 6))
+def combine_branches(x_BTD: jax.Array, ys_BTD: tuple[jax.Array, ...], weights: jax.Array,
+                     branch_scales: tuple[jax.Array, ...] | None, out_scale: jax.Array | None,
+                     alpha: float, eps: float) -> jax.Array:
+    """A parallel block's tail `norm_out(α·x + Σ_i w_i · norm_i(y_i))` in float32, in x's dtype.
+
+    `branch_scales`: the γ of each `norm_i` (None: no branch norms); `out_scale`: the output
+    norm's γ (None: pre-norm, `x + Σ ...`). Recomputed in the backward from x and the `y_i`:
+    autodiff of the norms and the mixing one by one keeps each `norm_i(y_i)` (the weights'
+    gradient reads it) and `α·x + Σ` (the output norm's recompute), four more `[B, T, D]`
+    activations a layer, and rounds each term to x's dtype (the weights' gradients are then
+    reductions over `[B, T, D]` in bf16)."""
+    mixed = 0.0
+    for i, y in enumerate(ys_BTD):
+        y = y.astype(jnp.float32)
+        if branch_scales is not None:
+            y = rms_normalize(y, eps) * branch_scales[i].astype(jnp.float32)
+        mixed = mixed + weights[i] * y
+    out = alpha * x_BTD.astype(jnp.float32) + mixed
+    if out_scale is not None:
+        out = rms_normalize(out, eps) * out_scale.astype(jnp.float32)
+    return out.astype(x_BTD.dtype)
 
 
 def mixing_weights(logits: jax.Array) -> jax.Array:
@@ -182,6 +206,7 @@ class Block(nnx.Module):
         self.names = tuple(name for name, _ in branches)
         self.layout, self.residual, self.mixing = layout, residual, mixing
         self.alpha, self.beta = float(alpha), float(beta)
+        self.norm_eps = config.norm_eps
         parallel = layout == "parallel"
         for name, module in branches:
             setattr(self, f"{name}_norm", norm(config) if not parallel or branch_norm else None)
@@ -242,14 +267,14 @@ class Block(nnx.Module):
         else:
             h = x_BTD if self.input_norm is None else self.input_norm(x_BTD)
             weights = self.weights()
-            mixed = 0.0
-            for i, name in enumerate(self.names):
-                y = run(name, h)
-                branch_norm = getattr(self, f"{name}_norm")
-                y = y if branch_norm is None else branch_norm(y)
-                mixed = mixed + weights[i].astype(y.dtype) * y
+            ys = tuple(run(name, h) for name in self.names)
+            norms = [getattr(self, f"{name}_norm") for name in self.names]
+            branch_scales = None if norms[0] is None else tuple(n.scale[...] for n in norms)
+            out_scale = None if self.output_norm is None else self.output_norm.scale[...]
             self.report_weights(weights)
-            x_BTD = self._residual(x_BTD, mixed, self.output_norm)
+            x_BTD = constrain(combine_branches(x_BTD, ys, weights, branch_scales, out_scale,
+                                               self.alpha, self.norm_eps),
+                              ("batch", "seq", "embed"))
         return x_BTD, BlockCache(tuple(new_caches))
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:

@@ -1,8 +1,13 @@
-"""pha_efficiency's schedule of parts and its ratios against the baseline (no device work)."""
+"""pha_efficiency's schedule of parts, its profile steps and its ratios against the baseline."""
 
 import pytest
 
-from experiments.benchmarks.pha_efficiency import plan, ratios
+from experiments.benchmarks.pha_efficiency import (
+    block_minus_branches,
+    plan,
+    profile_steps,
+    ratios,
+)
 
 
 def test_parts_run_in_the_order_given():
@@ -22,3 +27,25 @@ def test_every_model_is_compared_with_the_last():
     assert out["pha"]["tokens_per_s_change_%"] == pytest.approx(-25.0)
     assert out["pha-w512"]["memory_change_%"] == pytest.approx(-50.0)
     assert set(out) == {"pha", "pha-w512"}
+
+
+def test_whole_blocks_are_profiled_right_after_the_gss_branch(tmp_path):
+    models = ["pha-tiny", "attention-only-tiny"]
+    steps, branches = profile_steps(models, 16, 32, trace_top=0, hlo_stem=str(tmp_path / "x"))
+    labels = [label for label, _ in steps]
+    assert labels[:3] == ["pha-tiny gss", "pha-tiny block", "attention-only-tiny block"]
+    assert labels[-2:] == ["gss pieces", "gss trace"]
+    assert branches == {"pha-tiny": ("gss", "attention", "dual_ffn"),
+                        "attention-only-tiny": ("mixer", "ffn")}
+    (row,) = dict(steps)["pha-tiny block"]()
+    assert row["part"] == "pha-tiny block" and row["fwd_bwd_ms"] > 0, row
+    assert "fusion" in (tmp_path / "x_block_hlo.txt").read_text()
+
+
+def test_block_minus_branches_per_model():
+    rows = [{"part": f"m {p}", "T": 8, "B": 2, "fwd_bwd_ms": ms, "temp_MiB": mib}
+            for p, ms, mib in (("block", 10.0, 50.0), ("a", 3.0, 10.0), ("b", 4.0, 20.0))]
+    (out,) = block_minus_branches(rows + [{"part": "n block", "fwd_bwd_ms": 1.0}],
+                                  ["m", "n"], {"m": ("a", "b"), "n": ("c",)})
+    assert out["part"] == "m block - sum of branches"
+    assert out["fwd_bwd_ms"] == pytest.approx(3.0) and out["temp_MiB"] == pytest.approx(20.0)

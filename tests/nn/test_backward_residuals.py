@@ -11,9 +11,11 @@ import pytest
 from flax import nnx
 from jax.ad_checkpoint import print_saved_residuals
 
+from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.layers import RMSNorm, SwiGLU
+from hybrid_jax.nn.lm import create_model
 from hybrid_jax.ops.attention import l2_normalize
 from tests.nn.test_mamba2 import first_mixer
 
@@ -93,3 +95,25 @@ def test_backward_keeps_inputs_and_dot_outputs_only(name, width, kept, capsys):
     saved = saved_shapes(l2_normalize, x, capsys=capsys)
     assert saved == [("bf16", x.shape)], saved
     np.testing.assert_array_equal(np.asarray(l2_normalize(x)).dtype, jnp.bfloat16)
+
+
+def test_parallel_block_keeps_only_its_branch_outputs_beyond_the_branches(capsys):
+    """A bf16 PHA block (GSS ‖ attention ‖ Dual-FFN, branch norms, learned mixing, DeepNorm)
+    keeps its branches' residuals (sharing the input x) plus each branch's output, all bf16: its
+    norms, mixing and residual are recomputed (`combine_branches`), not kept as each norm's
+    output and the pre-norm sum (seven `[B, T, D]` activations instead of three)."""
+    config = presets.get("pha-tiny").replace(dtype="bfloat16")
+    block = create_model(config.replace(layers=config.layers[:1])).blocks[0]
+    x = jax.random.normal(jax.random.key(1), (2, 5, config.d_model), jnp.bfloat16)
+    ctx = TokenContext.create((2, 5))
+
+    def model_wide(module):
+        graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+        run = lambda x, params: nnx.merge(graphdef, params, rest)(x, ctx)  # noqa: E731
+        return [s for s in saved_shapes(run, x, params, capsys=capsys) if s[1] == x.shape]
+
+    branches = [model_wide(getattr(block, name)) for name in block.names]
+    saved = model_wide(block)
+    n = len(block.names)
+    assert len(saved) == sum(map(len, branches)) - (n - 1) + n, (saved, branches)
+    assert all(dtype == "bf16" for dtype, _ in saved), saved

@@ -158,6 +158,44 @@ def test_deepnorm_and_post_norm_decode_equals_parallel():
         check_decode_matches(config, T=7, splits=(3,))
 
 
+def _unfused_parallel(block, x, ctx):
+    """The parallel block module by module: `residual(x, Σ_i w_i · norm_i(branch_i(h)))`."""
+    h = x if block.input_norm is None else block.input_norm(x)
+    weights, mixed = block.weights(), 0.0
+    for i, name in enumerate(block.names):
+        y, branch_norm = getattr(block, name)(h, ctx), getattr(block, f"{name}_norm")
+        mixed = mixed + weights[i] * (y if branch_norm is None else branch_norm(y))
+    return block._residual(x, mixed, block.output_norm)
+
+
+@pytest.mark.parametrize("residual,branch_norm", [("deepnorm", True), ("pre_norm", True),
+                                                  ("post_norm", False)])
+def test_parallel_tail_in_one_recomputed_function_keeps_values_and_gradients(residual,
+                                                                           branch_norm):
+    """`combine_branches` (norms, mixing and residual in one `jax.checkpoint`) equals the
+    module-by-module composition in float32: output and gradients w.r.t. x and every
+    parameter (mixing logits and norm scales included)."""
+    config = ModelConfig(layers=(layer("parallel", branches=("toy", "ffn"), mixing="learned",
+                                       branch_norm=branch_norm, residual=residual,
+                                       mixing_init=0.3),), **SMALL)
+    block = hj.create_model(config, seed=2).blocks[0]
+    graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape),
+                          params)  # scales ≠ 1, logits unequal
+    x = jax.random.normal(jax.random.key(4), (2, 5, SMALL["d_model"]))
+    ctx = TokenContext.create((2, 5))
+    weights = jax.random.normal(jax.random.key(5), x.shape)
+
+    def loss(run):
+        return lambda x, params: jnp.sum(weights * run(nnx.merge(graphdef, params, rest), x,
+                                                        ctx))
+
+    fused = jax.value_and_grad(loss(lambda b, x, ctx: b(x, ctx)), argnums=(0, 1))(x, params)
+    unfused = jax.value_and_grad(loss(_unfused_parallel), argnums=(0, 1))(x, params)
+    assert_close(fused[0], unfused[0], 1e-6, "value")
+    assert_close(fused[1], unfused[1], 1e-5, "gradients")
+
+
 def test_bad_block_options_are_named():
     with pytest.raises(ValueError, match="BlockOptions.residual='deep'"):
         ModelConfig(layers=(layer("parallel", residual="deep"),), **SMALL)
