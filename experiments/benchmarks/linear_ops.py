@@ -82,7 +82,9 @@ GDN_VARIANTS = {
         ("inverse by block", dict(inverse_by_block=True)),
         ("sequential 8 warps", dict(state_num_warps=8)),
         ("inverse by block, sequential 8 warps", dict(inverse_by_block=True,
-                                                      state_num_warps=8)))}
+                                                      state_num_warps=8)),
+        ("split outputs", dict(split_outputs=True)),
+        ("split outputs, inverse by block", dict(split_outputs=True, inverse_by_block=True)))}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 
