@@ -67,10 +67,11 @@ TARGETS = {
 SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
                 "pallas (split forward)": BlockSizes(split_forward=True),
                 **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Rounds 3 and 4) beside the default (the
+# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 5) beside the default (the
 # per-chunk gradients split in two kernels at 4 warps): the fused kernel of round 2, the split
 # at 8 warps and with other tiles, chunk_prepare's inverse block by block, the two sequential
-# kernels at 8 warps, and both.
+# kernels at 8 warps, and both; the outputs by their own parallel kernel, alone and with the
+# inverse by block.
 _GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
 GDN_VARIANTS = {
     f"pallas ({label})": dataclasses.replace(_GDN_BASE, **changes)
