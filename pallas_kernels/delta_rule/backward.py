@@ -46,7 +46,7 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         chunk = chunk_decays(x["g"], x["starts"])
         queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
         d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
-        keys = (x["k"] * chunk.to_end[:, None]).astype(op)  # K̃ rounded (NOTES.md, Round 5)
+        keys = (x["k"] * chunk.to_end[:, None]).astype(op)  # K̃ as the forward rounds it
         du_op = (mm_tn(x["p"], x["do"]) + mm(keys, d_state.astype(op))).astype(op)  # Pᵀ dO + K̃ dS
         du_ref[pl.ds(c * C, C), :] = du_op
         return chunk.decay * d_state + (mm_tn(queries, x["do"]) - mm_tn(x["w"], du_op))

@@ -108,6 +108,11 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
         # What does not depend on the state first; the chain to the next chunk is W S → U →
         # K̃ᵀ U, the outputs hang off it.
         chunk = chunk_decays(x["g"], x["starts"])
+        # Carrying only the state, K̃ᵀ U is made as Kᵀ (e^{Γ_C − Γ} ⊙ U): the row scale on
+        # the [C, V tile] operand, half of K̃'s elements (fewer instructions a step, same
+        # errors). Not in the fused form: its pipelined tiles then need 238 KB of shared
+        # memory at K = 256 (NOTES.md, Round 5).
+        keys = (x["k"] * chunk.to_end[:, None]).astype(op) if outputs else x["k"]
         state_op = state.astype(op)
         u_op = (x["u0"].astype(F32) - mm(x["w"], state_op)).astype(op)
         span = pl.ds(c * C, C)
@@ -118,9 +123,8 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
         if outputs:
             o_ref[span, :] = _outputs(x["q"], x["p"], state_op, u_op, chunk, st.scale
                                       ).astype(o_ref.dtype)
-        # K̃ᵀ U as Kᵀ (e^{Γ_C − Γ} ⊙ U): the row scale on the [C, V tile] operand, half the
-        # elements of K̃'s (NOTES.md, Round 5).
-        return chunk.decay * state + mm_tn(x["k"], (u_op * chunk.to_end[:, None]).astype(op))
+        updates = u_op if outputs else (u_op * chunk.to_end[:, None]).astype(op)
+        return chunk.decay * state + mm_tn(keys, updates)
 
     final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
                                 step, init_ref[...], reverse=False,
