@@ -30,7 +30,8 @@ class BlockSizes:
     prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
       math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
-      sequential kernels (state), of the split forward's output kernel (outputs) and of the per-chunk gradient kernels (gradient).
+      sequential kernels (state), of the split forward's output kernel (outputs) and of the
+      per-chunk gradient kernels (gradient).
     """
 
     chunk: int = 64
