@@ -8,7 +8,9 @@ and the state is zero before each document's first token (`starts`). This is the
 `hybrid_jax.ops.gated_delta_rule` (its "pallas" rung). Time is cut into chunks of C steps and
 padded to a multiple of C (padded steps have β = 0, g = 0: they leave the state alone).
 Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_states_and_outputs`
-(one sequential pass over chunks per batch, head and V tile); backward:
+(one sequential pass over chunks per batch, head and V tile), or with
+`BlockSizes.split_outputs` `forward.chunk_states` (the pass carrying only the state) and
+`forward.chunk_outputs` (parallel over chunks); backward:
 `backward.chunk_state_gradients` (the reverse pass) and `gradients.chunk_gradients` (parallel).
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
 slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
@@ -24,7 +26,12 @@ import jax.numpy as jnp
 
 from pallas_kernels.delta_rule.backward import chunk_state_gradients
 from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
-from pallas_kernels.delta_rule.forward import chunk_prepare, chunk_states_and_outputs
+from pallas_kernels.delta_rule.forward import (
+    chunk_outputs,
+    chunk_prepare,
+    chunk_states,
+    chunk_states_and_outputs,
+)
 from pallas_kernels.delta_rule.gradients import chunk_gradients
 from pallas_kernels.delta_rule.static import Static
 
@@ -155,17 +162,28 @@ def _fitted(blocks: BlockSizes, key_dim: int, value_dim: int) -> BlockSizes:
         gradient_value_block=min(blocks.gradient_value_block, value_dim))
 
 
+def _forward(st: Static, q, k, v, g, beta, starts, initial_state, *, save: bool):
+    """(o, final state), and when `save` (T, the states entering each chunk, U) besides W and
+    P; with `split_outputs` the states and U are stored either way (the output kernel's)."""
+    w, u0, p, *t = chunk_prepare(q, k, v, g, beta, starts, st, save=save)
+    if st.blocks.split_outputs:
+        final_state, states, u = chunk_states(k, w, u0, g, starts, initial_state, st)
+        out = chunk_outputs(q, p, u, states, g, starts, st)
+        saved = [states, u]
+    else:
+        out, final_state, *saved = chunk_states_and_outputs(q, k, w, u0, p, g, starts,
+                                                            initial_state, st, save=save)
+    return out, final_state, w, p, t, saved
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _core(st: Static, q, k, v, g, beta, starts, initial_state):
-    w, u0, p = chunk_prepare(q, k, v, g, beta, starts, st, save=False)
-    return tuple(chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st,
-                                          save=False))
+    return _forward(st, q, k, v, g, beta, starts, initial_state, save=False)[:2]
 
 
 def _core_forward(st: Static, q, k, v, g, beta, starts, initial_state):
-    w, u0, p, t = chunk_prepare(q, k, v, g, beta, starts, st, save=True)
-    out, final_state, states, u = chunk_states_and_outputs(q, k, w, u0, p, g, starts,
-                                                           initial_state, st, save=True)
+    out, final_state, w, p, (t,), (states, u) = _forward(st, q, k, v, g, beta, starts,
+                                                         initial_state, save=True)
     return (out, final_state), (q, k, v, g, beta, starts, w, p, t, states, u)
 
 

@@ -23,10 +23,15 @@ class BlockSizes:
       `[C / sub_chunk, sub_chunk, sub_chunk]` (sums within a warp, no Aᵀ) instead of on the
       whole C×C tile (a shared-memory round trip and two barriers a substitution step)
       (NOTES.md, Round 4).
+    split_outputs: the forward as two passes, as fla does it: the sequential kernel carries
+      only the state (U = U₀ − W S, S's update) and stores U and the state entering each chunk
+      (input dtype, as the training forward stores them for the backward anyway), then a
+      parallel kernel per (batch, head, chunk) makes o = Q̃ S₀ + P U (NOTES.md, Round 5).
     prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
       math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
-      two sequential kernels (state) and of the per-chunk gradient kernels (gradient).
+      sequential kernels (state), of the split forward's output kernel (outputs) and of the
+      per-chunk gradient kernels (gradient).
     """
 
     chunk: int = 64
@@ -37,10 +42,13 @@ class BlockSizes:
     split_gradients: bool = False  # the default_block_sizes() take the split (measured faster)
     prefetch: bool = False
     inverse_by_block: bool = False
+    split_outputs: bool = False
     prepare_num_warps: int = 4
     prepare_num_stages: int = 1
     state_num_warps: int = 4
     state_num_stages: int = 2
+    outputs_num_warps: int = 4
+    outputs_num_stages: int = 1
     gradient_num_warps: int = 8
     gradient_num_stages: int = 1
 
@@ -54,7 +62,8 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
                              f"({self.chunk})")
         for name in ("prepare_num_warps", "prepare_num_stages", "state_num_warps",
-                     "state_num_stages", "gradient_num_warps", "gradient_num_stages"):
+                     "state_num_stages", "outputs_num_warps", "outputs_num_stages",
+                     "gradient_num_warps", "gradient_num_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
 

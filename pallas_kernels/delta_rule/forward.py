@@ -10,6 +10,10 @@ states after each chunk are float32 (`backward.py`).
   chunk_prepare             one program per (batch, head, chunk): P, T, W, U₀
   chunk_states_and_outputs  one program per (batch, head, V tile): the sequential pass over
                             chunks, the state in registers, the outputs of every chunk
+  chunk_states              (`BlockSizes.split_outputs`) the same pass carrying only the state:
+                            stores the states entering each chunk and U
+  chunk_outputs             (`BlockSizes.split_outputs`) one program per (batch, head, chunk):
+                            the outputs from those
 """
 
 from __future__ import annotations
@@ -90,19 +94,25 @@ def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
     )(*args)
 
 
-def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):
-    (q_ref, k_ref, w_ref, u0_ref, p_ref, g_ref), starts_ref, rest = split_refs(
-        refs, 6, st.documents)
-    init_ref, o_ref, final_ref, *saved = rest
-    C, key_dim = st.blocks.chunk, k_ref.shape[-1]
-    op = k_ref.dtype
-    sources = dict(q=q_ref, k=k_ref, w=w_ref, u0=u0_ref, p=p_ref, g=g_ref)
+def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int):
+    names = ("q", "k", "w", "u0", "p", "g") if outputs else ("k", "w", "u0", "g")
+    ins, starts_ref, rest = split_refs(refs, len(names), st.documents)
+    sources = dict(zip(names, ins, strict=True))
+    init_ref, *outs = rest
+    o_ref = outs.pop(0) if outputs else None
+    final_ref, *saved = outs
+    C, key_dim = st.blocks.chunk, sources["k"].shape[-1]
+    op = sources["k"].dtype
 
     def step(c, state, x):
         # What does not depend on the state first; the chain to the next chunk is W S → U →
         # K̃ᵀ U, the outputs hang off it.
         chunk = chunk_decays(x["g"], x["starts"])
-        keys = (x["k"] * chunk.to_end[:, None]).astype(op)
+        # Carrying only the state, K̃ᵀ U is made as Kᵀ (e^{Γ_C − Γ} ⊙ U): the row scale on
+        # the [C, V tile] operand, half of K̃'s elements (fewer instructions a step, same
+        # errors). Not in the fused form: its pipelined tiles then need 238 KB of shared
+        # memory at K = 256 (NOTES.md, Round 5).
+        keys = (x["k"] * chunk.to_end[:, None]).astype(op) if outputs else x["k"]
         state_op = state.astype(op)
         u_op = (x["u0"].astype(F32) - mm(x["w"], state_op)).astype(op)
         span = pl.ds(c * C, C)
@@ -110,14 +120,53 @@ def _states_kernel(*refs, st: Static, save: bool, num_chunks: int):
             states_ref, u_ref = saved
             states_ref[pl.ds(c * key_dim, key_dim), :] = state_op
             u_ref[span, :] = u_op
-        # Q̃'s row scale on the product (the query operand goes in as loaded).
-        o_ref[span, :] = ((st.scale * chunk.entry)[:, None] * mm(x["q"], state_op)
-                          + mm(x["p"], u_op)).astype(o_ref.dtype)
-        return chunk.decay * state + mm_tn(keys, u_op)
+        if outputs:
+            o_ref[span, :] = _outputs(x["q"], x["p"], state_op, u_op, chunk, st.scale
+                                      ).astype(o_ref.dtype)
+        updates = u_op if outputs else (u_op * chunk.to_end[:, None]).astype(op)
+        return chunk.decay * state + mm_tn(keys, updates)
 
     final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
                                 step, init_ref[...], reverse=False,
                                 prefetch=st.blocks.prefetch)
+
+
+def _outputs(q, p, state_op, u_op, chunk, scale: float):
+    """o = Q̃ S₀ + P U of one chunk, float32; Q̃'s row scale e^Γ·scale on the product (the
+    query operand goes in as loaded)."""
+    return (scale * chunk.entry)[:, None] * mm(q, state_op) + mm(p, u_op)
+
+
+def _sequential_call(arrays: dict, starts, initial_state, st: Static, *, save: bool,
+                     outputs: bool):
+    """The sequential pass over `arrays` (q, k, w, u0, p, g, or k, w, u0, g without the
+    outputs); returns ([o], final state, [states, U])."""
+    k, u0 = arrays["k"], arrays["u0"]
+    batch, length, heads, key_dim = k.shape
+    value_dim, C, tile = u0.shape[-1], st.blocks.chunk, st.blocks.value_block
+    num_chunks = length // C
+    specs = SequentialSpecs(length, tile)
+    spec_of = dict(q=specs.whole(key_dim), k=specs.whole(key_dim), w=specs.whole(key_dim),
+                   u0=specs.tiled(), p=specs.whole(C), g=specs.steps())
+    in_specs, args = with_starts([spec_of[name] for name in arrays], list(arrays.values()),
+                                 specs.starts(), starts, st.documents)
+    out_specs = [specs.tiled()] * outputs + [specs.state(key_dim)]
+    out_shape = [jax.ShapeDtypeStruct(u0.shape, k.dtype)] * outputs + [
+        jax.ShapeDtypeStruct(initial_state.shape, F32)]
+    if save:
+        out_specs += [specs.state(num_chunks * key_dim), specs.tiled()]
+        out_shape += [jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
+                                           k.dtype), jax.ShapeDtypeStruct(u0.shape, k.dtype)]
+    blocks = st.blocks
+    name = "chunk_states_and_outputs" if outputs else "chunk_states"
+    return pallas_call(
+        functools.partial(_states_kernel, st=st, save=save, outputs=outputs,
+                          num_chunks=num_chunks),
+        grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
+        out_specs=out_specs, out_shape=out_shape,
+        compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
+        interpret=st.interpret, name=f"gated_delta_rule_{name}",
+    )(*args, initial_state)
 
 
 def chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st: Static, *,
@@ -125,26 +174,41 @@ def chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st: Stati
     """The sequential pass (NOTES.md): per chunk U = U₀ − W S, o = Q̃ S + P U,
     S ← e^{Γ_C} S + K̃ᵀ U. Returns (o in q's dtype, final state float32), and when `save` the
     states entering each chunk and U (input dtype)."""
+    return _sequential_call(dict(q=q, k=k, w=w, u0=u0, p=p, g=g), starts, initial_state, st,
+                            save=save, outputs=True)
+
+
+def chunk_states(k, w, u0, g, starts, initial_state, st: Static):
+    """The sequential pass carrying only the state (`BlockSizes.split_outputs`, NOTES.md
+    Round 5): per chunk U = U₀ − W S, S ← e^{Γ_C} S + K̃ᵀ U. Returns (final state float32,
+    the states entering each chunk, U (input dtype)); `chunk_outputs` makes o from them."""
+    return _sequential_call(dict(k=k, w=w, u0=u0, g=g), starts, initial_state, st,
+                            save=True, outputs=False)
+
+
+def _outputs_kernel(*refs, st: Static):
+    (q_ref, p_ref, u_ref, states_ref, g_ref), starts_ref, (o_ref,) = split_refs(
+        refs, 5, st.documents)
+    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
+    o_ref[...] = _outputs(q_ref[...], p_ref[...], states_ref[...], u_ref[...], chunk,
+                          st.scale).astype(o_ref.dtype)
+
+
+def chunk_outputs(q, p, u, states, g, starts, st: Static):
+    """o = Q̃ S₀ + P U per chunk, in parallel (one program per batch, head and chunk), from
+    the states entering each chunk and U that `chunk_states` stored. Returns o in q's dtype."""
     batch, length, heads, key_dim = q.shape
-    value_dim, C, tile = u0.shape[-1], st.blocks.chunk, st.blocks.value_block
-    num_chunks = length // C
-    specs = SequentialSpecs(length, tile)
+    value_dim, C = u.shape[-1], st.blocks.chunk
+    specs = ChunkSpecs(C)
     in_specs, args = with_starts(
-        [specs.whole(key_dim), specs.whole(key_dim), specs.whole(key_dim), specs.tiled(),
-         specs.whole(C), specs.steps()], [q, k, w, u0, p, g], specs.starts(), starts,
-        st.documents)
-    out_specs = [specs.tiled(), specs.state(key_dim)]
-    out_shape = [jax.ShapeDtypeStruct(u0.shape, q.dtype), jax.ShapeDtypeStruct(
-        initial_state.shape, F32)]
-    if save:
-        out_specs += [specs.state(num_chunks * key_dim), specs.tiled()]
-        out_shape += [jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
-                                           k.dtype), jax.ShapeDtypeStruct(u0.shape, k.dtype)]
+        [specs.rows(key_dim), specs.rows(C), specs.rows(value_dim),
+         specs.state(key_dim, value_dim), specs.steps()], [q, p, u, states, g], specs.starts(),
+        starts, st.documents)
     blocks = st.blocks
     return pallas_call(
-        functools.partial(_states_kernel, st=st, save=save, num_chunks=num_chunks),
-        grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
-        out_specs=out_specs, out_shape=out_shape,
-        compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
-        interpret=st.interpret, name="gated_delta_rule_chunk_states_and_outputs",
-    )(*args, initial_state)
+        functools.partial(_outputs_kernel, st=st),
+        grid=(batch, heads, length // C), in_specs=in_specs, out_specs=specs.rows(value_dim),
+        out_shape=jax.ShapeDtypeStruct(u.shape, q.dtype),
+        compiler_params=compiler_params(blocks.outputs_num_warps, blocks.outputs_num_stages),
+        interpret=st.interpret, name="gated_delta_rule_chunk_outputs",
+    )(*args)

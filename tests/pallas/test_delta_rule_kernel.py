@@ -81,23 +81,28 @@ def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY)
         assert_close(grads[name], expected_grads[name], 1e-5, f"d{name}")
 
 
-@pytest.mark.parametrize("split,by_block", [(False, False), (True, False), (True, True)],
-                         ids=["fused", "split_gradients", "inverse_by_block"])
-def test_documents_initial_state_odd_length(x64, split, by_block):
+@pytest.mark.parametrize("changes,primal", [
+    (dict(split_gradients=False), False), (dict(split_gradients=True), False),
+    (dict(split_gradients=True, inverse_by_block=True), False),
+    (dict(split_outputs=True), True), (dict(split_outputs=True, inverse_by_block=True), False)],
+    ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
+         "split_outputs_by_block"])
+def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
     and ids are reused (a start is a change of id); row 1: one start at 20 and a length-1
     document at the last step. The initial state reaches the first document only. Both forms
-    of the per-chunk gradients (`BlockSizes.split_gradients`) and the diagonal blocks of the
-    inverse viewed block by block (`BlockSizes.inverse_by_block`)."""
+    of the per-chunk gradients (`BlockSizes.split_gradients`), the diagonal blocks of the
+    inverse viewed block by block (`BlockSizes.inverse_by_block`) and the outputs made by
+    their own kernel from the stored states (`BlockSizes.split_outputs`; values from the
+    forward without residuals in one case, from the one saving them in the other)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
         ids[0, start:] = doc
     ids[1, 20:], ids[1, 36:] = 1, 2
-    check_against_reference(x, jnp.asarray(ids), 0.4, primal=False,
-                            blocks=dataclasses.replace(TINY, split_gradients=split,
-                                                       inverse_by_block=by_block))
+    check_against_reference(x, jnp.asarray(ids), 0.4, primal=primal,
+                            blocks=dataclasses.replace(TINY, **changes))
 
 
 def test_one_document_zero_initial_state(x64):
@@ -150,15 +155,13 @@ def _platform_gpu(monkeypatch):
     monkeypatch.setattr(api, "_platform", lambda: "gpu")
 
 
-@pytest.mark.parametrize("key_dim,value_dim,documents,split,by_block", [
-    (128, 128, True, False, False), (256, 64, False, False, False),
-    (128, 128, True, True, False), (256, 64, False, True, False),
-    (128, 128, True, True, True)])
-def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, split,
-                                     by_block):
+@pytest.mark.parametrize("key_dim,value_dim,documents,changes", [
+    (128, 128, True, dict(split_gradients=False)), (256, 64, False, dict(split_gradients=False)),
+    (128, 128, True, {}), (256, 64, False, {}), (128, 128, True, dict(inverse_by_block=True)),
+    (128, 128, True, dict(split_outputs=True)), (256, 64, False, dict(split_outputs=True))])
+def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
-    dims with the default tiles (and the split per-chunk gradients, the inverse by block),
-    bf16."""
+    dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
     _platform_gpu(monkeypatch)
     batch, length, heads = 1, 200, 2
     rows = (batch, length, heads)
@@ -171,7 +174,7 @@ def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents,
 
     def loss(q, k, v, g, beta, state, starts=None):
         blocks = dataclasses.replace(default_block_sizes(key_dim, value_dim, batch * heads),
-                                     split_gradients=split, inverse_by_block=by_block)
+                                     **changes)
         out, final_state = api.gated_delta_rule(q, k, v, g, beta, initial_state=state,
                                                 starts=starts, block_sizes=blocks)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(final_state)
