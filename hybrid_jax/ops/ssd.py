@@ -5,8 +5,8 @@ Per head h (using B/C group g = h // (H/G)), with state `S_t` of shape `[P, N]`:
     S_t = exp(dt_t·A_h) · S_{t−1} + dt_t · x_t B_tᵀ
     y_t = S_t C_t
 
-(no D skip; the module adds it). Rungs: "pallas" (the kernels of `pallas_kernels/ssd`, GPU),
-"xla" (the chunked four-step SSD algorithm of Dao & Gu 2024) and "reference" (per-token
+(no D skip; the module adds it). Rungs: "pallas" (the kernels of `pallas_kernels/ssd`, GPU or
+TPU), "xla" (the chunked four-step SSD algorithm of Dao & Gu 2024) and "reference" (per-token
 `lax.scan`, the definition); `ssd_step` is the decode step. Decays, cumulative sums and states
 are float32 (float64 stays float64); y has x's dtype.
 """
@@ -53,8 +53,9 @@ def ssd(
       return_final_state: also return the state after the last token.
       segment_ids: `[B, T]` packed-document ids; the state resets at each document start
         (`hybrid_jax.ops.segments`).
-      implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU where the
-        kernels take the call, e.g. head and state dims in 64/128/256; else "xla", logged).
+      implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU or TPU
+        where the kernels take the call, e.g. head and state dims in 64/128/256 on a GPU,
+        128/256 on a TPU; else "xla", logged).
 
     Returns:
       y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where
@@ -169,22 +170,24 @@ def ssd_pallas(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     state is passed in (not made by the kernels' entry point), so that under a mesh it is
     split like the other inputs."""
     del chunk_size  # the kernels' own tiles
+    platform = backend()
     segment_ids = None if starts is None else jnp.cumsum(starts, axis=1, dtype=jnp.int32)
     if initial_state is None:
         initial_state = jnp.zeros(x.shape[:1] + x.shape[2:] + B.shape[3:], jnp.float32)
 
     def kernel(x, dt, A, B, C, segment_ids, initial_state):
         return pallas_ssd.ssd(x, dt, A, B, C, segment_ids=segment_ids,
-                              initial_state=initial_state)
+                              initial_state=initial_state, backend=platform)
 
     return shard_kernel(_OP, kernel, (x, dt, A, B, C, segment_ids, initial_state),
                         ("BTHP", "BTH", "H", "BTGN", "BTGN", "BT", "BHPN"), ("BTHP", "BHPN"))
 
 
 def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) -> str | None:
-    if backend() != "gpu":
-        return f"needs a GPU backend, running on {backend()}"
-    return pallas_ssd.unsupported(x, dt, A, B, C, initial_state=initial_state)
+    if backend() not in ("gpu", "tpu"):
+        return f"needs a GPU or TPU backend, running on {backend()}"
+    return pallas_ssd.unsupported(x, dt, A, B, C, initial_state=initial_state,
+                                  backend=backend())
 
 
 _RUNGS = (

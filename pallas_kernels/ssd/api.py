@@ -11,6 +11,8 @@ document; the state is zero before it, and the first token of the call continues
 dtype (bf16 on the GPU: states at chunk boundaries are stored, and read out, in bf16).
 Long rows run as S sequence segments (`BlockSizes.segments`): the kernels on `[B·S, T/S]`,
 then `segments.combine` adds each segment's entering state exactly (NOTES.md, round 3).
+Two kernel sets with one contract: `gpu.py` (Triton lowering, the op's layout `[B, T, H, d]`)
+and `tpu.py` (Mosaic TPU, head-major `[B, H, T, d]`: this module transposes).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.ssd import gpu, segments
-from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.ssd import gpu, segments, tpu
+from pallas_kernels.ssd.block_sizes import BlockSizes, Static, default_block_sizes
 
 DIMS = (64, 128, 256)
+TPU_DIMS = (128, 256)  # the lane axis: multiples of 128 (and ≤ 256, as on the GPU)
 _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+_TPU_DTYPES = (jnp.bfloat16, jnp.float32)
+_KERNELS = dict(gpu=gpu, tpu=tpu)
 
 
 def ssd(
@@ -37,6 +42,7 @@ def ssd(
     segment_ids: jax.Array | None = None,
     initial_state: jax.Array | None = None,
     block_sizes: BlockSizes | None = None,
+    backend: str | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """The SSD recurrence (differentiable in every array input).
@@ -46,23 +52,29 @@ def ssd(
       B, C: `[B, T, G, N]`, G dividing H.
       segment_ids: `[B, T]` integer document ids, or None (one document per row).
       initial_state: `[B, H, P, N]`, or None for zeros.
-      block_sizes: tiles and sequence segments (default `default_block_sizes(P, N)`; its
-        `segments` None: chosen by `segments.choose_segments` on a GPU, 1 interpreted).
-      interpret: run the kernels in Pallas interpret mode (CPU tests).
+      block_sizes: tiles and sequence segments (default `default_block_sizes(P, N, backend)`;
+        its `segments` None: chosen by `segments.choose_segments` on a GPU, 1 on a TPU or
+        interpreted).
+      backend: "gpu" or "tpu" kernels; default: the platform, or "gpu" when interpreting on
+        the CPU.
+      interpret: run the kernels in Pallas interpret mode (CPU tests; the TPU kernels in TPU
+        interpret mode).
 
     Returns:
       `(y [B, T, H, P] in x's dtype, final state [B, H, P, N] float32)`.
     """
     reason = unsupported(x, dt, A, B, C, segment_ids=segment_ids, initial_state=initial_state,
-                         interpret=interpret)
+                         backend=backend, interpret=interpret)
     if reason is not None:
         raise ValueError(f"pallas ssd: {reason}")
+    backend = backend or _platform(interpret)
     batch, length, heads, head_dim = x.shape
     groups, state_dim = B.shape[2:]
-    blocks = (block_sizes or default_block_sizes(head_dim, state_dim)).for_dims(head_dim)
+    blocks = (block_sizes or default_block_sizes(head_dim, state_dim, backend)).for_dims(
+        head_dim)
     chunk = blocks.chunk
     num_chunks = -(-length // chunk)
-    S = blocks.segments or (1 if interpret else segments.choose_segments(
+    S = blocks.segments or (1 if interpret or backend == "tpu" else segments.choose_segments(
         batch * heads * (head_dim // blocks.block_p), num_chunks, segments.sm_count()))
     padded = -(-num_chunks // S) * S * chunk  # S segments of whole chunks
     pad = lambda v: jnp.pad(v, [(0, 0), (0, padded - length)] + [(0, 0)] * (v.ndim - 2))
@@ -87,11 +99,15 @@ def ssd(
         s0 = initial_state.astype(jnp.float32)[:, None]
         s0 = jnp.pad(s0, [(0, 0), (0, S - 1), (0, 0), (0, 0), (0, 0)]).reshape(
             (batch * S,) + s0.shape[2:])
-    st = gpu.Static(blocks=blocks, group=heads // groups, documents=doc is not None,
-                    interpret=interpret)
+    st = Static(blocks=blocks, group=heads // groups, documents=doc is not None,
+                interpret=interpret)
     C = pad(C.astype(x.dtype))
-    y, final_state = _core(st, rows(x), head_major(dt), head_major(log_decay),
-                           rows(B.astype(x.dtype)), segments.split(C, S), doc, s0)
+    # The TPU kernels take [B·S, H, Tp/S, d] (time rows, features: Mosaic's tiles).
+    layout = (lambda v: jnp.swapaxes(v, 1, 2)) if backend == "tpu" else (lambda v: v)
+    y, final_state = _core(st, backend, layout(rows(x)), head_major(dt), head_major(log_decay),
+                           layout(rows(B.astype(x.dtype))), layout(segments.split(C, S)), doc,
+                           s0)
+    y = layout(y)
     if S > 1:
         y, final_state = segments.combine(y, final_state, log_decay, starts, C, S)
     else:
@@ -99,35 +115,38 @@ def ssd(
     return y[:, :length], final_state
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st, x, dt, a, B, C, doc, s0):
-    return tuple(gpu.forward(x, dt, a, B, C, doc, s0, st, store_states=False))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _core(st, backend, x, dt, a, B, C, doc, s0):
+    return tuple(_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st, store_states=False))
 
 
-def _core_fwd(st, x, dt, a, B, C, doc, s0):
-    y, final_state, states = gpu.forward(x, dt, a, B, C, doc, s0, st, store_states=True)
+def _core_fwd(st, backend, x, dt, a, B, C, doc, s0):
+    y, final_state, states = _KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st,
+                                                       store_states=True)
     return (y, final_state), (x, dt, a, B, C, doc, states)
 
 
-def _core_bwd(st, residuals, cotangents):
+def _core_bwd(st, backend, residuals, cotangents):
+    kernels = _KERNELS[backend]
     x, dt, a, B, C, doc, states = residuals
     dy, d_final = cotangents
     dy = dy.astype(x.dtype)
-    d_states, d_initial, kept = gpu.state_grads(dy, a, C, doc, states,
-                                                d_final.astype(jnp.float32), st)
-    dx, d_dt, d_a, dB, dC = gpu.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept,
-                                            st)
+    d_states, d_initial, kept = kernels.state_grads(dy, a, C, doc, states,
+                                                    d_final.astype(jnp.float32), st)
+    dx, d_dt, d_a, dB, dC = kernels.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states,
+                                                kept, st)
     return dx, d_dt, d_a, dB.astype(B.dtype), dC.astype(C.dtype), None, d_initial
 
 
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None,
+def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend=None,
                 interpret=False) -> str | None:
-    """None when the kernels can run this call, else the reason. On the GPU: head and state
-    dims in `DIMS`, bf16 / f16 / f32 inputs; interpreted: any power-of-two dims (the tiles,
-    powers of two clipped to P, then divide P)."""
+    """None when the kernels can run this call, else the reason. `backend` as in `ssd`. On the
+    GPU: head and state dims in `DIMS`, bf16 / f16 / f32 inputs; on a TPU: P and N in
+    `TPU_DIMS` (they are the lane axis of every block), bf16 / f32 inputs; interpreted (either
+    backend): any power-of-two dims (the tiles, powers of two clipped to P, then divide P)."""
     if x.ndim != 4 or dt.ndim != 3 or A.ndim != 1 or B.ndim != 4 or C.ndim != 4:
         return (f"expected x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N]; got "
                 f"shapes {x.shape}, {dt.shape}, {A.shape}, {B.shape}, {C.shape}")
@@ -150,12 +169,32 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None,
     for name, array in arrays.items():
         if array is not None and array.dtype not in _DTYPES:
             return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
+    platform = backend or _platform(interpret)
+    if platform not in _KERNELS:
+        return (f"no Pallas SSD kernels for platform {platform!r}, the default backend is "
+                f"{jax.default_backend()} (interpret=True runs them on the CPU)")
     if interpret:
         if any(d & (d - 1) for d in (head_dim, state_dim)):
             return f"P={head_dim} and N={state_dim} must be powers of two"
         return None
-    if jax.default_backend() != "gpu":
-        return f"the kernels run on a GPU (Triton), the default backend is {jax.default_backend()}"
+    if _platform(False) != platform:
+        return (f"the {platform.upper()} kernels were asked for, the default backend is "
+                f"{jax.default_backend()}")
+    if platform == "tpu":
+        if head_dim not in TPU_DIMS or state_dim not in TPU_DIMS:
+            return (f"head dim P={head_dim} and state dim N={state_dim} must be in {TPU_DIMS} on "
+                    f"a TPU (the lane axis of the kernels' blocks)")
+        for name, array in arrays.items():
+            if array is not None and array.dtype not in _TPU_DTYPES:
+                return f"{name} has dtype {array.dtype}; the TPU kernels take bfloat16, float32"
+        return None
     if head_dim not in DIMS or state_dim not in DIMS:
         return f"head dim P={head_dim} and state dim N={state_dim} must be in {DIMS}"
     return None
+
+
+def _platform(interpret: bool) -> str:
+    """The kernels of the default backend ("gpu" for CUDA / ROCm); interpreting on the CPU,
+    the GPU kernels."""
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(jax.default_backend(), jax.default_backend())
+    return "gpu" if interpret and platform == "cpu" else platform

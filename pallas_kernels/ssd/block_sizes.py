@@ -1,4 +1,5 @@
-"""Tile sizes and Triton launch parameters of the SSD kernels, per head dimensions."""
+"""Tile sizes and launch parameters of the SSD kernels, per backend and head dimensions, and the
+static part of one call."""
 
 from __future__ import annotations
 
@@ -80,11 +81,35 @@ class BlockSizes:
                                    grads_block_p=min(self.grads_block_p, head_dim))
 
 
-def default_block_sizes(head_dim: int, state_dim: int) -> BlockSizes:
-    """GPU defaults (NOTES.md): P = N = 128 is the tuned case; a head or state dimension of 256
-    takes chunks of 32 and narrower feature tiles, so the float32 tiles stay in registers (not
-    timed yet: chosen by ptxas' spill counts, where one pipeline stage spills least in the
-    per-chunk gradient kernel, as at 128)."""
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """The static part of one call (hashable: a `custom_vjp` nondiff argument).
+
+    group: heads per B/C group (H/G); documents: doc is passed (packed documents).
+    """
+
+    blocks: BlockSizes
+    group: int
+    documents: bool
+    interpret: bool
+
+
+def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu") -> BlockSizes:
+    """Defaults of the backend's kernels.
+
+    TPU (`tpu.py`, not timed: no TPU here): chunks of 128, because the per-step vectors'
+    blocks `[L]` sit on the 128-lane axis (64 would be half a lane tile, which Mosaic refuses
+    for a block that is not the whole axis) and C·Bᵀ `[L, L]` then fills the 128 × 128 MXU;
+    the whole of P in one state tile (at most 256 × 256 float32, 256 KB of VMEM), so C·Bᵀ is
+    formed once per head and chunk. The warp / stage counts are unused there.
+
+    GPU (NOTES.md): P = N = 128 is the tuned case; a head or state dimension of 256 takes
+    chunks of 32 and narrower feature tiles, so the float32 tiles stay in registers (not timed
+    yet: chosen by ptxas' spill counts, where one pipeline stage spills least in the per-chunk
+    gradient kernel, as at 128)."""
+    if backend == "tpu":
+        return BlockSizes(chunk=128, block_p=head_dim, backward_block_p=head_dim,
+                          grads_block_p=head_dim)
     if max(head_dim, state_dim) <= 128:
         return BlockSizes().for_dims(head_dim)
     return BlockSizes(chunk=32, block_p=32, backward_block_p=32, grads_block_p=64).for_dims(

@@ -1,4 +1,4 @@
-"""The decays of one chunk of the SSD recurrence, shared by the three kernels.
+"""The decays of one chunk of the SSD recurrence, shared by the GPU and TPU kernels.
 
 One head, one chunk of L steps with log decays `a` (`dt·A`, float32, ≤ 0) and, with packed
 documents, `doc`: the number of document starts in the chunk at or before each step (0 while the
@@ -8,7 +8,9 @@ sum within the chunk), and nothing crosses a document start. Document starts are
 masks on these weights rather than as a large negative log decay: the chunk sums then stay
 small, so e^{cum_t − cum_s} keeps float32 accuracy however many documents a chunk holds (the
 meaning is `hybrid_jax.ops.segments`': the state is zero before each document's first token).
-The log decay of a document's first token is never read.
+The log decay of a document's first token is never read. `cumsum` is the lowering's inclusive
+cumulative sum of a vector (Triton's `jnp.cumsum`; a triangular matmul on Mosaic TPU, which has
+none).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ class ChunkWeights(NamedTuple):
     carry: jax.Array  # scalar e^{cum_last}: the entering state's weight at the chunk end
 
 
-def chunk_weights(a: jax.Array, doc: jax.Array | None) -> ChunkWeights:
-    cum = jnp.cumsum(a)
+def chunk_weights(a: jax.Array, doc: jax.Array | None, cumsum=jnp.cumsum) -> ChunkWeights:
+    cum = cumsum(a)
     total = jnp.sum(a)
     into, out, carry = jnp.exp(cum), jnp.exp(total - cum), jnp.exp(total)
     if doc is not None:

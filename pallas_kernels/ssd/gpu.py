@@ -28,7 +28,6 @@ cumulative sum over the chunk subtracts nearly equal numbers.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -39,21 +38,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.call import pallas_call
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
-from pallas_kernels.ssd.block_sizes import BlockSizes
+from pallas_kernels.ssd.block_sizes import Static
 from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
-
-
-@dataclasses.dataclass(frozen=True)
-class Static:
-    """The static part of one call (hashable: a `custom_vjp` nondiff argument).
-
-    group: heads per B/C group (H/G); documents: doc is passed (packed documents).
-    """
-
-    blocks: BlockSizes
-    group: int
-    documents: bool
-    interpret: bool
 
 
 def _params(num_warps: int, num_stages: int):

@@ -4,6 +4,8 @@ The kernels compute in float32; values and the gradients of every input (x, dt, 
 initial state, through y and the final state) must agree to ~1e-5. Tiny tiles (chunk 8, state
 and feature tiles of 4 of P = 8) so a short sequence spans several chunks and every feature
 loop runs twice. A lowering test builds the Triton kernels at the GPU's shapes without a GPU.
+The TPU kernels (`backend="tpu"`) run in TPU interpret mode against the same reference, and a
+lowering test builds their Mosaic kernels at a TPU's shapes (no TPU here: never compiled).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(chunk=8, block_p=4, backward_block_p=4, grads_block_p=4)
 SPLIT = dataclasses.replace(TINY, split_forward=True)
+TPU_WHOLE_P = BlockSizes(chunk=8, block_p=8, backward_block_p=8)  # one state tile, as by default
 NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
 
@@ -46,11 +49,11 @@ def documents(length: int) -> np.ndarray:
     return ids
 
 
-def kernel_fn(segment_ids, with_initial=True, blocks=TINY):
+def kernel_fn(segment_ids, with_initial=True, blocks=TINY, backend=None):
     def fn(x, dt, A, B, C, initial_state):
         return api.ssd(x, dt, A, B, C, segment_ids=segment_ids,
                        initial_state=initial_state if with_initial else None,
-                       block_sizes=blocks, interpret=True)
+                       block_sizes=blocks, backend=backend, interpret=True)
     return fn
 
 
@@ -73,8 +76,9 @@ def values_and_grads(fn, inputs, seed):
     return run(inputs)
 
 
-def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY):
-    out, grads = values_and_grads(kernel_fn(segment_ids, with_initial, blocks), inputs, seed=7)
+def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY, backend=None):
+    out, grads = values_and_grads(kernel_fn(segment_ids, with_initial, blocks, backend), inputs,
+                                  seed=7)
     assert out[0].dtype == jnp.float32 and out[1].dtype == jnp.float32
     with jax.enable_x64(True):
         wide = {n: jnp.asarray(np.asarray(v), jnp.float64) for n, v in inputs.items()}
@@ -190,3 +194,80 @@ def test_unsupported_calls_are_refused_with_the_reason():
     assert "powers of two" in api.unsupported(*(odd[n] for n in NAMES[:5]), interpret=True)
     with pytest.raises(ValueError, match="pallas ssd: .*default backend is cpu"):
         api.ssd(*arrays)
+
+
+# --- the TPU kernels (TPU interpret mode) ----------------------------------------------------
+
+
+def test_tpu_documents_initial_state_groups_odd_length():
+    """The TPU kernels: 19 steps in chunks of 8 (padded), G = 2 groups of 2 heads, documents
+    on and off chunk edges, an initial state, the state in two P tiles: values and every
+    gradient against the float64 per-token reference."""
+    inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
+    check_against_reference(inputs, documents(19), backend="tpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packed, with_initial, heads, groups, length, blocks", [
+    (False, False, 2, 2, 21, TINY), (True, True, 4, 1, 27, TPU_WHOLE_P),
+    (True, False, 2, 1, 16, TPU_WHOLE_P)])
+def test_tpu_kernels_match_reference(packed, with_initial, heads, groups, length, blocks):
+    """The TPU kernels without documents (the mask-free path) or initial state, G = H and
+    G = 1 (4 heads on one group), the whole of P in one tile (the TPU default), a length of
+    whole chunks."""
+    inputs = make_inputs(8, batch=2, length=length, heads=heads, groups=groups)
+    check_against_reference(inputs, documents(length) if packed else None, with_initial,
+                            blocks, backend="tpu")
+
+
+@pytest.mark.slow
+def test_tpu_forward_only_bfloat16():
+    """The TPU primal forward in bf16: y bf16, final state float32, near the float32 kernel."""
+    inputs = make_inputs(2, batch=1, length=13, heads=2, groups=1)
+    ids = np.array([[0] * 5 + [1] * 8], np.int32)
+    narrow = {n: v.astype(jnp.bfloat16) for n, v in inputs.items()}
+    wide = {n: v.astype(jnp.float32) for n, v in narrow.items()}
+    run = jax.jit(lambda x: kernel_fn(ids, backend="tpu")(*(x[n] for n in NAMES)))
+    y, final = run(narrow)
+    assert y.dtype == jnp.bfloat16 and final.dtype == jnp.float32
+    assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
+
+
+def test_kernels_lower_to_mosaic_at_tpu_shapes(monkeypatch):
+    """Forward and backward build Mosaic TPU kernels (block shapes within (8, 128) tiling and
+    every op lowered; no TPU, so never compiled by Mosaic) at the TPU defaults, P = N = 128,
+    bf16, documents, G < H. The device queries of the lowering name a TPU v5e."""
+    from jax._src.pallas.mosaic import tpu_info  # the lowering asks the device for its kind
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    monkeypatch.setattr(tpu_info, "get_device_kind", lambda: "TPU v5 lite")
+    monkeypatch.setattr(tpu_info, "get_num_device_cores", lambda: 1)
+    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    batch, length, heads, groups, dim = 2, 1000, 4, 2, 128
+    args = (spec(batch, length, heads, dim), spec(batch, length, heads),
+            spec(heads, dtype=jnp.float32), spec(batch, length, groups, dim),
+            spec(batch, length, groups, dim), spec(batch, length, dtype=jnp.int32))
+    assert api.unsupported(*args[:5]) is None
+
+    def grads(x, dt, A, B, C, ids):
+        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids), x, dt, A, B, C)
+        return vjp(out)
+
+    text = jax.jit(grads).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 3  # forward, state_grads, chunk_grads
+
+
+def test_tpu_unsupported_calls_are_refused_with_the_reason(monkeypatch):
+    inputs = make_inputs(3, batch=1, length=4, heads=2, groups=1)
+    arrays = [inputs[n] for n in NAMES[:5]]
+    assert api.unsupported(*arrays, backend="tpu", interpret=True) is None
+    assert "TPU kernels were asked for, the default backend is cpu" in api.unsupported(
+        *arrays, backend="tpu")
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert "must be in (128, 256) on a TPU" in api.unsupported(*arrays)  # P = 8, N = 16
+    wide = make_inputs(3, batch=1, length=4, heads=2, groups=1, head_dim=128, state_dim=256)
+    wide = [wide[n] for n in NAMES[:5]]
+    assert api.unsupported(*wide) is None
+    assert "the TPU kernels take bfloat16, float32" in api.unsupported(
+        wide[0].astype(jnp.float16), *wide[1:])
+    with pytest.raises(ValueError, match="no split form"):
+        kernel_fn(None, blocks=SPLIT, backend="tpu")(*(inputs[n] for n in NAMES))
