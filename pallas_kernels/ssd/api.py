@@ -11,8 +11,7 @@ document; the state is zero before it, and the first token of the call continues
 dtype (bf16 on the GPU: states at chunk boundaries are stored, and read out, in bf16).
 Long rows run as S sequence segments (`BlockSizes.segments`): the kernels on `[B·S, T/S]`,
 then `segments.combine` adds each segment's entering state exactly (NOTES.md, round 3).
-Two kernel sets with one contract: `gpu.py` (Triton lowering, the op's layout `[B, T, H, d]`)
-and `tpu.py` (Mosaic TPU, head-major `[B, H, T, d]`: this module transposes).
+Two kernel sets with one contract: `gpu.py` (Triton lowering) and `tpu.py` (Mosaic TPU).
 """
 
 from __future__ import annotations
@@ -102,12 +101,8 @@ def ssd(
     st = Static(blocks=blocks, group=heads // groups, documents=doc is not None,
                 interpret=interpret)
     C = pad(C.astype(x.dtype))
-    # The TPU kernels take [B·S, H, Tp/S, d] (time rows, features: Mosaic's tiles).
-    layout = (lambda v: jnp.swapaxes(v, 1, 2)) if backend == "tpu" else (lambda v: v)
-    y, final_state = _core(st, backend, layout(rows(x)), head_major(dt), head_major(log_decay),
-                           layout(rows(B.astype(x.dtype))), layout(segments.split(C, S)), doc,
-                           s0)
-    y = layout(y)
+    y, final_state = _core(st, backend, rows(x), head_major(dt), head_major(log_decay),
+                           rows(B.astype(x.dtype)), segments.split(C, S), doc, s0)
     if S > 1:
         y, final_state = segments.combine(y, final_state, log_decay, starts, C, S)
     else:

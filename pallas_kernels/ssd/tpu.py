@@ -1,12 +1,12 @@
 """SSD kernels for TPUs: Pallas with the Mosaic TPU lowering. Tested in TPU interpret mode only.
 
-Layout `[batch, heads, time, dim]` (api.py transposes): every block's last two axes are (time
-rows, features), chunks of L rows on the sublanes and P or N on the 128 lanes. x, dy `[B, H,
-T, P]`; dt and the log decays a = dt·A `[B, H, T]` float32; B, C `[B, G, T, N]`; doc `[B, T]`
-int32 (`chunk_math`); states `[B, H, P, N]` float32; states at chunk boundaries `[B, H, NC, P,
-N]` in the input dtype. The per-step vectors enter the kernels as `[..., NC, 1, L]` (blocks
-`(1, L)`: a block's last two axes must be whole or (8, 128)-aligned) and are read as vectors
-`[L]`. Cumulative sums are triangular float32 matmuls (Mosaic has no cumsum).
+Arrays as `gpu.py` takes them (time padded to a multiple of the chunk L, NC chunks): x, dy
+`[B, T, H, P]`; dt and the log decays a = dt·A `[B, H, T]` float32; B, C `[B, T, G, N]`; doc
+`[B, T]` int32 (`chunk_math`); states `[B, H, P, N]` float32; states at chunk boundaries `[B, H, NC, P,
+N]` in the input dtype. A block's last two axes must be whole or (8, 128)-aligned, so the kernels
+see free reshapes: x, dy `[B, T, H·P]` and B, C `[B, T, G·N]`, whose head h (group g) is the
+lane block h (g) of a time block `(L, P)`, with no transpose to a head-major layout; the
+per-step vectors `[..., NC, 1, L]`, blocks `(1, L)` read as vectors `[L]`. Cumulative sums are triangular float32 matmuls (Mosaic has no cumsum).
 The same three kernels as `gpu.py`, the loop over chunks a sequential ("arbitrary") last grid
 axis with the carried `[block_p, N]` float32 tile in VMEM scratch:
 
@@ -71,6 +71,16 @@ def _by_chunk(v: jax.Array, L: int) -> jax.Array:
     return v.reshape(v.shape[:-1] + (v.shape[-1] // L, 1, L))
 
 
+def _lanes(v: jax.Array) -> jax.Array:
+    """`[B, T, H, d]` -> `[B, T, H·d]`: head h is lane block h."""
+    return v.reshape(v.shape[:2] + (-1,))
+
+
+def _seq(L: int, d: int, index) -> pl.BlockSpec:
+    """Time block `(L, d)` of a `_lanes` array; index maps the grid to (b, chunk, lane block)."""
+    return pl.BlockSpec((None, L, d), index)
+
+
 def _per_step(L: int, index) -> pl.BlockSpec:
     """Chunk `(1, L)` of a `[B, H, NC, 1, L]` vector; index maps the grid to (b, h, chunk)."""
     return pl.BlockSpec((None, None, None, 1, L), lambda *grid: (*index(*grid), 0, 0))
@@ -130,34 +140,38 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
 
 
 def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
-    """y `[B, H, T, P]` (x's dtype), the final state (float32) and, with `store_states`, the
+    """y `[B, T, H, P]` (x's dtype), the final state (float32) and, with `store_states`, the
     state entering every chunk `[B, H, NC, P, N]` (x's dtype)."""
     if st.blocks.split_forward:
         raise ValueError("the TPU SSD forward has no split form (BlockSizes.split_forward)")
-    batch, heads, length, P = x.shape
+    batch, length, heads, P = x.shape
     N = B.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
     num_chunks = length // L
-    seq = pl.BlockSpec((None, None, L, BP), lambda b, h, p, c: (b, h, c, p))
-    keys = pl.BlockSpec((None, None, L, N), lambda b, h, p, c: (b, h // group, c, 0))
+    tiles = P // BP
+    seq = _seq(L, BP, lambda b, h, p, c: (b, c, h * tiles + p))
+    keys = _seq(L, N, lambda b, h, p, c: (b, c, h // group))
     per_step = _per_step(L, lambda b, h, p, c: (b, h, c))
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p, c: (b, h, p, 0))
     out_specs = [seq, tile]
-    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(s0.shape, F32)]
+    out_shape = [jax.ShapeDtypeStruct(_lanes(x).shape, x.dtype),
+                 jax.ShapeDtypeStruct(s0.shape, F32)]
     if store_states:
         out_specs.append(pl.BlockSpec((None, None, None, BP, N),
                                       lambda b, h, p, c: (b, h, c, p, 0)))
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype))
-    return pallas_call(
+    y, *states = pallas_call(
         functools.partial(_forward_kernel, st=st, num_chunks=num_chunks,
                           store_states=store_states),
-        grid=(batch, heads, P // BP, num_chunks),
+        grid=(batch, heads, tiles, num_chunks),
         in_specs=[seq, per_step, per_step, keys, keys,
                   *_doc_spec(st, L, lambda b, h, p, c: (b, c)), tile],
         out_specs=out_specs, out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((BP, N), F32)], compiler_params=_params(4),
         interpret=_interpret(st), name="ssd_forward",
-    )(x, _by_chunk(dt, L), _by_chunk(a, L), B, C, *_doc_args(st, doc), s0)
+    )(_lanes(x), _by_chunk(dt, L), _by_chunk(a, L), _lanes(B), _lanes(C), *_doc_args(st, doc),
+      s0)
+    return y.reshape(x.shape), *states
 
 
 # --- backward: the reverse pass over chunks ---------------------------------------------------
@@ -196,28 +210,28 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
     """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype), of the
     initial state `[B, H, P, N]` float32, and `carry_c·⟨dH_c, S_c⟩` per chunk `[B, H, 1, NC]`
     float32 (S_c: the stored state entering chunk c)."""
-    batch, heads, length, P = dy.shape
+    batch, length, heads, P = dy.shape
     N = C.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.backward_block_p, st.group
-    num_chunks = length // L
+    num_chunks, tiles = length // L, P // BP
     back = lambda c: num_chunks - 1 - c
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p, c: (b, h, p, 0))
     boundary = pl.BlockSpec((None, None, None, BP, N), lambda b, h, p, c: (b, h, back(c), p, 0))
-    in_specs = [pl.BlockSpec((None, None, L, BP), lambda b, h, p, c: (b, h, back(c), p)),
+    in_specs = [_seq(L, BP, lambda b, h, p, c: (b, back(c), h * tiles + p)),
                 _per_step(L, lambda b, h, p, c: (b, h, back(c))),
-                pl.BlockSpec((None, None, L, N), lambda b, h, p, c: (b, h // group, back(c), 0)),
+                _seq(L, N, lambda b, h, p, c: (b, back(c), h // group)),
                 *_doc_spec(st, L, lambda b, h, p, c: (b, back(c))), boundary, tile]
     d_states, d_initial, kept = pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
-        grid=(batch, heads, P // BP, num_chunks), in_specs=in_specs,
+        grid=(batch, heads, tiles, num_chunks), in_specs=in_specs,
         out_specs=[boundary, tile, pl.BlockSpec((None, None, None, 1, num_chunks),
                                                 lambda b, h, p, c: (b, h, p, 0, 0))],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), dy.dtype),
                    jax.ShapeDtypeStruct(d_final.shape, F32),
-                   jax.ShapeDtypeStruct((batch, heads, P // BP, 1, num_chunks), F32)],
+                   jax.ShapeDtypeStruct((batch, heads, tiles, 1, num_chunks), F32)],
         scratch_shapes=[pltpu.VMEM((BP, N), F32)], compiler_params=_params(4),
         interpret=_interpret(st), name="ssd_state_grads",
-    )(dy, _by_chunk(a, L), C, *_doc_args(st, doc), states, d_final)
+    )(_lanes(dy), _by_chunk(a, L), _lanes(C), *_doc_args(st, doc), states, d_final)
     return d_states, d_initial, jnp.sum(kept, axis=2)
 
 
@@ -269,17 +283,16 @@ def _chunk_grads_kernel(*refs, st: Static):
 
 
 def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
-    """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype `[B, H, T, P]`; d dt (through dt·x
-    only) and d a `[B, H, T]` float32; dB, dC `[B, G, T, N]` float32. `kept`: `state_grads`'
-    third output."""
-    batch, heads, length, P = x.shape
-    groups, N = B.shape[1], B.shape[-1]
+    """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype; d dt (through dt·x only) and d a
+    `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32. `kept`: `state_grads`' third output."""
+    batch, length, heads, P = x.shape
+    groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
     num_chunks = length // L
     head = lambda g, r: g * R + r
-    seq = pl.BlockSpec((None, None, L, P), lambda b, g, c, r: (b, head(g, r), c, 0))
+    seq = _seq(L, P, lambda b, g, c, r: (b, c, head(g, r)))
     per_step = _per_step(L, lambda b, g, c, r: (b, head(g, r), c))
-    keys = pl.BlockSpec((None, None, L, N), lambda b, g, c, r: (b, g, c, 0))
+    keys = _seq(L, N, lambda b, g, c, r: (b, c, g))
     boundary = pl.BlockSpec((None, None, None, P, N),
                             lambda b, g, c, r: (b, head(g, r), c, 0, 0))
     per_head = jax.ShapeDtypeStruct((batch, heads, num_chunks, 1, L), F32)
@@ -291,10 +304,12 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
                   pl.BlockSpec((None, None, 1, num_chunks),
                                lambda b, g, c, r: (b, head(g, r), 0, 0))],
         out_specs=[seq, per_step, per_step, keys, keys],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head, per_head,
-                   jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
+        out_shape=[jax.ShapeDtypeStruct(_lanes(x).shape, x.dtype), per_head, per_head,
+                   jax.ShapeDtypeStruct(_lanes(B).shape, F32),
+                   jax.ShapeDtypeStruct(_lanes(C).shape, F32)],
         scratch_shapes=[pltpu.VMEM((L, L), F32)], compiler_params=_params(4),
         interpret=_interpret(st), name="ssd_chunk_grads",
-    )(x, _by_chunk(dt, L), _by_chunk(a, L), B, C, *_doc_args(st, doc), dy, states, d_states,
-      kept)
-    return dx, d_dt.reshape(dt.shape), d_a.reshape(a.shape), dB, dC
+    )(_lanes(x), _by_chunk(dt, L), _by_chunk(a, L), _lanes(B), _lanes(C), *_doc_args(st, doc),
+      _lanes(dy), states, d_states, kept)
+    return (dx.reshape(x.shape), d_dt.reshape(dt.shape), d_a.reshape(a.shape),
+            dB.reshape(B.shape), dC.reshape(C.shape))

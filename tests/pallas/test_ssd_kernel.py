@@ -210,11 +210,12 @@ def test_tpu_documents_initial_state_groups_odd_length():
 @pytest.mark.slow
 @pytest.mark.parametrize("packed, with_initial, heads, groups, length, blocks", [
     (False, False, 2, 2, 21, TINY), (True, True, 4, 1, 27, TPU_WHOLE_P),
-    (True, False, 2, 1, 16, TPU_WHOLE_P)])
+    (True, False, 2, 1, 16, TPU_WHOLE_P),
+    (True, True, 4, 2, 29, dataclasses.replace(TINY, segments=2))])
 def test_tpu_kernels_match_reference(packed, with_initial, heads, groups, length, blocks):
     """The TPU kernels without documents (the mask-free path) or initial state, G = H and
     G = 1 (4 heads on one group), the whole of P in one tile (the TPU default), a length of
-    whole chunks."""
+    whole chunks, rows in two sequence segments."""
     inputs = make_inputs(8, batch=2, length=length, heads=heads, groups=groups)
     check_against_reference(inputs, documents(length) if packed else None, with_initial,
                             blocks, backend="tpu")
