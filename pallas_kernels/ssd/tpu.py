@@ -2,11 +2,12 @@
 
 Arrays as `gpu.py` takes them (time padded to a multiple of the chunk L, NC chunks): x, dy
 `[B, T, H, P]`; dt and the log decays a = dt·A `[B, H, T]` float32; B, C `[B, T, G, N]`; doc
-`[B, T]` int32 (`chunk_math`); states `[B, H, P, N]` float32; states at chunk boundaries `[B, H, NC, P,
-N]` in the input dtype. A block's last two axes must be whole or (8, 128)-aligned, so the kernels
-see free reshapes: x, dy `[B, T, H·P]` and B, C `[B, T, G·N]`, whose head h (group g) is the
-lane block h (g) of a time block `(L, P)`, with no transpose to a head-major layout; the
-per-step vectors `[..., NC, 1, L]`, blocks `(1, L)` read as vectors `[L]`. Cumulative sums are triangular float32 matmuls (Mosaic has no cumsum).
+`[B, T]` int32 (`chunk_math`); states `[B, H, P, N]` float32; states at chunk boundaries
+`[B, H, NC, P, N]` in the input dtype. A block's last two axes must be whole or
+(8, 128)-aligned, so the kernels see reshapes: x, dy `[B, T, H·P]` and B, C `[B, T, G·N]`,
+whose head h (group g) is lane block h (g) of a time block `(L, P)` (no transpose to a
+head-major layout); the per-step vectors `[..., NC, 1, L]`, blocks `(1, L)` read as vectors
+`[L]`. Cumulative sums are triangular float32 matmuls (Mosaic has no cumsum).
 The same three kernels as `gpu.py`, the loop over chunks a sequential ("arbitrary") last grid
 axis with the carried `[block_p, N]` float32 tile in VMEM scratch:
 
