@@ -30,13 +30,16 @@ class Rung:
     """One implementation of an op.
 
     `unsupported(*args, **kwargs)` returns None when this rung can run the call, else the reason.
-    `auto=False` keeps a rung (the naive reference) out of automatic selection.
+    `auto=False` keeps a rung (the naive reference) out of automatic selection; `auto_platforms`
+    limits automatic selection to those platforms (a kernel measured on some only), while a
+    named `implementation=` still runs it wherever it is supported.
     """
 
     name: str
     fn: Callable[..., Any]
     unsupported: Callable[..., str | None] = _always
     auto: bool = True
+    auto_platforms: tuple[str, ...] | None = None
 
 
 def backend() -> str:
@@ -64,6 +67,11 @@ def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: An
     reasons = []
     for rung in rungs:
         if not rung.auto:
+            continue
+        if rung.auto_platforms is not None and backend() not in rung.auto_platforms:
+            reasons.append(f"{rung.name}: not chosen automatically on {backend()} (only on "
+                           f"{', '.join(rung.auto_platforms)}; implementation="
+                           f"{rung.name!r} runs it)")
             continue
         reason = rung.unsupported(*args, **kwargs)
         if reason is None:

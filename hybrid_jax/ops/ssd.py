@@ -53,9 +53,10 @@ def ssd(
       return_final_state: also return the state after the last token.
       segment_ids: `[B, T]` packed-document ids; the state resets at each document start
         (`hybrid_jax.ops.segments`).
-      implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU or TPU
-        where the kernels take the call, e.g. head and state dims in 64/128/256 on a GPU,
-        128/256 on a TPU; else "xla", logged).
+      implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU where the
+        kernels take the call, e.g. head and state dims in 64/128/256; else "xla", logged).
+        On a TPU "pallas" runs the Mosaic kernels (dims 128/256) only when named: they have
+        not yet run on a TPU, so auto takes "xla" there.
 
     Returns:
       y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where
@@ -191,7 +192,9 @@ def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) ->
 
 
 _RUNGS = (
-    Rung("pallas", ssd_pallas, _pallas_unsupported),
+    # Chosen automatically on GPUs only: the TPU kernels have run in TPU interpret mode, never
+    # on a TPU (pallas_kernels/ssd/NOTES.md, "TPU"); `implementation="pallas"` runs them.
+    Rung("pallas", ssd_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", ssd_xla),
     Rung("reference", ssd_reference, auto=False),
 )
