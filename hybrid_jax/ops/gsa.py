@@ -394,7 +394,10 @@ def _pallas_unsupported(q, k, v, s, g, *, scale, chunk_size, initial_state, star
 
 
 _RUNGS = (
-    Rung("pallas", gated_slot_attention_pallas, _pallas_unsupported),
+    # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
+    # interpret mode, never on a TPU (and their [B, H, T] vector blocks may not pass Mosaic's
+    # (8, 128) rule); `implementation="pallas"` runs them there.
+    Rung("pallas", gated_slot_attention_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", gated_slot_attention_xla),
     Rung("reference", gated_slot_attention_reference, auto=False),
 )

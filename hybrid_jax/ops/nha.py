@@ -147,7 +147,8 @@ def native_hybrid_attention(
       return_final_state: also return the state after the last token.
       empty_slots: "mask" (leave empty slots out) or "sink" (zero-value sinks, original code).
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
-      implementation: "pallas", "reference", "xla" or None (auto).
+      implementation: "pallas", "reference", "xla" or None (auto: "pallas" on a GPU where the
+        kernels take the call, else "xla", logged; on a TPU "pallas" only when named).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, NHAState)`; the state's arrays take the
@@ -656,7 +657,10 @@ def _pallas_unsupported(*args, window, empty_slots, call, **kwargs) -> str | Non
 
 
 _RUNGS = (
-    Rung("pallas", nha_pallas, _pallas_unsupported),
+    # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
+    # interpret mode, never on a TPU (and their [B, H, T] vector blocks may not pass Mosaic's
+    # (8, 128) rule); `implementation="pallas"` runs them there.
+    Rung("pallas", nha_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", nha_xla),
     Rung("reference", nha_reference, auto=False),
 )
