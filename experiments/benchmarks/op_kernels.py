@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import tempfile
 
 import jax
 
@@ -43,11 +42,7 @@ def profile(fn, inputs) -> dict:
     """Kernel summary of RUNS calls of the compiled `fn(*inputs)`, per call."""
     compiled = jax.jit(fn).lower(*inputs).compile()
     jax.block_until_ready(compiled(*inputs))  # warm-up outside the trace
-    directory = tempfile.mkdtemp(prefix="op_kernels_")
-    with jax.profiler.trace(directory, create_perfetto_trace=True):
-        for _ in range(RUNS):
-            jax.block_until_ready(compiled(*inputs))
-    return trace_summary.summarize(directory, RUNS)
+    return trace_summary.trace_calls(compiled, inputs, RUNS, prefix="op_kernels_")
 
 
 def main() -> None:

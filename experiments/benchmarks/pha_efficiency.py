@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -230,12 +229,8 @@ def trace_rows(compiled, args, top: int, trace_dir: str | None, runs: int = 3,
                label: str = "gss") -> list[dict]:
     """The top kernels of `runs` calls of `compiled(*args)` under `jax.profiler.trace`, rows
     named `label kernel ...`."""
-    directory = Path(tempfile.mkdtemp(prefix="pha_trace_", dir=trace_dir))
     try:
-        with jax.profiler.trace(str(directory), create_perfetto_trace=True):
-            for _ in range(runs):
-                jax.block_until_ready(compiled(*args))
-        summary = trace_summary.summarize(directory, runs)
+        summary = trace_summary.trace_calls(compiled, args, runs, trace_dir, prefix="pha_trace_")
     except Exception as e:  # noqa: BLE001  (a missing profiler plugin must not cost the rest)
         print(f"{label} trace failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
         return [{"part": f"{label} trace", "error": f"{type(e).__name__}: {str(e)[:160]}"}]

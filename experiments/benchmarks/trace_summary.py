@@ -19,6 +19,7 @@ import collections
 import gzip
 import json
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,19 @@ def summarize(path: str | Path, steps: int = 1, process: str = GPU_PROCESS,
     return {"trace": str(trace_file(path)), "events": len(events), "selection": note,
             "device_ms_per_step": sum(r["ms_per_step"] for r in rows), "kernels": rows,
             "categories": category_table(rows)}
+
+
+def trace_calls(fn, args, runs: int, directory: str | Path | None = None,
+                prefix: str = "trace_") -> dict[str, Any]:
+    """`summarize` (per call) of `runs` calls of an already compiled and warm `fn(*args)` under
+    `jax.profiler.trace`, written to a new folder inside `directory` (default: the temp dir)."""
+    import jax  # only here: the rest of this module reads trace files without JAX
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
+    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+        for _ in range(runs):
+            jax.block_until_ready(fn(*args))
+    return summarize(folder, runs)
 
 
 def print_summary(summary: dict[str, Any], top: int = 30) -> None:
