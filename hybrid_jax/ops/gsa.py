@@ -394,9 +394,7 @@ def _pallas_unsupported(q, k, v, s, g, *, scale, chunk_size, initial_state, star
 
 
 _RUNGS = (
-    # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
-    # interpret mode, never on a TPU (and their [B, H, T] vector blocks may not pass Mosaic's
-    # (8, 128) rule); `implementation="pallas"` runs them there.
+    # The NHA kernels at w = 0: chosen automatically on GPUs only, as NHA's rung (ops/nha.py).
     Rung("pallas", gated_slot_attention_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", gated_slot_attention_xla),
     Rung("reference", gated_slot_attention_reference, auto=False),
