@@ -34,3 +34,13 @@ def normals(seed: int, *shapes, dtype=np.float64):
     rng = np.random.default_rng(seed)
     arrays = [jax.numpy.asarray(rng.standard_normal(shape), dtype=dtype) for shape in shapes]
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def lower_for_tpu(fn, *args) -> str:
+    """The StableHLO text of `jax.jit(fn)(*args)` lowered for TPU, on any host.
+
+    Pallas's TPU lowering (block-shape rules, the kernel body to Mosaic) runs here, so a kernel
+    that could not compile on a TPU fails on the CPU. `args` may be ShapeDtypeStructs: nothing
+    runs. The Mosaic compiler's own passes run only on a TPU."""
+    exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
+    return exported.mlir_module()
