@@ -230,15 +230,16 @@ def on_gpu(monkeypatch):
     dispatch._LOGGED.clear()
 
 
-def _rung(B, T, H, K, V, dtype=jnp.bfloat16, documents=False, initial_state=False):
+def _rung(B, T, H, K, V, dtype=jnp.bfloat16, documents=False, initial_state=False,
+          implementation=None):
     sds = jax.ShapeDtypeStruct
     args = (sds((B, T, H, K), dtype), sds((B, T, H, K), dtype), sds((B, T, H, V), dtype),
             sds((B, T, H), dtype), sds((B, T, H), dtype))
     kwargs = dict(scale=K**-0.5, chunk_size=64,
                   initial_state=sds((B, H, K, V), jnp.float32) if initial_state else None,
                   starts=sds((B, T), jnp.bool_) if documents else None)
-    rung, reasons = dispatch.choose("gated_delta_rule", delta_rule_module._RUNGS, None, *args,
-                                    **kwargs)
+    rung, reasons = dispatch.choose("gated_delta_rule", delta_rule_module._RUNGS, implementation,
+                                    *args, **kwargs)
     return rung.name, reasons
 
 
@@ -257,6 +258,18 @@ def test_auto_falls_back_with_the_reason(on_gpu, caplog):
             jax.eval_shape(lambda *a: gated_delta_rule(*a), q, k, v, g, beta)
     records = [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]
     assert len(records) == 1 and "pallas: head dim K=8" in records[0].getMessage()
+
+
+def test_on_a_tpu_the_kernel_runs_only_when_named(monkeypatch):
+    """The TPU kernels take the call when `implementation="pallas"` names them; auto keeps the
+    xla rung on a TPU (the kernels have run in TPU interpret mode only) and says why."""
+    for module in (dispatch, delta_rule_module):
+        monkeypatch.setattr(module, "backend", lambda: "tpu")
+    monkeypatch.setattr(pallas_delta_rule, "_platform", lambda: "tpu")
+    shape = dict(B=4, T=8192, H=16, K=128, V=128, documents=True, initial_state=True)
+    name, reasons = _rung(**shape)
+    assert name == "xla" and "not chosen automatically on tpu" in reasons[0]
+    assert _rung(**shape, implementation="pallas")[0] == "pallas"
 
 
 def test_forced_kernel_refuses_unsupported_calls():
