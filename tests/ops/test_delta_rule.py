@@ -13,7 +13,7 @@ import pytest
 from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from pallas_kernels.delta_rule import api as pallas_delta_rule
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, lower_for_tpu, normals
 
 
 def numpy_delta_rule(q, k, v, g, beta, scale, initial_state=None):
@@ -261,15 +261,19 @@ def test_auto_falls_back_with_the_reason(on_gpu, caplog):
 
 
 def test_on_a_tpu_the_kernel_runs_only_when_named(monkeypatch):
-    """The TPU kernels take the call when `implementation="pallas"` names them; auto keeps the
-    xla rung on a TPU (the kernels have run in TPU interpret mode only) and says why."""
+    """The TPU kernels take the call when `implementation="pallas"` names them (lowered for a
+    TPU here: the op reaches the Mosaic kernels); auto keeps the xla rung on a TPU (the kernels
+    have run in TPU interpret mode only) and says why."""
     for module in (dispatch, delta_rule_module):
         monkeypatch.setattr(module, "backend", lambda: "tpu")
     monkeypatch.setattr(pallas_delta_rule, "_platform", lambda: "tpu")
-    shape = dict(B=4, T=8192, H=16, K=128, V=128, documents=True, initial_state=True)
-    name, reasons = _rung(**shape)
+    name, reasons = _rung(4, 8192, 16, 128, 128, documents=True, initial_state=True)
     assert name == "xla" and "not chosen automatically on tpu" in reasons[0]
-    assert _rung(**shape, implementation="pallas")[0] == "pallas"
+    sds = jax.ShapeDtypeStruct
+    B, T, H, K = 2, 100, 2, 64
+    args = [sds((B, T, H, K), jnp.bfloat16)] * 3 + [sds((B, T, H), jnp.float32)] * 2
+    text = lower_for_tpu(lambda *a: gated_delta_rule(*a, implementation="pallas"), *args)
+    assert "gated_delta_rule_tpu_forward" in text
 
 
 def test_forced_kernel_refuses_unsupported_calls():
