@@ -95,26 +95,31 @@ def test_bfloat16_within_rounding(x64):
           cast=jnp.bfloat16)
 
 
-@pytest.mark.parametrize("key_dim,value_dim", [(128, 128), (64, 64), (256, 256)])
-def test_kernels_lower_to_mosaic(monkeypatch, key_dim, value_dim):
+@pytest.mark.parametrize("key_dim,value_dim,packed", [
+    (128, 128, True), (64, 64, True), (256, 256, True), (128, 64, False)])
+def test_kernels_lower_to_mosaic(monkeypatch, key_dim, value_dim, packed):
     """Forward and backward (not interpreted) lower to Mosaic TPU kernels at B4 T8192 H16,
-    bf16, documents and an initial state, the default chunk (64)."""
+    bf16, the default chunk (64): with documents and an initial state at K = V = 64, 128, 256;
+    without either at K = 128, V = 64."""
     monkeypatch.setattr(api, "_platform", lambda: "tpu")
     batch, length, heads = 4, 8192, 16
     rows = (batch, length, heads)
     spec = jax.ShapeDtypeStruct
     arrays = [spec(rows + (key_dim,), jnp.bfloat16), spec(rows + (key_dim,), jnp.bfloat16),
               spec(rows + (value_dim,), jnp.bfloat16), spec(rows, jnp.float32),
-              spec(rows, jnp.float32), spec((batch, heads, key_dim, value_dim), jnp.float32),
-              spec((batch, length), jnp.bool_)]
-    assert api.unsupported(*arrays[:5], arrays[5], arrays[6]) is None
+              spec(rows, jnp.float32)]
+    if packed:
+        arrays += [spec((batch, heads, key_dim, value_dim), jnp.float32),
+                   spec((batch, length), jnp.bool_)]
+    assert api.unsupported(*arrays) is None
 
-    def loss(q, k, v, g, beta, state, starts):
+    def loss(q, k, v, g, beta, state=None, starts=None):
         out, final_state = api.gated_delta_rule(q, k, v, g, beta, initial_state=state,
                                                 starts=starts)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(final_state)
 
-    text = lower_for_tpu(jax.value_and_grad(loss, argnums=tuple(range(6))), *arrays)
+    text = lower_for_tpu(jax.value_and_grad(loss, argnums=tuple(range(len(arrays) - packed))),
+                         *arrays)
     # the forward saving the entering states, then the backward
     assert text.count("tpu_custom_call") == 2
     for name in ("gated_delta_rule_tpu_forward", "gated_delta_rule_tpu_backward"):
