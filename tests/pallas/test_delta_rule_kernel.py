@@ -40,11 +40,12 @@ def make_inputs(seed, batch, length, heads=2, key_dim=16, value_dim=16):
                 initial_state=state)
 
 
-def kernel_run(x, segment_ids, scale, blocks):
+def kernel_run(x, segment_ids, scale, blocks, backend=None):
+    """The kernels in interpret mode (the GPU's, or `backend`'s)."""
     starts = document_starts("test", segment_ids, *x["q"].shape[:2])
     return api.gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
                                 initial_state=x.get("initial_state"), starts=starts,
-                                block_sizes=blocks, interpret=True)
+                                block_sizes=blocks, backend=backend, interpret=True)
 
 
 def reference_run(x, segment_ids, scale):
@@ -63,10 +64,10 @@ def weighted_loss(run, weights):
     return loss
 
 
-def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY):
+def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY, backend=None):
     batch, _, heads, key_dim = x["q"].shape
     weights = normals(7, x["v"].shape, (batch, heads, key_dim, x["v"].shape[3]))
-    kernel = lambda x: kernel_run(x, segment_ids, scale, blocks)
+    kernel = lambda x: kernel_run(x, segment_ids, scale, blocks, backend)
     reference = lambda x: reference_run(x, segment_ids, scale)
     with_values = lambda run: jax.jit(jax.value_and_grad(
         lambda x: (weighted_loss(run, weights)(x), run(x)), has_aux=True))
@@ -120,20 +121,25 @@ def test_bfloat16_within_rounding(x64, split):
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
     dKK) stay within bf16 rounding of the float64 reference on the same inputs; chunk 16 of
     sub-chunks 4, so the inverse merges its blocks twice (4 → 8 → 16)."""
-    x = make_inputs(3, batch=1, length=45)
-    x.update({n: x[n].astype(jnp.bfloat16).astype(jnp.float32) for n in ("q", "k", "v")})
     ids = np.zeros((1, 45), np.int32)
     ids[0, 21:] = 1
-    blocks = dataclasses.replace(TINY, chunk=16, split_gradients=split)
+    check_bfloat16(jnp.asarray(ids), dataclasses.replace(TINY, chunk=16, split_gradients=split))
+
+
+def check_bfloat16(segment_ids, blocks, backend=None):
+    """The kernels on bf16 q, k, v (T = 45) within bf16 rounding of the float64 reference on
+    the same (bf16-representable) inputs: values from the primal forward, every gradient."""
+    x = make_inputs(3, batch=1, length=45)
+    x.update({n: x[n].astype(jnp.bfloat16).astype(jnp.float32) for n in ("q", "k", "v")})
     weights = normals(7, x["v"].shape, x["initial_state"].shape)
 
     def kernel(x):
         x = dict(x, **{n: x[n].astype(jnp.bfloat16) for n in ("q", "k", "v")})
-        out, state = kernel_run(x, jnp.asarray(ids), 0.4, blocks)
+        out, state = kernel_run(x, segment_ids, 0.4, blocks, backend)
         return out.astype(jnp.float32), state
 
-    expected = reference_run(x, jnp.asarray(ids), 0.4)
-    expected_grads = jax.grad(weighted_loss(lambda x: reference_run(x, jnp.asarray(ids), 0.4),
+    expected = reference_run(x, segment_ids, 0.4)
+    expected_grads = jax.grad(weighted_loss(lambda x: reference_run(x, segment_ids, 0.4),
                                             weights))(x)
     assert_close(jax.jit(kernel)(x), expected, 6e-3, "values")  # measured ≈ 2.6e-3
     grads = jax.jit(jax.grad(weighted_loss(kernel, weights)))(x)

@@ -16,25 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.ops.segments import document_starts
 from pallas_kernels.delta_rule import api
-from pallas_kernels.delta_rule.block_sizes import BlockSizes
-from tests.helpers import assert_close, lower_for_tpu, normals
+from tests.helpers import lower_for_tpu
 from tests.pallas.test_delta_rule_kernel import (
     TINY,  # chunk 8; the TPU kernels read only the chunk
+    check_against_reference,
+    check_bfloat16,
     make_inputs,
-    reference_run,
-    weighted_loss,
 )
 
 CHUNK_16 = dataclasses.replace(TINY, chunk=16)
-
-
-def tpu_run(x, segment_ids, scale, blocks=TINY):
-    starts = document_starts("test", segment_ids, *x["q"].shape[:2])
-    return api.gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
-                                initial_state=x.get("initial_state"), starts=starts,
-                                block_sizes=blocks, backend="tpu", interpret=True)
 
 
 def documents(length: int) -> jnp.ndarray:
@@ -48,51 +39,28 @@ def documents(length: int) -> jnp.ndarray:
     return jnp.asarray(ids)
 
 
-def check(x, segment_ids, scale, blocks=TINY, *, values_tol=1e-5, grads_tol=1e-5, cast=None):
-    """Values (from the forward that saves the backward's residuals) and every gradient of
-    the TPU kernels against the float64 reference; `cast`: the kernels' q, k, v dtype."""
-    weights = normals(7, x["v"].shape, x["initial_state"].shape)
-
-    def kernel(x):
-        if cast is not None:
-            x = dict(x, **{n: x[n].astype(cast) for n in ("q", "k", "v")})
-        out, state = tpu_run(x, segment_ids, scale, blocks)
-        return out.astype(jnp.float32), state
-
-    reference = lambda x: reference_run(x, segment_ids, scale)
-    with_values = lambda run: jax.jit(jax.value_and_grad(
-        lambda x: (weighted_loss(run, weights)(x), run(x)), has_aux=True))
-    (_, expected), expected_grads = with_values(reference)(x)
-    (_, values), grads = with_values(kernel)(x)
-    assert_close(values, expected, values_tol, "values")
-    for name in x:
-        assert_close(grads[name], expected_grads[name], grads_tol, f"d{name}")
-
-
 def test_documents_initial_state_odd_length(x64):
     """T = 37 (padded to 40, five chunks of 8: the inverse merges 2 → 4 → 8), K = 16 ≠ V = 8,
     two heads (a weak and a strong decay), documents on and off chunk edges, an initial state
-    that reaches the first document only."""
+    that reaches the first document only; values from the forward that saves the backward's
+    residuals."""
     x = make_inputs(0, batch=1, length=37, key_dim=16, value_dim=8)
-    check(x, documents(37), 0.4)
+    check_against_reference(x, documents(37), 0.4, primal=False, backend="tpu")
 
 
 @pytest.mark.slow
 def test_no_documents_chunk_16(x64):
-    """Without documents (the mask-free path), chunk 16 (merges 2 → 4 → 8 → 16), two rows."""
+    """Without documents (the mask-free path), chunk 16 (merges 2 → 4 → 8 → 16), two rows,
+    values from the primal forward."""
     x = make_inputs(1, batch=2, length=40, key_dim=8, value_dim=16)
-    check(x, None, None, CHUNK_16)
+    check_against_reference(x, None, None, primal=True, blocks=CHUNK_16, backend="tpu")
 
 
 @pytest.mark.slow
 def test_bfloat16_within_rounding(x64):
-    """bf16 q, k, v (float32 g, β, state): within bf16 rounding of the float64 reference on
-    the same (bf16-representable) inputs; the bf16 paths (split merges, U₀'s split T, dK̃'s
-    split dS₁)."""
-    x = make_inputs(3, batch=1, length=45)
-    x.update({n: x[n].astype(jnp.bfloat16).astype(jnp.float32) for n in ("q", "k", "v")})
-    check(x, documents(45), 0.4, CHUNK_16, values_tol=6e-3, grads_tol=1e-2,
-          cast=jnp.bfloat16)
+    """bf16 q, k, v: the bf16 paths (split merges, U₀'s split T, dK̃'s split dS₁) within bf16
+    rounding of the float64 reference, with documents, chunk 16."""
+    check_bfloat16(documents(45), CHUNK_16, backend="tpu")
 
 
 @pytest.mark.parametrize("key_dim,value_dim,packed", [
