@@ -69,8 +69,9 @@ def gated_delta_rule(
       initial_state: `[B, H, K, V]` state before the first step, or None (zeros).
       starts: `[B, T]` bool, True where a document starts (after the first token: the first
         token continues `initial_state`), or None.
-      block_sizes: tiles and launch parameters (default `default_block_sizes(K, V, B·H)` on
-        the GPU, `tpu.DEFAULT_BLOCKS` on a TPU, whose kernels read only its chunk).
+      block_sizes: tiles and launch parameters of every kernel (default on the GPU
+        `default_block_sizes(K, V, B·H)`, with `training=False` for a forward that is not
+        differentiated; on a TPU `tpu.DEFAULT_BLOCKS`, whose kernels read only its chunk).
       backend: "gpu" or "tpu" kernels; default: the platform, or "gpu" when interpreting on
         the CPU.
       interpret: run the kernels in Pallas interpret mode (CPU tests; the TPU kernels in TPU
@@ -97,12 +98,14 @@ def gated_delta_rule(
             for v_slice, state in zip(jnp.split(v, slices, axis=-1), states, strict=True)),
             strict=True)
         return jnp.concatenate(outs, axis=-1), jnp.concatenate(finals, axis=-1)
-    if block_sizes is None:
-        block_sizes = (default_block_sizes(key_dim, value_dim, batch * heads)
-                       if backend == "gpu" else tpu.DEFAULT_BLOCKS)
-    blocks = _fitted(block_sizes, key_dim, value_dim)
+    if block_sizes is None and backend == "tpu":
+        block_sizes = tpu.DEFAULT_BLOCKS
+    defaults = functools.partial(default_block_sizes, key_dim, value_dim, batch * heads)
+    blocks = _fitted(block_sizes or defaults(), key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
                 documents=starts is not None, interpret=interpret)
+    st_forward = dataclasses.replace(st, blocks=_fitted(block_sizes or defaults(training=False),
+                                                        key_dim, value_dim))
     padded = -(-length // blocks.chunk) * blocks.chunk
     pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2))
     g = g.astype(F32)
@@ -111,9 +114,10 @@ def gated_delta_rule(
     heads_first = lambda x: pad(x.astype(F32)).transpose(0, 2, 1)  # [B, T, H] → [B, H, Tp]
     state = (jnp.zeros((batch, heads, key_dim, value_dim), F32) if initial_state is None
              else initial_state.astype(F32))
-    core = _core if backend == "gpu" else tpu.gated_delta_rule
-    out, final_state = core(st, pad(q), pad(k), pad(v), heads_first(g), heads_first(beta),
-                            None if starts is None else pad(starts.astype(F32)), state)
+    args = (pad(q), pad(k), pad(v), heads_first(g), heads_first(beta),
+            None if starts is None else pad(starts.astype(F32)), state)
+    out, final_state = (_core(st, st_forward, *args) if backend == "gpu"
+                        else tpu.gated_delta_rule(st, *args))
     return out[:, :length], final_state
 
 
@@ -202,18 +206,20 @@ def _forward(st: Static, q, k, v, g, beta, starts, initial_state, *, save: bool)
     return out, final_state, w, p, t, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st: Static, q, k, v, g, beta, starts, initial_state):
-    return _forward(st, q, k, v, g, beta, starts, initial_state, save=False)[:2]
+# `st` holds the training kernels' blocks (forward with saved residuals, backward), `st_forward`
+# those of a forward that is not differentiated; both have one chunk length.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _core(st: Static, st_forward: Static, q, k, v, g, beta, starts, initial_state):
+    return _forward(st_forward, q, k, v, g, beta, starts, initial_state, save=False)[:2]
 
 
-def _core_forward(st: Static, q, k, v, g, beta, starts, initial_state):
+def _core_forward(st: Static, st_forward: Static, q, k, v, g, beta, starts, initial_state):
     out, final_state, w, p, (t,), (states, u) = _forward(st, q, k, v, g, beta, starts,
                                                          initial_state, save=True)
     return (out, final_state), (q, k, v, g, beta, starts, w, p, t, states, u)
 
 
-def _core_backward(st: Static, residuals, cotangents):
+def _core_backward(st: Static, st_forward: Static, residuals, cotangents):
     q, k, v, g, beta, starts, w, p, t, states, u = residuals
     d_out, d_final = cotangents
     d_out = d_out.astype(q.dtype)

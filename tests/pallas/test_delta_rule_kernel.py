@@ -212,7 +212,9 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
         BlockSizes(chunk=16, sub_chunk=32)
 
 
-@pytest.mark.parametrize("key_dim,value_dim,heads,tile", [
-    (128, 128, 64, 64), (256, 64, 64, 32), (128, 64, 64, 32), (128, 128, 4, 16)])
-def test_default_value_tile_keeps_the_gpu_busy(key_dim, value_dim, heads, tile):
-    assert default_block_sizes(key_dim, value_dim, heads).value_block == tile
+@pytest.mark.parametrize("key_dim,value_dim,heads,training,tile", [
+    (128, 128, 64, False, 64), (256, 64, 64, False, 32), (128, 64, 64, False, 32),
+    (128, 128, 4, False, 16), (128, 128, 64, True, 32), (128, 128, 4, True, 16)])
+def test_default_value_tile_keeps_the_gpu_busy(key_dim, value_dim, heads, training, tile):
+    blocks = default_block_sizes(key_dim, value_dim, heads, training=training)
+    assert (blocks.value_block, blocks.split_outputs) == (tile, training)
