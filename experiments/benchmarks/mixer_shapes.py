@@ -15,8 +15,8 @@ What K and V are per op:
   native_hybrid_attention
   ssd                      K is the state size N (B, C `[B, T, G, N]`), V the head dim P
                            (x `[B, T, H, P]`); G B/C groups (1 in the numeric forms)
-  cuDNN causal attention   q, k, v all `[B, T, H, K]`: at V != K its v takes K too (cuDNN's
-                           bf16 kernels take one head dim ≤ 256)
+  cuDNN causal attention   q, k, v all `[B, T, H, K]`: at V != K its v takes K too (one head
+                           dim for all three; gdn-340m's V 512 is past cuDNN's 256)
 A model shape reads each layer's mixer options: gdn (and oryx in GDN mode) give the gated delta
 rule; mamba2 (oryx in Mamba-2 mode) SSD with its G and N; gsa GSA with its M; nha GSA (NHA at
 window 0: its slot branch, what fla's `chunk_gsa` runs) and NHA itself (`op_kernels`). Asked
