@@ -1,28 +1,43 @@
-"""Linear-recurrence ops, every rung of ours, against flash-linear-attention (fla) and cuDNN
+r"""Linear-recurrence ops, every rung of ours, against flash-linear-attention (fla) and cuDNN
 causal attention, fwd and fwd+bwd, in one run.
 
     python -m experiments.benchmarks.linear_ops [--parts check,sweep,table]
         [--shapes 4x8192,8x4096,2x16384] [--ops ssd,gated_delta_rule,gated_slot_attention]
-        [--impls xla,pallas] [--no-fla] [--fla-timeout SECONDS] [--fla-cache DIR]
-        [--time-limit SECONDS] [--out linear_ops.json]
+        [--impls xla,pallas] [--variants 'LABEL;LABEL' | all | none] [--no-fla]
+        [--fla-timeout SECONDS] [--fla-cache DIR] [--time-limit SECONDS] [--out linear_ops.json]
 
-Heads 16, K = V = P = N = 128 (SSD: one B/C group; GSA: 64 slots), bf16 inputs. Parts:
+Shapes (`mixer_shapes`): `BxT` is H16, K = V = P = N = 128 (SSD: one B/C group; GSA: 64
+slots); `BxTxHxK[xV]` gives heads and dims (`4x8192x3x256x512`); `MODEL@BxT` each op at the
+shape of the preset's layers (`gdn-340m@4x8192`: the gated delta rule at H3 K256 V512; ops the
+model does not run are skipped). SSD reads K as its state size N and V as its head dim P.
+bf16 inputs. Parts:
   check  the SSD kernel's GPU accuracy (`ssd_kernel.part_check`)
   sweep  the SSD kernel's tiles at 4 × 8192 (`ssd_kernel.part_sweep`); the table then adds a
          row of the sweep's best
   table  per shape and op: every rung the op has (enumerated through `implementation=`, so a
          new rung appears by itself; "reference" left out; `--impls` keeps some), the SSD
-         and GDN kernels' variants (`SSD_VARIANTS`, `GDN_VARIANTS`), fla's chunk kernel (the
+         and GDN kernels' variants (`SSD_VARIANTS`; `gdn_variants(shape)`, built from the
+         shape's own default tiles; `--variants` keeps some by label), fla's chunk kernel (the
          peer script `peers/fla_linear.py`, run in its own process BEFORE JAX takes the GPU)
-         and cuDNN causal attention (`jax.nn.dot_product_attention`) at the same
-         [B, T, 16, 128]; the ratios ours/fla (fwd, fwd+bwd) and ours/cuDNN (fwd+bwd); then
-         the issue's targets.
+         and cuDNN causal attention (`jax.nn.dot_product_attention`) at the op's [B, T, H, K]
+         (K for its v too where V != K); the ratios ours/fla (fwd, fwd+bwd) and ours/cuDNN
+         (fwd+bwd) pair rows of one shape (B, T, H, K, V, and G / M); then the issue's
+         targets (at 4x8192).
 The fla peer measures the same `--shapes` and `--ops`, in that order, and each of its rows
 is kept as it arrives (`peers/stream.py`): at `--fla-timeout` (default: ~90 s per op for the
 first shape, fla's autotuning, and 25 s for each further one, within `--time-limit`) it is
 stopped and what it finished is used. Every row is printed (flushed) when measured and the
 JSON rewritten, so a run stopped from outside keeps its rows too. Rows past `--time-limit`
 (seconds for the whole run, the peer included) are skipped (marked so).
+
+gdn-340m's mixer (B4 T8192 H3 K256 V512, two 256-column V slices): our default, the K 256
+variants (fused outputs against split, V tiles 16 / 32, gradient warps 4 / 8), fla and cuDNN at
+H3 K256, ≤ 150 s on an H200 (fla's peer up to 75 s of it: its autotuning at a new shape):
+
+    python -m experiments.benchmarks.linear_ops --parts table --ops gated_delta_rule \
+        --impls pallas --shapes gdn-340m@4x8192 --fla-timeout 75 --time-limit 145 \
+        --variants 'fused outputs;fused outputs V32;split outputs V32;gradients 4 warps' \
+        --fla-cache /tmp/triton_fla --out linear_gdn340m.json
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,6 +53,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from experiments.benchmarks.mixer_shapes import MixerShape, row_key, shape_jobs
 from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.ssd_kernel import part_check, part_sweep
 from experiments.benchmarks.timing import cudnn_op, device_name, measure, print_table, write_json
@@ -46,17 +63,19 @@ from hybrid_jax.ops.dispatch import IMPLEMENTATIONS
 from hybrid_jax.ops.gsa import gated_slot_attention
 from hybrid_jax.ops.ssd import ssd
 from pallas_kernels.delta_rule import api as pallas_gdn
+from pallas_kernels.delta_rule.block_sizes import BlockSizes as GDNBlockSizes
 from pallas_kernels.delta_rule.block_sizes import default_block_sizes as gdn_block_sizes
 from pallas_kernels.ssd import api as pallas_ssd
 from pallas_kernels.ssd.block_sizes import BlockSizes
 
-HEADS, DIM, SLOTS = 16, 128, 64
 OPS = {
     "ssd": functools.partial(ssd, chunk_size=64),
     "gated_delta_rule": functools.partial(gated_delta_rule, chunk_size=64),
     "gated_slot_attention": gated_slot_attention,
 }
-# The issue's targets at 4 × 8192 (fwd+bwd unless named): ours ≤ factor × peer time.
+# The issue's targets at 4 × 8192, H16, K = V = 128 (fwd+bwd unless named): ours ≤ factor ×
+# peer time.
+TARGET_SHAPE = MixerShape(4, 8192)
 TARGETS = {
     "ssd": (("fla", "fwd_ms", 1 / 1.2), ("cudnn", "fwd_bwd_ms", 1.5)),
     "gated_delta_rule": (("fla", "fwd_ms", 1 / 1.2), ("cudnn", "fwd_bwd_ms", 1.5)),
@@ -64,52 +83,63 @@ TARGETS = {
 }
 # SSD kernel variants timed beside the defaults (the defaults' NOTES say why each is open);
 # the default row's sequence segments are automatic (S = 2 at 4 × 8192, 1 at 8 × 4096).
-SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
-                "pallas (split forward)": BlockSizes(split_forward=True),
-                **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 6) beside the default (training:
-# the outputs split from the state-only sequential pass in V tiles of 32, T inverted block by
-# block, the per-chunk gradients split in two kernels at 4 warps; an undifferentiated forward
-# keeps the fused pass): a variant's tiles serve both its forward and its fwd+bwd.
-_GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
-GDN_VARIANTS = {
-    f"pallas ({label})": dataclasses.replace(_GDN_BASE, **changes)
-    for label, changes in (
-        ("fused outputs, V tile 64", dict(split_outputs=False, value_block=64)),
-        ("whole-tile inverse", dict(inverse_by_block=False)),
-        ("split outputs, V tile 64", dict(value_block=64)),
-        ("split outputs, V tile 16", dict(value_block=16)),
-        ("sequential 8 warps", dict(state_num_warps=8)),
-        ("outputs 8 warps", dict(outputs_num_warps=8)),
-        ("split gradients, 8 warps", dict(gradient_num_warps=8)),
-        ("split gradients, V tile 128", dict(gradient_value_block=128)))}
-COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
-           "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
+SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
+                "split forward": BlockSizes(split_forward=True),
+                **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
+# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 6), each a change to the shape's
+# training default (`gdn_default_blocks`: at K = V = 128 the outputs split from the state-only
+# sequential pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in
+# two kernels at 4 warps; at K 256, 8 warps, and V tiles of 16 while B·H is small). A
+# variant's tiles serve both its forward and its fwd+bwd (the default's undifferentiated
+# forward keeps the fused pass).
+GDN_VARIANTS = (
+    ("fused outputs", dict(split_outputs=False)),
+    ("fused outputs V32", dict(split_outputs=False, value_block=32)),
+    ("fused outputs V64", dict(split_outputs=False, value_block=64)),
+    ("whole-tile inverse", dict(inverse_by_block=False)),
+    ("split outputs V16", dict(value_block=16)),
+    ("split outputs V32", dict(value_block=32)),
+    ("split outputs V64", dict(value_block=64)),
+    ("sequential 8 warps", dict(state_num_warps=8)),
+    ("outputs 8 warps", dict(outputs_num_warps=8)),
+    ("gradients 4 warps", dict(gradient_num_warps=4)),
+    ("gradients 8 warps", dict(gradient_num_warps=8)),
+    ("gradients V128", dict(gradient_value_block=128)),
+)
+# The head dim each tile of a GDN kernel tiles ("value": of one V slice).
+GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
+             "gradient_key_block": "key"}
+VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS))
+COLUMNS = ["op", "impl", "B", "T", "H", "K", "V", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd",
+           "vs_fla_fwd_bwd", "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 
 
-def make_inputs(name: str, batch: int, length: int, key: jax.Array) -> tuple:
+def make_inputs(name: str, shape: MixerShape, key: jax.Array) -> tuple:
+    """bf16 inputs of op `name` ("attention": cuDNN's q, k, v, all at K) at `shape`."""
     keys = iter(jax.random.split(key, 8))
     bf16 = jnp.bfloat16
+    batch, length, heads = shape.batch, shape.length, shape.heads
 
-    def normal(*shape, dtype=bf16):
-        return jax.random.normal(next(keys), shape, jnp.float32).astype(dtype)
+    def normal(*dims, dtype=bf16):
+        return jax.random.normal(next(keys), dims, jnp.float32).astype(dtype)
 
-    bthk = (batch, length, HEADS, DIM)
+    bthk, bthv = (batch, length, heads, shape.key_dim), (batch, length, heads, shape.value_dim)
     if name == "attention":
         return normal(*bthk), normal(*bthk), normal(*bthk)
-    if name == "ssd":
-        dt = jax.nn.softplus(normal(batch, length, HEADS, dtype=jnp.float32) - 3.0).astype(bf16)
-        a = -jnp.exp(jax.random.uniform(next(keys), (HEADS,), jnp.float32, 0.0, 2.7))
-        return (normal(*bthk), dt, a, normal(batch, length, 1, DIM), normal(batch, length, 1, DIM))
+    if name == "ssd":  # x [B, T, H, P = V], B and C [B, T, G, N = K]
+        dt = jax.nn.softplus(normal(batch, length, heads, dtype=jnp.float32) - 3.0).astype(bf16)
+        a = -jnp.exp(jax.random.uniform(next(keys), (heads,), jnp.float32, 0.0, 2.7))
+        bc = (batch, length, shape.groups, shape.key_dim)
+        return normal(*bthv), dt, a, normal(*bc), normal(*bc)
     if name == "gated_delta_rule":
         q, k = (ops.l2_normalize(normal(*bthk)) for _ in range(2))
-        g = -jax.nn.softplus(normal(batch, length, HEADS, dtype=jnp.float32)).astype(bf16)
-        beta = jax.nn.sigmoid(normal(batch, length, HEADS, dtype=jnp.float32)).astype(bf16)
-        return q, k, normal(*bthk), g, beta
+        g = -jax.nn.softplus(normal(batch, length, heads, dtype=jnp.float32)).astype(bf16)
+        beta = jax.nn.sigmoid(normal(batch, length, heads, dtype=jnp.float32)).astype(bf16)
+        return q, k, normal(*bthv), g, beta
     if name == "gated_slot_attention":
-        g = jax.nn.log_sigmoid(normal(batch, length, HEADS, SLOTS, dtype=jnp.float32)) / 8
+        g = jax.nn.log_sigmoid(normal(batch, length, heads, shape.slots, dtype=jnp.float32)) / 8
         s = (1 - jnp.exp(g)).astype(bf16)
-        return normal(*bthk), normal(*bthk), normal(*bthk), s, g.astype(bf16)
+        return normal(*bthk), normal(*bthk), normal(*bthv), s, g.astype(bf16)
     raise ValueError(name)
 
 
@@ -145,10 +175,7 @@ def fla_rows(shapes: str, op_names: str, timeout: float, cache: str | None = Non
     lines, failure = run_json_lines(command, timeout, echo="fla peer:", env=env)
     if failure:
         print("fla peer:", failure, flush=True)
-    rows = {}
-    for row in lines:
-        if "op" in row:  # the first line names the versions
-            rows[row["op"], row.get("B"), row.get("T")] = row
+    rows = {row_key(row): row for row in lines if "op" in row}  # the first line: versions
     for row in rows.values():
         if row.pop("partial", False):
             row["error"] = "fwd+bwd not reached: " + (failure or "peer stopped")
@@ -171,27 +198,66 @@ def _ratios(row: dict, fla: dict | None, cudnn: dict | None) -> None:
             row[column] = row[key] / peer[key]
 
 
-def kernel_variants(name: str, tuned=None) -> dict:
-    """label → fn(*inputs) of each kernel variant of `name`'s pallas rung timed beside it:
-    `SSD_VARIANTS` and the sweep's best (`tuned`), `GDN_VARIANTS`; none for other ops."""
+def gdn_default_blocks(shape: MixerShape) -> GDNBlockSizes:
+    """The tiles the pallas rung runs at `shape` when training: `default_block_sizes(K, V,
+    B·H)` of each V slice (V > `VALUE_SLICE` runs as slices of it, each with its defaults)."""
+    return gdn_block_sizes(shape.key_dim, min(shape.value_dim, pallas_gdn.VALUE_SLICE),
+                           shape.batch * shape.heads)
+
+
+def gdn_variants(shape: MixerShape) -> dict[str, GDNBlockSizes]:
+    """label → tiles of each of `GDN_VARIANTS` at `shape`, applied to `gdn_default_blocks`;
+    left out: a change the default already has, a tile wider than the head dim it tiles, and
+    a variant equal to an earlier one."""
+    base = gdn_default_blocks(shape)
+    dims = {"key": shape.key_dim, "value": min(shape.value_dim, pallas_gdn.VALUE_SLICE)}
+    variants = {}
+    for label, changes in GDN_VARIANTS:
+        blocks = dataclasses.replace(base, **changes)
+        too_wide = any(changes[tile] > dims[GDN_TILES[tile]] for tile in changes
+                       if tile in GDN_TILES)
+        if not too_wide and blocks != base and blocks not in variants.values():
+            variants[label] = blocks
+    return variants
+
+
+def kernel_variants(name: str, shape: MixerShape, tuned=None, only=None) -> dict:
+    """"pallas (label)" → fn(*inputs) of each kernel variant of `name`'s pallas rung timed
+    beside it at `shape` (`only`: the labels to keep, None for all): `SSD_VARIANTS` and the
+    sweep's best (`tuned`), `gdn_variants(shape)`; none for other ops."""
     if name == "ssd":
-        variants = dict(SSD_VARIANTS, **({"pallas (sweep best)": tuned} if tuned else {}))
+        variants = dict(SSD_VARIANTS, **({"sweep best": tuned} if tuned else {}))
         call = lambda *a, blocks: pallas_ssd.ssd(*a, block_sizes=blocks)[0]
     elif name == "gated_delta_rule":
-        variants = GDN_VARIANTS
+        variants = gdn_variants(shape)
         call = lambda *a, blocks: pallas_gdn.gated_delta_rule(*a, block_sizes=blocks)[0]
     else:
         return {}
-    return {label: functools.partial(call, blocks=blocks) for label, blocks in variants.items()}
+    return {f"pallas ({label})": functools.partial(call, blocks=blocks)
+            for label, blocks in variants.items() if only is None or label in only}
 
 
-def _candidates(name: str, inputs: tuple, impls: set[str] | None, tuned) -> list[tuple]:
+def parse_variants(text: str) -> set[str] | None:
+    """`--variants`: "all" (None), "none", or ';'-separated labels of `VARIANT_LABELS`."""
+    if text == "all":
+        return None
+    labels = set() if text == "none" else {label.strip() for label in text.split(";")}
+    unknown = sorted(labels - set(VARIANT_LABELS))
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; expected all, none or ';'-separated "
+                         f"labels of {list(VARIANT_LABELS)}")
+    return labels
+
+
+def _candidates(name: str, shape: MixerShape, inputs: tuple, impls: set[str] | None, tuned,
+                variants: set[str] | None) -> list[tuple]:
     """(label, None or why it is not timed, fn) for each rung of `name` kept by `impls`, and
-    when its pallas rung runs, that rung's `kernel_variants`."""
+    when its pallas rung runs, that rung's `kernel_variants` kept by `variants`."""
     found = [(impl, reason, functools.partial(OPS[name], implementation=impl))
              for impl, reason in rungs(name, inputs) if impls is None or impl in impls]
     if any(impl == "pallas" and reason is None for impl, reason, _ in found):
-        found += [(label, None, fn) for label, fn in kernel_variants(name, tuned).items()]
+        found += [(label, None, fn)
+                  for label, fn in kernel_variants(name, shape, tuned, variants).items()]
     return found
 
 
@@ -199,50 +265,54 @@ def part_table(args, peers: list[dict], tuned, deadline: float, emit) -> list[di
     """The table's rows; `emit(row)` as each is measured (prints it, saves the JSON)."""
     rows = []
     impls = None if args.impls is None else set(args.impls.split(","))
+    variants = parse_variants(args.variants)
+    fla = {row_key(row): row for row in peers}
+    cudnn: dict[tuple, dict] = {}
 
     def add(row):
         rows.append(row)
         emit(row)
 
-    for shape in args.shapes.split(","):
-        batch, length = map(int, shape.split("x"))
-        base = {"B": batch, "T": length}
+    jobs, skipped = shape_jobs(args.shapes, args.ops.split(","))
+    for line in skipped:
+        print(line, flush=True)
+    for name, shape in jobs:
+        fields = shape.fields(name)
         if time.perf_counter() > deadline:
-            add({"op": "*", **base, "error": "skipped: time limit"})
+            add({"op": name, "impl": "*", **fields, "error": "skipped: time limit"})
             continue
-        cudnn = {"op": "attention", "impl": "cudnn causal", **base,
-                 **measure(cudnn_op(None), make_inputs("attention", batch, length,
-                                                       jax.random.key(0)))}
-        add(cudnn)
-        for name in args.ops.split(","):
-            inputs = make_inputs(name, batch, length, jax.random.key(0))
-            fla = next((r for r in peers if (r.get("op"), r.get("B"), r.get("T"))
-                        == (name, batch, length)), None)
-            for impl, reason, fn in _candidates(name, inputs, impls, tuned):
-                row = {"op": name, "impl": impl, **base}
-                if reason is not None:
-                    row["error"] = "refused: " + reason
-                elif time.perf_counter() > deadline:
-                    row["error"] = "skipped: time limit"
-                else:
-                    row.update(measure(fn, inputs))
-                _ratios(row, fla, cudnn)
-                add(row)
-            if fla is not None:
-                rows.append({**fla, "op": name, "impl": "fla"})
+        attention = {"op": "attention", "impl": "cudnn causal", **shape.fields("attention")}
+        if row_key(attention) not in cudnn:  # once per [B, T, H, K]
+            attention.update(measure(cudnn_op(None), make_inputs("attention", shape,
+                                                                 jax.random.key(0))))
+            cudnn[row_key(attention)] = attention
+            add(attention)
+        inputs = make_inputs(name, shape, jax.random.key(0))
+        peer = fla.get(row_key({"op": name, **fields}))
+        for impl, reason, fn in _candidates(name, shape, inputs, impls, tuned, variants):
+            row = {"op": name, "impl": impl, **fields}
+            if reason is not None:
+                row["error"] = "refused: " + reason
+            elif time.perf_counter() > deadline:
+                row["error"] = "skipped: time limit"
+            else:
+                row.update(measure(fn, inputs))
+            _ratios(row, peer, cudnn[row_key(attention)])
+            add(row)
+        if peer is not None:
+            rows.append({**peer, "impl": "fla"})
     print_table(rows, COLUMNS)
     print_targets(rows)
     return rows
 
 
-def print_targets(rows: list[dict], shape=(4, 8192)) -> None:
-    """The issue's targets at 4 × 8192, for the fastest rung of ours per op."""
-    at = lambda r: (r.get("B"), r.get("T")) == shape
-    cudnn = next((r for r in rows if at(r) and r["op"] == "attention"), None)
+def print_targets(rows: list[dict], shape: MixerShape = TARGET_SHAPE) -> None:
+    """The issue's targets at `shape`, for the fastest rung of ours per op."""
+    at = lambda r, op: row_key(r) == row_key({"op": op, **shape.fields(op)})
+    cudnn = next((r for r in rows if at(r, "attention")), None)
     for name, targets in TARGETS.items():
-        fla = next((r for r in rows if at(r) and r["op"] == name and r["impl"] == "fla"), None)
-        ours = [r for r in rows if at(r) and r["op"] == name and r["impl"] != "fla"
-                and "fwd_bwd_ms" in r]
+        fla = next((r for r in rows if at(r, name) and r["impl"] == "fla"), None)
+        ours = [r for r in rows if at(r, name) and r["impl"] != "fla" and "fwd_bwd_ms" in r]
         for peer_name, key, factor in targets:
             peer = cudnn if peer_name == "cudnn" else fla
             best = min(ours, key=lambda r: r[key], default=None)
@@ -259,10 +329,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="table", help="comma-separated: check,sweep,table")
     parser.add_argument("--shapes", default="4x8192,8x4096,2x16384",
-                        help="comma-separated BATCHxLENGTH (the targets' 4x8192 first)")
+                        help="comma-separated BxT, BxTxHxK[xV] or MODEL@BxT "
+                             "(`mixer_shapes`; the targets' 4x8192 first)")
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--impls", default=None,
                         help="comma-separated rungs of ours to time (default: every rung)")
+    parser.add_argument("--variants", default="all",
+                        help="kernel variants beside the pallas rung: all, none or "
+                             "';'-separated labels (VARIANT_LABELS)")
     parser.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--fla-timeout", type=float, default=None,
                         help="seconds for the fla peer (default: default_fla_timeout)")
@@ -273,13 +347,21 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds for the run")
     parser.add_argument("--out", default="linear_ops.json")
     args = parser.parse_args()
+    unknown = sorted(set(args.ops.split(",")) - set(OPS))
+    if unknown:
+        parser.error(f"--ops: unknown {unknown}; expected some of {list(OPS)}")
+    try:  # bad shapes or labels stop the run here, before the peer takes its minutes
+        shape_jobs(args.shapes, args.ops.split(","))
+        parse_variants(args.variants)
+    except ValueError as e:
+        parser.error(str(e))
     start = time.perf_counter()
     deadline = start + args.time_limit
     parts = args.parts.split(",")
-    record = {"command": " ".join(sys.argv), "rows": []}
+    record = {"command": shlex.join(sys.argv), "rows": []}
 
     def save():
-        write_json(args.out, "linear_ops", record["rows"], heads=HEADS, dim=DIM, slots=SLOTS,
+        write_json(args.out, "linear_ops", record["rows"], shapes=args.shapes,
                    dtype="bfloat16", quiet=True,
                    **{k: v for k, v in record.items() if k != "rows"})
 
@@ -301,7 +383,7 @@ def main() -> None:
     tuned = None
     if "sweep" in parts:
         sweep_deadline = min(deadline, time.perf_counter() + args.sweep_seconds)
-        record["sweep"], tuned = part_sweep(make_inputs("ssd", 4, 8192, jax.random.key(0)),
+        record["sweep"], tuned = part_sweep(make_inputs("ssd", TARGET_SHAPE, jax.random.key(0)),
                                             sweep_deadline)
         save()
     if "table" in parts:

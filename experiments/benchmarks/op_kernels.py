@@ -4,14 +4,18 @@
         gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
         [--window 512] [--top 12] [--variants] [--out op_kernels.json]
 
-The inputs of `linear_ops` (H16, K = V = P = N = 128, GSA/NHA 64 slots, bf16); NHA at window
-`--window`. Each op's jitted forward and fwd+bwd (gradient of a sum w.r.t. every input) run
-3 times under `jax.profiler.trace`; `trace_summary` sums the device kernels by name. Prints
-per op and pass the whole time per call and the top kernels (ms per call, share); writes every
-kernel row to JSON. `--variants` also profiles the fwd+bwd of each kernel variant of the op's
-pallas rung (`linear_ops.kernel_variants`; their forwards are the default's). This is the
-profile to read before a kernel change (which kernel of the op to make faster), not a timing
-of record (`linear_ops` is that).
+The inputs of `linear_ops` at `--shape`, in its `--shapes` form (`mixer_shapes`): `4x8192` is
+H16, K = V = P = N = 128, GSA/NHA 64 slots; `4x8192x3x256x512` gives H, K, V; `gdn-340m@4x8192`
+each op at the preset's layer shape (ops the model does not run are skipped). bf16; NHA at
+window `--window`. Each op's jitted forward and fwd+bwd (gradient of a sum w.r.t. every
+input) run 3 times under `jax.profiler.trace`; `trace_summary` sums the device kernels by name.
+Prints per op and pass the whole time per call and the top kernels (ms per call, share);
+writes every kernel row, with its shape fields, to JSON. `--variants` also profiles the
+fwd+bwd of each kernel variant of the op's pallas rung at the shape
+(`linear_ops.kernel_variants`; their forwards are the default's), e.g. gdn-340m's mixer:
+`--ops gated_delta_rule --shape gdn-340m@4x8192 --variants`. This is the profile to read
+before a kernel change (which kernel of the op to make faster), not a timing of record
+(`linear_ops` is that).
 """
 
 from __future__ import annotations
@@ -22,20 +26,21 @@ import functools
 import jax
 
 from experiments.benchmarks import trace_summary
-from experiments.benchmarks.linear_ops import OPS, SLOTS, kernel_variants, make_inputs
+from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs
+from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
 from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
 from hybrid_jax.ops.nha import native_hybrid_attention
 
 RUNS = 3
 
 
-def op_and_inputs(name: str, batch: int, length: int, window: int, impl: str):
+def op_and_inputs(name: str, shape: MixerShape, window: int, impl: str):
     if name == "native_hybrid_attention":
-        q, k, v, s, g = make_inputs("gated_slot_attention", batch, length, jax.random.key(0))
+        q, k, v, s, g = make_inputs("gated_slot_attention", shape, jax.random.key(0))
         return functools.partial(native_hybrid_attention, window=window,
                                  implementation=impl), (q, k, v, s, g)
     return (functools.partial(OPS[name], implementation=impl),
-            make_inputs(name, batch, length, jax.random.key(0)))
+            make_inputs(name, shape, jax.random.key(0)))
 
 
 def profile(fn, inputs) -> dict:
@@ -49,7 +54,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention,"
                                          "native_hybrid_attention")
-    parser.add_argument("--shape", default="4x8192")
+    parser.add_argument("--shape", default="4x8192",
+                        help="BxT, BxTxHxK[xV] or MODEL@BxT (`mixer_shapes`)")
     parser.add_argument("--impl", default="pallas")
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--top", type=int, default=12)
@@ -57,28 +63,33 @@ def main() -> None:
                         help="also the fwd+bwd of the pallas rung's kernel variants")
     parser.add_argument("--out", default="op_kernels.json")
     args = parser.parse_args()
-    batch, length = map(int, args.shape.split("x"))
-    print(device_name(), f"B{batch} T{length} H16 D128 M{SLOTS} bf16, impl {args.impl}",
+    try:
+        jobs, skipped = shape_jobs(args.shape, args.ops.split(","))
+    except ValueError as e:
+        parser.error(str(e))
+    print(device_name(), f"{args.shape} bf16, impl {args.impl}", *skipped, sep="\n",
           flush=True)
     rows = []
-    for name in args.ops.split(","):
-        op, inputs = op_and_inputs(name, batch, length, args.window, args.impl)
+    for name, shape in jobs:
+        print(f"\n{name} at {shape.label(name)}")
+        op, inputs = op_and_inputs(name, shape, args.window, args.impl)
         forward = lambda *a, op=op: jax.tree.leaves(op(*a))[0]
         passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs)),
                           strict=True))
         if args.variants and args.impl == "pallas":
             passes.update({f"fwd+bwd {label}": forward_and_backward(fn, len(inputs))[1]
-                           for label, fn in kernel_variants(name).items()})
+                           for label, fn in kernel_variants(name, shape).items()})
         for label, fn in passes.items():
             try:
                 summary = profile(fn, inputs)
             except Exception as e:  # one op failing must not lose the others' rows
                 print(f"{name} {label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                rows.append({"op": name, "pass": label, "error": str(e)[:300]})
+                rows.append({"op": name, **shape.fields(name), "pass": label,
+                             "error": str(e)[:300]})
                 continue
             print(f"\n{name} {label}: {summary['device_ms_per_step']:.3f} ms of kernels a call")
             trace_summary.print_summary(summary, args.top)
-            rows += [{"op": name, "pass": label, "kernel": r["name"][:120],
+            rows += [{"op": name, **shape.fields(name), "pass": label, "kernel": r["name"][:120],
                       "ms": r["ms_per_step"], "count": r["count"] // RUNS,
                       "share": r["share"]} for r in summary["kernels"]]
     write_json(args.out, "op_kernels", rows, shape=args.shape, impl=args.impl,

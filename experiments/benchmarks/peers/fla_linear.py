@@ -4,12 +4,17 @@
         [--ops ssd,gated_delta_rule,gated_slot_attention] [--iters 10]
 
 Run by `linear_ops.py` in its own process before JAX takes the GPU; needs torch and fla
-(`fla-core` 0.6: `fla.ops`), neither a dependency of hybrid_jax. Heads 16, K = V = 128, bf16,
-layout [B, T, H, D] (fla 0.6 has no `head_first`), gates in log space:
+(`fla-core` 0.6: `fla.ops`), neither a dependency of hybrid_jax. `--shapes` as in linear_ops
+(`mixer_shapes`: `BxT` is H16, K = V = 128; `BxTxHxK[xV]`; `MODEL@BxT`, read from the preset
+with JAX kept off the GPU), parsed by the same `shape_jobs`, so both measure the same (op,
+shape) jobs in the same order and each row carries its shape fields (B, T, H, K, V, G / M),
+which pair it with ours. bf16, layout [B, T, H, D] (fla 0.6 has no `head_first`), gates in log
+space:
   ssd                   chunk_simple_gla(q=C, k=B per head, v=dt·x, g=dt·A, scale=1): SSD
-                        with one B/C group broadcast to the heads (the inputs come prepared)
+                        with its G B/C groups of N = K broadcast to the heads, x of P = V
+                        (the inputs come prepared)
   gated_delta_rule      chunk_gated_delta_rule(q, k l2-normalised, v, g=−softplus, beta)
-  gated_slot_attention  chunk_gsa(q, k, v, s=1−e^g, g=logsigmoid/8), 64 slots
+  gated_slot_attention  chunk_gsa(q, k, v, s=1−e^g, g=logsigmoid/8), M slots
 fwd+bwd is the gradient of sum(o.float()) w.r.t. every input, as in linear_ops. fla's GDN and
 SSD backward may fail on Triton 3.6 on Hopper (fla issue #640): that row says "refused" with
 the error instead of stopping the run.
@@ -26,37 +31,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
-HEADS, DIM, SLOTS = 16, 128, 64
+from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
 
 
-def make_inputs(name: str, batch: int, length: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+def make_inputs(name: str, shape: MixerShape) -> tuple[tuple[torch.Tensor, ...], dict]:
     """fla's arguments (positional, keyword) for one op, bf16 except float32 log decays."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    normal = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)
+    normal = lambda *dims: torch.randn(*dims, device="cuda", generator=gen)
     bf16 = torch.bfloat16
-    bthd = (batch, length, HEADS, DIM)
-    if name == "ssd":
-        dt = F.softplus(normal(batch, length, HEADS) - 3.0)
-        A = -torch.exp(torch.rand(HEADS, device="cuda", generator=gen) * 2.7)
-        x = normal(*bthd)
-        B, C = (normal(batch, length, 1, DIM).expand(bthd).contiguous() for _ in range(2))
+    batch, length, heads = shape.batch, shape.length, shape.heads
+    bthk, bthv = (batch, length, heads, shape.key_dim), (batch, length, heads, shape.value_dim)
+    if name == "ssd":  # head h reads group h // (H / G)
+        dt = F.softplus(normal(batch, length, heads) - 3.0)
+        A = -torch.exp(torch.rand(heads, device="cuda", generator=gen) * 2.7)
+        x = normal(*bthv)
+        B, C = (normal(batch, length, shape.groups, shape.key_dim)
+                .repeat_interleave(heads // shape.groups, dim=2) for _ in range(2))
         v = (x * dt[..., None]).to(bf16)
         return (C.to(bf16), B.to(bf16), v, dt * A), {"scale": 1.0}
     if name == "gated_delta_rule":
-        q, k = (F.normalize(normal(*bthd), dim=-1).to(bf16) for _ in range(2))
-        g = -F.softplus(normal(batch, length, HEADS))
-        beta = torch.sigmoid(normal(batch, length, HEADS)).to(bf16)
-        return (q, k, normal(*bthd).to(bf16), g, beta), {}
+        q, k = (F.normalize(normal(*bthk), dim=-1).to(bf16) for _ in range(2))
+        g = -F.softplus(normal(batch, length, heads))
+        beta = torch.sigmoid(normal(batch, length, heads)).to(bf16)
+        return (q, k, normal(*bthv).to(bf16), g, beta), {}
     if name == "gated_slot_attention":
-        g = F.logsigmoid(normal(batch, length, HEADS, SLOTS)) / 8
+        g = F.logsigmoid(normal(batch, length, heads, shape.slots)) / 8
         s = 1 - torch.exp(g)
-        q, k, v = (normal(*bthd).to(bf16) for _ in range(3))
+        q, k, v = (normal(*dims).to(bf16) for dims in (bthk, bthk, bthv))
         return (q, k, v, s.to(bf16), g.to(bf16)), {}
     raise ValueError(name)
 
@@ -111,10 +119,10 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
 
 
-def run_one(name: str, batch: int, length: int, iters: int) -> dict:
-    row = {"op": name, "impl": "fla", "B": batch, "T": length, "first_call_s": {}}
+def run_one(name: str, shape: MixerShape, iters: int) -> dict:
+    row = {"op": name, "impl": "fla", **shape.fields(name), "first_call_s": {}}
     op = fla_op(name)
-    args, kwargs = make_inputs(name, batch, length)
+    args, kwargs = make_inputs(name, shape)
 
     def forward():
         with torch.no_grad():
@@ -150,20 +158,22 @@ def main() -> None:
     parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention")
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
+    # A model shape reads its preset through hybrid_jax, which imports JAX: keep it on the CPU
+    # (it starts no backend; this makes sure it never takes the GPU from torch).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    jobs, _ = shape_jobs(args.shapes, args.ops.split(","))
     import fla
 
     _emit({"fla_version": getattr(fla, "__version__", "?"), "torch": torch.__version__,
            "device": torch.cuda.get_device_name()})
-    for shape in args.shapes.split(","):
-        batch, length = map(int, shape.split("x"))
-        for name in args.ops.split(","):
-            try:
-                row = run_one(name, batch, length, args.iters)
-            except Exception as e:  # noqa: BLE001  (e.g. out of memory building the inputs)
-                row = {"op": name, "impl": "fla", "B": batch, "T": length, "error": _error(e)}
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            _emit(row)
+    for name, shape in jobs:
+        try:
+            row = run_one(name, shape, args.iters)
+        except Exception as e:  # noqa: BLE001  (e.g. out of memory building the inputs)
+            row = {"op": name, "impl": "fla", **shape.fields(name), "error": _error(e)}
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        _emit(row)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""linear_ops at several head layouts: rows of ours, fla's and cuDNN's pair only at one shape,
+and the GDN kernel variants start from each shape's own default tiles."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import pytest
+
+from experiments.benchmarks import linear_ops
+from experiments.benchmarks.linear_ops import (
+    GDN_VARIANTS,
+    gdn_default_blocks,
+    gdn_variants,
+    kernel_variants,
+    parse_variants,
+)
+from experiments.benchmarks.mixer_shapes import MixerShape
+from pallas_kernels.delta_rule.block_sizes import default_block_sizes
+
+GDN = "gated_delta_rule"
+SMALL, WIDE = MixerShape(2, 32), MixerShape(2, 32, 3, 64, 128)  # one B × T, two head layouts
+
+
+def fake_measure(fn, inputs, **_):
+    """Ours (5 inputs) 10 × H ms, cuDNN (q, k, v) H ms: each ratio to cuDNN is 10 when paired
+    at one shape, not when paired across H16 and H3."""
+    heads = inputs[0].shape[2]
+    ms = heads * (10.0 if len(inputs) == 5 else 1.0)
+    return {"fwd_ms": ms, "fwd_bwd_ms": 2 * ms}
+
+
+def test_ratios_pair_rows_of_one_shape(monkeypatch):
+    peer_lines = [{"fla_version": "x"}] + [
+        {"op": GDN, "impl": "fla", **shape.fields(GDN), "fwd_ms": ms, "fwd_bwd_ms": 2 * ms}
+        for shape, ms in ((SMALL, 4.0), (WIDE, 2.0))]
+    monkeypatch.setattr(linear_ops, "run_json_lines", lambda *a, **k: (peer_lines, ""))
+    monkeypatch.setattr(linear_ops, "measure", fake_measure)
+    peers = linear_ops.fla_rows("2x32,2x32x3x64x128", GDN, timeout=3)
+    assert len(peers) == 2  # same op, B and T: two shapes
+    args = argparse.Namespace(shapes="2x32,2x32x3x64x128", ops=GDN, impls="xla",
+                              variants="all")
+    emitted = []
+    rows = linear_ops.part_table(args, peers, None, deadline=float("inf"),
+                                 emit=emitted.append)
+    ours = {(r["H"], r["K"], r["V"]): r for r in rows if r["impl"] == "xla"}
+    assert set(ours) == {(16, 128, 128), (3, 64, 128)}
+    assert ours[16, 128, 128]["vs_fla_fwd"] == 160.0 / 4.0
+    assert ours[3, 64, 128]["vs_fla_fwd_bwd"] == 60.0 / 4.0
+    assert all(r["vs_cudnn_fwd_bwd"] == 10.0 for r in ours.values())
+    cudnn = [(r["H"], r["K"], r["V"]) for r in emitted if r["op"] == "attention"]
+    assert cudnn == [(16, 128, 128), (3, 64, 64)]  # v at K where V != K
+
+
+def test_gdn_variants_start_from_the_shapes_default():
+    issue = MixerShape(4, 8192)
+    assert gdn_default_blocks(issue) == default_block_sizes(128, 128, 64)
+    gdn_340m = MixerShape(4, 8192, 3, 256, 512)  # two V slices of 256, 12 sequences
+    base = gdn_default_blocks(gdn_340m)
+    assert base == default_block_sizes(256, 256, 12)
+    assert (base.value_block, base.gradient_num_warps, base.split_outputs) == (16, 8, True)
+    variants = gdn_variants(gdn_340m)
+    changes = dict(GDN_VARIANTS)
+    for label, blocks in variants.items():
+        assert blocks == dataclasses.replace(base, **changes[label]) != base
+    assert len(set(variants.values())) == len(variants)
+    assert variants["split outputs V32"].value_block == 32
+    assert variants["gradients 4 warps"].gradient_num_warps == 4
+    assert "split outputs V16" not in variants and "gradients 8 warps" not in variants
+    at_issue = gdn_variants(issue)  # V tile 32 and 4 gradient warps are the default there
+    assert "split outputs V32" not in at_issue and "gradients 4 warps" not in at_issue
+    assert at_issue["fused outputs"].value_block == 32
+    assert "fused outputs V32" not in at_issue  # the same tiles as "fused outputs"
+    small = gdn_variants(MixerShape(4, 8192, 12, 64, 64))
+    assert "gradients V128" not in small  # wider than V
+
+
+def test_kernel_variants_keep_the_labels_asked_for():
+    shape = MixerShape(4, 8192, 3, 256, 512)
+    assert list(kernel_variants(GDN, shape, only={"fused outputs", "gradients 4 warps"})) == [
+        "pallas (fused outputs)", "pallas (gradients 4 warps)"]
+    assert kernel_variants("gated_slot_attention", shape) == {}
+    assert parse_variants("all") is None and parse_variants("none") == set()
+    assert parse_variants("fused outputs; gradients 4 warps") == {"fused outputs",
+                                                                  "gradients 4 warps"}
+    with pytest.raises(ValueError, match="unknown \\['fused'\\]"):
+        parse_variants("fused")
+
+
+def test_bad_shapes_stop_the_run_before_the_peer(monkeypatch, capsys):
+    monkeypatch.setattr(linear_ops, "run_json_lines", lambda *a, **k: pytest.fail("peer ran"))
+    monkeypatch.setattr(sys, "argv", ["linear_ops", "--shapes", "4x8192x3"])
+    with pytest.raises(SystemExit):
+        linear_ops.main()
+    assert "got 3 numbers" in capsys.readouterr().err
