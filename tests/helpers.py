@@ -36,11 +36,22 @@ def normals(seed: int, *shapes, dtype=np.float64):
     return arrays[0] if len(arrays) == 1 else arrays
 
 
-def lower_for_tpu(fn, *args) -> str:
+def tpu_mesh(device_kind: str = "TPU v5 lite") -> jax.sharding.AbstractMesh:
+    """An abstract mesh without axes whose device is a TPU of `device_kind`: traced under it,
+    the library picks its TPU kernels (`pallas_kernels.target.platform`) and Pallas's
+    TPU lowering reads the chip's parameters from it."""
+    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+    return jax.sharding.AbstractMesh((), (), abstract_device=device)
+
+
+def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite") -> str:
     """The StableHLO text of `jax.jit(fn)(*args)` lowered for TPU, on any host.
 
     Pallas's TPU lowering (block-shape rules, the kernel body to Mosaic) runs here, so a kernel
     that could not compile on a TPU fails on the CPU. `args` may be ShapeDtypeStructs: nothing
-    runs. The Mosaic compiler's own passes run only on a TPU."""
-    exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
+    runs. The call is traced under `tpu_mesh(device_kind)`. The Mosaic compiler's own passes
+    (layouts, VMEM) run only in libtpu's compiler (`tests/pallas/test_tpu_lowering.py` has a
+    check that runs them where libtpu is installed)."""
+    with jax.sharding.use_abstract_mesh(tpu_mesh(device_kind)):
+        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
     return exported.mlir_module()

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import target
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
@@ -238,8 +239,8 @@ def unsupported(q, k, v, s, g, *, window, q_window=None, k_window=None, empty_sl
         return "the TPU kernels take no documents or initial state yet"
     if interpret:
         return None
-    if jax.default_backend() != platform:
-        return f"backend {platform!r} requested but the default device is {jax.default_backend()}"
+    if target.platform() != platform:
+        return f"backend {platform!r} requested but the target platform is {target.platform()}"
     if q.dtype not in _ACCELERATOR_DTYPES:
         return f"dtype {q.dtype} (the kernels take bfloat16 or float16; s and g may be float32)"
     if any(x.dtype == jnp.float64 for x in (s, g)):
@@ -269,10 +270,8 @@ def _state_unsupported(state, shapes: dict[str, tuple]) -> str | None:
 
 
 def _platform(interpret: bool) -> str:
-    platform = jax.default_backend()
-    if interpret and platform == "cpu":
-        return "gpu"
-    return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    platform = target.platform()
+    return "gpu" if interpret and platform == "cpu" else platform
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import target
 from pallas_kernels.ssd import gpu, segments, tpu
 from pallas_kernels.ssd.block_sizes import BlockSizes, Static, default_block_sizes
 
@@ -166,15 +167,15 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend
             return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
     platform = backend or _platform(interpret)
     if platform not in _KERNELS:
-        return (f"no Pallas SSD kernels for platform {platform!r}, the default backend is "
-                f"{jax.default_backend()} (interpret=True runs them on the CPU)")
+        return (f"no Pallas SSD kernels for platform {platform!r}, the target platform is "
+                f"{target.platform()} (interpret=True runs them on the CPU)")
     if interpret:
         if any(d & (d - 1) for d in (head_dim, state_dim)):
             return f"P={head_dim} and N={state_dim} must be powers of two"
         return None
     if _platform(False) != platform:
-        return (f"the {platform.upper()} kernels were asked for, the default backend is "
-                f"{jax.default_backend()}")
+        return (f"the {platform.upper()} kernels were asked for, the target platform is "
+                f"{target.platform()}")
     if platform == "tpu":
         if head_dim not in TPU_DIMS or state_dim not in TPU_DIMS:
             return (f"head dim P={head_dim} and state dim N={state_dim} must be in {TPU_DIMS} on "
@@ -189,7 +190,7 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend
 
 
 def _platform(interpret: bool) -> str:
-    """The kernels of the default backend ("gpu" for CUDA / ROCm); interpreting on the CPU,
-    the GPU kernels."""
-    platform = {"cuda": "gpu", "rocm": "gpu"}.get(jax.default_backend(), jax.default_backend())
+    """The kernels of the target platform (`target.platform`); interpreting on the CPU, the GPU
+    kernels."""
+    platform = target.platform()
     return "gpu" if interpret and platform == "cpu" else platform
