@@ -48,7 +48,8 @@ from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
 
 EMPTY_SLOTS = ("mask", "sink")
-_ACCELERATOR_DTYPES = (jnp.bfloat16, jnp.float16)
+# q, k, v dtypes per platform (Mosaic TPU has no float16 matmul; float32 runs on the MXU there).
+_ACCELERATOR_DTYPES = dict(gpu=(jnp.bfloat16, jnp.float16), tpu=(jnp.bfloat16, jnp.float32))
 _ACCELERATOR_DIMS = (64, 128, 256)
 _ACCELERATOR_SLOTS = (16, 32, 64, 128)
 
@@ -241,8 +242,11 @@ def unsupported(q, k, v, s, g, *, window, q_window=None, k_window=None, empty_sl
         return None
     if target.platform() != platform:
         return f"backend {platform!r} requested but the target platform is {target.platform()}"
-    if q.dtype not in _ACCELERATOR_DTYPES:
-        return f"dtype {q.dtype} (the kernels take bfloat16 or float16; s and g may be float32)"
+    dtypes = _ACCELERATOR_DTYPES[platform]
+    if q.dtype not in dtypes:
+        names = " or ".join(jnp.dtype(d).name for d in dtypes)
+        return (f"dtype {q.dtype} (the {platform.upper()} kernels take {names}; s and g may be "
+                "float32)")
     if any(x.dtype == jnp.float64 for x in (s, g)):
         return "float64 s or g"
     for name, dim in dict(K=key_dim, V=value_dim, D=window_dim).items():
@@ -387,7 +391,7 @@ def _core_backward(st: Static, backend: str, residuals, cotangents):
      finals) = residuals
     d_out, d_final_keys, d_final_values_t = cotangents
     delta = jnp.sum(out * d_out, axis=-1)  # out is float32
-    delta = delta if head_major else delta.transpose(0, 2, 1)  # [B, H, Tp]
+    delta = kernels.LAYOUT.row_vectors(delta if head_major else delta.transpose(0, 2, 1))
     d_out = d_out.astype(q.dtype)
     if st.window:
         dqw = kernels.window_backward_queries(qw, kw, v, d_out, lse, delta, docs, st)

@@ -12,7 +12,8 @@ and the slot state entering that chunk (`chunk_math` does the chunk's math):
   backward_slot_inputs  dk̄, dv̄, ds̄ and the log-gate gradient (reverse cumsum in the chunk)
 
 Arrays are in the layout's order (`[B, T, H, d]` or `[B, H, T, d]`); slot states are
-`[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]`. With documents (`docs`, a
+`[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]` in the layout's `row_vectors`
+form. With documents (`docs`, a
 `SlotDocs`) the kernels also read per-token `[B, T]` int32 arrays: σ and the start flags of the
 slot inputs (stream order, `chunk_math`), and which query rows' slots hold a token of their
 document.
@@ -305,10 +306,10 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
             m = jnp.max(jnp.where(use, a, MASK_VALUE), axis=1, keepdims=True)
             e = jnp.where(use, jnp.exp(a - m), 0.0)
             total = jnp.sum(e, axis=1, keepdims=True)
-            lse_ref[...] = (m + jnp.log(total))[:, 0]
+            layout.set_column(lse_ref, m + jnp.log(total))
             p = jnp.where(held, e / total, 0.0)
         else:
-            p = jnp.where(held, jnp.exp(a - lse_ref[...][:, None]), 0.0)
+            p = jnp.where(held, jnp.exp(a - layout.column(lse_ref)), 0.0)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         out = readout_form(p, writes, rows_of(vs_ref), rows_of(gc_ref), vst_ref[...],
                            S=st.blocks.sub_chunk, state=products.state, intra=products.intra,
@@ -323,7 +324,7 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
         return _call(
             kernel, layout, st, (batch, heads, length // C),
             doc_specs + [specs.head(slots)] + slot_specs, [specs.head(value_dim), specs.row()],
-            [out_shape, jax.ShapeDtypeStruct((batch, heads, length), F32)],
+            [out_shape, jax.ShapeDtypeStruct(layout.rows_shape(batch, heads, length), F32)],
             st.blocks.slot_num_warps, "nha_slot_readout",
         )(*doc_arrays, logits, vs, ss, gc, value_states)
     return _call(
@@ -373,8 +374,9 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         [dp] = slot_scores([(do, rows_of(vs_ref), vst_ref[...])], writes, gate, S=S,
                            state=products.state, intra=products.intra, sigma=sigma)
-        p = jnp.where(_held(st, doc["holds"], C), jnp.exp(logits - lse_ref[...][:, None]), 0.0)
-        da = p * (dp - delta_ref[...][:, None])
+        p = jnp.where(_held(st, doc["holds"], C), jnp.exp(logits - layout.column(lse_ref)),
+                      0.0)
+        da = p * (dp - layout.column(delta_ref))
         if not split:
             dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref)
         da_ref[...] = da

@@ -200,13 +200,13 @@ def window_attention(qw, kw, v, slot_logits_, docs, st: Static):
         @pl.when(j == band.steps - 1)
         def _():
             o_ref[...] = acc_ref[...] / l_ref[...]
-            lse_ref[...] = (m_ref[...] + jnp.log(l_ref[...]))[:, 0]
+            LAYOUT.set_column(lse_ref, m_ref[...] + jnp.log(l_ref[...]))
 
     return pallas_call(
         kernel, grid=(batch, heads, length // BQ, band.steps), in_specs=in_specs,
-        out_specs=[query(value_dim), pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))],
+        out_specs=[query(value_dim), LAYOUT.rows_spec(BQ, lambda b, h, i, j: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, length, value_dim), F32),
-                   jax.ShapeDtypeStruct((batch, heads, length), F32)],
+                   jax.ShapeDtypeStruct(LAYOUT.rows_shape(batch, heads, length), F32)],
         scratch_shapes=[pltpu.VMEM((BQ, 1), F32), pltpu.VMEM((BQ, 1), F32),
                         pltpu.VMEM((BQ, value_dim), F32)],
         compiler_params=_params(4, True), interpret=_interpret(st),
@@ -221,7 +221,7 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs, st: Static):
     value_dim = v.shape[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     band, query, keys = _query_band(st, length)
-    row = pl.BlockSpec((None, None, BQ), lambda b, h, i, j: (b, h, i))
+    row = LAYOUT.rows_spec(BQ, lambda b, h, i, j: (b, h, i))
 
     def kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dqw_ref, acc_ref):
         i, j = pl.program_id(2), pl.program_id(3)
@@ -236,8 +236,8 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs, st: Static):
             inside = window_mask(rows, band.key_block(i, j) * BK + iota((1, BK), 1), st.window)
             keys_ = kw_ref[...]
             p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw_ref[...], keys_)
-                                          - lse_ref[...][:, None]), 0.0)
-            ds = p * (mm_nt(do_ref[...], v_ref[...]) - delta_ref[...][:, None])
+                                          - LAYOUT.column(lse_ref)), 0.0)
+            ds = p * (mm_nt(do_ref[...], v_ref[...]) - LAYOUT.column(delta_ref))
             acc_ref[...] += mm(ds.astype(keys_.dtype), keys_)
 
         @pl.when(j == band.steps - 1)
@@ -273,8 +273,7 @@ def backward_window_keys(qw, kw, v, do, lse, delta, docs, st: Static):
     head = lambda h, j: h * group + lax.div(j, steps)
     query = lambda d: pl.BlockSpec(
         (None, None, BQ, d), lambda b, h, kb, j: (b, head(h, j), query_block(kb, j)[0], 0))
-    row = pl.BlockSpec((None, None, BQ),
-                       lambda b, h, kb, j: (b, head(h, j), query_block(kb, j)[0]))
+    row = LAYOUT.rows_spec(BQ, lambda b, h, kb, j: (b, head(h, j), query_block(kb, j)[0]))
     key = lambda d: pl.BlockSpec((None, None, BK, d), lambda b, h, kb, j: (b, h, kb, 0))
 
     def kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, dkw_ref, dv_ref, dk_acc,
@@ -293,10 +292,10 @@ def backward_window_keys(qw, kw, v, do, lse, delta, docs, st: Static):
             keys_, values, qw, do = kw_ref[...], v_ref[...], qw_ref[...], do_ref[...]
             inside = window_mask(qb * BQ + iota((BQ, 1), 0), kb * BK + iota((1, BK), 1),
                                  st.window)
-            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys_) - lse_ref[...][:, None]),
+            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys_) - LAYOUT.column(lse_ref)),
                           0.0)
             dv_acc[...] += mm_tn(p.astype(values.dtype), do)
-            ds = p * (mm_nt(do, values) - delta_ref[...][:, None])
+            ds = p * (mm_nt(do, values) - LAYOUT.column(delta_ref))
             dk_acc[...] += st.scale * mm_tn(ds.astype(keys_.dtype), qw)
 
         @pl.when(j == group * steps - 1)
