@@ -50,8 +50,22 @@ def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite") -> str:
     Pallas's TPU lowering (block-shape rules, the kernel body to Mosaic) runs here, so a kernel
     that could not compile on a TPU fails on the CPU. `args` may be ShapeDtypeStructs: nothing
     runs. The call is traced under `tpu_mesh(device_kind)`. The Mosaic compiler's own passes
-    (layouts, VMEM) run only in libtpu's compiler (`tests/pallas/test_tpu_lowering.py` has a
-    check that runs them where libtpu is installed)."""
+    (layouts, VMEM) run only in libtpu's compiler: `compile_for_tpu`."""
     with jax.sharding.use_abstract_mesh(tpu_mesh(device_kind)):
         exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
     return exported.mlir_module()
+
+
+def compile_for_tpu(fn, *args, topology: str = "v5e:2x2"):
+    """`jax.jit(fn)` compiled by libtpu's compiler for one chip of a TPU `topology` (as
+    `jax.experimental.topologies` names them: "v4:2x2x1", "v5e:2x2", "v5p:2x2x1",
+    "v6e:2x2"), on any host where libtpu is installed: beyond `lower_for_tpu`, Mosaic's own
+    passes (layout inference, VMEM limits) run. `args`: ShapeDtypeStructs."""
+    from jax.experimental import topologies
+
+    device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
+    with jax.sharding.use_abstract_mesh(tpu_mesh(device.device_kind)):
+        lowered = jax.jit(fn).lower(*placed)
+    return lowered.compile()

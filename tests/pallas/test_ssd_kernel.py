@@ -4,8 +4,8 @@ The kernels compute in float32; values and the gradients of every input (x, dt, 
 initial state, through y and the final state) must agree to ~1e-5. Tiny tiles (chunk 8, state
 and feature tiles of 4 of P = 8) so a short sequence spans several chunks and every feature
 loop runs twice. A lowering test builds the Triton kernels at the GPU's shapes without a GPU.
-The TPU kernels (`backend="tpu"`) run in TPU interpret mode against the same reference, and a
-lowering test builds their Mosaic kernels at a TPU's shapes (no TPU here: never compiled).
+The TPU kernels (`backend="tpu"`) run in TPU interpret mode against the same reference
+(test_tpu_lowering.py lowers them for a TPU at real shapes).
 """
 
 from __future__ import annotations
@@ -242,29 +242,6 @@ def test_tpu_forward_only_bfloat16():
     y, final = run(narrow)
     assert y.dtype == jnp.bfloat16 and final.dtype == jnp.float32
     assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
-
-
-def test_kernels_lower_to_mosaic_at_tpu_shapes(monkeypatch):
-    """Forward and backward build Mosaic TPU kernels (block shapes within (8, 128) tiling and
-    every op lowered; no TPU, so never compiled by Mosaic) at the TPU defaults, P = N = 128,
-    bf16, documents, G < H. The device queries of the lowering name a TPU v5e."""
-    from jax._src.pallas.mosaic import tpu_info  # the lowering asks the device for its kind
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    monkeypatch.setattr(tpu_info, "get_device_kind", lambda: "TPU v5 lite")
-    monkeypatch.setattr(tpu_info, "get_num_device_cores", lambda: 1)
-    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
-    batch, length, heads, groups, dim = 2, 1000, 4, 2, 128
-    args = (spec(batch, length, heads, dim), spec(batch, length, heads),
-            spec(heads, dtype=jnp.float32), spec(batch, length, groups, dim),
-            spec(batch, length, groups, dim), spec(batch, length, dtype=jnp.int32))
-    assert api.unsupported(*args[:5]) is None
-
-    def grads(x, dt, A, B, C, ids):
-        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids), x, dt, A, B, C)
-        return vjp(out)
-
-    text = jax.jit(grads).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
-    assert text.count("tpu_custom_call") == 3  # forward, state_grads, chunk_grads
 
 
 def test_tpu_unsupported_calls_are_refused_with_the_reason(monkeypatch):
