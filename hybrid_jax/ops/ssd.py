@@ -55,8 +55,8 @@ def ssd(
         (`hybrid_jax.ops.segments`).
       implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU where the
         kernels take the call, e.g. head and state dims in 64/128/256; else "xla", logged).
-        On a TPU "pallas" runs the Mosaic kernels (dims 128/256) only when named: they have
-        not yet run on a TPU, so auto takes "xla" there.
+        On a TPU "pallas" runs the Mosaic kernels (dims 64/128/256) only when named: they
+        compile for TPUs but have not yet run on one, so auto takes "xla" there.
 
     Returns:
       y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where

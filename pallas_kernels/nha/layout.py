@@ -195,6 +195,22 @@ class Layout:
         """The shape of a per-row array in `row_vectors` form."""
         return (batch, heads, 1, length) if self.head_major else (batch, heads, length)
 
+    def tokens_spec(self, rows: int, index: Callable) -> pl.BlockSpec:
+        """Block of `rows` steps of a per-token array (documents) in `token_vectors` form;
+        index maps the grid to (batch, time block)."""
+        if self.head_major:
+            return pl.BlockSpec((None, 1, rows), lambda *grid: _place(index(*grid), (0, 2), 3))
+        return pl.BlockSpec((None, rows), lambda *grid: index(*grid))
+
+    def token_vectors(self, x: jax.Array) -> jax.Array:
+        """A per-token `[B, T]` array as the kernels take it: `[B, 1, T]` when head-major (the
+        TPU's block rule, as for `row_vectors`)."""
+        return x[:, None, :] if self.head_major else x
+
+    def token_rows(self, ref, start: int, size: int) -> jax.Array:
+        """Steps start..start+size−1 of a `tokens_spec` block, `[size]`."""
+        return ref[0, pl.ds(start, size)] if self.head_major else ref[pl.ds(start, size)]
+
     def column(self, ref) -> jax.Array:
         """A `rows_spec` block as a `[rows, 1]` column (a row's value against its row)."""
         return (ref[0, :] if self.head_major else ref[...])[:, None]

@@ -169,13 +169,18 @@ def test_tpu_kernel_gradients():
     check(make_inputs(6, 1, 21, 4, 2), 8, "mask", backend="tpu")
 
 
+def _interpret(monkeypatch, backend=None):
+    """The ops' pallas rungs run the `backend`'s kernels (default: the GPU's) in interpret mode
+    with the tiny tiles (on this CPU they would otherwise refuse: no kernel platform)."""
+    monkeypatch.setattr(api, "native_hybrid_attention", functools.partial(
+        api.native_hybrid_attention, interpret=True, block_sizes=TINY, backend=backend))
+    monkeypatch.setattr(api, "unsupported", functools.partial(api.unsupported, interpret=True,
+                                                              backend=backend))
+
+
 @pytest.fixture
 def interpret_kernels(monkeypatch):
-    """The ops' pallas rungs run the kernels in interpret mode with the tiny tiles (on this CPU
-    they would otherwise refuse: no kernel platform)."""
-    monkeypatch.setattr(api, "native_hybrid_attention", functools.partial(
-        api.native_hybrid_attention, interpret=True, block_sizes=TINY))
-    monkeypatch.setattr(api, "unsupported", functools.partial(api.unsupported, interpret=True))
+    _interpret(monkeypatch)
 
 
 # Row 0: document starts at 8 (a chunk and key-block edge) and 9 (a 1-token document), then one
@@ -269,13 +274,16 @@ def test_gpu_kernel_split_slot_backward(window):
     check(make_inputs(2, 1, 21, 4, 2), window, "sink" if window == 0 else "mask", blocks=blocks)
 
 
-@pytest.mark.parametrize("grads", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_gsa_pallas_rung(interpret_kernels, grads):
-    """GSA's pallas rung (the NHA kernels at w = 0, float32) against GSA's float64 reference
-    rung: packed documents, an initial state, the final state; values, and (slow) gradients
-    of every input and of the initial state."""
+@pytest.mark.parametrize("backend, grads", [
+    ("gpu", False), ("tpu", False), pytest.param("gpu", True, marks=pytest.mark.slow),
+    pytest.param("tpu", True, marks=pytest.mark.slow)])
+def test_gsa_pallas_rung(monkeypatch, backend, grads):
+    """GSA's pallas rung (the NHA kernels at w = 0, float32; the GPU's and the TPU's) against
+    GSA's float64 reference rung: packed documents, an initial state, the final state; values,
+    and (slow) gradients of every input and of the initial state."""
     from hybrid_jax.ops.gsa import gated_slot_attention
 
+    _interpret(monkeypatch, backend)
     T, H = 27, 2
     x = op_tests._inputs(T, H=H, G=H, seed=3, dtype=jnp.float32)[:5]
     state = tuple(normals(4, (2, H, 3, 3), (2, H, 3, 4), dtype=np.float32))
@@ -408,8 +416,10 @@ def test_unsupported_reasons():
         api.native_hybrid_attention(*args, window=2, backend="cpu")
     documents = api.documents_from_segment_ids(jnp.zeros((1, 8), jnp.int32))
     assert api.unsupported(*args, window=2, documents=documents, interpret=True) is None
-    assert "TPU kernels take no documents" in api.unsupported(
+    assert "TPU window kernels take no documents" in api.unsupported(
         *args, window=2, documents=documents, backend="tpu", interpret=True)
+    assert api.unsupported(*args, window=0, documents=documents, backend="tpu",
+                           interpret=True) is None
     assert "documents.ids has shape" in api.unsupported(
         *args, window=2, documents=api.Documents(documents.ids[:, 1:], documents.starts[:, 1:]),
         interpret=True)

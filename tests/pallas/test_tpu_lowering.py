@@ -70,12 +70,17 @@ def nha_case(head_dim, dtype, window, slots=64, heads=4, kv_heads=2):
     return native_hybrid_attention, dict(window=window, implementation="pallas"), arrays
 
 
-def gsa_case(head_dim, dtype, slots=64, heads=4):
+def gsa_case(head_dim, dtype, documents=False, initial=False, slots=64, heads=4):
     arrays = dict(q=_spec(B, T, heads, head_dim, dtype=dtype),
                   k=_spec(B, T, heads, head_dim, dtype=dtype),
                   v=_spec(B, T, heads, head_dim, dtype=dtype),
                   s=_spec(B, T, heads, slots, dtype=dtype),
                   g=_spec(B, T, heads, slots, dtype=dtype))
+    if initial:
+        arrays["initial_state"] = (_spec(B, heads, head_dim, slots, dtype=F32),
+                                   _spec(B, heads, slots, head_dim, dtype=F32))
+    if documents:
+        arrays["segment_ids"] = _spec(B, T, dtype=jnp.int32)
     return gated_slot_attention, dict(return_final_state=True, implementation="pallas"), arrays
 
 
@@ -102,7 +107,7 @@ WINDOW_ONLY_KERNELS = ["nha_window_attention"] + _WINDOW_BACKWARD  # w ≥ T: ca
 # windows of the hybrid presets).
 CASES = [
     ("ssd-P64-bf16-documents-state", ssd_case(64, BF16, True, True), SSD_KERNELS, True),
-    ("ssd-P128-f32", ssd_case(128, F32, False, False), SSD_KERNELS, True),
+    ("ssd-P128-f32", ssd_case(128, F32, False, False), SSD_KERNELS, False),
     ("ssd-P256-bf16-documents", ssd_case(256, BF16, True, False, heads=2), SSD_KERNELS, False),
     ("ssd-P128-bf16-state-groups", ssd_case(128, BF16, False, True, groups=2), SSD_KERNELS,
      False),
@@ -110,22 +115,28 @@ CASES = [
      False),
     ("ssd-P256-f32-state", ssd_case(256, F32, False, True), SSD_KERNELS, False),
     ("nha-D256-bf16-w32", nha_case(256, BF16, 32), NHA_KERNELS, True),
-    ("nha-D128-bf16-w512", nha_case(128, BF16, 512), NHA_KERNELS, True),
+    ("nha-D128-bf16-w512", nha_case(128, BF16, 512), NHA_KERNELS, False),
     ("nha-D64-f32-w512", nha_case(64, F32, 512), NHA_KERNELS, False),
     ("nha-D256-f32-w512", nha_case(256, F32, 512, heads=2, kv_heads=1), NHA_KERNELS, False),
     ("nha-D128-bf16-w100-slots16", nha_case(128, BF16, 100, slots=16), NHA_KERNELS, False),
     ("nha-D64-bf16-w0", nha_case(64, BF16, 0), SLOTS_ONLY_KERNELS, False),
     ("nha-D256-bf16-full-window", nha_case(256, BF16, T), WINDOW_ONLY_KERNELS, False),
-    ("gsa-D128-bf16", gsa_case(128, BF16), SLOTS_ONLY_KERNELS, True),
+    ("gsa-D128-bf16-documents-state", gsa_case(128, BF16, True, True), SLOTS_ONLY_KERNELS,
+     True),
     ("gsa-D64-f32", gsa_case(64, F32), SLOTS_ONLY_KERNELS, False),
-    ("gsa-D256-bf16", gsa_case(256, BF16, heads=2), SLOTS_ONLY_KERNELS, False),
+    ("gsa-D256-bf16-documents", gsa_case(256, BF16, True, heads=2), SLOTS_ONLY_KERNELS, False),
+    ("gsa-D64-bf16-state", gsa_case(64, BF16, initial=True), SLOTS_ONLY_KERNELS, False),
 ]
-OTHER_GENERATIONS = ("v4:2x2x1", "v5p:2x2x1", "v6e:2x2")
+OTHER_GENERATIONS = ("v5p:2x2x1", "v6e:2x2", "v4:2x2x1")
+# Mosaic on a v4 has no sublane gather, which the kernels' `[rows]` vector → `[rows, 1]` column
+# conversions take (SSD's per-step vectors, NHA's lse and D): NOTES.md, "TPU lowering".
+_V4 = pytest.mark.xfail(reason="no sublane gather on a v4 (NOTES.md)", strict=True)
 
 
 def _params(cases, *extra, all_slow=False):
     return [pytest.param(case, *extra, kernels, id="-".join((name, *extra)),
-                         marks=() if default and not all_slow else pytest.mark.slow)
+                         marks=(() if default and not all_slow else (pytest.mark.slow,))
+                         + ((_V4,) if "v4:2x2x1" in extra else ()))
             for name, case, kernels, default in cases]
 
 
@@ -142,19 +153,19 @@ def test_kernels_lower_for_tpu(case, kernels):
     for param in _params([c for c in CASES if c[3]], topology, all_slow=True)])
 def test_kernels_compile_for_tpu(case, topology, kernels):
     """Every case compiles with libtpu's compiler (Mosaic's passes: layouts, VMEM) for one
-    chip of a v5e (and the default cases for v4, v5p, v6e). Needs libtpu (not a project
-    dependency; pallas_kernels/ssd/NOTES.md, "TPU lowering")."""
+    chip of a v5e (and the default cases for a v5p and a v6e; not for a v4). Needs libtpu (not
+    a project dependency; pallas_kernels/ssd/NOTES.md, "TPU lowering")."""
     pytest.importorskip("libtpu")
     op, kwargs, arrays = case
     compile_for_tpu(_grads(op, kwargs, list(arrays)), *arrays.values(), topology=topology)
 
 
 def test_tpu_refuses_nha_documents_and_states():
-    """The NHA window kernels for TPUs have no document masks or ring offset yet: an NHA or
-    GSA call with segment ids or an initial state is refused with the reason (auto dispatch
-    then runs the XLA rung)."""
+    """The NHA window kernels for TPUs have no document masks or ring offset yet: an NHA call
+    with w > 0 and segment ids or an initial state is refused with the reason (auto dispatch
+    then runs the XLA rung; GSA, w = 0, runs no window kernel and takes both)."""
     op, kwargs, arrays = nha_case(128, BF16, 32)
     ids = _spec(B, T, dtype=jnp.int32)
-    with pytest.raises(ValueError, match="TPU kernels take no documents or initial state"):
+    with pytest.raises(ValueError, match="TPU window kernels take no documents or initial state"):
         lower_for_tpu(lambda *a: op(*a[:-1], segment_ids=a[-1], **kwargs), *arrays.values(),
                       ids)
