@@ -60,12 +60,13 @@ def compile_for_tpu(fn, *args, topology: str = "v5e:2x2"):
     """`jax.jit(fn)` compiled by libtpu's compiler for one chip of a TPU `topology` (as
     `jax.experimental.topologies` names them: "v4:2x2x1", "v5e:2x2", "v5p:2x2x1",
     "v6e:2x2"), on any host where libtpu is installed: beyond `lower_for_tpu`, Mosaic's own
-    passes (layout inference, VMEM limits) run. `args`: ShapeDtypeStructs."""
+    passes (layout inference, VMEM limits) run. `args`: pytrees of ShapeDtypeStructs."""
     from jax.experimental import topologies
 
     device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
-    placed = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                          args)
     with jax.sharding.use_abstract_mesh(tpu_mesh(device.device_kind)):
         lowered = jax.jit(fn).lower(*placed)
     return lowered.compile()

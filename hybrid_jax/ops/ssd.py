@@ -192,8 +192,9 @@ def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) ->
 
 
 _RUNGS = (
-    # Chosen automatically on GPUs only: the TPU kernels have run in TPU interpret mode, never
-    # on a TPU (pallas_kernels/ssd/NOTES.md, "TPU"); `implementation="pallas"` runs them.
+    # Chosen automatically on GPUs only: the TPU kernels have run in TPU interpret mode and
+    # compile for TPUs, never ran on one (pallas_kernels/ssd/NOTES.md, "TPU lowering");
+    # `implementation="pallas"` runs them.
     Rung("pallas", ssd_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", ssd_xla),
     Rung("reference", ssd_reference, auto=False),

@@ -236,9 +236,6 @@ def unsupported(q, k, v, s, g, *, window, q_window=None, k_window=None, empty_sl
     platform = backend or _platform(interpret)
     if platform not in ("gpu", "tpu"):
         return f"no Pallas NHA kernel for platform {platform!r} (use interpret=True on CPU)"
-    if platform == "tpu" and window and (documents is not None or initial_state is not None):
-        return ("the TPU window kernels take no documents or initial state yet (at w = 0, "
-                "GSA, the TPU kernels do)")
     if interpret:
         return None
     if target.platform() != platform:

@@ -10,7 +10,8 @@ float64 reference rung; GSA's pallas rung (the kernels at w = 0) against GSA's r
 Tiny tiles (chunk 8) so that small T spans several chunks and key blocks, with document
 boundaries on and off them. Interpret mode compiles slowly on CPU: the default run checks one
 plain GPU configuration, one with documents + state + GQA, GSA's rung (values and gradients)
-and one TPU configuration by value; `pytest -m slow` runs the rest (every window case, the
+and TPU configurations by value (plain, documents + state + GQA, GSA); `pytest -m slow` runs
+the rest (every window case, the
 shifted slot inputs with documents, sinks, states at w = 0 and w > T, head dim 256, strong
 gates, 16-bit precisions, TPU gradients).
 """
@@ -255,6 +256,18 @@ def test_op_documents_state_gqa(interpret_kernels):
     check_op(29, 5)
 
 
+@pytest.mark.parametrize("window, grads", [
+    (5, False), pytest.param(5, True, marks=pytest.mark.slow),
+    pytest.param(8, False, marks=pytest.mark.slow)])
+def test_op_documents_state_gqa_tpu(monkeypatch, window, grads):
+    """The TPU kernels under the op's pallas rung: packed documents and an initial state (the
+    window kernels' document masks and ring offset), GQA; w = 5 (values, and gradients in the
+    slow suite) and w = 8, one chunk (values; its gradients agree to 1.1e-5, d state.g,
+    NOTES.md "TPU lowering")."""
+    _interpret(monkeypatch, "tpu")
+    check_op(29, window, grads=grads)
+
+
 def test_op_split_slot_backward(monkeypatch):
     """The backward slot kernels split in two each (`BlockSizes.split_slot_backward`):
     documents, an initial state, GQA (the case above at the variant's tiles)."""
@@ -416,9 +429,7 @@ def test_unsupported_reasons():
         api.native_hybrid_attention(*args, window=2, backend="cpu")
     documents = api.documents_from_segment_ids(jnp.zeros((1, 8), jnp.int32))
     assert api.unsupported(*args, window=2, documents=documents, interpret=True) is None
-    assert "TPU window kernels take no documents" in api.unsupported(
-        *args, window=2, documents=documents, backend="tpu", interpret=True)
-    assert api.unsupported(*args, window=0, documents=documents, backend="tpu",
+    assert api.unsupported(*args, window=2, documents=documents, backend="tpu",
                            interpret=True) is None
     assert "documents.ids has shape" in api.unsupported(
         *args, window=2, documents=api.Documents(documents.ids[:, 1:], documents.starts[:, 1:]),

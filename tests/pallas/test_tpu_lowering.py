@@ -6,7 +6,8 @@ the Mosaic kernels, not interpreted) at the shapes real models use: T = 8192, he
 128 / 256, bf16 and float32, with and without packed documents and initial states, and the
 NHA windows of the presets. Nothing runs: lowering checks the block shapes against Mosaic's
 (8, 128) rule and lowers every kernel body to Mosaic MLIR. The default suite keeps one case
-per kernel family and feature; `-m slow` runs the rest.
+per kernel family (a preset's shape, with documents and an initial state); `-m slow` runs the
+rest.
 
 `test_kernels_compile_for_tpu` goes further where libtpu is installed (it is not a project
 dependency): it compiles the same cases with libtpu's compiler for a TPU topology (no TPU
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import pytest
 
 from hybrid_jax.ops.gsa import gated_slot_attention
-from hybrid_jax.ops.nha import native_hybrid_attention
+from hybrid_jax.ops.nha import NHAState, native_hybrid_attention
 from hybrid_jax.ops.ssd import ssd
 from tests.helpers import compile_for_tpu, lower_for_tpu
 
@@ -61,13 +62,24 @@ def ssd_case(head_dim, dtype, documents, initial, state_dim=128, heads=4, groups
     return ssd, dict(return_final_state=True, implementation="pallas"), arrays
 
 
-def nha_case(head_dim, dtype, window, slots=64, heads=4, kv_heads=2):
+def nha_case(head_dim, dtype, window, documents=False, initial=False, slots=64, heads=4,
+             kv_heads=2):
     arrays = dict(q=_spec(B, T, heads, head_dim, dtype=dtype),
                   k=_spec(B, T, kv_heads, head_dim, dtype=dtype),
                   v=_spec(B, T, kv_heads, head_dim, dtype=dtype),
                   s=_spec(B, T, kv_heads, slots, dtype=dtype),
                   g=_spec(B, T, kv_heads, slots, dtype=dtype))
-    return native_hybrid_attention, dict(window=window, implementation="pallas"), arrays
+    if initial:  # an NHAState with a ring of w tokens
+        ring = lambda d, dt=dtype: _spec(B, window, kv_heads, d, dtype=dt)
+        arrays["initial_state"] = NHAState(
+            slot_keys=_spec(B, kv_heads, head_dim, slots, dtype=F32),
+            slot_values=_spec(B, kv_heads, slots, head_dim, dtype=F32), keys=ring(head_dim),
+            values=ring(head_dim), s=ring(slots), g=ring(slots), window_keys=ring(head_dim),
+            document_start=_spec(B, dtype=jnp.int32), length=_spec(dtype=jnp.int32))
+    if documents:
+        arrays["segment_ids"] = _spec(B, T, dtype=jnp.int32)
+    return native_hybrid_attention, dict(window=window, return_final_state=initial,
+                                         implementation="pallas"), arrays
 
 
 def gsa_case(head_dim, dtype, documents=False, initial=False, slots=64, heads=4):
@@ -114,13 +126,19 @@ CASES = [
     ("ssd-P64-f32-documents-N64", ssd_case(64, F32, True, False, state_dim=64), SSD_KERNELS,
      False),
     ("ssd-P256-f32-state", ssd_case(256, F32, False, True), SSD_KERNELS, False),
-    ("nha-D256-bf16-w32", nha_case(256, BF16, 32), NHA_KERNELS, True),
+    ("nha-D256-bf16-w32-documents-state", nha_case(256, BF16, 32, True, True), NHA_KERNELS,
+     True),
+    ("nha-D256-bf16-w32", nha_case(256, BF16, 32), NHA_KERNELS, False),
+    ("nha-D128-bf16-w512-documents", nha_case(128, BF16, 512, True), NHA_KERNELS, False),
+    ("nha-D64-f32-w100-state", nha_case(64, F32, 100, initial=True), NHA_KERNELS, False),
     ("nha-D128-bf16-w512", nha_case(128, BF16, 512), NHA_KERNELS, False),
     ("nha-D64-f32-w512", nha_case(64, F32, 512), NHA_KERNELS, False),
     ("nha-D256-f32-w512", nha_case(256, F32, 512, heads=2, kv_heads=1), NHA_KERNELS, False),
     ("nha-D128-bf16-w100-slots16", nha_case(128, BF16, 100, slots=16), NHA_KERNELS, False),
     ("nha-D64-bf16-w0", nha_case(64, BF16, 0), SLOTS_ONLY_KERNELS, False),
     ("nha-D256-bf16-full-window", nha_case(256, BF16, T), WINDOW_ONLY_KERNELS, False),
+    ("nha-D128-bf16-full-window-documents", nha_case(128, BF16, T, True), WINDOW_ONLY_KERNELS,
+     False),
     ("gsa-D128-bf16-documents-state", gsa_case(128, BF16, True, True), SLOTS_ONLY_KERNELS,
      True),
     ("gsa-D64-f32", gsa_case(64, F32), SLOTS_ONLY_KERNELS, False),
@@ -158,14 +176,3 @@ def test_kernels_compile_for_tpu(case, topology, kernels):
     pytest.importorskip("libtpu")
     op, kwargs, arrays = case
     compile_for_tpu(_grads(op, kwargs, list(arrays)), *arrays.values(), topology=topology)
-
-
-def test_tpu_refuses_nha_documents_and_states():
-    """The NHA window kernels for TPUs have no document masks or ring offset yet: an NHA call
-    with w > 0 and segment ids or an initial state is refused with the reason (auto dispatch
-    then runs the XLA rung; GSA, w = 0, runs no window kernel and takes both)."""
-    op, kwargs, arrays = nha_case(128, BF16, 32)
-    ids = _spec(B, T, dtype=jnp.int32)
-    with pytest.raises(ValueError, match="TPU window kernels take no documents or initial state"):
-        lower_for_tpu(lambda *a: op(*a[:-1], segment_ids=a[-1], **kwargs), *arrays.values(),
-                      ids)
