@@ -257,8 +257,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.fused_gradients:
         defaults = api.default_block_sizes
-        api.default_block_sizes = lambda *a: dataclasses.replace(
-            defaults(*a), split_gradients=False, gradient_num_warps=8)
+        api.default_block_sizes = lambda *a, **kw: dataclasses.replace(
+            defaults(*a, **kw), split_gradients=False, gradient_num_warps=8)
     print(device_name(), flush=True)
     budget = Budget(args.budget_s)
     chosen = [part for part in PARTS if getattr(args, part)] or list(PARTS)

@@ -67,27 +67,22 @@ TARGETS = {
 SSD_VARIANTS = {"pallas (grads 2 stages)": BlockSizes(grads_num_stages=2),
                 "pallas (split forward)": BlockSizes(split_forward=True),
                 **{f"pallas (segments {S})": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 5) beside the default (the
-# per-chunk gradients split in two kernels at 4 warps): the fused kernel of round 2, the split
-# at 8 warps and with other tiles, chunk_prepare's inverse block by block, the two sequential
-# kernels at 8 warps, and both; the outputs by their own parallel kernel, alone, with the
-# inverse by block, and with it and a sequential V tile of 32 (256 state-only programs).
+# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 6) beside the default (training:
+# the outputs split from the state-only sequential pass in V tiles of 32, T inverted block by
+# block, the per-chunk gradients split in two kernels at 4 warps; an undifferentiated forward
+# keeps the fused pass): a variant's tiles serve both its forward and its fwd+bwd.
 _GDN_BASE = gdn_block_sizes(DIM, DIM, 64)
 GDN_VARIANTS = {
     f"pallas ({label})": dataclasses.replace(_GDN_BASE, **changes)
     for label, changes in (
-        ("fused gradients, 8 warps", dict(split_gradients=False, gradient_num_warps=8)),
-        ("split gradients, 8 warps", dict(gradient_num_warps=8)),
-        ("split gradients, V tile 128", dict(gradient_value_block=128)),
-        ("split gradients, K tile 32", dict(gradient_key_block=32)),
-        ("inverse by block", dict(inverse_by_block=True)),
+        ("fused outputs, V tile 64", dict(split_outputs=False, value_block=64)),
+        ("whole-tile inverse", dict(inverse_by_block=False)),
+        ("split outputs, V tile 64", dict(value_block=64)),
+        ("split outputs, V tile 16", dict(value_block=16)),
         ("sequential 8 warps", dict(state_num_warps=8)),
-        ("inverse by block, sequential 8 warps", dict(inverse_by_block=True,
-                                                      state_num_warps=8)),
-        ("split outputs", dict(split_outputs=True)),
-        ("split outputs, inverse by block", dict(split_outputs=True, inverse_by_block=True)),
-        ("split outputs, inverse by block, V tile 32", dict(
-            split_outputs=True, inverse_by_block=True, value_block=32)))}
+        ("outputs 8 warps", dict(outputs_num_warps=8)),
+        ("split gradients, 8 warps", dict(gradient_num_warps=8)),
+        ("split gradients, V tile 128", dict(gradient_value_block=128)))}
 COLUMNS = ["op", "impl", "B", "T", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd", "vs_fla_fwd_bwd",
            "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 

@@ -26,6 +26,7 @@ from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, choose, dispatch
 from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.flash_attention import api as pallas_flash
+from pallas_kernels.flash_attention import splash
 
 _OP = "attention"
 
@@ -63,8 +64,10 @@ def attention(
       segment_extents: `segment_extents(segment_ids)` computed once for many calls on the
         same ids (a model's layers); the pallas rung reads it, the others need not.
       implementation: "reference", "xla", "cudnn" (GPU, no segment_ids), "pallas" (GPU flash
-        attention with segment_ids, `pallas_kernels.flash_attention`) or None (auto: cudnn,
-        then pallas, then xla; `attention_rung` says which).
+        attention with segment_ids, `pallas_kernels.flash_attention`), "splash" (TPU: JAX's
+        splash attention with segment_ids, `pallas_kernels.flash_attention.splash`) or None
+        (auto: on a GPU cudnn, then pallas, on a TPU splash, then xla; `attention_rung` says
+        which). The flash rungs take causal self-attention without explicit positions.
 
     Returns:
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
@@ -232,17 +235,25 @@ def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions,
     )
 
 
-def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                        kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
-    if backend() != "gpu":
-        return f"needs a GPU backend, running on {backend()}"
+def _flash_unsupported(platform, causal, q_positions, kv_positions, kv_segment_ids
+                       ) -> str | None:
+    """What the flash kernels (GPU and TPU) share: causal self-attention on `platform`."""
+    if backend() != platform:
+        return f"needs a {platform.upper()} backend, running on {backend()}"
     if not causal:
         return "needs causal=True"
     if q_positions is not None or kv_positions is not None:
         return "explicit positions are not supported"
     if kv_segment_ids is not None:
         return "separate key segment ids (context-parallel gathered keys) are not supported"
-    return pallas_flash.unsupported(q, k, v, segment_ids, window=window, extents=segment_extents)
+    return None
+
+
+def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
+                        kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
+    return (_flash_unsupported("gpu", causal, q_positions, kv_positions, kv_segment_ids)
+            or pallas_flash.unsupported(q, k, v, segment_ids, window=window,
+                                        extents=segment_extents))
 
 
 def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
@@ -256,9 +267,37 @@ def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions
                         ("BTHD", "BTGD", "BTGD", "BT", "BT"), "BTHD")
 
 
+def _splash_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
+                        kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
+    return (_flash_unsupported("tpu", causal, q_positions, kv_positions, kv_segment_ids)
+            or _inside_shard_map() or splash.unsupported(q, k, v, segment_ids, window=window))
+
+
+def _inside_shard_map() -> str | None:
+    """JAX's splash kernels cannot trace under a `check_vma` shard_map (as the library's are);
+    the rung's own `shard_kernel` opens one without the check."""
+    manual = jax.sharding.get_abstract_mesh().manual_axes
+    if manual:
+        return (f"called inside a shard_map (manual mesh axes {sorted(manual)}): JAX's splash "
+                "kernels do not state their outputs' varying mesh axes, which check_vma needs")
+    return None
+
+
+def attention_splash(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
+                     kv_segment_ids, segment_extents=None):
+    """JAX's TPU splash attention (`pallas_kernels.flash_attention.splash`) on each device's
+    batch and heads."""
+    def kernel(q, k, v, segment_ids):
+        return splash.splash_attention(q, k, v, segment_ids, window=window, scale=scale)
+
+    return shard_kernel(_OP, kernel, (q, k, v, segment_ids), ("BTHD", "BTGD", "BTGD", "BT"),
+                        "BTHD", check_vma=False)
+
+
 _RUNGS = (
-    Rung("cudnn", attention_cudnn, _cudnn_unsupported),
-    Rung("pallas", attention_pallas, _pallas_unsupported),
+    Rung("cudnn", attention_cudnn, _cudnn_unsupported, platforms=("gpu",)),
+    Rung("pallas", attention_pallas, _pallas_unsupported, platforms=("gpu",)),
+    Rung("splash", attention_splash, _splash_unsupported, platforms=("tpu",)),
     Rung("xla", attention_xla),
     Rung("reference", attention_reference, auto=False),
 )

@@ -11,8 +11,9 @@ Layout `[batch, time, heads, dim]`. The op does not normalise q and k (the modul
 them). Recurrent math runs in float32 (float64 stays float64); outputs have the dtype of `q`,
 the final state is float32 (float64 for float64 inputs).
 
-Rungs: "pallas" (the kernels of `pallas_kernels.delta_rule`: GPU, bfloat16/float32 q, k, v,
-head dims 64/128/256; auto picks it wherever it can run the call, else logs why and runs "xla"),
+Rungs: "pallas" (the kernels of `pallas_kernels.delta_rule`: GPU or TPU, bfloat16/float32 q, k,
+v, head dims 64/128/256; auto picks it on a GPU wherever it can run the call, else logs why and
+runs "xla"; on a TPU it runs only when named, its kernels not yet measured there),
 "reference" (per-token `lax.scan`, the definition) and "xla" (chunked). The chunked form
 first solves the unit-lower-triangular C×C system `(I + A)` of every chunk at once
 (`unit_lower_triangular_inverse`: batched forward substitution and matmuls, float32/float64;
@@ -211,9 +212,10 @@ def _chunk_step(state, chunk):
 
 def _pallas_unsupported(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts
                         ) -> str | None:
-    if backend() != "gpu":
-        return f"needs a GPU backend, running on {backend()}"
-    return pallas_delta_rule.unsupported(q, k, v, g, beta, initial_state, starts)
+    if backend() not in ("gpu", "tpu"):
+        return f"needs a GPU or TPU backend, running on {backend()}"
+    return pallas_delta_rule.unsupported(q, k, v, g, beta, initial_state, starts,
+                                         backend=backend())
 
 
 def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, chunk_size, initial_state, starts):
@@ -221,19 +223,24 @@ def gated_delta_rule_pallas(q, k, v, g, beta, *, scale, chunk_size, initial_stat
     own chunk, not `chunk_size`. A zero initial state is passed in (not made by the kernels'
     entry point), so that under a mesh it is split like the other inputs."""
     del chunk_size
+    platform = backend()
     if initial_state is None:
         initial_state = _zero_state(q, v, jnp.float32)
 
     def kernel(q, k, v, g, beta, initial_state, starts):
         return pallas_delta_rule.gated_delta_rule(q, k, v, g, beta, scale=scale,
-                                                  initial_state=initial_state, starts=starts)
+                                                  initial_state=initial_state, starts=starts,
+                                                  backend=platform)
 
     return shard_kernel(_OP, kernel, (q, k, v, g, beta, initial_state, starts),
                         ("BTHK", "BTHK", "BTHV", "BTH", "BTH", "BHKV", "BT"), ("BTHV", "BHKV"))
 
 
 _RUNGS = (
-    Rung("pallas", gated_delta_rule_pallas, _pallas_unsupported),
+    # Chosen automatically on GPUs only: the TPU kernels have run in TPU interpret mode, never
+    # on a TPU (pallas_kernels/delta_rule/NOTES.md, "TPU kernels"); `implementation="pallas"`
+    # runs them.
+    Rung("pallas", gated_delta_rule_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", gated_delta_rule_xla),
     Rung("reference", gated_delta_rule_reference, auto=False),
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 from pallas_kernels import target
 
-IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn")
+IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn", "splash")
 logger = logging.getLogger("hybrid_jax.dispatch")
 _LOGGED: set[tuple] = set()
 
@@ -32,7 +32,9 @@ class Rung:
     `unsupported(*args, **kwargs)` returns None when this rung can run the call, else the reason.
     `auto=False` keeps a rung (the naive reference) out of automatic selection; `auto_platforms`
     limits automatic selection to those platforms (a kernel measured on some only), while a
-    named `implementation=` still runs it wherever it is supported.
+    named `implementation=` still runs it wherever it is supported. `platforms`: the only ones
+    it runs on at all (cuDNN on GPUs, a TPU kernel); elsewhere auto passes over it without a
+    word, since it is no faster rung there, and its `unsupported` says why to a named call.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Rung:
     unsupported: Callable[..., str | None] = _always
     auto: bool = True
     auto_platforms: tuple[str, ...] | None = None
+    platforms: tuple[str, ...] | None = None
 
 
 def backend() -> str:
@@ -67,7 +70,7 @@ def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: An
         return rung, []
     reasons = []
     for rung in rungs:
-        if not rung.auto:
+        if not rung.auto or (rung.platforms is not None and backend() not in rung.platforms):
             continue
         if rung.auto_platforms is not None and backend() not in rung.auto_platforms:
             reasons.append(f"{rung.name}: not chosen automatically on {backend()} (only on "

@@ -40,7 +40,7 @@ SPLIT = {"B": "batch", "H": "heads", "G": "groups"}
 
 
 def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
-                 layouts: Sequence[Any], out_layouts: Any) -> Any:
+                 layouts: Sequence[Any], out_layouts: Any, *, check_vma: bool = True) -> Any:
     """`kernel(*args)`, each device computing its batch and head shard under the current mesh.
 
     Args:
@@ -51,6 +51,10 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
       layouts: per argument, one layout string for all its leaves or a pytree of them matching
         it (ignored where the argument is None).
       out_layouts: layout strings, a pytree prefix of the kernel's output.
+      check_vma: the shard_map's varying-axes check; False only for a kernel that cannot state
+        them (JAX's splash attention: its `pallas_call`s give plain out shapes, which the check
+        refuses). Without it the transpose sums the gradients of inputs whole over a split
+        axis as well (shard_map's untyped rule).
 
     Without a mesh, or where no batch or head axis of size > 1 is left to split, simply
     `kernel(*args)`.
@@ -98,12 +102,13 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
     def per_shard(*shard_leaves):
         # An input whole over a manual axis (one group, SSD's A over the batch) varies from
         # here on: its gradient from the kernel's VJP is then summed over that axis.
-        shard_leaves = [_varying(x, manual) for x in shard_leaves]
+        if check_vma:
+            shard_leaves = [_varying(x, manual) for x in shard_leaves]
         return kernel(*jax.tree.unflatten(treedef, shard_leaves))
 
     return jax.shard_map(per_shard, in_specs=tuple(spec(layout) for layout in leaf_layouts),
                          out_specs=jax.tree.map(spec, out_layouts), axis_names=manual,
-                         check_vma=True)(*leaves)
+                         check_vma=check_vma)(*leaves)
 
 
 def _varying(x: jax.Array, axes: set[str]) -> jax.Array:

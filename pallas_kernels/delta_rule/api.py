@@ -12,6 +12,8 @@ Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_state
 `BlockSizes.split_outputs` `forward.chunk_states` (the pass carrying only the state) and
 `forward.chunk_outputs` (parallel over chunks); backward:
 `backward.chunk_state_gradients` (the reverse pass) and `gradients.chunk_gradients` (parallel).
+These are the GPU kernels (Triton lowering); `backend="tpu"` runs `tpu.py`'s two Mosaic TPU
+kernels (forward and backward, each one sequential pass over chunks) on the same arrays.
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
 slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
 """
@@ -25,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import target
+from pallas_kernels.delta_rule import tpu
 from pallas_kernels.delta_rule.backward import chunk_state_gradients
 from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.delta_rule.forward import (
@@ -55,6 +58,7 @@ def gated_delta_rule(
     initial_state: jax.Array | None = None,
     starts: jax.Array | None = None,
     block_sizes: BlockSizes | None = None,
+    backend: str | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """The gated delta rule over a sequence (module docstring); differentiable in every array.
@@ -66,16 +70,22 @@ def gated_delta_rule(
       initial_state: `[B, H, K, V]` state before the first step, or None (zeros).
       starts: `[B, T]` bool, True where a document starts (after the first token: the first
         token continues `initial_state`), or None.
-      block_sizes: tiles and launch parameters (default `default_block_sizes(K, V, B·H)`).
-      interpret: run the kernels in Pallas interpret mode (CPU tests).
+      block_sizes: tiles and launch parameters of every kernel (default on the GPU
+        `default_block_sizes(K, V, B·H)`, with `training=False` for a forward that is not
+        differentiated; on a TPU `tpu.DEFAULT_BLOCKS`, whose kernels read only its chunk).
+      backend: "gpu" or "tpu" kernels; default: the platform, or "gpu" when interpreting on
+        the CPU.
+      interpret: run the kernels in Pallas interpret mode (CPU tests; the TPU kernels in TPU
+        interpret mode).
 
     Returns:
       `(o, final_state)`: o `[B, T, H, V]` in q's dtype, final state `[B, H, K, V]` float32.
     """
     reason = unsupported(q, k, v, g, beta, initial_state, starts, block_sizes=block_sizes,
-                         interpret=interpret)
+                         backend=backend, interpret=interpret)
     if reason is not None:
         raise ValueError(f"pallas gated_delta_rule: {reason}")
+    backend = backend or _default_backend(interpret)
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     if value_dim > VALUE_SLICE:
@@ -84,14 +94,19 @@ def gated_delta_rule(
                   else jnp.split(initial_state, slices, axis=-1))
         outs, finals = zip(*(
             gated_delta_rule(q, k, v_slice, g, beta, scale=scale, initial_state=state,
-                             starts=starts, block_sizes=block_sizes, interpret=interpret)
+                             starts=starts, block_sizes=block_sizes, backend=backend,
+                             interpret=interpret)
             for v_slice, state in zip(jnp.split(v, slices, axis=-1), states, strict=True)),
             strict=True)
         return jnp.concatenate(outs, axis=-1), jnp.concatenate(finals, axis=-1)
-    blocks = _fitted(block_sizes or default_block_sizes(key_dim, value_dim, batch * heads),
-                     key_dim, value_dim)
+    if block_sizes is None and backend == "tpu":
+        block_sizes = tpu.DEFAULT_BLOCKS
+    defaults = functools.partial(default_block_sizes, key_dim, value_dim, batch * heads)
+    blocks = _fitted(block_sizes or defaults(), key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
                 documents=starts is not None, interpret=interpret)
+    st_forward = dataclasses.replace(st, blocks=_fitted(block_sizes or defaults(training=False),
+                                                        key_dim, value_dim))
     padded = -(-length // blocks.chunk) * blocks.chunk
     pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2))
     g = g.astype(F32)
@@ -100,15 +115,19 @@ def gated_delta_rule(
     heads_first = lambda x: pad(x.astype(F32)).transpose(0, 2, 1)  # [B, T, H] → [B, H, Tp]
     state = (jnp.zeros((batch, heads, key_dim, value_dim), F32) if initial_state is None
              else initial_state.astype(F32))
-    out, final_state = _core(st, pad(q), pad(k), pad(v), heads_first(g), heads_first(beta),
-                             None if starts is None else pad(starts.astype(F32)), state)
+    args = (pad(q), pad(k), pad(v), heads_first(g), heads_first(beta),
+            None if starts is None else pad(starts.astype(F32)), state)
+    out, final_state = (_core(st, st_forward, *args) if backend == "gpu"
+                        else tpu.gated_delta_rule(st, *args))
     return out[:, :length], final_state
 
 
 def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_sizes=None,
-                interpret=False) -> str | None:
+                backend=None, interpret=False) -> str | None:
     """None when the kernels can run this call, else the reason (for `implementation=`
-    dispatch)."""
+    dispatch). `backend` as in `gated_delta_rule`. On the device: head dims in `HEAD_DIMS`
+    (V also a multiple of `VALUE_SLICE`), on a TPU a chunk in `tpu.CHUNKS`; interpreted
+    (either backend): any power-of-two dims."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return f"q, k, v must be [batch, time, heads, dim], got {q.shape}, {k.shape}, {v.shape}"
     batch, length, heads, key_dim = q.shape
@@ -129,29 +148,40 @@ def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_size
     for name, x in others.items():
         if x is not None and (not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == jnp.float64):
             return f"{name} must be a floating dtype other than float64, got {x.dtype}"
-    platform = _platform()
+    if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
+        return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
+    platform = backend or _default_backend(interpret)
+    if platform not in ("gpu", "tpu"):
+        return (f"needs a GPU or TPU (platform {platform!r}; interpret=True runs them on the "
+                f"CPU)")
     if not interpret:
-        if platform == "tpu":
-            return ("no TPU variant: the kernels are written for the Pallas Triton lowering "
-                    "(loops over chunks with row slices, in-register cumulative sums)")
-        if platform != "gpu":
-            return f"needs a GPU (platform {platform!r}; interpret=True runs them on the CPU)"
+        if platform != _platform():
+            return (f"the {platform.upper()} kernels were asked for, the platform is "
+                    f"{_platform()!r}")
+        kernels = f"the {platform.upper()} kernels"
         if key_dim not in HEAD_DIMS:
-            return f"head dim K={key_dim} (the GPU kernels take {HEAD_DIMS})"
+            return f"head dim K={key_dim} ({kernels} take {HEAD_DIMS})"
         if value_dim not in HEAD_DIMS and value_dim % VALUE_SLICE:
-            return (f"head dim V={value_dim} (the GPU kernels take {HEAD_DIMS} or a multiple "
+            return (f"head dim V={value_dim} ({kernels} take {HEAD_DIMS} or a multiple "
                     f"of {VALUE_SLICE})")
+        chunk = (block_sizes or tpu.DEFAULT_BLOCKS).chunk
+        if platform == "tpu" and chunk not in tpu.CHUNKS:
+            return f"chunk {chunk} ({kernels} take {tpu.CHUNKS})"
     else:
         for name, dim in (("K", key_dim), ("V", value_dim)):
             if dim < 2 or dim & (dim - 1):
                 return f"head dim {name}={dim} must be a power of two"
-    if block_sizes is not None and not isinstance(block_sizes, BlockSizes):
-        return f"block_sizes must be a BlockSizes, got {type(block_sizes).__name__}"
     return None
 
 
 def _platform() -> str:
     return target.platform()
+
+
+def _default_backend(interpret: bool) -> str:
+    """The kernels of the platform; interpreting on the CPU, the GPU kernels."""
+    platform = _platform()
+    return "gpu" if interpret and platform == "cpu" else platform
 
 
 def _fitted(blocks: BlockSizes, key_dim: int, value_dim: int) -> BlockSizes:
@@ -176,18 +206,20 @@ def _forward(st: Static, q, k, v, g, beta, starts, initial_state, *, save: bool)
     return out, final_state, w, p, t, saved
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _core(st: Static, q, k, v, g, beta, starts, initial_state):
-    return _forward(st, q, k, v, g, beta, starts, initial_state, save=False)[:2]
+# `st` holds the training kernels' blocks (forward with saved residuals, backward), `st_forward`
+# those of a forward that is not differentiated; both have one chunk length.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _core(st: Static, st_forward: Static, q, k, v, g, beta, starts, initial_state):
+    return _forward(st_forward, q, k, v, g, beta, starts, initial_state, save=False)[:2]
 
 
-def _core_forward(st: Static, q, k, v, g, beta, starts, initial_state):
+def _core_forward(st: Static, st_forward: Static, q, k, v, g, beta, starts, initial_state):
     out, final_state, w, p, (t,), (states, u) = _forward(st, q, k, v, g, beta, starts,
                                                          initial_state, save=True)
     return (out, final_state), (q, k, v, g, beta, starts, w, p, t, states, u)
 
 
-def _core_backward(st: Static, residuals, cotangents):
+def _core_backward(st: Static, st_forward: Static, residuals, cotangents):
     q, k, v, g, beta, starts, w, p, t, states, u = residuals
     d_out, d_final = cotangents
     d_out = d_out.astype(q.dtype)

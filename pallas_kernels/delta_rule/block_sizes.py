@@ -73,17 +73,25 @@ SEQUENTIAL_PROGRAMS = 128
 H100/H200 (132) keeps the machine busy while each program waits on its chain of products."""
 
 
-def default_block_sizes(key_dim: int, value_dim: int, heads: int = 64) -> BlockSizes:
-    """GPU defaults (NOTES.md) for `heads` = batch × heads sequences. The V tile of the
-    sequential kernels is at most 64 (32 for K = 256, so that the float32 state [K, V tile]
-    stays ≈ 64 registers a thread at 4 warps), and narrower (down to 16) while there would be
-    fewer than `SEQUENTIAL_PROGRAMS` programs."""
-    tile = min(value_dim, 64 if key_dim <= 128 else 32)
+def default_block_sizes(key_dim: int, value_dim: int, heads: int = 64, *,
+                        training: bool = True) -> BlockSizes:
+    """GPU defaults (NOTES.md) for `heads` = batch × heads sequences, for the training forward
+    and backward (`training`) or for a forward that is not differentiated.
+
+    Both invert T block by block (forward 1.16 → 0.99 ms, fwd+bwd 3.90 → 3.59, H200 B4 T8192
+    H16 K = V = 128 bf16, NOTES.md Round 4). Training splits the outputs from the sequential
+    pass (Round 5), whose programs then carry only the state, in V tiles of 32: fwd+bwd 3.07 ms
+    against 3.59 fused; the forward alone is slower split (1.06 against 0.99 ms), so an
+    undifferentiated forward keeps the fused pass, its V tile at most 64 (32 for K = 256, so that
+    the float32 state [K, V tile] stays ≈ 64 registers a thread at 4 warps). Tiles narrow (down
+    to 16) while there would be fewer than `SEQUENTIAL_PROGRAMS` programs."""
+    tile = min(value_dim, 32 if training or key_dim > 128 else 64)
     while tile > 16 and heads * (value_dim // tile) < SEQUENTIAL_PROGRAMS:
         tile //= 2
     # The split per-chunk gradients at 4 warps: fwd+bwd 4.15 ms against 5.98 fused (8 warps)
-    # and 5.27 split at 8 warps (H200, B4 T8192 H16 K = V = 128 bf16, NOTES.md Round 3). K 256
-    # keeps 8 warps, the launch ptxas counted without spills there (4 warps not measured).
+    # and 5.27 split at 8 warps (NOTES.md Round 3). K 256 keeps 8 warps, the launch ptxas
+    # counted without spills there (4 warps not measured).
     return BlockSizes(value_block=tile, gradient_key_block=min(key_dim, 64),
                       gradient_value_block=min(value_dim, 64), split_gradients=True,
-                      gradient_num_warps=4 if key_dim <= 128 else 8)
+                      gradient_num_warps=4 if key_dim <= 128 else 8, inverse_by_block=True,
+                      split_outputs=training)

@@ -34,8 +34,8 @@ def reverse_cumsum(x: jax.Array) -> jax.Array:
     return jnp.sum(x) - jnp.cumsum(x) + x
 
 
-def _masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
-    """e^x where `keep` (None: everywhere), else 0."""
+def masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
+    """e^x where `keep` (None: everywhere), else 0 (masked before `exp`: no overflow)."""
     if keep is None:
         return jnp.exp(x)
     return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
@@ -68,7 +68,7 @@ class Chunk:
         mask = later > earlier if strict else later >= earlier
         if self.docs is not None:
             mask &= self.docs[:, None] == self.docs[None, :]
-        return _masked_exp(log_later - log_earlier, mask)
+        return masked_exp(log_later - log_earlier, mask)
 
 
 def chunk_decays(g: jax.Array, starts: jax.Array | None) -> Chunk:
@@ -79,9 +79,9 @@ def chunk_decays(g: jax.Array, starts: jax.Array | None) -> Chunk:
     docs = None if starts is None else jnp.cumsum(starts)
     docs_last = None if starts is None else jnp.sum(starts)
     return Chunk(
-        log_decay, docs, _masked_exp(log_decay, None if starts is None else docs == 0),
-        _masked_exp(last - log_decay, None if starts is None else docs == docs_last),
-        _masked_exp(last, None if starts is None else docs_last == 0))
+        log_decay, docs, masked_exp(log_decay, None if starts is None else docs == 0),
+        masked_exp(last - log_decay, None if starts is None else docs == docs_last),
+        masked_exp(last, None if starts is None else docs_last == 0))
 
 
 def split_products(a: jax.Array, b: jax.Array, op) -> jax.Array:
@@ -121,11 +121,20 @@ def lower_inverse(a: jax.Array, a_t: jax.Array | None, size: int, op) -> jax.Arr
     block = lambda x, b: x // b
     t = (_diagonal_inverses_by_block(a, size) if a_t is None
          else _diagonal_inverses_whole(a_t, size))
+    lower_left = lambda b: ((block(rows, 2 * b) == block(cols, 2 * b))
+                            & (block(rows, b) % 2 == 1) & (block(cols, b) % 2 == 0))
+    return merge_diagonal_blocks(a, t, size, op, lower_left)
+
+
+def merge_diagonal_blocks(a: jax.Array, t: jax.Array, size: int, op, lower_left) -> jax.Array:
+    """(I + a)⁻¹ from `t`, the inverses of its diagonal blocks of `size` rows (zero elsewhere),
+    by `lower_inverse`'s pairwise merges (`split_products` in the operand dtype `op`);
+    `lower_left(b)`: the `[n, n]` mask of the lower-left b × b block of every diagonal 2b × 2b
+    block (the caller's integer arithmetic: Mosaic lowers `//` and `%` through `sign`, which
+    needs the chip, so the TPU kernels make it from bit operations)."""
     b = size
-    while b < n:
-        lower_left = ((block(rows, 2 * b) == block(cols, 2 * b)) & (block(rows, b) % 2 == 1)
-                      & (block(cols, b) % 2 == 0))
-        t = t - split_products(t, split_products(jnp.where(lower_left, a, 0.0), t, op), op)
+    while b < a.shape[0]:
+        t = t - split_products(t, split_products(jnp.where(lower_left(b), a, 0.0), t, op), op)
         b *= 2
     return t
 

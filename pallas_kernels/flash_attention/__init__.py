@@ -1,2 +1,4 @@
 """Flash attention with document boundaries (segment ids), causal and sliding-window, GQA, in
-Pallas: entry point `api.flash_attention` (differentiable), `api.unsupported` for dispatch."""
+Pallas: on GPUs our kernels, entry point `api.flash_attention` (differentiable), `api.unsupported`
+for dispatch; on TPUs JAX's splash attention kernels, `splash.splash_attention` and
+`splash.unsupported`."""

@@ -24,10 +24,10 @@ from pallas_kernels.flash_attention.bounds import (
     pad_extents,
     visible_span,
 )
+from pallas_kernels.flash_attention.checks import unsupported_arguments, unsupported_on
 from pallas_kernels.flash_attention.reference import flash_attention_reference
 
 IMPLEMENTATIONS = ("gpu", "reference")
-HEAD_DIMS = (64, 128, 256)
 _ACCELERATOR_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
@@ -117,19 +117,10 @@ def unsupported(q, k, v, segment_ids=None, *, window=None, extents=None, interpr
                 ) -> str | None:
     """None when the kernels can run this call, else the reason. `interpret`: no accelerator
     limits (dtype, head dims), as in interpret mode and for the reference."""
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        return (f"q, k, v must be [batch, time, heads, head_dim], got shapes {q.shape}, "
-                f"{k.shape}, {v.shape}")
-    batch, length, heads, head_dim = q.shape
-    if k.shape != v.shape or k.shape[:2] != (batch, length) or k.shape[3] != head_dim:
-        return (f"k and v must both be [B, T, G, D] = [{batch}, {length}, G, {head_dim}] "
-                f"(self-attention, value dim = head dim), got {k.shape} and {v.shape}")
-    if heads % k.shape[2]:
-        return f"kv heads {k.shape[2]} must divide query heads {heads}"
-    if segment_ids is not None and (segment_ids.shape != (batch, length)
-                                    or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
-        return (f"segment_ids must be integer [B, T] = [{batch}, {length}], got "
-                f"{segment_ids.dtype} {segment_ids.shape}")
+    reason = unsupported_arguments(q, k, v, segment_ids, window)
+    if reason is not None:
+        return reason
+    batch, length, _, head_dim = q.shape
     if extents is not None:
         if segment_ids is None:
             return "extents need the segment_ids they were computed from"
@@ -137,13 +128,8 @@ def unsupported(q, k, v, segment_ids=None, *, window=None, extents=None, interpr
                 x.shape != (batch, length) for x in extents):
             return (f"extents must be bounds.Extents of [B, T] = [{batch}, {length}] arrays, "
                     f"got {jax.tree.map(jnp.shape, extents)}")
-    if window is not None and window < 1:
-        return f"window must be >= 1 or None, got {window}"
     if not interpret:
-        if head_dim not in HEAD_DIMS:
-            return f"head_dim must be one of {HEAD_DIMS} on the GPU, got {head_dim}"
-        if q.dtype not in _ACCELERATOR_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-            return f"needs bfloat16/float16 q, k, v on the GPU, got {q.dtype}, {k.dtype}, {v.dtype}"
-    elif head_dim < 8 or head_dim & (head_dim - 1):
+        return unsupported_on("GPU", q, k, v, _ACCELERATOR_DTYPES)
+    if head_dim < 8 or head_dim & (head_dim - 1):
         return f"head_dim must be a power of two >= 8, got {head_dim}"
     return None

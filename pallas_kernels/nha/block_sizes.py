@@ -87,4 +87,6 @@ def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
     if head_dim > 128:
         return BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
                           slot_num_warps=8)
-    return BlockSizes()
+    # The backward slot kernels split in two each at 4 warps: fwd+bwd 7.02 ms against 7.64
+    # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a).
+    return BlockSizes(split_slot_backward=True, slot_backward_num_warps=4)

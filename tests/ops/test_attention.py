@@ -104,6 +104,7 @@ def test_bf16_output_dtype_and_accuracy():
         (dict(implementation="triton"), "implementation='triton' is not available"),
         (dict(implementation="pallas"), "pallas.*needs a GPU backend"),
         (dict(implementation="cudnn"), "needs a GPU backend"),
+        (dict(implementation="splash"), "splash.*needs a TPU backend"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):

@@ -1,5 +1,5 @@
-"""Which attention rung auto picks on a GPU for the benchmark shapes, and that a fallback logs
-(the backend is patched to "gpu"; shapes only, nothing runs on a GPU)."""
+"""Which attention rung auto picks on a GPU and on a TPU for the benchmark shapes, and that a
+fallback logs (the backend is patched to "gpu" or "tpu"; shapes only, nothing runs there)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from hybrid_jax import ops
+from hybrid_jax.config import MeshConfig
 from hybrid_jax.ops import dispatch
+from hybrid_jax.sharding import make_mesh
 
 attention_module = importlib.import_module("hybrid_jax.ops.attention")  # ops.attention: the op
 
@@ -21,6 +24,13 @@ attention_module = importlib.import_module("hybrid_jax.ops.attention")  # ops.at
 def on_gpu(monkeypatch):
     monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
     monkeypatch.setattr(attention_module, "backend", lambda: "gpu")
+    dispatch._LOGGED.clear()
+
+
+@pytest.fixture
+def on_tpu(monkeypatch):
+    monkeypatch.setattr(dispatch, "backend", lambda: "tpu")
+    monkeypatch.setattr(attention_module, "backend", lambda: "tpu")
     dispatch._LOGGED.clear()
 
 
@@ -48,6 +58,49 @@ def test_packed_batches_take_the_pallas_kernel(on_gpu, name, B, T, H, G, D, wind
     assert unpacked == ("pallas" if D > 128 else "cudnn"), name
 
 
+@pytest.mark.parametrize("name,B,T,H,G,D,window", BENCHMARK)
+def test_tpu_takes_the_splash_kernel(on_tpu, name, B, T, H, G, D, window):
+    q, k, v = shapes(B, T, H, G, D)
+    segments = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    assert ops.attention_rung(q, k, v, window=window, segment_ids=segments) == "splash", name
+    assert ops.attention_rung(q, k, v, window=window) == "splash", name
+
+
+def test_tpu_logs_fallbacks_only(on_tpu, caplog):
+    """Splash runs without a word (the GPU rungs are no candidates on a TPU); a fallback to XLA
+    logs splash's reason."""
+    q, k, v = shapes(2, 256, 4, 2, 64)
+    segments = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+    positions = jnp.arange(256)
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        jax.eval_shape(lambda q, k, v, ids: ops.attention(q, k, v, window=100, segment_ids=ids),
+                       q, k, v, segments)
+        jax.eval_shape(lambda q, k, v: ops.attention(q, k, v, q_positions=positions), q, k, v)
+        jax.eval_shape(lambda q, k, v: ops.attention(q, k, v, causal=False), q, k, v)
+    messages = [r.getMessage() for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+    assert len(messages) == 2 and all("ran the xla rung" in m for m in messages), messages
+    assert "splash: explicit positions" in messages[0] and "needs causal=True" in messages[1]
+    assert not any("cudnn" in m or "pallas" in m for m in messages), messages
+
+
+def test_splash_refuses_inside_a_shard_map(on_tpu):
+    """An enclosing shard_map checks varying axes, which JAX's splash kernels do not state."""
+    mesh = make_mesh(MeshConfig(data=2))
+    q = jnp.zeros((2, 128, 2, 64), jnp.bfloat16)
+    chosen = []
+
+    def body(q):
+        chosen.append(ops.attention_rung(q, q, q))
+        return q
+
+    with jax.set_mesh(mesh):
+        jax.make_jaxpr(jax.shard_map(body, in_specs=P("data"), out_specs=P("data")))(q)
+    assert chosen == ["xla"]
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match="inside a shard_map"):
+        jax.make_jaxpr(jax.shard_map(lambda q: ops.attention(q, q, q, implementation="splash"),
+                                     in_specs=P("data"), out_specs=P("data")))(q)
+
+
 def test_fallback_to_xla_logs_once_per_shape(on_gpu, caplog):
     q, k, v = (jnp.asarray(np.random.default_rng(0).standard_normal((1, 16, 2, 64)),
                            jnp.float32) for _ in range(3))
@@ -61,6 +114,7 @@ def test_fallback_to_xla_logs_once_per_shape(on_gpu, caplog):
     assert records[0].levelno == logging.WARNING
     message = records[0].getMessage()
     assert "ran the xla rung" in message and "bfloat16/float16" in message, message
+    assert "splash" not in message, message  # a TPU kernel: no candidate on a GPU
 
 
 def test_no_log_on_cpu(caplog, monkeypatch):
@@ -112,3 +166,24 @@ def test_packed_model_sorts_the_segment_ids_once(on_gpu, monkeypatch):
     # A context without extents (built field by field): each layer sorts.
     assert sorts(lambda i: TokenContext(positions=jnp.zeros(tokens.shape, jnp.int32),
                                         segment_ids=i)) == 3
+
+
+def test_packed_model_on_tpu_runs_splash(on_tpu, caplog):
+    """A model's attention layers on packed text, as the trainer calls them: the splash
+    kernels (forward traced, nothing logged)."""
+    from flax import nnx
+
+    from hybrid_jax.config import ModelConfig
+    from hybrid_jax.context import TokenContext
+    from hybrid_jax.nn.lm import LanguageModel
+
+    model = LanguageModel(ModelConfig(layers=("attention",) * 2, vocab_size=16, d_model=128,
+                                      num_heads=2, window=8, dtype="bfloat16"),
+                          rngs=nnx.Rngs(0))
+    tokens = jnp.zeros((2, 32), jnp.int32)
+    ids = jnp.asarray(np.repeat([[0, 1, 2, 3]], 8, axis=1).repeat(2, 0), jnp.int32)
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        jaxpr = jax.make_jaxpr(lambda i: model(tokens, TokenContext.create(
+            tokens.shape, segment_ids=i)))(ids).jaxpr
+    assert _count(jaxpr, "pallas_call") == 2
+    assert not [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]

@@ -13,7 +13,7 @@ import pytest
 from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from pallas_kernels.delta_rule import api as pallas_delta_rule
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, lower_for_tpu, normals
 
 
 def numpy_delta_rule(q, k, v, g, beta, scale, initial_state=None):
@@ -230,15 +230,16 @@ def on_gpu(monkeypatch):
     dispatch._LOGGED.clear()
 
 
-def _rung(B, T, H, K, V, dtype=jnp.bfloat16, documents=False, initial_state=False):
+def _rung(B, T, H, K, V, dtype=jnp.bfloat16, documents=False, initial_state=False,
+          implementation=None):
     sds = jax.ShapeDtypeStruct
     args = (sds((B, T, H, K), dtype), sds((B, T, H, K), dtype), sds((B, T, H, V), dtype),
             sds((B, T, H), dtype), sds((B, T, H), dtype))
     kwargs = dict(scale=K**-0.5, chunk_size=64,
                   initial_state=sds((B, H, K, V), jnp.float32) if initial_state else None,
                   starts=sds((B, T), jnp.bool_) if documents else None)
-    rung, reasons = dispatch.choose("gated_delta_rule", delta_rule_module._RUNGS, None, *args,
-                                    **kwargs)
+    rung, reasons = dispatch.choose("gated_delta_rule", delta_rule_module._RUNGS, implementation,
+                                    *args, **kwargs)
     return rung.name, reasons
 
 
@@ -257,6 +258,22 @@ def test_auto_falls_back_with_the_reason(on_gpu, caplog):
             jax.eval_shape(lambda *a: gated_delta_rule(*a), q, k, v, g, beta)
     records = [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]
     assert len(records) == 1 and "pallas: head dim K=8" in records[0].getMessage()
+
+
+def test_on_a_tpu_the_kernel_runs_only_when_named(monkeypatch):
+    """The TPU kernels take the call when `implementation="pallas"` names them (lowered for a
+    TPU here: the op reaches the Mosaic kernels); auto keeps the xla rung on a TPU (the kernels
+    have run in TPU interpret mode only) and says why."""
+    for module in (dispatch, delta_rule_module):
+        monkeypatch.setattr(module, "backend", lambda: "tpu")
+    monkeypatch.setattr(pallas_delta_rule, "_platform", lambda: "tpu")
+    name, reasons = _rung(4, 8192, 16, 128, 128, documents=True, initial_state=True)
+    assert name == "xla" and "not chosen automatically on tpu" in reasons[0]
+    sds = jax.ShapeDtypeStruct
+    B, T, H, K = 2, 100, 2, 64
+    args = [sds((B, T, H, K), jnp.bfloat16)] * 3 + [sds((B, T, H), jnp.float32)] * 2
+    text = lower_for_tpu(lambda *a: gated_delta_rule(*a, implementation="pallas"), *args)
+    assert "gated_delta_rule_tpu_forward" in text
 
 
 def test_forced_kernel_refuses_unsupported_calls():

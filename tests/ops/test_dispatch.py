@@ -1,4 +1,5 @@
-"""The rung chooser: named rungs run or refuse loudly; auto skips rungs by platform and says why."""
+"""The rung chooser: named rungs run or refuse loudly; auto skips rungs by platform and says why
+(except for a rung of another platform altogether)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,17 @@ def test_a_named_rung_runs_off_its_auto_platforms(monkeypatch):
     assert rung.name == "pallas" and reasons == []
     with pytest.raises(ValueError, match="implementation='triton' is not available"):
         dispatch.choose("op", (KERNEL, XLA), "triton", 1)
+
+
+def test_a_rung_of_another_platform_is_no_candidate(monkeypatch):
+    """`platforms`: elsewhere auto passes over the rung without a reason (nothing to log); a
+    named call still asks its `unsupported`."""
+    tpu_kernel = Rung("splash", lambda x: "tpu kernel", platforms=("tpu",),
+                      unsupported=lambda x: None if dispatch.backend() == "tpu"
+                      else "needs a TPU backend")
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    assert dispatch.choose("op", (tpu_kernel, XLA), None, 1) == (XLA, [])
+    with pytest.raises(ValueError, match="'splash' cannot run this call: needs a TPU backend"):
+        dispatch.choose("op", (tpu_kernel, XLA), "splash", 1)
+    monkeypatch.setattr(dispatch, "backend", lambda: "tpu")
+    assert dispatch.choose("op", (tpu_kernel, XLA), None, 1)[0] is tpu_kernel

@@ -40,11 +40,12 @@ def make_inputs(seed, batch, length, heads=2, key_dim=16, value_dim=16):
                 initial_state=state)
 
 
-def kernel_run(x, segment_ids, scale, blocks):
+def kernel_run(x, segment_ids, scale, blocks, backend=None):
+    """The kernels in interpret mode (the GPU's, or `backend`'s)."""
     starts = document_starts("test", segment_ids, *x["q"].shape[:2])
     return api.gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=scale,
                                 initial_state=x.get("initial_state"), starts=starts,
-                                block_sizes=blocks, interpret=True)
+                                block_sizes=blocks, backend=backend, interpret=True)
 
 
 def reference_run(x, segment_ids, scale):
@@ -63,10 +64,10 @@ def weighted_loss(run, weights):
     return loss
 
 
-def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY):
+def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY, backend=None):
     batch, _, heads, key_dim = x["q"].shape
     weights = normals(7, x["v"].shape, (batch, heads, key_dim, x["v"].shape[3]))
-    kernel = lambda x: kernel_run(x, segment_ids, scale, blocks)
+    kernel = lambda x: kernel_run(x, segment_ids, scale, blocks, backend)
     reference = lambda x: reference_run(x, segment_ids, scale)
     with_values = lambda run: jax.jit(jax.value_and_grad(
         lambda x: (weighted_loss(run, weights)(x), run(x)), has_aux=True))
@@ -120,20 +121,25 @@ def test_bfloat16_within_rounding(x64, split):
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
     dKK) stay within bf16 rounding of the float64 reference on the same inputs; chunk 16 of
     sub-chunks 4, so the inverse merges its blocks twice (4 → 8 → 16)."""
-    x = make_inputs(3, batch=1, length=45)
-    x.update({n: x[n].astype(jnp.bfloat16).astype(jnp.float32) for n in ("q", "k", "v")})
     ids = np.zeros((1, 45), np.int32)
     ids[0, 21:] = 1
-    blocks = dataclasses.replace(TINY, chunk=16, split_gradients=split)
+    check_bfloat16(jnp.asarray(ids), dataclasses.replace(TINY, chunk=16, split_gradients=split))
+
+
+def check_bfloat16(segment_ids, blocks, backend=None):
+    """The kernels on bf16 q, k, v (T = 45) within bf16 rounding of the float64 reference on
+    the same (bf16-representable) inputs: values from the primal forward, every gradient."""
+    x = make_inputs(3, batch=1, length=45)
+    x.update({n: x[n].astype(jnp.bfloat16).astype(jnp.float32) for n in ("q", "k", "v")})
     weights = normals(7, x["v"].shape, x["initial_state"].shape)
 
     def kernel(x):
         x = dict(x, **{n: x[n].astype(jnp.bfloat16) for n in ("q", "k", "v")})
-        out, state = kernel_run(x, jnp.asarray(ids), 0.4, blocks)
+        out, state = kernel_run(x, segment_ids, 0.4, blocks, backend)
         return out.astype(jnp.float32), state
 
-    expected = reference_run(x, jnp.asarray(ids), 0.4)
-    expected_grads = jax.grad(weighted_loss(lambda x: reference_run(x, jnp.asarray(ids), 0.4),
+    expected = reference_run(x, segment_ids, 0.4)
+    expected_grads = jax.grad(weighted_loss(lambda x: reference_run(x, segment_ids, 0.4),
                                             weights))(x)
     assert_close(jax.jit(kernel)(x), expected, 6e-3, "values")  # measured ≈ 2.6e-3
     grads = jax.jit(jax.grad(weighted_loss(kernel, weights)))(x)
@@ -187,10 +193,8 @@ def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents,
 def test_unsupported_calls_name_the_reason(monkeypatch):
     x = make_inputs(2, batch=1, length=8)
     args = [x[n] for n in NAMES[:5]]
-    assert "needs a GPU" in api.unsupported(*args)
+    assert "needs a GPU or TPU (platform 'cpu'" in api.unsupported(*args)
     assert api.unsupported(*args, interpret=True) is None
-    monkeypatch.setattr(api, "_platform", lambda: "tpu")
-    assert "no TPU variant" in api.unsupported(*args)
     _platform_gpu(monkeypatch)
     assert "head dim K=16" in api.unsupported(*args)
     for value_dim, reason in ((512, None), (768, None), (384, "head dim V=384")):
@@ -202,13 +206,15 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
     assert api.unsupported(*wide_args) is None
     assert "one dtype" in api.unsupported(wide_args[0].astype(jnp.bfloat16), *wide_args[1:])
     assert "initial_state has shape" in api.unsupported(*wide_args, x["initial_state"])
-    with pytest.raises(ValueError, match="pallas gated_delta_rule: needs a GPU|head dim"):
+    with pytest.raises(ValueError, match="pallas gated_delta_rule: head dim K=16"):
         api.gated_delta_rule(*args)
     with pytest.raises(ValueError, match="sub_chunk"):
         BlockSizes(chunk=16, sub_chunk=32)
 
 
-@pytest.mark.parametrize("key_dim,value_dim,heads,tile", [
-    (128, 128, 64, 64), (256, 64, 64, 32), (128, 64, 64, 32), (128, 128, 4, 16)])
-def test_default_value_tile_keeps_the_gpu_busy(key_dim, value_dim, heads, tile):
-    assert default_block_sizes(key_dim, value_dim, heads).value_block == tile
+@pytest.mark.parametrize("key_dim,value_dim,heads,training,tile", [
+    (128, 128, 64, False, 64), (256, 64, 64, False, 32), (128, 64, 64, False, 32),
+    (128, 128, 4, False, 16), (128, 128, 64, True, 32), (128, 128, 4, True, 16)])
+def test_default_value_tile_keeps_the_gpu_busy(key_dim, value_dim, heads, training, tile):
+    blocks = default_block_sizes(key_dim, value_dim, heads, training=training)
+    assert (blocks.value_block, blocks.split_outputs) == (tile, training)

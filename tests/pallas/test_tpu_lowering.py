@@ -1,4 +1,4 @@
-"""The Pallas TPU kernels (SSD, NHA, GSA's NHA-at-window-0), lowered for a TPU on the CPU.
+"""The Pallas TPU kernels (SSD, NHA, GSA's NHA-at-window-0, GDN), lowered for a TPU on the CPU.
 
 Each case runs an op's `implementation="pallas"` rung, forward and backward (a VJP through the
 kernels' custom VJP), traced for a TPU (`tests.helpers.lower_for_tpu`: the op dispatches to
@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from hybrid_jax.ops.delta_rule import gated_delta_rule
 from hybrid_jax.ops.gsa import gated_slot_attention
 from hybrid_jax.ops.nha import NHAState, native_hybrid_attention
 from hybrid_jax.ops.ssd import ssd
@@ -96,6 +97,18 @@ def gsa_case(head_dim, dtype, documents=False, initial=False, slots=64, heads=4)
     return gated_slot_attention, dict(return_final_state=True, implementation="pallas"), arrays
 
 
+def gdn_case(head_dim, dtype, documents, initial, heads=4):
+    arrays = dict(q=_spec(B, T, heads, head_dim, dtype=dtype),
+                  k=_spec(B, T, heads, head_dim, dtype=dtype),
+                  v=_spec(B, T, heads, head_dim, dtype=dtype), g=_spec(B, T, heads, dtype=F32),
+                  beta=_spec(B, T, heads, dtype=F32))
+    if initial:
+        arrays["initial_state"] = _spec(B, heads, head_dim, head_dim, dtype=F32)
+    if documents:
+        arrays["segment_ids"] = _spec(B, T, dtype=jnp.int32)
+    return gated_delta_rule, dict(return_final_state=True, implementation="pallas"), arrays
+
+
 def kernel_names(case) -> list[str]:
     op, kwargs, arrays = case
     text = lower_for_tpu(_grads(op, kwargs, list(arrays)), *arrays.values())
@@ -104,6 +117,7 @@ def kernel_names(case) -> list[str]:
 
 
 SSD_KERNELS = ["ssd_forward", "ssd_state_grads", "ssd_chunk_grads"]
+GDN_KERNELS = ["gated_delta_rule_tpu_forward", "gated_delta_rule_tpu_backward"]
 _SLOTS_FORWARD = ["nha_chunk_prepare", "nha_chunk_scan", "nha_chunk_scan", "nha_slot_logits"]
 _SLOTS_BACKWARD = ["nha_slot_backward_queries", "nha_chunk_deltas_reverse",
                    "nha_chunk_scan_reverse", "nha_chunk_scan_reverse", "nha_backward_slot_inputs"]
@@ -126,6 +140,10 @@ CASES = [
     ("ssd-P64-f32-documents-N64", ssd_case(64, F32, True, False, state_dim=64), SSD_KERNELS,
      False),
     ("ssd-P256-f32-state", ssd_case(256, F32, False, True), SSD_KERNELS, False),
+    # The gated delta rule's TPU kernels (their own lowering test: tests/pallas/
+    # test_delta_rule_tpu.py), here for the compile check.
+    ("gdn-K64-f32", gdn_case(64, F32, False, False), GDN_KERNELS, False),
+    ("gdn-K256-bf16-documents-state", gdn_case(256, BF16, True, True), GDN_KERNELS, False),
     ("nha-D256-bf16-w32-documents-state", nha_case(256, BF16, 32, True, True), NHA_KERNELS,
      True),
     ("nha-D256-bf16-w32", nha_case(256, BF16, 32), NHA_KERNELS, False),
