@@ -36,11 +36,37 @@ def normals(seed: int, *shapes, dtype=np.float64):
     return arrays[0] if len(arrays) == 1 else arrays
 
 
-def lower_for_tpu(fn, *args) -> str:
+def tpu_mesh(device_kind: str = "TPU v5 lite") -> jax.sharding.AbstractMesh:
+    """An abstract mesh without axes whose device is a TPU of `device_kind`: traced under it,
+    the library picks its TPU kernels (`pallas_kernels.target.platform`) and Pallas's
+    TPU lowering reads the chip's parameters from it."""
+    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=1, platform="tpu")
+    return jax.sharding.AbstractMesh((), (), abstract_device=device)
+
+
+def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite") -> str:
     """The StableHLO text of `jax.jit(fn)(*args)` lowered for TPU, on any host.
 
     Pallas's TPU lowering (block-shape rules, the kernel body to Mosaic) runs here, so a kernel
     that could not compile on a TPU fails on the CPU. `args` may be ShapeDtypeStructs: nothing
-    runs. The Mosaic compiler's own passes run only on a TPU."""
-    exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
+    runs. The call is traced under `tpu_mesh(device_kind)`. The Mosaic compiler's own passes
+    (layouts, VMEM) run only in libtpu's compiler: `compile_for_tpu`."""
+    with jax.sharding.use_abstract_mesh(tpu_mesh(device_kind)):
+        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
     return exported.mlir_module()
+
+
+def compile_for_tpu(fn, *args, topology: str = "v5e:2x2"):
+    """`jax.jit(fn)` compiled by libtpu's compiler for one chip of a TPU `topology` (as
+    `jax.experimental.topologies` names them: "v4:2x2x1", "v5e:2x2", "v5p:2x2x1",
+    "v6e:2x2"), on any host where libtpu is installed: beyond `lower_for_tpu`, Mosaic's own
+    passes (layout inference, VMEM limits) run. `args`: pytrees of ShapeDtypeStructs."""
+    from jax.experimental import topologies
+
+    device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                          args)
+    with jax.sharding.use_abstract_mesh(tpu_mesh(device.device_kind)):
+        lowered = jax.jit(fn).lower(*placed)
+    return lowered.compile()

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
+from pallas_kernels import target
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn", "splash")
 logger = logging.getLogger("hybrid_jax.dispatch")
@@ -46,8 +46,9 @@ class Rung:
 
 
 def backend() -> str:
-    """The platform the default device runs on: 'cpu', 'gpu' or 'tpu'."""
-    return jax.default_backend()
+    """The platform the call is traced for: 'cpu', 'gpu' or 'tpu' (the default device's, or
+    the device the abstract mesh names: `pallas_kernels.target.platform`)."""
+    return target.platform()
 
 
 def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any,

@@ -12,9 +12,9 @@ Layout `[batch, time, heads, dim]`. Recurrent math and the softmax run in float3
 stays float64); outputs have the dtype of `q`.
 
 Rungs: "reference" (per-token `lax.scan`, the definition), "xla" (the two-pass chunked form)
-and "pallas" (the NHA kernels of `pallas_kernels.nha` at window 0, GPU bf16/fp16 inputs: NHA
-without a window is GSA; documents and initial/final states included; auto picks it where
-supported).
+and "pallas" (the NHA kernels of `pallas_kernels.nha` at window 0, GPU bf16/fp16 or TPU
+bf16/f32 inputs: NHA without a window is GSA; documents and initial/final states included;
+auto picks it on a GPU where supported, a TPU runs it when named).
 `gated_slot_attention_step` advances one token (decoding).
 
 The two passes of the chunked form are public, for ops that attend to the slots together with

@@ -658,8 +658,8 @@ def _pallas_unsupported(*args, window, empty_slots, call, **kwargs) -> str | Non
 
 _RUNGS = (
     # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
-    # interpret mode, never on a TPU (and their [B, H, T] vector blocks may not pass Mosaic's
-    # (8, 128) rule); `implementation="pallas"` runs them there.
+    # interpret mode and compile for TPUs (pallas_kernels/nha/NOTES.md, "TPU lowering"), but
+    # never ran on one; `implementation="pallas"` runs them there.
     Rung("pallas", nha_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", nha_xla),
     Rung("reference", nha_reference, auto=False),

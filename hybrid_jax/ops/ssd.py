@@ -55,8 +55,8 @@ def ssd(
         (`hybrid_jax.ops.segments`).
       implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU where the
         kernels take the call, e.g. head and state dims in 64/128/256; else "xla", logged).
-        On a TPU "pallas" runs the Mosaic kernels (dims 128/256) only when named: they have
-        not yet run on a TPU, so auto takes "xla" there.
+        On a TPU "pallas" runs the Mosaic kernels (dims 64/128/256) only when named: they
+        compile for TPUs but have not yet run on one, so auto takes "xla" there.
 
     Returns:
       y `[B, T, H, P]` in x's dtype; with `return_final_state`, `(y, final_state)` where
@@ -192,8 +192,9 @@ def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) ->
 
 
 _RUNGS = (
-    # Chosen automatically on GPUs only: the TPU kernels have run in TPU interpret mode, never
-    # on a TPU (pallas_kernels/ssd/NOTES.md, "TPU"); `implementation="pallas"` runs them.
+    # Chosen automatically on GPUs only: the TPU kernels have run in TPU interpret mode and
+    # compile for TPUs, never ran on one (pallas_kernels/ssd/NOTES.md, "TPU lowering");
+    # `implementation="pallas"` runs them.
     Rung("pallas", ssd_pallas, _pallas_unsupported, auto_platforms=("gpu",)),
     Rung("xla", ssd_xla),
     Rung("reference", ssd_reference, auto=False),

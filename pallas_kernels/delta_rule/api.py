@@ -26,6 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import target
 from pallas_kernels.delta_rule import tpu
 from pallas_kernels.delta_rule.backward import chunk_state_gradients
 from pallas_kernels.delta_rule.block_sizes import BlockSizes, default_block_sizes
@@ -174,8 +175,7 @@ def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_size
 
 
 def _platform() -> str:
-    platform = jax.default_backend()
-    return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    return target.platform()
 
 
 def _default_backend(interpret: bool) -> str:

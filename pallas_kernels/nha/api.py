@@ -42,12 +42,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import target
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
 
 EMPTY_SLOTS = ("mask", "sink")
-_ACCELERATOR_DTYPES = (jnp.bfloat16, jnp.float16)
+# q, k, v dtypes per platform (Mosaic TPU has no float16 matmul; float32 runs on the MXU there).
+_ACCELERATOR_DTYPES = dict(gpu=(jnp.bfloat16, jnp.float16), tpu=(jnp.bfloat16, jnp.float32))
 _ACCELERATOR_DIMS = (64, 128, 256)
 _ACCELERATOR_SLOTS = (16, 32, 64, 128)
 
@@ -234,14 +236,15 @@ def unsupported(q, k, v, s, g, *, window, q_window=None, k_window=None, empty_sl
     platform = backend or _platform(interpret)
     if platform not in ("gpu", "tpu"):
         return f"no Pallas NHA kernel for platform {platform!r} (use interpret=True on CPU)"
-    if platform == "tpu" and (documents is not None or initial_state is not None):
-        return "the TPU kernels take no documents or initial state yet"
     if interpret:
         return None
-    if jax.default_backend() != platform:
-        return f"backend {platform!r} requested but the default device is {jax.default_backend()}"
-    if q.dtype not in _ACCELERATOR_DTYPES:
-        return f"dtype {q.dtype} (the kernels take bfloat16 or float16; s and g may be float32)"
+    if target.platform() != platform:
+        return f"backend {platform!r} requested but the target platform is {target.platform()}"
+    dtypes = _ACCELERATOR_DTYPES[platform]
+    if q.dtype not in dtypes:
+        names = " or ".join(jnp.dtype(d).name for d in dtypes)
+        return (f"dtype {q.dtype} (the {platform.upper()} kernels take {names}; s and g may be "
+                "float32)")
     if any(x.dtype == jnp.float64 for x in (s, g)):
         return "float64 s or g"
     for name, dim in dict(K=key_dim, V=value_dim, D=window_dim).items():
@@ -269,10 +272,8 @@ def _state_unsupported(state, shapes: dict[str, tuple]) -> str | None:
 
 
 def _platform(interpret: bool) -> str:
-    platform = jax.default_backend()
-    if interpret and platform == "cpu":
-        return "gpu"
-    return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    platform = target.platform()
+    return "gpu" if interpret and platform == "cpu" else platform
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -388,7 +389,7 @@ def _core_backward(st: Static, backend: str, residuals, cotangents):
      finals) = residuals
     d_out, d_final_keys, d_final_values_t = cotangents
     delta = jnp.sum(out * d_out, axis=-1)  # out is float32
-    delta = delta if head_major else delta.transpose(0, 2, 1)  # [B, H, Tp]
+    delta = kernels.LAYOUT.row_vectors(delta if head_major else delta.transpose(0, 2, 1))
     d_out = d_out.astype(q.dtype)
     if st.window:
         dqw = kernels.window_backward_queries(qw, kw, v, d_out, lse, delta, docs, st)

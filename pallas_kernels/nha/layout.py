@@ -178,8 +178,46 @@ class Layout:
         return lambda start, size: ref[pl.ds(start, size), r, :]
 
     def rows_spec(self, rows: int, index: Callable) -> pl.BlockSpec:
-        """Block of a per-row `[B, H, T]` array (log-sum-exp, D): same in both layouts."""
+        """Block of `rows` steps of a per-row array (log-sum-exp, D) in `row_vectors` form;
+        index maps the grid to (batch, head, time block)."""
+        if self.head_major:
+            return pl.BlockSpec((None, None, 1, rows),
+                                lambda *grid: _place(index(*grid), (0, 1, 3)))
         return pl.BlockSpec((None, None, rows), lambda *grid: index(*grid))
+
+    def row_vectors(self, x: jax.Array) -> jax.Array:
+        """A per-row `[B, H, T]` array as the kernels take it: `[B, H, 1, T]` when head-major
+        (TPU: a block's second-to-last axis must be whole or a multiple of 8, so a `(1, rows)`
+        block of a one-row axis)."""
+        return x[:, :, None, :] if self.head_major else x
+
+    def rows_shape(self, batch: int, heads: int, length: int) -> tuple[int, ...]:
+        """The shape of a per-row array in `row_vectors` form."""
+        return (batch, heads, 1, length) if self.head_major else (batch, heads, length)
+
+    def tokens_spec(self, rows: int, index: Callable) -> pl.BlockSpec:
+        """Block of `rows` steps of a per-token array (documents) in `token_vectors` form;
+        index maps the grid to (batch, time block)."""
+        if self.head_major:
+            return pl.BlockSpec((None, 1, rows), lambda *grid: _place(index(*grid), (0, 2), 3))
+        return pl.BlockSpec((None, rows), lambda *grid: index(*grid))
+
+    def token_vectors(self, x: jax.Array) -> jax.Array:
+        """A per-token `[B, T]` array as the kernels take it: `[B, 1, T]` when head-major (the
+        TPU's block rule, as for `row_vectors`)."""
+        return x[:, None, :] if self.head_major else x
+
+    def token_rows(self, ref, start: int, size: int) -> jax.Array:
+        """Steps start..start+size−1 of a `tokens_spec` block, `[size]`."""
+        return ref[0, pl.ds(start, size)] if self.head_major else ref[pl.ds(start, size)]
+
+    def column(self, ref) -> jax.Array:
+        """A `rows_spec` block as a `[rows, 1]` column (a row's value against its row)."""
+        return (ref[0, :] if self.head_major else ref[...])[:, None]
+
+    def set_column(self, ref, column: jax.Array) -> None:
+        """Writes a `[rows, 1]` column to a `rows_spec` block."""
+        ref[...] = column.reshape(1, -1) if self.head_major else column[:, 0]
 
 
 def _place(bht, positions, rank: int = 4):

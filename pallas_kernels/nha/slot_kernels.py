@@ -12,7 +12,8 @@ and the slot state entering that chunk (`chunk_math` does the chunk's math):
   backward_slot_inputs  dk̄, dv̄, ds̄ and the log-gate gradient (reverse cumsum in the chunk)
 
 Arrays are in the layout's order (`[B, T, H, d]` or `[B, H, T, d]`); slot states are
-`[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]`. With documents (`docs`, a
+`[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]` in the layout's `row_vectors`
+form. With documents (`docs`, a
 `SlotDocs`) the kernels also read per-token `[B, T]` int32 arrays: σ and the start flags of the
 slot inputs (stream order, `chunk_math`), and which query rows' slots hold a token of their
 document.
@@ -122,7 +123,8 @@ class _Specs:
         """This chunk of a per-token `[B, Tp]` array: in stream order (the slot inputs' σ and
         starts) or in query order (holds)."""
         to = self._to_token if stream else (lambda c: c)
-        return pl.BlockSpec((None, self.C), lambda *g: (lambda b, h, c: (b, to(c)))(*self._bhc(g)))
+        return self.layout.tokens_spec(
+            self.C, lambda *g: (lambda b, h, c: (b, to(c)))(*self._bhc(g)))
 
 
 _QUERY_DOCS = ("sigma", "holds")  # the document arrays of the per-query-head slot kernels
@@ -141,11 +143,11 @@ def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_sha
         interpret=layout.interpret(st), name=name, **kwargs)
 
 
-def _segments(sigma_ref):
+def _segments(sigma_ref, layout: Layout):
     """The `chunk_math.Segments` loader of a σ block, or None without documents."""
     if sigma_ref is None:
         return None
-    return lambda start, size: sigma_ref[pl.ds(start, size)]
+    return lambda start, size: layout.token_rows(sigma_ref, start, size)
 
 
 def _doc_refs(refs, names, st: Static):
@@ -162,7 +164,7 @@ def _doc_args(docs: SlotDocs | None, specs: _Specs, names) -> tuple[list, list]:
         return [], []
     order = dict(sigma=True, starts=True, holds=False)
     return ([specs.token_rows(order[name]) for name in names],
-            [getattr(docs, name) for name in names])
+            [specs.layout.token_vectors(getattr(docs, name)) for name in names])
 
 
 def chunk_prepare(ks, vs, ss, gs, docs: SlotDocs | None, st: Static, layout: Layout):
@@ -183,13 +185,16 @@ def chunk_prepare(ks, vs, ss, gs, docs: SlotDocs | None, st: Static, layout: Lay
         ks_ref, vs_ref, ss_ref, gs_ref, gc_ref, kd_ref, vd_ref, decay_ref = refs
         C = st.blocks.chunk
         valid = stream_rows_valid(st, 1)(0, C)
-        keep = valid if doc["starts"] is None else valid & (doc["starts"][...][:, None] == 0)
+        if doc["starts"] is None:
+            keep = valid
+        else:
+            keep = valid & (layout.token_rows(doc["starts"], 0, C)[:, None] == 0)
         g = jnp.where(keep, gs_ref[...].astype(F32), 0.0)
         G = layout.cumsum(g)
         last = jnp.sum(g, axis=0, keepdims=True)
         gc_ref[...] = G
         written = jnp.where(valid, ss_ref[...].astype(F32), 0.0) * jnp.exp(last - G)
-        sigma = _segments(doc["sigma"])
+        sigma = _segments(doc["sigma"], layout)
         if sigma is not None:
             written = jnp.where(exiting(sigma, C), written, 0.0)
             last = jnp.where(sigma(C - 1, 1)[None, :] == 0, last, MASK_VALUE)
@@ -226,7 +231,7 @@ def chunk_deltas_reverse(q, da, do, p, gc, docs: SlotDocs | None, st: Static, la
         entry = jnp.exp(gc_ref[...])
         C = entry.shape[0]
         if doc["sigma"] is not None:
-            entry = jnp.where(doc["sigma"][...][:, None] == 0, entry, 0.0)
+            entry = jnp.where(layout.token_rows(doc["sigma"], 0, C)[:, None] == 0, entry, 0.0)
         kd = vd = 0.0
         for r in range(group):
             rows = lambda ref, r=r: layout.head_rows(ref, r)(0, C)
@@ -246,10 +251,10 @@ def chunk_deltas_reverse(q, da, do, p, gc, docs: SlotDocs | None, st: Static, la
     )(*doc_arrays, *(layout.grouped(x, group) for x in (q, da, do, p)), gc)
 
 
-def _held(st: Static, holds_ref, C: int):
+def _held(st: Static, layout: Layout, holds_ref, C: int):
     """`[C, 1]` bool: this query chunk's rows whose slots hold a token of their document."""
     rows = pl.program_id(2) * C + iota((C, 1), 0)
-    return slot_rows(st, rows, None if holds_ref is None else holds_ref[...])
+    return slot_rows(st, rows, None if holds_ref is None else layout.token_rows(holds_ref, 0, C))
 
 
 def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
@@ -266,8 +271,8 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         [logits] = slot_scores([(q_ref[...], rows_of(ks_ref), kst_ref[...])], writes,
                                rows_of(gc_ref), S=st.blocks.sub_chunk, state=products.state,
-                               intra=products.intra, sigma=_segments(doc["sigma"]))
-        out_ref[...] = jnp.where(_held(st, doc["holds"], C), st.scale * logits, 0.0)
+                               intra=products.intra, sigma=_segments(doc["sigma"], layout))
+        out_ref[...] = jnp.where(_held(st, layout, doc["holds"], C), st.scale * logits, 0.0)
 
     specs, slots = _Specs(layout, st, length // C), ss.shape[-1]
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
@@ -298,21 +303,21 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
             a_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref, lse_ref = refs
         else:
             o_ref, a_ref, lse_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref = refs
-        held = _held(st, doc["holds"], C)
+        held = _held(st, layout, doc["holds"], C)
         a = a_ref[...]
         if alone:
             use = in_softmax(st, held)
             m = jnp.max(jnp.where(use, a, MASK_VALUE), axis=1, keepdims=True)
             e = jnp.where(use, jnp.exp(a - m), 0.0)
             total = jnp.sum(e, axis=1, keepdims=True)
-            lse_ref[...] = (m + jnp.log(total))[:, 0]
+            layout.set_column(lse_ref, m + jnp.log(total))
             p = jnp.where(held, e / total, 0.0)
         else:
-            p = jnp.where(held, jnp.exp(a - lse_ref[...][:, None]), 0.0)
+            p = jnp.where(held, jnp.exp(a - layout.column(lse_ref)), 0.0)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         out = readout_form(p, writes, rows_of(vs_ref), rows_of(gc_ref), vst_ref[...],
                            S=st.blocks.sub_chunk, state=products.state, intra=products.intra,
-                           sigma=_segments(doc["sigma"]))
+                           sigma=_segments(doc["sigma"], layout))
         out_ref[...] = out if alone else o_ref[...] + out
 
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
@@ -323,7 +328,7 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
         return _call(
             kernel, layout, st, (batch, heads, length // C),
             doc_specs + [specs.head(slots)] + slot_specs, [specs.head(value_dim), specs.row()],
-            [out_shape, jax.ShapeDtypeStruct((batch, heads, length), F32)],
+            [out_shape, jax.ShapeDtypeStruct(layout.rows_shape(batch, heads, length), F32)],
             st.blocks.slot_num_warps, "nha_slot_readout",
         )(*doc_arrays, logits, vs, ss, gc, value_states)
     return _call(
@@ -369,12 +374,13 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         da_ref, p_ref, qg_ref = refs
         do, logits = do_ref[...], a_ref[...]
         gate = rows_of(gc_ref)
-        sigma = _segments(doc["sigma"])
+        sigma = _segments(doc["sigma"], layout)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         [dp] = slot_scores([(do, rows_of(vs_ref), vst_ref[...])], writes, gate, S=S,
                            state=products.state, intra=products.intra, sigma=sigma)
-        p = jnp.where(_held(st, doc["holds"], C), jnp.exp(logits - lse_ref[...][:, None]), 0.0)
-        da = p * (dp - delta_ref[...][:, None])
+        held = _held(st, layout, doc["holds"], C)
+        p = jnp.where(held, jnp.exp(logits - layout.column(lse_ref)), 0.0)
+        da = p * (dp - layout.column(delta_ref))
         if not split:
             dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref)
         da_ref[...] = da
@@ -385,8 +391,8 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         refs, doc = _doc_refs(refs, ("sigma",), st)
         da_ref, ks_ref, ss_ref, gc_ref, kst_ref, dq_ref = refs
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
-        dq_of(da_ref[...], writes, rows_of(gc_ref), _segments(doc["sigma"]), ks_ref, kst_ref,
-              dq_ref)
+        dq_of(da_ref[...], writes, rows_of(gc_ref), _segments(doc["sigma"], layout), ks_ref,
+              kst_ref, dq_ref)
 
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_shape = jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32)
@@ -442,7 +448,7 @@ def _backward_slots_kernel(*refs, st: Static, layout: Layout, part: str):
     products = slot_products(st, sides[0].x_in.dtype)
     dxs, ds = slot_input_grads(sides, s_in, rows_of(gc_ref), S=st.blocks.sub_chunk,
                                intra=products.intra, gradient=products.gradient,
-                               sigma=_segments(doc["sigma"]))
+                               sigma=_segments(doc["sigma"], layout))
     for out_ref, dx in zip(outs[:len(dxs)], dxs, strict=True):
         out_ref[...] = jnp.where(valid, dx, 0.0).astype(out_ref.dtype)
     if part == "keys":

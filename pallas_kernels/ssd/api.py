@@ -21,11 +21,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import target
 from pallas_kernels.ssd import gpu, segments, tpu
 from pallas_kernels.ssd.block_sizes import BlockSizes, Static, default_block_sizes
 
 DIMS = (64, 128, 256)
-TPU_DIMS = (128, 256)  # the lane axis: multiples of 128 (and ≤ 256, as on the GPU)
 _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _TPU_DTYPES = (jnp.bfloat16, jnp.float32)
 _KERNELS = dict(gpu=gpu, tpu=tpu)
@@ -138,10 +138,10 @@ _core.defvjp(_core_fwd, _core_bwd)
 
 def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend=None,
                 interpret=False) -> str | None:
-    """None when the kernels can run this call, else the reason. `backend` as in `ssd`. On the
-    GPU: head and state dims in `DIMS`, bf16 / f16 / f32 inputs; on a TPU: P and N in
-    `TPU_DIMS` (they are the lane axis of every block), bf16 / f32 inputs; interpreted (either
-    backend): any power-of-two dims (the tiles, powers of two clipped to P, then divide P)."""
+    """None when the kernels can run this call, else the reason. `backend` as in `ssd`. On an
+    accelerator: head and state dims in `DIMS`; bf16 / f16 / f32 inputs on the GPU, bf16 / f32
+    on a TPU; interpreted (either backend): any power-of-two dims (the tiles, powers of two
+    clipped to P, then divide P)."""
     if x.ndim != 4 or dt.ndim != 3 or A.ndim != 1 or B.ndim != 4 or C.ndim != 4:
         return (f"expected x [B, T, H, P], dt [B, T, H], A [H], B and C [B, T, G, N]; got "
                 f"shapes {x.shape}, {dt.shape}, {A.shape}, {B.shape}, {C.shape}")
@@ -166,30 +166,26 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend
             return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
     platform = backend or _platform(interpret)
     if platform not in _KERNELS:
-        return (f"no Pallas SSD kernels for platform {platform!r}, the default backend is "
-                f"{jax.default_backend()} (interpret=True runs them on the CPU)")
+        return (f"no Pallas SSD kernels for platform {platform!r}, the target platform is "
+                f"{target.platform()} (interpret=True runs them on the CPU)")
     if interpret:
         if any(d & (d - 1) for d in (head_dim, state_dim)):
             return f"P={head_dim} and N={state_dim} must be powers of two"
         return None
     if _platform(False) != platform:
-        return (f"the {platform.upper()} kernels were asked for, the default backend is "
-                f"{jax.default_backend()}")
+        return (f"the {platform.upper()} kernels were asked for, the target platform is "
+                f"{target.platform()}")
+    if head_dim not in DIMS or state_dim not in DIMS:
+        return f"head dim P={head_dim} and state dim N={state_dim} must be in {DIMS}"
     if platform == "tpu":
-        if head_dim not in TPU_DIMS or state_dim not in TPU_DIMS:
-            return (f"head dim P={head_dim} and state dim N={state_dim} must be in {TPU_DIMS} on "
-                    f"a TPU (the lane axis of the kernels' blocks)")
         for name, array in arrays.items():
             if array is not None and array.dtype not in _TPU_DTYPES:
                 return f"{name} has dtype {array.dtype}; the TPU kernels take bfloat16, float32"
-        return None
-    if head_dim not in DIMS or state_dim not in DIMS:
-        return f"head dim P={head_dim} and state dim N={state_dim} must be in {DIMS}"
     return None
 
 
 def _platform(interpret: bool) -> str:
-    """The kernels of the default backend ("gpu" for CUDA / ROCm); interpreting on the CPU,
-    the GPU kernels."""
-    platform = {"cuda": "gpu", "rocm": "gpu"}.get(jax.default_backend(), jax.default_backend())
+    """The kernels of the target platform (`target.platform`); interpreting on the CPU, the GPU
+    kernels."""
+    platform = target.platform()
     return "gpu" if interpret and platform == "cpu" else platform

@@ -4,9 +4,10 @@ Arrays as `gpu.py` takes them (time padded to a multiple of the chunk L, NC chun
 `[B, T, H, P]`; dt and the log decays a = dt·A `[B, H, T]` float32; B, C `[B, T, G, N]`; doc
 `[B, T]` int32 (`chunk_math`); states `[B, H, P, N]` float32; states at chunk boundaries
 `[B, H, NC, P, N]` in the input dtype. A block's last two axes must be whole or
-(8, 128)-aligned, so the kernels see reshapes: x, dy `[B, T, H·P]` and B, C `[B, T, G·N]`,
-whose head h (group g) is lane block h (g) of a time block `(L, P)` (no transpose to a
-head-major layout); the per-step vectors `[..., NC, 1, L]`, blocks `(1, L)` read as vectors
+(8, 128)-aligned, so the kernels see views (`_View`): with P (N) a multiple of 128, x, dy
+`[B, T, H·P]` (B, C `[B, T, G·N]`), whose head h (group g) is lane block h (g) of a time block
+`(L, P)` (no transpose); with P = 64 (Mamba-2's head dim), x, dy head-major `[B, H, T, P]` (one
+XLA transpose each way); the per-step vectors `[..., NC, 1, L]`, blocks `(1, L)` read as vectors
 `[L]`. Cumulative sums are triangular float32 matmuls (Mosaic has no cumsum).
 The same three kernels as `gpu.py`, the loop over chunks a sequential ("arbitrary") last grid
 axis with the carried `[block_p, N]` float32 tile in VMEM scratch:
@@ -72,14 +73,35 @@ def _by_chunk(v: jax.Array, L: int) -> jax.Array:
     return v.reshape(v.shape[:-1] + (v.shape[-1] // L, 1, L))
 
 
-def _lanes(v: jax.Array) -> jax.Array:
-    """`[B, T, H, d]` -> `[B, T, H·d]`: head h is lane block h."""
-    return v.reshape(v.shape[:2] + (-1,))
+class _View:
+    """How the kernels see a `[B, T, heads, d]` array: as `[B, T, heads·d]` (head h is lane
+    block h: no transpose) when d is a multiple of the 128 lanes, else head-major
+    `[B, heads, T, d]` (a `(L, d)` block then spans the whole last axis, as Mosaic requires)."""
 
+    def __init__(self, d: int):
+        self.d, self.lanes = d, d % 128 == 0
 
-def _seq(L: int, d: int, index) -> pl.BlockSpec:
-    """Time block `(L, d)` of a `_lanes` array; index maps the grid to (b, chunk, lane block)."""
-    return pl.BlockSpec((None, L, d), index)
+    def of(self, v: jax.Array) -> jax.Array:
+        return v.reshape(v.shape[:2] + (-1,)) if self.lanes else v.transpose(0, 2, 1, 3)
+
+    def shape(self, v: jax.Array) -> tuple[int, ...]:
+        """The shape of `of(v)`."""
+        batch, length, heads, d = v.shape
+        return (batch, length, heads * d) if self.lanes else (batch, heads, length, d)
+
+    def back(self, v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        """`[B, T, heads, d]` from a kernel output in this view."""
+        return v.reshape(shape) if self.lanes else v.transpose(0, 2, 1, 3)
+
+    def seq(self, L: int, width: int, index) -> pl.BlockSpec:
+        """Time block `(L, width)` of head `head`, feature tile `tile` (of `width` features);
+        index maps the grid to (b, chunk, head, tile)."""
+        tiles = self.d // width
+        if self.lanes:
+            return pl.BlockSpec((None, L, width), lambda *grid: (
+                lambda b, c, head, tile: (b, c, head * tiles + tile))(*index(*grid)))
+        return pl.BlockSpec((None, None, L, width), lambda *grid: (
+            lambda b, c, head, tile: (b, head, c, tile))(*index(*grid)))
 
 
 def _per_step(L: int, index) -> pl.BlockSpec:
@@ -150,13 +172,13 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
     num_chunks = length // L
     tiles = P // BP
-    seq = _seq(L, BP, lambda b, h, p, c: (b, c, h * tiles + p))
-    keys = _seq(L, N, lambda b, h, p, c: (b, c, h // group))
+    xv, bv = _View(P), _View(N)
+    seq = xv.seq(L, BP, lambda b, h, p, c: (b, c, h, p))
+    keys = bv.seq(L, N, lambda b, h, p, c: (b, c, h // group, 0))
     per_step = _per_step(L, lambda b, h, p, c: (b, h, c))
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p, c: (b, h, p, 0))
     out_specs = [seq, tile]
-    out_shape = [jax.ShapeDtypeStruct(_lanes(x).shape, x.dtype),
-                 jax.ShapeDtypeStruct(s0.shape, F32)]
+    out_shape = [jax.ShapeDtypeStruct(xv.shape(x), x.dtype), jax.ShapeDtypeStruct(s0.shape, F32)]
     if store_states:
         out_specs.append(pl.BlockSpec((None, None, None, BP, N),
                                       lambda b, h, p, c: (b, h, c, p, 0)))
@@ -170,9 +192,8 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         out_specs=out_specs, out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((BP, N), F32)], compiler_params=_params(4),
         interpret=_interpret(st), name="ssd_forward",
-    )(_lanes(x), _by_chunk(dt, L), _by_chunk(a, L), _lanes(B), _lanes(C), *_doc_args(st, doc),
-      s0)
-    return y.reshape(x.shape), *states
+    )(xv.of(x), _by_chunk(dt, L), _by_chunk(a, L), bv.of(B), bv.of(C), *_doc_args(st, doc), s0)
+    return xv.back(y, x.shape), *states
 
 
 # --- backward: the reverse pass over chunks ---------------------------------------------------
@@ -218,9 +239,10 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
     back = lambda c: num_chunks - 1 - c
     tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p, c: (b, h, p, 0))
     boundary = pl.BlockSpec((None, None, None, BP, N), lambda b, h, p, c: (b, h, back(c), p, 0))
-    in_specs = [_seq(L, BP, lambda b, h, p, c: (b, back(c), h * tiles + p)),
+    xv, bv = _View(P), _View(N)
+    in_specs = [xv.seq(L, BP, lambda b, h, p, c: (b, back(c), h, p)),
                 _per_step(L, lambda b, h, p, c: (b, h, back(c))),
-                _seq(L, N, lambda b, h, p, c: (b, back(c), h // group)),
+                bv.seq(L, N, lambda b, h, p, c: (b, back(c), h // group, 0)),
                 *_doc_spec(st, L, lambda b, h, p, c: (b, back(c))), boundary, tile]
     d_states, d_initial, kept = pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
@@ -232,7 +254,7 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
                    jax.ShapeDtypeStruct((batch, heads, tiles, 1, num_chunks), F32)],
         scratch_shapes=[pltpu.VMEM((BP, N), F32)], compiler_params=_params(4),
         interpret=_interpret(st), name="ssd_state_grads",
-    )(_lanes(dy), _by_chunk(a, L), _lanes(C), *_doc_args(st, doc), states, d_final)
+    )(xv.of(dy), _by_chunk(a, L), bv.of(C), *_doc_args(st, doc), states, d_final)
     return d_states, d_initial, jnp.sum(kept, axis=2)
 
 
@@ -291,9 +313,10 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
     L, R = st.blocks.chunk, st.group
     num_chunks = length // L
     head = lambda g, r: g * R + r
-    seq = _seq(L, P, lambda b, g, c, r: (b, c, head(g, r)))
+    xv, bv = _View(P), _View(N)
+    seq = xv.seq(L, P, lambda b, g, c, r: (b, c, head(g, r), 0))
     per_step = _per_step(L, lambda b, g, c, r: (b, head(g, r), c))
-    keys = _seq(L, N, lambda b, g, c, r: (b, c, g))
+    keys = bv.seq(L, N, lambda b, g, c, r: (b, c, g, 0))
     boundary = pl.BlockSpec((None, None, None, P, N),
                             lambda b, g, c, r: (b, head(g, r), c, 0, 0))
     per_head = jax.ShapeDtypeStruct((batch, heads, num_chunks, 1, L), F32)
@@ -305,12 +328,11 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
                   pl.BlockSpec((None, None, 1, num_chunks),
                                lambda b, g, c, r: (b, head(g, r), 0, 0))],
         out_specs=[seq, per_step, per_step, keys, keys],
-        out_shape=[jax.ShapeDtypeStruct(_lanes(x).shape, x.dtype), per_head, per_head,
-                   jax.ShapeDtypeStruct(_lanes(B).shape, F32),
-                   jax.ShapeDtypeStruct(_lanes(C).shape, F32)],
+        out_shape=[jax.ShapeDtypeStruct(xv.shape(x), x.dtype), per_head, per_head,
+                   jax.ShapeDtypeStruct(bv.shape(B), F32), jax.ShapeDtypeStruct(bv.shape(C), F32)],
         scratch_shapes=[pltpu.VMEM((L, L), F32)], compiler_params=_params(4),
         interpret=_interpret(st), name="ssd_chunk_grads",
-    )(_lanes(x), _by_chunk(dt, L), _by_chunk(a, L), _lanes(B), _lanes(C), *_doc_args(st, doc),
-      _lanes(dy), states, d_states, kept)
-    return (dx.reshape(x.shape), d_dt.reshape(dt.shape), d_a.reshape(a.shape),
-            dB.reshape(B.shape), dC.reshape(C.shape))
+    )(xv.of(x), _by_chunk(dt, L), _by_chunk(a, L), bv.of(B), bv.of(C), *_doc_args(st, doc),
+      xv.of(dy), states, d_states, kept)
+    return (xv.back(dx, x.shape), d_dt.reshape(dt.shape), d_a.reshape(a.shape),
+            bv.back(dB, B.shape), bv.back(dC, C.shape))

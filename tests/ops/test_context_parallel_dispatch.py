@@ -25,6 +25,7 @@ from hybrid_jax.ops import context_parallel as cp
 from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.dispatch import Rung
 from hybrid_jax.sharding import make_mesh
+from pallas_kernels import target
 from tests.ops.test_context_parallel import SEGMENT_IDS, T, _draw, _log_gates, _with_segment_ids
 
 attention_module = importlib.import_module("hybrid_jax.ops.attention")
@@ -158,6 +159,7 @@ def test_context_parallel_calls_lower_to_the_kernels(monkeypatch, caplog, name):
     (the kernels take the shard's state and documents, and their outputs carry shard_map's
     varying axes)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(target, "platform", lambda: "gpu")  # under the mesh of CPU devices
     dispatch._LOGGED.clear()
     fn, args = KERNEL_CALLS[name]
 
