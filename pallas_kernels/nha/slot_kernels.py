@@ -191,7 +191,10 @@ def chunk_prepare(ks, vs, ss, gs, docs: SlotDocs | None, st: Static, layout: Lay
             keep = valid & (layout.token_rows(doc["starts"], 0, C)[:, None] == 0)
         g = jnp.where(keep, gs_ref[...].astype(F32), 0.0)
         G = layout.cumsum(g)
-        last = jnp.sum(g, axis=0, keepdims=True)
+        # The chunk's total is G's last row, not a separate sum of g: the backward takes the
+        # writes as e^{G_last − G_j} with G_last read from G, and a differently rounded total
+        # (the TPU's triangular-matmul cumsum) cost the gate gradients 30× (NOTES.md).
+        last = jnp.sum(jnp.where(iota((C, 1), 0) == C - 1, G, 0.0), axis=0, keepdims=True)
         gc_ref[...] = G
         written = jnp.where(valid, ss_ref[...].astype(F32), 0.0) * jnp.exp(last - G)
         sigma = _segments(doc["sigma"], layout)

@@ -210,8 +210,13 @@ def check_op(T, window, *, state=True, segment_ids=PACKED, empty_slots="mask", H
     dims = dict(G=G, K=K, V=V, M=M, D=D)
     args = op_tests._inputs(T, H=H, seed=T + window, dtype=jnp.float32, **dims)
     segment_ids = None if segment_ids is None else segment_ids[:, :T]
+    # The state's length puts row 0's document start (position 0) before its ring, so that its
+    # initial slots count (row 1's document starts in the ring and resets them): with both rows
+    # reset, their exact gradient is 0 in the kernels (a start is a mask) and ≈ e^-120 in the
+    # reference (a start is a gate of RESET_LOG_DECAY), a relative error of 1 that tests nothing.
     with jax.enable_x64(True):  # the state's float64 draws, before the float32 kernel runs
-        base = op_tests._random_state(window + 3, window=window, **dims) if state else None
+        base = op_tests._random_state(window + 3, window=window, length=max(11, window + 3),
+                                      **dims) if state else None
     weights = normals(9, (2, T, H, V), (2, G, K, M), (2, G, M, V), dtype=np.float32)
     options = dict(window=window, segment_ids=segment_ids, empty_slots=empty_slots)
     floats = lambda tree, dtype: jax.tree.map(
@@ -257,25 +262,25 @@ def test_op_documents_state_gqa(interpret_kernels):
 
 
 @pytest.mark.parametrize("window, grads", [
-    (5, False), pytest.param(5, True, marks=pytest.mark.slow),
-    pytest.param(8, False, marks=pytest.mark.slow)])
+    (5, False), *(pytest.param(w, True, marks=pytest.mark.slow) for w in (5, 8, 16))])
 def test_op_documents_state_gqa_tpu(monkeypatch, window, grads):
     """The TPU kernels under the op's pallas rung: packed documents and an initial state (the
     window kernels' document masks and ring offset), GQA; w = 5 (values, and gradients in the
-    slow suite) and w = 8, one chunk (values; its gradients agree to 1.1e-5, d state.g,
-    NOTES.md "TPU lowering")."""
+    slow suite), w = 8 (one chunk: d state.g was 1.1e-5 off before the chunk total became G's
+    last row, NOTES.md "TPU lowering") and w = 16 (a ring of two chunks)."""
     _interpret(monkeypatch, "tpu")
     check_op(29, window, grads=grads)
 
 
 def test_op_split_slot_backward(monkeypatch):
-    """The backward slot kernels split in two each (`BlockSizes.split_slot_backward`):
-    documents, an initial state, GQA (the case above at the variant's tiles)."""
+    """The backward slot kernels split in two each (`BlockSizes.split_slot_backward`, the GPU
+    default): documents, an initial state whose ring is two chunks (w = 16; key arrays without
+    padding before the ring, the gradients of the initial slots through a two-chunk delay), GQA."""
     monkeypatch.setattr(api, "native_hybrid_attention", functools.partial(
         api.native_hybrid_attention, interpret=True,
         block_sizes=dataclasses.replace(TINY, split_slot_backward=True)))
     monkeypatch.setattr(api, "unsupported", functools.partial(api.unsupported, interpret=True))
-    check_op(29, 5)
+    check_op(29, 16)
 
 
 @pytest.mark.slow
@@ -339,6 +344,8 @@ def test_op_documents_full_window(interpret_kernels):
     (29, 0, {}),  # no window: the slots alone, from a state, across documents
     (29, 5, dict(segment_ids=None, empty_slots="sink")),  # a state without segment ids
     (21, 40, {}),  # w > T: the whole call inside the ring's window
+    (37, 16, {}),  # a state with a ring of two chunks, documents
+    (29, 24, dict(segment_ids=None)),  # a ring of three chunks, no segment ids
     (21, 1, dict(state=False, segment_ids=None)),
     (21, 30, dict(state=False)),  # idle slots, documents: gradients
 ])
