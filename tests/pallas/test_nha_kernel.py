@@ -9,11 +9,12 @@ kernels in interpret mode): values and final slots against the numpy loop of
 float64 reference rung; GSA's pallas rung (the kernels at w = 0) against GSA's reference.
 Tiny tiles (chunk 8) so that small T spans several chunks and key blocks, with document
 boundaries on and off them. Interpret mode compiles slowly on CPU: the default run checks one
-plain GPU configuration, one with documents + state + GQA, GSA's rung (values and gradients)
-and TPU configurations by value (plain, documents + state + GQA, GSA); `pytest -m slow` runs
-the rest (every window case, the
-shifted slot inputs with documents, sinks, states at w = 0 and w > T, head dim 256, strong
-gates, 16-bit precisions, TPU gradients).
+plain GPU configuration, two with documents + state + GQA (w = 5; w = 16, a ring of two
+chunks, on the split backward kernels), GSA's rung (values and gradients) and TPU
+configurations by value (plain, documents + state + GQA, GSA); `pytest -m slow` runs the rest
+(every window case, the shifted slot inputs with documents, sinks, states at w = 0, at rings
+of two and three chunks and at w > T, head dim 256, strong gates, 16-bit precisions, TPU
+gradients).
 """
 
 from __future__ import annotations
