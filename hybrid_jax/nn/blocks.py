@@ -102,8 +102,11 @@ def deepnorm_init(branch: nnx.Module, beta: float) -> None:
     for _, linear in nnx.iter_graph(branch):
         if isinstance(linear, Linear) and linear.init_std > 0:
             gain = beta if id(linear) in scaled else 1.0
-            linear.kernel[...] = linear.kernel[...] * (gain * xavier_std(linear)
-                                                       / linear.init_std)
+            # A whole-value set, not `kernel[...] =`: under a trace (create_model's jit,
+            # eval_shape) flax's indexed set reads the tracer's `sharding`, whose error message
+            # walks the trace so far: quadratic in the model's size (~2 s for pha-180m).
+            linear.kernel.set_value(linear.kernel[...] * (gain * xavier_std(linear)
+                                                          / linear.init_std))
 
 
 @functools.partial(jax.checkpoint, static_argnums=(5, 6))
