@@ -186,7 +186,7 @@ def part_table(args, budget):
 
 def sweep_variants() -> dict[str, tuple[str, BlockSizes]]:
     """name → (what it is timed on, tiles): one knob changed from the defaults at a time."""
-    base = default_block_sizes(DIM, DIM, SWEEP_SHAPE[0] * HEADS)
+    base = default_block_sizes(DIM, DIM)
     forward = dict(value_block_32=dict(value_block=32),
                    value_block_128_warps_8=dict(value_block=128, state_num_warps=8),
                    state_warps_8=dict(state_num_warps=8), state_stages_1=dict(state_num_stages=1),

@@ -87,11 +87,10 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "split forward": BlockSizes(split_forward=True),
                 **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 6), each a change to the shape's
-# training default (`gdn_default_blocks`: at K = V = 128 the outputs split from the state-only
-# sequential pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in
-# two kernels at 4 warps; at K 256, 8 warps, and V tiles of 16 while B·H is small). A
-# variant's tiles serve both its forward and its fwd+bwd (the default's undifferentiated
-# forward keeps the fused pass).
+# training default (`gdn_default_blocks`: the outputs split from the state-only sequential
+# pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in two
+# kernels at 4 warps). A variant's tiles serve both its forward and its fwd+bwd (the
+# default's undifferentiated forward keeps the fused pass at K <= 128).
 GDN_VARIANTS = (
     ("fused outputs", dict(split_outputs=False)),
     ("fused outputs V32", dict(split_outputs=False, value_block=32)),
@@ -101,6 +100,7 @@ GDN_VARIANTS = (
     ("split outputs V32", dict(value_block=32)),
     ("split outputs V64", dict(value_block=64)),
     ("sequential 8 warps", dict(state_num_warps=8)),
+    ("sequential V64 8 warps", dict(value_block=64, state_num_warps=8)),
     ("outputs 8 warps", dict(outputs_num_warps=8)),
     ("gradients 4 warps", dict(gradient_num_warps=4)),
     ("gradients 8 warps", dict(gradient_num_warps=8)),
@@ -199,10 +199,9 @@ def _ratios(row: dict, fla: dict | None, cudnn: dict | None) -> None:
 
 
 def gdn_default_blocks(shape: MixerShape) -> GDNBlockSizes:
-    """The tiles the pallas rung runs at `shape` when training: `default_block_sizes(K, V,
-    B·H)` of each V slice (V > `VALUE_SLICE` runs as slices of it, each with its defaults)."""
-    return gdn_block_sizes(shape.key_dim, min(shape.value_dim, pallas_gdn.VALUE_SLICE),
-                           shape.batch * shape.heads)
+    """The tiles the pallas rung runs at `shape` when training: `default_block_sizes(K, V)`
+    of each V slice (V > `VALUE_SLICE` runs as slices of it, each with its defaults)."""
+    return gdn_block_sizes(shape.key_dim, min(shape.value_dim, pallas_gdn.VALUE_SLICE))
 
 
 def gdn_variants(shape: MixerShape) -> dict[str, GDNBlockSizes]:

@@ -71,7 +71,7 @@ def gated_delta_rule(
       starts: `[B, T]` bool, True where a document starts (after the first token: the first
         token continues `initial_state`), or None.
       block_sizes: tiles and launch parameters of every kernel (default on the GPU
-        `default_block_sizes(K, V, B·H)`, with `training=False` for a forward that is not
+        `default_block_sizes(K, V)`, with `training=False` for a forward that is not
         differentiated; on a TPU `tpu.DEFAULT_BLOCKS`, whose kernels read only its chunk).
       backend: "gpu" or "tpu" kernels; default: the platform, or "gpu" when interpreting on
         the CPU.
@@ -101,7 +101,7 @@ def gated_delta_rule(
         return jnp.concatenate(outs, axis=-1), jnp.concatenate(finals, axis=-1)
     if block_sizes is None and backend == "tpu":
         block_sizes = tpu.DEFAULT_BLOCKS
-    defaults = functools.partial(default_block_sizes, key_dim, value_dim, batch * heads)
+    defaults = functools.partial(default_block_sizes, key_dim, value_dim)
     blocks = _fitted(block_sizes or defaults(), key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
                 documents=starts is not None, interpret=interpret)

@@ -68,30 +68,28 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
 
 
-SEQUENTIAL_PROGRAMS = 128
-"""The sequential kernels run one program per (batch, head, V tile): about one per SM of an
-H100/H200 (132) keeps the machine busy while each program waits on its chain of products."""
-
-
-def default_block_sizes(key_dim: int, value_dim: int, heads: int = 64, *,
-                        training: bool = True) -> BlockSizes:
-    """GPU defaults (NOTES.md) for `heads` = batch × heads sequences, for the training forward
-    and backward (`training`) or for a forward that is not differentiated.
+def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True) -> BlockSizes:
+    """GPU defaults (NOTES.md) for the training forward and backward (`training`) or for a
+    forward that is not differentiated.
 
     Both invert T block by block (forward 1.16 → 0.99 ms, fwd+bwd 3.90 → 3.59, H200 B4 T8192
     H16 K = V = 128 bf16, NOTES.md Round 4). Training splits the outputs from the sequential
     pass (Round 5), whose programs then carry only the state, in V tiles of 32: fwd+bwd 3.07 ms
-    against 3.59 fused; the forward alone is slower split (1.06 against 0.99 ms), so an
-    undifferentiated forward keeps the fused pass, its V tile at most 64 (32 for K = 256, so that
-    the float32 state [K, V tile] stays ≈ 64 registers a thread at 4 warps). Tiles narrow (down
-    to 16) while there would be fewer than `SEQUENTIAL_PROGRAMS` programs."""
-    tile = min(value_dim, 32 if training or key_dim > 128 else 64)
-    while tile > 16 and heads * (value_dim // tile) < SEQUENTIAL_PROGRAMS:
-        tile //= 2
+    against 3.59 fused. At K = V = 128 the forward alone is faster fused (0.99 against 1.06 ms),
+    so an undifferentiated forward keeps the fused pass there, V tile at most 64. At K = 256
+    (gdn-340m: B4 T8192 H3, V 512 as two slices) the fused state [K, V tile] is too large and
+    the split pass in V tiles of 32 wins both ways: forward 1.52 ms against 1.98 fused V32 and
+    3.18 fused V16, fwd+bwd 6.10 against 8.15 split V16 (Round 6); its training sequential
+    kernels (the state pass and the reverse state-gradient pass) at 8 warps: fwd+bwd 4.81
+    against 5.17 at 4 (the forward alone 1.67 against 1.50, so not for it). Tiles do not
+    narrow for small batch × heads: where that rule acted (V16 at gdn-340m's 12 sequences) it
+    cost 2 ms of 8."""
+    tile = min(value_dim, 64 if key_dim <= 128 and not training else 32)
     # The split per-chunk gradients at 4 warps: fwd+bwd 4.15 ms against 5.98 fused (8 warps)
-    # and 5.27 split at 8 warps (NOTES.md Round 3). K 256 keeps 8 warps, the launch ptxas
-    # counted without spills there (4 warps not measured).
+    # and 5.27 split at 8 warps (NOTES.md Round 3); at K = 256, 7.34 against 8.15 at 8 warps
+    # (Round 6).
     return BlockSizes(value_block=tile, gradient_key_block=min(key_dim, 64),
                       gradient_value_block=min(value_dim, 64), split_gradients=True,
-                      gradient_num_warps=4 if key_dim <= 128 else 8, inverse_by_block=True,
-                      split_outputs=training)
+                      gradient_num_warps=4, inverse_by_block=True,
+                      split_outputs=training or key_dim > 128,
+                      state_num_warps=8 if training and key_dim > 128 else 4)

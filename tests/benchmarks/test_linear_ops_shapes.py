@@ -56,20 +56,21 @@ def test_ratios_pair_rows_of_one_shape(monkeypatch):
 
 def test_gdn_variants_start_from_the_shapes_default():
     issue = MixerShape(4, 8192)
-    assert gdn_default_blocks(issue) == default_block_sizes(128, 128, 64)
+    assert gdn_default_blocks(issue) == default_block_sizes(128, 128)
     gdn_340m = MixerShape(4, 8192, 3, 256, 512)  # two V slices of 256, 12 sequences
     base = gdn_default_blocks(gdn_340m)
-    assert base == default_block_sizes(256, 256, 12)
-    assert (base.value_block, base.gradient_num_warps, base.split_outputs) == (16, 8, True)
+    assert base == default_block_sizes(256, 256)
+    assert (base.value_block, base.gradient_num_warps, base.split_outputs) == (32, 4, True)
     variants = gdn_variants(gdn_340m)
     changes = dict(GDN_VARIANTS)
     for label, blocks in variants.items():
         assert blocks == dataclasses.replace(base, **changes[label]) != base
     assert len(set(variants.values())) == len(variants)
-    assert variants["split outputs V32"].value_block == 32
-    assert variants["gradients 4 warps"].gradient_num_warps == 4
-    assert "split outputs V16" not in variants and "gradients 8 warps" not in variants
-    at_issue = gdn_variants(issue)  # V tile 32 and 4 gradient warps are the default there
+    assert variants["split outputs V16"].value_block == 16
+    assert variants["gradients 8 warps"].gradient_num_warps == 8
+    assert "split outputs V32" not in variants and "gradients 4 warps" not in variants
+    assert "sequential 8 warps" not in variants  # 8 warps are its training default
+    at_issue = gdn_variants(issue)  # V tile 32 and 4 gradient warps are the default there too
     assert "split outputs V32" not in at_issue and "gradients 4 warps" not in at_issue
     assert at_issue["fused outputs"].value_block == 32
     assert "fused outputs V32" not in at_issue  # the same tiles as "fused outputs"
@@ -79,8 +80,8 @@ def test_gdn_variants_start_from_the_shapes_default():
 
 def test_kernel_variants_keep_the_labels_asked_for():
     shape = MixerShape(4, 8192, 3, 256, 512)
-    assert list(kernel_variants(GDN, shape, only={"fused outputs", "gradients 4 warps"})) == [
-        "pallas (fused outputs)", "pallas (gradients 4 warps)"]
+    assert list(kernel_variants(GDN, shape, only={"fused outputs", "gradients 8 warps"})) == [
+        "pallas (fused outputs)", "pallas (gradients 8 warps)"]
     assert kernel_variants("gated_slot_attention", shape) == {}
     assert parse_variants("all") is None and parse_variants("none") == set()
     assert parse_variants("fused outputs; gradients 4 warps") == {"fused outputs",
