@@ -15,7 +15,7 @@ Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_state
 These are the GPU kernels (Triton lowering); `backend="tpu"` runs `tpu.py`'s two Mosaic TPU
 kernels (forward and backward, each one sequential pass over chunks) on the same arrays.
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
-slices. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
+slices, folded into the heads of one call. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from pallas_kernels.delta_rule.static import Static
 HEAD_DIMS = (64, 128, 256)
 # Wider values run as slices of this many columns: each column of S evolves on its own (the
 # delta rule's K-side terms W, T, P are recomputed per slice; gradients of q, k, g, β add up).
+# The slices run as extra heads of one call, so each kernel is one launch with every slice's
+# programs (gdn-340m: 12 sequences × 8 V tiles = 96 programs a slice, under one per SM).
 VALUE_SLICE = 256
 DTYPES = (jnp.bfloat16, jnp.float32)
 F32 = jnp.float32
@@ -89,16 +91,9 @@ def gated_delta_rule(
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     if value_dim > VALUE_SLICE:
-        slices = value_dim // VALUE_SLICE
-        states = ([None] * slices if initial_state is None
-                  else jnp.split(initial_state, slices, axis=-1))
-        outs, finals = zip(*(
-            gated_delta_rule(q, k, v_slice, g, beta, scale=scale, initial_state=state,
-                             starts=starts, block_sizes=block_sizes, backend=backend,
-                             interpret=interpret)
-            for v_slice, state in zip(jnp.split(v, slices, axis=-1), states, strict=True)),
-            strict=True)
-        return jnp.concatenate(outs, axis=-1), jnp.concatenate(finals, axis=-1)
+        return _as_slices(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          starts=starts, block_sizes=block_sizes, backend=backend,
+                          interpret=interpret)
     if block_sizes is None and backend == "tpu":
         block_sizes = tpu.DEFAULT_BLOCKS
     defaults = functools.partial(default_block_sizes, key_dim, value_dim)
@@ -120,6 +115,24 @@ def gated_delta_rule(
     out, final_state = (_core(st, st_forward, *args) if backend == "gpu"
                         else tpu.gated_delta_rule(st, *args))
     return out[:, :length], final_state
+
+
+def _as_slices(q, k, v, g, beta, *, initial_state, **options):
+    """`gated_delta_rule` with V in slices of `VALUE_SLICE` columns, head h's slice s as head
+    h·S + s of one call (q, k, g and β repeated per slice; their gradients add up)."""
+    batch, length, heads, key_dim = q.shape
+    slices = v.shape[-1] // VALUE_SLICE
+    repeat = functools.partial(jnp.repeat, repeats=slices, axis=2)
+    v = v.reshape(batch, length, heads * slices, VALUE_SLICE)
+    if initial_state is not None:  # [B, H, K, S·Vs] → [B, H·S, K, Vs]
+        initial_state = initial_state.reshape(batch, heads, key_dim, slices, VALUE_SLICE)
+        initial_state = initial_state.transpose(0, 1, 3, 2, 4).reshape(
+            batch, heads * slices, key_dim, VALUE_SLICE)
+    out, final_state = gated_delta_rule(repeat(q), repeat(k), v, repeat(g), repeat(beta),
+                                        initial_state=initial_state, **options)
+    final_state = final_state.reshape(batch, heads, slices, key_dim, VALUE_SLICE)
+    return (out.reshape(batch, length, heads, slices * VALUE_SLICE),
+            final_state.transpose(0, 1, 3, 2, 4).reshape(batch, heads, key_dim, -1))
 
 
 def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_sizes=None,

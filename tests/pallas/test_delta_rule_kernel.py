@@ -149,11 +149,21 @@ def check_bfloat16(segment_ids, blocks, backend=None):
 
 def test_wide_values_run_as_slices(x64, monkeypatch):
     """V wider than `VALUE_SLICE` (gdn-340m's V = 512 on the GPU) runs as column slices of the
-    state; here slices of 8 of V = 16, with documents and an initial state."""
-    monkeypatch.setattr(api, "VALUE_SLICE", 8)
+    state, as extra heads of one call (each kernel launched once); here slices of 8 of V = 16,
+    with documents and an initial state."""
     x = make_inputs(4, batch=1, length=19)
     ids = np.zeros((1, 19), np.int32)
     ids[0, 11:] = 1
+
+    def launches():
+        args = [x[n] for n in NAMES[:5]]
+        fn = lambda *a: api.gated_delta_rule(*a, initial_state=x["initial_state"],
+                                             block_sizes=TINY, interpret=True)
+        return str(jax.make_jaxpr(fn)(*args)).count("pallas_call")
+
+    whole = launches()
+    monkeypatch.setattr(api, "VALUE_SLICE", 8)
+    assert launches() == whole
     check_against_reference(x, jnp.asarray(ids), 0.4, primal=False)
 
 
