@@ -266,10 +266,13 @@ def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
         tokens = jnp.asarray(np.random.default_rng(0).integers(0, VOCAB, (batch, prompt)),
                              jnp.int32)
         start = time.perf_counter()
+        # Progress lines, so a run cut off by its time limit shows which phase it was in.
         prefill = prefill.lower(state, tokens).compile()
+        print(f"{name}: prefill compiled in {time.perf_counter() - start:.1f} s", flush=True)
         token, cache = prefill(state, tokens)
         step = step.lower(state, token, cache).compile()
         row["compile_s"] = time.perf_counter() - start
+        print(f"{name}: decode step compiled, {row['compile_s']:.1f} s in all", flush=True)
         row["prefill_ms"] = time_compiled(prefill, state, tokens, warmup=1, iters=3)
         row["prefill_tokens_per_s"] = batch * prompt / row["prefill_ms"] * 1e3
         row["cache_MiB"] = sum(x.nbytes for x in jax.tree.leaves(cache)) / 2**20
