@@ -163,6 +163,21 @@ def check_cache_room(cache: LMCache, length: int) -> jax.Array | None:
     return None
 
 
+def check_cache_fresh(cache: LMCache) -> jax.Array | None:
+    """Refuses a prefill (`decode(..., fresh_cache=True)`) into a cache that holds tokens.
+
+    Returns None when the check was done here (concrete index), else a traced bool that is True
+    when the cache is not fresh (the caller turns its logits into NaN).
+    """
+    if isinstance(cache.index, jax.core.Tracer):
+        return cache.index != 0
+    if int(cache.index) != 0:
+        raise ValueError(f"decode(..., fresh_cache=True) needs a cache that holds nothing (from "
+                         f"init_cache), got one after {int(cache.index)} token(s): pass "
+                         "fresh_cache=False to continue it")
+    return None
+
+
 @struct.dataclass
 class OryxCache:
     """Oryx decode state: BOTH the linear mixer's state and the KV cache, since every token

@@ -43,12 +43,15 @@ class TokenContext:
     # Decoding only: mixers that can keep their state after each new token do (Oryx; for
     # speculative decoding's roll-back, `hybrid_jax.speculative`).
     record_steps: bool = struct.field(pytree_node=False, default=False)
+    # Decoding only: the cache holds nothing yet (a prefill), so attention attends among these
+    # tokens alone, as in the forward, on its fast rungs (`LanguageModel.decode`).
+    fresh_cache: bool = struct.field(pytree_node=False, default=False)
 
     @classmethod
     def create(cls, shape_BT: tuple[int, int], *, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, start: jax.Array | int = 0,
                extras: Mapping[str, jax.Array] | None = None,
-               record_steps: bool = False) -> TokenContext:
+               record_steps: bool = False, fresh_cache: bool = False) -> TokenContext:
         """A checked context for `[B, T]` tokens; positions default to `start + 0..T−1`."""
         if positions is None:
             positions = jnp.broadcast_to(start + jnp.arange(shape_BT[1], dtype=jnp.int32),
@@ -61,7 +64,7 @@ class TokenContext:
                                  f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
         extents = None if segment_ids is None else segment_extents(segment_ids)
         return cls(positions=positions, segment_ids=segment_ids, extras=extras,
-                   segment_extents=extents, record_steps=record_steps)
+                   segment_extents=extents, record_steps=record_steps, fresh_cache=fresh_cache)
 
     @classmethod
     def from_batch(cls, batch: Mapping[str, jax.Array]) -> TokenContext:

@@ -193,7 +193,8 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, t
     # Columns past `width` are read (never kept) by a speculative round near the end.
     tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens + (speculative or 0) + 1)))
     logits, cache = model.decode(prompt_BT[:, :prefix], model.init_cache(batch, max_len),
-                                 extras={k: v[:, :prefix] for k, v in extras.items()})
+                                 extras={k: v[:, :prefix] for k, v in extras.items()},
+                                 fresh_cache=True)
 
     def emit(position, candidate_B, tokens_BW, done_B):
         """Writes each row's token at `position`: its prompt token, else `candidate_B`

@@ -139,23 +139,31 @@ class AttentionMixer(nnx.Module):
                ) -> tuple[jax.Array, AttentionCache]:
         """Attends new tokens to the cached ones and to each other, then stores the newest."""
         q, k, v = self.project(x_BTD, ctx)
-        out, cache = self.attend_cached(q, k, v, cache, ctx.positions[0].astype(jnp.int32))
+        out, cache = self.attend_cached(q, k, v, cache, ctx.positions[0].astype(jnp.int32),
+                                        fresh=ctx.fresh_cache)
         return self.output(out), cache
 
     def attend_cached(self, q, k, v, cache: AttentionCache, new_positions: jax.Array, *,
-                      skip: jax.Array | None = None) -> tuple[jax.Array, AttentionCache]:
+                      skip: jax.Array | None = None, fresh: bool = False
+                      ) -> tuple[jax.Array, AttentionCache]:
         """`mix` of q `[B,T,H,D]` over the cached keys and k, and the cache holding k, v at
         `new_positions [T]` (shared by the batch). With a traced bool `skip`, the op is not
-        evaluated when it is True (zeros out) while the cache is still written (Oryx)."""
+        evaluated when it is True (zeros out) while the cache is still written (Oryx). `fresh`:
+        the cache holds nothing yet, so q attends to k alone, causally, without explicit
+        positions (the fast rungs; `TokenContext.fresh_cache`)."""
+        # k, v pass through the cache's dtype either way, as a later step reads them.
+        keys, values = k.astype(cache.keys.dtype), v.astype(cache.values.dtype)
+        positions = {}
+        if not fresh:
+            keys = jnp.concatenate([cache.keys, keys], axis=1)
+            values = jnp.concatenate([cache.values, values], axis=1)
+            positions = dict(q_positions=new_positions,
+                             kv_positions=jnp.concatenate([cache.positions, new_positions]))
 
-        def attend(q, keys, values, key_positions):
-            return self.mix(q, keys.astype(q.dtype), values.astype(q.dtype),
-                            q_positions=new_positions, kv_positions=key_positions)
+        def attend(q, keys, values):
+            return self.mix(q, keys.astype(q.dtype), values.astype(q.dtype), **positions)
 
-        keys = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
-        values = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
-        key_positions = jnp.concatenate([cache.positions, new_positions])
-        args = (q, keys, values, key_positions)
+        args = (q, keys, values)
         if skip is None:
             out = attend(*args)
         else:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from hybrid_jax.cache import LMCache, check_cache_room, check_token_ids
+from hybrid_jax.cache import LMCache, check_cache_fresh, check_cache_room, check_token_ids
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
@@ -122,8 +122,8 @@ class LanguageModel(nnx.Module):
                        max_len=max_len, windowed=windowed)
 
     def decode(self, tokens_BT: jax.Array, cache: LMCache, *,
-               extras: dict[str, jax.Array] | None = None, record_steps: bool = False
-               ) -> tuple[jax.Array, LMCache]:
+               extras: dict[str, jax.Array] | None = None, record_steps: bool = False,
+               fresh_cache: bool = False) -> tuple[jax.Array, LMCache]:
         """Consumes `tokens_BT` after what `cache` holds; returns their logits and the new cache.
 
         Positions continue from the cache (one document per row); `extras` are the per-token
@@ -131,13 +131,19 @@ class LanguageModel(nnx.Module):
         return their state after each of these tokens do (`TokenContext.record_steps`; the
         cache must then be rolled back, `hybrid_jax.speculative.rollback`). Past the cache's
         `max_len` (unless it is `windowed`) this raises; inside jit, where the position is
-        traced, the logits of such a call are NaN instead.
+        traced, the logits of such a call are NaN instead. `fresh_cache`: the cache is
+        `init_cache`'s, nothing consumed yet (a prefill), so attention attends among these
+        tokens alone on its fast rungs, as in `__call__` (the cached form passes explicit
+        positions, which only the XLA rung takes, in memory T × (cache length + T)); the
+        results are the same. On a cache that holds tokens it raises (NaN logits under jit).
         """
         _check_unscanned(self.config, "decoding")
         self._check_tokens(tokens_BT)
-        overflow = check_cache_room(cache, tokens_BT.shape[1])
+        refused = [check_cache_room(cache, tokens_BT.shape[1])]
+        if fresh_cache:
+            refused.append(check_cache_fresh(cache))
         context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras,
-                                      record_steps=record_steps)
+                                      record_steps=record_steps, fresh_cache=fresh_cache)
         x = self._embed(tokens_BT, context.positions)
         layer_caches = []
         for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
@@ -146,8 +152,9 @@ class LanguageModel(nnx.Module):
         new_cache = cache.replace(index=cache.index + tokens_BT.shape[1],
                                   layers=tuple(layer_caches))
         logits = self._logits(x)
-        if overflow is not None:
-            logits = jnp.where(overflow, jnp.nan, logits)
+        for refuse in refused:
+            if refuse is not None:
+                logits = jnp.where(refuse, jnp.nan, logits)
         return logits, new_cache
 
     def with_window(self, window: int | None, *, layers: Sequence[int] | None = None

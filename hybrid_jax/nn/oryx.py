@@ -264,7 +264,7 @@ class OryxMixer(nnx.Module):
             linear_cache = type(lin)(*convs, state=state.astype(lin.state.dtype))
         o_att, kv_cache = self.attention.attend_cached(
             q, k, v, cache.attention, ctx.positions[0].astype(jnp.int32),
-            skip=jnp.all(mode == LINEAR))
+            skip=jnp.all(mode == LINEAR), fresh=ctx.fresh_cache)
         new_cache = OryxCache(linear=linear_cache, attention=kv_cache)
         return self.linear.output(self._select(mode, o_att, o_lin), x_BTD), new_cache
 

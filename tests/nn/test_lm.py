@@ -12,8 +12,9 @@ from hybrid_jax.config import ModelConfig, layer
 from tests.helpers import assert_close
 
 
-def decode_logits(model, tokens, split, max_len):
-    """Prefill `tokens[:, :split]`, then feed the rest one token at a time (a scan), in one jit."""
+def decode_logits(model, tokens, split, max_len, fresh=False):
+    """Prefill `tokens[:, :split]` (`fresh`: as `fresh_cache=True`), then feed the rest one token
+    at a time (a scan), in one jit."""
 
     @jax.jit
     def run(state, tokens):
@@ -21,7 +22,7 @@ def decode_logits(model, tokens, split, max_len):
         cache = model_.init_cache(tokens.shape[0], max_len)
         outs = []
         if split:
-            logits, cache = model_.decode(tokens[:, :split], cache)
+            logits, cache = model_.decode(tokens[:, :split], cache, fresh_cache=fresh)
             outs.append(logits)
 
         def step(cache, token_B):
@@ -35,14 +36,15 @@ def decode_logits(model, tokens, split, max_len):
     return run(state, tokens)
 
 
-def check_decode_matches(config: ModelConfig, T=12, splits=(0, 5), max_len=None, tol=1e-5):
+def check_decode_matches(config: ModelConfig, T=12, splits=(0, 5), max_len=None, tol=1e-5,
+                         fresh=False):
     model = hj.create_model(config, seed=1)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, T)),
                          jnp.int32)
     graphdef, state = nnx.split(model)
     parallel = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, tokens)
     for split in splits:
-        decoded = decode_logits(model, tokens, split, max_len or T)
+        decoded = decode_logits(model, tokens, split, max_len or T, fresh)
         assert_close(decoded, parallel, tol, f"{config.layers[0].type} split={split}")
 
 
