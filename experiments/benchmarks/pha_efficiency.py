@@ -255,7 +255,8 @@ def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
         @jax.jit
         def prefill(state, tokens):
             model = nnx.merge(graphdef, state)
-            logits, cache = model.decode(tokens, model.init_cache(batch, max_len))
+            logits, cache = model.decode(tokens, model.init_cache(batch, max_len),
+                                         fresh_cache=True)  # as generate's prefill
             return jnp.argmax(logits[:, -1], -1), cache
 
         @jax.jit
