@@ -1,4 +1,5 @@
-"""Test-suite setup: 8 fake CPU devices (set before jax is imported) and float64 helpers."""
+"""Test-suite setup: 8 fake CPU devices (set before jax is imported), cheaper compiles and
+float64 helpers."""
 
 import os
 
@@ -18,6 +19,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+from tests.unrolled_threefry import use_unrolled_threefry  # noqa: E402
+
+use_unrolled_threefry()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from experiments import registry
 from hybrid_jax import presets
 from hybrid_jax.config import apply_overrides
 from hybrid_jax.train.trainer import train
+from tests.unrolled_threefry import use_unrolled_threefry
 
 FEW_STEPS = ["train.steps=2", "train.warmup_steps=0", "train.batch_size=4", "train.log_every=1",
              "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0",
@@ -49,6 +50,7 @@ def tiny_runs(corpus: Path) -> dict:
 
 def main() -> int:
     corpus, part, parts = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    use_unrolled_threefry()  # as in the test process (conftest.py): the same bits, cheaper
     for name, experiment in list(tiny_runs(corpus).items())[part::parts]:
         results = train(experiment, None, progress=False)
         assert math.isfinite(results["train_loss"]), (name, results)
