@@ -1,5 +1,7 @@
-"""Test-suite setup: 8 fake CPU devices (set before jax is imported) and float64 helpers."""
+"""Test-suite setup: 8 fake CPU devices (set before jax is imported), cheaper compiles,
+garbage collection by test module and float64 helpers."""
 
+import gc
 import os
 
 # Tests are dominated by XLA compile time on tiny shapes: cheaper LLVM passes make the suite
@@ -18,6 +20,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+from tests.unrolled_threefry import use_unrolled_threefry  # noqa: E402
+
+use_unrolled_threefry()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each module (its fixtures torn down): collects its garbage, then freezes what
+    survives, so that a later `gc.collect()` (the CLI's after a failed command) scans only the
+    objects of the running module, not the hundreds of thousands a worker has accumulated
+    (a few seconds per call late in the suite)."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture

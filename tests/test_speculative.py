@@ -1,6 +1,8 @@
 """Self-speculative decoding: the roll-back restores the caches of a shorter call exactly, and
 greedy speculative generation equals attention-mode greedy generation token for token."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,15 +21,32 @@ LAYERS = {"gdn": layer("oryx", chunk_size=4),
                           n_groups=2, chunk_size=4)}
 
 
-def model_of(kind, seed=1):
-    """Oryx, full attention, Oryx: every kind of layer the roll-back handles."""
+@functools.cache
+def _model_parts(kind):
     config = ModelConfig(layers=(LAYERS[kind], "attention", LAYERS[kind]), vocab_size=32,
                          d_model=16, num_heads=2, init_std=0.1)
-    return hj.create_model(config, seed=seed)
+    return nnx.split(hj.create_model(config, seed=1))
+
+
+def model_of(kind):
+    """Oryx, full attention, Oryx: every kind of layer the roll-back handles (a fresh module
+    per call, initialised once per kind)."""
+    return nnx.merge(*_model_parts(kind))
 
 
 def attention_modes(shape):
     return {MODE: jnp.ones(shape, jnp.int32)}
+
+
+@functools.partial(nnx.jit, static_argnames="record_steps")
+def decode(model, tokens, cache, record_steps=False):
+    """`model.decode` in attention mode, compiled (one program per call shape, not one per
+    op)."""
+    return model.decode(tokens, cache, extras=attention_modes(tokens.shape),
+                        record_steps=record_steps)
+
+
+jit_rollback = jax.jit(rollback, static_argnums=1)
 
 
 @pytest.mark.parametrize("kind", list(LAYERS))
@@ -36,13 +55,11 @@ def test_rollback_equals_decoding_only_the_kept_tokens(kind):
     convs, KV positions) and next-token logits of a call of the first `keep` tokens."""
     model = model_of(kind)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 9)), jnp.int32)
-    _, cache = model.decode(tokens[:, :3], model.init_cache(2, 12), extras=attention_modes((2, 3)))
-    _, recorded = model.decode(tokens[:, 3:8], cache, extras=attention_modes((2, 5)),
-                               record_steps=True)
+    _, cache = decode(model, tokens[:, :3], model.init_cache(2, 12))
+    _, recorded = decode(model, tokens[:, 3:8], cache, record_steps=True)
     for keep in (1, 3, 5):
-        rolled = rollback(recorded, 5, jnp.int32(keep))
-        _, direct = model.decode(tokens[:, 3:3 + keep], cache,
-                                 extras=attention_modes((2, keep)))
+        rolled = jit_rollback(recorded, 5, jnp.int32(keep))
+        _, direct = decode(model, tokens[:, 3:3 + keep], cache)
         assert int(rolled.index) == 3 + keep
         oryx_rolled, oryx_direct = rolled.layers[0].branches[0], direct.layers[0].branches[0]
         assert_close(oryx_rolled.linear, oryx_direct.linear, 1e-6, f"linear keep={keep}")
@@ -51,8 +68,8 @@ def test_rollback_equals_decoding_only_the_kept_tokens(kind):
             positions = (kv.attention if hasattr(kv, "attention") else kv).positions
             assert (np.asarray(positions) >= 0).sum() == 3 + keep
         nxt = tokens[:, 3 + keep:4 + keep]
-        logits_rolled, _ = model.decode(nxt, rolled, extras=attention_modes((2, 1)))
-        logits_direct, _ = model.decode(nxt, direct, extras=attention_modes((2, 1)))
+        logits_rolled, _ = decode(model, nxt, rolled)
+        logits_direct, _ = decode(model, nxt, direct)
         assert_close(logits_rolled, logits_direct, 1e-5, f"next logits keep={keep}")
 
 

@@ -14,7 +14,7 @@ from flax import nnx
 import hybrid_jax as hj
 from experiments.cli import main as cli_main
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, TrainConfig, layer
+from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.nn.blocks import deepnorm_constants, mixing_weights
@@ -31,8 +31,18 @@ def test_mixing_weights_are_positive_and_sum_to_one():
         assert np.all(np.diff(w[np.argsort(raw)]) >= 0), "monotone in the raw parameter"
 
 
+@functools.cache
+def _pha_tiny_parts():
+    return nnx.split(hj.create_model(presets.get("pha-tiny"), seed=1))
+
+
+def pha_tiny() -> hj.LanguageModel:
+    """pha-tiny of seed 1, a fresh module per call (initialised, i.e. compiled, once)."""
+    return nnx.merge(*_pha_tiny_parts())
+
+
 def test_gradients_reach_every_branch_and_mixing_scalar():
-    model = hj.create_model(presets.get("pha-tiny"))
+    model = pha_tiny()
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 9)), jnp.int32)
 
     def loss(model):
@@ -50,12 +60,14 @@ def test_gradients_reach_every_branch_and_mixing_scalar():
 
 
 def _deepnorm_and_pre_norm(preset: str, depth: int):
-    """`depth` layers of `preset` (DeepNorm) and the same with pre-norm residuals, same seed."""
+    """`depth` layers of `preset` (DeepNorm) and the same with pre-norm residuals, same seed.
+    Built eagerly: the constructor's values (create_model jits the same constructor), without
+    compiling an initialisation for each of the two models."""
     base = presets.get(preset)
-    model = hj.create_model(base.replace(layers=base.layers[:1] * depth), seed=3)
     spec = base.layers[0]
     plain_spec = layer(spec.type, **{**dict(spec.options), "residual": "pre_norm"})
-    return model, hj.create_model(base.replace(layers=(plain_spec,) * depth), seed=3)
+    return tuple(hj.LanguageModel(base.replace(layers=layers), rngs=nnx.Rngs(3))
+                 for layers in (base.layers[:1] * depth, (plain_spec,) * depth))
 
 
 @pytest.mark.parametrize("depth", [1, 4])
@@ -88,7 +100,7 @@ def test_deepnorm_constants_follow_the_formulas(depth):
 
 @pytest.mark.parametrize("index,branch", [(0, "gss"), (1, "attention"), (2, "dual_ffn")])
 def test_one_weight_forced_to_one_reduces_the_block_to_that_branch(index, branch):
-    model = hj.create_model(presets.get("pha-tiny"), seed=1)
+    model = pha_tiny()
     block = model.blocks[0]
     logits = np.full(3, -1e4, np.float32)
     logits[index] = 30.0
@@ -108,7 +120,10 @@ def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys, scan):
         name="pha-mixing-test",
         model=presets.get("pha-tiny").replace(vocab_size=32, scan_layers=scan),
         data=MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2),
-        train=TrainConfig(steps=2, batch_size=8, log_every=1, warmup_steps=0))
+        # One device: the mixing logs do not depend on the mesh (test_sharding covers meshes),
+        # and an 8-device mesh compiles and checkpoints for 8.
+        train=TrainConfig(steps=2, batch_size=8, log_every=1, warmup_steps=0,
+                          mesh=MeshConfig(data=1)))
     train(experiment, tmp_path, progress=False)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     key = "diag/blocks.0.mixing_{}/1" if scan else "diag/blocks.1.mixing_{}"

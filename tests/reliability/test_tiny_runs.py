@@ -1,6 +1,7 @@
 """Every tiny experiment and tiny preset trains a few steps without hanging (subprocesses
-under a timeout: a hung XLA computation cannot be interrupted in-process), and the README's
-main job reaches its stated accuracy (slow)."""
+under a timeout: a hung XLA computation cannot be interrupted in-process): each model and data
+kind in the default suite, the same models at the other experiments' vocabulary sizes in the
+slow one, where the README's main job also reaches its stated accuracy."""
 
 import os
 import re
@@ -11,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.data.corpus_helpers import write_corpus
-from tests.reliability.tiny_driver import tiny_runs
+from tests.reliability.tiny_driver import part_of, split_runs, tiny_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = 3
-TIMEOUT_S = 900  # 5 models per part: about 75 s of CPU, up to 6 min on a loaded machine
+PARTS = 4  # balanced: each about 30 s of CPU (xdist spreads them over its workers)
+TIMEOUT_S = 900  # 6 or 7 models per part: up to 3 min on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +26,23 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.parametrize("part", range(PARTS))
 def test_every_tiny_model_trains(corpus, part):
-    names = list(tiny_runs(corpus))[part::PARTS]
+    """Each model once, and each data kind; the slow test below adds the same models at the
+    other experiments' vocabulary sizes and data (tiny_driver.split_runs)."""
+    _train_part(corpus, part, PARTS, slow=False)
+
+
+@pytest.mark.slow
+def test_every_tiny_model_trains_at_the_other_vocabulary_sizes(corpus):
+    _train_part(corpus, 0, 1, slow=True)
+
+
+def _train_part(corpus, part: int, parts: int, *, slow: bool) -> None:
+    names = list(part_of(split_runs(tiny_runs(corpus))[slow], part, parts))
     try:
         done = subprocess.run(
             [sys.executable, "-m", "tests.reliability.tiny_driver", str(corpus), str(part),
-             str(PARTS)], cwd=ROOT, env=os.environ.copy(), capture_output=True, text=True,
-            timeout=TIMEOUT_S)
+             str(parts)] + ["slow"] * slow, cwd=ROOT, env=os.environ.copy(),
+            capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         finished = re.findall(r"^ok (.*)$", out, re.M)

@@ -16,6 +16,7 @@ import time
 import hybrid_jax.train.trainer as trainer
 from hybrid_jax.config import ExperimentConfig, from_dict
 from hybrid_jax.distributed import initialize
+from tests.unrolled_threefry import use_unrolled_threefry
 
 
 class SlowBatches:
@@ -38,6 +39,7 @@ class SlowBatches:
 def main() -> int:
     config, run_dir, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
     initialize()  # a multi-process job when the environment describes one
+    use_unrolled_threefry()  # as in the test process (conftest.py): the same bits, cheaper
     experiment = from_dict(ExperimentConfig, json.loads(open(config).read()))
     make_iterator = trainer.train_iterator
     trainer.train_iterator = lambda *a, **k: SlowBatches(make_iterator(*a, **k), delay)
