@@ -1,9 +1,14 @@
-"""Shared assertions for tests: relative errors of values and gradients."""
+"""Shared assertions for tests (relative errors of values and gradients) and helpers."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
+from flax import nnx
+
+import hybrid_jax as hj
 
 
 def rel_err(actual, expected) -> float:
@@ -70,3 +75,14 @@ def compile_for_tpu(fn, *args, topology: str = "v5e:2x2"):
     with jax.sharding.use_abstract_mesh(tpu_mesh(device.device_kind)):
         lowered = jax.jit(fn).lower(*placed)
     return lowered.compile()
+
+
+@functools.cache
+def _model_parts(config, seed: int):
+    return nnx.split(hj.create_model(config, seed=seed))
+
+
+def shared_model(config, seed: int = 0):
+    """`hj.create_model(config, seed=seed)` as a fresh module per call, initialised (compiled)
+    once per (config, seed) in this process: tests that change a module's values do not leak."""
+    return nnx.merge(*_model_parts(config, seed))

@@ -14,24 +14,19 @@ from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.generate import generate
 from hybrid_jax.nn.oryx import MODE
 from hybrid_jax.speculative import accepted_drafts, draft_and_verify, rollback
-from tests.helpers import assert_close
+from tests.helpers import assert_close, shared_model
 
 LAYERS = {"gdn": layer("oryx", chunk_size=4),
           "mamba2": layer("oryx", linear_mixer="mamba2", ssm_head_dim=4, state_size=8,
                           n_groups=2, chunk_size=4)}
 
 
-@functools.cache
-def _model_parts(kind):
-    config = ModelConfig(layers=(LAYERS[kind], "attention", LAYERS[kind]), vocab_size=32,
-                         d_model=16, num_heads=2, init_std=0.1)
-    return nnx.split(hj.create_model(config, seed=1))
-
-
 def model_of(kind):
     """Oryx, full attention, Oryx: every kind of layer the roll-back handles (a fresh module
     per call, initialised once per kind)."""
-    return nnx.merge(*_model_parts(kind))
+    config = ModelConfig(layers=(LAYERS[kind], "attention", LAYERS[kind]), vocab_size=32,
+                         d_model=16, num_heads=2, init_std=0.1)
+    return shared_model(config, seed=1)
 
 
 def attention_modes(shape):

@@ -15,7 +15,8 @@ Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_state
 These are the GPU kernels (Triton lowering); `backend="tpu"` runs `tpu.py`'s two Mosaic TPU
 kernels (forward and backward, each one sequential pass over chunks) on the same arrays.
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
-slices, folded into the heads of one call. Memory is linear in T. NOTES.md has the design, the roofline and the measurements.
+slices, folded into the heads of one call. Memory is linear in T. NOTES.md has the design, the
+roofline and the measurements.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.nn.blocks import deepnorm_constants, mixing_weights
 from hybrid_jax.train.trainer import train
-from tests.helpers import assert_close
+from tests.helpers import assert_close, shared_model
 
 
 def test_mixing_weights_are_positive_and_sum_to_one():
@@ -31,14 +31,9 @@ def test_mixing_weights_are_positive_and_sum_to_one():
         assert np.all(np.diff(w[np.argsort(raw)]) >= 0), "monotone in the raw parameter"
 
 
-@functools.cache
-def _pha_tiny_parts():
-    return nnx.split(hj.create_model(presets.get("pha-tiny"), seed=1))
-
-
 def pha_tiny() -> hj.LanguageModel:
     """pha-tiny of seed 1, a fresh module per call (initialised, i.e. compiled, once)."""
-    return nnx.merge(*_pha_tiny_parts())
+    return shared_model(presets.get("pha-tiny"), seed=1)
 
 
 def test_gradients_reach_every_branch_and_mixing_scalar():
