@@ -64,3 +64,37 @@ def test_a_real_cpu_trace(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no perfetto_trace"):
         trace_summary.summarize(tmp_path / "empty")
+
+
+def _silu_square(x, w):
+    y = jnp.tanh(x @ w) * 2 + 1
+    return (jax.nn.silu(y) ** 2).sum()  # the line the fused elementwise ops come from
+
+
+def test_kernel_sources_names_the_source_lines_of_a_fusion_forward_and_backward():
+    compiled = jax.jit(jax.grad(_silu_square)).lower(jnp.ones((8, 8)), jnp.ones((8, 8))).compile()
+    text = compiled.as_text()
+    fusions = [line.split("=")[0].strip().lstrip("%").removeprefix("ROOT ").strip()
+               for line in text.splitlines() if "kind=kLoop" in line]
+    assert fusions, "expected a loop fusion in the CPU HLO"
+    sources = trace_summary.kernel_sources(text, fusions + ["not_in_the_module"])
+    assert "not_in_the_module" not in sources
+    line = _silu_square.__code__.co_firstlineno + 2
+    found = " ".join(" ".join(v) for v in sources.values())
+    assert f"test_trace_summary.py:{line} _silu_square [fwd]" in found
+    assert f"test_trace_summary.py:{line} _silu_square [bwd]" in found
+
+
+def test_kernel_sources_reads_inline_source_metadata_of_older_xla():
+    text = "\n".join([
+        "%fused_computation.7 (p: f32[4]) -> f32[4] {",
+        '  %m = f32[4] multiply(%p, %p), metadata={op_name="jit(f)/transpose(jvp())/mul" '
+        'source_file="/x/hybrid_jax/nn/layers.py" source_line=210}',
+        '  ROOT %a = f32[4] add(%m, %p), metadata={op_name="jit(f)/jvp()/add" '
+        'source_file="/x/hybrid_jax/nn/layers.py" source_line=211}',
+        "}",
+        "ENTRY %main (p: f32[4]) -> f32[4] {",
+        "  ROOT %loop_add_fusion = f32[4] fusion(%p), kind=kLoop, calls=%fused_computation.7",
+        "}"])
+    assert trace_summary.kernel_sources(text, ["loop_add_fusion"]) == {
+        "loop_add_fusion": ["layers.py:210 [bwd] ×1", "layers.py:211 [fwd] ×1"]}

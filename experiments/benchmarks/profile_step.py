@@ -12,7 +12,9 @@ ids and restarting positions, or synthetic documents without it; unpacked = rand
 without segment ids), runs 2 warm-up steps, times `--steps` steps, then traces `--steps` more. It
 prints per mode the kernel categories and the top kernels (name, count, ms per step, share,
 mean µs; `trace_summary.py`), and with two modes the kernels whose time per step differs most
-between them: one GPU call says where the packed step's extra time goes. JSON: every table.
+between them: one GPU call says where the packed step's extra time goes. For the top kernels
+that are fusions it prints the source lines their ops come from (`trace_summary.kernel_sources`
+on the compiled step's HLO). JSON: every table.
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ def profile_mode(args, mode: str, trace_dir: Path) -> dict:
           f"compile {built.info['compile_s']:.1f} s, {built.info.get('docs_per_row', 1):.2f} "
           f"documents per row", flush=True)
     trace_summary.print_summary(summary, args.top)
-    return {"mode": mode, "step_ms": step_ms, **built.info, **summary}
+    names = [row["name"] for row in summary["kernels"][:args.top]]
+    sources = trace_summary.kernel_sources(built.step.as_text(), names)
+    print("\nwhere the top kernels come from (ops by innermost source line, fwd / bwd):")
+    for name, lines in sources.items():
+        print(f"  {name[:60]}: " + "; ".join(lines))
+    return {"mode": mode, "step_ms": step_ms, **built.info, **summary, "sources": sources}
 
 
 def differences(profiles: list[dict], top: int) -> list[dict]:

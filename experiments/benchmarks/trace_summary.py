@@ -139,6 +139,93 @@ def trace_calls(fn, args, runs: int, directory: str | Path | None = None,
     return summarize(folder, runs)
 
 
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?\bcalls=%?([\w.\-]+)")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
+_FIELD = re.compile(r"(\w+)=(\d+)")
+_LIBRARIES = re.compile(r"/(jax|jaxlib|flax|optax|numpy|contextlib|functools)/|^<")
+
+
+def _hlo_tables(lines: list[str]) -> dict[str, dict[int, Any]]:
+    """The module's FileNames / FunctionNames (id → string) and FileLocations / StackFrames
+    (id → fields) tables, as newer XLA prints them before the computations."""
+    tables, current = {}, None
+    for line in lines:
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = tables.setdefault(line, {})
+            continue
+        match = _TABLE_ROW.match(line) if current is not None else None
+        if not match:
+            current = None if not line.strip() else current
+            continue
+        key, value = int(match.group(1)), match.group(2)
+        current[key] = (value.strip('"') if value.startswith('"') else
+                        {k: int(v) for k, v in _FIELD.findall(value)})
+    return tables
+
+
+def _frame_source(tables, frame: int) -> str:
+    """"file:line function" of the innermost frame outside the libraries (else the innermost)."""
+    files, functions = tables.get("FileNames", {}), tables.get("FunctionNames", {})
+    locations, frames = tables.get("FileLocations", {}), tables.get("StackFrames", {})
+    found, seen = None, set()
+    while frame in frames and frame not in seen:
+        seen.add(frame)
+        location = locations.get(frames[frame].get("file_location_id"), {})
+        file = files.get(location.get("file_name_id"), "?")
+        source = (f"{re.sub(r'^.*?/(?=(hybrid_jax|experiments|pallas_kernels)/)', '', file)}"
+                  f":{location.get('line', '?')} {functions.get(location.get('function_name_id'), '?')}")
+        found = found or source
+        if not _LIBRARIES.search(file):
+            return source
+        frame = frames[frame].get("parent_frame_id", 0)
+    return found or "?"
+
+
+def _op_source(tables, line: str) -> str | None:
+    frame = re.search(r"stack_frame_id=(\d+)", line)
+    if frame:
+        source = _frame_source(tables, int(frame.group(1)))
+    else:  # older XLA: the file and line inline
+        file, number = (re.search(rf'{key}="?([^" ,}}]+)', line)
+                        for key in ("source_file", "source_line"))
+        if not file:
+            return None
+        source = f"{Path(file.group(1)).name}:{number.group(1) if number else '?'}"
+    name = re.search(r'op_name="([^"]*)"', line)
+    backward = name is not None and "transpose(" in name.group(1)
+    return f"{source} [{'bwd' if backward else 'fwd'}]"
+
+
+def kernel_sources(hlo_text: str, names: list[str], top: int = 3) -> dict[str, list[str]]:
+    """Per kernel name (an HLO instruction that calls a computation, e.g. a fusion), its ops'
+    most frequent sources, "path:line function [fwd|bwd] ×count", most ops first; names the
+    HLO does not define are left out."""
+    lines = hlo_text.splitlines()
+    tables = _hlo_tables(lines)
+    bodies, calls, current = {}, {}, None
+    for line in lines:
+        start = _COMPUTATION.match(line)
+        if start:
+            current = bodies.setdefault(start.group(1), [])
+            continue
+        if line.startswith("}"):
+            current = None
+        elif current is not None:
+            current.append(line)
+            call = _INSTRUCTION.match(line)
+            if call:
+                calls.setdefault(call.group(1), call.group(2))
+    result = {}
+    for name in names:
+        counts = collections.Counter(
+            source for line in bodies.get(calls.get(name, ""), [])
+            if (source := _op_source(tables, line)))
+        if counts:
+            result[name] = [f"{s} ×{n}" for s, n in counts.most_common(top)]
+    return result
+
+
 def print_summary(summary: dict[str, Any], top: int = 30) -> None:
     from experiments.benchmarks.timing import print_table
 
