@@ -146,7 +146,9 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-REMAT_POLICIES = ("none", "full", "dots_saveable")
+# "kernels": recompute the block but keep what the Pallas kernels' backward needs (their
+# outputs and residuals), so their forward runs once (pallas_kernels/residuals.py).
+REMAT_POLICIES = ("none", "full", "dots_saveable", "kernels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +186,7 @@ class ModelConfig:
     init_std: float = 0.02
     dtype: str = "float32"  # compute dtype; parameters stay in param_dtype
     param_dtype: str = "float32"
-    remat: str = "none"  # per block in the backward pass: "none", "full" or "dots_saveable"
+    remat: str = "none"  # per block in the backward pass: one of REMAT_POLICIES
     scan_layers: bool = False  # one compiled layer group under nnx.scan (fast compiles)
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
 from hybrid_jax.nn.layers import Embedding, Linear, param
+from hybrid_jax.ops.dispatch import KERNEL_RESIDUALS
 from hybrid_jax.registry import block_type
 from hybrid_jax.sharding import constrain, state_shardings
 
@@ -223,6 +224,13 @@ def _stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> nnx.List:
     return group
 
 
+_REMAT_POLICIES = {  # config.remat → what the backward keeps of a block (None: nothing)
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "kernels": jax.checkpoint_policies.save_only_these_names(KERNEL_RESIDUALS),
+}
+
+
 def _run_blocks(config: ModelConfig, blocks: nnx.List, x: jax.Array, context: TokenContext
                 ) -> jax.Array:
     """The blocks on `x`, rematerialised per `config.remat`, scanned when stacked."""
@@ -232,9 +240,7 @@ def _run_blocks(config: ModelConfig, blocks: nnx.List, x: jax.Array, context: To
         return x
 
     if config.remat != "none":
-        policy = (jax.checkpoint_policies.dots_saveable if config.remat == "dots_saveable"
-                  else None)
-        run = nnx.remat(run, policy=policy)
+        run = nnx.remat(run, policy=_REMAT_POLICIES[config.remat])
     if not config.scan_layers:
         for block in blocks:
             x = run([block], x)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pallas_kernels import target
+# The name the Pallas rungs give what their backward keeps (`remat="kernels"` saves it).
+from pallas_kernels.residuals import KERNEL_RESIDUALS  # noqa: F401
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn", "splash")
 logger = logging.getLogger("hybrid_jax.dispatch")

@@ -39,6 +39,7 @@ from pallas_kernels.delta_rule.forward import (
 )
 from pallas_kernels.delta_rule.gradients import chunk_gradients
 from pallas_kernels.delta_rule.static import Static
+from pallas_kernels.residuals import saved
 
 HEAD_DIMS = (64, 128, 256)
 # Wider values run as slices of this many columns: each column of S evolves on its own (the
@@ -230,6 +231,7 @@ def _core(st: Static, st_forward: Static, q, k, v, g, beta, starts, initial_stat
 def _core_forward(st: Static, st_forward: Static, q, k, v, g, beta, starts, initial_state):
     out, final_state, w, p, (t,), (states, u) = _forward(st, q, k, v, g, beta, starts,
                                                          initial_state, save=True)
+    out, final_state, w, p, t, states, u = saved(out, final_state, w, p, t, states, u)
     return (out, final_state), (q, k, v, g, beta, starts, w, p, t, states, u)
 
 

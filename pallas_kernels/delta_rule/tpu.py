@@ -48,6 +48,7 @@ from pallas_kernels.delta_rule.chunk_math import (
 from pallas_kernels.delta_rule.layout import split_refs
 from pallas_kernels.delta_rule.static import Static
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
+from pallas_kernels.residuals import saved
 
 CHUNKS = (64, 128)  # C on a TPU: the (8, 128) rule, the MXU's tiles; 64 by default
 DEFAULT_BLOCKS = BlockSizes(chunk=64)  # the TPU kernels read only `chunk`
@@ -360,7 +361,8 @@ def _core(st: Static, q, k, v, g, beta, starts, initial_state):
 
 
 def _core_forward(st: Static, q, k, v, g, beta, starts, initial_state):
-    out, final_state, states = forward(q, k, v, g, beta, starts, initial_state, st, save=True)
+    out, final_state, states = saved(*forward(q, k, v, g, beta, starts, initial_state, st,
+                                              save=True))
     return (out, final_state), (q, k, v, g, beta, starts, states)
 
 

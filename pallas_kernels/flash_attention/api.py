@@ -26,6 +26,7 @@ from pallas_kernels.flash_attention.bounds import (
 )
 from pallas_kernels.flash_attention.checks import unsupported_arguments, unsupported_on
 from pallas_kernels.flash_attention.reference import flash_attention_reference
+from pallas_kernels.residuals import saved
 
 IMPLEMENTATIONS = ("gpu", "reference")
 _ACCELERATOR_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -100,7 +101,7 @@ def _flash(st, q, k, v, segment_ids, *spans):
 
 
 def _flash_fwd(st, q, k, v, segment_ids, *spans):
-    o, lse = gpu.forward(q, k, v, segment_ids, spans, st)
+    o, lse = saved(*gpu.forward(q, k, v, segment_ids, spans, st))
     return o, (q, k, v, o, lse, segment_ids, spans)
 
 

@@ -46,6 +46,7 @@ from pallas_kernels import target
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
+from pallas_kernels.residuals import saved
 
 EMPTY_SLOTS = ("mask", "sink")
 # q, k, v dtypes per platform (Mosaic TPU has no float16 matmul; float32 runs on the MXU there).
@@ -368,6 +369,7 @@ def _core_forward(st: Static, backend: str, q, qw, kw, v, stream, initial, docs)
         gc, key_writes, value_writes, log_decay = kernels.chunk_prepare(ks, vs, ss, gs, docs, st)
         (key_states, value_states), finals = kernels.chunk_scan(
             (key_writes, value_writes), log_decay, st, reverse=False, initial=initial)
+        gc, key_states, value_states, log_decay = saved(gc, key_states, value_states, log_decay)
         slot_inputs = (ks, vs, ss, gc, key_states, value_states)
         logits = kernels.slot_logits(q, ks, ss, gc, key_states, docs, st)
     if st.slots and not st.window:  # no window: the softmax is over the slots alone
@@ -376,6 +378,7 @@ def _core_forward(st: Static, backend: str, q, qw, kw, v, stream, initial, docs)
         out, lse = kernels.window_attention(qw, kw, v, logits, docs, st)
         if st.slots:
             out = kernels.slot_readout_add(out, logits, lse, vs, ss, gc, value_states, docs, st)
+    out, lse, logits, finals = saved(out, lse, logits, finals)
     return (out, *finals), (q, qw, kw, v, slot_inputs, logits, log_decay, out, lse, stream,
                             initial, docs, finals)
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import target
+from pallas_kernels.residuals import saved
 from pallas_kernels.ssd import gpu, segments, tpu
 from pallas_kernels.ssd.block_sizes import BlockSizes, Static, default_block_sizes
 
@@ -116,8 +117,8 @@ def _core(st, backend, x, dt, a, B, C, doc, s0):
 
 
 def _core_fwd(st, backend, x, dt, a, B, C, doc, s0):
-    y, final_state, states = _KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st,
-                                                       store_states=True)
+    y, final_state, states = saved(*_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st,
+                                                              store_states=True))
     return (y, final_state), (x, dt, a, B, C, doc, states)
 
 

@@ -18,7 +18,7 @@ def test_layer_period():
     assert layer_period(("a", "b", "a")) == 3
 
 
-@pytest.mark.parametrize("remat", ["none", "dots_saveable"])
+@pytest.mark.parametrize("remat", ["none", "dots_saveable", "kernels"])
 def test_scanned_equals_loop(remat):
     config = presets.get("transformer-tiny")  # period 2 (full, windowed), 2 groups
     config = config.replace(layers=(layer("attention"), layer("attention", window=4)) * 2,
