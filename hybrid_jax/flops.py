@@ -86,13 +86,16 @@ class StepFlops:
         return 3.0 * (self.matmul + self.attention_per_token(segment_ids_BT) + self.recurrence)
 
 
-def matmul_params(config: ModelConfig) -> int:
-    """Parameters of the weight matrices a token multiplies (module docstring)."""
-    from hybrid_jax.nn.lm import LanguageModel  # nn builds the model; flops only reads shapes
+def matmul_params(config: ModelConfig, params: nnx.State | None = None) -> int:
+    """Parameters of the weight matrices a token multiplies (module docstring). `params`: the
+    model's `nnx.Param` state (shapes suffice), built abstractly from `config` if not given."""
+    if params is None:
+        from hybrid_jax.nn.lm import LanguageModel  # nn builds the model; flops reads shapes
 
-    model = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+        params = nnx.state(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))),
+                           nnx.Param)
     total = config.d_model * config.vocab_size if config.tie_embeddings else 0
-    for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path, leaf in nnx.to_flat_state(params):
         names = [str(p) for p in path]
         if len(leaf.shape) < 2 or names[0] in ("embed", "position_table"):
             continue
@@ -166,8 +169,10 @@ def _sequence_flops(kind: str, options, config: ModelConfig, length: int
     return None
 
 
-def step_flops(config: ModelConfig, length: int) -> StepFlops:
-    """Forward FLOPs per token of `config` on sequences of `length` tokens."""
+def step_flops(config: ModelConfig, length: int, params: nnx.State | None = None
+               ) -> StepFlops:
+    """Forward FLOPs per token of `config` on sequences of `length` tokens; `params` as in
+    `matmul_params` (a caller that has traced the model passes them)."""
     attention, recurrence = (), 0.0
     uncounted = []
     for i, spec in enumerate(config.layers):
@@ -178,6 +183,6 @@ def step_flops(config: ModelConfig, length: int) -> StepFlops:
             continue
         attention += sequence[0]
         recurrence += sequence[1]
-    return StepFlops(matmul=2.0 * matmul_params(config), attention_terms=attention,
+    return StepFlops(matmul=2.0 * matmul_params(config, params), attention_terms=attention,
                      recurrence=recurrence, length=length,
                      uncounted=tuple(sorted(set(uncounted))))

@@ -27,13 +27,14 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from jax.sharding import Mesh
 
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
@@ -77,28 +78,55 @@ class TrainState:
         return nnx.merge(self.graphdef, self.state)[0]
 
 
-def _abstract_train_state(experiment: ExperimentConfig, mesh: Mesh):
+class AbstractTrainState(NamedTuple):
+    """A run's model and optimizer traced once, shapes only: initialising (`init`, replayed in
+    one compiled call), restoring a checkpoint and counting FLOPs all start from it, so none of
+    them builds the model again (a deep model's trace takes seconds)."""
+
+    graphdef: nnx.GraphDef
+    state: nnx.State  # jax.ShapeDtypeStruct values
+    shardings: nnx.State
+    init: ClosedJaxpr  # () -> the leaves of `state`: the initial values
+
+    @property
+    def params(self) -> nnx.State:
+        """The model's parameters (shapes only)."""
+        return nnx.filter_state(self.state[0], nnx.Param)
+
+
+def _abstract_train_state(experiment: ExperimentConfig, mesh: Mesh) -> AbstractTrainState:
     tx = make_optimizer(experiment.train)
+    graphdefs = []
 
-    def init():
+    def init() -> nnx.State:
         model = LanguageModel(experiment.model, rngs=nnx.Rngs(experiment.train.seed))
-        return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+        graphdef, state = nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
+        graphdefs.append(graphdef)  # static: taken out of the trace beside its outputs
+        return state
 
-    graphdef, abstract_state = nnx.split(nnx.eval_shape(init))
-    return graphdef, abstract_state, state_shardings(abstract_state, mesh), init
+    with jax.set_mesh(mesh):  # traced where the initialisation will run
+        jaxpr, state = jax.make_jaxpr(init, return_shape=True)()
+    return AbstractTrainState(graphdefs[0], state, state_shardings(state, mesh), jaxpr)
 
 
-def init_train_state(experiment: ExperimentConfig, mesh: Mesh) -> TrainState:
-    """Creates model and optimizer in one compiled call, each array in its mesh sharding."""
-    graphdef, _, shardings, init = _abstract_train_state(experiment, mesh)
+def init_train_state(experiment: ExperimentConfig, mesh: Mesh,
+                     abstract: AbstractTrainState | None = None) -> TrainState:
+    """Creates model and optimizer in one compiled call, each array in its mesh sharding.
+
+    `abstract`: the run's `_abstract_train_state(experiment, mesh)`, if already traced."""
+    if abstract is None:
+        abstract = _abstract_train_state(experiment, mesh)
+    graphdef, state, shardings, jaxpr = abstract
+    structure = jax.tree.structure(state)
     with jax.set_mesh(mesh):
-        state = jax.jit(lambda: nnx.split(init())[1], out_shardings=shardings)()
+        state = jax.jit(lambda: jax.tree.unflatten(structure, jaxpr_as_fun(jaxpr)()),
+                        out_shardings=shardings)()
     return TrainState(graphdef, state, shardings, mesh)
 
 
-def _restore(experiment: ExperimentConfig, checkpointer: Checkpointer, mesh: Mesh,
+def _restore(abstract: AbstractTrainState, checkpointer: Checkpointer, mesh: Mesh,
              step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
-    graphdef, abstract_state, shardings, _ = _abstract_train_state(experiment, mesh)
+    graphdef, abstract_state, shardings, _ = abstract
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           abstract_state, shardings)
     state, meta, _ = checkpointer.restore(target, step)
@@ -127,7 +155,8 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
     checkpointer = Checkpointer(run_dir, keep=None)
     try:
         with use_rules(axis_rules(experiment.train.mesh)):
-            ts, meta = _restore(experiment, checkpointer, mesh, step)
+            ts, meta = _restore(_abstract_train_state(experiment, mesh), checkpointer,
+                                mesh, step)
     finally:
         checkpointer.close()
     if meta.get("tokenizer_sha256") is not None:
@@ -339,8 +368,11 @@ class _Run:
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
         check_process_rows(self.mesh, cfg.batch_size)
+        # The one trace of the model's initialisation: FLOPs, restore and init start from it.
+        self.abstract = _abstract_train_state(experiment, self.mesh)
         seq_len = int(getattr(self.data, "seq_len", 0))
-        self.flops = step_flops(experiment.model, seq_len) if seq_len else None
+        self.flops = (step_flops(experiment.model, seq_len, self.abstract.params) if seq_len
+                      else None)
         self.batches = DevicePrefetcher(
             train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
             self._put, depth=cfg.prefetch)
@@ -354,7 +386,7 @@ class _Run:
         try:
             latest = None if self.checkpointer is None else self._latest_intact(damaged)
             if latest is None:
-                self.ts = init_train_state(experiment, self.mesh)
+                self.ts = init_train_state(experiment, self.mesh, self.abstract)
         except BaseException:
             if self.checkpointer is not None:
                 self.checkpointer.close()
@@ -408,7 +440,7 @@ class _Run:
         return None
 
     def _restore(self, step: int | None = None) -> TrainState:
-        ts, meta = _restore(self.experiment, self.checkpointer, self.mesh, step)
+        ts, meta = _restore(self.abstract, self.checkpointer, self.mesh, step)
         check_tokenizer(meta, getattr(self.data, "tokenizer", None),
                         self.checkpointer.directory.parent / TOKENIZER_FILE)
         self.step = self.saved_step = int(meta["step"])

@@ -1,0 +1,43 @@
+"""A run traces its model's initialisation once before the first step: the FLOP count, the
+shardings, the checkpoint restore and the initial values all start from one abstract state."""
+
+import pytest
+
+from hybrid_jax import presets
+from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
+from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.flops import step_flops
+from hybrid_jax.nn.lm import LanguageModel
+from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train.trainer import _abstract_train_state, train
+from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+
+
+def test_a_run_builds_its_model_once_fresh_and_resumed(tmp_path, monkeypatch):
+    built = []
+    build = LanguageModel.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(type(self))
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(LanguageModel, "__init__", counted)
+    corpus, run = write_corpus(tmp_path / "corpus"), tmp_path / "run"
+    fresh = tiny_text_experiment(corpus, steps=1, warmup_steps=1, checkpoint_every=1)
+    train(fresh, run, progress=False)
+    assert len(built) == 1  # was 3: step_flops, the abstract state, the init jit
+    built.clear()
+    resumed = tiny_text_experiment(corpus, steps=2, warmup_steps=1, checkpoint_every=1)
+    assert train(resumed, run, progress=False, resume=True)["steps"] == 2
+    assert len(built) == 1  # was 2: step_flops, the restore target
+
+
+@pytest.mark.parametrize("preset, scan", [("swa-transformer-tiny", False),
+                                          ("nha-hybrid-tiny", True), ("pha-tiny", False)])
+def test_flops_from_the_traced_parameters_equal_those_from_the_config(preset, scan):
+    model = presets.get(preset).replace(scan_layers=scan)
+    experiment = ExperimentConfig(name="flops", model=model,
+                                  data=MQARConfig(vocab_size=model.vocab_size, seq_len=32),
+                                  train=TrainConfig(steps=2, warmup_steps=1))
+    params = _abstract_train_state(experiment, make_mesh(MeshConfig(data=1))).params
+    assert step_flops(model, 32, params) == step_flops(model, 32)
