@@ -44,6 +44,8 @@ line per row, then the tables (with each model / the baseline ratios per T), and
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import statistics
 import sys
 import time
@@ -270,14 +272,19 @@ def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
         # Progress lines, so a run cut off by its time limit shows which phase it was in.
         prefill = prefill.lower(state, tokens).compile()
         print(f"{name}: prefill compiled in {time.perf_counter() - start:.1f} s", flush=True)
-        token, cache = prefill(state, tokens)
+        begin = time.perf_counter()
+        token, cache = jax.block_until_ready(prefill(state, tokens))
+        print(f"{name}: first prefill ran in {time.perf_counter() - begin:.2f} s", flush=True)
         step = step.lower(state, token, cache).compile()
         row["compile_s"] = time.perf_counter() - start
         print(f"{name}: decode step compiled, {row['compile_s']:.1f} s in all", flush=True)
         row["prefill_ms"] = time_compiled(prefill, state, tokens, warmup=1, iters=3)
         row["prefill_tokens_per_s"] = batch * prompt / row["prefill_ms"] * 1e3
         row["cache_MiB"] = sum(x.nbytes for x in jax.tree.leaves(cache)) / 2**20
+        print(f"{name}: prefill timed, {row['prefill_ms']:.1f} ms", flush=True)
+        begin = time.perf_counter()
         jax.block_until_ready(step(state, token, cache))
+        print(f"{name}: first decode step ran in {time.perf_counter() - begin:.2f} s", flush=True)
         times = []
         for _ in range(new_tokens):
             begin = time.perf_counter()
@@ -324,6 +331,8 @@ def plan(parts: list[str], lengths: list[int], prompt: int) -> list[tuple[str, i
 
 
 def main(argv=None) -> int:
+    # A run cut off by `timeout` (SIGTERM) prints where every thread was.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pha-window", type=int, default=0,
