@@ -94,7 +94,9 @@ def test_kernel_sources_reads_inline_source_metadata_of_older_xla():
         'source_file="/x/hybrid_jax/nn/layers.py" source_line=211}',
         "}",
         "ENTRY %main (p: f32[4]) -> f32[4] {",
-        "  ROOT %loop_add_fusion = f32[4] fusion(%p), kind=kLoop, calls=%fused_computation.7",
+        "  ROOT %loop_add_fusion.3 = f32[4] fusion(%p), kind=kLoop, calls=%fused_computation.7",
         "}"])
-    assert trace_summary.kernel_sources(text, ["loop_add_fusion"]) == {
-        "loop_add_fusion": ["layers.py:210 [bwd] ×1", "layers.py:211 [fwd] ×1"]}
+    want = ["layers.py:210 [bwd] ×1", "layers.py:211 [fwd] ×1"]
+    # the trace names the kernel "loop_add_fusion_3" (XLA's GPU kernel names use "_" for ".")
+    assert trace_summary.kernel_sources(text, ["loop_add_fusion.3", "loop_add_fusion_3"]) == {
+        "loop_add_fusion.3": want, "loop_add_fusion_3": want}

@@ -214,8 +214,9 @@ def kernel_sources(hlo_text: str, names: list[str], top: int = 3) -> dict[str, l
         elif current is not None:
             current.append(line)
             call = _INSTRUCTION.match(line)
-            if call:
-                calls.setdefault(call.group(1), call.group(2))
+            if call:  # the GPU names a fusion's kernel after it with "." as "_"
+                for name in (call.group(1), call.group(1).replace(".", "_")):
+                    calls.setdefault(name, call.group(2))
     result = {}
     for name in names:
         counts = collections.Counter(
