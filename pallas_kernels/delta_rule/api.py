@@ -45,7 +45,7 @@ HEAD_DIMS = (64, 128, 256)
 # Wider values run as slices of this many columns: each column of S evolves on its own (the
 # delta rule's K-side terms W, T, P are recomputed per slice; gradients of q, k, g, β add up).
 # The slices run as extra heads of one call, so each kernel is one launch with every slice's
-# programs (gdn-340m: 12 sequences × 8 V tiles = 96 programs a slice, under one per SM).
+# programs (measured as fast as a launch per slice at gdn-340m's shape: NOTES.md, Round 7).
 VALUE_SLICE = 256
 DTYPES = (jnp.bfloat16, jnp.float32)
 F32 = jnp.float32
