@@ -100,3 +100,27 @@ def test_kernel_sources_reads_inline_source_metadata_of_older_xla():
     # the trace names the kernel "loop_add_fusion_3" (XLA's GPU kernel names use "_" for ".")
     assert trace_summary.kernel_sources(text, ["loop_add_fusion.3", "loop_add_fusion_3"]) == {
         "loop_add_fusion.3": want, "loop_add_fusion_3": want}
+
+
+def test_time_by_source_sums_kernels_by_their_dominant_function():
+    text = "\n".join([
+        "%f1 (p: f32[4]) -> f32[4] {",
+        '  %a = f32[4] add(%p, %p), metadata={op_name="jit(f)/jvp()/add" '
+        'source_file="/x/hybrid_jax/nn/layers.py" source_line=210}',
+        '  ROOT %b = f32[4] add(%a, %p), metadata={op_name="jit(f)/jvp()/add" '
+        'source_file="/x/hybrid_jax/nn/layers.py" source_line=212}',
+        "}",
+        "%f2 (p: f32[4]) -> f32[4] {",
+        '  ROOT %c = f32[4] mul(%p, %p), metadata={op_name="jit(f)/jvp()/mul" '
+        'source_file="/x/hybrid_jax/nn/layers.py" source_line=212}',
+        "}",
+        "ENTRY %main (p: f32[4]) -> f32[4] {",
+        "  %fusion.1 = f32[4] fusion(%p), kind=kLoop, calls=%f1",
+        "  ROOT %fusion.2 = f32[4] fusion(%fusion.1), kind=kLoop, calls=%f2",
+        "}"])
+    rows = [{"name": "fusion_1", "ms_per_step": 3.0}, {"name": "gemm", "ms_per_step": 2.0},
+            {"name": "fusion_2", "ms_per_step": 1.0}]
+    table = trace_summary.time_by_source(rows, text)
+    # by function, not line: both fusions are layers.py's (this old format names no function)
+    assert [(r["source"], r["ms_per_step"], r["kernels"], r["largest"]) for r in table] == [
+        ("layers.py [fwd]", 4.0, 2, "fusion_1"), ("(not a fusion)", 2.0, 1, "gemm")]

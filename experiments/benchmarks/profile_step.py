@@ -13,8 +13,9 @@ without segment ids), runs 2 warm-up steps, times `--steps` steps, then traces `
 prints per mode the kernel categories and the top kernels (name, count, ms per step, share,
 mean µs; `trace_summary.py`), and with two modes the kernels whose time per step differs most
 between them: one GPU call says where the packed step's extra time goes. For the top kernels
-that are fusions it prints the source lines their ops come from (`trace_summary.kernel_sources`
-on the compiled step's HLO). JSON: every table.
+that are fusions it prints the source lines their ops come from, and every kernel's time summed
+by the function most of its ops come from (`trace_summary.kernel_sources`, `time_by_source`, on
+the compiled step's HLO). JSON: every table.
 """
 
 from __future__ import annotations
@@ -56,12 +57,17 @@ def profile_mode(args, mode: str, trace_dir: Path) -> dict:
           f"compile {built.info['compile_s']:.1f} s, {built.info.get('docs_per_row', 1):.2f} "
           f"documents per row", flush=True)
     trace_summary.print_summary(summary, args.top)
+    hlo = built.step.as_text()
     names = [row["name"] for row in summary["kernels"][:args.top]]
-    sources = trace_summary.kernel_sources(built.step.as_text(), names)
+    sources = trace_summary.kernel_sources(hlo, names)
     print("\nwhere the top kernels come from (ops by innermost source line, fwd / bwd):")
     for name, lines in sources.items():
         print(f"  {name[:60]}: " + "; ".join(lines))
-    return {"mode": mode, "step_ms": step_ms, **built.info, **summary, "sources": sources}
+    by_source = trace_summary.time_by_source(summary["kernels"], hlo)
+    print("\nevery kernel's time by the code most of its ops come from:")
+    print_table(by_source[:args.top], ["source", "ms_per_step", "kernels", "largest"])
+    return {"mode": mode, "step_ms": step_ms, **built.info, **summary, "sources": sources,
+            "by_source": by_source}
 
 
 def differences(profiles: list[dict], top: int) -> list[dict]:

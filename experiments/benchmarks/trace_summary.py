@@ -173,7 +173,9 @@ def _frame_source(tables, frame: int) -> str:
         seen.add(frame)
         location = locations.get(frames[frame].get("file_location_id"), {})
         file = files.get(location.get("file_name_id"), "?")
-        source = (f"{re.sub(r'^.*?/(?=(hybrid_jax|experiments|pallas_kernels)/)', '', file)}"
+        short = re.sub(r"^.*?/(?=(hybrid_jax|experiments|pallas_kernels)/)|^.*/site-packages/",
+                       "", file)
+        source = (f"{short}"
                   f":{location.get('line', '?')} {functions.get(location.get('function_name_id'), '?')}")
         found = found or source
         if not _LIBRARIES.search(file):
@@ -197,10 +199,8 @@ def _op_source(tables, line: str) -> str | None:
     return f"{source} [{'bwd' if backward else 'fwd'}]"
 
 
-def kernel_sources(hlo_text: str, names: list[str], top: int = 3) -> dict[str, list[str]]:
-    """Per kernel name (an HLO instruction that calls a computation, e.g. a fusion), its ops'
-    most frequent sources, "path:line function [fwd|bwd] ×count", most ops first; names the
-    HLO does not define are left out."""
+def _source_counts(hlo_text: str, names) -> dict[str, collections.Counter]:
+    """Per kernel name that calls an HLO computation (a fusion), its ops counted by source."""
     lines = hlo_text.splitlines()
     tables = _hlo_tables(lines)
     bodies, calls, current = {}, {}, None
@@ -223,8 +223,35 @@ def kernel_sources(hlo_text: str, names: list[str], top: int = 3) -> dict[str, l
             source for line in bodies.get(calls.get(name, ""), [])
             if (source := _op_source(tables, line)))
         if counts:
-            result[name] = [f"{s} ×{n}" for s, n in counts.most_common(top)]
+            result[name] = counts
     return result
+
+
+def kernel_sources(hlo_text: str, names: list[str], top: int = 3) -> dict[str, list[str]]:
+    """Per kernel name (an HLO instruction that calls a computation, e.g. a fusion), its ops'
+    most frequent sources, "path:line function [fwd|bwd] ×count", most ops first; names the
+    HLO does not define are left out."""
+    return {name: [f"{s} ×{n}" for s, n in counts.most_common(top)]
+            for name, counts in _source_counts(hlo_text, names).items()}
+
+
+def time_by_source(kernels: list[dict[str, Any]], hlo_text: str) -> list[dict[str, Any]]:
+    """The fusions' time summed by the function (and direction) most of each one's ops come
+    from, largest first, with "(not a fusion)" for the rest (custom calls: library matmuls,
+    Pallas kernels, copies), so a profile reads as ms per step by code, not by kernel name."""
+    counts = _source_counts(hlo_text, [row["name"] for row in kernels])
+    sums = collections.defaultdict(lambda: {"ms_per_step": 0.0, "kernels": 0, "largest": ""})
+    for row in kernels:
+        source = counts.get(row["name"])
+        key = (re.sub(r":\d+ ", " ", source.most_common(1)[0][0]) if source
+               else "(not a fusion)")
+        entry = sums[key]
+        if not entry["largest"]:
+            entry["largest"] = row["name"]  # the rows come largest first
+        entry["ms_per_step"] += row["ms_per_step"]
+        entry["kernels"] += 1
+    return sorted(({"source": k, **v} for k, v in sums.items()),
+                  key=lambda r: -r["ms_per_step"])
 
 
 def print_summary(summary: dict[str, Any], top: int = 30) -> None:
