@@ -175,8 +175,8 @@ def _frame_source(tables, frame: int) -> str:
         file = files.get(location.get("file_name_id"), "?")
         short = re.sub(r"^.*?/(?=(hybrid_jax|experiments|pallas_kernels)/)|^.*/site-packages/",
                        "", file)
-        source = (f"{short}"
-                  f":{location.get('line', '?')} {functions.get(location.get('function_name_id'), '?')}")
+        function = functions.get(location.get("function_name_id"), "?")
+        source = f"{short}:{location.get('line', '?')} {function}"
         found = found or source
         if not _LIBRARIES.search(file):
             return source

@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pallas_kernels import target
-# The name the Pallas rungs give what their backward keeps (`remat="kernels"` saves it).
-from pallas_kernels.residuals import KERNEL_RESIDUALS  # noqa: F401
+from pallas_kernels.residuals import KERNEL_RESIDUALS  # noqa: F401  (for `remat="kernels"`)
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn", "splash")
 logger = logging.getLogger("hybrid_jax.dispatch")
