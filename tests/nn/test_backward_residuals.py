@@ -117,3 +117,21 @@ def test_parallel_block_keeps_only_its_branch_outputs_beyond_the_branches(capsys
     n = len(block.names)
     assert len(saved) == sum(map(len, branches)) - (n - 1) + n, (saved, branches)
     assert all(dtype == "bf16" for dtype, _ in saved), saved
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+def test_gated_rms_norm_keeps_only_its_bf16_inputs(norm_before_gate, capsys):
+    """GatedRMSNorm (Gated DeltaNet's output norm, Mamba-2's grouped norm) recomputes its
+    float32 terms in the backward: it keeps x and the gate z, bf16, nothing of float32; and
+    its gradients still equal forward-mode derivatives."""
+    from hybrid_jax.nn.layers import GatedRMSNorm
+
+    norm = GatedRMSNorm(2 * D, group_size=D, norm_before_gate=norm_before_gate,
+                        dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    x, z = (jax.random.normal(jax.random.key(i), (2, 5, 2 * D), jnp.bfloat16) for i in (1, 2))
+    saved = saved_shapes(lambda x, z: norm(x, z), x, z, capsys=capsys)
+    assert [entry for entry in saved if entry[1][:2] == (2, 5)] == [("bf16", (2, 5, 2 * D))] * 2
+    assert all(dtype == "bf16" for dtype, _ in saved), saved  # (and γ)
+    norm32 = GatedRMSNorm(2 * D, group_size=D, norm_before_gate=norm_before_gate)
+    check_reverse_matches_forward(lambda x, z: norm32(x, z), x.astype(jnp.float32),
+                                  z.astype(jnp.float32))
