@@ -15,7 +15,7 @@ from flax import nnx
 
 from hybrid_jax import ops
 from hybrid_jax.cache import ConvCache, ConvHistory
-from hybrid_jax.ops.context_parallel import with_past
+from hybrid_jax.ops import context_parallel
 
 Shape = int | Sequence[int]
 
@@ -213,22 +213,17 @@ class ShortConv(nnx.Module):
         self.bias = (param(rngs, nnx.initializers.zeros, (channels,), param_dtype, (axis,))
                      if use_bias else None)
 
-    def _conv(self, inputs: tuple[jax.Array, jax.Array | None],
-              params: tuple[jax.Array, jax.Array | None], implementation: str | None
-              ) -> jax.Array:
-        (x_BTC, segment_ids_BT), (weight, bias) = inputs, params
-        y = ops.short_conv(x_BTC, weight, bias, segment_ids=segment_ids_BT,
-                           activation=self.activation, head_channels=self.head_channels,
-                           implementation=implementation)
+    def _conv(self, x_BTC: jax.Array, op=ops.short_conv, **kwargs) -> jax.Array:
+        """`op(x, w, b, ...)` (the op or its context-parallel form) in the compute dtype."""
+        bias = None if self.bias is None else self.bias[...]
+        y = op(x_BTC, self.weight[...], bias, activation=self.activation,
+               head_channels=self.head_channels, **kwargs)
         return y.astype(self.dtype)
-
-    def _params(self) -> tuple[jax.Array, jax.Array | None]:
-        return self.weight[...], None if self.bias is None else self.bias[...]
 
     def __call__(self, x_BTC: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
         # Under context parallelism each time shard convolves with a halo of the previous one.
-        conv = functools.partial(self._conv, implementation=self.implementation)
-        return with_past(conv, self.size - 1, (x_BTC, segment_ids_BT), self._params())
+        return self._conv(x_BTC, context_parallel.short_conv, segment_ids=segment_ids_BT,
+                          implementation=self.implementation)
 
     def init_cache(self, batch: int, channels: int, dtype) -> ConvCache:
         return ConvCache(jnp.zeros((batch, self.size - 1, channels), dtype))
@@ -242,7 +237,7 @@ class ShortConv(nnx.Module):
         past = self.size - 1
         # The window's first `past` outputs lack their history: computed and dropped (a few
         # rows; the XLA rung, as a decode step is too short for a kernel launch to pay).
-        y = self._conv((window, None), self._params(), "xla")[:, past:]
+        y = self._conv(window, implementation="xla")[:, past:]
         if isinstance(cache, ConvHistory):
             return y, ConvHistory(window.astype(cache.inputs.dtype))
         new_inputs = window[:, window.shape[1] - past:].astype(cache.inputs.dtype)

@@ -49,11 +49,10 @@ def short_conv(
     Returns:
       `[B, T, C]` in x's dtype.
     """
-    sizes = check_dims(_OP, {}, x=(x, "BTC"), weight=(weight, "KC"))
-    if bias is not None:
-        check_dims(_OP, sizes, bias=(bias, "C"))
+    optional = dict(bias=(bias, "C"), segment_ids=(segment_ids, "BT"))
+    sizes = check_dims(_OP, {}, x=(x, "BTC"), weight=(weight, "KC"),
+                       **{name: a for name, a in optional.items() if a[0] is not None})
     if segment_ids is not None:
-        check_dims(_OP, sizes, segment_ids=(segment_ids, "BT"))
         if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
             raise ValueError(f"{_OP}: segment_ids must be integers, got dtype "
                              f"{segment_ids.dtype}")

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import target
+from pallas_kernels.call import varying_like
 from pallas_kernels.residuals import saved
 from pallas_kernels.short_conv import gpu
 from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
@@ -58,7 +59,7 @@ def short_conv(
                     blocks=block_sizes or default_block_sizes(), interpret=interpret)
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
-    return _conv(st, x, weight, bias, segment_ids)
+    return _conv(st, x, *varying_like((weight, bias), x), segment_ids)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
