@@ -20,7 +20,7 @@ class BlockSizes:
     block_t: int = 64
     block_c: int = 128
     num_warps: int = 4
-    backward_block_t: int = 32
+    backward_block_t: int = 16
     backward_block_c: int = 128
     backward_steps: int = 8
     backward_num_warps: int = 4
@@ -47,7 +47,9 @@ class BlockSizes:
 
 def default_block_sizes() -> BlockSizes:
     """GPU defaults: not yet measured (the first H200 run of
-    `experiments/benchmarks/short_conv.py --parts sweep` replaces them; NOTES.md). Chosen so
-    that a thread holds 16–64 float32 elements of a tile: 64 × 128 with 4 warps (forward: one
-    accumulator tile live), 32 × 128 with 4 warps (backward: ~6 tiles live)."""
+    `experiments/benchmarks/short_conv.py --parts sweep` replaces them; NOTES.md). Chosen for
+    the registers: the forward keeps one float32 accumulator tile live (64 × 128 over 4 warps:
+    64 elements a thread), the backward ~K + 3 tiles (16 × 128 over 4 warps: 16 a thread, ~110
+    registers, so 4 programs fit an SM); 8 steps of 16 rows a backward program leave
+    [B, T/128, K, C] float32 partial sums of dw (6 MiB at [4, 8192, 1536]), 3072 programs."""
     return BlockSizes()
