@@ -32,8 +32,8 @@ from experiments.benchmarks.timing import (
     CALLS,
     device_name,
     print_table,
+    run_parts,
     time_compiled,
-    write_json,
 )
 from hybrid_jax.ops.short_conv import short_conv
 from pallas_kernels.short_conv import api, gpu
@@ -250,18 +250,8 @@ def main():
     args.deadline = time.perf_counter() + args.budget_s
     print(device_name(), flush=True)
     parts = {"check": part_check, "table": part_table, "sweep": part_sweep}
-    results = {}
-    for part in args.parts.split(","):
-        try:
-            results[part] = parts[part](args)
-        except Exception as e:  # noqa: BLE001  (one failed part must not cost the others)
-            print(f"part {part} failed: {_error(e)}", flush=True)
-            results[part] = {"error": _error(e)}
-        # After every part, so that a time limit keeps what was done.
-        write_json(args.out, "short_conv", [], batch=args.batch, length=args.length,
-                   size=SIZE, quiet=True, **results)
-    print(f"wrote {args.out}")
-
+    run_parts(parts, args.parts, args, args.out, "short_conv", batch=args.batch,
+              length=args.length, size=SIZE)
 
 if __name__ == "__main__":
     main()
