@@ -36,6 +36,20 @@ def _varying_like(out_shape: Any, axes: frozenset) -> Any:
         if isinstance(s, jax.ShapeDtypeStruct) else s, out_shape)
 
 
+def varying_like(tree: Any, *like: Any) -> Any:
+    """`tree` marked as varying over every manual mesh axis that the arrays of `like` vary
+    over (a weight shared by every time shard of context parallelism, before it enters a
+    kernel's custom VJP with a sharded input: its cotangent varies like that input, and the
+    VJP's types must match). Outside `shard_map` the tree itself."""
+    axes = _varying(like)
+
+    def cast(x):
+        missing = tuple(sorted(axes - _varying((x,))))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(cast, tree)
+
+
 def pallas_call(kernel: Callable, *, out_shape: Any, **kwargs: Any) -> Callable:
     """`pl.pallas_call(kernel, out_shape=out_shape, **kwargs)`, with the outputs varying over the
     manual mesh axes of the inputs it is called on (none outside `shard_map`)."""

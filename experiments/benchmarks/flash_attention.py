@@ -39,8 +39,8 @@ from experiments.benchmarks.timing import (
     device_name,
     measure,
     print_table,
+    run_parts,
     time_compiled,
-    write_json,
 )
 from hybrid_jax.ops.attention import attention_xla
 from pallas_kernels.flash_attention import api, gpu
@@ -336,15 +336,7 @@ def main():
     args.shapes = args.shapes.split(",")
     print(device_name(), flush=True)
     parts = {"check": part_check, "sweep": part_sweep, "table": part_table}
-    results = {}
-    for part in args.parts.split(","):
-        try:
-            results[part] = parts[part](args)
-        except Exception as e:  # noqa: BLE001  (one failed part must not cost the others)
-            print(f"part {part} failed: {type(e).__name__}: {e}", flush=True)
-            results[part] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
-        # After every part, so that a time limit keeps what was done.
-        write_json(args.out, "flash_attention", [], doc_median=args.doc_median, **results)
+    run_parts(parts, args.parts, args, args.out, "flash_attention", doc_median=args.doc_median)
 
 
 if __name__ == "__main__":

@@ -120,3 +120,20 @@ def write_json(path: str | Path, name: str, rows: Sequence[dict[str, Any]], *,
     Path(path).write_text(json.dumps(record, indent=2))
     if not quiet:
         print(f"wrote {path}")
+
+
+def run_parts(parts: dict[str, Callable[[Any], Any]], names: str, args: Any, out: str | Path,
+              benchmark: str, **extra: Any) -> dict[str, Any]:
+    """`parts[name](args)` for each comma-separated name of `names`, in order: a part that
+    fails is reported (in the record too) and the others still run; the JSON record (`extra`
+    and the results so far) is rewritten after every part, so that a time limit keeps what
+    was done."""
+    results: dict[str, Any] = {}
+    for part in names.split(","):
+        try:
+            results[part] = parts[part](args)
+        except Exception as e:  # noqa: BLE001  (one failed part must not cost the others)
+            print(f"part {part} failed: {type(e).__name__}: {e}", flush=True)
+            results[part] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
+        write_json(out, benchmark, [], **extra, **results)
+    return results

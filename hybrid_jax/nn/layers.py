@@ -15,7 +15,7 @@ from flax import nnx
 
 from hybrid_jax import ops
 from hybrid_jax.cache import ConvCache, ConvHistory
-from hybrid_jax.ops.context_parallel import with_past
+from hybrid_jax.ops import context_parallel
 
 Shape = int | Sequence[int]
 
@@ -200,50 +200,39 @@ def gated_down(activation, gate: jax.Array, value: jax.Array, down: Linear) -> j
     return jax.checkpoint(lambda g, v: down(activation(g) * v))(gate, value)
 
 
-def _causal_conv(inputs: tuple[jax.Array, jax.Array | None], weight: jax.Array) -> jax.Array:
-    """`Σ_{i<size} w_i ⊙ x_{t−i}` in float32, inputs of another document counted as zeros."""
-    x_BTC, segment_ids_BT = inputs
-    x = x_BTC.astype(jnp.float32)
-    y = x * weight[0]
-    for lag in range(1, min(weight.shape[0], x.shape[1] + 1)):
-        shifted = jnp.pad(x, ((0, 0), (lag, 0), (0, 0)))[:, : x.shape[1]]
-        if segment_ids_BT is not None:
-            prev = jnp.pad(segment_ids_BT, ((0, 0), (lag, 0)), constant_values=-1)
-            same = (prev[:, : x.shape[1]] == segment_ids_BT)[..., None]
-            shifted = jnp.where(same, shifted, 0.0)
-        y = y + shifted * weight[lag]
-    return y
-
-
 class ShortConv(nnx.Module):
     """Depthwise causal 1-D convolution over time (kernel `size`), optionally followed by SiLU.
 
-    `y_t = Σ_{i<size} w_i ⊙ x_{t−i} (+ b)`. With `segment_ids`, inputs from another document are
-    treated as zeros, so packed sequences do not leak. Decoding keeps the last `size − 1` inputs.
+    `y_t = Σ_{i<size} w_i ⊙ x_{t−i} (+ b)` (`hybrid_jax.ops.short_conv`). With `segment_ids`,
+    inputs from another document are treated as zeros, so packed sequences do not leak.
+    Decoding keeps the last `size − 1` inputs. `axis` names the channels' logical axis (a
+    head or hidden axis that tensor parallelism splits), or None.
     """
 
     def __init__(self, channels: int, size: int = 4, *, rngs: nnx.Rngs, axis: str | None = None,
                  activation: bool = True, use_bias: bool = False, dtype=jnp.float32,
-                 param_dtype=jnp.float32):
+                 param_dtype=jnp.float32, implementation: str | None = None):
         if size < 1:
             raise ValueError(f"ShortConv: size must be >= 1, got {size}")
         self.size, self.activation, self.dtype = size, activation, dtype
+        self.head_channels, self.implementation = axis is not None, implementation
         bound = size ** -0.5  # PyTorch's default Conv1d init for depthwise kernels
         self.weight = param(rngs, symmetric_uniform(bound), (size, channels), param_dtype,
                             ("conv", axis))
         self.bias = (param(rngs, nnx.initializers.zeros, (channels,), param_dtype, (axis,))
                      if use_bias else None)
 
-    def _finish(self, y: jax.Array) -> jax.Array:
-        if self.bias is not None:
-            y = y + self.bias[...].astype(jnp.float32)
-        return (jax.nn.silu(y) if self.activation else y).astype(self.dtype)
+    def _conv(self, x_BTC: jax.Array, op=ops.short_conv, **kwargs) -> jax.Array:
+        """`op(x, w, b, ...)` (the op or its context-parallel form) in the compute dtype."""
+        bias = None if self.bias is None else self.bias[...]
+        y = op(x_BTC, self.weight[...], bias, activation=self.activation,
+               head_channels=self.head_channels, **kwargs)
+        return y.astype(self.dtype)
 
     def __call__(self, x_BTC: jax.Array, segment_ids_BT: jax.Array | None = None) -> jax.Array:
         # Under context parallelism each time shard convolves with a halo of the previous one.
-        y = with_past(_causal_conv, self.size - 1, (x_BTC, segment_ids_BT),
-                      self.weight[...].astype(jnp.float32))
-        return self._finish(y)
+        return self._conv(x_BTC, context_parallel.short_conv, segment_ids=segment_ids_BT,
+                          implementation=self.implementation)
 
     def init_cache(self, batch: int, channels: int, dtype) -> ConvCache:
         return ConvCache(jnp.zeros((batch, self.size - 1, channels), dtype))
@@ -254,13 +243,14 @@ class ShortConv(nnx.Module):
         (holding exactly the last `size − 1` inputs) comes back holding them all."""
         window = jnp.concatenate([cache.inputs.astype(jnp.float32), x_BTC.astype(jnp.float32)],
                                  axis=1)
-        weight = self.weight[...].astype(jnp.float32)
-        past, steps = self.size - 1, x_BTC.shape[1]
-        y = sum(window[:, past - lag: past - lag + steps] * weight[lag] for lag in range(self.size))
+        past = self.size - 1
+        # The window's first `past` outputs lack their history: computed and dropped (a few
+        # rows; the XLA rung, as a decode step is too short for a kernel launch to pay).
+        y = self._conv(window, implementation="xla")[:, past:]
         if isinstance(cache, ConvHistory):
-            return self._finish(y), ConvHistory(window.astype(cache.inputs.dtype))
+            return y, ConvHistory(window.astype(cache.inputs.dtype))
         new_inputs = window[:, window.shape[1] - past:].astype(cache.inputs.dtype)
-        return self._finish(y), ConvCache(new_inputs)
+        return y, ConvCache(new_inputs)
 
 
 def run_convs(convs: Sequence[ShortConv], inputs: Sequence[jax.Array],

@@ -30,6 +30,7 @@ from hybrid_jax.ops.nha import (
     native_hybrid_attention_step,
     nha_empty_state,
 )
+from hybrid_jax.ops.short_conv import short_conv
 from hybrid_jax.ops.ssd import ssd, ssd_step
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "rotary_dim",
     "scaled_cosine_attention",
     "segment_extents",
+    "short_conv",
     "ssd",
     "ssd_step",
 ]

@@ -45,12 +45,14 @@ from hybrid_jax.sharding import LOGICAL_AXIS_RULES, logical_to_spec, make_mesh
 from pallas_kernels.delta_rule import api as delta_api
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.nha import api as nha_api
+from pallas_kernels.short_conv import api as short_conv_api
 from pallas_kernels.ssd import api as ssd_api
 from tests.helpers import assert_close, normals
 from tests.pallas import (
     test_delta_rule_kernel,
     test_flash_attention,
     test_nha_kernel,
+    test_short_conv,
     test_ssd_kernel,
 )
 
@@ -58,7 +60,8 @@ OP_MODULES = ("attention", "delta_rule", "ssd")  # their pallas rungs check `bac
 KERNELS = ((flash_api, "flash_attention", test_flash_attention.TINY),
            (delta_api, "gated_delta_rule", test_delta_rule_kernel.TINY),
            (ssd_api, "ssd", test_ssd_kernel.TINY),
-           (nha_api, "native_hybrid_attention", test_nha_kernel.TINY))
+           (nha_api, "native_hybrid_attention", test_nha_kernel.TINY),
+           (short_conv_api, "short_conv", test_short_conv.TINY))
 LOGICAL = {"B": "batch", "H": "heads", "G": "kv_heads"}
 B, T = 4, 16
 # Packed documents: starts on and off the kernels' 8-token chunks.
@@ -152,6 +155,15 @@ def nha_case(heads=4, kv_heads=2, api=ops):
                         k_window="BTGD")
 
 
+def short_conv_case(api=ops):
+    """GDN's q/k/v conv: channels along the heads (split over `tensor`), bias, SiLU."""
+    x, weight, bias = normals(7, (B, T, 8), (4, 8), (8,), dtype=np.float32)
+    run = lambda x, ids: api.short_conv(x["x"], x["weight"], x["bias"], segment_ids=ids,
+                                        activation=True, head_channels=True,
+                                        implementation="pallas")
+    return run, dict(x=x, weight=weight, bias=bias), dict(x="BTH", weight="_H", bias="H")
+
+
 NHA_STATE = ("BGKM", "BGMV", "BWGK", "BWGV", "BWGM", "BWGM", "BWGD")
 
 
@@ -178,7 +190,7 @@ def nha_state_case():
 
 CASES = dict(attention=attention_case, gated_delta_rule=delta_rule_case, ssd=ssd_case,
              gated_slot_attention=gsa_case, native_hybrid_attention=nha_case,
-             native_hybrid_attention_state=nha_state_case)
+             native_hybrid_attention_state=nha_state_case, short_conv=short_conv_case)
 DEFAULT = {name: [] for name in CASES} | {"native_hybrid_attention_state": [pytest.mark.slow]}
 
 
@@ -259,7 +271,8 @@ def test_rung_traces_with_check_vma(pallas_on_cpu, name):
 
 # Context-parallel attention passes the shard's gathered keys their own segment ids, which the
 # flash kernels do not take: it runs the XLA rung, so it is not here.
-CONTEXT_PARALLEL = ("gated_delta_rule", "gated_slot_attention", "native_hybrid_attention", "ssd")
+CONTEXT_PARALLEL = ("gated_delta_rule", "gated_slot_attention", "native_hybrid_attention",
+                    "short_conv", "ssd")
 CP_MESH = MeshConfig(data=2, seq=2, tensor=2)
 
 

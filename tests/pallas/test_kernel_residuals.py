@@ -17,10 +17,12 @@ from pallas_kernels.delta_rule import api as delta_api
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.nha import api as nha_api
 from pallas_kernels.residuals import KERNEL_RESIDUALS
+from pallas_kernels.short_conv import api as short_conv_api
 from pallas_kernels.ssd import api as ssd_api
 from tests.pallas import test_delta_rule_kernel as delta_tests
 from tests.pallas import test_flash_attention as flash_tests
 from tests.pallas import test_nha_kernel as nha_tests
+from tests.pallas import test_short_conv as short_conv_tests
 from tests.pallas import test_ssd_kernel as ssd_tests
 
 T = 24  # three chunks of 8
@@ -62,8 +64,17 @@ def _nha():
         "nha_slot_readout_add"}
 
 
+def _short_conv():
+    x, w, _, _ = short_conv_tests.inputs(0, 2, T, 4)
+    ids = jnp.asarray(short_conv_tests.segments_from_lengths([8, 1, 15], [5, 19]))
+    run = lambda x, w: short_conv_api.short_conv(x, w, segment_ids=ids,
+                                                 block_sizes=short_conv_tests.TINY,
+                                                 interpret=True)
+    return run, (x, w), {"short_conv_forward"}
+
+
 KERNELS = {"delta_rule": _delta_rule, "flash_attention": _flash_attention, "ssd": _ssd,
-           "nha": _nha}
+           "nha": _nha, "short_conv": _short_conv}
 
 
 def backward(run, args, policy):
@@ -73,7 +84,8 @@ def backward(run, args, policy):
     out, vjp = jax.vjp(layer, *args)
     ct = 2 * out
     compiled = jax.jit(vjp).lower(ct).compile()
-    names = re.findall(r"\b(?:gated_delta_rule|flash_attention|ssd|nha)_\w+", compiled.as_text())
+    names = re.findall(r"\b(?:gated_delta_rule|flash_attention|ssd|nha|short_conv)_\w+",
+                       compiled.as_text())
     return set(names), compiled(ct)
 
 

@@ -8,7 +8,7 @@ when the current mesh has no `seq` axis of size > 1; otherwise it runs inside `j
   then each shard reruns from its true entering state (`recurrences.py`);
 * softmax attention: all-gathered K/V, or a halo for sliding windows (`attention.py`);
 * native hybrid attention: both, with the slot inputs shifted by w across shards (`nha.py`);
-* short convolutions: a halo of the previous tokens (`with_past`).
+* short convolutions: a halo of the previous tokens (`with_past`, `short_conv.py`).
 """
 
 from hybrid_jax.ops.context_parallel.attention import attention
@@ -28,6 +28,7 @@ from hybrid_jax.ops.context_parallel.recurrences import (
     selective_scan,
     ssd,
 )
+from hybrid_jax.ops.context_parallel.short_conv import short_conv
 
 __all__ = [
     "COMBINES",
@@ -41,6 +42,7 @@ __all__ = [
     "native_hybrid_attention",
     "selective_scan",
     "seq_shards",
+    "short_conv",
     "ssd",
     "with_past",
 ]

@@ -1,0 +1,233 @@
+"""Short-convolution kernels for NVIDIA GPUs: Pallas with the Triton lowering (testable in
+interpret mode on CPU).
+
+Layout `[batch, time, channels]`, `K = size` taps. Every ref is the whole array in global
+memory; a program reads its tile at time offsets `t + d` directly (masked loads: zeros before
+the row's start, after its end and past the last channel), so nothing is padded or copied in
+XLA and the shifted reads of neighbouring offsets hit the L1/L2 caches.
+
+- forward, per (time tile, channel tile, batch row): z_t = b + Σ_i w_i ⊙ x_{t−i} with the
+  taps of another document masked out of the load, y = act(z).
+- backward, per (run of time tiles, channel tile, batch row), looping over its tiles:
+  g_u = dy_u ⊙ act'(z_u) for u = t .. t+K−1, the pre-activations z_u recomputed from x (nothing
+  but the inputs is saved), dx_t = Σ_j w_j ⊙ g_{t+j} [same document], and the partial sums
+  dw_i = Σ_t g_t ⊙ x_{t−i} [same document], db = Σ_t g_t of the run (summed over the runs and
+  the batch in XLA). Without an activation g = dy and no z is formed.
+
+Triton cannot shift a register tile by a row, so z and g at the K offsets are recomputed from
+shifted loads: K² multiply-adds and K sigmoids per element in the backward (NOTES.md: this,
+not the bytes, may bound it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.call import pallas_call
+from pallas_kernels.short_conv.block_sizes import BlockSizes
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """The static configuration of one call."""
+
+    size: int
+    activation: bool
+    bias: bool
+    documents: bool
+    blocks: BlockSizes
+    interpret: bool
+
+
+def _iota(shape, axis):
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _sigmoid(z):
+    # exp2 is one `ex2.approx` on the GPU (`exp` lowers to libdevice's range-reduced expf).
+    return 1.0 / (1.0 + jnp.exp2(-LOG2E * z))
+
+
+def _silu_grad(z):
+    """d/dz (z·σ(z)) = σ(z)·(1 + z·(1 − σ(z)))."""
+    s = _sigmoid(z)
+    return s * (1.0 + z * (1.0 - s))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tile:
+    """Time steps `rows` `[BT, 1]` and channels `cols` `[1, BC]` of batch row `b`, read at time
+    offsets `d` (rows + d)."""
+
+    b: jax.Array
+    rows: jax.Array
+    cols: jax.Array
+    length: int
+    channels: int
+
+    def inside(self, d: int) -> jax.Array:
+        """`[BT, 1]`: rows + d is a time step of the row."""
+        r = self.rows + d
+        return (r >= 0) & (r < self.length)
+
+    def read(self, ref, d: int, where: jax.Array | None = None) -> jax.Array:
+        """`ref[b, rows + d, cols]` in float32, zero outside the array and where `where`
+        (`[BT, 1]`) is False."""
+        mask = self.inside(d) & (self.cols < self.channels)
+        if where is not None:
+            mask = mask & where
+        return pltriton.load(ref.at[self.b, self.rows + d, self.cols], mask=mask,
+                             other=0).astype(F32)
+
+    def ids(self, ref, d: int) -> jax.Array:
+        """Segment ids `[BT, 1]` at rows + d (−1 outside the row: only ever compared where the
+        input or the cotangent read there is zero anyway)."""
+        return pltriton.load(ref.at[self.b, self.rows + d], mask=self.inside(d), other=-1)
+
+    def write(self, ref, value: jax.Array) -> None:
+        mask = self.inside(0) & (self.cols < self.channels)
+        pltriton.store(ref.at[self.b, self.rows, self.cols], value.astype(ref.dtype), mask=mask)
+
+
+def _taps(w_ref, cols, channels: int, size: int) -> list[jax.Array]:
+    """The K weight rows `[1, BC]` float32 (zero past the last channel)."""
+    inside = cols < channels
+    return [pltriton.load(w_ref.at[i, cols], mask=inside, other=0).astype(F32)
+            for i in range(size)]
+
+
+def _bias(b_ref, cols, channels: int) -> jax.Array:
+    return pltriton.load(b_ref.at[cols], mask=cols < channels, other=0).astype(F32)
+
+
+def _unpack(refs, st: Static, outputs: int):
+    """x, w, bias (or None), ids (or None), the other inputs, the outputs."""
+    refs = list(refs)
+    x_ref, w_ref = refs.pop(0), refs.pop(0)
+    b_ref = refs.pop(0) if st.bias else None
+    seg_ref = refs.pop(0) if st.documents else None
+    return x_ref, w_ref, b_ref, seg_ref, refs[:-outputs], refs[-outputs:]
+
+
+# --- forward ---------------------------------------------------------------------------------
+
+
+def _forward_kernel(*refs, st: Static):
+    x_ref, w_ref, b_ref, seg_ref, _, (y_ref,) = _unpack(refs, st, 1)
+    BT, BC = st.blocks.block_t, st.blocks.block_c
+    _, length, channels = x_ref.shape
+    tile = _Tile(pl.program_id(2), pl.program_id(0) * BT + _iota((BT, 1), 0),
+                 pl.program_id(1) * BC + _iota((1, BC), 1), length, channels)
+    w = _taps(w_ref, tile.cols, channels, st.size)
+    z = _bias(b_ref, tile.cols, channels) if st.bias else 0.0
+    own = tile.ids(seg_ref, 0) if st.documents else None
+    for lag in range(st.size):
+        same = tile.ids(seg_ref, -lag) == own if st.documents and lag else None
+        z = z + w[lag] * tile.read(x_ref, -lag, same)
+    tile.write(y_ref, z * _sigmoid(z) if st.activation else z)
+
+
+def _inputs(x, weight, bias, segment_ids):
+    return [a for a in (x, weight, bias, segment_ids) if a is not None]
+
+
+def _params(num_warps, num_stages=1):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def forward(x, weight, bias, segment_ids, st: Static):
+    """y `[B, T, C]` in x's dtype."""
+    batch, length, channels = x.shape
+    BT, BC = st.blocks.block_t, st.blocks.block_c
+    return pallas_call(
+        functools.partial(_forward_kernel, st=st),
+        grid=(pl.cdiv(length, BT), pl.cdiv(channels, BC), batch),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        compiler_params=_params(st.blocks.num_warps),
+        interpret=st.interpret, name="short_conv_forward",
+    )(*_inputs(x, weight, bias, segment_ids))
+
+
+# --- backward --------------------------------------------------------------------------------
+
+
+def backward_steps(length: int, blocks: BlockSizes) -> int:
+    """Loop steps per backward program: the configured ones, fewer for a short row."""
+    return min(blocks.backward_steps, pl.cdiv(length, blocks.backward_block_t))
+
+
+def _backward_kernel(*refs, st: Static, steps: int):
+    x_ref, w_ref, b_ref, seg_ref, (dy_ref,), outs = _unpack(refs, st, 3 if st.bias else 2)
+    dx_ref, dw_ref = outs[:2]
+    BT, BC, K = st.blocks.backward_block_t, st.blocks.backward_block_c, st.size
+    _, length, channels = x_ref.shape
+    run, b = pl.program_id(0), pl.program_id(2)
+    cols = pl.program_id(1) * BC + _iota((1, BC), 1)
+    w = _taps(w_ref, cols, channels, K)
+    bias = _bias(b_ref, cols, channels) if st.bias else 0.0
+
+    def step(s, carry):
+        dw, db = carry
+        tile = _Tile(b, (run * steps + s) * BT + _iota((BT, 1), 0), cols, length, channels)
+        # Each offset read once per step (the body is traced once: a cache is CSE).
+        x = functools.cache(lambda d: tile.read(x_ref, d))
+        ids = functools.cache(lambda d: tile.ids(seg_ref, d))
+
+        def same(u: int, lag: int, value):
+            """`value` where x at t+u−lag is in the document of t+u, else 0."""
+            if not st.documents or lag == 0:
+                return value
+            return jnp.where(ids(u) == ids(u - lag), value, 0.0)
+
+        dx = jnp.zeros((BT, BC), F32)
+        for u in range(K):  # g at t+u reaches x at t through tap u
+            g = tile.read(dy_ref, u)
+            if st.activation:
+                z = bias + sum(w[lag] * same(u, lag, x(u - lag)) for lag in range(K))
+                g = g * _silu_grad(z)
+            if u == 0:
+                dw = tuple(dw[lag] + jnp.sum(g * same(0, lag, x(-lag)), axis=0)
+                           for lag in range(K))
+                db = db + jnp.sum(g, axis=0)
+            dx = dx + w[u] * same(u, u, g)
+        tile.write(dx_ref, dx)
+        return dw, db
+
+    zeros = jnp.zeros((BC,), F32)
+    dw, db = lax.fori_loop(0, steps, step, ((zeros,) * K, zeros))
+    inside = cols[0] < channels
+    for lag in range(K):
+        pltriton.store(dw_ref.at[b, run, lag, cols[0]], dw[lag], mask=inside)
+    if st.bias:
+        pltriton.store(outs[2].at[b, run, cols[0]], db, mask=inside)
+
+
+def backward(x, weight, bias, segment_ids, dy, st: Static):
+    """dx `[B, T, C]` (x's dtype) and float32 partial sums over the backward programs' runs
+    of time: dw `[B, R, K, C]` and (with a bias) db `[B, R, C]`."""
+    batch, length, channels = x.shape
+    blocks = st.blocks
+    steps = backward_steps(length, blocks)
+    runs = pl.cdiv(length, steps * blocks.backward_block_t)
+    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype),
+                 jax.ShapeDtypeStruct((batch, runs, st.size, channels), F32)]
+    if st.bias:
+        out_shape.append(jax.ShapeDtypeStruct((batch, runs, channels), F32))
+    return pallas_call(
+        functools.partial(_backward_kernel, st=st, steps=steps),
+        grid=(runs, pl.cdiv(channels, blocks.backward_block_c), batch),
+        out_shape=out_shape,
+        compiler_params=_params(blocks.backward_num_warps, blocks.backward_num_stages),
+        interpret=st.interpret, name="short_conv_backward",
+    )(*_inputs(x, weight, bias, segment_ids), dy)
