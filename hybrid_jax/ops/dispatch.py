@@ -32,8 +32,10 @@ class Rung:
 
     `unsupported(*args, **kwargs)` returns None when this rung can run the call, else the reason.
     `auto=False` keeps a rung (the naive reference) out of automatic selection; `auto_platforms`
-    limits automatic selection to those platforms (a kernel measured on some only), while a
-    named `implementation=` still runs it wherever it is supported. `platforms`: the only ones
+    limits automatic selection to those platforms (a kernel measured on some only; `()`: a
+    kernel tested in interpret mode that has not yet run on an accelerator, whose fallback is
+    then logged with that reason), while a named `implementation=` still runs it wherever it is
+    supported. `platforms`: the only ones
     it runs on at all (cuDNN on GPUs, a TPU kernel); elsewhere auto passes over it without a
     word, since it is no faster rung there, and its `unsupported` says why to a named call.
     """
@@ -74,9 +76,10 @@ def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: An
         if not rung.auto or (rung.platforms is not None and backend() not in rung.platforms):
             continue
         if rung.auto_platforms is not None and backend() not in rung.auto_platforms:
-            reasons.append(f"{rung.name}: not chosen automatically on {backend()} (only on "
-                           f"{', '.join(rung.auto_platforms)}; implementation="
-                           f"{rung.name!r} runs it)")
+            where = (f"only on {', '.join(rung.auto_platforms)}" if rung.auto_platforms
+                     else "on no platform yet: not yet run on one")
+            reasons.append(f"{rung.name}: not chosen automatically on {backend()} ({where}; "
+                           f"implementation={rung.name!r} runs it)")
             continue
         reason = rung.unsupported(*args, **kwargs)
         if reason is None:

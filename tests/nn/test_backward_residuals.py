@@ -135,3 +135,21 @@ def test_gated_rms_norm_keeps_only_its_bf16_inputs(norm_before_gate, capsys):
     norm32 = GatedRMSNorm(2 * D, group_size=D, norm_before_gate=norm_before_gate)
     check_reverse_matches_forward(lambda x, z: norm32(x, z), x.astype(jnp.float32),
                                   z.astype(jnp.float32))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_short_conv_keeps_only_its_bf16_input(packed, capsys):
+    """The convolution's XLA rung recomputes its shifted, masked float32 terms and SiLU in the
+    backward: it keeps x (bf16), not ≈ 3K float32 copies of it; its gradients still equal
+    forward-mode derivatives."""
+    from hybrid_jax.nn.layers import ShortConv
+
+    conv = ShortConv(D, 4, rngs=nnx.Rngs(0), use_bias=True, dtype=jnp.bfloat16,
+                     param_dtype=jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(1), (2, 5, D), jnp.bfloat16)
+    ids = jnp.asarray([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]]) if packed else None
+    saved = saved_shapes(lambda x: conv(x, ids), x, capsys=capsys)
+    activations = [entry for entry in saved if entry[1][:2] == (2, 5) and entry[0] != "i32"]
+    assert activations == [("bf16", (2, 5, D))], saved  # (besides the segment ids and w, b)
+    conv32 = ShortConv(D, 4, rngs=nnx.Rngs(0), use_bias=True)
+    check_reverse_matches_forward(lambda x: conv32(x, ids), x.astype(jnp.float32))
