@@ -127,7 +127,8 @@ def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
             times.append((time.perf_counter() - start) * 1e3)
         train_ms = statistics.median(times)
         forward_ms = time_compiled(forward, state, batch, warmup=1, iters=steps)
-    flops, tokens_per_step = step_flops(experiment.model, seq_len), batch_size * seq_len
+    flops = step_flops(experiment.model, seq_len, ts.params)  # no second trace of the init
+    tokens_per_step = batch_size * seq_len
     training = flops.training_per_token()  # the model count; one document per row here
 
     def per_device(flops_per_token: float, ms: float) -> float:  # TFLOP/s per device

@@ -79,9 +79,12 @@ class Prober:
         self.last: dict[str, Any] | None = None  # the last probe that ran
 
     def flops(self, length: int) -> float:
+        from flax import nnx
+
         from hybrid_jax.flops import step_flops
 
-        return step_flops(self.config, length).training_per_token() * length
+        params = nnx.filter_state(self.host_state[0], nnx.Param)  # no second trace
+        return step_flops(self.config, length, params).training_per_token() * length
 
     def predicted_step_s(self, length: int) -> float | None:
         if self.last is None:

@@ -106,6 +106,7 @@ class Built:
     host: list[dict[str, np.ndarray]]  # the batches as numpy (segment ids for the FLOPs)
     batches: list[dict[str, jax.Array]]
     info: dict  # compile_s, mem_GiB, remat, document statistics
+    params: Any  # the model's parameters, shapes only (for the FLOP count: no second trace)
 
 
 def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, scan: bool,
@@ -142,15 +143,16 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
             step = make_train_step(ts).lower(ts.state, batches[0]).compile()
             info["compile_s"] = time.perf_counter() - start
             info["mem_GiB"] = _memory_gib(step)
-    return Built(config, step, ts.state, host, batches, info)
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), ts.params)
+    return Built(config, step, ts.state, host, batches, info, params)
 
 
 def flops_columns(config: ModelConfig, host: list[dict[str, np.ndarray]], seconds: float,
-                  peak: float | None, matmul_tflops: float) -> dict:
+                  peak: float | None, matmul_tflops: float, params: Any = None) -> dict:
     """TFLOP/s by the model count (attention within the batches' documents) and MFU by 6N and
     by the model count, against the dense peak and the same-run matmul (`hybrid_jax.flops`)."""
     batch, length = host[0]["inputs"].shape
-    flops = step_flops(config, length)
+    flops = step_flops(config, length, params)
     model = float(np.mean([flops.training_per_token(b.get("segment_ids")) for b in host]))
     per_s = batch * length / seconds
     row = {"tflops": model * per_s / 1e12, "tflops_6n": flops.six_n * per_s / 1e12}
@@ -184,7 +186,7 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
         seconds = (time.perf_counter() - start) / steps
         row.update(step_ms=seconds * 1e3, tokens_per_s=batch * length / seconds, loss=loss,
                    **flops_columns(built.config, built.host, seconds, args.peak,
-                                   args.matmul_tflops))
+                                   args.matmul_tflops, built.params))
     except Exception as e:  # noqa: BLE001  (out of memory and the like: report, go on)
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     print(json.dumps(row), flush=True)

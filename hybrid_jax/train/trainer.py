@@ -77,6 +77,12 @@ class TrainState:
     def model(self) -> LanguageModel:
         return nnx.merge(self.graphdef, self.state)[0]
 
+    @property
+    def params(self) -> nnx.State:
+        """The model's parameters (e.g. for `hybrid_jax.flops.step_flops`, which reads shapes:
+        those of donated, deleted arrays too)."""
+        return nnx.filter_state(self.state[0], nnx.Param)
+
 
 class AbstractTrainState(NamedTuple):
     """A run's model and optimizer traced once, shapes only: initialising (`init`, replayed in
