@@ -19,6 +19,7 @@ import argparse
 import collections
 import contextlib
 import io
+import math
 import re
 
 import jax
@@ -65,7 +66,7 @@ def block_residuals(name: str, layer: int = 0, length: int = 128, dtype: str = "
         source = function.group(1) if function else ("argument" if "argument" in where
                                                       else where[:60])
         entry = sums[(source, kind)]
-        entry[0] += _BYTES.get(kind, 4) * int(jnp.prod(jnp.asarray(shape[2:] or [1])))
+        entry[0] += _BYTES.get(kind, 4) * math.prod(shape[2:])
         entry[1] += 1
     rows = [{"source": s, "dtype": k, "bytes_per_token": b, "arrays": n}
             for (s, k), (b, n) in sums.items()]

@@ -33,6 +33,7 @@ from experiments.benchmarks.timing import (
     CALLS,
     device_name,
     print_table,
+    relative_error,
     run_parts,
     time_compiled,
 )
@@ -92,11 +93,6 @@ def fwd_and_vjp(fn):
     return jax.jit(fn), jax.jit(grads)
 
 
-def _rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
@@ -122,7 +118,7 @@ def part_check(args) -> list[dict]:
             for name, got, want in zip(("y", "dx", "dw", "db"), outs["pallas"], outs["xla"],
                                        strict=True):
                 if want is not None:
-                    row[name] = _rel(got, want)
+                    row[name] = relative_error(got, want)
             row["passed"] = all(row[n] < TOLERANCE for n in ("y", "dx", "dw", "db") if n in row)
         rows.append(row)
         print(row, flush=True)

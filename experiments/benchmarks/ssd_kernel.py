@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.benchmarks.timing import measure, print_table, time_compiled
+from experiments.benchmarks.timing import measure, print_table, relative_error, time_compiled
 from hybrid_jax.ops.ssd import ssd
 from pallas_kernels.ssd import api, gpu
 from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
@@ -65,11 +65,6 @@ def _values_and_grads(impl: str, inputs, ids, weights, dtype):
     return run(inputs)
 
 
-def _rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def part_check() -> list[dict]:
     rows = []
     for batch, length, heads, groups, P, N, documents in CHECKS:
@@ -86,8 +81,8 @@ def part_check() -> list[dict]:
         with jax.default_matmul_precision("highest"):
             (y_ref, final_ref), grads_ref = _values_and_grads("reference", inputs, ids, weights,
                                                               jnp.float32)
-        row.update(y=_rel(y, y_ref), final=_rel(final, final_ref))
-        row.update({f"d{n}": _rel(g, r) for n, g, r in zip(GRAD_NAMES, grads, grads_ref,
+        row.update(y=relative_error(y, y_ref), final=relative_error(final, final_ref))
+        row.update({f"d{n}": relative_error(g, r) for n, g, r in zip(GRAD_NAMES, grads, grads_ref,
                                                          strict=True)})
         errors = [row["y"], row["final"], *(row[f"d{n}"] for n in GRAD_NAMES)]
         row["pass"] = bool(max(errors) < 1e-2)

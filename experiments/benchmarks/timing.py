@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmark scripts: compiled fwd / fwd+bwd, medians, tables."""
+"""Timing helpers shared by the benchmark scripts: compiled fwd / fwd+bwd, medians, tables,
+the relative error of their GPU checks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 CALLS = 5
 """Back-to-back calls per timed repeat of the op benchmarks (`measure`, and the fla peer's
@@ -137,3 +139,9 @@ def run_parts(parts: dict[str, Callable[[Any], Any]], names: str, args: Any, out
             results[part] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
         write_json(out, benchmark, [], **extra, **results)
     return results
+
+
+def relative_error(a, b) -> float:
+    """‖a − b‖ / ‖b‖ in float64 (a GPU check's bf16 result `a` against its reference `b`)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))

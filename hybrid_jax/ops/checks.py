@@ -48,6 +48,12 @@ def check_floating(op: str, **arrays: jax.Array | None) -> None:
             raise ValueError(f"{op}: {name} must be a floating-point array, got dtype {x.dtype}")
 
 
+def check_integer(op: str, **arrays: jax.Array | None) -> None:
+    for name, x in arrays.items():
+        if x is not None and not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"{op}: {name} must be integers, got dtype {x.dtype}")
+
+
 def check_divides(op: str, what: str, divisor: int, total: int) -> None:
     if divisor <= 0 or total % divisor:
         raise ValueError(f"{op}: {what}: {divisor} does not divide {total}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.checks import check_dims
+from hybrid_jax.ops.checks import check_dims, check_integer
 
 RESET_LOG_DECAY = -120.0
 
@@ -31,9 +31,7 @@ def document_starts(op: str, segment_ids: jax.Array | None, batch: int, length: 
     if segment_ids is None:
         return None
     check_dims(op, {"B": batch, "T": length}, segment_ids=(segment_ids, "BT"))
-    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-        raise ValueError(f"{op}: segment_ids must be integers, got dtype "
-                         f"{segment_ids.dtype}")
+    check_integer(op, segment_ids=segment_ids)
     return jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool),
                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
 
