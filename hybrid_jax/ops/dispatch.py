@@ -35,9 +35,9 @@ class Rung:
     limits automatic selection to those platforms (a kernel measured on some only; `()`: a
     kernel tested in interpret mode that has not yet run on an accelerator, whose fallback is
     then logged with that reason), while a named `implementation=` still runs it wherever it is
-    supported. `platforms`: the only ones
-    it runs on at all (cuDNN on GPUs, a TPU kernel); elsewhere auto passes over it without a
-    word, since it is no faster rung there, and its `unsupported` says why to a named call.
+    supported. `platforms`: the only ones it runs on at all (cuDNN on GPUs, a TPU kernel);
+    elsewhere auto passes over it without a word, since it is no faster rung there, and its
+    `unsupported` says why to a named call.
     """
 
     name: str

@@ -4,8 +4,9 @@
 
 per channel, in float32, where an input before the row or of another document (segment ids)
 counts as zero, so packed sequences do not leak; act is SiLU or none. Rungs: "pallas" (the
-kernels of `pallas_kernels/short_conv`, GPUs only, chosen automatically there) and "xla"
-(K shifted multiply-adds that XLA fuses). y has x's dtype.
+kernels of `pallas_kernels/short_conv`, GPUs only; run when named, not chosen automatically
+until their first GPU check) and "xla" (K shifted multiply-adds that XLA fuses). y has x's
+dtype.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.checks import check_dims, check_floating
+from hybrid_jax.ops.checks import check_dims, check_floating, check_integer
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.short_conv import api as pallas_short_conv
@@ -45,8 +46,8 @@ def short_conv(
       head_channels: the channels are heads (× head dims) that the `tensor` mesh axis splits,
         as in `hybrid_jax.sharding`; the "pallas" rung then runs on each device's channels.
         Else every device convolves all of them (on its batch rows).
-      implementation: "xla", "pallas" or None (auto: "pallas" on a GPU where the kernels take
-        the call, else "xla", logged on an accelerator).
+      implementation: "xla", "pallas" or None (auto: "xla" for now, logging on a GPU that the
+        kernels are not yet chosen there; see `_RUNGS`).
 
     Returns:
       `[B, T, C]` in x's dtype.
@@ -54,10 +55,7 @@ def short_conv(
     optional = dict(bias=(bias, "C"), segment_ids=(segment_ids, "BT"))
     sizes = check_dims(_OP, {}, x=(x, "BTC"), weight=(weight, "KC"),
                        **{name: a for name, a in optional.items() if a[0] is not None})
-    if segment_ids is not None:
-        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-            raise ValueError(f"{_OP}: segment_ids must be integers, got dtype "
-                             f"{segment_ids.dtype}")
+    check_integer(_OP, segment_ids=segment_ids)
     check_floating(_OP, x=x, weight=weight, bias=bias)
     if sizes["K"] < 1:
         raise ValueError(f"{_OP}: weight needs at least one tap, got shape {weight.shape}")
