@@ -3,7 +3,7 @@ GPU kernels by total time, packed text against unpacked random tokens.
 
     python -m experiments.benchmarks.profile_step [--model transformer-125m] [--length 2048]
         [--tokens 32768] [--data wikitext2_bpe32k.npz] [--modes packed,unpacked] [--steps 5]
-        [--attention pallas] [--top 25] [--trace-dir DIR] [--out profile_step.json]
+        [--attention pallas] [--conv pallas] [--no-scan] [--top 25] [--trace-dir DIR] [--out profile_step.json]
         [--process REGEX --thread REGEX]   (which trace rows; default the GPU streams)
 
 Each mode builds the step exactly as `train_throughput.py` does (`build_step`: any preset, the
@@ -35,8 +35,8 @@ from experiments.benchmarks.train_throughput import build_step
 
 def profile_mode(args, mode: str, trace_dir: Path) -> dict:
     built = build_step(args.model, args.length, tokens=args.tokens, data=args.data,
-                       remat=args.remat, scan=True, packed=mode == "packed",
-                       attention=args.attention)
+                       remat=args.remat, scan=args.scan, packed=mode == "packed",
+                       attention=args.attention, conv=args.conv)
     step, batches = built.step, built.batches
 
     def run(state, steps):
@@ -89,7 +89,10 @@ def main():
     parser.add_argument("--modes", default="packed,unpacked")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--remat", default="none")
+    parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=True,
+                        help="scan the layers (as train_throughput does by default)")
     parser.add_argument("--attention", default=None, help="force an ops.attention rung")
+    parser.add_argument("--conv", default=None, help="force an ops.short_conv rung")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace-dir", default="")
     parser.add_argument("--process", default=trace_summary.GPU_PROCESS,

@@ -45,6 +45,7 @@ from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig, layer
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.flops import device_peak_flops, step_flops
+from hybrid_jax.registry import BLOCKS
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
 
@@ -96,6 +97,17 @@ def with_attention(config: ModelConfig, implementation: str | None) -> ModelConf
         if spec.type == "attention" else spec for spec in config.layers))
 
 
+def with_conv(config: ModelConfig, implementation: str | None) -> ModelConfig:
+    """`config` with the short convolutions of every layer that has them (GDN, Mamba, NHA,
+    Oryx: a `conv_implementation` option) forced to an `ops.short_conv` implementation."""
+    if implementation is None:
+        return config
+    return config.replace(layers=tuple(
+        layer(spec.type, **{**dict(spec.options), "conv_implementation": implementation})
+        if "conv_implementation" in BLOCKS.get(spec.type).options.__dataclass_fields__
+        else spec for spec in config.layers))
+
+
 @dataclasses.dataclass
 class Built:
     """A compiled train step of one benchmark row, its state and its batches."""
@@ -110,10 +122,10 @@ class Built:
 
 
 def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, scan: bool,
-               packed: bool, attention: str | None = None) -> Built:
+               packed: bool, attention: str | None = None, conv: str | None = None) -> Built:
     """The trainer's own `init_train_state` / `make_train_step` for a benchmark row, compiled,
     with 4 batches on the device (module docstring: packed text from `data`, or synthetic)."""
-    config = with_attention(model_config(name), attention).replace(
+    config = with_conv(with_attention(model_config(name), attention), conv).replace(
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=remat,
         scan_layers=scan)
     batch = max(tokens // length, 1)
@@ -168,11 +180,11 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
     scan = args.scan if scan is None else scan
     batch = max(args.tokens // length, 1)
     row = {"model": name, "T": length, "B": batch, "scan": scan, "remat": args.remat,
-           "attn": attention or "auto",
+           "attn": attention or "auto", "conv": args.conv or "auto",
            "data": ("text" if args.data else "synthetic") if packed else "random, unpacked"}
     try:
         built = build_step(name, length, tokens=args.tokens, data=args.data, remat=args.remat,
-                           scan=scan, packed=packed, attention=attention)
+                           scan=scan, packed=packed, attention=attention, conv=args.conv)
         row.update(built.info)
         state, step, batches = built.state, built.step, built.batches
         for i in range(2):
@@ -242,6 +254,8 @@ def main():
     parser.add_argument("--unscanned", default="", help="models to rerun at the first length "
                         "unscanned on unpacked random tokens (cuDNN, so the compile is short): "
                         "the layer scan's cost")
+    parser.add_argument("--conv", default=None,
+                        help="force an ops.short_conv rung in every layer that has short convs")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--out", default="train_throughput.json")

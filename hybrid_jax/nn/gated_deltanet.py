@@ -49,6 +49,7 @@ class GatedDeltaNetOptions:
     chunk_size: int = 64  # of the chunked gated delta rule
     use_short_conv: bool = True
     implementation: str | None = None  # of hybrid_jax.ops.gated_delta_rule
+    conv_implementation: str | None = None  # of hybrid_jax.ops.short_conv ("xla", "pallas")
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "conv_size", "chunk_size"):
@@ -124,7 +125,8 @@ class GatedDeltaNetMixer(nnx.Module):
         self.a_proj = Linear(d, h, axes=("embed", "heads"), **kw)
         self.b_proj = Linear(d, h, axes=("embed", "heads"), **kw)
         conv = functools.partial(ShortConv, size=options.conv_size, axis="heads", rngs=rngs,
-                                 dtype=self.dtype, param_dtype=pdtype)
+                                 dtype=self.dtype, param_dtype=pdtype,
+                                 implementation=options.conv_implementation)
         use_conv = options.use_short_conv
         self.q_conv = part("q_conv", lambda: conv(h * k)) if use_conv else None
         self.k_conv = part("k_conv", lambda: conv(h * k)) if use_conv else None

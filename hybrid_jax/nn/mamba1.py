@@ -47,6 +47,7 @@ class Mamba1Options:
     dt_max: float = 0.1
     dt_init_floor: float = 1e-4
     implementation: str | None = None  # of hybrid_jax.ops.selective_scan
+    conv_implementation: str | None = None  # of hybrid_jax.ops.short_conv ("xla", "pallas")
 
     def __post_init__(self) -> None:
         for name in ("expand", "state_size", "conv_size", "chunk_size"):
@@ -104,7 +105,8 @@ class Mamba1Mixer(nnx.Module):
         self.x_proj = Linear(d, e, axes=("embed", "mlp"), **kw)
         self.z_proj = Linear(d, e, axes=("embed", "mlp"), **kw)
         self.conv = ShortConv(e, options.conv_size, axis="mlp", rngs=rngs, use_bias=True,
-                              dtype=self.dtype, param_dtype=pdtype)
+                              dtype=self.dtype, param_dtype=pdtype,
+                              implementation=options.conv_implementation)
         self.dt_low = Linear(e, r, axes=("mlp", None), **kw)
         self.b_proj = Linear(e, n, axes=("mlp", "state"), **kw)
         self.c_proj = Linear(e, n, axes=("mlp", "state"), **kw)

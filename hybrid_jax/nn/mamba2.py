@@ -58,6 +58,7 @@ class Mamba2Options:
     conv_activation: bool = True  # SiLU after the short convs
     gated_norm: bool = True  # out = W_out·RMSNorm_G(y ⊙ silu(z)); False: W_out·y (no z)
     implementation: str | None = None  # of hybrid_jax.ops.ssd.ssd
+    conv_implementation: str | None = None  # of hybrid_jax.ops.short_conv ("xla", "pallas")
 
     def __post_init__(self) -> None:
         for name in ("expand", "ssm_head_dim", "state_size", "n_groups", "conv_size",
@@ -139,7 +140,8 @@ class Mamba2Mixer(nnx.Module):
         self.c_proj = Linear(d, (g, n), axes=("embed", None, "state"), **kw)
         self.dt_proj = Linear(d, h, axes=("embed", "heads"), **kw)
         conv_kw = dict(rngs=rngs, use_bias=True, activation=options.conv_activation,
-                       dtype=self.dtype, param_dtype=pdtype)
+                       dtype=self.dtype, param_dtype=pdtype,
+                       implementation=options.conv_implementation)
         self.x_conv = ShortConv(h * p, options.conv_size, axis="heads", **conv_kw)
         self.b_conv = ShortConv(g * n, options.conv_size, **conv_kw)
         self.c_conv = ShortConv(g * n, options.conv_size, **conv_kw)

@@ -80,6 +80,7 @@ class NHAOptions:
     empty_slots: str = "mask"  # "sink": the original code's zero-value sinks (see the op)
     chunk_size: int = 64  # of the chunked form, a power of two
     implementation: str | None = None  # of hybrid_jax.ops.native_hybrid_attention
+    conv_implementation: str | None = None  # of hybrid_jax.ops.short_conv ("xla", "pallas")
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "num_slots", "conv_size", "chunk_size"):
@@ -148,7 +149,8 @@ class NHAMixer(nnx.Module):
         self.f_proj = Linear(d, (g, m), axes=("embed", "kv_heads", "slots"), **kw)
         self.q_conv, self.k_conv, self.v_conv = (
             ShortConv(channels, options.conv_size, rngs=rngs, axis=axis, dtype=self.dtype,
-                      param_dtype=param_dtype(config)) if options.short_conv else None
+                      param_dtype=param_dtype(config),
+                      implementation=options.conv_implementation) if options.short_conv else None
             for channels, axis in ((h * k, "heads"), (g * k, "kv_heads"), (g * k, "kv_heads")))
         self.rope = RoPE(theta=options.rope_theta, fraction=options.rope_fraction,
                          scaling=options.rope_scaling)

@@ -114,6 +114,7 @@ class OryxOptions:
     rope_fraction: float = 1.0  # of the attention mode's RoPE (AttentionOptions)
     rope_scaling: tuple[float, float, float, float] | None = None
     implementation: str | None = None  # of the linear mixer's op
+    conv_implementation: str | None = None  # of hybrid_jax.ops.short_conv ("xla", "pallas")
     default_mode: str = "attention"  # of every token when the context has no "mode" extra
 
     def __post_init__(self) -> None:
@@ -133,11 +134,13 @@ class OryxOptions:
         if self.linear_mixer == "mamba2":
             return Mamba2Options(**{f: getattr(self, f) for f in MAMBA2_FIELDS},
                                  conv_size=self.conv_size, chunk_size=self.chunk_size,
-                                 implementation=self.implementation)
+                                 implementation=self.implementation,
+                                 conv_implementation=self.conv_implementation)
         return GatedDeltaNetOptions(num_heads=self.num_heads, head_dim=self.head_dim,
                                     expand_v=self.expand_v, conv_size=self.conv_size,
                                     chunk_size=self.chunk_size,
-                                    implementation=self.implementation)
+                                    implementation=self.implementation,
+                                    conv_implementation=self.conv_implementation)
 
     def attention_options(self) -> AttentionOptions:
         rope = dict(rope_theta=self.rope_theta, rope_fraction=self.rope_fraction,

@@ -222,3 +222,17 @@ def test_diagnostics_are_recorded_only_when_asked():
     assert diagnostics.collect(model) == {}  # popped
     assert sorted(diagnostics.scalars(reported)) == ["diag/blocks.0.mixing_attention",
                                                      "diag/blocks.0.mixing_ffn"]
+
+
+@pytest.mark.parametrize("spec", [
+    layer("gdn"), layer("mamba2"), layer("mamba1"), layer("nha", short_conv=True),
+    layer("oryx", linear_mixer="gdn"), layer("oryx", linear_mixer="mamba2")],
+    ids=["gdn", "mamba2", "mamba1", "nha", "oryx-gdn", "oryx-mamba2"])
+def test_conv_implementation_reaches_every_short_conv(spec):
+    """A mixer's `conv_implementation` option is the rung its short convs ask `ops.short_conv`
+    for (the benchmarks' `--conv`): an unknown one is refused by the op, naming it."""
+    spec = layer(spec.type, **{**dict(spec.options), "conv_implementation": "fused"})
+    config = ModelConfig(layers=(spec,), d_model=32, num_heads=2, vocab_size=64)
+    model = hj.create_model(config)
+    with pytest.raises(ValueError, match="short_conv: implementation='fused' is not available"):
+        model(jnp.zeros((1, 8), jnp.int32))
