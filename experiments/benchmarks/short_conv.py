@@ -182,7 +182,7 @@ def part_table(args) -> list[dict]:
 # --- sweep -----------------------------------------------------------------------------------
 
 # Likelier winners first: a sweep cut off by the budget keeps those.
-FORWARD_KNOBS = dict(block_t=(32, 128, 16), block_c=(64, 256), num_warps=(8, 2))
+FORWARD_KNOBS = dict(block_t=(32, 8), block_c=(64, 256), num_warps=(4, 1))
 BACKWARD_KNOBS = dict(backward_block_t=(32, 8), backward_block_c=(64, 256),
                       backward_num_warps=(8, 2), backward_steps=(16, 4),
                       backward_num_stages=(1, 3))

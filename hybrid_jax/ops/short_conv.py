@@ -4,9 +4,9 @@
 
 per channel, in float32, where an input before the row or of another document (segment ids)
 counts as zero, so packed sequences do not leak; act is SiLU or none. Rungs: "pallas" (the
-kernels of `pallas_kernels/short_conv`, GPUs only; run when named, not chosen automatically
-until their first GPU check) and "xla" (K shifted multiply-adds that XLA fuses). y has x's
-dtype.
+kernels of `pallas_kernels/short_conv`, GPUs only, chosen automatically there: 1.1-1.6x the
+XLA rung at the models' shapes, BENCHMARKS.md) and "xla" (K shifted multiply-adds that XLA
+fuses). y has x's dtype.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def short_conv(
       head_channels: the channels are heads (× head dims) that the `tensor` mesh axis splits,
         as in `hybrid_jax.sharding`; the "pallas" rung then runs on each device's channels.
         Else every device convolves all of them (on its batch rows).
-      implementation: "xla", "pallas" or None (auto: "xla" for now, logging on a GPU that the
-        kernels are not yet chosen there; see `_RUNGS`).
+      implementation: "xla", "pallas" or None (auto: "pallas" on a GPU where the kernels take
+        the call, else "xla"; a GPU fallback is logged once per shape with its reason).
 
     Returns:
       `[B, T, C]` in x's dtype.
@@ -106,8 +106,7 @@ def _pallas_unsupported(x, weight, bias, *, segment_ids, activation, head_channe
 
 
 _RUNGS = (
-    # Not chosen automatically until its first GPU check and timing (`experiments/benchmarks/
-    # short_conv.py`): tested in interpret mode and by its Triton lowering only.
-    Rung("pallas", short_conv_pallas, _pallas_unsupported, platforms=("gpu",), auto_platforms=()),
+    # Checked and timed on an H200 (`experiments/benchmarks/short_conv.py`, session 9).
+    Rung("pallas", short_conv_pallas, _pallas_unsupported, platforms=("gpu",)),
     Rung("xla", short_conv_xla),
 )

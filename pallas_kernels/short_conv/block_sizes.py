@@ -17,11 +17,11 @@ class BlockSizes:
       (the loop's software pipelining).
     """
 
-    block_t: int = 64
+    block_t: int = 16
     block_c: int = 128
-    num_warps: int = 4
-    backward_block_t: int = 16
-    backward_block_c: int = 128
+    num_warps: int = 2
+    backward_block_t: int = 8
+    backward_block_c: int = 64
     backward_steps: int = 8
     backward_num_warps: int = 4
     backward_num_stages: int = 2
@@ -46,10 +46,11 @@ class BlockSizes:
 
 
 def default_block_sizes() -> BlockSizes:
-    """GPU defaults: not yet measured (the first H200 run of
-    `experiments/benchmarks/short_conv.py --parts sweep` replaces them; NOTES.md). Chosen for
-    the registers: the forward keeps one float32 accumulator tile live (64 × 128 over 4 warps:
-    64 elements a thread), the backward ~K + 3 tiles (16 × 128 over 4 warps: 16 a thread, ~110
-    registers, so 4 programs fit an SM); 8 steps of 16 rows a backward program leave
-    [B, T/128, K, C] float32 partial sums of dw (6 MiB at [4, 8192, 1536]), 3072 programs."""
+    """GPU defaults from the H200 sweep (session 9, 2026-12-02, `short_conv.py --parts sweep`
+    at [4, 8192, 1536], 3 documents a row, one knob at a time from 16 × 128 tiles; NOTES.md).
+    Forward: 16 × 128 over 2 warps (0.115 ms; 4 warps 0.143; 64 channels 0.111, within the
+    noise, not taken). Backward: 8 × 64 over 4 warps, 8 steps a program (16 × 128: 0.565 ms;
+    8 rows 0.468, 64 channels 0.434; the op's fwd+bwd 0.643 → 0.544 ms with both). Its ~2K + 3
+    float32 tiles (dw / db summed as tiles over the loop, reduced once at its end) fit in
+    registers. Partial sums of dw: [B, T/64, K, C] float32."""
     return BlockSizes()

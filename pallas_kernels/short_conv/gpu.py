@@ -11,8 +11,9 @@ XLA and the shifted reads of neighbouring offsets hit the L1/L2 caches.
 - backward, per (run of time tiles, channel tile, batch row), looping over its tiles:
   g_u = dy_u ⊙ act'(z_u) for u = t .. t+K−1, the pre-activations z_u recomputed from x (nothing
   but the inputs is saved), dx_t = Σ_j w_j ⊙ g_{t+j} [same document], and the partial sums
-  dw_i = Σ_t g_t ⊙ x_{t−i} [same document], db = Σ_t g_t of the run (summed over the runs and
-  the batch in XLA). Without an activation g = dy and no z is formed.
+  dw_i = Σ_t g_t ⊙ x_{t−i} [same document], db = Σ_t g_t of the run, kept as tiles over the
+  loop and reduced over rows once at its end (summed over the runs and the batch in XLA).
+  Without an activation g = dy and no z is formed.
 
 Triton cannot shift a register tile by a row, so z and g at the K offsets are recomputed from
 shifted loads: K² multiply-adds and K sigmoids per element in the backward (NOTES.md: this,
@@ -196,21 +197,20 @@ def _backward_kernel(*refs, st: Static, steps: int):
             if st.activation:
                 z = bias + sum(w[lag] * same(u, lag, x(u - lag)) for lag in range(K))
                 g = g * _silu_grad(z)
-            if u == 0:
-                dw = tuple(dw[lag] + jnp.sum(g * same(0, lag, x(-lag)), axis=0)
-                           for lag in range(K))
-                db = db + jnp.sum(g, axis=0)
+            if u == 0:  # tile-shaped sums: one reduction over rows per program, not a step
+                dw = tuple(dw[lag] + g * same(0, lag, x(-lag)) for lag in range(K))
+                db = db + g
             dx = dx + w[u] * same(u, u, g)
         tile.write(dx_ref, dx)
         return dw, db
 
-    zeros = jnp.zeros((BC,), F32)
+    zeros = jnp.zeros((BT, BC), F32)
     dw, db = lax.fori_loop(0, steps, step, ((zeros,) * K, zeros))
     inside = cols[0] < channels
     for lag in range(K):
-        pltriton.store(dw_ref.at[b, run, lag, cols[0]], dw[lag], mask=inside)
+        pltriton.store(dw_ref.at[b, run, lag, cols[0]], jnp.sum(dw[lag], axis=0), mask=inside)
     if st.bias:
-        pltriton.store(outs[2].at[b, run, cols[0]], db, mask=inside)
+        pltriton.store(outs[2].at[b, run, cols[0]], jnp.sum(db, axis=0), mask=inside)
 
 
 def backward(x, weight, bias, segment_ids, dy, st: Static):

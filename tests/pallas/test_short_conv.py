@@ -199,27 +199,26 @@ def test_op_checks_its_inputs():
         ops.short_conv(x, w, implementation="pallas")
 
 
-def test_dispatch_names_the_kernels_on_a_gpu_until_they_have_run_there(monkeypatch, caplog):
-    """Until their first GPU check, auto takes the XLA rung on a GPU too and logs why; a named
-    `implementation="pallas"` takes the kernels for the benchmark's packed bf16 shapes, and
-    refuses K > 8 naming the reason; on the CPU auto is the XLA rung without a word."""
+def test_dispatch_takes_the_kernels_on_a_gpu_and_logs_a_fallback(monkeypatch, caplog):
+    """On a GPU auto takes the kernels for the benchmark's packed bf16 shapes; where they cannot
+    run the call (K > 8) it falls to the XLA rung and logs why, and a named
+    `implementation="pallas"` refuses naming the reason; on the CPU auto is the XLA rung
+    without a word."""
     spec = jax.ShapeDtypeStruct
     x, ids = spec((4, 8192, 1536), jnp.bfloat16), spec((4, 8192), jnp.int32)
     kwargs = dict(segment_ids=ids, activation=True, head_channels=True)
-    w = spec((4, 1536), jnp.float32)
+    w, w9 = spec((4, 1536), jnp.float32), spec((9, 1536), jnp.float32)
     assert dispatch.choose("short_conv", _RUNGS, None, x, w, None, **kwargs) == (_RUNGS[1], [])
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    rung, reasons = dispatch.choose("short_conv", _RUNGS, None, x, w, None, **kwargs)
-    assert rung.name == "xla" and "not yet run on one" in reasons[0]
-    assert dispatch.choose("short_conv", _RUNGS, "pallas", x, w, None, **kwargs)[0].name == (
-        "pallas")
+    assert dispatch.choose("short_conv", _RUNGS, None, x, w, None, **kwargs) == (_RUNGS[0], [])
+    rung, reasons = dispatch.choose("short_conv", _RUNGS, None, x, w9, None, **kwargs)
+    assert rung.name == "xla" and "must be in 1..8, got 9" in reasons[0]
     dispatch._LOGGED.clear()
     with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"):
-        jax.eval_shape(lambda x, w, ids: ops.short_conv(x, w, segment_ids=ids), x, w, ids)
-    assert "ran the xla rung" in caplog.text and "not yet run on one" in caplog.text
+        jax.eval_shape(lambda x, w, ids: ops.short_conv(x, w, segment_ids=ids), x, w9, ids)
+    assert "ran the xla rung" in caplog.text and "must be in 1..8, got 9" in caplog.text
     with pytest.raises(ValueError, match="must be in 1..8, got 9"):
-        dispatch.choose("short_conv", _RUNGS, "pallas", x, spec((9, 1536), jnp.float32), None,
-                        **kwargs)
+        dispatch.choose("short_conv", _RUNGS, "pallas", x, w9, None, **kwargs)
 
 
 def test_default_tiles_are_valid():
