@@ -20,6 +20,7 @@ from hybrid_jax.cache import LMCache, check_cache_fresh, check_cache_room, check
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
+from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.layers import Embedding, Linear, param
 from hybrid_jax.ops.dispatch import KERNEL_RESIDUALS
 from hybrid_jax.registry import block_type
@@ -292,5 +293,6 @@ def create_model(config: ModelConfig, *, seed: int = 0, mesh: Mesh | None = None
     graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: LanguageModel(config,
                                                                               rngs=nnx.Rngs(seed))))
     out_shardings = None if mesh is None else state_shardings(abstract_state, mesh)
-    state = jax.jit(init, out_shardings=out_shardings)()
+    with fast_random_compile(mesh):
+        state = jax.jit(init, out_shardings=out_shardings)()
     return nnx.merge(graphdef, state)

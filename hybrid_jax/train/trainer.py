@@ -46,6 +46,7 @@ from hybrid_jax.distributed import is_main_process
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.modes import batch_modes, with_modes
 from hybrid_jax.nn import diagnostics
+from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.nn.oryx import ATTENTION, MODE
 from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
@@ -124,7 +125,7 @@ def init_train_state(experiment: ExperimentConfig, mesh: Mesh,
         abstract = _abstract_train_state(experiment, mesh)
     graphdef, state, shardings, jaxpr = abstract
     structure = jax.tree.structure(state)
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), fast_random_compile(mesh):
         state = jax.jit(lambda: jax.tree.unflatten(structure, jaxpr_as_fun(jaxpr)()),
                         out_shardings=shardings)()
     return TrainState(graphdef, state, shardings, mesh)
