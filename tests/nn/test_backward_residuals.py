@@ -153,3 +153,18 @@ def test_short_conv_keeps_only_its_bf16_input(packed, capsys):
     assert activations == [("bf16", (2, 5, D))], saved  # (besides the segment ids and w, b)
     conv32 = ShortConv(D, 4, rngs=nnx.Rngs(0), use_bias=True)
     check_reverse_matches_forward(lambda x: conv32(x, ids), x.astype(jnp.float32))
+
+
+
+def test_mamba2_recurrence_hands_the_gated_norm_its_compute_dtype():
+    """Mamba-2's SSD + D skip is summed in float32 and rounded once to the compute dtype (as
+    mamba_ssm's kernels return it), so the gated norm, which keeps its inputs for the backward
+    (test above), keeps a bf16 y, not a float32 one (mamba2-130m: 25.4 → 22.3 KB a token);
+    float32 models keep float32."""
+    for dtype in ("bfloat16", "float32"):
+        config = ModelConfig(layers=(layer("mamba2", ssm_head_dim=4, state_size=4),),
+                             vocab_size=32, d_model=D, num_heads=2, dtype=dtype)
+        mixer = first_mixer(config)
+        x = jax.random.normal(jax.random.key(2), (2, 5, D), dtype)
+        y, _ = mixer.recurrence(*mixer.features(x)[:4])
+        assert y.dtype == jnp.dtype(dtype) and y.shape == (2, 5, mixer.heads, mixer.head_dim)
