@@ -3,7 +3,8 @@ GPU kernels by total time, packed text against unpacked random tokens.
 
     python -m experiments.benchmarks.profile_step [--model transformer-125m] [--length 2048]
         [--tokens 32768] [--data wikitext2_bpe32k.npz] [--modes packed,unpacked] [--steps 5]
-        [--attention pallas] [--conv pallas] [--no-scan] [--top 25] [--trace-dir DIR] [--out profile_step.json]
+        [--attention pallas] [--conv pallas] [--no-scan] [--top 25] [--trace-dir DIR]
+        [--out profile_step.json]
         [--process REGEX --thread REGEX]   (which trace rows; default the GPU streams)
 
 Each mode builds the step exactly as `train_throughput.py` does (`build_step`: any preset, the
