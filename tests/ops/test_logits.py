@@ -33,14 +33,20 @@ def _value_and_grads(head, x, weight, cotangent):
 
 
 @pytest.mark.parametrize("vocab_axis", [0, 1])
-def test_float32_compute_is_the_plain_product_exactly(vocab_axis):
+def test_float32_compute_is_the_plain_product(vocab_axis):
+    """Float32 compute rounds nothing: the logits are the plain product's bit for bit, and the
+    gradients equal autodiff's to float32 summation order (XLA:CPU may sum the custom VJP's
+    weight gradient in another order than autodiff's transposed product: 1-ulp differences
+    on some host CPUs; a bf16 rounding anywhere would be ~1e-3)."""
     x, weight, cotangent = _inputs(vocab_axis)
     ours = _value_and_grads(lambda x, w: ops.logits(x, w, vocab_axis=vocab_axis,
                                                     dtype=jnp.float32), x, weight, cotangent)
     plain = _value_and_grads(lambda x, w: _plain(x, w, vocab_axis, jnp.float32), x, weight,
                              cotangent)
-    for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(ours[0]), np.asarray(plain[0]))
+    for got, want in zip(jax.tree.leaves(ours[1]), jax.tree.leaves(plain[1]), strict=True):
+        assert got.dtype == want.dtype == jnp.float32
+        assert rel_err(got, want) < 1e-6, rel_err(got, want)
 
 
 @pytest.mark.parametrize("vocab_axis", [0, 1])
