@@ -14,6 +14,7 @@ time    each `--models` preset, unscanned layers (the inference and `--no-scan` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import time
@@ -35,10 +36,7 @@ def _compiled_init(name: str, kernel: bool):
         return nnx.split(LanguageModel(config, rngs=nnx.Rngs(0)))[1]
 
     start = time.perf_counter()
-    if kernel:
-        with fast_random_compile():
-            compiled = jax.jit(init).lower().compile()
-    else:
+    with fast_random_compile() if kernel else contextlib.nullcontext():
         compiled = jax.jit(init).lower().compile()
     return compiled, time.perf_counter() - start
 
