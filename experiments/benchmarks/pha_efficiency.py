@@ -4,14 +4,14 @@ memory at T = 2048 / 8192 / 32768, inference prefill + decode, and a per-branch 
     python -m experiments.benchmarks.pha_efficiency [--lengths 8192,2048,32768]
         [--tokens 32768] [--steps 5] [--parts train,profile,inference] [--time-limit 170]
         [--models pha-180m,attention-only-180m] [--pha-window 512] [--trace-top 20]
-        [--out pha_efficiency.json]
+        [--no-scan] [--out pha_efficiency.json]
 
 1. Training (`train_throughput.run_one`, the trainer's own step): the same global batch of
    `--tokens` tokens per step at every T (batch = tokens / T), synthetic packed documents
    (log-normal lengths, median 1024, with segment ids: the GSS branch runs the chunked DSS
-   rung), vocabulary 32768, bf16 compute, float32 parameters and AdamW state, scanned layers, no
-   remat (a model that would need > 90 % of the device falls back to remat="full", the row
-   says so). Memory is the compiled step's arguments + temporaries.
+   rung), vocabulary 32768, bf16 compute, float32 parameters and AdamW state, scanned layers
+   (`--no-scan`: unrolled), no remat (a model that would need > 90 % of the device falls back
+   to remat="full", the row says so). Memory is the compiled step's arguments + temporaries.
 2. Profile at the first length: forward + backward (gradients w.r.t. the input and the
    parameters) of one block's branches alone and of one whole block (`block(x, ctx)`: branches,
    per-branch norms, mixing, residual) on `[B, T, d_model]` bf16 packed input (pha: gss,
@@ -338,6 +338,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pha-window", type=int, default=0,
                         help="also pha-180m with this sliding window on its attention branch")
     parser.add_argument("--lengths", default="8192,2048,32768")
+    parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=True,
+                        help="training rows with scanned layers (unscanned: slower compile, "
+                        "faster steps on one GPU, BENCHMARKS.md)")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--prompt", type=int, default=2048)
@@ -351,8 +354,9 @@ def main(argv=None) -> int:
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--out", default="pha_efficiency.json")
     args = parser.parse_args(argv)
-    # What train_throughput.run_one reads.
-    args.data, args.scan, args.remat = "", True, "none"
+    # What train_throughput.run_one reads besides --scan, --tokens and --steps (and
+    # matmul_tflops / peak, set below): synthetic documents, no remat, each layer's own conv rung.
+    args.data, args.remat, args.conv = "", "none", None
     start = time.perf_counter()
     over = lambda: time.perf_counter() - start > args.time_limit  # noqa: E731
     lengths = [int(x) for x in args.lengths.split(",")]

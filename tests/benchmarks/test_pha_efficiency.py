@@ -1,9 +1,12 @@
 """pha_efficiency's schedule of parts, its profile steps and its ratios against the baseline."""
 
+import json
+
 import pytest
 
 from experiments.benchmarks.pha_efficiency import (
     block_minus_branches,
+    main,
     plan,
     profile_steps,
     ratios,
@@ -49,3 +52,14 @@ def test_block_minus_branches_per_model():
                                   ["m", "n"], {"m": ("a", "b"), "n": ("c",)})
     assert out["part"] == "m block - sum of branches"
     assert out["fwd_bwd_ms"] == pytest.approx(3.0) and out["temp_MiB"] == pytest.approx(20.0)
+
+
+def test_a_training_row_runs_end_to_end_unscanned(tmp_path):
+    """The script's own argument set drives `train_throughput.run_one` (a field it reads but
+    the script did not set once crashed every training row). Batch 8: the test devices' count."""
+    out = tmp_path / "pe.json"
+    assert main(["--models", "transformer-tiny", "--lengths", "32", "--tokens", "256",
+                 "--steps", "1", "--parts", "train", "--no-scan", "--matmul-size", "128",
+                 "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "error" not in row and row["scan"] is False and row["tokens_per_s"] > 0, row
