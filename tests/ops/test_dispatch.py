@@ -43,3 +43,15 @@ def test_a_rung_of_another_platform_is_no_candidate(monkeypatch):
         dispatch.choose("op", (tpu_kernel, XLA), "splash", 1)
     monkeypatch.setattr(dispatch, "backend", lambda: "tpu")
     assert dispatch.choose("op", (tpu_kernel, XLA), None, 1)[0] is tpu_kernel
+
+
+def test_a_kernel_not_yet_run_anywhere_is_never_automatic(monkeypatch):
+    """`auto_platforms=()`: a kernel tested only in interpret mode; auto passes over it on every
+    platform and says why, a named call runs it."""
+    untried = Rung("pallas", lambda x: "kernel", auto_platforms=())
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    rung, reasons = dispatch.choose("op", (untried, XLA), None, 1)
+    assert rung is XLA and reasons == [
+        "pallas: not chosen automatically on gpu (on no platform yet: not yet run on one; "
+        "implementation='pallas' runs it)"]
+    assert dispatch.choose("op", (untried, XLA), "pallas", 1) == (untried, [])
