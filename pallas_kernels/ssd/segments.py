@@ -81,15 +81,27 @@ def combine(y_local: jax.Array, final_local: jax.Array, log_decay: jax.Array,
     for k in range(1, segments):
         entering.append(decay_BSH[:, k, :, None, None] * entering[-1] + finals[:, k])
     final_state = entering.pop()
-    # Segments 1..S−1: y_t += w_t · S_in C_t, operands in C's dtype, float32 sums (the kernel's
-    # readout of its entering state); head h reads group h // (H/G).
+    # Segments 1..S−1: y_t += w_t · S_in C_t (`_entering_readout`).
     state_BSGRPN = jnp.stack(entering, axis=1).reshape(
         batch, segments - 1, groups, heads // groups, head_dim, state_dim)
-    readout = jnp.einsum("bslgn,bsgrpn->bslgrp", rows(split(C, segments))[:, 1:],
-                         state_BSGRPN.astype(C.dtype), preferred_element_type=F32,
-                         precision=lax.Precision.HIGHEST)
     y = rows(y_local)
-    later = (y[:, 1:].astype(F32) + weight_BSLH[:, 1:, :, :, None]
-             * readout.reshape(y[:, 1:].shape)).astype(y.dtype)
+    term = _entering_readout(rows(split(C, segments))[:, 1:], state_BSGRPN,
+                             weight_BSLH[:, 1:])
+    later = (y[:, 1:].astype(F32) + term.reshape(y[:, 1:].shape)).astype(y.dtype)
     y = lax.dynamic_update_slice_in_dim(y, later, 1, axis=1)
     return y.reshape(batch, length, heads, head_dim), final_state
+
+
+@jax.checkpoint
+def _entering_readout(C_BSLGN, state_BSGRPN, weight_BSLH):
+    """`w_t · S_in C_t` of segments 1..S−1, float32 `[B, S−1, L, G, H/G, P]`: operands in C's
+    dtype, float32 sums (the kernels' readout of their entering state); head h reads group
+    h // (H/G). Recomputed in the backward: kept, the float32 product is the op's largest
+    residual when S > 1 (192 MiB a layer for mamba2-340m at B1 T32768, S = 4: the model's
+    memory grew 16 % from T 8192 to 32768 at the same tokens a step), and it costs one
+    [L, N] × [N, P] product a head to make again."""
+    readout = jnp.einsum("bslgn,bsgrpn->bslgrp", C_BSLGN, state_BSGRPN.astype(C_BSLGN.dtype),
+                         preferred_element_type=F32, precision=lax.Precision.HIGHEST)
+    groups, per_group = state_BSGRPN.shape[2:4]
+    weight = weight_BSLH.reshape(weight_BSLH.shape[:3] + (groups, per_group))
+    return weight[..., None] * readout

@@ -11,11 +11,13 @@ The TPU kernels (`backend="tpu"`) run in TPU interpret mode against the same ref
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
 from hybrid_jax.ops.ssd import ssd as ssd_op
 from pallas_kernels.ssd import api
@@ -139,6 +141,22 @@ def test_sequence_segments_match_reference(segments, packed, with_initial, heads
     inputs = make_inputs(4 + segments, batch=2, length=length, heads=heads, groups=groups)
     check_against_reference(inputs, segment_documents(length) if packed else None,
                             with_initial, dataclasses.replace(TINY, segments=segments))
+
+
+def test_sequence_segments_keep_no_float32_per_token_product(capsys):
+    """The segments' readout of their entering states (float32 `[B, S−1, L, H, P]`) is
+    recomputed in the backward, not kept: with S = 4 it was the op's largest residual (mamba2-340m
+    at B1 T32768: 192 MiB a layer). Nothing the segment combine keeps is that large."""
+    inputs = make_inputs(3, batch=1, length=32, heads=2, groups=1)
+    fn = kernel_fn(None, True, dataclasses.replace(TINY, segments=4))
+    capsys.readouterr()
+    print_saved_residuals(lambda *a: jnp.sum(fn(*a)[0]), *(inputs[n] for n in NAMES))
+    kept = re.findall(r"\bf32\[([\d,]*)\] (.*)", capsys.readouterr().out)
+    # [B, S−1, L, H, P] (or with H as G × H/G): 1 row, 3 later segments of 8, 2 heads, P 8.
+    readout_shapes = {"1,3,8,2,8", "1,3,8,1,2,8"}
+    from_combine = [(dims, why) for dims, why in kept if dims in readout_shapes]
+    assert any("segments.py" in why for _, why in kept)  # the parse sees the combine's residuals
+    assert not from_combine, from_combine
 
 
 def test_choose_segments_rule():
