@@ -395,8 +395,8 @@ def main(argv=None) -> int:
             row["x_layers_share_of_step_%"] = 100 * row["fwd_bwd_ms"] * depth[model] / step_ms[
                 model]
     kernels = [r for r in profile if "kernel_ms" in r]
-    tables = [(train_rows, ["model", "T", "B", "tokens_per_s", "tflops", "mfu_matmul", "mem_GiB",
-                            "remat", "compile_s", "step_ms", "error"]),
+    tables = [(train_rows, ["model", "T", "B", "tokens_per_s", "tflops", "mfu_model_matmul",
+                            "mem_GiB", "remat", "compile_s", "step_ms", "error"]),
               (ratios(train_rows, models), ["model", "T", "tokens_per_s_change_%",
                                             "memory_change_%", "remat"]),
               ([r for r in profile if "kernel_ms" not in r],

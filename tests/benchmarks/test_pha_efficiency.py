@@ -54,12 +54,17 @@ def test_block_minus_branches_per_model():
     assert out["fwd_bwd_ms"] == pytest.approx(3.0) and out["temp_MiB"] == pytest.approx(20.0)
 
 
-def test_a_training_row_runs_end_to_end_unscanned(tmp_path):
+def test_a_training_row_runs_end_to_end_unscanned(tmp_path, capfd):
     """The script's own argument set drives `train_throughput.run_one` (a field it reads but
-    the script did not set once crashed every training row). Batch 8: the test devices' count."""
+    the script did not set once crashed every training row), and its table prints the columns
+    the rows hold (a renamed MFU column once printed "-"). Batch 8: the test devices' count."""
     out = tmp_path / "pe.json"
     assert main(["--models", "transformer-tiny", "--lengths", "32", "--tokens", "256",
                  "--steps", "1", "--parts", "train", "--no-scan", "--matmul-size", "128",
                  "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert "error" not in row and row["scan"] is False and row["tokens_per_s"] > 0, row
+    header, first = [line.split() for line in capfd.readouterr().out.splitlines()
+                     if line.startswith(("model ", "transformer-tiny "))][:2]
+    assert "mfu_model_matmul" in header
+    assert first[header.index("mfu_model_matmul")] != "-", (header, first)
