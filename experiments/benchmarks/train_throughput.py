@@ -9,8 +9,10 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
         [--ablate transformer-125m] [--unscanned transformer-125m] [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
-(`packed_data.py`: WikiText-2 articles, BPE 32768), so each row holds whole and cut documents
-with their segment ids and restarting positions, as the trainer feeds them. Without `--data`
+(`packed_data.py`: WikiText-2 articles, BPE 32768; or books, e.g. a Gutenberg shard with
+`--document-regex '^Produced by'`, whose ≈ 100k-token documents fill a row at T 8192 where
+WikiText-2 packs 3.4 articles), so each row holds whole and cut documents with their segment
+ids and restarting positions, as the trainer feeds them. Without `--data`
 the documents are synthetic (log-normal lengths, median 1024) over random tokens; the table
 says which. `--unpacked` adds runs on random tokens without segment ids (the packing cost).
 Every model: vocabulary 32768, bf16 compute, float32 parameters and AdamW state, the
