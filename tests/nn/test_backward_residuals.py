@@ -56,9 +56,14 @@ def check_reverse_matches_forward(fn, *args):
     loss = lambda *a: jnp.sum(weights * fn(*a).astype(jnp.float32))  # noqa: E731
     _, forward = jax.jvp(loss, args, tangents)
     grads = jax.grad(loss, argnums=tuple(range(len(args))))(*args)
-    reverse = sum(jnp.vdot(g, t) for g, t in zip(jax.tree.leaves(grads),
-                                                 jax.tree.leaves(tangents), strict=True))
-    np.testing.assert_allclose(reverse, forward, rtol=1e-5)
+    pairs = list(zip(jax.tree.leaves(grads), jax.tree.leaves(tangents), strict=True))
+    reverse = sum(jnp.vdot(g, t) for g, t in pairs)
+    # The error scale of a float32 sum whose terms cancel is Σ|terms|, not the sum: the two
+    # modes add in different orders (the GSS branch on one host: 1.0e-5 of the sum, 3.5e-8 of
+    # its terms' scale). Its smallest parameter's term is 3.9e-5 of the scale, so an error of
+    # 2.5 % in any one gradient still fails.
+    scale = sum(jnp.sum(jnp.abs(g * t)) for g, t in pairs)
+    assert abs(float(reverse) - float(forward)) <= 1e-6 * float(scale), (reverse, forward, scale)
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "swiglu", "gss", "l2_normalize"])
