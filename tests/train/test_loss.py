@@ -71,3 +71,26 @@ def test_nan_logits_give_a_nan_loss_like_the_plain_one(dtype):
     plain = plain_token_stats(logits, targets, mask)
     assert np.isnan(float(stats["loss_sum"])) and np.isnan(float(plain["loss_sum"]))
     assert float(stats["correct"]) == float(plain["correct"])
+
+
+def test_non_finite_rows_give_what_the_plain_loss_gives():
+    """A row whose maximum is +inf, all −inf, or holding NaNs (the first NaN is the argmax, as
+    in `jnp.argmax`), and one that ties at the maximum: the loss and the correct count are the
+    plain loss's, each row on its own (a NaN row makes any sum over rows NaN)."""
+    rng = np.random.default_rng(1)
+    base = jnp.asarray(rng.standard_normal(9), jnp.float32)
+    rows = {"+inf at 3": base.at[3].set(jnp.inf),
+            "all -inf": jnp.full(9, -jnp.inf),
+            "NaN at 2 and 6": base.at[6].set(jnp.nan).at[2].set(jnp.nan),
+            "tie at 1 and 7": base.at[1].set(5.0).at[7].set(5.0)}
+    one = jnp.ones((1, 1), bool)
+    for name, row in rows.items():
+        first_best = int(jnp.argmax(row))
+        for target in (first_best, 7, 0):
+            targets = jnp.full((1, 1), target, jnp.int32)
+            got = token_stats(row[None, None], targets, one)
+            want = plain_token_stats(row[None, None], targets, one)
+            for key in ("loss_sum", "correct"):
+                np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]),
+                                              err_msg=f"{name}, target {target}: {key}")
+    assert int(jnp.argmax(rows["NaN at 2 and 6"])) == 2
