@@ -22,7 +22,9 @@ in the same run, by 6N (the target's count: `mfu_6n`, `mfu_6n_matmul`) and by th
 with attention within each batch's documents (`tflops`, `mfu_model`, `mfu_model_matmul`).
 Memory: what the compiled step needs (arguments + temporaries); a model that needs more than
 90 % of the device without remat is run with `remat="full"`. The PyTorch
-peers run first, each in its own process (before JAX takes the GPU).
+peers run first, each in its own process (before JAX takes the GPU). Same-run ratios:
+`vs_base`, a row's tokens/s over `--baseline`'s (default: the first of `--models`) at the same
+T, data, layer form and remat; `vs_torch`, over the PyTorch peer of the same model and T.
 """
 
 from __future__ import annotations
@@ -237,7 +239,26 @@ def torch_peer(name: str, length: int, args) -> dict:
     return row
 
 
-def main():
+def add_ratios(rows: list[dict], baseline: str) -> None:
+    """Sets `vs_base` (tokens/s over `baseline`'s row at the same T, data, scan and remat, on
+    the automatic attention and conv rungs) and `vs_torch` (over the PyTorch peer's row of the
+    same model and T) on every timed JAX row that has one."""
+    setting = lambda r: (r["T"], r["data"], r.get("scan"), r.get("remat"))  # noqa: E731
+    timed = [r for r in rows if "tokens_per_s" in r]
+    base = {setting(r): r["tokens_per_s"] for r in timed if r["model"] == baseline
+            and r.get("impl", "jax") == "jax" and r.get("attn") == "auto"
+            and r.get("conv") == "auto"}
+    torch = {(r["model"], r["T"]): r["tokens_per_s"] for r in timed if r.get("impl") == "torch"}
+    for row in timed:
+        if row.get("impl", "jax") != "jax":
+            continue
+        if setting(row) in base:
+            row["vs_base"] = row["tokens_per_s"] / base[setting(row)]
+        if (row["model"], row["T"]) in torch:
+            row["vs_torch"] = row["tokens_per_s"] / torch[row["model"], row["T"]]
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="")
     parser.add_argument("--models", default=",".join(
@@ -260,8 +281,10 @@ def main():
                         help="force an ops.short_conv rung in every layer that has short convs")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
+    parser.add_argument("--baseline", default="",
+                        help="the model of the vs_base column (default: the first of --models)")
     parser.add_argument("--out", default="train_throughput.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     split = lambda s: [x for x in s.split(",") if x]
     start, rows = time.perf_counter(), []
@@ -293,14 +316,16 @@ def main():
             rows.append(run_one(name, lengths[0], args, packed=False, scan=False))
     for row in rows:
         row.setdefault("impl", "jax")
+    add_ratios(rows, args.baseline or (split(args.models) or [""])[0])
     print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s",
-                       "tflops", "mfu_6n", "mfu_6n_matmul", "mfu_model", "mfu_model_matmul",
-                       "mem_GiB", "compile_s", "docs_per_row", "error"])
+                       "vs_base", "vs_torch", "tflops", "mfu_6n", "mfu_6n_matmul", "mfu_model",
+                       "mfu_model_matmul", "mem_GiB", "compile_s", "docs_per_row", "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,
                matmul_size=args.matmul_size,
                peak_tflops=(args.peak or 0) / 1e12, tokens_per_step=args.tokens,
                command=" ".join(sys.argv), xla_flags=os.environ.get("XLA_FLAGS", ""))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""train_throughput: its same-run ratio columns, and a tiny row through `main()` on CPU."""
+
+import json
+
+import pytest
+
+from experiments.benchmarks.train_throughput import add_ratios, main
+
+
+def test_ratios_against_the_baseline_and_the_torch_peer():
+    row = lambda model, tps, **kw: {"model": model, "T": kw.pop("T", 8), "data": "text",  # noqa: E731
+                                    "scan": False, "remat": "none", "attn": "auto",
+                                    "conv": "auto", "impl": "jax", "tokens_per_s": tps, **kw}
+    rows = [{"model": "t", "T": 8, "data": "random (torch)", "impl": "torch",
+             "tokens_per_s": 50.0},
+            row("t", 100.0), row("g", 150.0), row("g", 60.0, scan=True),  # no scanned baseline
+            row("t", 80.0, attn="pallas"),  # a forced rung is no baseline, but is compared
+            row("t", 10.0, T=16), row("g", 30.0, T=16), {"model": "g", "T": 8, "error": "OOM"}]
+    add_ratios(rows, "t")
+    assert "vs_base" not in rows[0] and "vs_torch" not in rows[0]
+    assert rows[1]["vs_base"] == 1.0 and rows[1]["vs_torch"] == pytest.approx(2.0)
+    assert rows[2]["vs_base"] == pytest.approx(1.5) and "vs_torch" not in rows[2]
+    assert "vs_base" not in rows[3]
+    assert rows[4]["vs_base"] == pytest.approx(0.8) and rows[4]["vs_torch"] == pytest.approx(1.6)
+    assert rows[6]["vs_base"] == pytest.approx(3.0) and "vs_torch" not in rows[5]
+    assert "vs_base" not in rows[7]
+
+
+def test_two_tiny_models_run_end_to_end_with_their_ratio(tmp_path, capfd):
+    """Synthetic packed documents, no peer: each row trains, and the table prints the second
+    model's tokens/s over the first's."""
+    out = tmp_path / "tt.json"
+    assert main(["--models", "transformer-tiny,gdn-tiny", "--lengths", "32", "--tokens", "256",
+                 "--steps", "1", "--torch", "", "--unpacked", "", "--no-scan",
+                 "--matmul-size", "128", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["model"] for r in rows] == ["transformer-tiny", "gdn-tiny"]
+    assert all("error" not in r and r["tokens_per_s"] > 0 for r in rows), rows
+    assert rows[0]["vs_base"] == 1.0
+    assert rows[1]["vs_base"] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
+    header = next(line.split() for line in capfd.readouterr().out.splitlines()
+                  if line.startswith("model "))
+    assert "vs_base" in header and "vs_torch" in header
