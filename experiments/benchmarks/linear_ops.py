@@ -86,7 +86,7 @@ TARGETS = {
 SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "split forward": BlockSizes(split_forward=True),
                 **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 6), each a change to the shape's
+# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 8), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential
 # pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in two
 # kernels at 4 warps). A variant's tiles serve both its forward and its fwd+bwd (the
@@ -100,6 +100,10 @@ GDN_VARIANTS = (
     ("split outputs V32", dict(value_block=32)),
     ("split outputs V64", dict(value_block=64)),
     ("sequential 8 warps", dict(state_num_warps=8)),
+    ("sequential 4 warps", dict(state_num_warps=4)),
+    ("sequential 2 warps", dict(state_num_warps=2)),
+    ("sequential 2 warps 3 stages", dict(state_num_warps=2, state_num_stages=3)),
+    ("sequential 2 warps V16", dict(state_num_warps=2, value_block=16)),
     ("sequential V64 8 warps", dict(value_block=64, state_num_warps=8)),
     ("outputs 8 warps", dict(outputs_num_warps=8)),
     ("gradients 4 warps", dict(gradient_num_warps=4)),

@@ -70,6 +70,7 @@ def test_gdn_variants_start_from_the_shapes_default():
     assert variants["gradients 8 warps"].gradient_num_warps == 8
     assert "split outputs V32" not in variants and "gradients 4 warps" not in variants
     assert "sequential 8 warps" not in variants  # 8 warps are its training default
+    assert variants["sequential 2 warps V16"].state_num_warps == 2  # Round 8's sweep
     at_issue = gdn_variants(issue)  # V tile 32 and 4 gradient warps are the default there too
     assert "split outputs V32" not in at_issue and "gradients 4 warps" not in at_issue
     assert at_issue["fused outputs"].value_block == 32
