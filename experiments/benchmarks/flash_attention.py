@@ -17,7 +17,9 @@ spread of web-text documents), packed back to back. Parts:
             causal triangle: long documents).
   table     fwd and fwd+bwd ms, TFLOP/s (useful pairs only) and temp memory: cuDNN causal and
             sliding window (no segments), the kernel unpacked / packed / packed + window (and
-            unpacked / packed with the swept blocks when the sweep ran first), XLA packed
+            unpacked / packed with the swept blocks when the sweep ran first), XLA packed,
+            and (GPU only) JAX's own Mosaic GPU causal attention without segments (forward,
+            float16, beside cuDNN in float16)
 
 Useful FLOPs: 4·D per (query, visible key) per head, fwd+bwd = 3.5 × fwd.
 """
@@ -91,6 +93,23 @@ def kernel_op(segments, window, blocks=None):
                                                block_sizes=blocks, interpret=INTERPRET["on"])
 
 
+def as_float16(op):
+    """`op` on float16 copies of q, k, v (the casts are timed too)."""
+    return lambda *x: op(*(a.astype(jnp.float16) for a in x))
+
+
+def mosaic_op(block_kv: int):
+    """JAX's own Mosaic GPU attention (`attention_mgpu`: Hopper warp-group MMAs, warp-specialised
+    TMA loads), causal, no segments, in float16 (its bf16 path fails to lower in jax 0.11.2):
+    a peer row for the lowering question (issue 15, item 3), beside cuDNN in float16. Its causal
+    backward is not implemented in JAX, so its rows have a forward time only."""
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    config = attention_mgpu.TuningConfig(block_q=64, block_kv=block_kv, max_concurrent_steps=2,
+                                         causal=True)
+    return as_float16(lambda q, k, v: attention_mgpu.attention(q, k, v, config))
+
+
 def xla_op(segments, window):
     return lambda q, k, v: attention_xla(q, k, v, causal=True, window=window,
                                          scale=q.shape[-1] ** -0.5, segment_ids=segments,
@@ -139,7 +158,10 @@ def part_table(args):
                  ("pallas causal", kernel_op(None, None), None, None),
                  ("pallas packed", kernel_op(segments, None), segments, None),
                  ("pallas packed swa", kernel_op(segments, window), segments, window),
-                 ("xla packed", xla_op(segments, None), segments, None)]
+                 ("xla packed", xla_op(segments, None), segments, None),
+                 ("cudnn causal f16", as_float16(cudnn_op(None)), None, None),
+                 ("jax mosaic causal kv128", mosaic_op(128), None, None),
+                 ("jax mosaic causal kv64", mosaic_op(64), None, None)]
         swept = getattr(args, "swept", {}).get(dim)
         if swept is not None and swept != default_block_sizes(dim):  # the sweep ran before
             cases[4:4] = [("pallas causal swept", kernel_op(None, None, swept), None, None),
@@ -149,6 +171,8 @@ def part_table(args):
             if any(word in impl for word in args.skip):
                 continue
             if impl.startswith("cudnn") and dim > 128:
+                continue
+            if "mosaic" in impl and (INTERPRET["on"] or jax.default_backend() != "gpu"):
                 continue
             if impl == "xla packed" and length > 8192:
                 continue

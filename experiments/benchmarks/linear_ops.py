@@ -4,7 +4,8 @@ causal attention, fwd and fwd+bwd, in one run.
     python -m experiments.benchmarks.linear_ops [--parts check,sweep,table]
         [--shapes 4x8192,8x4096,2x16384] [--ops ssd,gated_delta_rule,gated_slot_attention]
         [--impls xla,pallas] [--variants 'LABEL;LABEL' | all | none] [--no-fla]
-        [--fla-timeout SECONDS] [--fla-cache DIR] [--time-limit SECONDS] [--out linear_ops.json]
+        [--fla-timeout SECONDS] [--fla-cache DIR [--fla-warm N]] [--time-limit SECONDS]
+        [--out linear_ops.json]
 
 Shapes (`mixer_shapes`): `BxT` is H16, K = V = P = N = 128 (SSD: one B/C group; GSA: 64
 slots); `BxTxHxK[xV]` gives heads and dims (`4x8192x3x256x512`); `MODEL@BxT` each op at the
@@ -45,7 +46,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,6 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments.benchmarks.mixer_shapes import MixerShape, row_key, shape_jobs
+from experiments.benchmarks.peers.autotune_warm import WARM_VARIABLE
 from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.ssd_kernel import part_check, part_sweep
 from experiments.benchmarks.timing import cudnn_op, device_name, measure, print_table, write_json
@@ -163,17 +168,23 @@ def rungs(name: str, inputs: tuple) -> list[tuple[str, str | None]]:
     return found
 
 
-def fla_rows(shapes: str, op_names: str, timeout: float, cache: str | None = None
-             ) -> list[dict]:
+def fla_rows(shapes: str, op_names: str, timeout: float, cache: str | None = None,
+             warm: int = 0) -> list[dict]:
     """The fla peer in a subprocess (torch must take and free the GPU before JAX): its last
     row per (op, shape), each kept as it arrives, also those before a time-out. `cache`: a
     directory for Triton's kernel and autotuning cache (`TRITON_CACHE_DIR` with
     `TRITON_CACHE_AUTOTUNING=1`), so fla's autotuning — minutes on its first calls, 159 s for
-    `chunk_gsa`'s forward alone on the H200 — is paid once and reused by later runs given it."""
+    `chunk_gsa`'s forward alone on the H200 — is paid once and reused by later runs given it.
+    `warm` > 1 (with `cache`): first that many warm-up workers compile slices of fla's configs
+    into the cache in parallel (`peers.fla_linear`, `FLA_PEER_WARM`), within half the time."""
     command = [sys.executable, "-m", "experiments.benchmarks.peers.fla_linear", "--shapes",
                shapes, "--ops", op_names]
     env = None if cache is None else {"TRITON_CACHE_DIR": str(Path(cache).resolve()),
                                       "TRITON_CACHE_AUTOTUNING": "1"}
+    deadline = time.monotonic() + timeout
+    if warm > 1 and env is not None:
+        warm_up_fla(command, env, warm, timeout / 2)
+    timeout = deadline - time.monotonic()
     print(f"fla peer: up to {timeout:.0f} s" + (f", Triton cache {cache}" if cache else ""),
           flush=True)
     lines, failure = run_json_lines(command, timeout, echo="fla peer:", env=env)
@@ -185,6 +196,27 @@ def fla_rows(shapes: str, op_names: str, timeout: float, cache: str | None = Non
             row["error"] = "fwd+bwd not reached: " + (failure or "peer stopped")
     return list(rows.values()) or [{"op": "*", "impl": "fla",
                                     "error": "fla peer failed: " + (failure or "no rows")}]
+
+
+def warm_up_fla(command: list[str], env: dict[str, str], workers: int, timeout: float) -> None:
+    """Runs `workers` fla peers at once, worker i autotuning over its slice of each kernel's
+    configs and caching no choice (`FLA_CACHE_RESULTS=0`, `TRITON_CACHE_AUTOTUNING=0`): they
+    fill the shared Triton cache with every config's compiled kernel. Killed at `timeout`."""
+    start = time.monotonic()
+    processes = [subprocess.Popen(
+        [*command, "--iters", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **env, "TRITON_CACHE_AUTOTUNING": "0", "FLA_CACHE_RESULTS": "0",
+             WARM_VARIABLE: f"{i}/{workers}"}) for i in range(workers)]
+    codes = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=max(start + timeout - time.monotonic(), 0.0)))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            codes.append("timed out")
+    print(f"fla warm-up: {workers} workers in {time.monotonic() - start:.0f} s, exits {codes}",
+          flush=True)
 
 
 def default_fla_timeout(op_names: str, shapes: str) -> float:
@@ -346,6 +378,9 @@ def main() -> None:
     parser.add_argument("--fla-cache", default=None,
                         help="Triton cache directory for the fla peer (kernels and autotuning "
                              "results; reuse it across runs to skip fla's autotuning)")
+    parser.add_argument("--fla-warm", type=int, default=0,
+                        help="with --fla-cache: this many parallel warm-up workers compile "
+                             "fla's autotuning configs first (its minutes of compiling)")
     parser.add_argument("--sweep-seconds", type=float, default=110.0)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds for the run")
     parser.add_argument("--out", default="linear_ops.json")
@@ -377,7 +412,8 @@ def main() -> None:
     peers = []
     if "table" in parts and args.fla:  # first: torch takes and frees the GPU before JAX
         timeout = args.fla_timeout or default_fla_timeout(args.ops, args.shapes)
-        peers = fla_rows(args.shapes, args.ops, min(timeout, args.time_limit), args.fla_cache)
+        peers = fla_rows(args.shapes, args.ops, min(timeout, args.time_limit), args.fla_cache,
+                         args.fla_warm)
     record["fla"] = peers
     print(device_name(), f"(fla peer done at {time.perf_counter() - start:.0f} s)", flush=True)
     if "check" in parts:

@@ -25,6 +25,13 @@ then the whole row, which replaces it (`linear_ops` keeps the last row per op an
 run cut off by its time limit keeps what it finished). `first_call_s` is the wall time of the
 first forward and of the first fwd+bwd: Triton compiling and autotuning fla's kernels, ~a
 minute for an op's first shape, seconds for its next (the autotuning keys hold no lengths).
+
+Warm-up workers (`autotune_warm`; `FLA_PEER_WARM=i/n` in the environment, started by
+`linear_ops --fla-warm n` before the measured run, sharing its Triton cache): worker i
+autotunes each kernel over its slice of the configs only (every n-th) and caches no choice, so
+n workers compile all of fla's configs in parallel (compiling, on the CPU, is what takes
+`chunk_gsa` minutes). The measured run then autotunes over every config as fla does, from
+compiled kernels.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
+from experiments.benchmarks.peers.autotune_warm import WARM_VARIABLE, restrict_autotuning
 
 
 def make_inputs(name: str, shape: MixerShape) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -162,6 +170,8 @@ def main() -> None:
     # (it starts no backend; this makes sure it never takes the GPU from torch).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     jobs, _ = shape_jobs(args.shapes, args.ops.split(","))
+    if os.environ.get(WARM_VARIABLE):
+        restrict_autotuning(os.environ[WARM_VARIABLE])
     import fla
 
     _emit({"fla_version": getattr(fla, "__version__", "?"), "torch": torch.__version__,
