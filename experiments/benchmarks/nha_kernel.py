@@ -1,7 +1,7 @@
 """NHA and GSA Pallas kernels against cuDNN attention, our XLA rungs and the fla + flex peer.
 
     python -m experiments.benchmarks.nha_kernel [--check] [--table] [--sweep]
-        [--budget-s 270] [--out nha_kernel.json]
+        [--budget-s 270] [--peer-timeout 180] [--fla-cache DIR] [--out nha_kernel.json]
 
 With no part named: check, table, sweep (in that order; the composition peer runs first, in a
 subprocess, before JAX takes the GPU). Parts:
@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -252,12 +253,16 @@ def _check_gsa():
 
 
 def run_peer(args) -> list[dict]:
-    """The fla chunk_gsa + flex-attention composition, in its own process (torch), up to 180 s."""
+    """The fla chunk_gsa + flex-attention composition, in its own process (torch), up to
+    `--peer-timeout` s; with `--fla-cache`, Triton's kernels and autotuning choices are read
+    from and kept in that directory (`linear_ops --fla-cache` fills it with chunk_gsa's)."""
     shapes = ",".join(f"{b}x{t}" for b, t in TABLE_SHAPES)
     command = [sys.executable, "-m", "experiments.benchmarks.peers.nha_composition",
                "--shapes", shapes, "--heads", str(HEADS), "--dim", str(DIM),
                "--slots", str(SLOTS), "--window", str(WINDOW)]
-    rows, failure = run_json_lines(command, 180, echo="peer")  # rows kept as they arrive
+    env = None if args.fla_cache is None else {
+        "TRITON_CACHE_DIR": str(Path(args.fla_cache).resolve()), "TRITON_CACHE_AUTOTUNING": "1"}
+    rows, failure = run_json_lines(command, args.peer_timeout, echo="peer", env=env)
     if failure:
         print("peer:", failure, flush=True)
     return rows or [{"error": "peer failed: " + failure}]
@@ -501,6 +506,10 @@ def main() -> None:
     parser.add_argument("--profile-variants", type=names, default=["default"])
     parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                         help="run the fla + flex composition peer (table)")
+    parser.add_argument("--peer-timeout", type=float, default=180.0,
+                        help="seconds for the composition peer")
+    parser.add_argument("--fla-cache", default=None,
+                        help="Triton cache directory for the peer (fla's tuned kernels)")
     parser.add_argument("--budget-s", type=float, default=270.0,
                         help="the sweep stops starting variants past this many seconds")
     parser.add_argument("--out", default="nha_kernel.json")
