@@ -111,6 +111,7 @@ GDN_VARIANTS = (
     ("sequential 2 warps V16", dict(state_num_warps=2, value_block=16)),
     ("sequential V64 8 warps", dict(value_block=64, state_num_warps=8)),
     ("outputs 8 warps", dict(outputs_num_warps=8)),
+    ("prefetch", dict(prefetch=True)),
     ("gradients 4 warps", dict(gradient_num_warps=4)),
     ("gradients 8 warps", dict(gradient_num_warps=8)),
     ("gradients V128", dict(gradient_value_block=128)),

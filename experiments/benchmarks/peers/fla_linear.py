@@ -1,7 +1,7 @@
 """flash-linear-attention's (fla) chunk kernels at the shapes of `linear_ops.py`, fwd and fwd+bwd.
 
     python3 -m experiments.benchmarks.peers.fla_linear [--shapes 4x8192,8x4096,2x16384]
-        [--ops ssd,gated_delta_rule,gated_slot_attention] [--iters 10]
+        [--ops ssd,gated_delta_rule,gated_slot_attention] [--iters 10] [--profile]
 
 Run by `linear_ops.py` in its own process before JAX takes the GPU; needs torch and fla
 (`fla-core` 0.6: `fla.ops`), neither a dependency of hybrid_jax. `--shapes` as in linear_ops
@@ -160,11 +160,39 @@ def run_one(name: str, shape: MixerShape, iters: int) -> dict:
     return row
 
 
+def profile_forward(name: str, shape: MixerShape, calls: int = 10) -> dict:
+    """fla's forward kernels: device ms per call of each, from torch's profiler over `calls`
+    calls after a warm-up (autotuning) call, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    op = fla_op(name)
+    args, kwargs = make_inputs(name, shape)
+    with torch.no_grad():
+        op(*args, **kwargs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                op(*args, **kwargs)
+            torch.cuda.synchronize()
+    kernels = {}  # the kernels: the rows with device time of their own (a CPU op has none)
+    for row in prof.key_averages():
+        own = getattr(row, "self_device_time_total", None) or getattr(
+            row, "self_cuda_time_total", 0.0)
+        if own:
+            kernels[row.key] = own / 1e3 / calls
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
+    return {"op": name, "impl": "fla", **shape.fields(name), "profile": "fwd",
+            "kernels_ms": {k: round(v, 4) for k, v in ranked},
+            "total_ms": round(sum(kernels.values()), 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="4x8192,8x4096,2x16384")
     parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of timing: each op's forward kernels (torch profiler)")
     args = parser.parse_args()
     # A model shape reads its preset through hybrid_jax, which imports JAX: keep it on the CPU
     # (it starts no backend; this makes sure it never takes the GPU from torch).
@@ -178,7 +206,7 @@ def main() -> None:
            "device": torch.cuda.get_device_name()})
     for name, shape in jobs:
         try:
-            row = run_one(name, shape, args.iters)
+            row = (profile_forward if args.profile else run_one)(name, shape, args.iters)
         except Exception as e:  # noqa: BLE001  (e.g. out of memory building the inputs)
             row = {"op": name, "impl": "fla", **shape.fields(name), "error": _error(e)}
         torch.cuda.empty_cache()
