@@ -91,7 +91,7 @@ TARGETS = {
 SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "split forward": BlockSizes(split_forward=True),
                 **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
-# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 8), each a change to the shape's
+# Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential
 # pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in two
 # kernels at 4 warps). A variant's tiles serve both its forward and its fwd+bwd (the
@@ -112,6 +112,13 @@ GDN_VARIANTS = (
     ("sequential V64 8 warps", dict(value_block=64, state_num_warps=8)),
     ("outputs 8 warps", dict(outputs_num_warps=8)),
     ("prefetch", dict(prefetch=True)),
+    ("forward V64", dict(forward_value_block=64)),
+    ("forward V64 4 stages", dict(forward_value_block=64, forward_state_num_stages=4)),
+    ("forward 1 stage", dict(forward_state_num_stages=1)),
+    ("forward 4 warps", dict(forward_state_num_warps=4)),
+    ("state stored first", dict(store_state_first=True)),
+    ("forward V64 4 stages, state first", dict(forward_value_block=64, forward_state_num_stages=4,
+                                               store_state_first=True)),
     ("gradients 4 warps", dict(gradient_num_warps=4)),
     ("gradients 8 warps", dict(gradient_num_warps=8)),
     ("gradients V128", dict(gradient_value_block=128)),

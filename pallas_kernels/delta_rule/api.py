@@ -204,7 +204,9 @@ def _fitted(blocks: BlockSizes, key_dim: int, value_dim: int) -> BlockSizes:
     return dataclasses.replace(
         blocks, value_block=min(blocks.value_block, value_dim),
         gradient_key_block=min(blocks.gradient_key_block, key_dim),
-        gradient_value_block=min(blocks.gradient_value_block, value_dim))
+        gradient_value_block=min(blocks.gradient_value_block, value_dim),
+        forward_value_block=blocks.forward_value_block and min(blocks.forward_value_block,
+                                                               value_dim))
 
 
 def _forward(st: Static, q, k, v, g, beta, starts, initial_state, *, save: bool):

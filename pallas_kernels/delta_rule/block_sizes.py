@@ -27,6 +27,13 @@ class BlockSizes:
       only the state (U = U₀ − W S, S's update) and stores U and the state entering each chunk
       (input dtype, as the training forward stores them for the backward anyway), then a
       parallel kernel per (batch, head, chunk) makes o = Q̃ S₀ + P U (NOTES.md, Round 5).
+    forward_value_block / forward_state_num_warps / forward_state_num_stages: the forward
+      sequential kernel's own V tile and launch (None: value_block, state_num_warps,
+      state_num_stages, which the reverse state-gradient pass keeps), e.g. fla's V tile of 64
+      in the forward state pass, half the programs of 32, each reading W and K once for twice
+      the columns (NOTES.md, Round 10).
+    store_state_first: the sequential forward stores the state entering a chunk before its
+      W S product rather than after, while the chunk's loads are in flight, as fla's does.
     prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
       math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
@@ -40,6 +47,10 @@ class BlockSizes:
     gradient_key_block: int = 64
     gradient_value_block: int = 64
     split_gradients: bool = False  # the default_block_sizes() take the split (measured faster)
+    forward_value_block: int | None = None
+    forward_state_num_warps: int | None = None
+    forward_state_num_stages: int | None = None
+    store_state_first: bool = False
     prefetch: bool = False
     inverse_by_block: bool = False
     split_outputs: bool = False
@@ -58,6 +69,14 @@ class BlockSizes:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two >= 2, got {value!r}")
+        tile = self.forward_value_block
+        if tile is not None and (not isinstance(tile, int) or tile < 2 or tile & (tile - 1)):
+            raise ValueError(f"BlockSizes.forward_value_block must be None or a power of two "
+                             f">= 2, got {tile!r}")
+        for name in ("forward_state_num_warps", "forward_state_num_stages"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"BlockSizes.{name} must be None or >= 1, got {value}")
         if self.sub_chunk > self.chunk:
             raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
                              f"({self.chunk})")

@@ -114,11 +114,15 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
         # memory at K = 256 (NOTES.md, Round 5).
         keys = (x["k"] * chunk.to_end[:, None]).astype(op) if outputs else x["k"]
         state_op = state.astype(op)
+        span, entering = pl.ds(c * C, C), pl.ds(c * key_dim, key_dim)
+        early = save and st.blocks.store_state_first
+        if early:  # before the chain's first product, while the chunk's loads are in flight
+            saved[0][entering, :] = state_op
         u_op = (x["u0"].astype(F32) - mm(x["w"], state_op)).astype(op)
-        span = pl.ds(c * C, C)
         if save:
             states_ref, u_ref = saved
-            states_ref[pl.ds(c * key_dim, key_dim), :] = state_op
+            if not early:
+                states_ref[entering, :] = state_op
             u_ref[span, :] = u_op
         if outputs:
             o_ref[span, :] = _outputs(x["q"], x["p"], state_op, u_op, chunk, st.scale
@@ -143,7 +147,9 @@ def _sequential_call(arrays: dict, starts, initial_state, st: Static, *, save: b
     outputs); returns ([o], final state, [states, U])."""
     k, u0 = arrays["k"], arrays["u0"]
     batch, length, heads, key_dim = k.shape
-    value_dim, C, tile = u0.shape[-1], st.blocks.chunk, st.blocks.value_block
+    blocks = st.blocks
+    value_dim, C = u0.shape[-1], blocks.chunk
+    tile = blocks.forward_value_block or blocks.value_block
     num_chunks = length // C
     specs = SequentialSpecs(length, tile)
     spec_of = dict(q=specs.whole(key_dim), k=specs.whole(key_dim), w=specs.whole(key_dim),
@@ -157,14 +163,15 @@ def _sequential_call(arrays: dict, starts, initial_state, st: Static, *, save: b
         out_specs += [specs.state(num_chunks * key_dim), specs.tiled()]
         out_shape += [jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
                                            k.dtype), jax.ShapeDtypeStruct(u0.shape, k.dtype)]
-    blocks = st.blocks
     name = "chunk_states_and_outputs" if outputs else "chunk_states"
     return pallas_call(
         functools.partial(_states_kernel, st=st, save=save, outputs=outputs,
                           num_chunks=num_chunks),
         grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
         out_specs=out_specs, out_shape=out_shape,
-        compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
+        compiler_params=compiler_params(blocks.forward_state_num_warps or blocks.state_num_warps,
+                                        blocks.forward_state_num_stages
+                                        or blocks.state_num_stages),
         interpret=st.interpret, name=f"gated_delta_rule_{name}",
     )(*args, initial_state)
 

@@ -85,9 +85,11 @@ def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY,
 @pytest.mark.parametrize("changes,primal", [
     (dict(split_gradients=False), False), (dict(split_gradients=True), False),
     (dict(split_gradients=True, inverse_by_block=True), False),
-    (dict(split_outputs=True), True), (dict(split_outputs=True, inverse_by_block=True), False)],
+    (dict(split_outputs=True), True), (dict(split_outputs=True, inverse_by_block=True), False),
+    (dict(split_outputs=True, forward_value_block=16, store_state_first=True), False),
+    (dict(forward_value_block=4, forward_state_num_warps=2, forward_state_num_stages=1), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
-         "split_outputs_by_block"])
+         "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -96,7 +98,9 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     of the per-chunk gradients (`BlockSizes.split_gradients`), the diagonal blocks of the
     inverse viewed block by block (`BlockSizes.inverse_by_block`) and the outputs made by
     their own kernel from the stored states (`BlockSizes.split_outputs`; values from the
-    forward without residuals in one case, from the one saving them in the other)."""
+    forward without residuals in one case, from the one saving them in the other); the forward
+    sequential pass in V tiles of its own (wider or narrower than the reverse pass's 8), its
+    entering states stored before or after its first product."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -174,7 +178,10 @@ def _platform_gpu(monkeypatch):
 @pytest.mark.parametrize("key_dim,value_dim,documents,changes", [
     (128, 128, True, dict(split_gradients=False)), (256, 64, False, dict(split_gradients=False)),
     (128, 128, True, {}), (256, 64, False, {}), (128, 128, True, dict(inverse_by_block=True)),
-    (128, 128, True, dict(split_outputs=True)), (256, 64, False, dict(split_outputs=True))])
+    (128, 128, True, dict(split_outputs=True)), (256, 64, False, dict(split_outputs=True)),
+    (128, 128, True, dict(forward_value_block=64, forward_state_num_stages=4,
+                          store_state_first=True)),
+    (256, 128, False, dict(forward_state_num_warps=4, forward_state_num_stages=1))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
