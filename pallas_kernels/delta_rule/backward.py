@@ -44,12 +44,18 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
     def step(c, d_state, x):
         # The chain to the previous chunk is K̃ dS → dU → Wᵀ dU; the rest only needs loads.
         chunk = chunk_decays(x["g"], x["starts"])
-        queries = (x["q"] * (st.scale * chunk.entry)[:, None]).astype(op)
         d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
-        keys = (x["k"] * chunk.to_end[:, None]).astype(op)  # K̃ as the forward rounds it
-        du_op = (mm_tn(x["p"], x["do"]) + mm(keys, d_state.astype(op))).astype(op)  # Pᵀ dO + K̃ dS
+        to_queries = st.scale * chunk.entry
+        if st.blocks.reverse_small_scales:  # the row scales on the [C, V tile] side
+            read = chunk.to_end[:, None] * mm(x["k"], d_state.astype(op))  # K̃ dS
+            d_queries = mm_tn(x["q"], (x["do"] * to_queries[:, None]).astype(op))  # Q̃ᵀ dO
+        else:
+            keys = (x["k"] * chunk.to_end[:, None]).astype(op)  # K̃ as the forward rounds it
+            read = mm(keys, d_state.astype(op))
+            d_queries = mm_tn((x["q"] * to_queries[:, None]).astype(op), x["do"])
+        du_op = (mm_tn(x["p"], x["do"]) + read).astype(op)  # dU = Pᵀ dO + K̃ dS
         du_ref[pl.ds(c * C, C), :] = du_op
-        return chunk.decay * d_state + (mm_tn(queries, x["do"]) - mm_tn(x["w"], du_op))
+        return chunk.decay * d_state + (d_queries - mm_tn(x["w"], du_op))
 
     d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
                                     step, d_final_ref[...], reverse=True,

@@ -34,6 +34,13 @@ class BlockSizes:
       the columns (NOTES.md, Round 10).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
+    reverse_small_scales: the reverse state-gradient pass applies the row scales (the
+      queries' e^Γ·scale, the keys' e^{Γ_C − Γ}) to dO and to K dS, the `[C, V tile]` side,
+      rather than to q and k, the `[C, K]` side, as the forward's split state pass does: a
+      smaller live set. ptxas (sm_90a, CPU, `../COMPILED.md`): at K 256 and 8 warps the pass
+      spills 472 B a thread as it is, none with this and 1 stage (228 registers, 143 KB, loop
+      715 instructions against 1,398), but at 2 stages it asks 250 KB of shared memory, over
+      the H200's limit: pair it with `state_num_stages=1` (and `forward_state_num_stages=2`).
     prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
       math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
@@ -51,6 +58,7 @@ class BlockSizes:
     forward_state_num_warps: int | None = None
     forward_state_num_stages: int | None = None
     store_state_first: bool = False
+    reverse_small_scales: bool = False
     prefetch: bool = False
     inverse_by_block: bool = False
     split_outputs: bool = False

@@ -87,9 +87,11 @@ def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY,
     (dict(split_gradients=True, inverse_by_block=True), False),
     (dict(split_outputs=True), True), (dict(split_outputs=True, inverse_by_block=True), False),
     (dict(split_outputs=True, forward_value_block=16, store_state_first=True), False),
-    (dict(forward_value_block=4, forward_state_num_warps=2, forward_state_num_stages=1), False)],
+    (dict(forward_value_block=4, forward_state_num_warps=2, forward_state_num_stages=1), False),
+    (dict(split_gradients=True, reverse_small_scales=True), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
-         "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused"])
+         "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
+         "reverse_small_scales"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -100,7 +102,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     their own kernel from the stored states (`BlockSizes.split_outputs`; values from the
     forward without residuals in one case, from the one saving them in the other); the forward
     sequential pass in V tiles of its own (wider or narrower than the reverse pass's 8), its
-    entering states stored before or after its first product."""
+    entering states stored before or after its first product; the reverse pass's row scales
+    on either side of its products."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -181,7 +184,9 @@ def _platform_gpu(monkeypatch):
     (128, 128, True, dict(split_outputs=True)), (256, 64, False, dict(split_outputs=True)),
     (128, 128, True, dict(forward_value_block=64, forward_state_num_stages=4,
                           store_state_first=True)),
-    (256, 128, False, dict(forward_state_num_warps=4, forward_state_num_stages=1))])
+    (256, 128, False, dict(forward_state_num_warps=4, forward_state_num_stages=1)),
+    (256, 64, True, dict(reverse_small_scales=True, state_num_stages=1,
+                         forward_state_num_stages=2))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
