@@ -6,8 +6,8 @@
 
 H16, K = V = 128 (check: also 64/256), bf16 inputs. Parts (all three when none is named):
   check  bf16 kernels (and one float32 case) against the float32 per-token reference on the
-         same (upcast) inputs: outputs, final state and the gradients of q, k, v, g, β and the
-         initial state; relative error ‖a − b‖ / ‖b‖, every one must be < 1e-2
+         same (upcast) inputs: outputs (also of the forward alone), final state and the
+         gradients of q, k, v, g, β and the initial state; relative error ‖a − b‖ / ‖b‖, every one must be < 1e-2
   table  fwd and fwd+bwd ms of the pallas and xla rungs (the op, `implementation=`) and cuDNN
          causal attention at the same [B, T, 16, 128] shapes, ratio to cuDNN; one packed row
          (documents of median 1024 tokens) at 4×8192
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import time
 
 import jax
@@ -121,6 +122,12 @@ def _values_and_grads(x, segment_ids, weights, implementation):
     return values, grads
 
 
+def _forward(x, segment_ids):
+    return gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+        segment_ids=segment_ids, return_final_state=True, implementation="pallas")
+
+
 def part_check(args, budget):
     """The kernels on the GPU against the float32 per-token reference (values and gradients)."""
     rows = []
@@ -137,14 +144,17 @@ def part_check(args, budget):
         weights = (w_out, w_state)
         (ref_out, ref_state), ref_grads = _values_and_grads(x32, ids, weights, "reference")
         (out, state), grads = _values_and_grads(x, ids, weights, "pallas")
-        errors = {"out": _relative(out, ref_out), "final_state": _relative(state, ref_state)}
+        # The forward alone (no gradient pending) runs `default_block_sizes(training=False)`.
+        primal_out, _ = jax.jit(functools.partial(_forward, segment_ids=ids))(x)
+        errors = {"out": _relative(out, ref_out), "final_state": _relative(state, ref_state),
+                  "out_primal": _relative(primal_out, ref_out)}
         errors.update({f"d{n}": _relative(grads[n], ref_grads[n]) for n in GRAD_NAMES})
         row = {"B": batch, "T": length, "H": heads, "K": key_dim, "V": value_dim,
                "dtype": jnp.dtype(dtype).name, "docs": documents, **errors,
                "pass": bool(max(errors.values()) < TOLERANCE)}
         rows.append(row)
         print(row, flush=True)
-    print_table(rows, ["B", "T", "K", "V", "dtype", "docs", "out", "final_state",
+    print_table(rows, ["B", "T", "K", "V", "dtype", "docs", "out", "out_primal", "final_state",
                        *(f"d{n}" for n in GRAD_NAMES), "pass", "error"])
     print("check:", "PASS" if rows and all(r.get("pass") for r in rows) else "FAIL")
     return rows

@@ -122,6 +122,15 @@ GDN_VARIANTS = (
     ("reverse 1 stage", dict(state_num_stages=1, forward_state_num_stages=2)),
     ("reverse small scales 1 stage", dict(reverse_small_scales=True, state_num_stages=1,
                                           forward_state_num_stages=2)),
+    ("forward 1 stage 4 warps", dict(forward_state_num_stages=1, forward_state_num_warps=4)),
+    ("forward 1 stage, reverse small scales", dict(forward_state_num_stages=1,
+                                                   reverse_small_scales=True, state_num_stages=1)),
+    ("forward 1 stage 4 warps, reverse small scales", dict(
+        forward_state_num_stages=1, forward_state_num_warps=4, reverse_small_scales=True,
+        state_num_stages=1)),
+    ("forward V64 4 stages, reverse small scales", dict(
+        forward_value_block=64, forward_state_num_stages=4, reverse_small_scales=True,
+        state_num_stages=1)),
     ("gradients 4 warps", dict(gradient_num_warps=4)),
     ("gradients 8 warps", dict(gradient_num_warps=8)),
     ("gradients V128", dict(gradient_value_block=128)),

@@ -100,17 +100,33 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True) 
     forward that is not differentiated.
 
     Both invert T block by block (forward 1.16 → 0.99 ms, fwd+bwd 3.90 → 3.59, H200 B4 T8192
-    H16 K = V = 128 bf16, NOTES.md Round 4). Training splits the outputs from the sequential
-    pass (Round 5), whose programs then carry only the state, in V tiles of 32: fwd+bwd 3.07 ms
-    against 3.59 fused. At K = V = 128 the forward alone is faster fused (0.99 against 1.06 ms),
-    so an undifferentiated forward keeps the fused pass there, V tile at most 64. At K = 256
-    (gdn-340m: B4 T8192 H3, V 512 as two slices) the fused state [K, V tile] is too large and
-    the split pass in V tiles of 32 wins both ways: forward 1.52 ms against 1.98 fused V32 and
-    3.18 fused V16, fwd+bwd 6.10 against 8.15 split V16 (Round 6); its training sequential
-    kernels (the state pass and the reverse state-gradient pass) at 8 warps: fwd+bwd 4.81
-    against 5.17 at 4 (the forward alone 1.67 against 1.50, so not for it). Tiles do not
-    narrow for small batch × heads: where that rule acted (V16 at gdn-340m's 12 sequences) it
-    cost 2 ms of 8."""
+    H16 K = V = 128 bf16, NOTES.md Round 4). The outputs are split from the sequential pass
+    (Round 5), whose programs then carry only the state; the reverse state-gradient pass runs
+    in V tiles of 32: fwd+bwd 3.07 ms against 3.59 fused. At K = 256 (gdn-340m: B4 T8192 H3,
+    V 512 as two slices) the fused state [K, V tile] is too large and the split pass wins both
+    ways: forward 1.52 ms against 1.98 fused V32, fwd+bwd 6.10 against 8.15 split V16 (Round
+    6); its reverse pass at 8 warps: fwd+bwd 4.81 against 5.17 at 4. Tiles do not narrow for
+    small batch × heads: where that rule acted (V16 at gdn-340m's 12 sequences) it cost 2 ms
+    of 8.
+
+    Round 10 (session 12, same run as fla's forward): the forward state pass has its own
+    launch and the reverse pass its row scales on the small side at one stage.
+    K = 128: the forward state pass in V tiles of 64 at 4 stages (fla's pick), which makes
+    the split forward faster than the fused one it replaces for a forward alone: forward
+    0.991 → 0.900 ms (fla 0.89), fwd+bwd 3.03 → 2.87. K > 128: the forward state pass at
+    4 warps and 1 stage: forward 1.49 → 1.44, fwd+bwd 5.01 → 4.35. Below K 128 nothing of
+    Round 10 was measured: the earlier defaults stay (a forward alone fused in V tiles of 64)."""
+    if key_dim < 128:
+        return _measured_before_round_10(key_dim, value_dim, training)
+    base = _measured_before_round_10(key_dim, value_dim, True)
+    forward = (dict(forward_value_block=min(value_dim, 64), forward_state_num_stages=4)
+               if key_dim == 128 else dict(forward_state_num_warps=4, forward_state_num_stages=1))
+    return dataclasses.replace(base, reverse_small_scales=True, state_num_stages=1,
+                               state_num_warps=8 if training and key_dim > 128 else 4, **forward)
+
+
+def _measured_before_round_10(key_dim: int, value_dim: int, training: bool) -> BlockSizes:
+    """The defaults of NOTES.md Rounds 3-6 (see `default_block_sizes`)."""
     tile = min(value_dim, 64 if key_dim <= 128 and not training else 32)
     # The split per-chunk gradients at 4 warps: fwd+bwd 4.15 ms against 5.98 fused (8 warps)
     # and 5.27 split at 8 warps (NOTES.md Round 3); at K = 256, 7.34 against 8.15 at 8 warps

@@ -82,16 +82,22 @@ def check_against_reference(x, segment_ids, scale, *, primal: bool, blocks=TINY,
         assert_close(grads[name], expected_grads[name], 1e-5, f"d{name}")
 
 
+# The GPU defaults' combination from K 128 (`default_block_sizes`), at TINY's tiles.
+ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scales=True,
+                state_num_stages=1)
+
+
 @pytest.mark.parametrize("changes,primal", [
     (dict(split_gradients=False), False), (dict(split_gradients=True), False),
     (dict(split_gradients=True, inverse_by_block=True), False),
     (dict(split_outputs=True), True), (dict(split_outputs=True, inverse_by_block=True), False),
     (dict(split_outputs=True, forward_value_block=16, store_state_first=True), False),
     (dict(forward_value_block=4, forward_state_num_warps=2, forward_state_num_stages=1), False),
-    (dict(split_gradients=True, reverse_small_scales=True), False)],
+    (dict(split_gradients=True, reverse_small_scales=True), False),
+    (dict(ROUND_10, split_outputs=True, forward_value_block=16), True)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
-         "reverse_small_scales"])
+         "reverse_small_scales", "round_10_defaults"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -235,13 +241,29 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
 
 
 @pytest.mark.parametrize("key_dim,value_dim,training,tile,split", [
-    (128, 128, False, 64, False), (64, 32, False, 32, False), (256, 256, False, 32, True),
+    (128, 128, False, 32, True), (64, 32, False, 32, False), (256, 256, False, 32, True),
     (128, 128, True, 32, True), (256, 64, True, 32, True), (64, 16, True, 16, True)])
 def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, tile, split):
-    """NOTES.md Rounds 4-6: a forward alone runs fused in V tiles of 64 at K <= 128, otherwise
-    split in tiles of 32 (never wider than V); the gradients split, at 4 warps."""
+    """NOTES.md Rounds 4-6 and 10: below K 128 a forward alone runs fused in V tiles of 64,
+    otherwise split, its reverse pass in tiles of 32 (never wider than V); the gradients
+    split, at 4 warps."""
     blocks = default_block_sizes(key_dim, value_dim, training=training)
     assert (blocks.value_block, blocks.split_outputs) == (tile, split)
     assert (blocks.split_gradients, blocks.gradient_num_warps, blocks.inverse_by_block) == (
         True, 4, True)
     assert blocks.state_num_warps == (8 if training and key_dim > 128 else 4)
+
+
+@pytest.mark.parametrize("key_dim,value_dim,forward", [
+    (128, 128, (64, None, 4)), (128, 32, (32, None, 4)), (256, 512, (None, 4, 1)),
+    (64, 64, (None, None, None))])
+def test_round_10_defaults(key_dim, value_dim, forward):
+    """NOTES.md Round 10: from K 128 the forward state pass has its own launch (V 64 at
+    4 stages at K 128; 4 warps, 1 stage above) and the reverse pass small scales at 1 stage;
+    the same either way of `training`."""
+    for training in (True, False):
+        blocks = default_block_sizes(key_dim, value_dim, training=training)
+        assert (blocks.forward_value_block, blocks.forward_state_num_warps,
+                blocks.forward_state_num_stages) == forward
+        assert (blocks.reverse_small_scales, blocks.state_num_stages) == (
+            (True, 1) if key_dim >= 128 else (False, 2))
