@@ -131,6 +131,12 @@ GDN_VARIANTS = (
     ("forward V64 4 stages, reverse small scales", dict(
         forward_value_block=64, forward_state_num_stages=4, reverse_small_scales=True,
         state_num_stages=1)),
+    ("forward V64 2 stages", dict(forward_value_block=64, forward_state_num_stages=2)),
+    ("reverse V64", dict(value_block=64, forward_value_block=32)),
+    ("reverse V64 4 warps", dict(value_block=64, forward_value_block=32, state_num_warps=4)),
+    ("gradients K32", dict(gradient_key_block=32)),
+    ("gradients K128", dict(gradient_key_block=128)),
+    ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),
     ("gradients 4 warps", dict(gradient_num_warps=4)),
     ("gradients 8 warps", dict(gradient_num_warps=8)),
     ("gradients V128", dict(gradient_value_block=128)),

@@ -98,7 +98,8 @@ def gated_delta_rule(
                           interpret=interpret)
     if block_sizes is None and backend == "tpu":
         block_sizes = tpu.DEFAULT_BLOCKS
-    defaults = functools.partial(default_block_sizes, key_dim, value_dim)
+    defaults = functools.partial(default_block_sizes, key_dim, value_dim,
+                                 itemsize=jnp.dtype(q.dtype).itemsize)
     blocks = _fitted(block_sizes or defaults(), key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
                 documents=starts is not None, interpret=interpret)

@@ -95,9 +95,10 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
 
 
-def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True) -> BlockSizes:
+def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
+                        itemsize: int = 2) -> BlockSizes:
     """GPU defaults (NOTES.md) for the training forward and backward (`training`) or for a
-    forward that is not differentiated.
+    forward that is not differentiated, of inputs of `itemsize` bytes (bf16: 2).
 
     Both invert T block by block (forward 1.16 → 0.99 ms, fwd+bwd 3.90 → 3.59, H200 B4 T8192
     H16 K = V = 128 bf16, NOTES.md Round 4). The outputs are split from the sequential pass
@@ -114,13 +115,18 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True) 
     K = 128: the forward state pass in V tiles of 64 at 4 stages (fla's pick), which makes
     the split forward faster than the fused one it replaces for a forward alone: forward
     0.991 → 0.900 ms (fla 0.89), fwd+bwd 3.03 → 2.87. K > 128: the forward state pass at
-    4 warps and 1 stage: forward 1.49 → 1.44, fwd+bwd 5.01 → 4.35. Below K 128 nothing of
-    Round 10 was measured: the earlier defaults stay (a forward alone fused in V tiles of 64)."""
-    if key_dim < 128:
+    4 warps and 1 stage in V tiles of 32: forward 1.49 → 1.44, fwd+bwd 5.01 → 4.35; then
+    the reverse pass in V tiles of 64 (8 warps): fwd+bwd 4.39 → 3.90 (call d). Below K 128
+    nothing of Round 10 was measured, and float32 inputs need twice the shared memory (K 128's
+    V 64 at 4 stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults
+    stay there (a forward alone below K 128 fused in V tiles of 64)."""
+    if key_dim < 128 or itemsize > 2:
         return _measured_before_round_10(key_dim, value_dim, training)
     base = _measured_before_round_10(key_dim, value_dim, True)
     forward = (dict(forward_value_block=min(value_dim, 64), forward_state_num_stages=4)
-               if key_dim == 128 else dict(forward_state_num_warps=4, forward_state_num_stages=1))
+               if key_dim == 128 else dict(forward_value_block=min(value_dim, 32),
+                                           forward_state_num_warps=4, forward_state_num_stages=1,
+                                           value_block=min(value_dim, 64)))
     return dataclasses.replace(base, reverse_small_scales=True, state_num_stages=1,
                                state_num_warps=8 if training and key_dim > 128 else 4, **forward)
 

@@ -60,7 +60,7 @@ def test_gdn_variants_start_from_the_shapes_default():
     gdn_340m = MixerShape(4, 8192, 3, 256, 512)  # two V slices of 256, 12 sequences
     base = gdn_default_blocks(gdn_340m)
     assert base == default_block_sizes(256, 256)
-    assert (base.value_block, base.gradient_num_warps, base.split_outputs) == (32, 4, True)
+    assert (base.value_block, base.gradient_num_warps, base.split_outputs) == (64, 4, True)
     variants = gdn_variants(gdn_340m)
     changes = dict(GDN_VARIANTS)
     for label, blocks in variants.items():
@@ -68,7 +68,8 @@ def test_gdn_variants_start_from_the_shapes_default():
     assert len(set(variants.values())) == len(variants)
     assert variants["split outputs V16"].value_block == 16
     assert variants["gradients 8 warps"].gradient_num_warps == 8
-    assert "split outputs V32" not in variants and "gradients 4 warps" not in variants
+    assert "split outputs V64" not in variants and "gradients 4 warps" not in variants
+    assert "reverse V64" not in variants  # the reverse pass's V 64 is the default (Round 10)
     assert "sequential 8 warps" not in variants  # 8 warps are its training default
     assert variants["sequential 2 warps V16"].state_num_warps == 2  # Round 8's sweep
     at_issue = gdn_variants(issue)  # V tile 32 and 4 gradient warps are the default there too

@@ -241,12 +241,13 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
 
 
 @pytest.mark.parametrize("key_dim,value_dim,training,tile,split", [
-    (128, 128, False, 32, True), (64, 32, False, 32, False), (256, 256, False, 32, True),
-    (128, 128, True, 32, True), (256, 64, True, 32, True), (64, 16, True, 16, True)])
+    (128, 128, False, 32, True), (64, 32, False, 32, False), (256, 256, False, 64, True),
+    (128, 128, True, 32, True), (256, 64, True, 64, True), (256, 32, True, 32, True),
+    (64, 16, True, 16, True)])
 def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, tile, split):
     """NOTES.md Rounds 4-6 and 10: below K 128 a forward alone runs fused in V tiles of 64,
-    otherwise split, its reverse pass in tiles of 32 (never wider than V); the gradients
-    split, at 4 warps."""
+    otherwise split, its reverse pass in tiles of 32 (64 above K 128; never wider than V);
+    the gradients split, at 4 warps."""
     blocks = default_block_sizes(key_dim, value_dim, training=training)
     assert (blocks.value_block, blocks.split_outputs) == (tile, split)
     assert (blocks.split_gradients, blocks.gradient_num_warps, blocks.inverse_by_block) == (
@@ -255,15 +256,20 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
 
 
 @pytest.mark.parametrize("key_dim,value_dim,forward", [
-    (128, 128, (64, None, 4)), (128, 32, (32, None, 4)), (256, 512, (None, 4, 1)),
+    (128, 128, (64, None, 4)), (128, 32, (32, None, 4)), (256, 512, (32, 4, 1)),
     (64, 64, (None, None, None))])
 def test_round_10_defaults(key_dim, value_dim, forward):
     """NOTES.md Round 10: from K 128 the forward state pass has its own launch (V 64 at
-    4 stages at K 128; 4 warps, 1 stage above) and the reverse pass small scales at 1 stage;
-    the same either way of `training`."""
+    4 stages at K 128; V 32 at 4 warps, 1 stage above) and the reverse pass small scales at
+    1 stage; the same either way of `training`."""
     for training in (True, False):
         blocks = default_block_sizes(key_dim, value_dim, training=training)
         assert (blocks.forward_value_block, blocks.forward_state_num_warps,
                 blocks.forward_state_num_stages) == forward
         assert (blocks.reverse_small_scales, blocks.state_num_stages) == (
             (True, 1) if key_dim >= 128 else (False, 2))
+        # float32 inputs keep the earlier defaults (V 64 at 4 stages is over shared memory)
+        wide = default_block_sizes(key_dim, value_dim, training=training, itemsize=4)
+        assert (wide.forward_value_block, wide.forward_state_num_stages,
+                wide.reverse_small_scales, wide.state_num_stages) == (None, None, False, 2)
+        assert wide.split_outputs == (training or key_dim > 128)
