@@ -49,6 +49,7 @@ CHECK_CASES = (  # (B, T, H, K, V, dtype, documents)
     (2, 1000, 4, 128, 128, jnp.bfloat16, True),
     (1, 777, 2, 64, 256, jnp.bfloat16, False),
     (1, 500, 2, 256, 64, jnp.bfloat16, True),
+    (1, 300, 2, 256, 512, jnp.bfloat16, True),  # two V slices sharing q and k
     (1, 300, 2, 128, 128, jnp.float32, True),
 )
 TOLERANCE = 1e-2

@@ -134,6 +134,8 @@ GDN_VARIANTS = (
     ("forward V64 2 stages", dict(forward_value_block=64, forward_state_num_stages=2)),
     ("reverse V64", dict(value_block=64, forward_value_block=32)),
     ("reverse V64 4 warps", dict(value_block=64, forward_value_block=32, state_num_warps=4)),
+    ("outputs V128", dict(outputs_value_block=128)),
+    ("outputs V64", dict(outputs_value_block=64)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),
@@ -143,7 +145,7 @@ GDN_VARIANTS = (
 )
 # The head dim each tile of a GDN kernel tiles ("value": of one V slice).
 GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
-             "gradient_key_block": "key"}
+             "outputs_value_block": "value", "gradient_key_block": "key"}
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS))
 COLUMNS = ["op", "impl", "B", "T", "H", "K", "V", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd",
            "vs_fla_fwd_bwd", "vs_cudnn_fwd_bwd", "temp_MiB", "error"]

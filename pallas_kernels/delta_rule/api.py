@@ -15,7 +15,8 @@ Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_state
 These are the GPU kernels (Triton lowering); `backend="tpu"` runs `tpu.py`'s two Mosaic TPU
 kernels (forward and backward, each one sequential pass over chunks) on the same arrays.
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
-slices, folded into the heads of one call. Memory is linear in T. NOTES.md has the design, the
+slices, folded into the heads of one call whose GPU kernels read each slice's q and k from
+one copy (`Static.key_group`). Memory is linear in T. NOTES.md has the design, the
 roofline and the measurements.
 """
 
@@ -43,7 +44,8 @@ from pallas_kernels.residuals import saved
 
 HEAD_DIMS = (64, 128, 256)
 # Wider values run as slices of this many columns: each column of S evolves on its own (the
-# delta rule's K-side terms W, T, P are recomputed per slice; gradients of q, k, g, β add up).
+# delta rule's K-side terms W, T, P are recomputed per slice; gradients of q, k, g, β add up;
+# the slices of a head share q and k through the GPU kernels' index maps).
 # The slices run as extra heads of one call, so each kernel is one launch with every slice's
 # programs (measured as fast as a launch per slice at gdn-340m's shape: NOTES.md, Round 7).
 VALUE_SLICE = 256
@@ -90,19 +92,26 @@ def gated_delta_rule(
     if reason is not None:
         raise ValueError(f"pallas gated_delta_rule: {reason}")
     backend = backend or _default_backend(interpret)
-    batch, length, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    if value_dim > VALUE_SLICE:
-        return _as_slices(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                          starts=starts, block_sizes=block_sizes, backend=backend,
-                          interpret=interpret)
+    options = dict(scale=scale, starts=starts, block_sizes=block_sizes, backend=backend,
+                   interpret=interpret)
+    if v.shape[-1] > VALUE_SLICE:
+        return _as_slices(q, k, v, g, beta, initial_state=initial_state, **options)
+    return _run(q, k, v, g, beta, initial_state=initial_state, key_group=1, **options)
+
+
+def _run(q, k, v, g, beta, *, scale, initial_state, starts, block_sizes, backend, interpret,
+         key_group: int):
+    """`gated_delta_rule` on checked inputs, V ≤ `VALUE_SLICE`; v, g, β and the state have
+    `key_group` heads for each head of q and k (head h reads key head h // key_group)."""
+    batch, length, heads, value_dim = v.shape
+    key_dim = q.shape[-1]
     if block_sizes is None and backend == "tpu":
         block_sizes = tpu.DEFAULT_BLOCKS
     defaults = functools.partial(default_block_sizes, key_dim, value_dim,
                                  itemsize=jnp.dtype(q.dtype).itemsize)
     blocks = _fitted(block_sizes or defaults(), key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
-                documents=starts is not None, interpret=interpret)
+                documents=starts is not None, interpret=interpret, key_group=key_group)
     st_forward = dataclasses.replace(st, blocks=_fitted(block_sizes or defaults(training=False),
                                                         key_dim, value_dim))
     padded = -(-length // blocks.chunk) * blocks.chunk
@@ -122,17 +131,22 @@ def gated_delta_rule(
 
 def _as_slices(q, k, v, g, beta, *, initial_state, **options):
     """`gated_delta_rule` with V in slices of `VALUE_SLICE` columns, head h's slice s as head
-    h·S + s of one call (q, k, g and β repeated per slice; their gradients add up)."""
+    h·S + s of one call: g and β repeated per slice, q and k shared through the kernels' index
+    maps on a GPU (`Static.key_group`; a copy of each per slice cost 0.12 ms of gdn-340m's
+    1.45 ms forward, NOTES.md Round 10), repeated on a TPU; their gradients add up."""
     batch, length, heads, key_dim = q.shape
     slices = v.shape[-1] // VALUE_SLICE
     repeat = functools.partial(jnp.repeat, repeats=slices, axis=2)
+    key_group = slices
+    if options["backend"] == "tpu":
+        q, k, key_group = repeat(q), repeat(k), 1
     v = v.reshape(batch, length, heads * slices, VALUE_SLICE)
     if initial_state is not None:  # [B, H, K, S·Vs] → [B, H·S, K, Vs]
         initial_state = initial_state.reshape(batch, heads, key_dim, slices, VALUE_SLICE)
         initial_state = initial_state.transpose(0, 1, 3, 2, 4).reshape(
             batch, heads * slices, key_dim, VALUE_SLICE)
-    out, final_state = gated_delta_rule(repeat(q), repeat(k), v, repeat(g), repeat(beta),
-                                        initial_state=initial_state, **options)
+    out, final_state = _run(q, k, v, repeat(g), repeat(beta), initial_state=initial_state,
+                            key_group=key_group, **options)
     final_state = final_state.reshape(batch, heads, slices, key_dim, VALUE_SLICE)
     return (out.reshape(batch, length, heads, slices * VALUE_SLICE),
             final_state.transpose(0, 1, 3, 2, 4).reshape(batch, heads, key_dim, -1))
@@ -207,6 +221,8 @@ def _fitted(blocks: BlockSizes, key_dim: int, value_dim: int) -> BlockSizes:
         gradient_key_block=min(blocks.gradient_key_block, key_dim),
         gradient_value_block=min(blocks.gradient_value_block, value_dim),
         forward_value_block=blocks.forward_value_block and min(blocks.forward_value_block,
+                                                               value_dim),
+        outputs_value_block=blocks.outputs_value_block and min(blocks.outputs_value_block,
                                                                value_dim))
 
 
@@ -246,6 +262,9 @@ def _core_backward(st: Static, st_forward: Static, residuals, cotangents):
                                                     d_final.astype(F32), st)
     dq, dk, dv, d_beta, dg = chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u,
                                              du, d_out, st)
+    if st.key_group > 1:  # the value heads of each key head add up
+        dq, dk = (d.reshape(key.shape[:3] + (st.key_group, -1)).astype(F32).sum(3).astype(
+            key.dtype) for d, key in ((dq, q), (dk, k)))
     return dq, dk, dv, dg, d_beta, None, d_initial
 
 

@@ -66,12 +66,13 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
     """The reverse-time pass. Returns dU `[B, Tp, H, V]` (input dtype), the gradients of the
     state after every chunk `[B, H, NC·K, V]` and of the initial state (float32: in bf16 they
     cost dg an order of magnitude, NOTES.md)."""
-    batch, length, heads, key_dim = q.shape
-    value_dim, C, tile = d_out.shape[-1], st.blocks.chunk, st.blocks.value_block
+    batch, length, heads, value_dim = d_out.shape
+    key_dim, C, tile = q.shape[-1], st.blocks.chunk, st.blocks.value_block
     num_chunks = length // C
-    specs = SequentialSpecs(length, tile)
+    specs = SequentialSpecs(length, tile, st.key_group)
     in_specs, args = with_starts(
-        [specs.whole(key_dim), specs.whole(key_dim), specs.whole(key_dim), specs.whole(C),
+        [specs.shared_whole(key_dim), specs.shared_whole(key_dim), specs.whole(key_dim),
+         specs.whole(C),
          specs.tiled(), specs.steps()], [q, k, w, p, d_out, g], specs.starts(), starts,
         st.documents)
     blocks = st.blocks

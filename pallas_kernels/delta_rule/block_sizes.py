@@ -32,6 +32,9 @@ class BlockSizes:
       state_num_stages, which the reverse state-gradient pass keeps), e.g. fla's V tile of 64
       in the forward state pass, half the programs of 32, each reading W and K once for twice
       the columns (NOTES.md, Round 10).
+    outputs_value_block: the V tile of the split forward's output kernel (None: the whole V),
+      a grid axis of its own: at K 256 its whole-V program holds the `[K, V]` state tile, 200
+      KB of shared memory and spills (`../COMPILED.md`, suggestion 6).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -57,6 +60,7 @@ class BlockSizes:
     forward_value_block: int | None = None
     forward_state_num_warps: int | None = None
     forward_state_num_stages: int | None = None
+    outputs_value_block: int | None = None
     store_state_first: bool = False
     reverse_small_scales: bool = False
     prefetch: bool = False
@@ -77,10 +81,11 @@ class BlockSizes:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two >= 2, got {value!r}")
-        tile = self.forward_value_block
-        if tile is not None and (not isinstance(tile, int) or tile < 2 or tile & (tile - 1)):
-            raise ValueError(f"BlockSizes.forward_value_block must be None or a power of two "
-                             f">= 2, got {tile!r}")
+        for name in ("forward_value_block", "outputs_value_block"):
+            tile = getattr(self, name)
+            if tile is not None and (not isinstance(tile, int) or tile < 2 or tile & (tile - 1)):
+                raise ValueError(f"BlockSizes.{name} must be None or a power of two >= 2, "
+                                 f"got {tile!r}")
         for name in ("forward_state_num_warps", "forward_state_num_stages"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -35,6 +35,7 @@ from pallas_kernels.delta_rule.chunk_math import (
 from pallas_kernels.delta_rule.layout import (
     ChunkSpecs,
     SequentialSpecs,
+    ValueTileSpecs,
     chunk_loop,
     load_chunk,
     split_refs,
@@ -74,12 +75,12 @@ def _prepare_kernel(*refs, st: Static, save: bool):
 def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
     """Per chunk, in parallel: P = scale·(Q Kᵀ) ⊙ D, T = (I + A)⁻¹, W = T (β e^Γ ⊙ K),
     U₀ = T (β ⊙ V) (NOTES.md). Returns (W, U₀, P), and T when `save` (the backward's)."""
-    batch, length, heads, key_dim = q.shape
-    value_dim, C = v.shape[-1], st.blocks.chunk
-    specs = ChunkSpecs(C)
+    batch, length, heads, value_dim = v.shape
+    key_dim, C = q.shape[-1], st.blocks.chunk
+    specs = ChunkSpecs(C, st.key_group)
     in_specs, args = with_starts(
-        [specs.rows(key_dim), specs.rows(key_dim), specs.rows(value_dim), specs.steps(),
-         specs.steps()], [q, k, v, g, beta], specs.starts(), starts, st.documents)
+        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), specs.rows(value_dim),
+         specs.steps(), specs.steps()], [q, k, v, g, beta], specs.starts(), starts, st.documents)
     shape = lambda d: jax.ShapeDtypeStruct((batch, length, heads, d), k.dtype)
     out_specs = [specs.rows(key_dim), specs.rows(value_dim), specs.rows(C)]
     out_specs += [specs.rows(C)] * save
@@ -146,13 +147,14 @@ def _sequential_call(arrays: dict, starts, initial_state, st: Static, *, save: b
     """The sequential pass over `arrays` (q, k, w, u0, p, g, or k, w, u0, g without the
     outputs); returns ([o], final state, [states, U])."""
     k, u0 = arrays["k"], arrays["u0"]
-    batch, length, heads, key_dim = k.shape
+    batch, length, heads, value_dim = u0.shape
     blocks = st.blocks
-    value_dim, C = u0.shape[-1], blocks.chunk
+    key_dim, C = k.shape[-1], blocks.chunk
     tile = blocks.forward_value_block or blocks.value_block
     num_chunks = length // C
-    specs = SequentialSpecs(length, tile)
-    spec_of = dict(q=specs.whole(key_dim), k=specs.whole(key_dim), w=specs.whole(key_dim),
+    specs = SequentialSpecs(length, tile, st.key_group)
+    spec_of = dict(q=specs.shared_whole(key_dim), k=specs.shared_whole(key_dim),
+                   w=specs.whole(key_dim),
                    u0=specs.tiled(), p=specs.whole(C), g=specs.steps())
     in_specs, args = with_starts([spec_of[name] for name in arrays], list(arrays.values()),
                                  specs.starts(), starts, st.documents)
@@ -202,20 +204,22 @@ def _outputs_kernel(*refs, st: Static):
 
 
 def chunk_outputs(q, p, u, states, g, starts, st: Static):
-    """o = Q̃ S₀ + P U per chunk, in parallel (one program per batch, head and chunk), from
-    the states entering each chunk and U that `chunk_states` stored. Returns o in q's dtype."""
-    batch, length, heads, key_dim = q.shape
-    value_dim, C = u.shape[-1], st.blocks.chunk
-    specs = ChunkSpecs(C)
+    """o = Q̃ S₀ + P U per chunk, in parallel (one program per batch, head, chunk and V tile of
+    `outputs_value_block`), from the states entering each chunk and U that `chunk_states`
+    stored. Returns o in q's dtype."""
+    batch, length, heads, value_dim = u.shape
+    key_dim, C = q.shape[-1], st.blocks.chunk
+    tile = st.blocks.outputs_value_block or value_dim
+    specs = ValueTileSpecs(C, value_dim // tile, st.key_group)
     in_specs, args = with_starts(
-        [specs.rows(key_dim), specs.rows(C), specs.rows(value_dim),
-         specs.state(key_dim, value_dim), specs.steps()], [q, p, u, states, g], specs.starts(),
+        [specs.shared_rows(key_dim), specs.rows(C), specs.value_rows(tile),
+         specs.state(key_dim, tile), specs.steps()], [q, p, u, states, g], specs.starts(),
         starts, st.documents)
     blocks = st.blocks
     return pallas_call(
         functools.partial(_outputs_kernel, st=st),
-        grid=(batch, heads, length // C), in_specs=in_specs, out_specs=specs.rows(value_dim),
-        out_shape=jax.ShapeDtypeStruct(u.shape, q.dtype),
+        grid=(batch, heads, length // C * specs.tiles), in_specs=in_specs,
+        out_specs=specs.value_rows(tile), out_shape=jax.ShapeDtypeStruct(u.shape, q.dtype),
         compiler_params=compiler_params(blocks.outputs_num_warps, blocks.outputs_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_outputs",
     )(*args)

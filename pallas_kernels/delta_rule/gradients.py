@@ -153,17 +153,24 @@ def _key_gradients_kernel(*refs, st: Static):
         k_ref, s0_ref, ds1_ref, t_ref, u_ref, du_ref, do_ref, dq_ref, dk_ref)
 
 
+def per_value_head(x, heads: int) -> jax.ShapeDtypeStruct:
+    """dq or dk of every value head `[B, Tp, H, K]` (x: q or k `[B, Tp, H / group, K]`): the
+    caller sums the `key_group` value heads of a key head."""
+    return jax.ShapeDtypeStruct(x.shape[:2] + (heads,) + x.shape[3:], x.dtype)
+
+
 def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
-    """dq, dk, dv (input dtype) and dβ, dg `[B, H, Tp]` (float32) of every chunk, in parallel:
-    one kernel, or two with `split_gradients`."""
+    """dq, dk of every value head (`per_value_head`), dv (input dtype) and dβ, dg `[B, H, Tp]`
+    (float32) of every chunk, in parallel: one kernel, or two with `split_gradients`."""
     if st.blocks.split_gradients:
         return _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st)
-    batch, length, heads, key_dim = q.shape
-    value_dim, C = v.shape[-1], st.blocks.chunk
-    specs = ChunkSpecs(C)
+    batch, length, heads, value_dim = v.shape
+    key_dim, C = q.shape[-1], st.blocks.chunk
+    specs = ChunkSpecs(C, st.key_group)
     rows, state = specs.rows, specs.state(key_dim, value_dim)
     in_specs, args = with_starts(
-        [rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
+        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), rows(value_dim), specs.steps(),
+         specs.steps()],
         [q, k, v, g, beta], specs.starts(), starts, st.documents)
     in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim)]
     blocks = st.blocks
@@ -171,7 +178,7 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
         functools.partial(_gradients_kernel, st=st),
         grid=(batch, heads, length // C), in_specs=in_specs,
         out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+        out_shape=[per_value_head(q, heads), per_value_head(k, heads),
                    jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g.shape, F32),
                    jax.ShapeDtypeStruct(g.shape, F32)],
         compiler_params=compiler_params(blocks.gradient_num_warps, blocks.gradient_num_stages),
@@ -180,16 +187,17 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
 
 
 def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
-    batch, length, heads, key_dim = q.shape
-    value_dim, C = v.shape[-1], st.blocks.chunk
+    batch, length, heads, value_dim = v.shape
+    key_dim, C = q.shape[-1], st.blocks.chunk
     params = compiler_params(st.blocks.gradient_num_warps, st.blocks.gradient_num_stages)
     dv, d_qk, d_kk, beta_pairs, log_pairs = chunk_pair_gradients(q, k, v, g, beta, starts, t, u,
                                                                  du, d_out, st, params)
     key_tile = st.blocks.gradient_key_block
-    specs = KeyTileSpecs(C, key_dim // key_tile)
+    specs = KeyTileSpecs(C, key_dim // key_tile, st.key_group)
     rows = specs.rows
     in_specs, args = with_starts(
-        [specs.key_rows(key_tile), specs.key_rows(key_tile), specs.steps(), specs.steps()],
+        [specs.shared_key_rows(key_tile), specs.shared_key_rows(key_tile), specs.steps(),
+         specs.steps()],
         [q, k, g, beta], specs.starts(), starts, st.documents)
     state = specs.state(key_tile, value_dim)
     in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim),
@@ -200,8 +208,8 @@ def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out
         grid=(batch, heads, length // C * specs.tiles), in_specs=in_specs,
         out_specs=[specs.key_rows(key_tile), specs.key_rows(key_tile), specs.partial(),
                    specs.partial()],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   partial_shape, partial_shape],
+        out_shape=[per_value_head(q, heads), per_value_head(k, heads), partial_shape,
+                   partial_shape],
         compiler_params=params, interpret=st.interpret,
         name="gated_delta_rule_chunk_key_gradients",
     )(*args, t, states, d_states, u, du, d_out, d_qk, d_kk)
@@ -212,12 +220,13 @@ def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out
 
 def chunk_pair_gradients(q, k, v, g, beta, starts, t, u, du, d_out, st: Static, params):
     """dQK, dKK `[B, Tp, H, C]` and dv (input dtype); the pair terms' dβ and dΓ `[B, H, Tp]`."""
-    batch, length, heads, key_dim = q.shape
-    value_dim, C = v.shape[-1], st.blocks.chunk
-    specs = ChunkSpecs(C)
+    batch, length, heads, value_dim = v.shape
+    key_dim, C = q.shape[-1], st.blocks.chunk
+    specs = ChunkSpecs(C, st.key_group)
     rows = specs.rows
     in_specs, args = with_starts(
-        [rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
+        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), rows(value_dim), specs.steps(),
+         specs.steps()],
         [q, k, v, g, beta], specs.starts(), starts, st.documents)
     in_specs += [rows(C), rows(value_dim), rows(value_dim), rows(value_dim)]
     pair_shape = jax.ShapeDtypeStruct((batch, length, heads, C), q.dtype)

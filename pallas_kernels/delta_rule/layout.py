@@ -4,6 +4,7 @@ and loop, written once for the two kinds of kernel:
 
   per chunk   grid (batch, head, chunk): one chunk of rows, the chunk's state
   per K tile  grid (batch, head, chunk × K tile): as per chunk, one K tile of q, k and the state
+  per V tile  grid (batch, head, chunk × V tile): as per chunk, one V tile of u, o and the state
   sequential  grid (batch, head, V tile): whole sequences, one loop over chunks inside
 """
 
@@ -15,14 +16,20 @@ from jax.experimental import pallas as pl
 
 
 class ChunkSpecs:
-    """Specs of a per-chunk kernel, chunk C."""
+    """Specs of a per-chunk kernel, chunk C; `group` value heads share a key head (the
+    `shared_*` specs: head h reads head h // group of q and k)."""
 
-    def __init__(self, chunk: int):
-        self.C = chunk
+    def __init__(self, chunk: int, group: int = 1):
+        self.C, self.group = chunk, group
 
     def rows(self, dim: int) -> pl.BlockSpec:
         """This chunk's rows of a `[B, Tp, H, dim]` array."""
         return pl.BlockSpec((None, self.C, None, dim), lambda b, h, c: (b, c, h, 0))
+
+    def shared_rows(self, dim: int) -> pl.BlockSpec:
+        """This chunk's rows of a `[B, Tp, H / group, dim]` array (q, k)."""
+        n = self.group
+        return pl.BlockSpec((None, self.C, None, dim), lambda b, h, c: (b, c, h // n, 0))
 
     def steps(self) -> pl.BlockSpec:
         """This chunk of a `[B, H, Tp]` array (g, β)."""
@@ -42,18 +49,29 @@ class KeyTileSpecs:
     chunk · tiles + K tile), the K tiles of one chunk next to each other (they read the same
     rows of dO, U, dU, T: neighbours in time share them through L2)."""
 
-    def __init__(self, chunk: int, tiles: int):
-        self.C, self.tiles = chunk, tiles
+    def __init__(self, chunk: int, tiles: int, group: int = 1):
+        self.C, self.tiles, self.group = chunk, tiles, group
 
     def rows(self, dim: int) -> pl.BlockSpec:
         """This chunk's rows of a `[B, Tp, H, dim]` array."""
         n = self.tiles
         return pl.BlockSpec((None, self.C, None, dim), lambda b, h, p: (b, p // n, h, 0))
 
+    def shared_rows(self, dim: int) -> pl.BlockSpec:
+        """As `rows`, of a `[B, Tp, H / group, dim]` array (q, k)."""
+        n, group = self.tiles, self.group
+        return pl.BlockSpec((None, self.C, None, dim), lambda b, h, p: (b, p // n, h // group, 0))
+
     def key_rows(self, key_tile: int) -> pl.BlockSpec:
         """This chunk's rows, this K tile's columns of a `[B, Tp, H, K]` array."""
         n = self.tiles
         return pl.BlockSpec((None, self.C, None, key_tile), lambda b, h, p: (b, p // n, h, p % n))
+
+    def shared_key_rows(self, key_tile: int) -> pl.BlockSpec:
+        """As `key_rows`, of a `[B, Tp, H / group, K]` array (q, k)."""
+        n, group = self.tiles, self.group
+        return pl.BlockSpec((None, self.C, None, key_tile),
+                            lambda b, h, p: (b, p // n, h // group, p % n))
 
     def steps(self) -> pl.BlockSpec:
         n = self.tiles
@@ -74,15 +92,34 @@ class KeyTileSpecs:
         return pl.BlockSpec((None, None, None, self.C), lambda b, h, p: (b, h, p % n, p // n))
 
 
+class ValueTileSpecs(KeyTileSpecs):
+    """Specs of a per-(chunk, V tile) kernel: as `KeyTileSpecs`, the tiles along V."""
+
+    def value_rows(self, value_tile: int) -> pl.BlockSpec:
+        """This chunk's rows, this V tile's columns of a `[B, Tp, H, V]` array."""
+        return self.key_rows(value_tile)
+
+    def state(self, key_dim: int, value_tile: int) -> pl.BlockSpec:
+        """This V tile of this chunk's state in a `[B, H, NC·K, V]` array."""
+        n = self.tiles
+        return pl.BlockSpec((None, None, key_dim, value_tile),
+                            lambda b, h, p: (b, h, p // n, p % n))
+
+
 class SequentialSpecs:
     """Specs of a sequential kernel over `length` padded steps, V tile `tile`."""
 
-    def __init__(self, length: int, tile: int):
-        self.length, self.tile = length, tile
+    def __init__(self, length: int, tile: int, group: int = 1):
+        self.length, self.tile, self.group = length, tile, group
 
     def whole(self, dim: int) -> pl.BlockSpec:
         """The whole sequence of one head of a `[B, Tp, H, dim]` array."""
         return pl.BlockSpec((None, self.length, None, dim), lambda b, h, j: (b, 0, h, 0))
+
+    def shared_whole(self, dim: int) -> pl.BlockSpec:
+        """The whole sequence of key head h // group of a `[B, Tp, H / group, dim]` array."""
+        n = self.group
+        return pl.BlockSpec((None, self.length, None, dim), lambda b, h, j: (b, 0, h // n, 0))
 
     def tiled(self) -> pl.BlockSpec:
         """The whole sequence of this V tile of a `[B, Tp, H, V]` array."""
