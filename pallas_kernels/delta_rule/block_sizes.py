@@ -35,6 +35,11 @@ class BlockSizes:
     outputs_value_block: the V tile of the split forward's output kernel (None: the whole V),
       a grid axis of its own: at K 256 its whole-V program holds the `[K, V]` state tile, 200
       KB of shared memory and spills (`../COMPILED.md`, suggestion 6).
+    forward_state_key_block: the split forward's state pass carries the state as row blocks
+      of this many keys (fla's b_h1..b_h4), each block's bf16 copy stored as it is made,
+      before W S; W's and K's column tiles loaded per block (None, or ≥ K: one [K, V tile]
+      state). ptxas (sm_90a, CPU; NOTES.md Round 12) at K 256, V 64, 4 warps: 255 registers
+      and 248 B of spills as one tile, 252 and none in blocks of 64.
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -61,6 +66,7 @@ class BlockSizes:
     forward_state_num_warps: int | None = None
     forward_state_num_stages: int | None = None
     outputs_value_block: int | None = None
+    forward_state_key_block: int | None = None
     store_state_first: bool = False
     reverse_small_scales: bool = False
     prefetch: bool = False
@@ -81,7 +87,7 @@ class BlockSizes:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two >= 2, got {value!r}")
-        for name in ("forward_value_block", "outputs_value_block"):
+        for name in ("forward_value_block", "outputs_value_block", "forward_state_key_block"):
             tile = getattr(self, name)
             if tile is not None and (not isinstance(tile, int) or tile < 2 or tile & (tile - 1)):
                 raise ValueError(f"BlockSizes.{name} must be None or a power of two >= 2, "
@@ -90,6 +96,9 @@ class BlockSizes:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"BlockSizes.{name} must be None or >= 1, got {value}")
+        if self.forward_state_key_block is not None and not self.split_outputs:
+            raise ValueError("BlockSizes.forward_state_key_block needs split_outputs=True (the "
+                             "state pass that carries only the state)")
         if self.sub_chunk > self.chunk:
             raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
                              f"({self.chunk})")

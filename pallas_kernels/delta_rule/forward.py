@@ -105,6 +105,12 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
     C, key_dim = st.blocks.chunk, sources["k"].shape[-1]
     op = sources["k"].dtype
 
+    block = st.blocks.forward_state_key_block  # split outputs only (`BlockSizes`)
+    if block is not None and block < key_dim:
+        _blocked_state_pass(sources, starts_ref, init_ref, final_ref, saved, st,
+                            num_chunks, block)
+        return
+
     def step(c, state, x):
         # What does not depend on the state first; the chain to the next chunk is W S → U →
         # K̃ᵀ U, the outputs hang off it.
@@ -134,6 +140,43 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
     final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
                                 step, init_ref[...], reverse=False,
                                 prefetch=st.blocks.prefetch)
+
+
+def _blocked_state_pass(sources, starts_ref, init_ref, final_ref, saved, st: Static,
+                        num_chunks: int, block: int):
+    """`chunk_states`' loop with the state as K / `block` row blocks `[block, V tile]` (fla's
+    form): each block's bf16 copy is stored as it is made, before W S, so that no
+    `[K, V tile]` bf16 copy, its layout conversion and store addresses are live beside the
+    float32 state (ptxas, K 256, V 64, 4 warps, 2 stages: 255 registers + 248 B of spills →
+    252, none)."""
+    C, key_dim = st.blocks.chunk, sources["k"].shape[-1]
+    op = sources["k"].dtype
+    states_ref, u_ref = saved
+    rows = lambda i: pl.ds(i * block, block)
+
+    def step(c, state):
+        span = pl.ds(c * C, C)
+        chunk = chunk_decays(sources["g"][span],
+                             None if starts_ref is None else starts_ref[span])
+        state_ops = []
+        for i, s in enumerate(state):
+            s_op = s.astype(op)
+            states_ref[pl.ds(c * key_dim + i * block, block), :] = s_op
+            state_ops.append(s_op)
+        ws = None  # W S = Σ_i W[:, block i] S_i; Triton folds each sum into the next product
+        for i, s_op in enumerate(state_ops):
+            p = mm(sources["w"][span, rows(i)], s_op)
+            ws = p if ws is None else ws + p
+        u_op = (sources["u0"][span, :].astype(F32) - ws).astype(op)
+        u_ref[span, :] = u_op
+        updates = (u_op * chunk.to_end[:, None]).astype(op)
+        return tuple(chunk.decay * s + mm_tn(sources["k"][span, rows(i)], updates)
+                     for i, s in enumerate(state))
+
+    init = tuple(init_ref[rows(i), :] for i in range(key_dim // block))
+    final = jax.lax.fori_loop(0, num_chunks, step, init)
+    for i, s in enumerate(final):
+        final_ref[rows(i), :] = s
 
 
 def _outputs(q, p, state_op, u_op, chunk, scale: float):

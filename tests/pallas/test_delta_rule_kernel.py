@@ -95,10 +95,12 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(forward_value_block=4, forward_state_num_warps=2, forward_state_num_stages=1), False),
     (dict(split_gradients=True, reverse_small_scales=True), False),
     (dict(ROUND_10, split_outputs=True, forward_value_block=16), True),
-    (dict(ROUND_10, split_outputs=True, outputs_value_block=4), True)],
+    (dict(ROUND_10, split_outputs=True, outputs_value_block=4), True),
+    (dict(ROUND_10, split_outputs=True, forward_state_key_block=4), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
-         "reverse_small_scales", "round_10_defaults", "outputs_value_tiles"])
+         "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
+         "forward_state_key_blocks"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -110,7 +112,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     forward without residuals in one case, from the one saving them in the other); the forward
     sequential pass in V tiles of its own (wider or narrower than the reverse pass's 8), its
     entering states stored before or after its first product; the reverse pass's row scales
-    on either side of its products; the output kernel in V tiles."""
+    on either side of its products; the output kernel in V tiles; the forward state pass's
+    state as row blocks of 4 keys."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -163,8 +166,8 @@ def check_bfloat16(segment_ids, blocks, backend=None):
 
 @pytest.mark.parametrize("changes,primal", [
     (None, False), (dict(split_gradients=False), True),
-    (dict(ROUND_10, split_outputs=True, outputs_value_block=4), True)],
-    ids=["defaults", "fused", "round_10"])
+    (dict(ROUND_10, split_outputs=True, outputs_value_block=4, forward_state_key_block=8),
+     True)], ids=["defaults", "fused", "round_10"])
 def test_wide_values_run_as_slices(x64, monkeypatch, changes, primal):
     """V wider than `VALUE_SLICE` (gdn-340m's V = 512 on the GPU) runs as column slices of the
     state, as extra heads of one call (each kernel launched once) that share q and k through
@@ -201,7 +204,8 @@ def _platform_gpu(monkeypatch):
     (256, 128, False, dict(forward_state_num_warps=4, forward_state_num_stages=1)),
     (256, 64, True, dict(reverse_small_scales=True, state_num_stages=1,
                          forward_state_num_stages=2)),
-    (256, 512, True, {}), (128, 256, False, dict(outputs_value_block=64))])
+    (256, 512, True, {}), (128, 256, False, dict(outputs_value_block=64)),
+    (256, 256, True, dict(forward_value_block=64, forward_state_key_block=64))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
