@@ -97,9 +97,10 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
 # kernels at 4 warps). A variant's tiles serve both its forward and its fwd+bwd (the
 # default's undifferentiated forward keeps the fused pass at K <= 128).
 GDN_VARIANTS = (
-    ("fused outputs", dict(split_outputs=False)),
-    ("fused outputs V32", dict(split_outputs=False, value_block=32)),
-    ("fused outputs V64", dict(split_outputs=False, value_block=64)),
+    # (the fused pass carries the state whole: `forward_state_key_block` is for the split one)
+    ("fused outputs", dict(split_outputs=False, forward_state_key_block=None)),
+    ("fused outputs V32", dict(split_outputs=False, forward_state_key_block=None, value_block=32)),
+    ("fused outputs V64", dict(split_outputs=False, forward_state_key_block=None, value_block=64)),
     ("whole-tile inverse", dict(inverse_by_block=False)),
     ("split outputs V16", dict(value_block=16)),
     ("split outputs V32", dict(value_block=32)),

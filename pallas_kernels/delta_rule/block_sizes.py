@@ -130,7 +130,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     the split forward faster than the fused one it replaces for a forward alone: forward
     0.991 → 0.900 ms (fla 0.89), fwd+bwd 3.03 → 2.87. K > 128: the forward state pass at
     4 warps and 1 stage in V tiles of 32: forward 1.49 → 1.44, fwd+bwd 5.01 → 4.35; then
-    the reverse pass in V tiles of 64 (8 warps): fwd+bwd 4.39 → 3.90 (call d). Below K 128
+    the reverse pass in V tiles of 64 (8 warps): fwd+bwd 4.39 → 3.90 (call d); then (Round
+    12, call f) the forward state pass as row blocks of 64 keys in V tiles of 64, 4 warps,
+    2 stages: forward 1.28 → 1.05 ms (fla 1.05 in that run), fwd+bwd 3.68 → 3.46. Below K 128
     nothing of Round 10 was measured, and float32 inputs need twice the shared memory (K 128's
     V 64 at 4 stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults
     stay there (a forward alone below K 128 fused in V tiles of 64)."""
@@ -138,8 +140,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
         return _measured_before_round_10(key_dim, value_dim, training)
     base = _measured_before_round_10(key_dim, value_dim, True)
     forward = (dict(forward_value_block=min(value_dim, 64), forward_state_num_stages=4)
-               if key_dim == 128 else dict(forward_value_block=min(value_dim, 32),
-                                           forward_state_num_warps=4, forward_state_num_stages=1,
+               if key_dim == 128 else dict(forward_value_block=min(value_dim, 64),
+                                           forward_state_key_block=64, forward_state_num_warps=4,
+                                           forward_state_num_stages=2,
                                            value_block=min(value_dim, 64)))
     return dataclasses.replace(base, reverse_small_scales=True, state_num_stages=1,
                                state_num_warps=8 if training and key_dim > 128 else 4, **forward)

@@ -69,7 +69,7 @@ def test_gdn_variants_start_from_the_shapes_default():
     assert variants["split outputs V16"].value_block == 16
     assert variants["gradients 8 warps"].gradient_num_warps == 8
     assert "split outputs V64" not in variants and "gradients 4 warps" not in variants
-    assert "reverse V64" not in variants  # the reverse pass's V 64 is the default (Round 10)
+    assert "forward V64 key blocks 2 stages" not in variants  # the default (Round 12)
     assert "sequential 8 warps" not in variants  # 8 warps are its training default
     assert variants["sequential 2 warps V16"].state_num_warps == 2  # Round 8's sweep
     at_issue = gdn_variants(issue)  # V tile 32 and 4 gradient warps are the default there too

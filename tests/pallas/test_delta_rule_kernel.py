@@ -269,20 +269,22 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
 
 
 @pytest.mark.parametrize("key_dim,value_dim,forward", [
-    (128, 128, (64, None, 4)), (128, 32, (32, None, 4)), (256, 512, (32, 4, 1)),
+    (128, 128, (64, None, 4)), (128, 32, (32, None, 4)), (256, 512, (64, 4, 2)),
     (64, 64, (None, None, None))])
 def test_round_10_defaults(key_dim, value_dim, forward):
     """NOTES.md Round 10: from K 128 the forward state pass has its own launch (V 64 at
-    4 stages at K 128; V 32 at 4 warps, 1 stage above) and the reverse pass small scales at
-    1 stage; the same either way of `training`."""
+    4 stages at K 128; above, V 64 at 4 warps, 2 stages, as row blocks of 64 keys) and the
+    reverse pass small scales at 1 stage; the same either way of `training`."""
     for training in (True, False):
         blocks = default_block_sizes(key_dim, value_dim, training=training)
         assert (blocks.forward_value_block, blocks.forward_state_num_warps,
                 blocks.forward_state_num_stages) == forward
         assert (blocks.reverse_small_scales, blocks.state_num_stages) == (
             (True, 1) if key_dim >= 128 else (False, 2))
+        assert blocks.forward_state_key_block == (64 if key_dim > 128 else None)
         # float32 inputs keep the earlier defaults (V 64 at 4 stages is over shared memory)
         wide = default_block_sizes(key_dim, value_dim, training=training, itemsize=4)
         assert (wide.forward_value_block, wide.forward_state_num_stages,
-                wide.reverse_small_scales, wide.state_num_stages) == (None, None, False, 2)
+                wide.forward_state_key_block, wide.reverse_small_scales,
+                wide.state_num_stages) == (None, None, None, False, 2)
         assert wide.split_outputs == (training or key_dim > 128)
