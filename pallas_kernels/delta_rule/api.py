@@ -101,8 +101,8 @@ def gated_delta_rule(
 
 def _run(q, k, v, g, beta, *, scale, initial_state, starts, block_sizes, backend, interpret,
          key_group: int):
-    """`gated_delta_rule` on checked inputs, V ≤ `VALUE_SLICE`; v, g, β and the state have
-    `key_group` heads for each head of q and k (head h reads key head h // key_group)."""
+    """`gated_delta_rule` on checked inputs, V ≤ `VALUE_SLICE`; v and the state have
+    `key_group` heads for each head of q, k, g and β (head h reads key head h // key_group)."""
     batch, length, heads, value_dim = v.shape
     key_dim = q.shape[-1]
     if block_sizes is None and backend == "tpu":
@@ -131,21 +131,21 @@ def _run(q, k, v, g, beta, *, scale, initial_state, starts, block_sizes, backend
 
 def _as_slices(q, k, v, g, beta, *, initial_state, **options):
     """`gated_delta_rule` with V in slices of `VALUE_SLICE` columns, head h's slice s as head
-    h·S + s of one call: g and β repeated per slice, q and k shared through the kernels' index
-    maps on a GPU (`Static.key_group`; a copy of each per slice cost 0.12 ms of gdn-340m's
-    1.45 ms forward, NOTES.md Round 10), repeated on a TPU; their gradients add up."""
+    h·S + s of one call: on a GPU q, k, g, β and the K-side terms W, P, T made from them are
+    shared by the slices through the kernels' index maps (`Static.key_group`; NOTES.md Rounds
+    11 and 13), on a TPU q, k, g and β are repeated per slice; their gradients add up."""
     batch, length, heads, key_dim = q.shape
     slices = v.shape[-1] // VALUE_SLICE
     repeat = functools.partial(jnp.repeat, repeats=slices, axis=2)
     key_group = slices
     if options["backend"] == "tpu":
-        q, k, key_group = repeat(q), repeat(k), 1
+        q, k, g, beta, key_group = repeat(q), repeat(k), repeat(g), repeat(beta), 1
     v = v.reshape(batch, length, heads * slices, VALUE_SLICE)
     if initial_state is not None:  # [B, H, K, S·Vs] → [B, H·S, K, Vs]
         initial_state = initial_state.reshape(batch, heads, key_dim, slices, VALUE_SLICE)
         initial_state = initial_state.transpose(0, 1, 3, 2, 4).reshape(
             batch, heads * slices, key_dim, VALUE_SLICE)
-    out, final_state = _run(q, k, v, repeat(g), repeat(beta), initial_state=initial_state,
+    out, final_state = _run(q, k, v, g, beta, initial_state=initial_state,
                             key_group=key_group, **options)
     final_state = final_state.reshape(batch, heads, slices, key_dim, VALUE_SLICE)
     return (out.reshape(batch, length, heads, slices * VALUE_SLICE),
@@ -265,6 +265,7 @@ def _core_backward(st: Static, st_forward: Static, residuals, cotangents):
     if st.key_group > 1:  # the value heads of each key head add up
         dq, dk = (d.reshape(key.shape[:3] + (st.key_group, -1)).astype(F32).sum(3).astype(
             key.dtype) for d, key in ((dq, q), (dk, k)))
+        d_beta, dg = (d.reshape(g.shape[:2] + (st.key_group, -1)).sum(2) for d in (d_beta, dg))
     return dq, dk, dv, dg, d_beta, None, d_initial
 
 

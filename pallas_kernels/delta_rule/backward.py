@@ -71,10 +71,9 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
     num_chunks = length // C
     specs = SequentialSpecs(length, tile, st.key_group)
     in_specs, args = with_starts(
-        [specs.shared_whole(key_dim), specs.shared_whole(key_dim), specs.whole(key_dim),
-         specs.whole(C),
-         specs.tiled(), specs.steps()], [q, k, w, p, d_out, g], specs.starts(), starts,
-        st.documents)
+        [specs.shared_whole(key_dim), specs.shared_whole(key_dim), specs.shared_whole(key_dim),
+         specs.shared_whole(C), specs.tiled(), specs.shared_steps()], [q, k, w, p, d_out, g],
+        specs.starts(), starts, st.documents)
     blocks = st.blocks
     return pallas_call(
         functools.partial(_state_gradients_kernel, st=st, num_chunks=num_chunks),

@@ -67,32 +67,41 @@ def _prepare_kernel(*refs, st: Static, save: bool):
     # in its dtype): U = U₀ − W S nearly cancels once the state holds v, and a bf16 T there
     # costs dg an order of magnitude (NOTES.md).
     w_ref[...] = mm((t * (beta * chunk.entry)[None, :]).astype(op), k).astype(op)
-    u0_ref[...] = split_rows(t * beta[None, :], v_ref[...]).astype(op)
+    # U₀ slice by slice (the value heads of this key head): a [C, V slice] result at a time.
+    width = v_ref.shape[-1] // st.key_group
+    for s in range(st.key_group):
+        span = pl.ds(s * width, width)
+        u0_ref[:, span] = split_rows(t * beta[None, :], v_ref[:, span]).astype(op)
     if save:
         outs[3][...] = t.astype(op)
 
 
 def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
     """Per chunk, in parallel: P = scale·(Q Kᵀ) ⊙ D, T = (I + A)⁻¹, W = T (β e^Γ ⊙ K),
-    U₀ = T (β ⊙ V) (NOTES.md). Returns (W, U₀, P), and T when `save` (the backward's)."""
-    batch, length, heads, value_dim = v.shape
-    key_dim, C = q.shape[-1], st.blocks.chunk
-    specs = ChunkSpecs(C, st.key_group)
+    U₀ = T (β ⊙ V) (NOTES.md). Returns (W, U₀, P), and T when `save` (the backward's).
+    One program per key head: W, P and T once for its `key_group` value heads (the V slices:
+    `[B, Tp, H, V]` viewed as `[B, Tp, H / group, group·V]`, U₀ the same way back)."""
+    batch, length, heads, key_dim = q.shape
+    C = st.blocks.chunk
+    v = v.reshape(batch, length, heads, -1)
+    value_dim = v.shape[-1]
+    specs = ChunkSpecs(C)
     in_specs, args = with_starts(
-        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), specs.rows(value_dim),
-         specs.steps(), specs.steps()], [q, k, v, g, beta], specs.starts(), starts, st.documents)
+        [specs.rows(key_dim), specs.rows(key_dim), specs.rows(value_dim), specs.steps(),
+         specs.steps()], [q, k, v, g, beta], specs.starts(), starts, st.documents)
     shape = lambda d: jax.ShapeDtypeStruct((batch, length, heads, d), k.dtype)
     out_specs = [specs.rows(key_dim), specs.rows(value_dim), specs.rows(C)]
     out_specs += [specs.rows(C)] * save
     out_shape = [shape(key_dim), shape(value_dim), shape(C)] + [shape(C)] * save
     blocks = st.blocks
-    return pallas_call(
+    w, u0, *rest = pallas_call(
         functools.partial(_prepare_kernel, st=st, save=save),
         grid=(batch, heads, length // C), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=compiler_params(blocks.prepare_num_warps, blocks.prepare_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_prepare",
     )(*args)
+    return (w, u0.reshape(batch, length, heads * st.key_group, -1), *rest)
 
 
 def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int):
@@ -196,9 +205,9 @@ def _sequential_call(arrays: dict, starts, initial_state, st: Static, *, save: b
     tile = blocks.forward_value_block or blocks.value_block
     num_chunks = length // C
     specs = SequentialSpecs(length, tile, st.key_group)
-    spec_of = dict(q=specs.shared_whole(key_dim), k=specs.shared_whole(key_dim),
-                   w=specs.whole(key_dim),
-                   u0=specs.tiled(), p=specs.whole(C), g=specs.steps())
+    shared = specs.shared_whole
+    spec_of = dict(q=shared(key_dim), k=shared(key_dim), w=shared(key_dim), u0=specs.tiled(),
+                   p=shared(C), g=specs.shared_steps())
     in_specs, args = with_starts([spec_of[name] for name in arrays], list(arrays.values()),
                                  specs.starts(), starts, st.documents)
     out_specs = [specs.tiled()] * outputs + [specs.state(key_dim)]
@@ -255,8 +264,8 @@ def chunk_outputs(q, p, u, states, g, starts, st: Static):
     tile = st.blocks.outputs_value_block or value_dim
     specs = ValueTileSpecs(C, value_dim // tile, st.key_group)
     in_specs, args = with_starts(
-        [specs.shared_rows(key_dim), specs.rows(C), specs.value_rows(tile),
-         specs.state(key_dim, tile), specs.steps()], [q, p, u, states, g], specs.starts(),
+        [specs.shared_rows(key_dim), specs.shared_rows(C), specs.value_rows(tile),
+         specs.state(key_dim, tile), specs.shared_steps()], [q, p, u, states, g], specs.starts(),
         starts, st.documents)
     blocks = st.blocks
     return pallas_call(

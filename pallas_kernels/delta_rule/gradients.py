@@ -153,15 +153,18 @@ def _key_gradients_kernel(*refs, st: Static):
         k_ref, s0_ref, ds1_ref, t_ref, u_ref, du_ref, do_ref, dq_ref, dk_ref)
 
 
-def per_value_head(x, heads: int) -> jax.ShapeDtypeStruct:
-    """dq or dk of every value head `[B, Tp, H, K]` (x: q or k `[B, Tp, H / group, K]`): the
-    caller sums the `key_group` value heads of a key head."""
-    return jax.ShapeDtypeStruct(x.shape[:2] + (heads,) + x.shape[3:], x.dtype)
+def per_value_head(x, heads: int, axis: int = 2, dtype=None) -> jax.ShapeDtypeStruct:
+    """The gradient of key-side x (q, k `[B, Tp, H / group, K]`; g, β `[B, H / group, Tp]`,
+    heads on `axis`) for every one of the `heads` value heads: the caller sums the
+    `key_group` value heads of a key head."""
+    shape = x.shape[:axis] + (heads,) + x.shape[axis + 1:]
+    return jax.ShapeDtypeStruct(shape, dtype or x.dtype)
 
 
 def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
-    """dq, dk of every value head (`per_value_head`), dv (input dtype) and dβ, dg `[B, H, Tp]`
-    (float32) of every chunk, in parallel: one kernel, or two with `split_gradients`."""
+    """dq, dk, dβ and dg of every value head (`per_value_head`; dβ, dg `[B, H, Tp]` float32)
+    and dv (input dtype) of every chunk, in parallel: one kernel, or two with
+    `split_gradients`."""
     if st.blocks.split_gradients:
         return _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st)
     batch, length, heads, value_dim = v.shape
@@ -169,18 +172,19 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
     specs = ChunkSpecs(C, st.key_group)
     rows, state = specs.rows, specs.state(key_dim, value_dim)
     in_specs, args = with_starts(
-        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), rows(value_dim), specs.steps(),
-         specs.steps()],
+        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), rows(value_dim),
+         specs.shared_steps(), specs.shared_steps()],
         [q, k, v, g, beta], specs.starts(), starts, st.documents)
-    in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim)]
+    in_specs += [specs.shared_rows(C), state, state, rows(value_dim), rows(value_dim),
+                 rows(value_dim)]
     blocks = st.blocks
     return pallas_call(
         functools.partial(_gradients_kernel, st=st),
         grid=(batch, heads, length // C), in_specs=in_specs,
         out_specs=[rows(key_dim), rows(key_dim), rows(value_dim), specs.steps(), specs.steps()],
         out_shape=[per_value_head(q, heads), per_value_head(k, heads),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g.shape, F32),
-                   jax.ShapeDtypeStruct(g.shape, F32)],
+                   jax.ShapeDtypeStruct(v.shape, v.dtype), per_value_head(g, heads, 1, F32),
+                   per_value_head(g, heads, 1, F32)],
         compiler_params=compiler_params(blocks.gradient_num_warps, blocks.gradient_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_gradients",
     )(*args, t, states, d_states, u, du, d_out)
@@ -196,12 +200,12 @@ def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out
     specs = KeyTileSpecs(C, key_dim // key_tile, st.key_group)
     rows = specs.rows
     in_specs, args = with_starts(
-        [specs.shared_key_rows(key_tile), specs.shared_key_rows(key_tile), specs.steps(),
-         specs.steps()],
+        [specs.shared_key_rows(key_tile), specs.shared_key_rows(key_tile), specs.shared_steps(),
+         specs.shared_steps()],
         [q, k, g, beta], specs.starts(), starts, st.documents)
     state = specs.state(key_tile, value_dim)
-    in_specs += [rows(C), state, state, rows(value_dim), rows(value_dim), rows(value_dim),
-                 rows(C), rows(C)]
+    in_specs += [specs.shared_rows(C), state, state, rows(value_dim), rows(value_dim),
+                 rows(value_dim), rows(C), rows(C)]
     partial_shape = jax.ShapeDtypeStruct((batch, heads, specs.tiles, length), F32)
     dq, dk, beta_keys, log_keys = pallas_call(
         functools.partial(_key_gradients_kernel, st=st),
@@ -215,7 +219,7 @@ def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out
     )(*args, t, states, d_states, u, du, d_out, d_qk, d_kk)
     d_log = (log_pairs + jnp.sum(log_keys, axis=2)).reshape(batch, heads, -1, C)
     dg = (jnp.sum(d_log, axis=-1, keepdims=True) - jnp.cumsum(d_log, axis=-1) + d_log)
-    return dq, dk, dv, beta_pairs + jnp.sum(beta_keys, axis=2), dg.reshape(g.shape)
+    return dq, dk, dv, beta_pairs + jnp.sum(beta_keys, axis=2), dg.reshape(batch, heads, -1)
 
 
 def chunk_pair_gradients(q, k, v, g, beta, starts, t, u, du, d_out, st: Static, params):
@@ -225,17 +229,17 @@ def chunk_pair_gradients(q, k, v, g, beta, starts, t, u, du, d_out, st: Static, 
     specs = ChunkSpecs(C, st.key_group)
     rows = specs.rows
     in_specs, args = with_starts(
-        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), rows(value_dim), specs.steps(),
-         specs.steps()],
+        [specs.shared_rows(key_dim), specs.shared_rows(key_dim), rows(value_dim),
+         specs.shared_steps(), specs.shared_steps()],
         [q, k, v, g, beta], specs.starts(), starts, st.documents)
-    in_specs += [rows(C), rows(value_dim), rows(value_dim), rows(value_dim)]
+    in_specs += [specs.shared_rows(C), rows(value_dim), rows(value_dim), rows(value_dim)]
     pair_shape = jax.ShapeDtypeStruct((batch, length, heads, C), q.dtype)
     return pallas_call(
         functools.partial(_pair_gradients_kernel, st=st),
         grid=(batch, heads, length // C), in_specs=in_specs,
         out_specs=[rows(value_dim), rows(C), rows(C), specs.steps(), specs.steps()],
         out_shape=[jax.ShapeDtypeStruct(v.shape, v.dtype), pair_shape, pair_shape,
-                   jax.ShapeDtypeStruct(g.shape, F32), jax.ShapeDtypeStruct(g.shape, F32)],
+                   per_value_head(g, heads, 1, F32), per_value_head(g, heads, 1, F32)],
         compiler_params=params, interpret=st.interpret,
         name="gated_delta_rule_chunk_pair_gradients",
     )(*args, t, u, du, d_out)

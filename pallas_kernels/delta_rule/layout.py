@@ -35,6 +35,11 @@ class ChunkSpecs:
         """This chunk of a `[B, H, Tp]` array (g, β)."""
         return pl.BlockSpec((None, None, self.C), lambda b, h, c: (b, h, c))
 
+    def shared_steps(self) -> pl.BlockSpec:
+        """This chunk of a `[B, H / group, Tp]` array (g, β)."""
+        n = self.group
+        return pl.BlockSpec((None, None, self.C), lambda b, h, c: (b, h // n, c))
+
     def starts(self) -> pl.BlockSpec:
         """This chunk of the `[B, Tp]` document starts."""
         return pl.BlockSpec((None, self.C), lambda b, h, c: (b, c))
@@ -76,6 +81,10 @@ class KeyTileSpecs:
     def steps(self) -> pl.BlockSpec:
         n = self.tiles
         return pl.BlockSpec((None, None, self.C), lambda b, h, p: (b, h, p // n))
+
+    def shared_steps(self) -> pl.BlockSpec:
+        n, group = self.tiles, self.group
+        return pl.BlockSpec((None, None, self.C), lambda b, h, p: (b, h // group, p // n))
 
     def starts(self) -> pl.BlockSpec:
         n = self.tiles
@@ -127,6 +136,10 @@ class SequentialSpecs:
 
     def steps(self) -> pl.BlockSpec:
         return pl.BlockSpec((None, None, self.length), lambda b, h, j: (b, h, 0))
+
+    def shared_steps(self) -> pl.BlockSpec:
+        n = self.group
+        return pl.BlockSpec((None, None, self.length), lambda b, h, j: (b, h // n, 0))
 
     def starts(self) -> pl.BlockSpec:
         return pl.BlockSpec((None, self.length), lambda b, h, j: (b, 0))
