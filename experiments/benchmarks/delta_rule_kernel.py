@@ -7,11 +7,12 @@
 H16, K = V = 128 (check: also 64/256), bf16 inputs. Parts (all three when none is named):
   check  bf16 kernels (and one float32 case) against the float32 per-token reference on the
          same (upcast) inputs: outputs (also of the forward alone), final state and the
-         gradients of q, k, v, g, β and the initial state; relative error ‖a − b‖ / ‖b‖, every one must be < 1e-2
+         gradients of q, k, v, g, β and the initial state; relative error ‖a − b‖ / ‖b‖,
+         every one must be < 1e-2
   table  fwd and fwd+bwd ms of the pallas and xla rungs (the op, `implementation=`) and cuDNN
          causal attention at the same [B, T, 16, 128] shapes, ratio to cuDNN; one packed row
          (documents of median 1024 tokens) at 4×8192
-  sweep  launch variants of the kernels at 4×8192 (V tile, warps, stages, prefetch, gradient
+  sweep  launch variants of the kernels at 4×8192 (V tile, warps, stages, gradient
          tiles), one knob at a time from the defaults; prints the fastest forward and fwd+bwd
 Rows left when the time budget is spent are reported as skipped. FLOPs: the chunked work of
 `hybrid_jax.flops` (2C(3K + 2V) + C²/3 + 6KV per token and head); fwd+bwd TFLOP/s counts
@@ -201,7 +202,7 @@ def sweep_variants() -> dict[str, tuple[str, BlockSizes]]:
     forward = dict(value_block_32=dict(value_block=32),
                    value_block_128_warps_8=dict(value_block=128, state_num_warps=8),
                    state_warps_8=dict(state_num_warps=8), state_stages_1=dict(state_num_stages=1),
-                   state_stages_3=dict(state_num_stages=3), prefetch=dict(prefetch=True),
+                   state_stages_3=dict(state_num_stages=3),
                    prepare_warps_8=dict(prepare_num_warps=8),
                    prepare_stages_2=dict(prepare_num_stages=2))
     backward = dict(chunk_32=dict(chunk=32),

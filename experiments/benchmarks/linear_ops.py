@@ -112,7 +112,6 @@ GDN_VARIANTS = (
     ("sequential 2 warps V16", dict(state_num_warps=2, value_block=16)),
     ("sequential V64 8 warps", dict(value_block=64, state_num_warps=8)),
     ("outputs 8 warps", dict(outputs_num_warps=8)),
-    ("prefetch", dict(prefetch=True)),
     ("forward V64", dict(forward_value_block=64)),
     ("forward V64 4 stages", dict(forward_value_block=64, forward_state_num_stages=4)),
     ("forward 1 stage", dict(forward_state_num_stages=1)),

@@ -58,8 +58,7 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         return chunk.decay * d_state + (d_queries - mm_tn(x["w"], du_op))
 
     d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
-                                    step, d_final_ref[...], reverse=True,
-                                    prefetch=st.blocks.prefetch)
+                                    step, d_final_ref[...], reverse=True)
 
 
 def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):

@@ -49,8 +49,6 @@ class BlockSizes:
       spills 472 B a thread as it is, none with this and 1 stage (228 registers, 143 KB, loop
       715 instructions against 1,398), but at 2 stages it asks 250 KB of shared memory, over
       the H200's limit: pair it with `state_num_stages=1` (and `forward_state_num_stages=2`).
-    prefetch: the sequential kernels load the next chunk's tiles before the current chunk's
-      math (carried through the loop), instead of leaving it to Triton's pipeliner.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
       sequential kernels (state), of the split forward's output kernel (outputs) and of the
       per-chunk gradient kernels (gradient).
@@ -69,7 +67,6 @@ class BlockSizes:
     forward_state_key_block: int | None = None
     store_state_first: bool = False
     reverse_small_scales: bool = False
-    prefetch: bool = False
     inverse_by_block: bool = False
     split_outputs: bool = False
     prepare_num_warps: int = 4

@@ -147,8 +147,7 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
         return chunk.decay * state + mm_tn(keys, updates)
 
     final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
-                                step, init_ref[...], reverse=False,
-                                prefetch=st.blocks.prefetch)
+                                step, init_ref[...], reverse=False)
 
 
 def _blocked_state_pass(sources, starts_ref, init_ref, final_ref, saved, st: Static,

@@ -10,7 +10,6 @@ and loop, written once for the two kinds of kernel:
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -164,22 +163,14 @@ def split_refs(refs, count: int, documents: bool):
     return refs[:count], starts_ref, refs[count + documents:]
 
 
-def chunk_loop(num_chunks: int, load, step, carry, *, reverse: bool, prefetch: bool):
+def chunk_loop(num_chunks: int, load, step, carry, *, reverse: bool):
     """`carry = step(c, carry, load(c))` for every chunk c, in time order or reversed. `load(c)`
-    reads chunk c's tiles; no address depends on the carry, so the loads can be issued ahead
-    of the math: by Triton's pipeliner (num_stages), or, with `prefetch`, explicitly: the next
-    chunk's tiles are loaded before this chunk's step and carried through the loop."""
+    reads chunk c's tiles; no address depends on the carry, so Triton's pipeliner
+    (num_stages) issues the loads ahead of the math. (Loading the next chunk's tiles
+    explicitly, carried through the loop, measured slower in sessions 3 and 11 and was
+    removed: NOTES.md.)"""
     order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
-    if not prefetch:
-        return lax.fori_loop(0, num_chunks, lambda i, s: step(order(i), s, load(order(i))),
-                             carry)
-
-    def body(i, state):
-        s, tiles = state
-        ahead = load(order(jnp.minimum(i + 1, num_chunks - 1)))
-        return step(order(i), s, tiles), ahead
-
-    return lax.fori_loop(0, num_chunks, body, (carry, load(order(0))))[0]
+    return lax.fori_loop(0, num_chunks, lambda i, s: step(order(i), s, load(order(i))), carry)
 
 
 def load_chunk(refs: dict, starts_ref, c, C: int) -> dict:
