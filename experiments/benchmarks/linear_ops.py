@@ -90,6 +90,13 @@ TARGETS = {
 # the default row's sequence segments are automatic (S = 2 at 4 × 8192, 1 at 8 × 4096).
 SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "split forward": BlockSizes(split_forward=True),
+                # fla's form (NOTES.md round 5): a state-only serial pass, outputs in parallel
+                "state pass": BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True),
+                "state pass 1 stage": BlockSizes(state_pass=True, state_block_n=64,
+                                                 cumulative_decay=True, local_num_stages=1),
+                "state pass 8 warps": BlockSizes(state_pass=True, state_block_n=64,
+                                                 cumulative_decay=True, local_num_warps=8),
+                "state pass whole N": BlockSizes(state_pass=True, cumulative_decay=True),
                 **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential

@@ -27,6 +27,17 @@ class BlockSizes:
       (`gpu.chunk_outputs`, every chunk in parallel, launched with local_num_warps /
       local_num_stages), so that the loop over chunks only carries the state (not yet timed:
       `linear_ops` times it beside the default, NOTES.md).
+    state_pass: the forward as fla's two kernels: `gpu.chunk_states`, a serial loop that only
+      carries the state tile and stores it (input dtype) entering every chunk, then
+      `gpu.chunk_outputs` reading those states, every (batch, group, chunk) in parallel (the
+      within-chunk part and the entering state's readout; local_num_warps / local_num_stages).
+      The VJP's forward reuses the stored states as its residual.
+    state_block_n: with `state_pass`, the state columns (of N) each program of `chunk_states`
+      carries: None, all of N; 64 at N = 128 gives fla's `[64, 64]` tiles and twice the
+      programs (B·H·P/block_p·N/64).
+    cumulative_decay: the forward kernels read each chunk's inclusive cumulative log decay,
+      formed by XLA before the call (as fla's `chunk_local_cumsum`), instead of scanning dt·A
+      inside the serial loop.
     segments: S, a power of two: each row is split into S equal segments (of whole chunks)
       that the kernels run as separate rows, `[B·S, T/S]`: S times the programs and chains S
       times shorter, combined exactly in XLA (`segments.py`, NOTES.md round 3). None
@@ -59,6 +70,9 @@ class BlockSizes:
     split_forward: bool = False
     local_num_warps: int = 4
     local_num_stages: int = 2
+    state_pass: bool = False
+    state_block_n: int | None = None
+    cumulative_decay: bool = False
     segments: int | None = None
 
     def __post_init__(self):
@@ -66,6 +80,12 @@ class BlockSizes:
         if S is not None and (S < 1 or S & (S - 1)):
             raise ValueError(f"BlockSizes.segments must be None or a power of two, got "
                              f"{self.segments}")
+        if self.state_pass and self.split_forward:
+            raise ValueError("BlockSizes.state_pass and split_forward are two forms of the "
+                             "split forward: choose one")
+        n = self.state_block_n
+        if n is not None and (n < 1 or n & (n - 1)):
+            raise ValueError(f"BlockSizes.state_block_n must be None or a power of two, got {n}")
         for name in _POWERS:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):

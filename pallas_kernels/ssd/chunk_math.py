@@ -33,9 +33,14 @@ class ChunkWeights(NamedTuple):
     carry: jax.Array  # scalar e^{cum_last}: the entering state's weight at the chunk end
 
 
-def chunk_weights(a: jax.Array, doc: jax.Array | None, cumsum=jnp.cumsum) -> ChunkWeights:
-    cum = cumsum(a)
-    total = jnp.sum(a)
+def chunk_weights(a: jax.Array, doc: jax.Array | None, cumsum=jnp.cumsum,
+                  total: jax.Array | None = None) -> ChunkWeights:
+    """With `total` (the chunk's whole log decay), `a` is already the inclusive cumulative sum
+    (`BlockSizes.cumulative_decay`): no scan or reduction here."""
+    if total is None:
+        cum, total = cumsum(a), jnp.sum(a)
+    else:
+        cum = a
     into, out, carry = jnp.exp(cum), jnp.exp(total - cum), jnp.exp(total)
     if doc is not None:
         last = jnp.max(doc)  # doc never decreases within a chunk

@@ -70,6 +70,20 @@ def _vector_loader(L: int, *refs):
     return lambda c: tuple(None if ref is None else ref[pl.ds(c * L, L)] for ref in refs)
 
 
+def _decay_loader(st: Static, L: int, dt_ref, a_ref, doc_ref):
+    """`(dt, a, doc, total)` of chunk c; with `cumulative_decay` `a` is the chunk's inclusive
+    cumulative log decay (made by XLA, `_chunk_cumsum`) and `total` its last entry, else None."""
+    vectors = _vector_loader(L, dt_ref, a_ref, doc_ref)
+    if not st.blocks.cumulative_decay:
+        return lambda c: vectors(c) + (None,)
+    return lambda c: vectors(c) + (jnp.sum(a_ref[pl.ds(c * L + L - 1, 1)]),)
+
+
+def _chunk_cumsum(a, L: int):
+    """`[B, H, T]` log decays -> their inclusive cumulative sums within each chunk of L."""
+    return jnp.cumsum(a.reshape(a.shape[:-1] + (-1, L)), axis=-1).reshape(a.shape)
+
+
 # --- forward ---------------------------------------------------------------------------------
 
 
@@ -84,9 +98,9 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
     dtype = x_ref.dtype  # matmul operands
 
     def chunk(c, vectors, state):
-        dt, a, doc = vectors
+        dt, a, doc, total = vectors
         rows = pl.ds(c * L, L)
-        w = chunk_weights(a, doc)
+        w = chunk_weights(a, doc, total=total)
         keys, queries = b_ref[rows, :], c_ref[rows, :]
         u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
         if split:  # the within-chunk part came from `chunk_outputs`
@@ -100,8 +114,55 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
             states_ref[c] = state.astype(states_ref.dtype)
         return w.carry * state + mm_tn((u * w.out[:, None]).astype(dtype), keys)
 
-    final_ref[...] = _chunk_loop(num_chunks, _vector_loader(L, dt_ref, a_ref, doc_ref), chunk,
+    final_ref[...] = _chunk_loop(num_chunks, _decay_loader(st, L, dt_ref, a_ref, doc_ref), chunk,
                                  s0_ref[...])
+
+
+def _chunk_states_kernel(*refs, st: Static, num_chunks: int):
+    x_ref, dt_ref, a_ref, b_ref = refs[:4]
+    doc_ref = refs[4] if st.documents else None
+    s0_ref, final_ref, states_ref = refs[4 + st.documents:]
+    L = st.blocks.chunk
+    dtype = x_ref.dtype
+
+    def chunk(c, vectors, state):
+        dt, a, doc, total = vectors
+        rows = pl.ds(c * L, L)
+        w = chunk_weights(a, doc, total=total)
+        states_ref[c] = state.astype(states_ref.dtype)  # stored before the product (GDN R12)
+        u = (x_ref[rows, :].astype(F32) * (dt * w.out)[:, None]).astype(dtype)
+        return w.carry * state + mm_tn(u, b_ref[rows, :])
+
+    final_ref[...] = _chunk_loop(num_chunks, _decay_loader(st, L, dt_ref, a_ref, doc_ref), chunk,
+                                 s0_ref[...])
+
+
+def chunk_states(x, dt, a, B, doc, s0, st: Static):
+    """`BlockSizes.state_pass`: the serial loop carrying only the state. Returns the state
+    entering every chunk `[B, H, NC, P, N]` (x's dtype) and the final state (float32)."""
+    batch, length, heads, P = x.shape
+    N = B.shape[-1]
+    L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
+    BN = min(st.blocks.state_block_n or N, N)  # state columns per program (fla: 64)
+    num_chunks = length // L
+    per_step = pl.BlockSpec((None, None, length), lambda b, h, p, n: (b, h, 0))
+    tile = pl.BlockSpec((None, None, BP, BN), lambda b, h, p, n: (b, h, p, n))
+    in_specs = [pl.BlockSpec((None, length, None, BP), lambda b, h, p, n: (b, 0, h, p)),
+                per_step, per_step,
+                pl.BlockSpec((None, length, None, BN), lambda b, h, p, n: (b, 0, h // group, n))]
+    if st.documents:
+        in_specs.append(pl.BlockSpec((None, length), lambda b, h, p, n: (b, 0)))
+    final, states = pallas_call(
+        functools.partial(_chunk_states_kernel, st=st, num_chunks=num_chunks),
+        grid=(batch, heads, P // BP, N // BN), in_specs=in_specs + [tile],
+        out_specs=[tile, pl.BlockSpec((None, None, num_chunks, BP, BN),
+                                      lambda b, h, p, n: (b, h, 0, p, n))],
+        out_shape=[jax.ShapeDtypeStruct(s0.shape, F32),
+                   jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype)],
+        compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
+        interpret=st.interpret, name="ssd_chunk_states",
+    )(x, dt, a, B, *_doc_args(st, doc), s0)
+    return states, final
 
 
 def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
@@ -113,6 +174,12 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     N = B.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
     num_chunks = length // L
+    if st.blocks.cumulative_decay:
+        a = _chunk_cumsum(a, L)
+    if st.blocks.state_pass:
+        states, final = chunk_states(x, dt, a, B, doc, s0, st)
+        y = chunk_outputs(x, dt, a, B, C, doc, st, states=states)
+        return (y, final, states) if store_states else (y, final)
     seq = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, p: (b, 0, h, p))
     keys = pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))
     per_step = pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0))
@@ -139,24 +206,33 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     )(x, dt, a, B, C, *_doc_args(st, doc), *local, s0)
 
 
-def _chunk_outputs_kernel(*refs, st: Static):
+def _chunk_outputs_kernel(*refs, st: Static, with_states: bool):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc = refs[5][...] if st.documents else None
+    states_ref = refs[5 + st.documents] if with_states else None
     y_ref = refs[-1]
     raw_scores = mm_nt(c_ref[...], b_ref[...])  # C_t·B_s, shared by the group's heads
+    L = raw_scores.shape[0]
 
     def head(r, carry):
         dt = dt_ref[r, :]
-        decay = pair_decay(chunk_weights(a_ref[r, :], doc).cum, doc)
+        if st.blocks.cumulative_decay:
+            w = chunk_weights(a_ref[r, :], doc, total=jnp.sum(a_ref[r, pl.ds(L - 1, 1)]))
+        else:
+            w = chunk_weights(a_ref[r, :], doc)
+        decay = pair_decay(w.cum, doc)
         # scores_ts dt_s: dt scales the columns, so x is the operand as loaded.
         scores = (raw_scores * (decay * dt[None, :])).astype(x_ref.dtype)
-        y_ref[:, r, :] = mm(scores, x_ref[:, r, :]).astype(y_ref.dtype)
+        y = mm(scores, x_ref[:, r, :])
+        if with_states:  # the entering state read out: e^{cum_t} C_t·S (`state_pass`)
+            y += w.into[:, None] * mm_nt(c_ref[...], states_ref[r])
+        y_ref[:, r, :] = y.astype(y_ref.dtype)
         return carry
 
     lax.fori_loop(0, st.group, head, 0)
 
 
-def chunk_outputs(x, dt, a, B, C, doc, st: Static):
+def chunk_outputs(x, dt, a, B, C, doc, st: Static, states=None):
     """Each chunk's outputs from its own inputs only, Σ_{s ≤ t} (C_t·B_s) e^{cum_t − cum_s}
     dt_s x_s, `[B, T, H, P]` in x's dtype: every (batch, group, chunk) in parallel, a loop
     over the group's heads sharing C·Bᵀ."""
@@ -169,13 +245,15 @@ def chunk_outputs(x, dt, a, B, C, doc, st: Static):
     in_specs = [heads_of, per_step, per_step, keys, keys]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
+    if states is not None:  # `[B, H, NC, P, N]`: the group's heads at chunk c
+        in_specs.append(pl.BlockSpec((None, R, None, P, N), lambda b, g, c: (b, g, c, 0, 0)))
     return pallas_call(
-        functools.partial(_chunk_outputs_kernel, st=st),
+        functools.partial(_chunk_outputs_kernel, st=st, with_states=states is not None),
         grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         compiler_params=_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
         interpret=st.interpret, name="ssd_chunk_outputs",
-    )(x, dt, a, B, C, *_doc_args(st, doc))
+    )(x, dt, a, B, C, *_doc_args(st, doc), *(() if states is None else (states,)))
 
 
 # --- backward: the reverse pass over chunks ---------------------------------------------------

@@ -27,6 +27,9 @@ from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(chunk=8, block_p=4, backward_block_p=4, grads_block_p=4)
 SPLIT = dataclasses.replace(TINY, split_forward=True)
+# fla's form: a state-only serial pass (state columns in blocks of 8 of N = 16), the outputs
+# in parallel from the stored states, the cumulative log decay made before the kernels
+STATE_PASS = dataclasses.replace(TINY, state_pass=True, state_block_n=8, cumulative_decay=True)
 TPU_WHOLE_P = BlockSizes(chunk=8, block_p=8, backward_block_p=8)  # one state tile, as by default
 NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
@@ -92,10 +95,15 @@ def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY,
                 assert_close(grad, ref, 1e-5, f"d{name}")
 
 
-@pytest.mark.parametrize("blocks", [TINY, SPLIT], ids=["fused", "split_forward"])
+@pytest.mark.parametrize("blocks", [
+    TINY, SPLIT, STATE_PASS, dataclasses.replace(TINY, state_pass=True),
+    dataclasses.replace(TINY, cumulative_decay=True)],
+    ids=["fused", "split_forward", "state_pass", "state_pass_whole_n", "cumulative_decay"])
 def test_documents_initial_state_groups_odd_length(blocks):
     """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
-    forward fused or split (within-chunk outputs from their own kernel)."""
+    forward fused or split (within-chunk outputs from their own kernel), or as a state-only
+    pass and a parallel output kernel, the state in column blocks or whole; the cumulative
+    log decay scanned in the kernels or made before them."""
     inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
     check_against_reference(inputs, documents(19), blocks=blocks)
 
@@ -106,14 +114,18 @@ def test_one_document_zero_initial_state_one_head_per_group():
     check_against_reference(inputs, None, with_initial=False)
 
 
-def test_forward_only_and_bfloat16_inputs():
+@pytest.mark.parametrize("blocks", [TINY, STATE_PASS], ids=["fused", "state_pass"])
+def test_forward_only_and_bfloat16_inputs(blocks):
     """The primal forward (no stored states) in bf16: y bf16, final state float32, near the
-    float32 kernel."""
+    float32 kernel; and the state pass's primal forward against the reference."""
     inputs = make_inputs(2, batch=1, length=13, heads=2, groups=1)
     ids = np.array([[0] * 5 + [1] * 8], np.int32)
     narrow = {n: v.astype(jnp.bfloat16) for n, v in inputs.items()}
     wide = {n: v.astype(jnp.float32) for n, v in narrow.items()}
-    run = jax.jit(lambda x: kernel_fn(ids)(*(x[n] for n in NAMES)))
+    run = jax.jit(lambda x: kernel_fn(ids, blocks=blocks)(*(x[n] for n in NAMES)))
+    if blocks is STATE_PASS:
+        reference = jax.jit(lambda x: kernel_fn(ids)(*(x[n] for n in NAMES)))
+        assert_close(run(inputs), reference(inputs), 1e-5, "state pass primal")
     y, final = run(narrow)
     assert y.dtype == jnp.bfloat16 and final.dtype == jnp.float32
     assert_close((y.astype(jnp.float32), final), run(wide), 2e-2, "bf16 vs float32")
@@ -141,6 +153,14 @@ def test_sequence_segments_match_reference(segments, packed, with_initial, heads
     inputs = make_inputs(4 + segments, batch=2, length=length, heads=heads, groups=groups)
     check_against_reference(inputs, segment_documents(length) if packed else None,
                             with_initial, dataclasses.replace(TINY, segments=segments))
+
+
+def test_state_pass_on_sequence_segments():
+    """The state-only pass and the parallel outputs on rows split into 2 segments, documents
+    on and inside segment boundaries, an initial state."""
+    inputs = make_inputs(9, batch=2, length=29, heads=4, groups=2)
+    check_against_reference(inputs, segment_documents(29), True,
+                            dataclasses.replace(STATE_PASS, segments=2))
 
 
 def test_sequence_segments_keep_no_float32_per_token_product(capsys):
@@ -173,15 +193,20 @@ def test_choose_segments_rule():
         BlockSizes(segments=3)
 
 
-@pytest.mark.parametrize("head_dim, state_dim, groups, packed, split",
-                         [(128, 128, 1, True, False), (64, 256, 4, False, False),
-                          (128, 128, 1, True, True)])
+STATE_PASS_GPU = dict(state_pass=True, state_block_n=64, cumulative_decay=True)
+
+
+@pytest.mark.parametrize("head_dim, state_dim, groups, packed, changes, kernels",
+                         [(128, 128, 1, True, {}, 3), (64, 256, 4, False, {}, 3),
+                          (128, 128, 1, True, dict(split_forward=True), 4),
+                          (128, 128, 1, True, STATE_PASS_GPU, 4),
+                          (64, 256, 4, False, STATE_PASS_GPU, 4)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
-                                               packed, split):
+                                               packed, changes, kernels):
     """Forward and backward build Triton kernels (Pallas' Triton lowering, no GPU needed) at
-    the default tiles, with and without documents, the forward fused or split; the automatic
-    sequence segments (the CPU device has no SM count: `segments.FALLBACK_SMS`) split these
-    rows in 2 (P = N = 128) and 4 (P = 64, N = 256)."""
+    the default tiles, with and without documents, the forward fused or split (either form);
+    the automatic sequence segments (the CPU device has no SM count: `segments.FALLBACK_SMS`)
+    split these rows in 2 (P = N = 128) and 4 (P = 64, N = 256)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     batch, length, heads = 2, 1000, 8
@@ -190,15 +215,14 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim,
             spec(batch, length, groups, state_dim), spec(batch, length, dtype=jnp.int32))
 
     def grads(x, dt, A, B, C, ids):
-        blocks = dataclasses.replace(default_block_sizes(head_dim, state_dim),
-                                     split_forward=split)
+        blocks = dataclasses.replace(default_block_sizes(head_dim, state_dim), **changes)
         out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids if packed else None,
                                               block_sizes=blocks), x, dt, A, B, C)
         return vjp(out)
 
     text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     # forward (and chunk_outputs when split), state_grads, chunk_grads
-    assert text.count("__gpu$xla.gpu.triton") == 3 + split
+    assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
 def test_unsupported_calls_are_refused_with_the_reason():
