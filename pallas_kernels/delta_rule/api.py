@@ -15,9 +15,9 @@ Forward: `forward.chunk_prepare` (parallel over chunks) and `forward.chunk_state
 These are the GPU kernels (Triton lowering); `backend="tpu"` runs `tpu.py`'s two Mosaic TPU
 kernels (forward and backward, each one sequential pass over chunks) on the same arrays.
 Values wider than `VALUE_SLICE` (e.g. V = 512, gdn-340m's expanded values) run as column
-slices, folded into the heads of one call whose GPU kernels read each slice's q and k from
-one copy (`Static.key_group`). Memory is linear in T. NOTES.md has the design, the
-roofline and the measurements.
+slices, folded into the heads of one call whose GPU kernels read each slice's q, k, g, β and
+the K-side terms W, P, T from one copy (`Static.key_group`). Memory is linear in T. NOTES.md
+has the design, the roofline and the measurements.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from pallas_kernels.delta_rule.static import Static
 from pallas_kernels.residuals import saved
 
 HEAD_DIMS = (64, 128, 256)
-# Wider values run as slices of this many columns: each column of S evolves on its own (the
-# delta rule's K-side terms W, T, P are recomputed per slice; gradients of q, k, g, β add up;
-# the slices of a head share q and k through the GPU kernels' index maps).
+# Wider values run as slices of this many columns: each column of S evolves on its own (on a
+# GPU the slices of a head share q, k, g, β and the K-side terms W, T, P through the kernels'
+# index maps; on a TPU those are repeated and recomputed per slice; gradients add up).
 # The slices run as extra heads of one call, so each kernel is one launch with every slice's
 # programs (measured as fast as a launch per slice at gdn-340m's shape: NOTES.md, Round 7).
 VALUE_SLICE = 256

@@ -16,7 +16,8 @@ from jax.experimental import pallas as pl
 
 class ChunkSpecs:
     """Specs of a per-chunk kernel, chunk C; `group` value heads share a key head (the
-    `shared_*` specs: head h reads head h // group of q and k)."""
+    `shared_*` specs: head h reads head h // group of the key-side arrays q, k, g, β, W, P,
+    T)."""
 
     def __init__(self, chunk: int, group: int = 1):
         self.C, self.group = chunk, group
@@ -26,7 +27,7 @@ class ChunkSpecs:
         return pl.BlockSpec((None, self.C, None, dim), lambda b, h, c: (b, c, h, 0))
 
     def shared_rows(self, dim: int) -> pl.BlockSpec:
-        """This chunk's rows of a `[B, Tp, H / group, dim]` array (q, k)."""
+        """This chunk's rows of a `[B, Tp, H / group, dim]` array (q, k, W, P, T)."""
         n = self.group
         return pl.BlockSpec((None, self.C, None, dim), lambda b, h, c: (b, c, h // n, 0))
 
@@ -62,7 +63,7 @@ class KeyTileSpecs:
         return pl.BlockSpec((None, self.C, None, dim), lambda b, h, p: (b, p // n, h, 0))
 
     def shared_rows(self, dim: int) -> pl.BlockSpec:
-        """As `rows`, of a `[B, Tp, H / group, dim]` array (q, k)."""
+        """As `rows`, of a `[B, Tp, H / group, dim]` array (q, k, W, P, T)."""
         n, group = self.tiles, self.group
         return pl.BlockSpec((None, self.C, None, dim), lambda b, h, p: (b, p // n, h // group, 0))
 

@@ -216,10 +216,8 @@ def _chunk_outputs_kernel(*refs, st: Static, with_states: bool):
 
     def head(r, carry):
         dt = dt_ref[r, :]
-        if st.blocks.cumulative_decay:
-            w = chunk_weights(a_ref[r, :], doc, total=jnp.sum(a_ref[r, pl.ds(L - 1, 1)]))
-        else:
-            w = chunk_weights(a_ref[r, :], doc)
+        total = jnp.sum(a_ref[r, pl.ds(L - 1, 1)]) if st.blocks.cumulative_decay else None
+        w = chunk_weights(a_ref[r, :], doc, total=total)
         decay = pair_decay(w.cum, doc)
         # scores_ts dt_s: dt scales the columns, so x is the operand as loaded.
         scores = (raw_scores * (decay * dt[None, :])).astype(x_ref.dtype)
@@ -235,7 +233,8 @@ def _chunk_outputs_kernel(*refs, st: Static, with_states: bool):
 def chunk_outputs(x, dt, a, B, C, doc, st: Static, states=None):
     """Each chunk's outputs from its own inputs only, Σ_{s ≤ t} (C_t·B_s) e^{cum_t − cum_s}
     dt_s x_s, `[B, T, H, P]` in x's dtype: every (batch, group, chunk) in parallel, a loop
-    over the group's heads sharing C·Bᵀ."""
+    over the group's heads sharing C·Bᵀ. With `states` (`state_pass`: the state entering
+    every chunk, `[B, H, NC, P, N]`) plus its readout e^{cum_t} C_t·S: the whole output."""
     batch, length, heads, P = x.shape
     groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
