@@ -18,12 +18,10 @@ import jax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call
-from pallas_kernels.delta_rule.chunk_math import (
-    F32,
-    chunk_decays,
-)
+from pallas_kernels.delta_rule.chunk_math import F32
 from pallas_kernels.delta_rule.layout import (
     SequentialSpecs,
+    chunk_cumsum,
     chunk_loop,
     load_chunk,
     split_refs,
@@ -34,16 +32,16 @@ from pallas_kernels.matmul import mm, mm_tn
 
 
 def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
-    (q_ref, k_ref, w_ref, p_ref, do_ref, g_ref), starts_ref, rest = split_refs(
+    (q_ref, k_ref, w_ref, p_ref, do_ref, log_decay_ref), docs_ref, rest = split_refs(
         refs, 6, st.documents)
     d_final_ref, du_ref, d_states_ref, d_initial_ref = rest
     C, key_dim = st.blocks.chunk, k_ref.shape[-1]
     op = k_ref.dtype
-    sources = dict(q=q_ref, k=k_ref, w=w_ref, p=p_ref, do=do_ref, g=g_ref)
+    sources = dict(q=q_ref, k=k_ref, w=w_ref, p=p_ref, do=do_ref, log_decay=log_decay_ref)
 
     def step(c, d_state, x):
         # The chain to the previous chunk is K̃ dS → dU → Wᵀ dU; the rest only needs loads.
-        chunk = chunk_decays(x["g"], x["starts"])
+        chunk = x["chunk"]
         d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
         to_queries = st.scale * chunk.entry
         if st.blocks.reverse_small_scales:  # the row scales on the [C, V tile] side
@@ -57,7 +55,7 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         du_ref[pl.ds(c * C, C), :] = du_op
         return chunk.decay * d_state + (d_queries - mm_tn(x["w"], du_op))
 
-    d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
+    d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, docs_ref, c, C),
                                     step, d_final_ref[...], reverse=True)
 
 
@@ -69,10 +67,11 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
     key_dim, C, tile = q.shape[-1], st.blocks.chunk, st.blocks.value_block
     num_chunks = length // C
     specs = SequentialSpecs(length, tile, st.key_group)
+    docs = None if starts is None else chunk_cumsum(starts, C)
     in_specs, args = with_starts(
         [specs.shared_whole(key_dim), specs.shared_whole(key_dim), specs.shared_whole(key_dim),
-         specs.shared_whole(C), specs.tiled(), specs.shared_steps()], [q, k, w, p, d_out, g],
-        specs.starts(), starts, st.documents)
+         specs.shared_whole(C), specs.tiled(), specs.shared_steps()],
+        [q, k, w, p, d_out, chunk_cumsum(g, C)], specs.starts(), docs, st.documents)
     blocks = st.blocks
     return pallas_call(
         functools.partial(_state_gradients_kernel, st=st, num_chunks=num_chunks),

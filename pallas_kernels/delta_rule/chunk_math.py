@@ -74,14 +74,19 @@ class Chunk:
 def chunk_decays(g: jax.Array, starts: jax.Array | None) -> Chunk:
     """The `Chunk` of log decays g `[C]` (float32) and document starts `[C]` (1.0 where a
     document starts, or None)."""
-    log_decay = jnp.cumsum(g)
-    last = jnp.sum(g)
-    docs = None if starts is None else jnp.cumsum(starts)
-    docs_last = None if starts is None else jnp.sum(starts)
+    return cumulative_decays(jnp.cumsum(g), jnp.sum(g),
+                             None if starts is None else jnp.cumsum(starts),
+                             None if starts is None else jnp.sum(starts))
+
+
+def cumulative_decays(log_decay: jax.Array, last: jax.Array, docs: jax.Array | None,
+                      docs_last: jax.Array | None) -> Chunk:
+    """The `Chunk` of Γ `[C]` and Γ_last, and of the document counter n `[C]` and n_last (or
+    None): no scan (the sequential kernels read them precomputed, `layout.load_decays`)."""
     return Chunk(
-        log_decay, docs, masked_exp(log_decay, None if starts is None else docs == 0),
-        masked_exp(last - log_decay, None if starts is None else docs == docs_last),
-        masked_exp(last, None if starts is None else docs_last == 0))
+        log_decay, docs, masked_exp(log_decay, None if docs is None else docs == 0),
+        masked_exp(last - log_decay, None if docs is None else docs == docs_last),
+        masked_exp(last, None if docs is None else docs_last == 0))
 
 
 def split_products(a: jax.Array, b: jax.Array, op) -> jax.Array:

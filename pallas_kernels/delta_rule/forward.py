@@ -2,10 +2,11 @@
 
 Layout: q, k `[B, Tp, H, K]`, v `[B, Tp, H, V]` (time padded to a multiple of the chunk C),
 g and β `[B, H, Tp]` float32, document starts `[B, Tp]` float32 (1.0 at a start) when the call
-has documents, states `[B, H, K, V]` float32. Per-chunk intermediates are in the input dtype:
-W `[B, Tp, H, K]`, U₀ and U `[B, Tp, H, V]`, P and T `[B, Tp, H, C]` (row t of its chunk's
-C×C matrix), the states entering each chunk `[B, H, NC·K, V]`; the backward's gradients of the
-states after each chunk are float32 (`backward.py`).
+has documents (the sequential kernels read the sums of g and of the starts within each chunk,
+`layout.chunk_cumsum`), states `[B, H, K, V]` float32. Per-chunk intermediates are in the
+input dtype: W `[B, Tp, H, K]`, U₀ and U `[B, Tp, H, V]`, P and T `[B, Tp, H, C]` (row t of
+its chunk's C×C matrix), the states entering each chunk `[B, H, NC·K, V]`; the backward's
+gradients of the states after each chunk are float32 (`backward.py`).
 
   chunk_prepare             one program per (batch, head, chunk): P, T, W, U₀
   chunk_states_and_outputs  one program per (batch, head, V tile): the sequential pass over
@@ -36,8 +37,10 @@ from pallas_kernels.delta_rule.layout import (
     ChunkSpecs,
     SequentialSpecs,
     ValueTileSpecs,
+    chunk_cumsum,
     chunk_loop,
     load_chunk,
+    load_decays,
     split_refs,
     with_starts,
 )
@@ -105,8 +108,8 @@ def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
 
 
 def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int):
-    names = ("q", "k", "w", "u0", "p", "g") if outputs else ("k", "w", "u0", "g")
-    ins, starts_ref, rest = split_refs(refs, len(names), st.documents)
+    names = ("q", "k", "w", "u0", "p", "log_decay") if outputs else ("k", "w", "u0", "log_decay")
+    ins, docs_ref, rest = split_refs(refs, len(names), st.documents)
     sources = dict(zip(names, ins, strict=True))
     init_ref, *outs = rest
     o_ref = outs.pop(0) if outputs else None
@@ -116,14 +119,14 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
 
     block = st.blocks.forward_state_key_block  # split outputs only (`BlockSizes`)
     if block is not None and block < key_dim:
-        _blocked_state_pass(sources, starts_ref, init_ref, final_ref, saved, st,
+        _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st,
                             num_chunks, block)
         return
 
     def step(c, state, x):
         # What does not depend on the state first; the chain to the next chunk is W S → U →
         # K̃ᵀ U, the outputs hang off it.
-        chunk = chunk_decays(x["g"], x["starts"])
+        chunk = x["chunk"]
         # Carrying only the state, K̃ᵀ U is made as Kᵀ (e^{Γ_C − Γ} ⊙ U): the row scale on
         # the [C, V tile] operand, half of K̃'s elements (fewer instructions a step, same
         # errors). Not in the fused form: its pipelined tiles then need 238 KB of shared
@@ -146,11 +149,11 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
         updates = u_op if outputs else (u_op * chunk.to_end[:, None]).astype(op)
         return chunk.decay * state + mm_tn(keys, updates)
 
-    final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, starts_ref, c, C),
+    final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, docs_ref, c, C),
                                 step, init_ref[...], reverse=False)
 
 
-def _blocked_state_pass(sources, starts_ref, init_ref, final_ref, saved, st: Static,
+def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Static,
                         num_chunks: int, block: int):
     """`chunk_states`' loop with the state as K / `block` row blocks `[block, V tile]` (fla's
     form): each block's bf16 copy is stored as it is made, before W S, so that no
@@ -164,8 +167,7 @@ def _blocked_state_pass(sources, starts_ref, init_ref, final_ref, saved, st: Sta
 
     def step(c, state):
         span = pl.ds(c * C, C)
-        chunk = chunk_decays(sources["g"][span],
-                             None if starts_ref is None else starts_ref[span])
+        chunk = load_decays(sources["log_decay"], docs_ref, c, C)
         state_ops = []
         for i, s in enumerate(state):
             s_op = s.astype(op)
@@ -193,22 +195,24 @@ def _outputs(q, p, state_op, u_op, chunk, scale: float):
     return (scale * chunk.entry)[:, None] * mm(q, state_op) + mm(p, u_op)
 
 
-def _sequential_call(arrays: dict, starts, initial_state, st: Static, *, save: bool,
+def _sequential_call(arrays: dict, g, starts, initial_state, st: Static, *, save: bool,
                      outputs: bool):
-    """The sequential pass over `arrays` (q, k, w, u0, p, g, or k, w, u0, g without the
-    outputs); returns ([o], final state, [states, U])."""
+    """The sequential pass over `arrays` (q, k, w, u0, p, or k, w, u0 without the outputs)
+    and Γ and n (`chunk_cumsum`) of g and the starts; returns ([o], final state, [states, U])."""
     k, u0 = arrays["k"], arrays["u0"]
     batch, length, heads, value_dim = u0.shape
     blocks = st.blocks
     key_dim, C = k.shape[-1], blocks.chunk
     tile = blocks.forward_value_block or blocks.value_block
     num_chunks = length // C
+    arrays = dict(arrays, log_decay=chunk_cumsum(g, C))
+    docs = None if starts is None else chunk_cumsum(starts, C)
     specs = SequentialSpecs(length, tile, st.key_group)
     shared = specs.shared_whole
     spec_of = dict(q=shared(key_dim), k=shared(key_dim), w=shared(key_dim), u0=specs.tiled(),
-                   p=shared(C), g=specs.shared_steps())
+                   p=shared(C), log_decay=specs.shared_steps())
     in_specs, args = with_starts([spec_of[name] for name in arrays], list(arrays.values()),
-                                 specs.starts(), starts, st.documents)
+                                 specs.starts(), docs, st.documents)
     out_specs = [specs.tiled()] * outputs + [specs.state(key_dim)]
     out_shape = [jax.ShapeDtypeStruct(u0.shape, k.dtype)] * outputs + [
         jax.ShapeDtypeStruct(initial_state.shape, F32)]
@@ -234,7 +238,7 @@ def chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st: Stati
     """The sequential pass (NOTES.md): per chunk U = U₀ − W S, o = Q̃ S + P U,
     S ← e^{Γ_C} S + K̃ᵀ U. Returns (o in q's dtype, final state float32), and when `save` the
     states entering each chunk and U (input dtype)."""
-    return _sequential_call(dict(q=q, k=k, w=w, u0=u0, p=p, g=g), starts, initial_state, st,
+    return _sequential_call(dict(q=q, k=k, w=w, u0=u0, p=p), g, starts, initial_state, st,
                             save=save, outputs=True)
 
 
@@ -242,7 +246,7 @@ def chunk_states(k, w, u0, g, starts, initial_state, st: Static):
     """The sequential pass carrying only the state (`BlockSizes.split_outputs`, NOTES.md
     Round 5): per chunk U = U₀ − W S, S ← e^{Γ_C} S + K̃ᵀ U. Returns (final state float32,
     the states entering each chunk, U (input dtype)); `chunk_outputs` makes o from them."""
-    return _sequential_call(dict(k=k, w=w, u0=u0, g=g), starts, initial_state, st,
+    return _sequential_call(dict(k=k, w=w, u0=u0), g, starts, initial_state, st,
                             save=True, outputs=False)
 
 
