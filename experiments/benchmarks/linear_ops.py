@@ -145,6 +145,10 @@ GDN_VARIANTS = (
     ("forward V64 key blocks 2 stages", dict(forward_value_block=64, forward_state_key_block=64,
                                              forward_state_num_stages=2)),
     ("forward key blocks", dict(forward_state_key_block=64)),
+    ("reverse key blocks", dict(reverse_state_key_block=64)),
+    ("reverse key blocks 4 warps", dict(reverse_state_key_block=64, state_num_warps=4)),
+    # (at 8 warps a 64-row block splits its products over two layouts: ptxas, NOTES.md Round 15)
+    ("reverse key blocks 128", dict(reverse_state_key_block=128)),
     ("outputs V128", dict(outputs_value_block=128)),
     ("outputs V64", dict(outputs_value_block=64)),
     ("gradients K32", dict(gradient_key_block=32)),

@@ -2,8 +2,9 @@
 dO `[B, Tp, H, V]`); the per-chunk gradients that follow it are in `gradients.py`.
 
   chunk_state_gradients  one program per (batch, head, V tile): the reverse-time pass over
-                         chunks, dS in registers: dU of every chunk, the gradient of the state
-                         after every chunk, the initial state's gradient
+                         chunks, dS in registers (whole, or as row blocks of keys): dU of
+                         every chunk, the gradient of the state after every chunk, the initial
+                         state's gradient
 
 Per chunk (NOTES.md), with dS₁ the gradient of the state after it:
 
@@ -23,7 +24,7 @@ from pallas_kernels.delta_rule.layout import (
     SequentialSpecs,
     chunk_cumsum,
     chunk_loop,
-    load_chunk,
+    load_decays,
     split_refs,
     with_starts,
 )
@@ -36,27 +37,55 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         refs, 6, st.documents)
     d_final_ref, du_ref, d_states_ref, d_initial_ref = rest
     C, key_dim = st.blocks.chunk, k_ref.shape[-1]
+    # dS as row blocks `[block, V tile]` (`BlockSizes.reverse_state_key_block`; one block: the
+    # whole [K, V tile]), each with its column tiles of q, k and W.
+    block = min(st.blocks.reverse_state_key_block or key_dim, key_dim)
+    rows = lambda i: pl.ds(i * block, block)
+    num_blocks = key_dim // block
     op = k_ref.dtype
-    sources = dict(q=q_ref, k=k_ref, w=w_ref, p=p_ref, do=do_ref, log_decay=log_decay_ref)
+
+    def load(c):
+        span = pl.ds(c * C, C)
+        x = {name: [ref[span, rows(i)] for i in range(num_blocks)]
+             for name, ref in (("q", q_ref), ("k", k_ref), ("w", w_ref))}
+        return dict(x, p=p_ref[span, :], do=do_ref[span, :],
+                    chunk=load_decays(log_decay_ref, docs_ref, c, C))
 
     def step(c, d_state, x):
         # The chain to the previous chunk is K̃ dS → dU → Wᵀ dU; the rest only needs loads.
         chunk = x["chunk"]
-        d_states_ref[pl.ds(c * key_dim, key_dim), :] = d_state
-        to_queries = st.scale * chunk.entry
-        if st.blocks.reverse_small_scales:  # the row scales on the [C, V tile] side
-            read = chunk.to_end[:, None] * mm(x["k"], d_state.astype(op))  # K̃ dS
-            d_queries = mm_tn(x["q"], (x["do"] * to_queries[:, None]).astype(op))  # Q̃ᵀ dO
-        else:
-            keys = (x["k"] * chunk.to_end[:, None]).astype(op)  # K̃ as the forward rounds it
-            read = mm(keys, d_state.astype(op))
-            d_queries = mm_tn((x["q"] * to_queries[:, None]).astype(op), x["do"])
+        keys, queries, d_out = _scaled_operands(x, chunk, st, op)
+        read = None  # K̃ dS = Σᵢ K̃[:, block i] dSᵢ, each block stored before its product
+        for i, (d_block, keys_block) in enumerate(zip(d_state, keys, strict=True)):
+            d_states_ref[pl.ds(c * key_dim + i * block, block), :] = d_block
+            part = mm(keys_block, d_block.astype(op))
+            read = part if read is None else read + part
+        if st.blocks.reverse_small_scales:
+            read = chunk.to_end[:, None] * read
         du_op = (mm_tn(x["p"], x["do"]) + read).astype(op)  # dU = Pᵀ dO + K̃ dS
         du_ref[pl.ds(c * C, C), :] = du_op
-        return chunk.decay * d_state + (d_queries - mm_tn(x["w"], du_op))
+        # dSᵢ ← e^{Γ_C} dSᵢ + Q̃ᵢᵀ dO − Wᵢᵀ dU written as sums only (−dU is exact), so Triton
+        # folds both into the products' accumulator: Q̃ᵀ dO and Wᵀ dU are no float32 tiles of
+        # their own beside dS (ptxas, K 256, 8 warps: 232 B of spills → none; NOTES.md Round 15).
+        minus_du = -du_op
+        return tuple(chunk.decay * d_block + mm_tn(q, d_out) + mm_tn(w, minus_du)
+                     for d_block, q, w in zip(d_state, queries, x["w"], strict=True))
 
-    d_initial_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, docs_ref, c, C),
-                                    step, d_final_ref[...], reverse=True)
+    d_final = tuple(d_final_ref[rows(i), :] for i in range(num_blocks))
+    d_initial = chunk_loop(num_chunks, load, step, d_final, reverse=True)
+    for i, d_block in enumerate(d_initial):
+        d_initial_ref[rows(i), :] = d_block
+
+
+def _scaled_operands(x: dict, chunk, st: Static, op):
+    """The operands of K̃ dS and Q̃ᵀ dO: (key column tiles, query column tiles, dO). K̃ and Q̃
+    as the forward rounds them, or with `reverse_small_scales` k and q as loaded and the row
+    scales on the `[C, V tile]` side (dO here, K dS by the caller)."""
+    to_queries = st.scale * chunk.entry
+    if st.blocks.reverse_small_scales:
+        return x["k"], x["q"], (x["do"] * to_queries[:, None]).astype(op)
+    scaled = lambda tiles, scale: [(t * scale[:, None]).astype(op) for t in tiles]
+    return scaled(x["k"], chunk.to_end), scaled(x["q"], to_queries), x["do"]
 
 
 def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):

@@ -40,6 +40,13 @@ class BlockSizes:
       before W S; W's and K's column tiles loaded per block (None, or ≥ K: one [K, V tile]
       state). ptxas (sm_90a, CPU; NOTES.md Round 12) at K 256, V 64, 4 warps: 255 registers
       and 248 B of spills as one tile, 252 and none in blocks of 64.
+    reverse_state_key_block: the reverse state-gradient pass carries dS as row blocks of this
+      many keys, the same way: each block stored first, K̃ dS formed as Σᵢ K̃[:, block i] dSᵢ,
+      each block updated with q's and W's column tiles (None, or ≥ K: one [K, V tile] dS).
+      ptxas (NOTES.md Round 15) at K 256, V 64, 1 stage, 8 warps: one tile 248 registers and
+      no spills, blocks of 64 264 B of spills (a [64, V tile] product over 8 warps takes two
+      MMA layouts: 83 barriers a step), blocks of 128 64 B outside the loop; at 4 warps
+      blocks of 64 spill 208 B against one tile's 568.
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -65,6 +72,7 @@ class BlockSizes:
     forward_state_num_stages: int | None = None
     outputs_value_block: int | None = None
     forward_state_key_block: int | None = None
+    reverse_state_key_block: int | None = None
     store_state_first: bool = False
     reverse_small_scales: bool = False
     inverse_by_block: bool = False
@@ -84,7 +92,8 @@ class BlockSizes:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two >= 2, got {value!r}")
-        for name in ("forward_value_block", "outputs_value_block", "forward_state_key_block"):
+        for name in ("forward_value_block", "outputs_value_block", "forward_state_key_block",
+                     "reverse_state_key_block"):
             tile = getattr(self, name)
             if tile is not None and (not isinstance(tile, int) or tile < 2 or tile & (tile - 1)):
                 raise ValueError(f"BlockSizes.{name} must be None or a power of two >= 2, "

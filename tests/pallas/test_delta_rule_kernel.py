@@ -96,11 +96,14 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(split_gradients=True, reverse_small_scales=True), False),
     (dict(ROUND_10, split_outputs=True, forward_value_block=16), True),
     (dict(ROUND_10, split_outputs=True, outputs_value_block=4), True),
-    (dict(ROUND_10, split_outputs=True, forward_state_key_block=4), False)],
+    (dict(ROUND_10, split_outputs=True, forward_state_key_block=4), False),
+    (dict(ROUND_10, split_outputs=True, reverse_state_key_block=4), False),
+    (dict(split_gradients=True, reverse_state_key_block=4), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
-         "forward_state_key_blocks"])
+         "forward_state_key_blocks", "reverse_state_key_blocks",
+         "reverse_state_key_blocks_scaled_operands"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -113,7 +116,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     sequential pass in V tiles of its own (wider or narrower than the reverse pass's 8), its
     entering states stored before or after its first product; the reverse pass's row scales
     on either side of its products; the output kernel in V tiles; the forward state pass's
-    state as row blocks of 4 keys."""
+    state and the reverse pass's dS as row blocks of 4 keys (the latter with either side of
+    the row scales)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -166,13 +170,15 @@ def check_bfloat16(segment_ids, blocks, backend=None):
 @pytest.mark.parametrize("changes,primal", [
     (None, False), (dict(split_gradients=False), True),
     (dict(ROUND_10, split_outputs=True, outputs_value_block=4, forward_state_key_block=8),
-     True)], ids=["defaults", "fused", "round_10"])
+     True),
+    (dict(ROUND_10, split_outputs=True, forward_state_key_block=8, reverse_state_key_block=4),
+     False)], ids=["defaults", "fused", "round_10", "key_blocks"])
 def test_wide_values_run_as_slices(x64, monkeypatch, changes, primal):
     """V wider than `VALUE_SLICE` (gdn-340m's V = 512 on the GPU) runs as column slices of the
     state, as extra heads of one call (each kernel launched once) that share q and k through
     the kernels' index maps; here slices of 8 of V = 16, with documents and an initial state;
     every kernel form reading the shared q and k (fused or split outputs and gradients, the
-    forward alone)."""
+    forward alone, both sequential passes in key blocks)."""
     x = make_inputs(4, batch=1, length=19)
     ids = np.zeros((1, 19), np.int32)
     ids[0, 11:] = 1
@@ -204,7 +210,9 @@ def _platform_gpu(monkeypatch):
     (256, 64, True, dict(reverse_small_scales=True, state_num_stages=1,
                          forward_state_num_stages=2)),
     (256, 512, True, {}), (128, 256, False, dict(outputs_value_block=64)),
-    (256, 256, True, dict(forward_value_block=64, forward_state_key_block=64))])
+    (256, 256, True, dict(forward_value_block=64, forward_state_key_block=64)),
+    (256, 512, True, dict(reverse_state_key_block=64)),
+    (128, 128, False, dict(reverse_state_key_block=64, reverse_small_scales=False))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
@@ -250,6 +258,9 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
         api.gated_delta_rule(*args)
     with pytest.raises(ValueError, match="sub_chunk"):
         BlockSizes(chunk=16, sub_chunk=32)
+    with pytest.raises(ValueError, match="reverse_state_key_block must be None or a power of "
+                                         "two >= 2, got 48"):
+        BlockSizes(reverse_state_key_block=48)
 
 
 @pytest.mark.parametrize("key_dim,value_dim,training,tile,split", [
