@@ -151,6 +151,13 @@ GDN_VARIANTS = (
     ("reverse key blocks 128", dict(reverse_state_key_block=128)),
     ("outputs V128", dict(outputs_value_block=128)),
     ("outputs V64", dict(outputs_value_block=64)),
+    # the outputs' Q S₀ over key blocks of 64, cp.async-pipelined (gdn-mem-probe; not timed)
+    ("outputs V64 K64 3 stages", dict(outputs_value_block=64, outputs_key_block=64,
+                                      outputs_num_stages=3)),
+    ("outputs V128 K64 3 stages", dict(outputs_value_block=128, outputs_key_block=64,
+                                       outputs_num_stages=3)),
+    ("outputs V64 K64 2 stages", dict(outputs_value_block=64, outputs_key_block=64,
+                                      outputs_num_stages=2)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),

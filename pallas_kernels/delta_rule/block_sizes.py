@@ -47,6 +47,10 @@ class BlockSizes:
       no spills, blocks of 64 264 B of spills (a [64, V tile] product over 8 warps takes two
       MMA layouts: 83 barriers a step), blocks of 128 64 B outside the loop; at 4 warps
       blocks of 64 spill 208 B against one tile's 568.
+    outputs_key_block: the split forward's output kernel makes Q̃ S₀ in a loop over key blocks
+      of this many columns of q and rows of the state (fla's BK), so that Triton's pipeliner
+      loads them with `cp.async` `outputs_num_stages` deep instead of every tile through
+      registers before the first product (None, or ≥ K: one product).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -73,6 +77,7 @@ class BlockSizes:
     outputs_value_block: int | None = None
     forward_state_key_block: int | None = None
     reverse_state_key_block: int | None = None
+    outputs_key_block: int | None = None
     store_state_first: bool = False
     reverse_small_scales: bool = False
     inverse_by_block: bool = False
@@ -93,7 +98,7 @@ class BlockSizes:
             if not isinstance(value, int) or value < 2 or value & (value - 1):
                 raise ValueError(f"BlockSizes.{name} must be a power of two >= 2, got {value!r}")
         for name in ("forward_value_block", "outputs_value_block", "forward_state_key_block",
-                     "reverse_state_key_block"):
+                     "reverse_state_key_block", "outputs_key_block"):
             tile = getattr(self, name)
             if tile is not None and (not isinstance(tile, int) or tile < 2 or tile & (tile - 1)):
                 raise ValueError(f"BlockSizes.{name} must be None or a power of two >= 2, "

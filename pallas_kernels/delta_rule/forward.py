@@ -167,7 +167,6 @@ def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Stati
 
     def step(c, state):
         span = pl.ds(c * C, C)
-        chunk = load_decays(sources["log_decay"], docs_ref, c, C)
         state_ops = []
         for i, s in enumerate(state):
             s_op = s.astype(op)
@@ -179,6 +178,10 @@ def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Stati
             ws = p if ws is None else ws + p
         u_op = (sources["u0"][span, :].astype(F32) - ws).astype(op)
         u_ref[span, :] = u_op
+        # Γ and n read after W S: the pipeliner's one wait for the chunk's loads goes before
+        # their first use, so reading them first put it at the top of the step, before the
+        # state stores (fla's wait comes after its state stores).
+        chunk = load_decays(sources["log_decay"], docs_ref, c, C)
         updates = (u_op * chunk.to_end[:, None]).astype(op)
         return tuple(chunk.decay * s + mm_tn(sources["k"][span, rows(i)], updates)
                      for i, s in enumerate(state))
@@ -253,9 +256,24 @@ def chunk_states(k, w, u0, g, starts, initial_state, st: Static):
 def _outputs_kernel(*refs, st: Static):
     (q_ref, p_ref, u_ref, states_ref, g_ref), starts_ref, (o_ref,) = split_refs(
         refs, 5, st.documents)
-    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
-    o_ref[...] = _outputs(q_ref[...], p_ref[...], states_ref[...], u_ref[...], chunk,
-                          st.scale).astype(o_ref.dtype)
+    decays = lambda: chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
+    key_dim, block = q_ref.shape[-1], st.blocks.outputs_key_block
+    if block is None or block >= key_dim:
+        o_ref[...] = _outputs(q_ref[...], p_ref[...], states_ref[...], u_ref[...], decays(),
+                              st.scale).astype(o_ref.dtype)
+        return
+
+    def key_block(i, acc):  # Q S₀ over key blocks: each block's q and state tiles pipelined
+        cols = pl.ds(pl.multiple_of(i * block, block), block)
+        return acc + mm(q_ref[:, cols], states_ref[cols, :])
+
+    # The decays (g's loads and scan) after the loop: read first, they delayed the loop's
+    # first cp.async loads by a global load and the scan's barriers (fla reads g after it).
+    qs = jax.lax.fori_loop(0, key_dim // block, key_block,
+                           jnp.zeros((q_ref.shape[0], o_ref.shape[-1]), F32))
+    chunk = decays()
+    o_ref[...] = ((st.scale * chunk.entry)[:, None] * qs
+                  + mm(p_ref[...], u_ref[...])).astype(o_ref.dtype)
 
 
 def chunk_outputs(q, p, u, states, g, starts, st: Static):
