@@ -194,11 +194,13 @@ def test_choose_segments_rule():
 
 
 STATE_PASS_GPU = dict(state_pass=True, state_block_n=64, cumulative_decay=True)
+FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
 
 
 @pytest.mark.parametrize("head_dim, state_dim, groups, packed, changes, kernels",
-                         [(128, 128, 1, True, {}, 3), (64, 256, 4, False, {}, 3),
-                          (128, 128, 1, True, dict(split_forward=True), 4),
+                         [(128, 128, 1, True, {}, 4), (64, 256, 4, False, {}, 3),
+                          (128, 128, 1, True, FUSED_GPU, 3),
+                          (128, 128, 1, True, dict(FUSED_GPU, split_forward=True), 4),
                           (128, 128, 1, True, STATE_PASS_GPU, 4),
                           (64, 256, 4, False, STATE_PASS_GPU, 4)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
@@ -223,6 +225,25 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim,
     text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     # forward (and chunk_outputs when split), state_grads, chunk_grads
     assert text.count("__gpu$xla.gpu.triton") == kernels
+
+
+def test_default_tiles_train_through_the_state_pass_and_infer_fused(monkeypatch):
+    """At P = N = 128 on the GPU the defaults differ by use (NOTES.md round 5): the
+    differentiated forward is the state pass (two kernels) and the backward two more, a forward
+    alone the one fused kernel."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    args = (spec(2, 256, 4, 128), spec(2, 256, 4), spec(4, dtype=jnp.float32),
+            spec(2, 256, 1, 128), spec(2, 256, 1, 128))
+    kernels = lambda fn: jax.jit(fn).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text().count("__gpu$xla.gpu.triton")
+
+    def grads(*a):
+        out, vjp = jax.vjp(lambda *b: api.ssd(*b), *a)
+        return vjp(out)
+
+    assert kernels(lambda *a: api.ssd(*a)) == 1
+    assert kernels(grads) == 4
 
 
 def test_unsupported_calls_are_refused_with_the_reason():
