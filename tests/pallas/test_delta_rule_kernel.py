@@ -100,12 +100,14 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(ROUND_10, split_outputs=True, reverse_state_key_block=4), False),
     (dict(split_gradients=True, reverse_state_key_block=4), False),
     (dict(ROUND_10, split_outputs=True, outputs_value_block=4, outputs_key_block=4,
-          outputs_num_stages=3), True)],
+          outputs_num_stages=3), True),
+    (dict(ROUND_10, split_outputs=True, forward_value_block=4, forward_state_key_block=4,
+          outputs_value_block=8, outputs_key_block=4, outputs_num_stages=3), True)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
          "forward_state_key_blocks", "reverse_state_key_blocks",
-         "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks"])
+         "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
