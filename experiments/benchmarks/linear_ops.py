@@ -97,6 +97,19 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "state pass 8 warps": BlockSizes(state_pass=True, state_block_n=64,
                                                  cumulative_decay=True, local_num_warps=8),
                 "state pass whole N": BlockSizes(state_pass=True, cumulative_decay=True),
+                # NOTES.md round 6 (CPU ptxas only): the fused step's exponentials beside C·Bᵀ;
+                # cp.async loads a whole step ahead (at 2 stages each step waits for all of
+                # them at its top) in the fused loop, the state pass or its output kernel
+                "decays first": BlockSizes(decays_first=True),
+                "fused 3 stages": BlockSizes(num_stages=3),
+                "decays first 3 stages": BlockSizes(decays_first=True, num_stages=3),
+                **{f"state pass, {name}": BlockSizes(state_pass=True, state_block_n=64,
+                                                     cumulative_decay=True, **stages)
+                   for name, stages in (("states 3 stages", dict(num_stages=3)),
+                                        ("states 4 stages", dict(num_stages=4)),
+                                        ("outputs 3 stages", dict(local_num_stages=3)),
+                                        ("both 3 stages", dict(num_stages=3,
+                                                               local_num_stages=3)))},
                 **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential

@@ -38,6 +38,10 @@ class BlockSizes:
     cumulative_decay: the forward kernels read each chunk's inclusive cumulative log decay,
       formed by XLA before the call (as fla's `chunk_local_cumsum`), instead of scanning dt·A
       inside the serial loop.
+    decays_first: the fused forward (`state_pass` and `split_forward` off) forms each chunk's
+      `[L, L]` pair decays before its first read of the chunk's tiles instead of after C·Bᵀ:
+      the same values; ptxas then issues their exponentials while C·Bᵀ runs on the tensor
+      cores (NOTES.md round 6; not yet timed).
     segments: S, a power of two: each row is split into S equal segments (of whole chunks)
       that the kernels run as separate rows, `[B·S, T/S]`: S times the programs and chains S
       times shorter, combined exactly in XLA (`segments.py`, NOTES.md round 3). None
@@ -73,6 +77,7 @@ class BlockSizes:
     state_pass: bool = False
     state_block_n: int | None = None
     cumulative_decay: bool = False
+    decays_first: bool = False
     segments: int | None = None
 
     def __post_init__(self):

@@ -101,12 +101,16 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
         dt, a, doc, total = vectors
         rows = pl.ds(c * L, L)
         w = chunk_weights(a, doc, total=total)
+        # `decays_first`: the pair decays (the step's exponentials) come before the chunk's
+        # first tile read, so ptxas issues them while C·Bᵀ runs on the tensor cores.
+        decay = pair_decay(w.cum, doc) if st.blocks.decays_first and not split else None
         keys, queries = b_ref[rows, :], c_ref[rows, :]
         u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
         if split:  # the within-chunk part came from `chunk_outputs`
             y = local_ref[rows, :].astype(F32)
         else:
-            scores = mm_nt(queries, keys) * pair_decay(w.cum, doc)
+            scores = mm_nt(queries, keys)
+            scores *= pair_decay(w.cum, doc) if decay is None else decay
             y = mm(scores.astype(dtype), u.astype(dtype))
         y += w.into[:, None] * mm_nt(queries, state.astype(dtype))
         y_ref[rows, :] = y.astype(y_ref.dtype)

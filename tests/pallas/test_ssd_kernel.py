@@ -97,13 +97,15 @@ def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY,
 
 @pytest.mark.parametrize("blocks", [
     TINY, SPLIT, STATE_PASS, dataclasses.replace(TINY, state_pass=True),
-    dataclasses.replace(TINY, cumulative_decay=True)],
-    ids=["fused", "split_forward", "state_pass", "state_pass_whole_n", "cumulative_decay"])
+    dataclasses.replace(TINY, cumulative_decay=True), dataclasses.replace(TINY, decays_first=True)],
+    ids=["fused", "split_forward", "state_pass", "state_pass_whole_n", "cumulative_decay",
+         "decays_first"])
 def test_documents_initial_state_groups_odd_length(blocks):
     """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
     forward fused or split (within-chunk outputs from their own kernel), or as a state-only
     pass and a parallel output kernel, the state in column blocks or whole; the cumulative
-    log decay scanned in the kernels or made before them."""
+    log decay scanned in the kernels or made before them; the fused step's pair decays formed
+    before or after its first tile read."""
     inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
     check_against_reference(inputs, documents(19), blocks=blocks)
 
