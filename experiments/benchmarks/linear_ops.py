@@ -167,6 +167,11 @@ GDN_VARIANTS = (
     ("forward key blocks outputs V64 K64", dict(forward_state_key_block=64,
                                                 outputs_value_block=64, outputs_key_block=64,
                                                 outputs_num_stages=3)),
+    # the key gradients' V-tile products in a loop, cp.async-pipelined (Round 17, ptxas only)
+    ("key gradients pipelined 2 stages", dict(pipelined_key_gradients=True,
+                                              gradient_num_stages=2)),
+    ("key gradients pipelined 3 stages", dict(pipelined_key_gradients=True,
+                                              gradient_num_stages=3)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),
