@@ -171,6 +171,20 @@ GDN_VARIANTS = (
                                        outputs_num_stages=3)),
     ("outputs V64 K64 2 stages", dict(outputs_value_block=64, outputs_key_block=64,
                                       outputs_num_stages=2)),
+    # K 128 (NOTES.md Round 17, ptxas only): the state pass in fla's order of events (state
+    # stores, then the wait for the chunk's loads, then W S), with the outputs pipelined
+    ("state first outputs K64", dict(store_state_first=True, outputs_value_block=128,
+                                     outputs_key_block=64, outputs_num_stages=3)),
+    ("forward key blocks outputs K64", dict(forward_state_key_block=64, outputs_value_block=128,
+                                            outputs_key_block=64, outputs_num_stages=3)),
+    ("forward key blocks outputs V64 K64", dict(forward_state_key_block=64,
+                                                outputs_value_block=64, outputs_key_block=64,
+                                                outputs_num_stages=3)),
+    # the key gradients' V-tile products in a loop, cp.async-pipelined (Round 17, ptxas only)
+    ("key gradients pipelined 2 stages", dict(pipelined_key_gradients=True,
+                                              gradient_num_stages=2)),
+    ("key gradients pipelined 3 stages", dict(pipelined_key_gradients=True,
+                                              gradient_num_stages=3)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),

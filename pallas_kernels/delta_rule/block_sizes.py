@@ -51,6 +51,11 @@ class BlockSizes:
       of this many columns of q and rows of the state (fla's BK), so that Triton's pipeliner
       loads them with `cp.async` `outputs_num_stages` deep instead of every tile through
       registers before the first product (None, or ≥ K: one product).
+    pipelined_key_gradients: `chunk_key_gradients` (and the fused `chunk_gradients`' key
+      part) make their products over V tiles in a loop, whose loads Triton pipelines with
+      `cp.async` at `gradient_num_stages` ≥ 2, instead of unrolled with every load through
+      registers (ptxas, K 256, 4 warps: 255 registers and 248 B of spills → 24 B at 2 stages;
+      NOTES.md Round 17).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -78,6 +83,7 @@ class BlockSizes:
     forward_state_key_block: int | None = None
     reverse_state_key_block: int | None = None
     outputs_key_block: int | None = None
+    pipelined_key_gradients: bool = False
     store_state_first: bool = False
     reverse_small_scales: bool = False
     inverse_by_block: bool = False

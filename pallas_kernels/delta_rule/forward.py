@@ -38,8 +38,6 @@ from pallas_kernels.delta_rule.layout import (
     SequentialSpecs,
     ValueTileSpecs,
     chunk_cumsum,
-    chunk_loop,
-    load_chunk,
     load_decays,
     split_refs,
     with_starts,
@@ -123,34 +121,39 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
                             num_chunks, block)
         return
 
-    def step(c, state, x):
-        # What does not depend on the state first; the chain to the next chunk is W S → U →
-        # K̃ᵀ U, the outputs hang off it.
-        chunk = x["chunk"]
-        # Carrying only the state, K̃ᵀ U is made as Kᵀ (e^{Γ_C − Γ} ⊙ U): the row scale on
-        # the [C, V tile] operand, half of K̃'s elements (fewer instructions a step, same
-        # errors). Not in the fused form: its pipelined tiles then need 238 KB of shared
-        # memory at K = 256 (NOTES.md, Round 5).
-        keys = (x["k"] * chunk.to_end[:, None]).astype(op) if outputs else x["k"]
-        state_op = state.astype(op)
+    def step(c, state):
+        # The chain to the next chunk is W S → U → K̃ᵀ U, the outputs hang off it. Each tile
+        # is read where it is first used (U₀ after W S, Γ and n after U's store): Triton's
+        # pipeliner waits for all of a chunk's loads before the first use of any, so a read
+        # at the top of the step put that wait there, before the state's store (NOTES.md
+        # Round 17; fla's comes after it).
         span, entering = pl.ds(c * C, C), pl.ds(c * key_dim, key_dim)
+        state_op = state.astype(op)
         early = save and st.blocks.store_state_first
         if early:  # before the chain's first product, while the chunk's loads are in flight
             saved[0][entering, :] = state_op
-        u_op = (x["u0"].astype(F32) - mm(x["w"], state_op)).astype(op)
+        ws = mm(sources["w"][span, :], state_op)
+        u_op = (sources["u0"][span, :].astype(F32) - ws).astype(op)
         if save:
             states_ref, u_ref = saved
             if not early:
                 states_ref[entering, :] = state_op
             u_ref[span, :] = u_op
+        chunk = load_decays(sources["log_decay"], docs_ref, c, C)
         if outputs:
-            o_ref[span, :] = _outputs(x["q"], x["p"], state_op, u_op, chunk, st.scale
-                                      ).astype(o_ref.dtype)
-        updates = u_op if outputs else (u_op * chunk.to_end[:, None]).astype(op)
-        return chunk.decay * state + mm_tn(keys, updates)
+            o_ref[span, :] = _outputs(sources["q"][span, :], sources["p"][span, :], state_op,
+                                      u_op, chunk, st.scale).astype(o_ref.dtype)
+            # The fused form scales K's rows: on U its pipelined tiles need 238 KB of shared
+            # memory at K = 256 (NOTES.md, Round 5).
+            return chunk.decay * state + mm_tn(
+                (sources["k"][span, :] * chunk.to_end[:, None]).astype(op), u_op)
+        # Carrying only the state, K̃ᵀ U is made as Kᵀ (e^{Γ_C − Γ} ⊙ U): the row scale on
+        # the [C, V tile] operand, half of K̃'s elements (fewer instructions a step, same
+        # errors).
+        updates = (u_op * chunk.to_end[:, None]).astype(op)
+        return chunk.decay * state + mm_tn(sources["k"][span, :], updates)
 
-    final_ref[...] = chunk_loop(num_chunks, lambda c: load_chunk(sources, docs_ref, c, C),
-                                step, init_ref[...], reverse=False)
+    final_ref[...] = jax.lax.fori_loop(0, num_chunks, step, init_ref[...])
 
 
 def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Static,

@@ -46,6 +46,19 @@ def _value_spans(value_dim: int, st: Static) -> list:
     return [pl.ds(j * tile, tile) for j in range(value_dim // tile)]
 
 
+def _over_value_tiles(value_dim: int, st: Static, body, init):
+    """`carry = body(span, carry)` over the V tiles: unrolled, or with
+    `BlockSizes.pipelined_key_gradients` a loop, whose loads Triton's pipeliner issues
+    `gradient_num_stages` deep with `cp.async` instead of through registers."""
+    tile = st.blocks.gradient_value_block
+    if not st.blocks.pipelined_key_gradients:
+        for j in range(value_dim // tile):
+            init = body(pl.ds(j * tile, tile), init)
+        return init
+    span = lambda j: pl.ds(pl.multiple_of(j * tile, tile), tile)
+    return jax.lax.fori_loop(0, value_dim // tile, lambda j, carry: body(span(j), carry), init)
+
+
 def _pair_part(st: Static, chunk, beta, q_ref, k_ref, v_ref, t_ref, u_ref, du_ref, do_ref,
                dv_ref):
     """dv (stored), and (dQK, dKK) in the input dtype, dβ and dΓ `[C]` of the pair terms."""
@@ -85,27 +98,32 @@ def _key_part(st: Static, chunk, beta, d_qk, d_kk, keys, q_ref, k_ref, s0_ref, d
     One float32 accumulator at a time (the products over V tiles of dQ̃, then dX, then dK̃),
     each used up (its row sum, its share of dk) before the next: a small live set."""
     op = k_ref.dtype
-    spans = _value_spans(u_ref.shape[-1], st)
-    tiles = lambda span: (s0_ref[keys, span], ds1_ref[keys, span])
-    d_q = _sum(mm_nt(do_ref[:, span], tiles(span)[0]) for span in spans)
+    over_tiles = functools.partial(_over_value_tiles, u_ref.shape[-1], st)
+    d_q = over_tiles(lambda span, acc: acc + mm_nt(do_ref[:, span], s0_ref[keys, span]),
+                     jnp.zeros((do_ref.shape[0], keys.size), F32))
     q_q = jnp.sum(d_q * q_ref[:, keys].astype(F32), axis=1)
     dq_ref[:, keys] = (st.scale * chunk.entry[:, None] * d_q
                        + mm(d_qk, k_ref[:, keys])).astype(dq_ref.dtype)
     t = t_ref[...]
-    d_x = -_sum(mm_nt(mm_tn(t, du_ref[:, span]).astype(op), tiles(span)[0]) for span in spans)
+    # Summed, then negated: Triton folds a sum into the next product's accumulator, not a
+    # difference (a float32 tile of its own: 476 B of spills unrolled, NOTES.md Round 17).
+    d_x = -over_tiles(lambda span, acc: acc + mm_nt(mm_tn(t, du_ref[:, span]).astype(op),
+                                                    s0_ref[keys, span]), jnp.zeros_like(d_q))
     # The row sums from k loaded again each time: a float32 copy kept across the products
     # would stay live (spills, NOTES.md).
     x_k = jnp.sum(d_x * k_ref[:, keys].astype(F32), axis=1)
     d_key = (beta * chunk.entry)[:, None] * d_x
-    # dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands, ≈ float32
-    # accuracy, u as loaded.
-    d_k = jnp.zeros_like(d_x)
-    to_last = jnp.zeros((), F32)  # dΓ_last from K̃ and from the entering state's decay
-    for span in spans:
-        u, (s0, ds1) = u_ref[:, span], tiles(span)
+
+    def through_state(span, carry):
+        # dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands,
+        # ≈ float32 accuracy, u as loaded.
+        d_k, to_last = carry  # to_last: dΓ_last from K̃ and from the entering state's decay
+        u, s0, ds1 = u_ref[:, span], s0_ref[keys, span], ds1_ref[keys, span]
         ds1_hi = ds1.astype(op)
         d_k += mm_nt(u, ds1_hi) + mm_nt(u, (ds1 - ds1_hi.astype(F32)).astype(op))
-        to_last += chunk.decay * total(ds1 * s0.astype(F32))
+        return d_k, to_last + chunk.decay * total(ds1 * s0.astype(F32))
+
+    d_k, to_last = over_tiles(through_state, (jnp.zeros_like(d_x), jnp.zeros((), F32)))
     through_end = chunk.to_end * jnp.sum(d_k * k_ref[:, keys].astype(F32), axis=1)
     d_key += chunk.to_end[:, None] * d_k
     dk_ref[:, keys] = (d_key + mm_tn(d_qk, q_ref[:, keys])

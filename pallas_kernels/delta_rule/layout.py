@@ -192,11 +192,3 @@ def load_decays(log_decay_ref, docs_ref, c, C: int) -> Chunk:
     docs, docs_last = (None, None) if docs_ref is None else (docs_ref[span], docs_ref[last])
     return cumulative_decays(log_decay_ref[span], log_decay_ref[last], docs, docs_last)
 
-
-def load_chunk(refs: dict, docs_ref, c, C: int) -> dict:
-    """Rows c·C.. of every `[Tp, d]` ref in `refs`, and the chunk's `Chunk` ("chunk") from
-    Γ ("log_decay") and n (`load_decays`)."""
-    span = pl.ds(c * C, C)
-    tiles = {name: ref[span, :] for name, ref in refs.items() if name != "log_decay"}
-    tiles["chunk"] = load_decays(refs["log_decay"], docs_ref, c, C)
-    return tiles
