@@ -152,8 +152,6 @@ GDN_VARIANTS = (
         forward_value_block=64, forward_state_num_stages=4, reverse_small_scales=True,
         state_num_stages=1)),
     ("forward V64 2 stages", dict(forward_value_block=64, forward_state_num_stages=2)),
-    ("reverse V64", dict(value_block=64, forward_value_block=32)),
-    ("reverse V64 4 warps", dict(value_block=64, forward_value_block=32, state_num_warps=4)),
     ("forward V64 key blocks", dict(forward_value_block=64, forward_state_key_block=64)),
     ("forward V64 key blocks 2 stages", dict(forward_value_block=64, forward_state_key_block=64,
                                              forward_state_num_stages=2)),
