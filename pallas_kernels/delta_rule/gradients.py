@@ -24,7 +24,6 @@ cumulative sum within the chunk is dg (Γ restarts at every chunk). Two forms
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -37,10 +36,6 @@ from pallas_kernels.delta_rule.static import Static, compiler_params
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 
-def _sum(arrays):
-    return functools.reduce(operator.add, arrays)
-
-
 def _value_spans(value_dim: int, st: Static) -> list:
     tile = st.blocks.gradient_value_block
     return [pl.ds(j * tile, tile) for j in range(value_dim // tile)]
@@ -50,11 +45,11 @@ def _over_value_tiles(value_dim: int, st: Static, body, init):
     """`carry = body(span, carry)` over the V tiles: unrolled, or with
     `BlockSizes.pipelined_key_gradients` a loop, whose loads Triton's pipeliner issues
     `gradient_num_stages` deep with `cp.async` instead of through registers."""
-    tile = st.blocks.gradient_value_block
     if not st.blocks.pipelined_key_gradients:
-        for j in range(value_dim // tile):
-            init = body(pl.ds(j * tile, tile), init)
+        for span in _value_spans(value_dim, st):
+            init = body(span, init)
         return init
+    tile = st.blocks.gradient_value_block
     span = lambda j: pl.ds(pl.multiple_of(j * tile, tile), tile)
     return jax.lax.fori_loop(0, value_dim // tile, lambda j, carry: body(span(j), carry), init)
 
