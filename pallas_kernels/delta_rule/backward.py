@@ -19,10 +19,10 @@ import jax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call
+from pallas_kernels.chunk_sums import chunk_cumsum
 from pallas_kernels.delta_rule.chunk_math import F32
 from pallas_kernels.delta_rule.layout import (
     SequentialSpecs,
-    chunk_cumsum,
     chunk_loop,
     load_decays,
     split_refs,

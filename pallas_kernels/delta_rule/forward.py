@@ -3,7 +3,7 @@
 Layout: q, k `[B, Tp, H, K]`, v `[B, Tp, H, V]` (time padded to a multiple of the chunk C),
 g and β `[B, H, Tp]` float32, document starts `[B, Tp]` float32 (1.0 at a start) when the call
 has documents (the sequential kernels read the sums of g and of the starts within each chunk,
-`layout.chunk_cumsum`), states `[B, H, K, V]` float32. Per-chunk intermediates are in the
+`chunk_sums.chunk_cumsum`), states `[B, H, K, V]` float32. Per-chunk intermediates are in the
 input dtype: W `[B, Tp, H, K]`, U₀ and U `[B, Tp, H, V]`, P and T `[B, Tp, H, C]` (row t of
 its chunk's C×C matrix), the states entering each chunk `[B, H, NC·K, V]`; the backward's
 gradients of the states after each chunk are float32 (`backward.py`).
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call
+from pallas_kernels.chunk_sums import chunk_cumsum
 from pallas_kernels.delta_rule.chunk_math import (
     F32,
     chunk_decays,
@@ -37,7 +38,6 @@ from pallas_kernels.delta_rule.layout import (
     ChunkSpecs,
     SequentialSpecs,
     ValueTileSpecs,
-    chunk_cumsum,
     load_decays,
     split_refs,
     with_starts,

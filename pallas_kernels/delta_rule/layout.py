@@ -10,8 +10,6 @@ and loop, written once for the two kinds of kernel:
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -178,16 +176,9 @@ def chunk_loop(num_chunks: int, load, step, carry, *, reverse: bool):
     return lax.fori_loop(0, num_chunks, lambda i, s: step(order(i), s, load(order(i))), carry)
 
 
-def chunk_cumsum(x: jax.Array, C: int) -> jax.Array:
-    """Σ_{l ≤ t} x_l within each chunk of `[..., Tp]` x (XLA, outside the kernels): Γ of the
-    log decays and the document counter n of the starts, which the sequential kernels read
-    instead of g and the starts, so that their loop scans nothing (as fla's `g_cumsum`)."""
-    return jnp.cumsum(x.reshape(x.shape[:-1] + (-1, C)), axis=-1).reshape(x.shape)
-
-
 def load_decays(log_decay_ref, docs_ref, c, C: int) -> Chunk:
     """Chunk c's `Chunk` from the `[Tp]` refs of Γ and of n (None without documents) that
-    `chunk_cumsum` made: their rows and their values at the chunk's last row."""
+    `chunk_sums.chunk_cumsum` made: their rows and their values at the chunk's last row."""
     span, last = pl.ds(c * C, C), c * C + C - 1
     docs, docs_last = (None, None) if docs_ref is None else (docs_ref[span], docs_ref[last])
     return cumulative_decays(log_decay_ref[span], log_decay_ref[last], docs, docs_last)

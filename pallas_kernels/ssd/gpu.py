@@ -37,6 +37,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.call import pallas_call
+from pallas_kernels.chunk_sums import chunk_cumsum
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.ssd.block_sizes import Static
 from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
@@ -72,16 +73,12 @@ def _vector_loader(L: int, *refs):
 
 def _decay_loader(st: Static, L: int, dt_ref, a_ref, doc_ref):
     """`(dt, a, doc, total)` of chunk c; with `cumulative_decay` `a` is the chunk's inclusive
-    cumulative log decay (made by XLA, `_chunk_cumsum`) and `total` its last entry, else None."""
+    cumulative log decay (made by XLA, `chunk_sums.chunk_cumsum`) and `total` its last entry,
+    else None."""
     vectors = _vector_loader(L, dt_ref, a_ref, doc_ref)
     if not st.blocks.cumulative_decay:
         return lambda c: vectors(c) + (None,)
     return lambda c: vectors(c) + (jnp.sum(a_ref[pl.ds(c * L + L - 1, 1)]),)
-
-
-def _chunk_cumsum(a, L: int):
-    """`[B, H, T]` log decays -> their inclusive cumulative sums within each chunk of L."""
-    return jnp.cumsum(a.reshape(a.shape[:-1] + (-1, L)), axis=-1).reshape(a.shape)
 
 
 # --- forward ---------------------------------------------------------------------------------
@@ -179,7 +176,7 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
     num_chunks = length // L
     if st.blocks.cumulative_decay:
-        a = _chunk_cumsum(a, L)
+        a = chunk_cumsum(a, L)
     if st.blocks.state_pass:
         states, final = chunk_states(x, dt, a, B, doc, s0, st)
         y = chunk_outputs(x, dt, a, B, C, doc, st, states=states)
