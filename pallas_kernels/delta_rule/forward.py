@@ -141,8 +141,9 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
             u_ref[span, :] = u_op
         chunk = load_decays(sources["log_decay"], docs_ref, c, C)
         if outputs:
-            o_ref[span, :] = _outputs(sources["q"][span, :], sources["p"][span, :], state_op,
-                                      u_op, chunk, st.scale).astype(o_ref.dtype)
+            q, p = sources["q"][span, :], sources["p"][span, :]
+            o_ref[span, :] = _outputs(mm(q, state_op), p, u_op, chunk, st.scale
+                                      ).astype(o_ref.dtype)
             # The fused form scales K's rows: on U its pipelined tiles need 238 KB of shared
             # memory at K = 256 (NOTES.md, Round 5).
             return chunk.decay * state + mm_tn(
@@ -196,10 +197,10 @@ def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Stati
         final_ref[rows(i), :] = s
 
 
-def _outputs(q, p, state_op, u_op, chunk, scale: float):
-    """o = Q̃ S₀ + P U of one chunk, float32; Q̃'s row scale e^Γ·scale on the product (the
-    query operand goes in as loaded)."""
-    return (scale * chunk.entry)[:, None] * mm(q, state_op) + mm(p, u_op)
+def _outputs(q_state, p, u_op, chunk, scale: float):
+    """o = Q̃ S₀ + P U of one chunk, float32, from q_state = Q S₀ (the query operand as
+    loaded): Q̃'s row scale e^Γ·scale goes on the product."""
+    return (scale * chunk.entry)[:, None] * q_state + mm(p, u_op)
 
 
 def _sequential_call(arrays: dict, g, starts, initial_state, st: Static, *, save: bool,
@@ -263,8 +264,9 @@ def _outputs_kernel(*refs, st: Static):
     decays = lambda: chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
     key_dim, block = q_ref.shape[-1], st.blocks.outputs_key_block
     if block is None or block >= key_dim:
-        o_ref[...] = _outputs(q_ref[...], p_ref[...], states_ref[...], u_ref[...], decays(),
-                              st.scale).astype(o_ref.dtype)
+        q, p, state, u = q_ref[...], p_ref[...], states_ref[...], u_ref[...]
+        chunk = decays()
+        o_ref[...] = _outputs(mm(q, state), p, u, chunk, st.scale).astype(o_ref.dtype)
         return
 
     def key_block(i, acc):  # Q S₀ over key blocks: each block's q and state tiles pipelined
@@ -276,8 +278,7 @@ def _outputs_kernel(*refs, st: Static):
     qs = jax.lax.fori_loop(0, key_dim // block, key_block,
                            jnp.zeros((q_ref.shape[0], o_ref.shape[-1]), F32))
     chunk = decays()
-    o_ref[...] = ((st.scale * chunk.entry)[:, None] * qs
-                  + mm(p_ref[...], u_ref[...])).astype(o_ref.dtype)
+    o_ref[...] = _outputs(qs, p_ref[...], u_ref[...], chunk, st.scale).astype(o_ref.dtype)
 
 
 def chunk_outputs(q, p, u, states, g, starts, st: Static):
