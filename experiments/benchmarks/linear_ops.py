@@ -88,23 +88,21 @@ TARGETS = {
 }
 # SSD kernel variants timed beside the defaults (the defaults' NOTES say why each is open);
 # the default row's sequence segments are automatic (S = 2 at 4 × 8192, 1 at 8 × 4096).
+# fla's form (NOTES.md round 5): a state-only serial pass, outputs in parallel
+_STATE_PASS = dict(state_pass=True, state_block_n=64, cumulative_decay=True)
 SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "split forward": BlockSizes(split_forward=True),
-                # fla's form (NOTES.md round 5): a state-only serial pass, outputs in parallel
-                "state pass": BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True),
-                "state pass 1 stage": BlockSizes(state_pass=True, state_block_n=64,
-                                                 cumulative_decay=True, local_num_stages=1),
-                "state pass 8 warps": BlockSizes(state_pass=True, state_block_n=64,
-                                                 cumulative_decay=True, local_num_warps=8),
-                "state pass whole N": BlockSizes(state_pass=True, cumulative_decay=True),
+                "state pass": BlockSizes(**_STATE_PASS),
+                "state pass 1 stage": BlockSizes(**_STATE_PASS, local_num_stages=1),
+                "state pass 8 warps": BlockSizes(**_STATE_PASS, local_num_warps=8),
+                "state pass whole N": BlockSizes(**dict(_STATE_PASS, state_block_n=None)),
                 # NOTES.md round 6 (CPU ptxas only): the fused step's exponentials beside C·Bᵀ;
                 # cp.async loads a whole step ahead (at 2 stages each step waits for all of
                 # them at its top) in the fused loop, the state pass or its output kernel
                 "decays first": BlockSizes(decays_first=True),
                 "fused 3 stages": BlockSizes(num_stages=3),
                 "decays first 3 stages": BlockSizes(decays_first=True, num_stages=3),
-                **{f"state pass, {name}": BlockSizes(state_pass=True, state_block_n=64,
-                                                     cumulative_decay=True, **stages)
+                **{f"state pass, {name}": BlockSizes(**_STATE_PASS, **stages)
                    for name, stages in (("states 3 stages", dict(num_stages=3)),
                                         ("states 4 stages", dict(num_stages=4)),
                                         ("outputs 3 stages", dict(local_num_stages=3)),
