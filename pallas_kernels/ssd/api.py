@@ -16,7 +16,6 @@ Two kernel sets with one contract: `gpu.py` (Triton lowering) and `tpu.py` (Mosa
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -53,10 +52,9 @@ def ssd(
       B, C: `[B, T, G, N]`, G dividing H.
       segment_ids: `[B, T]` integer document ids, or None (one document per row).
       initial_state: `[B, H, P, N]`, or None for zeros.
-      block_sizes: tiles and sequence segments (default `default_block_sizes(P, N, backend)`
-        for the training forward and backward, with `training=False` for a forward that is
-        not differentiated; its `segments` None: chosen by `segments.choose_segments` on a
-        GPU, 1 on a TPU or interpreted).
+      block_sizes: tiles and sequence segments (default `default_block_sizes(P, N, backend,
+        itemsize=x.dtype.itemsize)`; its `segments` None: chosen by
+        `segments.choose_segments` on a GPU, 1 on a TPU or interpreted).
       backend: "gpu" or "tpu" kernels; default: the platform, or "gpu" when interpreting on
         the CPU.
       interpret: run the kernels in Pallas interpret mode (CPU tests; the TPU kernels in TPU
@@ -72,9 +70,8 @@ def ssd(
     backend = backend or _platform(interpret)
     batch, length, heads, head_dim = x.shape
     groups, state_dim = B.shape[2:]
-    defaults = functools.partial(default_block_sizes, head_dim, state_dim, backend)
-    blocks = (block_sizes or defaults()).for_dims(head_dim)
-    forward_blocks = (block_sizes or defaults(training=False)).for_dims(head_dim)
+    blocks = (block_sizes or default_block_sizes(head_dim, state_dim, backend,
+                                                 itemsize=x.dtype.itemsize)).for_dims(head_dim)
     chunk = blocks.chunk
     num_chunks = -(-length // chunk)
     S = blocks.segments or (1 if interpret or backend == "tpu" else segments.choose_segments(
@@ -104,9 +101,8 @@ def ssd(
             (batch * S,) + s0.shape[2:])
     st = Static(blocks=blocks, group=heads // groups, documents=doc is not None,
                 interpret=interpret)
-    st_forward = dataclasses.replace(st, blocks=forward_blocks)
     C = pad(C.astype(x.dtype))
-    y, final_state = _core(st, st_forward, backend, rows(x), head_major(dt), head_major(log_decay),
+    y, final_state = _core(st, backend, rows(x), head_major(dt), head_major(log_decay),
                            rows(B.astype(x.dtype)), segments.split(C, S), doc, s0)
     if S > 1:
         y, final_state = segments.combine(y, final_state, log_decay, starts, C, S)
@@ -115,21 +111,18 @@ def ssd(
     return y[:, :length], final_state
 
 
-# `st` holds the training kernels' blocks (forward storing the states, backward), `st_forward`
-# those of a forward that is not differentiated; both have one chunk length.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _core(st, st_forward, backend, x, dt, a, B, C, doc, s0):
-    return tuple(_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st_forward,
-                                           store_states=False))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _core(st, backend, x, dt, a, B, C, doc, s0):
+    return tuple(_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st, store_states=False))
 
 
-def _core_fwd(st, st_forward, backend, x, dt, a, B, C, doc, s0):
+def _core_fwd(st, backend, x, dt, a, B, C, doc, s0):
     y, final_state, states = saved(*_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st,
                                                               store_states=True))
     return (y, final_state), (x, dt, a, B, C, doc, states)
 
 
-def _core_bwd(st, st_forward, backend, residuals, cotangents):
+def _core_bwd(st, backend, residuals, cotangents):
     kernels = _KERNELS[backend]
     x, dt, a, B, C, doc, states = residuals
     dy, d_final = cotangents

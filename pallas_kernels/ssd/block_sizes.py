@@ -120,9 +120,8 @@ class Static:
 
 
 def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu", *,
-                        training: bool = True) -> BlockSizes:
-    """Defaults of the backend's kernels, for the training forward and backward (`training`)
-    or for a forward that is not differentiated.
+                        itemsize: int = 2) -> BlockSizes:
+    """Defaults of the backend's kernels, for inputs of `itemsize` bytes (bf16: 2).
 
     TPU (`tpu.py`, not timed: no TPU here): chunks of 128, because the per-step vectors'
     blocks `[L]` sit on the 128-lane axis (64 would be half a lane tile, which Mosaic refuses
@@ -138,11 +137,13 @@ def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu", *,
         return BlockSizes(chunk=128, block_p=head_dim, backward_block_p=head_dim,
                           grads_block_p=head_dim)
     if max(head_dim, state_dim) <= 128:
-        # Training: the state pass (fla's two kernels, state tiles of 64 columns): fwd+bwd
-        # 1.99 → 1.71 ms, though its forward alone is slower (0.433 → 0.462; fla 0.459), H200
-        # B4 T8192 H16 P = N = 128 bf16, same run (NOTES.md round 5): a forward alone stays
-        # fused.
-        pass_ = dict(state_pass=True, state_block_n=64, cumulative_decay=True) if training else {}
-        return BlockSizes(**pass_).for_dims(head_dim)
+        # The state pass (fla's two kernels, state tiles of 64 columns): fwd+bwd 1.99 → 1.71
+        # ms against the fused kernel, H200 B4 T8192 H16 P = N = 128 bf16 (NOTES.md round 5);
+        # with both its kernels at 3 stages (round 6) also the faster forward: 0.395 against
+        # the fused 0.419 ms, fwd+bwd 1.66 → 1.63. Float32 inputs (twice the shared memory a
+        # stage, not timed) keep 2 stages.
+        stages = dict(num_stages=3, local_num_stages=3) if itemsize <= 2 else {}
+        return BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True,
+                          **stages).for_dims(head_dim)
     return BlockSizes(chunk=32, block_p=32, backward_block_p=32, grads_block_p=64).for_dims(
         head_dim)

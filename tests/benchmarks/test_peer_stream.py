@@ -62,3 +62,17 @@ def test_run_json_lines_sets_the_peer_environment():
     rows, failure = stream.run_json_lines([sys.executable, "-c", peer], timeout=30,
                                           env={"HYBRID_JAX_PEER_TEST": "x"})
     assert failure == "" and rows == [{"v": "x"}]
+
+
+def test_fla_rows_over_several_runs_keep_each_rows_fastest_times(monkeypatch):
+    times = iter([(1.0, 3.0), (0.8, 3.5), (0.9, None)])
+
+    def fake(command, timeout, echo, env=None):
+        fwd, fwd_bwd = next(times)
+        row = {"op": "ssd", "B": 4, "T": 8192, "fwd_ms": fwd}
+        return [row if fwd_bwd is None else {**row, "fwd_bwd_ms": fwd_bwd}], ""
+
+    monkeypatch.setattr("experiments.benchmarks.linear_ops.run_json_lines", fake)
+    rows = fla_rows("4x8192", "ssd", timeout=30, runs=3)
+    assert rows == [{"op": "ssd", "B": 4, "T": 8192, "fwd_ms": 0.8, "fwd_bwd_ms": 3.0,
+                     "fwd_ms_runs": [1.0, 0.8, 0.9], "fwd_bwd_ms_runs": [3.0, 3.5]}]

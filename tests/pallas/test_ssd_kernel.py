@@ -229,12 +229,13 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim,
     assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
-def test_default_tiles_train_through_the_state_pass_and_infer_fused(monkeypatch):
-    """At P = N = 128 on the GPU the defaults differ by use (NOTES.md round 5): the
-    differentiated forward is the state pass (two kernels) and the backward two more, a forward
-    alone the one fused kernel."""
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_default_tiles_run_the_state_pass(monkeypatch, dtype):
+    """At P = N = 128 on the GPU the default is the state pass (NOTES.md rounds 5-6) for a
+    forward alone (its two kernels) and for training (two more for the backward), at 3
+    pipeline stages for 2-byte inputs and 2 for float32 ones."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    spec = lambda *shape, dtype=dtype: jax.ShapeDtypeStruct(shape, dtype)
     args = (spec(2, 256, 4, 128), spec(2, 256, 4), spec(4, dtype=jnp.float32),
             spec(2, 256, 1, 128), spec(2, 256, 1, 128))
     kernels = lambda fn: jax.jit(fn).trace(*args).lower(
@@ -244,8 +245,11 @@ def test_default_tiles_train_through_the_state_pass_and_infer_fused(monkeypatch)
         out, vjp = jax.vjp(lambda *b: api.ssd(*b), *a)
         return vjp(out)
 
-    assert kernels(lambda *a: api.ssd(*a)) == 1
+    assert kernels(lambda *a: api.ssd(*a)) == 2
     assert kernels(grads) == 4
+    stages = default_block_sizes(128, 128, itemsize=jnp.dtype(dtype).itemsize)
+    assert (stages.num_stages, stages.local_num_stages) == ((3, 3) if dtype == jnp.bfloat16
+                                                            else (2, 2))
 
 
 def test_unsupported_calls_are_refused_with_the_reason():
