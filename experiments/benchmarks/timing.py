@@ -3,6 +3,7 @@ the relative error of their GPU checks."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import statistics
@@ -23,12 +24,22 @@ per repeat added ≈ 0.1–0.3 ms to a 1 ms op (the gated delta rule's forward: 
 against 1.10 ms of kernels, 2026-12-01)."""
 
 
+WARMUP_S = 0.5
+"""Seconds of warm-up calls before timing (at least the `warmup` count), here and in the fla
+peer's `time_ms`: the first op a fresh process timed after two calls read up to 40 % slow
+(fla's SSD forward 0.54-0.61 ms timed first, 0.43 after another op; H200, 2026-12-03)."""
+
+
 def time_compiled(fn: Callable, *args: Any, warmup: int = 3, iters: int = 10,
                   calls: int = 1) -> float:
     """Median over `iters` repeats of the wall time in ms per call of `calls` back-to-back
-    calls of an already-jitted `fn(*args)`, synchronised with the device after the last."""
-    for _ in range(warmup):
+    calls of an already-jitted `fn(*args)`, synchronised with the device after the last;
+    after `warmup` calls and at least `WARMUP_S` seconds of them."""
+    start = time.perf_counter()
+    for i in itertools.count():
         jax.block_until_ready(fn(*args))
+        if i + 1 >= warmup and time.perf_counter() - start >= WARMUP_S:
+            break
     times = []
     for _ in range(iters):
         start = time.perf_counter()

@@ -153,27 +153,24 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     (session 13, call c) the output kernel over key blocks of 64 in V tiles of 128 at 3
     stages, its loads pipelined: forward 0.861 → 0.778 ms (fla 0.927 in that run). Session
     14 (call a): K 128 takes the same output kernel (forward 0.938 → 0.915 ms, 0.943 / 0.954
-    in session 13's call c) and K > 128 trains with the key-gradient kernel's V-tile loop
-    pipelined at 3 stages (fwd+bwd 3.20 → 2.99 ms; 2 stages 3.15). Below K 128
-    nothing of Round 10 was measured, and float32 inputs need twice the shared memory (K 128's
-    V 64 at 4 stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults
-    stay there (a forward alone below K 128 fused in V tiles of 64)."""
+    in session 13's call c) and both train with the key-gradient kernel's V-tile loop
+    pipelined at 3 stages (K 256: fwd+bwd 3.20 → 2.99 ms, 2 stages 3.15; K 128: 2.92 →
+    2.89, call b). Below K 128 nothing of Round 10 was measured, and float32 inputs need
+    twice the shared memory (K 128's V 64 at 4 stages asks 280 KB of the H200's 227, session
+    12 call b): the earlier defaults stay there (a forward alone below K 128 fused in V
+    tiles of 64)."""
     if key_dim < 128 or itemsize > 2:
         return _measured_before_round_10(key_dim, value_dim, training)
     base = _measured_before_round_10(key_dim, value_dim, True)
-    outputs = dict(outputs_value_block=min(value_dim, 128), outputs_key_block=64,
-                   outputs_num_stages=3)
-    by_key_dim = (dict(forward_value_block=min(value_dim, 64), forward_state_num_stages=4)
-                  if key_dim == 128 else dict(forward_value_block=min(value_dim, 64),
-                                              forward_state_key_block=64,
-                                              forward_state_num_warps=4,
-                                              forward_state_num_stages=2,
-                                              value_block=min(value_dim, 64),
-                                              pipelined_key_gradients=True,
-                                              gradient_num_stages=3))
+    from_k128 = dict(forward_value_block=min(value_dim, 64),
+                     outputs_value_block=min(value_dim, 128), outputs_key_block=64,
+                     outputs_num_stages=3, pipelined_key_gradients=True, gradient_num_stages=3)
+    by_key_dim = (dict(forward_state_num_stages=4) if key_dim == 128 else
+                  dict(forward_state_key_block=64, forward_state_num_warps=4,
+                       forward_state_num_stages=2, value_block=min(value_dim, 64)))
     return dataclasses.replace(base, reverse_small_scales=True, state_num_stages=1,
                                state_num_warps=8 if training and key_dim > 128 else 4,
-                               **outputs, **by_key_dim)
+                               **from_k128, **by_key_dim)
 
 
 def _measured_before_round_10(key_dim: int, value_dim: int, training: bool) -> BlockSizes:

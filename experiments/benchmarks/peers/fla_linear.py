@@ -37,6 +37,7 @@ compiled kernels.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -93,12 +94,19 @@ def fla_op(name: str):
 CALLS = 5  # back-to-back calls per repeat, as `timing.CALLS` on our side (no JAX here)
 
 
+WARMUP_S = 0.5  # as `timing.WARMUP_S` on our side (no JAX here)
+
+
 def time_ms(fn, warmup: int = 2, iters: int = 10, calls: int = CALLS) -> float:
     """Median over `iters` repeats of the CUDA-event time per call of `calls` back-to-back
-    calls (warm-up calls also run fla's Triton autotuning)."""
-    for _ in range(warmup):
+    calls, after `warmup` calls and at least `WARMUP_S` seconds of them (warm-up calls also
+    run fla's Triton autotuning)."""
+    start = time.perf_counter()
+    for i in itertools.count():
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        if i + 1 >= warmup and time.perf_counter() - start >= WARMUP_S:
+            break
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
