@@ -191,14 +191,18 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
     entering = _entering(sigma, C)
 
     def fast():
+        # Every tile is read before the first product: on the GPU these loads go through
+        # registers (no loop to pipeline), and one read after a product waits out its latency
+        # there (NOTES.md, "Where the kernels wait for their loads").
+        keys = [x_keys(0, C) for _, x_keys, _ in pairs]
         G = g(0, C)
         y_inv = y(0, C).astype(F32) * jnp.exp(-G)
         pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
         return tuple(
             jnp.exp(G) * (_masked(state.mm(x, x_state, exact_a=True), entering)
-                          + intra.mm(jnp.where(pair_mask, intra.mm_nt(x, x_keys(0, C), True, True),
+                          + intra.mm(jnp.where(pair_mask, intra.mm_nt(x, x_keys, True, True),
                                                0.0), y_inv))
-            for x, x_keys, x_state in pairs)
+            for (x, _, x_state), x_keys in zip(pairs, keys, strict=True))
 
     def exact():
         G = g(0, C)
@@ -227,13 +231,14 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
     entering = _entering(sigma, C)
 
     def fast():
+        values = u(0, C)  # read before the first product, as in `slot_scores`
         G = g(0, C)
         weights = p * jnp.exp(G)
         y_inv = y(0, C).astype(F32) * jnp.exp(-G)
         pairs = jnp.where(_and(_causal(C), _same_segment(sigma, C, 0, C)),
                           intra.mm_nt(weights, y_inv), 0.0)
         return (state.mm_nt(_masked(weights, entering), state_t)
-                + intra.mm(pairs, u(0, C), exact_b=True))
+                + intra.mm(pairs, values, exact_b=True))
 
     def exact():
         G = g(0, C)
