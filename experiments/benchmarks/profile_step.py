@@ -3,7 +3,7 @@ GPU kernels by total time, packed text against unpacked random tokens.
 
     python -m experiments.benchmarks.profile_step [--model transformer-125m] [--length 2048]
         [--tokens 32768] [--data wikitext2_bpe32k.npz] [--modes packed,unpacked] [--steps 5]
-        [--attention pallas] [--conv pallas] [--no-scan] [--top 25] [--trace-dir DIR]
+        [--attention pallas] [--conv pallas] [--scan] [--top 25] [--trace-dir DIR]
         [--out profile_step.json]
         [--process REGEX --thread REGEX]   (which trace rows; default the GPU streams)
 
@@ -90,8 +90,9 @@ def main():
     parser.add_argument("--modes", default="packed,unpacked")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--remat", default="none")
-    parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=True,
-                        help="scan the layers (as train_throughput does by default)")
+    parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=False,
+                        help="scan the layers (default unscanned, as train_throughput and the "
+                             "library)")
     parser.add_argument("--attention", default=None, help="force an ops.attention rung")
     parser.add_argument("--conv", default=None, help="force an ops.short_conv rung")
     parser.add_argument("--top", type=int, default=25)

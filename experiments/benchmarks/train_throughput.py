@@ -4,7 +4,7 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
     python -m experiments.benchmarks.train_throughput --data wikitext2_bpe32k.npz
         [--models transformer-125m,transformer-350m,gdn-340m,mamba2-130m,nha-340m,
                   nha-hybrid-340m] [--lengths 2048,8192,32768] [--tokens 32768] [--steps 10]
-        [--scan/--no-scan] [--remat none] [--unpacked transformer-125m]
+        [--scan] [--remat none] [--unpacked transformer-125m]
         [--torch transformer-125m] [--compile-check transformer-350m]
         [--ablate transformer-125m] [--unscanned transformer-125m] [--out F.json]
 
@@ -25,6 +25,8 @@ Memory: what the compiled step needs (arguments + temporaries); a model that nee
 peers run first, each in its own process (before JAX takes the GPU). Same-run ratios:
 `vs_base`, a row's tokens/s over `--baseline`'s (default: the first of `--models`) at the same
 T, data, layer form and remat; `vs_torch`, over the PyTorch peer of the same model and T.
+Layers are unscanned unless `--scan` (as `ModelConfig.scan_layers` defaults); `--unscanned`
+reruns models unscanned beside a `--scan` run.
 """
 
 from __future__ import annotations
@@ -267,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="2048,8192,32768")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--scan", action=argparse.BooleanOptionalAction, default=False,
+                        help="scan the layers (default: unscanned, the library's default and "
+                             "the faster form on one GPU: BENCHMARKS.md, session 9)")
     parser.add_argument("--remat", default="none")
     parser.add_argument("--unpacked", default="transformer-125m")
     parser.add_argument("--torch", default="transformer-125m")
