@@ -185,6 +185,7 @@ GDN_VARIANTS = (
                                               gradient_num_stages=2)),
     ("key gradients pipelined 3 stages", dict(pipelined_key_gradients=True,
                                               gradient_num_stages=3)),
+    ("prepare TF32 merges", dict(tf32_merges=True)),  # NOTES.md Round 18 (ptxas only)
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),

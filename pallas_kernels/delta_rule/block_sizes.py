@@ -56,6 +56,14 @@ class BlockSizes:
       `cp.async` at `gradient_num_stages` ≥ 2, instead of unrolled with every load through
       registers (ptxas, K 256, 4 warps: 255 registers and 248 B of spills → 24 B at 2 stages;
       NOTES.md Round 17).
+    tf32_merges: `chunk_prepare` merges the inverse's diagonal blocks (T ← T − T (A_b T), two
+      levels at C 64, sub-chunks 16) by one float32 product each, TF32 on the GPU's tensor
+      cores (as fla's solve does), instead of three bf16 products of hi/lo splits
+      (`chunk_math.split_products`; exact HIGHEST products for float32 inputs): T to ≈ 2⁻¹¹
+      relative instead of ≈ 2⁻¹⁶, still below the bf16 rounding of the stored W and U₀.
+      ptxas (K = V = 128, 4 warps; NOTES.md Round 18): 3,448 → 2,899 SASS instructions,
+      76 → 60 HGMMA, 166 → 164 registers. A forward option: NOTES' Precision found T's
+      rounding in U₀ amplified into dg by the backward.
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -85,6 +93,7 @@ class BlockSizes:
     outputs_key_block: int | None = None
     pipelined_key_gradients: bool = False
     store_state_first: bool = False
+    tf32_merges: bool = False
     reverse_small_scales: bool = False
     inverse_by_block: bool = False
     split_outputs: bool = False

@@ -110,7 +110,8 @@ def split_rows(a: jax.Array, b: jax.Array) -> jax.Array:
     return mm(a_hi, b) + mm((a - a_hi.astype(F32)).astype(b.dtype), b)
 
 
-def lower_inverse(a: jax.Array, a_t: jax.Array | None, size: int, op) -> jax.Array:
+def lower_inverse(a: jax.Array, a_t: jax.Array | None, size: int, op, *,
+                  single: bool = False) -> jax.Array:
     """T = (I + a)⁻¹ of a strictly lower triangular float32 `[n, n]`, in registers.
 
     The diagonal blocks of `size` rows first, all at once, by forward substitution in float32
@@ -119,7 +120,7 @@ def lower_inverse(a: jax.Array, a_t: jax.Array | None, size: int, op) -> jax.Arr
     block by block from `a` (`_diagonal_inverses_by_block`). Then blocks of size b are merged
     pairwise into blocks of 2b, b = size, 2·size, …: with T block diagonal and a_b the
     lower-left b × b block of each 2b one, T ← T − T (a_b T) (T₂₁ = −T₂₂ a₂₁ T₁₁), by
-    `split_products`.
+    `split_products` (`single`: by one float32 product each, `merge_diagonal_blocks`).
     """
     n = a.shape[0]
     rows, cols = iota((n, n), 0), iota((n, n), 1)
@@ -128,18 +129,23 @@ def lower_inverse(a: jax.Array, a_t: jax.Array | None, size: int, op) -> jax.Arr
          else _diagonal_inverses_whole(a_t, size))
     lower_left = lambda b: ((block(rows, 2 * b) == block(cols, 2 * b))
                             & (block(rows, b) % 2 == 1) & (block(cols, b) % 2 == 0))
-    return merge_diagonal_blocks(a, t, size, op, lower_left)
+    return merge_diagonal_blocks(a, t, size, op, lower_left, single=single)
 
 
-def merge_diagonal_blocks(a: jax.Array, t: jax.Array, size: int, op, lower_left) -> jax.Array:
+def merge_diagonal_blocks(a: jax.Array, t: jax.Array, size: int, op, lower_left, *,
+                          single: bool = False) -> jax.Array:
     """(I + a)⁻¹ from `t`, the inverses of its diagonal blocks of `size` rows (zero elsewhere),
     by `lower_inverse`'s pairwise merges (`split_products` in the operand dtype `op`);
     `lower_left(b)`: the `[n, n]` mask of the lower-left b × b block of every diagonal 2b × 2b
     block (the caller's integer arithmetic: Mosaic lowers `//` and `%` through `sign`, which
-    needs the chip, so the TPU kernels make it from bit operations)."""
+    needs the chip, so the TPU kernels make it from bit operations). `single`: each product
+    one float32 `mm` of the float32 tiles instead (TF32 on the GPU's tensor cores, ≈ 2⁻¹¹
+    relative error; exact in interpret mode): a third of the tensor-core work and none of
+    the hi/lo splits (`BlockSizes.tf32_merges`, NOTES.md Round 18)."""
+    product = mm if single else (lambda x, y: split_products(x, y, op))
     b = size
     while b < a.shape[0]:
-        t = t - split_products(t, split_products(jnp.where(lower_left(b), a, 0.0), t, op), op)
+        t = t - product(t, product(jnp.where(lower_left(b), a, 0.0), t))
         b *= 2
     return t
 

@@ -62,7 +62,7 @@ def _prepare_kernel(*refs, st: Static, save: bool):
     # The inverse block by block needs no Aᵀ (half the exponentials; NOTES.md, Round 4).
     a_t = (None if st.blocks.inverse_by_block
            else beta[None, :] * kk * chunk.pairs(strict=True, transposed=True))
-    t = lower_inverse(a, a_t, st.blocks.sub_chunk, op)
+    t = lower_inverse(a, a_t, st.blocks.sub_chunk, op, single=st.blocks.tf32_merges)
     # The row scales of the right-hand sides go onto T's columns (W = T diag(β e^Γ) K), so K
     # and V reach the products as loaded. U₀ = T diag(β) V to ≈ float32 accuracy (V is exact
     # in its dtype): U = U₀ − W S nearly cancels once the state holds v, and a bf16 T there

@@ -105,13 +105,14 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
           outputs_value_block=8, outputs_key_block=4, outputs_num_stages=3,
           pipelined_key_gradients=True, gradient_num_stages=3), True),
     (dict(split_gradients=True, pipelined_key_gradients=True, gradient_num_stages=2), False),
-    (dict(split_gradients=False, pipelined_key_gradients=True), False)],
+    (dict(split_gradients=False, pipelined_key_gradients=True), False),
+    (dict(ROUND_10, split_outputs=True, tf32_merges=True), True)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
          "forward_state_key_blocks", "reverse_state_key_blocks",
          "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults",
-         "pipelined_key_gradients", "pipelined_key_gradients_fused"])
+         "pipelined_key_gradients", "pipelined_key_gradients_fused", "tf32_merges"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -125,7 +126,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     entering states stored before or after its first product; the reverse pass's row scales
     on either side of its products; the output kernel in V tiles; the forward state pass's
     state and the reverse pass's dS as row blocks of 4 keys (the latter with either side of
-    the row scales); the key gradients' V-tile products as a loop, split and fused."""
+    the row scales); the key gradients' V-tile products as a loop, split and fused; the
+    inverse's merges as single float32 products (TF32 on a GPU, exact here)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -143,15 +145,19 @@ def test_one_document_zero_initial_state(x64):
     check_against_reference(x, None, None, primal=True)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["fused", "split_gradients"])
-def test_bfloat16_within_rounding(x64, split):
+@pytest.mark.parametrize("changes", [
+    dict(split_gradients=False), dict(split_gradients=True),
+    dict(split_gradients=True, tf32_merges=True)],
+    ids=["fused", "split_gradients", "tf32_merges"])
+def test_bfloat16_within_rounding(x64, changes):
     """bf16 q, k, v (float32 g, β, state): the bf16 paths of the kernels (the inverse's
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
     dKK) stay within bf16 rounding of the float64 reference on the same inputs; chunk 16 of
-    sub-chunks 4, so the inverse merges its blocks twice (4 → 8 → 16)."""
+    sub-chunks 4, so the inverse merges its blocks twice (4 → 8 → 16), by split products or
+    (`tf32_merges`) by float32 ones."""
     ids = np.zeros((1, 45), np.int32)
     ids[0, 21:] = 1
-    check_bfloat16(jnp.asarray(ids), dataclasses.replace(TINY, chunk=16, split_gradients=split))
+    check_bfloat16(jnp.asarray(ids), dataclasses.replace(TINY, chunk=16, **changes))
 
 
 def check_bfloat16(segment_ids, blocks, backend=None):
@@ -221,7 +227,8 @@ def _platform_gpu(monkeypatch):
     (256, 256, True, dict(forward_value_block=64, forward_state_key_block=64)),
     (256, 512, True, dict(reverse_state_key_block=64)),
     (256, 512, True, dict(pipelined_key_gradients=True, gradient_num_stages=2)),
-    (128, 128, False, dict(reverse_state_key_block=64, reverse_small_scales=False))])
+    (128, 128, False, dict(reverse_state_key_block=64, reverse_small_scales=False)),
+    (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
