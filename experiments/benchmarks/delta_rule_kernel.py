@@ -1,8 +1,8 @@
 """Gated delta rule: the Pallas kernels against the XLA chunked rung and cuDNN causal attention.
 
     python -m experiments.benchmarks.delta_rule_kernel [--check] [--table] [--sweep]
-        [--shapes 8x4096,4x8192,2x16384] [--budget-s 190] [--split-gradients]
-        [--out delta_rule_kernel.json]
+        [--shapes 8x4096,4x8192,2x16384] [--budget-s 190] [--fused-gradients]
+        [--variant LABEL] [--out delta_rule_kernel.json]
 
 H16, K = V = 128 (check: also 64/256), bf16 inputs. Parts (all three when none is named):
   check  bf16 kernels (and one float32 case) against the float32 per-token reference on the
@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks.linear_ops import GDN_VARIANTS
 from experiments.benchmarks.timing import (
     cudnn_op,
     device_name,
@@ -265,12 +266,22 @@ def main() -> None:
                              "in one kernel at 8 warps (round 2's form; the default splits "
                              "them, BlockSizes.split_gradients): the op's pallas rung then "
                              "runs its default tiles with this change")
+    parser.add_argument("--variant", default="",
+                        help="check and time the op's pallas rung with its default tiles "
+                             "changed as linear_ops' GDN variant of this label (e.g. 'prepare "
+                             "TF32 merges'): a variant's GPU accuracy before it is a default")
     parser.add_argument("--out", default="delta_rule_kernel.json")
     args = parser.parse_args()
-    if args.fused_gradients:
+    variants = dict(GDN_VARIANTS)
+    if args.variant and args.variant not in variants:
+        parser.error(f"--variant: unknown {args.variant!r}; expected one of {list(variants)}")
+    changes = {**(dict(split_gradients=False, gradient_num_warps=8) if args.fused_gradients
+                  else {}), **variants.get(args.variant, {})}
+    if changes:
         defaults = api.default_block_sizes
-        api.default_block_sizes = lambda *a, **kw: dataclasses.replace(
-            defaults(*a, **kw), split_gradients=False, gradient_num_warps=8)
+        api.default_block_sizes = lambda *a, **kw: dataclasses.replace(defaults(*a, **kw),
+                                                                       **changes)
+        print("default tiles changed:", changes, flush=True)
     print(device_name(), flush=True)
     budget = Budget(args.budget_s)
     chosen = [part for part in PARTS if getattr(args, part)] or list(PARTS)
