@@ -2,12 +2,13 @@
 
     python -m experiments.benchmarks.short_conv [--parts check,table,sweep]
         [--channels 768,1536,3072] [--batch 4] [--length 8192] [--budget-s 60]
-        [--interpret] [--out short_conv.json]
+        [--variants stream,stream_u2,...] [--interpret] [--out short_conv.json]
 
 K = 4 taps, SiLU, bias, bf16 x (float32 weights, as the models keep them). Parts, in order:
   check  bf16 kernels vs the float32 XLA rung on the same (upcast) inputs: y and the
          gradients of x, w, b (relative error ‖a − b‖ / ‖b‖, each < 1e-2), packed and not,
-         K = 1..4, odd T, channels that are no multiple of the tiles
+         K = 1..4, odd T, channels that are no multiple of the tiles; the kernels with the
+         default tiles and with each of --variants
   table  fwd and fwd+bwd ms of the xla and pallas rungs (`hybrid_jax.ops.short_conv`) at
          [B, T, C] for each C, packed (≈ 3 documents a row) and one document a row; the
          HBM floor of each (bytes / 4.3 TB/s: fwd reads x, writes y; fwd+bwd also reads x
@@ -15,6 +16,9 @@ K = 4 taps, SiLU, bias, bf16 x (float32 weights, as the models keep them). Parts
   sweep  each kernel alone under tile / warp / stage variants at C = 1536 packed, one knob
          at a time from the defaults (kept where ≥ 2 % faster); prints the fastest
          `BlockSizes` and times the op with them
+  variants  the backward kernel alone and the op's fwd+bwd with the defaults and with each
+         named `BlockSizes` of --variants (`VARIANTS`: the row-streaming backward's tiles), at
+         each C, packed and one document a row
 The cotangent of fwd+bwd is a random array (a constant one would let XLA fold dy away).
 Rows left when --budget-s is spent are reported as skipped.
 """
@@ -39,7 +43,11 @@ from experiments.benchmarks.timing import (
 )
 from hybrid_jax.ops.short_conv import short_conv
 from pallas_kernels.short_conv import api, gpu
-from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.short_conv.block_sizes import (
+    BlockSizes,
+    default_block_sizes,
+    stream_backward_block_sizes,
+)
 
 SIZE = 4
 HBM_TB_S = 4.3  # H200 copy bandwidth, measured (DESIGN.md)
@@ -51,6 +59,16 @@ CHECKS = (  # batch, length, channels, size, bias, documents
     (1, 515, 768, 1, True, True),
 )
 SWEEP_CHANNELS = 1536
+_STREAM = stream_backward_block_sizes()
+# Named whole-`BlockSizes` variants (several fields at once, unlike the sweep's knobs).
+VARIANTS = {
+    "default": default_block_sizes(),
+    "stream": _STREAM,  # rows streamed, 4 a loop step, 256 channels, 2 warps, 64 a program
+    "stream_u2": dataclasses.replace(_STREAM, backward_block_t=2, backward_steps=32),
+    "stream_c128": dataclasses.replace(_STREAM, backward_block_c=128, backward_num_warps=1),
+    "stream_s8": dataclasses.replace(_STREAM, backward_steps=8),
+    "stream_s32": dataclasses.replace(_STREAM, backward_steps=32),
+}
 INTERPRET = {"on": False}
 
 
@@ -99,17 +117,19 @@ def _error(e: Exception) -> str:
 
 def part_check(args) -> list[dict]:
     rows = []
-    for batch, length, channels, size, with_bias, documents in CHECKS:
+    for (batch, length, channels, size, with_bias, documents), variant in (
+            (c, v) for c in CHECKS for v in (None, *args.variants)):
         length = min(length, args.length)  # (a CPU smoke run's short rows)
         row = dict(B=batch, T=length, C=channels, K=size, bias=with_bias, docs=documents,
-                   passed=False)
+                   variant=variant or "", passed=False)
         x, w, b, dy = make_inputs(batch, length, channels, size, seed=length)
         b = b if with_bias else None
         ids = packed_ids(batch, length, 7, seed=length) if documents else None
+        blocks = VARIANTS[variant] if variant else None
         outs = {}
         try:
             for impl, dtype in (("pallas", jnp.bfloat16), ("xla", jnp.float32)):
-                _, grads = fwd_and_vjp(conv(impl, ids))
+                _, grads = fwd_and_vjp(conv(impl, ids, blocks if impl == "pallas" else None))
                 y, dxwb = grads(x.astype(dtype), w, b, dy.astype(dtype))
                 outs[impl] = (y, *dxwb)
         except Exception as e:  # noqa: BLE001  (a kernel that does not compile: report)
@@ -122,8 +142,8 @@ def part_check(args) -> list[dict]:
             row["passed"] = all(row[n] < TOLERANCE for n in ("y", "dx", "dw", "db") if n in row)
         rows.append(row)
         print(row, flush=True)
-    print_table(rows, ["B", "T", "C", "K", "bias", "docs", "y", "dx", "dw", "db", "passed",
-                       "error"])
+    print_table(rows, ["B", "T", "C", "K", "bias", "docs", "variant", "y", "dx", "dw", "db",
+                       "passed", "error"])
     print("check:", "PASS" if all(r["passed"] for r in rows) else "FAIL",
           f"(every error < {TOLERANCE})", flush=True)
     return rows
@@ -189,7 +209,7 @@ BACKWARD_KNOBS = dict(backward_block_t=(32, 8), backward_block_c=(64, 256),
 
 
 def _kernel_ms(kernel: str, blocks: BlockSizes, x, w, b, ids, dy) -> float:
-    st = gpu.Static(size=w.shape[0], activation=True, bias=True, documents=True,
+    st = gpu.Static(size=w.shape[0], activation=True, bias=True, documents=ids is not None,
                     blocks=blocks, interpret=INTERPRET["on"])
     if kernel == "forward":
         return time_compiled(jax.jit(lambda *a: gpu.forward(*a, st)), x, w, b, ids,
@@ -233,6 +253,40 @@ def part_sweep(args) -> dict:
     return result
 
 
+def part_variants(args) -> list[dict]:
+    """The backward kernel alone and the op's fwd+bwd, with each named `BlockSizes`."""
+    rows = []
+    for channels in args.channels:
+        x, w, b, dy = make_inputs(args.batch, args.length, channels, SIZE)
+        x, dy = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
+        for documents in (3, 1):
+            ids = packed_ids(args.batch, args.length, documents) if documents > 1 else None
+            for variant in ("default", *args.variants):
+                blocks = VARIANTS[variant]
+                row = dict(C=channels, docs=documents, variant=variant)
+                if time.perf_counter() > args.deadline:
+                    row["error"] = "skipped: time budget spent"
+                else:
+                    try:
+                        row["bwd_ms"] = _kernel_ms("backward", blocks, x, w, b, ids, dy)
+                        row["fwd_bwd_ms"] = _time_pair(conv("pallas", ids, blocks), x, w, b,
+                                                       dy)["fwd_bwd_ms"]
+                    except Exception as e:  # noqa: BLE001  (report and go on)
+                        row["error"] = _error(e)
+                rows.append(row)
+                print(row, flush=True)
+    for row in rows:  # against the defaults' row of the same shape
+        base = next(r for r in rows if r["C"] == row["C"] and r["docs"] == row["docs"])
+        if "bwd_ms" in row and "bwd_ms" in base:
+            row["bwd_speedup"] = base["bwd_ms"] / row["bwd_ms"]
+            row["fwd_bwd_speedup"] = base["fwd_bwd_ms"] / row["fwd_bwd_ms"]
+    print_table(rows, ["C", "docs", "variant", "bwd_ms", "fwd_bwd_ms", "bwd_speedup",
+                       "fwd_bwd_speedup", "error"])
+    for variant in args.variants:
+        print(f"{variant}: {VARIANTS[variant].changed()}", flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="check,table,sweep")
@@ -241,15 +295,22 @@ def main():
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--budget-s", type=float, default=60,
                         help="rows and sweep variants left after this long are skipped")
+    parser.add_argument("--variants", default="stream",
+                        help=f"named BlockSizes for check and variants: {', '.join(VARIANTS)}")
     parser.add_argument("--interpret", action="store_true",
                         help="kernels in interpret mode: a CPU smoke run (small --length)")
     parser.add_argument("--out", default="short_conv.json")
     args = parser.parse_args()
     INTERPRET["on"] = args.interpret
     args.channels = [int(c) for c in args.channels.split(",")]
+    args.variants = [v for v in args.variants.split(",") if v and v != "default"]
+    for v in args.variants:
+        if v not in VARIANTS:
+            parser.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
     args.deadline = time.perf_counter() + args.budget_s
     print(device_name(), flush=True)
-    parts = {"check": part_check, "table": part_table, "sweep": part_sweep}
+    parts = {"check": part_check, "table": part_table, "sweep": part_sweep,
+             "variants": part_variants}
     run_parts(parts, args.parts, args, args.out, "short_conv", batch=args.batch,
               length=args.length, size=SIZE)
 

@@ -15,6 +15,11 @@ class BlockSizes:
       `backward_block_c` channels (its weight-gradient partial sums stay in registers over the
       steps, so fewer programs write fewer partials); backward_num_warps, backward_num_stages
       (the loop's software pipelining).
+    backward_stream: the backward in its row-streaming form (`gpu._stream_backward_kernel`,
+      NOTES.md): a program walks `backward_steps × backward_block_t` time steps of
+      `backward_block_c` channels one step (a `[backward_block_c]` row) at a time,
+      `backward_block_t` steps a loop iteration; z and g formed once a step, not K times.
+      Off until timed on a GPU; `stream_backward_block_sizes()` has its tiles.
     """
 
     block_t: int = 16
@@ -25,6 +30,7 @@ class BlockSizes:
     backward_steps: int = 8
     backward_num_warps: int = 4
     backward_num_stages: int = 2
+    backward_stream: bool = False
 
     TILES = ("block_t", "block_c", "backward_block_t", "backward_block_c")
     COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
@@ -54,3 +60,11 @@ def default_block_sizes() -> BlockSizes:
     float32 tiles (dw / db summed as tiles over the loop, reduced once at its end) fit in
     registers. Partial sums of dw: [B, T/64, K, C] float32."""
     return BlockSizes()
+
+
+def stream_backward_block_sizes(base: BlockSizes | None = None) -> BlockSizes:
+    """`base` (default: the defaults) with the row-streaming backward: 4 steps a loop
+    iteration, 256 channels over 2 warps (4 channels a thread: 172 registers, no spills; 8 a
+    thread spill), 64 steps a program. Not timed yet (NOTES.md, "Streaming backward")."""
+    return dataclasses.replace(base or BlockSizes(), backward_stream=True, backward_block_t=4,
+                               backward_block_c=256, backward_num_warps=2, backward_steps=16)

@@ -17,7 +17,9 @@ XLA and the shifted reads of neighbouring offsets hit the L1/L2 caches.
 
 Triton cannot shift a register tile by a row, so z and g at the K offsets are recomputed from
 shifted loads: K² multiply-adds and K sigmoids per element in the backward (NOTES.md: this,
-not the bytes, may bound it).
+not the bytes, may bound it). `BlockSizes.backward_stream` takes the other way round: one
+time step (a row of channels) a loop step, the K − 1 steps before carried in registers, so z
+and g are formed once (≈ 38 instead of ≈ 137 SASS instructions an element; NOTES.md).
 """
 
 from __future__ import annotations
@@ -213,6 +215,87 @@ def _backward_kernel(*refs, st: Static, steps: int):
         pltriton.store(outs[2].at[b, run, cols[0]], jnp.sum(db, axis=0), mask=inside)
 
 
+def _stream_backward_kernel(*refs, st: Static, steps: int):
+    """The backward one time step (a `[BC]` row) at a time (`BlockSizes.backward_stream`):
+    z, g and their masks formed once a step; x, ids and g of the K − 1 steps before are
+    carried. A loop iteration runs `backward_block_t` steps, read an iteration ahead, without
+    document masks where no document starts within K − 1 steps of them."""
+    x_ref, w_ref, b_ref, seg_ref, (dy_ref,), outs = _unpack(refs, st, 3 if st.bias else 2)
+    dx_ref, dw_ref = outs[:2]
+    U, BC, K = st.blocks.backward_block_t, st.blocks.backward_block_c, st.size
+    _, length, channels = x_ref.shape
+    run, b = pl.program_id(0), pl.program_id(2)
+    cols = pl.program_id(1) * BC + _iota((BC,), 0)
+    inside = cols < channels
+    w = _taps(w_ref, cols, channels, K)
+    bias = _bias(b_ref, cols, channels) if st.bias else 0.0
+    start = run * (steps * U)  # this program's steps: start .. start + steps·U − 1
+
+    def read(t):
+        """(x_t, dy_t) float32 `[BC]` (zero outside the row) and the id at t (or None)."""
+        ok = (t >= 0) & (t < length)
+        x, dy = (pltriton.load(ref.at[b, t, cols], mask=inside & ok, other=0).astype(F32)
+                 for ref in (x_ref, dy_ref))
+        seg = pltriton.load(seg_ref.at[b, t], mask=ok, other=-1) if st.documents else None
+        return x, dy, seg
+
+    def row(t, cur, past, sums, masked: bool):
+        """Step t: g_t (and dw, db += its terms where `sums`), dx at s = t − K + 1 (`masked`:
+        by documents). `past[j]`: (x, id, g) at t − 1 − j."""
+        x, dy, seg = cur
+        keep = lambda id_a, id_b, v: jnp.where(id_a == id_b, v, 0.0) if masked else v
+        taps = [x] + [keep(past[i - 1][1], seg, past[i - 1][0]) for i in range(1, K)]
+        g = dy
+        if st.activation:
+            z = bias
+            for i in range(K):
+                z = z + w[i] * taps[i]
+            g = g * _silu_grad(z)
+        if sums is not None:
+            dw, db = sums
+            sums = tuple(dw[i] + g * taps[i] for i in range(K)), db + g
+        window = [(p, v) for _, p, v in reversed(past)] + [(seg, g)]  # ids, g at s .. t
+        dx = w[0] * window[0][1]
+        for u in range(1, K):
+            dx = dx + w[u] * keep(window[u][0], window[0][0], window[u][1])
+        s = t - (K - 1)
+        pltriton.store(dx_ref.at[b, s, cols], dx.astype(dx_ref.dtype),
+                       mask=inside & (s >= start) & (s < length))
+        return ([(x, seg, g)] + past)[:K - 1], sums
+
+    def rows(base, masked):
+        def run_rows(cur, past, sums):
+            for r in range(U):
+                past, sums = row(base + r, cur[r], past, sums, masked)
+            return past, sums
+        return run_rows
+
+    def step(j, carry):
+        cur, past, sums = carry
+        base = start + j * U
+        ahead = [read(base + U + r) for r in range(U)]  # before this iteration's stores
+        if st.documents:  # one document from s = base − K + 1 to base + U − 1: no masks
+            ids = [p for _, p, _ in past] + [c[2] for c in cur]
+            clean = functools.reduce(jnp.logical_and, [i == ids[-1] for i in ids[:-1]],
+                                     jnp.bool_(True))
+            past, sums = lax.cond(clean, rows(base, False), rows(base, True), cur, past, sums)
+        else:
+            past, sums = rows(base, False)(cur, past, sums)
+        return ahead, past, sums
+
+    zeros = jnp.zeros((BC,), F32)
+    past = [read(start - 1 - j)[::2] + (zeros,) for j in range(K - 1)]
+    cur = [read(start + r) for r in range(U)]
+    cur, past, (dw, db) = lax.fori_loop(0, steps, step, (cur, past, ((zeros,) * K, zeros)))
+    end = start + steps * U
+    for r in range(K - 1):  # g at the K − 1 steps after the run: dx of its last steps
+        past, _ = row(end + r, cur[r] if r < U else read(end + r), past, None, st.documents)
+    for i in range(K):
+        pltriton.store(dw_ref.at[b, run, i, cols], dw[i], mask=inside)
+    if st.bias:
+        pltriton.store(outs[2].at[b, run, cols], db, mask=inside)
+
+
 def backward(x, weight, bias, segment_ids, dy, st: Static):
     """dx `[B, T, C]` (x's dtype) and float32 partial sums over the backward programs' runs
     of time: dw `[B, R, K, C]` and (with a bias) db `[B, R, C]`."""
@@ -224,8 +307,9 @@ def backward(x, weight, bias, segment_ids, dy, st: Static):
                  jax.ShapeDtypeStruct((batch, runs, st.size, channels), F32)]
     if st.bias:
         out_shape.append(jax.ShapeDtypeStruct((batch, runs, channels), F32))
+    kernel = _stream_backward_kernel if blocks.backward_stream else _backward_kernel
     return pallas_call(
-        functools.partial(_backward_kernel, st=st, steps=steps),
+        functools.partial(kernel, st=st, steps=steps),
         grid=(runs, pl.cdiv(channels, blocks.backward_block_c), batch),
         out_shape=out_shape,
         compiler_params=_params(blocks.backward_num_warps, blocks.backward_num_stages),

@@ -5,11 +5,13 @@ without a bias and SiLU; bf16 within its rounding; the Triton lowering at the GP
 the errors; the op's dispatch.
 
 Tiny tiles (8 steps × 4 channels forward; 4 × 2, 3 steps a program, backward) so that a short
-row spans several tiles and programs of each kernel.
+row spans several tiles and programs of each kernel; the backward also in its row-streaming
+form (`BlockSizes.backward_stream`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -21,11 +23,21 @@ from hybrid_jax import ops
 from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.short_conv import _RUNGS
 from pallas_kernels.short_conv import api
-from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.short_conv.block_sizes import (
+    BlockSizes,
+    default_block_sizes,
+    stream_backward_block_sizes,
+)
 from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(block_t=8, block_c=4, backward_block_t=4, backward_block_c=2,
                   backward_steps=3)
+# The row-streaming backward: 4 steps a loop iteration (≥ K − 1), and 2 (< K − 1 at K = 4: the
+# steps after a run partly read anew); 12 and 6 steps a program.
+STREAM = dataclasses.replace(TINY, backward_stream=True)
+STREAM_2 = dataclasses.replace(STREAM, backward_block_t=2)
+BLOCKS = [pytest.param(TINY, id="tiles"), pytest.param(STREAM, id="stream"),
+          pytest.param(STREAM_2, id="stream2")]
 C = 5  # channels: one partial tile of each kernel
 
 
@@ -87,10 +99,10 @@ def xla_vjp(x, w, b, ids, activation, dy):
     return y, vjp(dy)
 
 
-def check(x, w, b, ids, activation, dy, tol=1e-5):
+def check(x, w, b, ids, activation, dy, tol=1e-5, blocks=TINY):
     what = f"K={w.shape[0]} T={x.shape[1]} bias={b is not None} silu={activation} " \
-           f"documents={ids is not None}"
-    y, grads = kernel_vjp(x, w, b, ids, activation, dy)
+           f"documents={ids is not None} stream={blocks.backward_stream}"
+    y, grads = kernel_vjp(x, w, b, ids, activation, dy, blocks)
     y_ref, grads_ref = reference(x, w, b, ids, activation, dy)
     grads_ref = grads_ref if b is not None else grads_ref[:2] + (None,)
     assert_close(y, y_ref, tol, what + " values vs float64")
@@ -108,18 +120,31 @@ def check(x, w, b, ids, activation, dy, tol=1e-5):
     (1, True, True, True),
     pytest.param(8, True, True, True, marks=pytest.mark.slow),
 ])
-def test_matches_reference(size, bias, activation, documents):
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_matches_reference(size, bias, activation, documents, blocks):
     x, w, b, dy = inputs(size, 2, PACKED.shape[1], size)
-    check(x, w, b if bias else None, PACKED if documents else None, activation, dy)
+    check(x, w, b if bias else None, PACKED if documents else None, activation, dy,
+          blocks=blocks)
 
 
 @pytest.mark.parametrize("length", [3, pytest.param(1, marks=pytest.mark.slow)])
-def test_rows_shorter_than_the_taps(length):
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_rows_shorter_than_the_taps(length, blocks):
     """T < K: every tap past the row's start reads zeros (row 0 starts with a 1-token
     document)."""
     x, w, b, dy = inputs(10 + length, 2, length, 4)
     ids = np.asarray([[0, 1, 1][:length], [2, 2, 2][:length]], np.int32)
-    check(x, w, b, ids, True, dy)
+    check(x, w, b, ids, True, dy, blocks=blocks)
+
+
+def test_stream_backward_without_contiguous_documents():
+    """The streaming backward's unmasked steps (one id over K − 1 + 4 steps) and masked ones
+    where an id comes back after another (the document test is id equality, as the
+    reference's)."""
+    x, w, b, dy = inputs(40, 2, PACKED.shape[1], 4)
+    ids = PACKED.copy()
+    ids[1, 10:12] = 0  # row 1: ids 0 1 2 2 2 2 0 0 2 …: steps 9 .. 15 start, end in 2
+    check(x, w, b, ids, True, dy, blocks=STREAM)
 
 
 def test_documents_isolate():
@@ -135,28 +160,33 @@ def test_documents_isolate():
     assert not np.allclose(run(x, None), y)
 
 
-def test_bfloat16_within_rounding():
+@pytest.mark.parametrize("blocks", BLOCKS[:2])
+def test_bfloat16_within_rounding(blocks):
     """bf16 x and dy: y, dx (bf16) and dw, db (float32 sums) within bf16's rounding of the
     float64 reference on the same values."""
     x, w, b, dy = inputs(30, 2, PACKED.shape[1], 4, jnp.bfloat16)
-    y, grads = kernel_vjp(x, w, b, PACKED, True, dy)
+    y, grads = kernel_vjp(x, w, b, PACKED, True, dy, blocks)
     assert y.dtype == grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.float32
     y_ref, grads_ref = reference(x, w, b, PACKED, True, dy)
     assert_close(y, y_ref, 1e-2, "bf16 values")
     assert_close(grads, grads_ref, 1e-2, "bf16 gradients")
 
 
-@pytest.mark.parametrize("channels, documents", [(1536, True), (768, False)])
-def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, documents):
+@pytest.mark.parametrize("channels, documents, stream", [
+    (1536, True, False), (768, False, False), (1536, True, True), (768, False, True)])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, documents, stream):
     """Forward and backward build their Triton kernels (Pallas' Triton lowering, no GPU
-    needed) at gdn-340m's shapes and the default tiles: bf16 [4, 8192, C], K = 4, SiLU."""
+    needed) at gdn-340m's shapes and the default tiles (and the streaming backward's):
+    bf16 [4, 8192, C], K = 4, SiLU."""
+    blocks = stream_backward_block_sizes() if stream else None
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     ids = spec(4, 8192, dtype=jnp.int32) if documents else None
 
     def grads(x, w, b, ids):
         y, vjp = jax.vjp(lambda x, w, b: api.short_conv(x, w, b, segment_ids=ids,
-                                                        activation=True), x, w, b)
+                                                        activation=True, block_sizes=blocks),
+                         x, w, b)
         return vjp(y)
 
     text = jax.jit(grads).trace(spec(4, 8192, channels), spec(4, channels, dtype=jnp.float32),
