@@ -112,6 +112,15 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                                         ("outputs 3 stages", dict(local_num_stages=3)),
                                         ("both 3 stages", dict(num_stages=3,
                                                                local_num_stages=3)))},
+                # NOTES.md round 7 (CPU ptxas only): chunk_states' dt / decays loaded by cp.async
+                # stages ahead instead of through registers (waited for within each step);
+                # today's default is 'state pass, both 3 stages'
+                **{f"state pass, {name}": BlockSizes(**_STATE_PASS, local_num_stages=3, **change)
+                   for name, change in (
+                       ("states 4 stages, outputs 3", dict(num_stages=4)),
+                       ("vectors in step", dict(num_stages=3, state_vectors_in_step=True)),
+                       ("vectors in step, states 4 stages",
+                        dict(num_stages=4, state_vectors_in_step=True)))},
                 **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential

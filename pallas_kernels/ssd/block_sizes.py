@@ -38,6 +38,11 @@ class BlockSizes:
     cumulative_decay: the forward kernels read each chunk's inclusive cumulative log decay,
       formed by XLA before the call (as fla's `chunk_local_cumsum`), instead of scanning dt·A
       inside the serial loop.
+    state_vectors_in_step: with `state_pass`, each step of `chunk_states` reads its own chunk's
+      per-step vectors (dt, the log decays, doc), which Triton's pipeliner then loads with
+      `cp.async` beside the x and B tiles, `num_stages - 1` steps ahead; off, they are read a
+      step ahead through registers, whose loop-carried copy ptxas makes at the step's end, so
+      each step waits for that load's full latency (NOTES.md round 7; not yet timed).
     decays_first: the fused forward (`state_pass` and `split_forward` off) forms each chunk's
       `[L, L]` pair decays before its first read of the chunk's tiles instead of after C·Bᵀ:
       the same values; ptxas then issues their exponentials while C·Bᵀ runs on the tensor
@@ -78,6 +83,7 @@ class BlockSizes:
     state_block_n: int | None = None
     cumulative_decay: bool = False
     decays_first: bool = False
+    state_vectors_in_step: bool = False
     segments: int | None = None
 
     def __post_init__(self):

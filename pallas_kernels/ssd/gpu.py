@@ -51,12 +51,21 @@ def _doc_args(st: Static, doc):
     return (doc,) if st.documents else ()
 
 
-def _chunk_loop(num_chunks: int, load, body, init, *, reverse: bool = False):
+def _chunk_loop(num_chunks: int, load, body, init, *, reverse: bool = False,
+                ahead: bool = True):
     """`lax.fori_loop` over the chunks (last to first with `reverse`) carrying a state. Each
     step issues `load(next chunk)` (the per-step vectors) before `body(chunk, loaded, state)`
     runs, so those small loads' latency overlaps a chunk's work instead of stalling each step
-    of the serial loop (the larger matmul operands are left to Triton's pipelining)."""
+    of the serial loop (the larger matmul operands are left to Triton's pipelining).
+
+    Without `ahead` each step loads its own vectors: Triton's pipeliner then issues them as
+    `cp.async` with the tiles, `num_stages - 1` steps ahead. (A step ahead through registers is
+    less than it seems: ptxas copies the loop-carried registers at the step's end, which waits
+    for that step's loads, NOTES.md round 7.)"""
     order = (lambda i: num_chunks - 1 - i) if reverse else (lambda i: i)
+    if not ahead:
+        return lax.fori_loop(0, num_chunks, lambda i, state: body(order(i), load(order(i)), state),
+                             init)
 
     def step(i, carry):
         state, loaded = carry
@@ -135,7 +144,7 @@ def _chunk_states_kernel(*refs, st: Static, num_chunks: int):
         return w.carry * state + mm_tn(u, b_ref[rows, :])
 
     final_ref[...] = _chunk_loop(num_chunks, _decay_loader(st, L, dt_ref, a_ref, doc_ref), chunk,
-                                 s0_ref[...])
+                                 s0_ref[...], ahead=not st.blocks.state_vectors_in_step)
 
 
 def chunk_states(x, dt, a, B, doc, s0, st: Static):

@@ -30,6 +30,8 @@ SPLIT = dataclasses.replace(TINY, split_forward=True)
 # fla's form: a state-only serial pass (state columns in blocks of 8 of N = 16), the outputs
 # in parallel from the stored states, the cumulative log decay made before the kernels
 STATE_PASS = dataclasses.replace(TINY, state_pass=True, state_block_n=8, cumulative_decay=True)
+# the same, each step of the state pass reading its own chunk's vectors (NOTES.md round 7)
+IN_STEP = dataclasses.replace(STATE_PASS, state_vectors_in_step=True)
 TPU_WHOLE_P = BlockSizes(chunk=8, block_p=8, backward_block_p=8)  # one state tile, as by default
 NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
@@ -97,15 +99,18 @@ def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY,
 
 @pytest.mark.parametrize("blocks", [
     TINY, SPLIT, STATE_PASS, dataclasses.replace(TINY, state_pass=True),
+    IN_STEP, dataclasses.replace(TINY, state_pass=True, state_vectors_in_step=True),
     dataclasses.replace(TINY, cumulative_decay=True), dataclasses.replace(TINY, decays_first=True)],
-    ids=["fused", "split_forward", "state_pass", "state_pass_whole_n", "cumulative_decay",
+    ids=["fused", "split_forward", "state_pass", "state_pass_whole_n",
+         "state_pass_vectors_in_step", "state_pass_whole_n_vectors_in_step", "cumulative_decay",
          "decays_first"])
 def test_documents_initial_state_groups_odd_length(blocks):
     """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
     forward fused or split (within-chunk outputs from their own kernel), or as a state-only
     pass and a parallel output kernel, the state in column blocks or whole; the cumulative
-    log decay scanned in the kernels or made before them; the fused step's pair decays formed
-    before or after its first tile read."""
+    log decay scanned in the kernels or made before them (the state pass reading each chunk's
+    vectors a step ahead or in the step itself); the fused step's pair decays formed before or
+    after its first tile read."""
     inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
     check_against_reference(inputs, documents(19), blocks=blocks)
 
@@ -116,7 +121,8 @@ def test_one_document_zero_initial_state_one_head_per_group():
     check_against_reference(inputs, None, with_initial=False)
 
 
-@pytest.mark.parametrize("blocks", [TINY, STATE_PASS], ids=["fused", "state_pass"])
+@pytest.mark.parametrize("blocks", [TINY, STATE_PASS, IN_STEP],
+                         ids=["fused", "state_pass", "state_pass_vectors_in_step"])
 def test_forward_only_and_bfloat16_inputs(blocks):
     """The primal forward (no stored states) in bf16: y bf16, final state float32, near the
     float32 kernel; and the state pass's primal forward against the reference."""
@@ -125,7 +131,7 @@ def test_forward_only_and_bfloat16_inputs(blocks):
     narrow = {n: v.astype(jnp.bfloat16) for n, v in inputs.items()}
     wide = {n: v.astype(jnp.float32) for n, v in narrow.items()}
     run = jax.jit(lambda x: kernel_fn(ids, blocks=blocks)(*(x[n] for n in NAMES)))
-    if blocks is STATE_PASS:
+    if blocks.state_pass:
         reference = jax.jit(lambda x: kernel_fn(ids)(*(x[n] for n in NAMES)))
         assert_close(run(inputs), reference(inputs), 1e-5, "state pass primal")
     y, final = run(narrow)
@@ -204,6 +210,7 @@ FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
                           (128, 128, 1, True, FUSED_GPU, 3),
                           (128, 128, 1, True, dict(FUSED_GPU, split_forward=True), 4),
                           (128, 128, 1, True, STATE_PASS_GPU, 4),
+                          (128, 128, 1, True, dict(STATE_PASS_GPU, state_vectors_in_step=True), 4),
                           (64, 256, 4, False, STATE_PASS_GPU, 4)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
                                                packed, changes, kernels):
