@@ -53,7 +53,8 @@ from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import norm
 from hybrid_jax.nn.diagnostics import report
 from hybrid_jax.nn.ffn import FFN, FFNOptions
-from hybrid_jax.nn.layers import Linear, rms_normalize
+from hybrid_jax.nn.layers import Linear
+from hybrid_jax.ops.norms import rms_normalize
 from hybrid_jax.registry import mixer_type, register_block, register_mixer
 from hybrid_jax.sharding import constrain
 

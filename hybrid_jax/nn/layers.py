@@ -6,7 +6,6 @@ Parameters are created in `param_dtype` with a `logical_axes` name per dimension
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -104,66 +103,46 @@ class Embedding(nnx.Module):
         return ops.logits(x_BTD, self.table[...], vocab_axis=0, dtype=self.dtype)
 
 
-def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-
-
-@functools.partial(jax.checkpoint, static_argnums=(2, 3))
-def _rms_norm(x: jax.Array, scale: jax.Array, eps: float, dtype) -> jax.Array:
-    """Recomputed in the backward from x and γ: autodiff of the float32 math would keep two
-    float32 copies of x (4× a bf16 activation) until then."""
-    return (rms_normalize(x, eps) * scale.astype(jnp.float32)).astype(dtype)
-
-
 class RMSNorm(nnx.Module):
-    """`x / rms(x) · γ` over the last axis, in float32; output in `dtype`. Only x is kept for the
-    backward pass."""
+    """`x / rms(x) · γ` over the last axis, in float32; output in `dtype` (`ops.rms_norm`). Only
+    x is kept for the backward pass. `implementation`: the op's rung ("xla", "pallas"; None:
+    auto)."""
 
     def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.float32,
-                 param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
-        self.eps, self.dtype = eps, dtype
+                 param_dtype=jnp.float32, rngs: nnx.Rngs | None = None,
+                 implementation: str | None = None):
+        self.eps, self.dtype, self.implementation = eps, dtype, implementation
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return _rms_norm(x, self.scale[...], self.eps, jnp.dtype(self.dtype))
+        return ops.rms_norm(x, self.scale[...], eps=self.eps, dtype=jnp.dtype(self.dtype),
+                            implementation=self.implementation)
 
 
 class GatedRMSNorm(nnx.Module):
-    """RMSNorm with a SiLU gate `z`, over groups of `group_size` channels.
+    """RMSNorm with a SiLU gate `z`, over groups of `group_size` channels
+    (`ops.gated_rms_norm`; only x, z and γ are kept for the backward pass).
 
     `norm_before_gate=True`: `norm(x)·γ·silu(z)` (Gated DeltaNet's per-head output norm).
     `norm_before_gate=False`: `norm(x·silu(z))·γ` (Mamba-2's grouped norm).
+    `implementation`: the op's rung ("xla", "pallas"; None: auto).
     """
 
     def __init__(self, dim: int, *, group_size: int | None = None, norm_before_gate: bool = True,
-                 eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32):
+                 eps: float = 1e-6, dtype=jnp.float32, param_dtype=jnp.float32,
+                 implementation: str | None = None):
         group_size = dim if group_size is None else group_size
         if dim % group_size:
             raise ValueError(f"GatedRMSNorm: group_size={group_size} does not divide dim={dim}")
         self.group_size, self.norm_before_gate = group_size, norm_before_gate
-        self.eps, self.dtype = eps, dtype
+        self.eps, self.dtype, self.implementation = eps, dtype, implementation
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
 
     def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
-        return _gated_rms_norm(x, z, self.scale[...], self.group_size, self.norm_before_gate,
-                               self.eps, jnp.dtype(self.dtype))
-
-
-@functools.partial(jax.checkpoint, static_argnums=(3, 4, 5, 6))
-def _gated_rms_norm(x, z, scale, group_size: int, norm_before_gate: bool, eps: float, dtype):
-    """`GatedRMSNorm`, recomputed in the backward from x, z and γ: autodiff of the float32 math
-    would keep about six float32 copies of x (12× a bf16 activation; gdn-340m's output norm:
-    37 KB a token and layer) until then."""
-    gate = jax.nn.silu(z.astype(jnp.float32))
-    x32 = x.astype(jnp.float32)
-    if not norm_before_gate:
-        x32 = x32 * gate
-    groups = x32.reshape(*x32.shape[:-1], -1, group_size)
-    y = rms_normalize(groups, eps).reshape(x32.shape) * scale.astype(jnp.float32)
-    if norm_before_gate:
-        y = y * gate
-    return y.astype(dtype)
+        return ops.gated_rms_norm(x, z, self.scale[...], group_size=self.group_size,
+                                  norm_before_gate=self.norm_before_gate, eps=self.eps,
+                                  dtype=jnp.dtype(self.dtype),
+                                  implementation=self.implementation)
 
 
 class RoPE(nnx.Module):

@@ -30,6 +30,7 @@ from hybrid_jax.ops.nha import (
     native_hybrid_attention_step,
     nha_empty_state,
 )
+from hybrid_jax.ops.norms import gated_rms_norm, rms_norm, rms_normalize
 from hybrid_jax.ops.short_conv import short_conv
 from hybrid_jax.ops.ssd import ssd, ssd_step
 
@@ -46,6 +47,7 @@ __all__ = [
     "dss_step",
     "gated_delta_rule",
     "gated_delta_rule_step",
+    "gated_rms_norm",
     "gated_slot_attention",
     "gated_slot_attention_step",
     "gsa_slot_logits",
@@ -55,6 +57,8 @@ __all__ = [
     "native_hybrid_attention",
     "native_hybrid_attention_step",
     "nha_empty_state",
+    "rms_norm",
+    "rms_normalize",
     "rotary_dim",
     "scaled_cosine_attention",
     "segment_extents",

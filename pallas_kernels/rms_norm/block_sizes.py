@@ -1,0 +1,62 @@
+"""Tile sizes and launch parameters of the RMSNorm kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Elements of one program's tile (rows × the group's channels, padded to a power of two).
+FORWARD_TILE = 8192
+BACKWARD_TILE = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles (powers of two) and Triton launch parameters of the two kernels. A program always
+    holds a whole group of channels (a row's statistics need all of them).
+
+    forward: a program normalises `block_rows` rows × one group; num_warps.
+    backward: a program runs `backward_steps` loop steps of `backward_block_rows` rows × one
+      group (its dγ partial sums stay in registers over the steps, so fewer programs write
+      fewer partials); backward_num_warps, backward_num_stages (the loop's pipelining).
+    """
+
+    block_rows: int = 8
+    num_warps: int = 8
+    backward_block_rows: int = 4
+    backward_steps: int = 16
+    backward_num_warps: int = 8
+    backward_num_stages: int = 2
+
+    TILES = ("block_rows", "backward_block_rows")
+    COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
+
+    def __post_init__(self):
+        for name in self.TILES:
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
+        for name in self.COUNTS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
+
+    def changed(self) -> dict:
+        """The fields that differ from the class defaults (for tables and for pasting)."""
+        base = BlockSizes()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(base, f.name)}
+
+
+def padded(group_size: int) -> int:
+    """The group's width in a tile: the next power of two (Triton's tiles are powers of two;
+    the channels past the group are masked)."""
+    return 1 << max(group_size - 1, 0).bit_length()
+
+
+def default_block_sizes(group_size: int) -> BlockSizes:
+    """Not yet timed on a GPU (NOTES.md, "Tiles"): 8192-element forward tiles and 4096-element
+    backward tiles (bf16 rows of one group; 32 and 16 float32 values an array a thread over
+    8 warps), 16 backward steps a program. Groups of 512: 16 × 512 forward, 8 × 512
+    backward; 1024: 8 and 4 rows; 2048: 4 and 2."""
+    width = padded(group_size)
+    return BlockSizes(block_rows=max(1, FORWARD_TILE // width),
+                      backward_block_rows=max(1, BACKWARD_TILE // width))

@@ -1,0 +1,214 @@
+"""RMSNorm kernels for NVIDIA GPUs: Pallas with the Triton lowering (testable in interpret mode
+on CPU).
+
+Layout `[rows, channels]` (the API flattens the leading axes), channels in groups of `G`. Every
+ref is the whole array in global memory; a program reads its tile `[rows, G]` with masked loads
+(rows past the last and the group's padding to a power of two read as zeros), so nothing is
+padded or copied in XLA. A row's group is contiguous in memory: the loads coalesce.
+
+With a = x (plain, and gated with `norm_before_gate`) or a = x·silu(z) (gated otherwise),
+r = 1/√(mean_G(a²) + ε), n = a·r:
+
+- forward, per (tile of rows, group): y = n·γ, times silu(z) with `norm_before_gate`.
+- backward, per (run of row tiles, group), looping over its tiles and recomputing n from the
+  inputs (nothing else is saved): with c the cotangent of n·γ (dy, or dy·silu(z)),
+  dn = c·γ, da = r·(dn − n·mean_G(dn·n)); dx = da (times silu(z) when the gate is inside the
+  norm); dz = dy·n·γ·silu'(z) or da·x·silu'(z); the partial sums dγ = Σ_rows c·n of the run,
+  kept as a tile over the loop and reduced over its rows once at its end (summed over the runs
+  in XLA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from pallas_kernels.call import pallas_call
+from pallas_kernels.rms_norm.block_sizes import BlockSizes, padded
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """The static configuration of one call. `dtype`: y's."""
+
+    group_size: int
+    gated: bool
+    norm_before_gate: bool
+    eps: float
+    dtype: Any
+    blocks: BlockSizes
+    interpret: bool
+
+
+def _iota(shape, axis):
+    return lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _sigmoid(z):
+    # exp2 is one `ex2.approx` on the GPU (`exp` lowers to libdevice's range-reduced expf).
+    return 1.0 / (1.0 + jnp.exp2(-LOG2E * z))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tile:
+    """Rows `rows` `[BR, 1]` of group `group`: channels `group·G + local`, `local` `[1, W]`
+    (W = G padded to a power of two)."""
+
+    rows: jax.Array
+    local: jax.Array
+    group: jax.Array
+    num_rows: int
+    size: int
+
+    @property
+    def cols(self) -> jax.Array:
+        return self.group * self.size + self.local
+
+    @property
+    def mask(self) -> jax.Array:
+        return (self.rows < self.num_rows) & (self.local < self.size)
+
+    def read(self, ref) -> jax.Array:
+        """`ref[rows, cols]` in float32, zero past the last row and the group's end."""
+        return pltriton.load(ref.at[self.rows, self.cols], mask=self.mask, other=0).astype(F32)
+
+    def write(self, ref, value: jax.Array) -> None:
+        pltriton.store(ref.at[self.rows, self.cols], value.astype(ref.dtype), mask=self.mask)
+
+    def scale(self, ref) -> jax.Array:
+        """γ of the group `[1, W]` in float32 (zero in the padding)."""
+        return pltriton.load(ref.at[self.cols], mask=self.local < self.size,
+                             other=0).astype(F32)
+
+
+def _tile(st: Static, num_rows: int, first_row, block_rows: int, group) -> _Tile:
+    width = padded(st.group_size)
+    return _Tile(first_row + _iota((block_rows, 1), 0), _iota((1, width), 1), group, num_rows,
+                 st.group_size)
+
+
+def _unpack(refs, st: Static, outputs: int):
+    """x, γ, z (or None), the other inputs, the outputs."""
+    refs = list(refs)
+    x_ref, w_ref = refs.pop(0), refs.pop(0)
+    z_ref = refs.pop(0) if st.gated else None
+    return x_ref, w_ref, z_ref, refs[:-outputs], refs[-outputs:]
+
+
+def _normed(x, z, st: Static):
+    """(n, r, gate, silu'(z)) of a tile: gate and silu' None without a gate."""
+    gate = dgate = None
+    a = x
+    if st.gated:
+        s = _sigmoid(z)
+        gate, dgate = z * s, s * (1.0 + z * (1.0 - s))
+        if not st.norm_before_gate:
+            a = x * gate
+    r = lax.rsqrt(jnp.sum(a * a, axis=1, keepdims=True) * (1.0 / st.group_size) + st.eps)
+    return a * r, r, gate, dgate
+
+
+def _inputs(x, scale, z):
+    return [a for a in (x, scale, z) if a is not None]
+
+
+def _params(num_warps, num_stages=1):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+# --- forward ---------------------------------------------------------------------------------
+
+
+def _forward_kernel(*refs, st: Static):
+    x_ref, w_ref, z_ref, _, (y_ref,) = _unpack(refs, st, 1)
+    BR = st.blocks.block_rows
+    tile = _tile(st, x_ref.shape[0], pl.program_id(0) * BR, BR, pl.program_id(1))
+    z = tile.read(z_ref) if st.gated else None
+    n, _, gate, _ = _normed(tile.read(x_ref), z, st)
+    y = n * tile.scale(w_ref)
+    if st.gated and st.norm_before_gate:
+        y = y * gate
+    tile.write(y_ref, y)
+
+
+def forward(x, scale, z, st: Static):
+    """y `[N, C]` in `st.dtype`."""
+    rows, channels = x.shape
+    BR = st.blocks.block_rows
+    return pallas_call(
+        functools.partial(_forward_kernel, st=st),
+        grid=(pl.cdiv(rows, BR), channels // st.group_size),
+        out_shape=jax.ShapeDtypeStruct(x.shape, st.dtype),
+        compiler_params=_params(st.blocks.num_warps),
+        interpret=st.interpret, name="rms_norm_forward",
+    )(*_inputs(x, scale, z))
+
+
+# --- backward --------------------------------------------------------------------------------
+
+
+def backward_steps(rows: int, blocks: BlockSizes) -> int:
+    """Loop steps per backward program: the configured ones, fewer for few rows."""
+    return min(blocks.backward_steps, pl.cdiv(rows, blocks.backward_block_rows))
+
+
+def _backward_kernel(*refs, st: Static, steps: int):
+    x_ref, w_ref, z_ref, (dy_ref,), outs = _unpack(refs, st, 3 if st.gated else 2)
+    dx_ref, dg_ref = outs[:2]
+    BR, G = st.blocks.backward_block_rows, st.group_size
+    run, group = pl.program_id(0), pl.program_id(1)  # (not read inside the loop: interpret)
+    gamma = _tile(st, x_ref.shape[0], 0, BR, group).scale(w_ref)
+
+    def step(s, dgamma):
+        tile = _tile(st, x_ref.shape[0], (run * steps + s) * BR, BR, group)
+        x, dy = tile.read(x_ref), tile.read(dy_ref)
+        z = tile.read(z_ref) if st.gated else None
+        n, r, gate, dgate = _normed(x, z, st)
+        inner = st.gated and st.norm_before_gate  # y = (n·γ)·gate
+        c = dy * gate if inner else dy  # the cotangent of n·γ
+        dn = c * gamma
+        da = r * (dn - n * (jnp.sum(dn * n, axis=1, keepdims=True) * (1.0 / G)))
+        if st.gated and not st.norm_before_gate:  # a = x·gate
+            tile.write(dx_ref, da * gate)
+            tile.write(outs[2], da * x * dgate)
+        else:
+            tile.write(dx_ref, da)
+            if inner:
+                tile.write(outs[2], dy * n * gamma * dgate)
+        return dgamma + c * n  # tile-shaped: one reduction over rows per program
+
+    dgamma = lax.fori_loop(0, steps, step, jnp.zeros((BR, padded(G)), F32))
+    tile = _tile(st, x_ref.shape[0], 0, BR, group)
+    pltriton.store(dg_ref.at[run, tile.cols[0]], jnp.sum(dgamma, axis=0),
+                   mask=tile.local[0] < G)
+
+
+def backward(x, scale, z, dy, st: Static):
+    """dx `[N, C]` (x's dtype), float32 partial sums dγ `[R, C]` over the backward programs' runs
+    of rows, and (gated) dz `[N, C]` (z's dtype)."""
+    rows, channels = x.shape
+    blocks = st.blocks
+    steps = backward_steps(rows, blocks)
+    runs = pl.cdiv(rows, steps * blocks.backward_block_rows)
+    out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype),
+                 jax.ShapeDtypeStruct((runs, channels), F32)]
+    if st.gated:
+        out_shape.append(jax.ShapeDtypeStruct(z.shape, z.dtype))
+    return pallas_call(
+        functools.partial(_backward_kernel, st=st, steps=steps),
+        grid=(runs, channels // st.group_size),
+        out_shape=out_shape,
+        compiler_params=_params(blocks.backward_num_warps, blocks.backward_num_stages),
+        interpret=st.interpret, name="rms_norm_backward",
+    )(*_inputs(x, scale, z), dy)
