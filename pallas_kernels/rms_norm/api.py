@@ -19,14 +19,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import target
 from pallas_kernels.call import varying_like
+from pallas_kernels.gpu_elementwise import DTYPES, unsupported_arrays
 from pallas_kernels.residuals import saved
 from pallas_kernels.rms_norm import gpu
 from pallas_kernels.rms_norm.block_sizes import BlockSizes, default_block_sizes, padded
 
 MAX_GROUP = 8192  # a program holds a whole group in registers
-_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
 def rms_norm(
@@ -105,21 +104,12 @@ def unsupported(x, scale, z=None, *, group_size=None, dtype=None,
     size = channels if group_size is None else group_size
     if size < 1 or channels % size:
         return f"group_size must divide the channels {channels}, got {group_size}"
-    arrays = dict(x=x, scale=scale, z=z)
-    for name, array in arrays.items():
-        if array is not None and not jnp.issubdtype(array.dtype, jnp.floating):
-            return f"{name} must be floating, got {array.dtype}"
     if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
         return f"dtype must be floating, got {jnp.dtype(dtype)}"
-    if interpret:
-        return None
-    if target.platform() != "gpu":
-        return (f"the kernels run on GPUs (Triton lowering), the target platform is "
-                f"{target.platform()} (interpret=True runs them on the CPU)")
-    for name, array in arrays.items():
-        if array is not None and array.dtype not in _DTYPES:
-            return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
-    if dtype is not None and jnp.dtype(dtype) not in _DTYPES:
+    reason = unsupported_arrays(dict(x=x, scale=scale, z=z), interpret)
+    if reason is not None or interpret:
+        return reason
+    if dtype is not None and jnp.dtype(dtype) not in DTYPES:
         return f"dtype {jnp.dtype(dtype)}: the kernels write bfloat16, float16, float32"
     if padded(size) > MAX_GROUP:
         return f"group_size must be at most {MAX_GROUP} (a group in one program), got {size}"

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from pallas_kernels.gpu_elementwise import TileChecks
+
 # Elements of one program's tile (rows × the group's channels, padded to a power of two).
 FORWARD_TILE = 8192
 BACKWARD_TILE = 4096
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockSizes:
+class BlockSizes(TileChecks):
     """Tiles (powers of two) and Triton launch parameters of the two kernels. A program always
     holds a whole group of channels (a row's statistics need all of them).
 
@@ -30,20 +32,6 @@ class BlockSizes:
     TILES = ("block_rows", "backward_block_rows")
     COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
 
-    def __post_init__(self):
-        for name in self.TILES:
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
-        for name in self.COUNTS:
-            if getattr(self, name) < 1:
-                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
-
-    def changed(self) -> dict:
-        """The fields that differ from the class defaults (for tables and for pasting)."""
-        base = BlockSizes()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(base, f.name)}
 
 
 def padded(group_size: int) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
@@ -32,10 +31,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.call import pallas_call
+from pallas_kernels.gpu_elementwise import iota, sigmoid
 from pallas_kernels.rms_norm.block_sizes import BlockSizes, padded
 
 F32 = jnp.float32
-LOG2E = math.log2(math.e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +48,6 @@ class Static:
     dtype: Any
     blocks: BlockSizes
     interpret: bool
-
-
-def _iota(shape, axis):
-    return lax.broadcasted_iota(jnp.int32, shape, axis)
-
-
-def _sigmoid(z):
-    # exp2 is one `ex2.approx` on the GPU (`exp` lowers to libdevice's range-reduced expf).
-    return 1.0 / (1.0 + jnp.exp2(-LOG2E * z))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +84,7 @@ class _Tile:
 
 def _tile(st: Static, num_rows: int, first_row, block_rows: int, group) -> _Tile:
     width = padded(st.group_size)
-    return _Tile(first_row + _iota((block_rows, 1), 0), _iota((1, width), 1), group, num_rows,
+    return _Tile(first_row + iota((block_rows, 1), 0), iota((1, width), 1), group, num_rows,
                  st.group_size)
 
 
@@ -111,7 +101,7 @@ def _normed(x, z, st: Static):
     gate = dgate = None
     a = x
     if st.gated:
-        s = _sigmoid(z)
+        s = sigmoid(z)
         gate, dgate = z * s, s * (1.0 + z * (1.0 - s))
         if not st.norm_before_gate:
             a = x * gate

@@ -17,14 +17,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import target
 from pallas_kernels.call import varying_like
+from pallas_kernels.gpu_elementwise import unsupported_arrays
 from pallas_kernels.residuals import saved
 from pallas_kernels.short_conv import gpu
 from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
 
 MAX_SIZE = 8
-_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
 def short_conv(
@@ -101,16 +100,4 @@ def unsupported(x, weight, bias=None, segment_ids=None, *, interpret=False) -> s
                                     or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
         return (f"segment_ids must be integer [{batch}, {length}], got {segment_ids.dtype} "
                 f"{segment_ids.shape}")
-    arrays = dict(x=x, weight=weight, bias=bias)
-    for name, array in arrays.items():
-        if array is not None and not jnp.issubdtype(array.dtype, jnp.floating):
-            return f"{name} must be floating, got {array.dtype}"
-    if interpret:
-        return None
-    if target.platform() != "gpu":
-        return (f"the kernels run on GPUs (Triton lowering), the target platform is "
-                f"{target.platform()} (interpret=True runs them on the CPU)")
-    for name, array in arrays.items():
-        if array is not None and array.dtype not in _DTYPES:
-            return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"
-    return None
+    return unsupported_arrays(dict(x=x, weight=weight, bias=bias), interpret)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from pallas_kernels.gpu_elementwise import TileChecks
+
 
 @dataclasses.dataclass(frozen=True)
-class BlockSizes:
+class BlockSizes(TileChecks):
     """Tiles (powers of two) and Triton launch parameters of the two kernels.
 
     forward: a program convolves `block_t` time steps × `block_c` channels of one batch row;
@@ -35,20 +37,6 @@ class BlockSizes:
     TILES = ("block_t", "block_c", "backward_block_t", "backward_block_c")
     COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
 
-    def __post_init__(self):
-        for name in self.TILES:
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
-        for name in self.COUNTS:
-            if getattr(self, name) < 1:
-                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
-
-    def changed(self) -> dict:
-        """The fields that differ from the class defaults (for tables and for pasting)."""
-        base = BlockSizes()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(base, f.name)}
 
 
 def default_block_sizes() -> BlockSizes:

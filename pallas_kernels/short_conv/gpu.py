@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -35,10 +34,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.call import pallas_call
+from pallas_kernels.gpu_elementwise import iota, sigmoid
 from pallas_kernels.short_conv.block_sizes import BlockSizes
 
 F32 = jnp.float32
-LOG2E = math.log2(math.e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,18 +52,9 @@ class Static:
     interpret: bool
 
 
-def _iota(shape, axis):
-    return lax.broadcasted_iota(jnp.int32, shape, axis)
-
-
-def _sigmoid(z):
-    # exp2 is one `ex2.approx` on the GPU (`exp` lowers to libdevice's range-reduced expf).
-    return 1.0 / (1.0 + jnp.exp2(-LOG2E * z))
-
-
 def _silu_grad(z):
     """d/dz (z·σ(z)) = σ(z)·(1 + z·(1 − σ(z)))."""
-    s = _sigmoid(z)
+    s = sigmoid(z)
     return s * (1.0 + z * (1.0 - s))
 
 
@@ -130,15 +120,15 @@ def _forward_kernel(*refs, st: Static):
     x_ref, w_ref, b_ref, seg_ref, _, (y_ref,) = _unpack(refs, st, 1)
     BT, BC = st.blocks.block_t, st.blocks.block_c
     _, length, channels = x_ref.shape
-    tile = _Tile(pl.program_id(2), pl.program_id(0) * BT + _iota((BT, 1), 0),
-                 pl.program_id(1) * BC + _iota((1, BC), 1), length, channels)
+    tile = _Tile(pl.program_id(2), pl.program_id(0) * BT + iota((BT, 1), 0),
+                 pl.program_id(1) * BC + iota((1, BC), 1), length, channels)
     w = _taps(w_ref, tile.cols, channels, st.size)
     z = _bias(b_ref, tile.cols, channels) if st.bias else 0.0
     own = tile.ids(seg_ref, 0) if st.documents else None
     for lag in range(st.size):
         same = tile.ids(seg_ref, -lag) == own if st.documents and lag else None
         z = z + w[lag] * tile.read(x_ref, -lag, same)
-    tile.write(y_ref, z * _sigmoid(z) if st.activation else z)
+    tile.write(y_ref, z * sigmoid(z) if st.activation else z)
 
 
 def _inputs(x, weight, bias, segment_ids):
@@ -176,13 +166,13 @@ def _backward_kernel(*refs, st: Static, steps: int):
     BT, BC, K = st.blocks.backward_block_t, st.blocks.backward_block_c, st.size
     _, length, channels = x_ref.shape
     run, b = pl.program_id(0), pl.program_id(2)
-    cols = pl.program_id(1) * BC + _iota((1, BC), 1)
+    cols = pl.program_id(1) * BC + iota((1, BC), 1)
     w = _taps(w_ref, cols, channels, K)
     bias = _bias(b_ref, cols, channels) if st.bias else 0.0
 
     def step(s, carry):
         dw, db = carry
-        tile = _Tile(b, (run * steps + s) * BT + _iota((BT, 1), 0), cols, length, channels)
+        tile = _Tile(b, (run * steps + s) * BT + iota((BT, 1), 0), cols, length, channels)
         # Each offset read once per step (the body is traced once: a cache is CSE).
         x = functools.cache(lambda d: tile.read(x_ref, d))
         ids = functools.cache(lambda d: tile.ids(seg_ref, d))
@@ -225,7 +215,7 @@ def _stream_backward_kernel(*refs, st: Static, steps: int):
     U, BC, K = st.blocks.backward_block_t, st.blocks.backward_block_c, st.size
     _, length, channels = x_ref.shape
     run, b = pl.program_id(0), pl.program_id(2)
-    cols = pl.program_id(1) * BC + _iota((BC,), 0)
+    cols = pl.program_id(1) * BC + iota((BC,), 0)
     inside = cols < channels
     w = _taps(w_ref, cols, channels, K)
     bias = _bias(b_ref, cols, channels) if st.bias else 0.0
