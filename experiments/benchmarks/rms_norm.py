@@ -29,10 +29,13 @@ import time
 import jax
 import jax.numpy as jnp
 
-from experiments.benchmarks.short_conv import _error
 from experiments.benchmarks.timing import (
     CALLS,
+    HBM_TB_S,
     device_name,
+    error_text,
+    floor_columns,
+    measure_into,
     print_table,
     relative_error,
     run_parts,
@@ -41,7 +44,6 @@ from experiments.benchmarks.timing import (
 from hybrid_jax.ops.norms import gated_rms_norm, rms_norm
 from pallas_kernels.rms_norm import api
 
-HBM_TB_S = 4.3  # H200 copy bandwidth, measured (DESIGN.md)
 TOLERANCE = 1e-2
 EPS = 1e-6
 SHAPES = ((1024, 1024, "transformer-350m"), (1536, 512, "gdn-340m"))  # C, group, model
@@ -104,7 +106,7 @@ def part_check(args) -> list[dict]:
                 y, dxzg = grads(x.astype(dtype), z.astype(dtype), g, dy.astype(dtype))
                 outs[impl] = (y, *dxzg)
         except Exception as e:  # noqa: BLE001  (a kernel that does not compile: report)
-            row["error"] = _error(e)
+            row["error"] = error_text(e)
         else:
             for name, got, want in zip(("y", "dx", "dz", "dg"), outs["pallas"], outs["xla"],
                                        strict=True):
@@ -126,6 +128,12 @@ def floor_ms(rows, channels, gated: bool, backward: bool) -> float:
     return 2 * arrays * rows * channels / (HBM_TB_S * 1e12) * 1e3
 
 
+def _time_pair(impl: str, form: str, group: int, x, z, g, dy) -> dict:
+    fwd, grads = fwd_and_vjp(norm(impl, form, group), form)
+    return {"fwd_ms": time_compiled(fwd, x, z, g, calls=CALLS),
+            "fwd_bwd_ms": time_compiled(grads, x, z, g, dy, calls=CALLS)}
+
+
 def part_table(args) -> list[dict]:
     rows = []
     n = args.batch * args.length
@@ -136,19 +144,9 @@ def part_table(args) -> list[dict]:
             for impl in ("xla", "pallas"):
                 row = dict(C=channels, group=channels if form == "plain" else group,
                            model=model, form=form, impl=impl)
-                if time.perf_counter() > args.deadline:
-                    row["error"] = "skipped: time budget spent"
-                else:
-                    try:
-                        fwd, grads = fwd_and_vjp(norm(impl, form, group), form)
-                        row["fwd_ms"] = time_compiled(fwd, x, z, g, calls=CALLS)
-                        row["fwd_bwd_ms"] = time_compiled(grads, x, z, g, dy, calls=CALLS)
-                    except Exception as e:  # noqa: BLE001  (report and go on)
-                        row["error"] = _error(e)
-                for part, backward in (("fwd", False), ("fwd_bwd", True)):
-                    row[f"{part}_floor_ms"] = floor_ms(n, channels, form != "plain", backward)
-                    if f"{part}_ms" in row:
-                        row[f"{part}_x_floor"] = row[f"{part}_ms"] / row[f"{part}_floor_ms"]
+                measure_into(row, args.deadline, _time_pair, impl, form, group, x, z, g, dy)
+                floor_columns(row, {part: floor_ms(n, channels, form != "plain", backward)
+                                    for part, backward in (("fwd", False), ("fwd_bwd", True))})
                 rows.append(row)
                 print(row, flush=True)
     for row in rows:  # the kernels' speed-up over the xla rung, on the pallas rows

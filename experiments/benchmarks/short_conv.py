@@ -35,7 +35,11 @@ import numpy as np
 
 from experiments.benchmarks.timing import (
     CALLS,
+    HBM_TB_S,
     device_name,
+    error_text,
+    floor_columns,
+    measure_into,
     print_table,
     relative_error,
     run_parts,
@@ -50,7 +54,6 @@ from pallas_kernels.short_conv.block_sizes import (
 )
 
 SIZE = 4
-HBM_TB_S = 4.3  # H200 copy bandwidth, measured (DESIGN.md)
 TOLERANCE = 1e-2
 CHECKS = (  # batch, length, channels, size, bias, documents
     (2, 4099, 1536, 4, True, True),
@@ -111,10 +114,6 @@ def fwd_and_vjp(fn):
     return jax.jit(fn), jax.jit(grads)
 
 
-def _error(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-
-
 def part_check(args) -> list[dict]:
     rows = []
     for (batch, length, channels, size, with_bias, documents), variant in (
@@ -133,7 +132,7 @@ def part_check(args) -> list[dict]:
                 y, dxwb = grads(x.astype(dtype), w, b, dy.astype(dtype))
                 outs[impl] = (y, *dxwb)
         except Exception as e:  # noqa: BLE001  (a kernel that does not compile: report)
-            row["error"] = _error(e)
+            row["error"] = error_text(e)
         else:
             for name, got, want in zip(("y", "dx", "dw", "db"), outs["pallas"], outs["xla"],
                                        strict=True):
@@ -172,18 +171,9 @@ def part_table(args) -> list[dict]:
             ids = packed_ids(args.batch, args.length, documents) if documents > 1 else None
             for impl in ("xla", "pallas"):
                 row = dict(C=channels, docs=documents, impl=impl)
-                if time.perf_counter() > args.deadline:
-                    row["error"] = "skipped: time budget spent"
-                else:
-                    try:
-                        row.update(_time_pair(conv(impl, ids), x, w, b, dy))
-                    except Exception as e:  # noqa: BLE001  (report and go on)
-                        row["error"] = _error(e)
-                for part, backward in (("fwd", False), ("fwd_bwd", True)):
-                    row[f"{part}_floor_ms"] = floor_ms(args.batch, args.length, channels,
-                                                       backward)
-                    if f"{part}_ms" in row:
-                        row[f"{part}_x_floor"] = row[f"{part}_ms"] / row[f"{part}_floor_ms"]
+                measure_into(row, args.deadline, _time_pair, conv(impl, ids), x, w, b, dy)
+                floor_columns(row, {part: floor_ms(args.batch, args.length, channels, backward)
+                                    for part, backward in (("fwd", False), ("fwd_bwd", True))})
                 rows.append(row)
                 print(row, flush=True)
     for row in rows:  # the kernels' speed-up over the xla rung, on the pallas rows
@@ -239,7 +229,7 @@ def part_sweep(args) -> dict:
                 try:
                     row["ms"] = _kernel_ms(kernel, blocks, x, w, b, ids, dy)
                 except Exception as e:  # noqa: BLE001  (a variant that does not compile)
-                    row["error"] = _error(e)
+                    row["error"] = error_text(e)
                 rows.append(row)
                 print(row, flush=True)
                 if row.get("ms", float("inf")) < 0.98 * best_ms:  # past timing noise
@@ -253,6 +243,12 @@ def part_sweep(args) -> dict:
     return result
 
 
+def _variant_ms(blocks: BlockSizes, x, w, b, ids, dy) -> dict:
+    """The backward kernel alone and the op's fwd+bwd with `blocks`."""
+    return {"bwd_ms": _kernel_ms("backward", blocks, x, w, b, ids, dy),
+            "fwd_bwd_ms": _time_pair(conv("pallas", ids, blocks), x, w, b, dy)["fwd_bwd_ms"]}
+
+
 def part_variants(args) -> list[dict]:
     """The backward kernel alone and the op's fwd+bwd, with each named `BlockSizes`."""
     rows = []
@@ -264,15 +260,7 @@ def part_variants(args) -> list[dict]:
             for variant in ("default", *args.variants):
                 blocks = VARIANTS[variant]
                 row = dict(C=channels, docs=documents, variant=variant)
-                if time.perf_counter() > args.deadline:
-                    row["error"] = "skipped: time budget spent"
-                else:
-                    try:
-                        row["bwd_ms"] = _kernel_ms("backward", blocks, x, w, b, ids, dy)
-                        row["fwd_bwd_ms"] = _time_pair(conv("pallas", ids, blocks), x, w, b,
-                                                       dy)["fwd_bwd_ms"]
-                    except Exception as e:  # noqa: BLE001  (report and go on)
-                        row["error"] = _error(e)
+                measure_into(row, args.deadline, _variant_ms, blocks, x, w, b, ids, dy)
                 rows.append(row)
                 print(row, flush=True)
     for row in rows:  # against the defaults' row of the same shape

@@ -50,6 +50,39 @@ def time_compiled(fn: Callable, *args: Any, warmup: int = 3, iters: int = 10,
     return statistics.median(times)
 
 
+HBM_TB_S = 4.3
+"""H200 copy bandwidth in TB/s, measured (DESIGN.md): the byte floors of the kernel tables."""
+
+
+def error_text(e: Exception) -> str:
+    """A table cell for an exception: its type and the first line of its message."""
+    message = str(e).strip()
+    return f"{type(e).__name__}: {message.splitlines()[0][:160] if message else ''}"
+
+
+def measure_into(row: dict[str, Any], deadline: float, measure: Callable[..., dict],
+                 *args: Any) -> None:
+    """`row.update(measure(*args))`; past `deadline` (`time.perf_counter()` seconds) the row
+    is marked skipped instead, and an exception (a kernel that does not compile, out of
+    memory) goes into its "error" cell."""
+    if time.perf_counter() > deadline:
+        row["error"] = "skipped: time budget spent"
+        return
+    try:
+        row.update(measure(*args))
+    except Exception as e:  # noqa: BLE001  (report and go on with the next row)
+        row["error"] = error_text(e)
+
+
+def floor_columns(row: dict[str, Any], floors_ms: dict[str, float]) -> None:
+    """Per part ("fwd", "fwd_bwd"): `{part}_floor_ms` and, when `{part}_ms` was measured,
+    `{part}_x_floor`, its multiple of the floor."""
+    for part, floor_ms in floors_ms.items():
+        row[f"{part}_floor_ms"] = floor_ms
+        if f"{part}_ms" in row:
+            row[f"{part}_x_floor"] = row[f"{part}_ms"] / floor_ms
+
+
 def forward_and_backward(op: Callable, num_args: int) -> tuple[Callable, Callable]:
     """Jitted forward, and forward+backward (gradient of a weighted sum w.r.t. all inputs)."""
     fwd = jax.jit(op)
