@@ -234,7 +234,7 @@ def _forward(st: Static, q, k, v, g, beta, starts, initial_state, *, save: bool)
     if st.blocks.split_outputs:
         final_state, states, u = chunk_states(k, w, u0, g, starts, initial_state, st)
         out = chunk_outputs(q, p, u, states, g, starts, st)
-        if st.blocks.states_by_chunk:  # the backward's layout (unused, and dropped, unsaved)
+        if st.blocks.states_by_chunk:  # the backward's layout (unused without `save`: XLA drops it)
             states = states_by_head(states, u.shape[2])
         saved = [states, u]
     else:

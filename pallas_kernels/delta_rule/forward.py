@@ -235,7 +235,7 @@ def _sequential_call(arrays: dict, g, starts, initial_state, st: Static, *, save
     out_shape = [jax.ShapeDtypeStruct(u0.shape, k.dtype)] * outputs + [
         jax.ShapeDtypeStruct(initial_state.shape, F32)]
     if save:
-        by_chunk = blocks.states_by_chunk and not outputs  # `BlockSizes.states_by_chunk`
+        by_chunk = blocks.states_by_chunk  # (needs split_outputs: never the fused form)
         out_specs += [specs.states_by_chunk(num_chunks, key_dim) if by_chunk
                       else specs.state(num_chunks * key_dim), specs.tiled()]
         states_shape = ((batch, num_chunks, heads * key_dim, value_dim) if by_chunk

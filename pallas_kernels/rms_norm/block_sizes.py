@@ -33,7 +33,6 @@ class BlockSizes(TileChecks):
     COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
 
 
-
 def padded(group_size: int) -> int:
     """The group's width in a tile: the next power of two (Triton's tiles are powers of two;
     the channels past the group are masked)."""

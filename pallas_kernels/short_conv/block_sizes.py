@@ -38,7 +38,6 @@ class BlockSizes(TileChecks):
     COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
 
 
-
 def default_block_sizes() -> BlockSizes:
     """GPU defaults from the H200 sweep (session 9, 2026-12-02, `short_conv.py --parts sweep`
     at [4, 8192, 1536], 3 documents a row, one knob at a time from 16 × 128 tiles; NOTES.md).
