@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.short_conv [--parts check,table,sweep]
         [--channels 768,1536,3072] [--batch 4] [--length 8192] [--budget-s 60]
-        [--variants stream,stream_u2,...] [--interpret] [--out short_conv.json]
+        [--variants c256,u2,...] [--interpret] [--out short_conv.json]
 
 K = 4 taps, SiLU, bias, bf16 x (float32 weights, as the models keep them). Parts, in order:
   check  bf16 kernels vs the float32 XLA rung on the same (upcast) inputs: y and the
@@ -17,7 +17,7 @@ K = 4 taps, SiLU, bias, bf16 x (float32 weights, as the models keep them). Parts
          at a time from the defaults (kept where ≥ 2 % faster); prints the fastest
          `BlockSizes` and times the op with them
   variants  the backward kernel alone and the op's fwd+bwd with the defaults and with each
-         named `BlockSizes` of --variants (`VARIANTS`: the row-streaming backward's tiles), at
+         named `BlockSizes` of --variants (`VARIANTS`: the streaming backward's tiles), at
          each C, packed and one document a row
 The cotangent of fwd+bwd is a random array (a constant one would let XLA fold dy away).
 Rows left when --budget-s is spent are reported as skipped.
@@ -47,11 +47,7 @@ from experiments.benchmarks.timing import (
 )
 from hybrid_jax.ops.short_conv import short_conv
 from pallas_kernels.short_conv import api, gpu
-from pallas_kernels.short_conv.block_sizes import (
-    BlockSizes,
-    default_block_sizes,
-    stream_backward_block_sizes,
-)
+from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
 
 SIZE = 4
 TOLERANCE = 1e-2
@@ -62,15 +58,15 @@ CHECKS = (  # batch, length, channels, size, bias, documents
     (1, 515, 768, 1, True, True),
 )
 SWEEP_CHANNELS = 1536
-_STREAM = stream_backward_block_sizes()
-# Named whole-`BlockSizes` variants (several fields at once, unlike the sweep's knobs).
+_DEFAULT = default_block_sizes()
+# Named whole-`BlockSizes` variants of the streaming backward (several fields at once, unlike
+# the sweep's knobs): session 15's runners-up around the default (4 steps an iteration, 128
+# channels on one warp, 64 steps a program).
 VARIANTS = {
-    "default": default_block_sizes(),
-    "stream": _STREAM,  # rows streamed, 4 a loop step, 256 channels, 2 warps, 64 a program
-    "stream_u2": dataclasses.replace(_STREAM, backward_block_t=2, backward_steps=32),
-    "stream_c128": dataclasses.replace(_STREAM, backward_block_c=128, backward_num_warps=1),
-    "stream_s8": dataclasses.replace(_STREAM, backward_steps=8),
-    "stream_s32": dataclasses.replace(_STREAM, backward_steps=32),
+    "default": _DEFAULT,
+    "c256": dataclasses.replace(_DEFAULT, backward_block_c=256, backward_num_warps=2),
+    "u2": dataclasses.replace(_DEFAULT, backward_block_t=2, backward_steps=32),
+    "s32": dataclasses.replace(_DEFAULT, backward_steps=32),
 }
 INTERPRET = {"on": False}
 
@@ -193,8 +189,8 @@ def part_table(args) -> list[dict]:
 
 # Likelier winners first: a sweep cut off by the budget keeps those.
 FORWARD_KNOBS = dict(block_t=(32, 8), block_c=(64, 256), num_warps=(4, 1))
-BACKWARD_KNOBS = dict(backward_block_t=(32, 8), backward_block_c=(64, 256),
-                      backward_num_warps=(8, 2), backward_steps=(16, 4),
+BACKWARD_KNOBS = dict(backward_block_c=(256, 64), backward_steps=(32, 8),
+                      backward_block_t=(2, 8), backward_num_warps=(2, 4),
                       backward_num_stages=(1, 3))
 
 

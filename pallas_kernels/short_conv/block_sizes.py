@@ -13,45 +13,33 @@ class BlockSizes(TileChecks):
 
     forward: a program convolves `block_t` time steps × `block_c` channels of one batch row;
       num_warps.
-    backward: a program runs `backward_steps` loop steps of `backward_block_t` time steps ×
-      `backward_block_c` channels (its weight-gradient partial sums stay in registers over the
-      steps, so fewer programs write fewer partials); backward_num_warps, backward_num_stages
-      (the loop's software pipelining).
-    backward_stream: the backward in its row-streaming form (`gpu._stream_backward_kernel`,
-      NOTES.md): a program walks `backward_steps × backward_block_t` time steps of
+    backward: a program walks `backward_steps × backward_block_t` time steps of
       `backward_block_c` channels one step (a `[backward_block_c]` row) at a time,
-      `backward_block_t` steps a loop iteration; z and g formed once a step, not K times.
-      Off until timed on a GPU; `stream_backward_block_sizes()` has its tiles.
+      `backward_block_t` steps a loop iteration (read an iteration ahead); its weight-gradient
+      partial sums stay in registers over the run, so fewer programs write fewer partials;
+      backward_num_warps, backward_num_stages (the loop's software pipelining).
     """
 
     block_t: int = 16
     block_c: int = 128
     num_warps: int = 2
-    backward_block_t: int = 8
-    backward_block_c: int = 64
-    backward_steps: int = 8
-    backward_num_warps: int = 4
+    backward_block_t: int = 4
+    backward_block_c: int = 128
+    backward_steps: int = 16
+    backward_num_warps: int = 1
     backward_num_stages: int = 2
-    backward_stream: bool = False
 
     TILES = ("block_t", "block_c", "backward_block_t", "backward_block_c")
     COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
 
 
 def default_block_sizes() -> BlockSizes:
-    """GPU defaults from the H200 sweep (session 9, 2026-12-02, `short_conv.py --parts sweep`
-    at [4, 8192, 1536], 3 documents a row, one knob at a time from 16 × 128 tiles; NOTES.md).
-    Forward: 16 × 128 over 2 warps (0.115 ms; 4 warps 0.143; 64 channels 0.111, within the
-    noise, not taken). Backward: 8 × 64 over 4 warps, 8 steps a program (16 × 128: 0.565 ms;
-    8 rows 0.468, 64 channels 0.434; the op's fwd+bwd 0.643 → 0.544 ms with both). Its ~2K + 3
-    float32 tiles (dw / db summed as tiles over the loop, reduced once at its end) fit in
-    registers. Partial sums of dw: [B, T/64, K, C] float32."""
+    """GPU defaults from the H200. Forward (session 9's sweep at [4, 8192, 1536], 3 documents a
+    row, one knob at a time from 16 × 128 tiles; NOTES.md): 16 × 128 over 2 warps (0.115 ms;
+    4 warps 0.143; 64 channels 0.111, within the noise, not taken). Backward (session 15,
+    `short_conv.py --parts variants` at [4, 8192, C], 1 and 3 documents a row; NOTES.md
+    "Streaming backward"): rows streamed 4 steps a loop iteration, 64 steps a program, 128
+    channels on one warp (4 a thread): 0.086 / 0.14–0.15 ms at C 768 / 1536 against the tile
+    form's 0.21–0.25 / 0.38–0.43; 256 channels on 2 warps within 5 % (fwd+bwd summed over the
+    four shapes 0.733 vs 0.768 ms). Partial sums of dw: [B, T/64, K, C] float32."""
     return BlockSizes()
-
-
-def stream_backward_block_sizes(base: BlockSizes | None = None) -> BlockSizes:
-    """`base` (default: the defaults) with the row-streaming backward: 4 steps a loop
-    iteration, 256 channels over 2 warps (4 channels a thread: 172 registers, no spills; 8 a
-    thread spill), 64 steps a program. Not timed yet (NOTES.md, "Streaming backward")."""
-    return dataclasses.replace(base or BlockSizes(), backward_stream=True, backward_block_t=4,
-                               backward_block_c=256, backward_num_warps=2, backward_steps=16)

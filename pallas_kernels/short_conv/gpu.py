@@ -8,18 +8,18 @@ XLA and the shifted reads of neighbouring offsets hit the L1/L2 caches.
 
 - forward, per (time tile, channel tile, batch row): z_t = b + Σ_i w_i ⊙ x_{t−i} with the
   taps of another document masked out of the load, y = act(z).
-- backward, per (run of time tiles, channel tile, batch row), looping over its tiles:
-  g_u = dy_u ⊙ act'(z_u) for u = t .. t+K−1, the pre-activations z_u recomputed from x (nothing
-  but the inputs is saved), dx_t = Σ_j w_j ⊙ g_{t+j} [same document], and the partial sums
-  dw_i = Σ_t g_t ⊙ x_{t−i} [same document], db = Σ_t g_t of the run, kept as tiles over the
-  loop and reduced over rows once at its end (summed over the runs and the batch in XLA).
-  Without an activation g = dy and no z is formed.
+- backward, per (run of time steps, channel tile, batch row), one time step (a row of
+  channels) a loop step: g_t = dy_t ⊙ act'(z_t) with z_t formed from x_t and the K − 1 steps
+  before, which are carried in registers with their ids and g (nothing but the inputs is
+  saved, so z is recomputed, once a step), dx_s = Σ_j w_j ⊙ g_{s+j} [same document] written
+  at step s + K − 1, and the partial sums dw_i = Σ_t g_t ⊙ x_{t−i} [same document],
+  db = Σ_t g_t of the run kept as rows over the loop (summed over the runs and the batch in
+  XLA). Without an activation g = dy and no z is formed.
 
-Triton cannot shift a register tile by a row, so z and g at the K offsets are recomputed from
-shifted loads: K² multiply-adds and K sigmoids per element in the backward (NOTES.md: this,
-not the bytes, may bound it). `BlockSizes.backward_stream` takes the other way round: one
-time step (a row of channels) a loop step, the K − 1 steps before carried in registers, so z
-and g are formed once (≈ 38 instead of ≈ 137 SASS instructions an element; NOTES.md).
+Streaming rows replaced a tile form (session 15; NOTES.md "Streaming backward"): Triton cannot
+shift a register tile by a row, so that form recomputed z and g at the K offsets from shifted
+loads (K² multiply-adds and K sigmoids per element, ≈ 137 SASS instructions an element
+against ≈ 38): 2.5–2.9× slower on the H200.
 """
 
 from __future__ import annotations
@@ -161,52 +161,7 @@ def backward_steps(length: int, blocks: BlockSizes) -> int:
 
 
 def _backward_kernel(*refs, st: Static, steps: int):
-    x_ref, w_ref, b_ref, seg_ref, (dy_ref,), outs = _unpack(refs, st, 3 if st.bias else 2)
-    dx_ref, dw_ref = outs[:2]
-    BT, BC, K = st.blocks.backward_block_t, st.blocks.backward_block_c, st.size
-    _, length, channels = x_ref.shape
-    run, b = pl.program_id(0), pl.program_id(2)
-    cols = pl.program_id(1) * BC + iota((1, BC), 1)
-    w = _taps(w_ref, cols, channels, K)
-    bias = _bias(b_ref, cols, channels) if st.bias else 0.0
-
-    def step(s, carry):
-        dw, db = carry
-        tile = _Tile(b, (run * steps + s) * BT + iota((BT, 1), 0), cols, length, channels)
-        # Each offset read once per step (the body is traced once: a cache is CSE).
-        x = functools.cache(lambda d: tile.read(x_ref, d))
-        ids = functools.cache(lambda d: tile.ids(seg_ref, d))
-
-        def same(u: int, lag: int, value):
-            """`value` where x at t+u−lag is in the document of t+u, else 0."""
-            if not st.documents or lag == 0:
-                return value
-            return jnp.where(ids(u) == ids(u - lag), value, 0.0)
-
-        dx = jnp.zeros((BT, BC), F32)
-        for u in range(K):  # g at t+u reaches x at t through tap u
-            g = tile.read(dy_ref, u)
-            if st.activation:
-                z = bias + sum(w[lag] * same(u, lag, x(u - lag)) for lag in range(K))
-                g = g * _silu_grad(z)
-            if u == 0:  # tile-shaped sums: one reduction over rows per program, not a step
-                dw = tuple(dw[lag] + g * same(0, lag, x(-lag)) for lag in range(K))
-                db = db + g
-            dx = dx + w[u] * same(u, u, g)
-        tile.write(dx_ref, dx)
-        return dw, db
-
-    zeros = jnp.zeros((BT, BC), F32)
-    dw, db = lax.fori_loop(0, steps, step, ((zeros,) * K, zeros))
-    inside = cols[0] < channels
-    for lag in range(K):
-        pltriton.store(dw_ref.at[b, run, lag, cols[0]], jnp.sum(dw[lag], axis=0), mask=inside)
-    if st.bias:
-        pltriton.store(outs[2].at[b, run, cols[0]], jnp.sum(db, axis=0), mask=inside)
-
-
-def _stream_backward_kernel(*refs, st: Static, steps: int):
-    """The backward one time step (a `[BC]` row) at a time (`BlockSizes.backward_stream`):
+    """The backward one time step (a `[BC]` row) at a time:
     z, g and their masks formed once a step; x, ids and g of the K − 1 steps before are
     carried. A loop iteration runs `backward_block_t` steps, read an iteration ahead, without
     document masks where no document starts within K − 1 steps of them."""
@@ -297,9 +252,8 @@ def backward(x, weight, bias, segment_ids, dy, st: Static):
                  jax.ShapeDtypeStruct((batch, runs, st.size, channels), F32)]
     if st.bias:
         out_shape.append(jax.ShapeDtypeStruct((batch, runs, channels), F32))
-    kernel = _stream_backward_kernel if blocks.backward_stream else _backward_kernel
     return pallas_call(
-        functools.partial(kernel, st=st, steps=steps),
+        functools.partial(_backward_kernel, st=st, steps=steps),
         grid=(runs, pl.cdiv(channels, blocks.backward_block_c), batch),
         out_shape=out_shape,
         compiler_params=_params(blocks.backward_num_warps, blocks.backward_num_stages),

@@ -4,9 +4,10 @@ on and off tile edges and of length 1, odd lengths, T < K, K = 1..4 (and 8, slow
 without a bias and SiLU; bf16 within its rounding; the Triton lowering at the GPU's shapes;
 the errors; the op's dispatch.
 
-Tiny tiles (8 steps × 4 channels forward; 4 × 2, 3 steps a program, backward) so that a short
-row spans several tiles and programs of each kernel; the backward also in its row-streaming
-form (`BlockSizes.backward_stream`).
+Tiny tiles (8 steps × 4 channels forward; the backward 2 channels, 4 steps a loop iteration and
+3 iterations a program) so that a short row spans several tiles and programs of each kernel;
+the backward also at 2 steps an iteration (fewer than K − 1 = 3 at K = 4: the steps after a
+run partly read anew).
 """
 
 from __future__ import annotations
@@ -23,21 +24,14 @@ from hybrid_jax import ops
 from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.short_conv import _RUNGS
 from pallas_kernels.short_conv import api
-from pallas_kernels.short_conv.block_sizes import (
-    BlockSizes,
-    default_block_sizes,
-    stream_backward_block_sizes,
-)
+from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
 from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(block_t=8, block_c=4, backward_block_t=4, backward_block_c=2,
                   backward_steps=3)
-# The row-streaming backward: 4 steps a loop iteration (≥ K − 1), and 2 (< K − 1 at K = 4: the
-# steps after a run partly read anew); 12 and 6 steps a program.
-STREAM = dataclasses.replace(TINY, backward_stream=True)
-STREAM_2 = dataclasses.replace(STREAM, backward_block_t=2)
-BLOCKS = [pytest.param(TINY, id="tiles"), pytest.param(STREAM, id="stream"),
-          pytest.param(STREAM_2, id="stream2")]
+# 12 and 6 steps a backward program.
+BLOCKS = [pytest.param(TINY, id="u4"),
+          pytest.param(dataclasses.replace(TINY, backward_block_t=2), id="u2")]
 C = 5  # channels: one partial tile of each kernel
 
 
@@ -101,7 +95,7 @@ def xla_vjp(x, w, b, ids, activation, dy):
 
 def check(x, w, b, ids, activation, dy, tol=1e-5, blocks=TINY):
     what = f"K={w.shape[0]} T={x.shape[1]} bias={b is not None} silu={activation} " \
-           f"documents={ids is not None} stream={blocks.backward_stream}"
+           f"documents={ids is not None} steps an iteration={blocks.backward_block_t}"
     y, grads = kernel_vjp(x, w, b, ids, activation, dy, blocks)
     y_ref, grads_ref = reference(x, w, b, ids, activation, dy)
     grads_ref = grads_ref if b is not None else grads_ref[:2] + (None,)
@@ -137,14 +131,14 @@ def test_rows_shorter_than_the_taps(length, blocks):
     check(x, w, b, ids, True, dy, blocks=blocks)
 
 
-def test_stream_backward_without_contiguous_documents():
-    """The streaming backward's unmasked steps (one id over K − 1 + 4 steps) and masked ones
+def test_backward_without_contiguous_documents():
+    """The backward's unmasked steps (one id over K − 1 + 4 steps) and masked ones
     where an id comes back after another (the document test is id equality, as the
     reference's)."""
     x, w, b, dy = inputs(40, 2, PACKED.shape[1], 4)
     ids = PACKED.copy()
     ids[1, 10:12] = 0  # row 1: ids 0 1 2 2 2 2 0 0 2 …: steps 9 .. 15 start, end in 2
-    check(x, w, b, ids, True, dy, blocks=STREAM)
+    check(x, w, b, ids, True, dy)
 
 
 def test_documents_isolate():
@@ -160,7 +154,7 @@ def test_documents_isolate():
     assert not np.allclose(run(x, None), y)
 
 
-@pytest.mark.parametrize("blocks", BLOCKS[:2])
+@pytest.mark.parametrize("blocks", BLOCKS[:1])
 def test_bfloat16_within_rounding(blocks):
     """bf16 x and dy: y, dx (bf16) and dw, db (float32 sums) within bf16's rounding of the
     float64 reference on the same values."""
@@ -172,20 +166,17 @@ def test_bfloat16_within_rounding(blocks):
     assert_close(grads, grads_ref, 1e-2, "bf16 gradients")
 
 
-@pytest.mark.parametrize("channels, documents, stream", [
-    (1536, True, False), (768, False, False), (1536, True, True), (768, False, True)])
-def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, documents, stream):
+@pytest.mark.parametrize("channels, documents", [(1536, True), (768, False)])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, documents):
     """Forward and backward build their Triton kernels (Pallas' Triton lowering, no GPU
-    needed) at gdn-340m's shapes and the default tiles (and the streaming backward's):
-    bf16 [4, 8192, C], K = 4, SiLU."""
-    blocks = stream_backward_block_sizes() if stream else None
+    needed) at gdn-340m's shapes and the default tiles: bf16 [4, 8192, C], K = 4, SiLU."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     ids = spec(4, 8192, dtype=jnp.int32) if documents else None
 
     def grads(x, w, b, ids):
         y, vjp = jax.vjp(lambda x, w, b: api.short_conv(x, w, b, segment_ids=ids,
-                                                        activation=True, block_sizes=blocks),
+                                                        activation=True),
                          x, w, b)
         return vjp(y)
 
