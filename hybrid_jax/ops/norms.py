@@ -6,8 +6,8 @@ Gated DeltaNet's / Mamba-2's output norms):
 
 with n(a) = a / √(mean(a²) + ε) over each group of `group_size` consecutive channels of the
 last axis, in float32; y in `dtype`. Rungs: "pallas" (the kernels of `pallas_kernels/rms_norm`,
-GPUs only; not chosen automatically until checked and timed on a GPU:
-`experiments/benchmarks/rms_norm.py`) and "xla" (the float32 math that XLA fuses, recomputed in
+GPUs only, auto there since their H200 check and timing: `experiments/benchmarks/rms_norm.py`)
+and "xla" (the float32 math that XLA fuses, recomputed in
 the backward from the inputs). Both keep only x, z and γ for the backward.
 """
 
@@ -39,8 +39,8 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, dtype=None,
       scale: `[C]` γ.
       eps: ε added to the mean square.
       dtype: y's dtype (default x's).
-      implementation: "xla", "pallas" or None (auto: "xla" until the kernels are checked on a
-        GPU; a GPU fallback is logged once per shape with its reason).
+      implementation: "xla", "pallas" or None (auto: "pallas" on a GPU where it can run,
+        else "xla"; a GPU fallback is logged once per shape with its reason).
     """
     return _norm("rms_norm", x, None, scale, None, True, eps, dtype, implementation)
 
@@ -134,9 +134,8 @@ def _pallas_unsupported(x, z, scale, *, group_size, norm_before_gate, eps, dtype
 
 
 _RUNGS = (
-    # Tested in interpret mode only: not chosen automatically until checked and timed on a GPU
-    # (`experiments/benchmarks/rms_norm.py --parts check,table`; pallas_kernels/rms_norm/NOTES).
-    Rung("pallas", rms_norm_pallas, _pallas_unsupported, auto_platforms=(),
-         platforms=("gpu",)),
+    # H200 (session 15, `experiments/benchmarks/rms_norm.py --parts check,table`): within
+    # bf16's rounding, 1.2-1.9x the XLA rung's fwd+bwd (pallas_kernels/rms_norm/NOTES.md).
+    Rung("pallas", rms_norm_pallas, _pallas_unsupported, platforms=("gpu",)),
     Rung("xla", rms_norm_xla),
 )

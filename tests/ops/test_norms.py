@@ -1,6 +1,6 @@
 """The norms op (`ops.rms_norm`, `ops.gated_rms_norm`): the XLA rung is the float32 math the
-layers always had (values, and only the inputs kept for the backward); auto keeps it on a GPU
-until the kernels are checked there (and logs why), a named `implementation="pallas"` takes
+layers always had (values, and only the inputs kept for the backward); auto takes the kernels
+on a GPU and logs a fallback to XLA with its reason, a named `implementation="pallas"` takes
 them; the layers pass their `implementation` through (end to end in interpret mode on the CPU,
 and lowered for a GPU); bad inputs are named."""
 
@@ -43,21 +43,21 @@ def test_xla_rung_is_the_layers_float32_math():
         assert_close(y, (ref * gate if before else ref), 1e-2, f"before={before}")
 
 
-def test_auto_keeps_xla_until_the_gpu_check(monkeypatch, caplog):
-    """On the CPU auto is the XLA rung without a word; on a GPU too, logging that the kernels
-    are not chosen automatically yet; `implementation="pallas"` takes them there."""
+def test_auto_takes_the_kernels_on_a_gpu_and_logs_a_fallback(monkeypatch, caplog):
+    """On the CPU auto is the XLA rung without a word; on a GPU the kernels, and the XLA rung
+    with a logged reason where they cannot run (a group wider than one program)."""
     x, z, g = SPEC((4, 8192, 3, 512), jnp.bfloat16), SPEC((4, 8192, 3, 512), jnp.bfloat16), \
         SPEC((512,), jnp.float32)
     rungs = norms._RUNGS
     assert dispatch.choose("gated_rms_norm", rungs, None, x, z, g, **KW) == (rungs[1], [])
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    rung, reasons = dispatch.choose("gated_rms_norm", rungs, None, x, z, g, **KW)
-    assert rung.name == "xla" and "not yet run on one" in reasons[0]
-    assert dispatch.choose("gated_rms_norm", rungs, "pallas", x, z, g, **KW) == (rungs[0], [])
+    assert dispatch.choose("gated_rms_norm", rungs, None, x, z, g, **KW) == (rungs[0], [])
+    wide = SPEC((2, 8, 2 * api.MAX_GROUP), jnp.bfloat16)
+    scale = SPEC((2 * api.MAX_GROUP,), jnp.float32)
     dispatch._LOGGED.clear()
     with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"):
-        jax.eval_shape(lambda x, z, g: ops.gated_rms_norm(x, z, g), x, z, g)
-    assert "ran the xla rung" in caplog.text and "pallas: not chosen automatically" in caplog.text
+        jax.eval_shape(lambda x, g: ops.rms_norm(x, g), wide, scale)
+    assert "ran the xla rung" in caplog.text and "group_size must be at most" in caplog.text
 
 
 def test_named_pallas_refuses_on_the_cpu():
