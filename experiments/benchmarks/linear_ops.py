@@ -114,7 +114,7 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                                                                local_num_stages=3)))},
                 # NOTES.md round 7 (CPU ptxas only): chunk_states' dt / decays loaded by cp.async
                 # stages ahead instead of through registers (waited for within each step);
-                # today's default is 'state pass, both 3 stages'
+                # 'vectors in step, states 4 stages' is the bf16 default since session 15
                 **{f"state pass, {name}": BlockSizes(**_STATE_PASS, local_num_stages=3, **change)
                    for name, change in (
                        ("states 4 stages, outputs 3", dict(num_stages=4)),
@@ -195,10 +195,6 @@ GDN_VARIANTS = (
     ("key gradients pipelined 3 stages", dict(pipelined_key_gradients=True,
                                               gradient_num_stages=3)),
     ("prepare TF32 merges", dict(tf32_merges=True)),  # NOTES.md Round 18 (ptxas only)
-    # the entering states stored as [B, NC, H·K, V] (fla's h), whole or in key blocks; a
-    # forward option, the backward transposes them back (NOTES.md Round 19, ptxas only)
-    ("states by chunk", dict(states_by_chunk=True)),
-    ("states by chunk, key blocks", dict(states_by_chunk=True, forward_state_key_block=64)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),

@@ -42,7 +42,8 @@ class BlockSizes:
       per-step vectors (dt, the log decays, doc), which Triton's pipeliner then loads with
       `cp.async` beside the x and B tiles, `num_stages - 1` steps ahead; off, they are read a
       step ahead through registers, whose loop-carried copy ptxas makes at the step's end, so
-      each step waits for that load's full latency (NOTES.md round 7; not yet timed).
+      each step waits for that load's full latency (NOTES.md round 7; on for bf16 by default
+      since session 15, where it gains at 4 stages).
     decays_first: the fused forward (`state_pass` and `split_forward` off) forms each chunk's
       `[L, L]` pair decays before its first read of the chunk's tiles instead of after C·Bᵀ:
       the same values; ptxas then issues their exponentials while C·Bᵀ runs on the tensor
@@ -146,9 +147,12 @@ def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu", *,
         # The state pass (fla's two kernels, state tiles of 64 columns): fwd+bwd 1.99 → 1.71
         # ms against the fused kernel, H200 B4 T8192 H16 P = N = 128 bf16 (NOTES.md round 5);
         # with both its kernels at 3 stages (round 6) also the faster forward: 0.395 against
-        # the fused 0.419 ms, fwd+bwd 1.66 → 1.63. Float32 inputs (twice the shared memory a
-        # stage, not timed) keep 2 stages.
-        stages = dict(num_stages=3, local_num_stages=3) if itemsize <= 2 else {}
+        # the fused 0.419 ms, fwd+bwd 1.66 → 1.63. Round 7 (session 15): `chunk_states` reading
+        # each step's dt / decays beside its tiles, at 4 stages: forward 0.396 → 0.346 ms,
+        # fwd+bwd 1.65 → 1.61 (at 3 stages no change). Float32 inputs (twice the shared memory
+        # a stage, not timed) keep 2 stages.
+        stages = (dict(num_stages=4, local_num_stages=3, state_vectors_in_step=True)
+                  if itemsize <= 2 else {})
         return BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True,
                           **stages).for_dims(head_dim)
     return BlockSizes(chunk=32, block_p=32, backward_block_p=32, grads_block_p=64).for_dims(

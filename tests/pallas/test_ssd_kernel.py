@@ -239,8 +239,9 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim,
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_default_tiles_run_the_state_pass(monkeypatch, dtype):
     """At P = N = 128 on the GPU the default is the state pass (NOTES.md rounds 5-6) for a
-    forward alone (its two kernels) and for training (two more for the backward), at 3
-    pipeline stages for 2-byte inputs and 2 for float32 ones."""
+    forward alone (its two kernels) and for training (two more for the backward), at 4 / 3
+    pipeline stages with the state kernel's vectors read in step (round 7) for 2-byte inputs
+    and 2 / 2 for float32 ones."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=dtype: jax.ShapeDtypeStruct(shape, dtype)
     args = (spec(2, 256, 4, 128), spec(2, 256, 4), spec(4, dtype=jnp.float32),
@@ -255,8 +256,9 @@ def test_default_tiles_run_the_state_pass(monkeypatch, dtype):
     assert kernels(lambda *a: api.ssd(*a)) == 2
     assert kernels(grads) == 4
     stages = default_block_sizes(128, 128, itemsize=jnp.dtype(dtype).itemsize)
-    assert (stages.num_stages, stages.local_num_stages) == ((3, 3) if dtype == jnp.bfloat16
-                                                            else (2, 2))
+    bf16 = dtype == jnp.bfloat16
+    assert (stages.num_stages, stages.local_num_stages, stages.state_vectors_in_step) == (
+        (4, 3, True) if bf16 else (2, 2, False))
 
 
 def test_unsupported_calls_are_refused_with_the_reason():
