@@ -37,7 +37,6 @@ from pallas_kernels.delta_rule.forward import (
     chunk_prepare,
     chunk_states,
     chunk_states_and_outputs,
-    states_by_head,
 )
 from pallas_kernels.delta_rule.gradients import chunk_gradients
 from pallas_kernels.delta_rule.static import Static
@@ -234,8 +233,6 @@ def _forward(st: Static, q, k, v, g, beta, starts, initial_state, *, save: bool)
     if st.blocks.split_outputs:
         final_state, states, u = chunk_states(k, w, u0, g, starts, initial_state, st)
         out = chunk_outputs(q, p, u, states, g, starts, st)
-        if st.blocks.states_by_chunk:  # the backward's layout (unused without `save`: XLA drops it)
-            states = states_by_head(states, u.shape[2])
         saved = [states, u]
     else:
         out, final_state, *saved = chunk_states_and_outputs(q, k, w, u0, p, g, starts,

@@ -64,12 +64,6 @@ class BlockSizes:
       ptxas (K = V = 128, 4 warps; NOTES.md Round 18): 3,448 → 2,899 SASS instructions,
       76 → 60 HGMMA, 166 → 164 registers. A forward option: NOTES' Precision found T's
       rounding in U₀ amplified into dg by the backward.
-    states_by_chunk: the split forward's state pass stores the states entering each chunk as
-      `[B, NC, H·K, V]` (fla's h: the heads of one chunk side by side) instead of `[B, H, NC·K,
-      V]`; the output kernel reads that layout, the backward gets `[B, H, NC·K, V]` back by a
-      transpose (a forward option). At K 128 the 128 programs of a step then write 4 regions
-      of 512 KB instead of 64 of 32 KB at a 4 MB stride (NOTES.md Round 19: with key blocks the
-      loop's SASS is already fla's; this layout is what still differs).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -99,7 +93,6 @@ class BlockSizes:
     outputs_key_block: int | None = None
     pipelined_key_gradients: bool = False
     store_state_first: bool = False
-    states_by_chunk: bool = False
     tf32_merges: bool = False
     reverse_small_scales: bool = False
     inverse_by_block: bool = False
@@ -132,9 +125,6 @@ class BlockSizes:
         if self.forward_state_key_block is not None and not self.split_outputs:
             raise ValueError("BlockSizes.forward_state_key_block needs split_outputs=True (the "
                              "state pass that carries only the state)")
-        if self.states_by_chunk and not self.split_outputs:
-            raise ValueError("BlockSizes.states_by_chunk needs split_outputs=True (the state "
-                             "pass that carries only the state)")
         if self.sub_chunk > self.chunk:
             raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
                              f"({self.chunk})")

@@ -127,17 +127,17 @@ def _states_kernel(*refs, st: Static, save: bool, outputs: bool, num_chunks: int
         # pipeliner waits for all of a chunk's loads before the first use of any, so a read
         # at the top of the step put that wait there, before the state's store (NOTES.md
         # Round 17; fla's comes after it).
-        span = pl.ds(c * C, C)
+        span, entering = pl.ds(c * C, C), pl.ds(c * key_dim, key_dim)
         state_op = state.astype(op)
         early = save and st.blocks.store_state_first
         if early:  # before the chain's first product, while the chunk's loads are in flight
-            _store_state(saved[0], c, 0, state_op, key_dim)
+            saved[0][entering, :] = state_op
         ws = mm(sources["w"][span, :], state_op)
         u_op = (sources["u0"][span, :].astype(F32) - ws).astype(op)
         if save:
             states_ref, u_ref = saved
             if not early:
-                _store_state(states_ref, c, 0, state_op, key_dim)
+                states_ref[entering, :] = state_op
             u_ref[span, :] = u_op
         chunk = load_decays(sources["log_decay"], docs_ref, c, C)
         if outputs:
@@ -174,7 +174,7 @@ def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Stati
         state_ops = []
         for i, s in enumerate(state):
             s_op = s.astype(op)
-            _store_state(states_ref, c, i * block, s_op, key_dim)
+            states_ref[pl.ds(c * key_dim + i * block, block), :] = s_op
             state_ops.append(s_op)
         ws = None  # W S = Σ_i W[:, block i] S_i; Triton folds each sum into the next product
         for i, s_op in enumerate(state_ops):
@@ -195,16 +195,6 @@ def _blocked_state_pass(sources, docs_ref, init_ref, final_ref, saved, st: Stati
     final = jax.lax.fori_loop(0, num_chunks, step, init)
     for i, s in enumerate(final):
         final_ref[rows(i), :] = s
-
-
-def _store_state(states_ref, c, row: int, value, key_dim: int):
-    """Rows [row, row + len(value)) of the state entering chunk c: into a `[NC·K, V tile]`
-    ref (`[B, H, NC·K, V]`), or a `[NC, K, V tile]` ref with `BlockSizes.states_by_chunk`
-    (`[B, NC, H·K, V]`)."""
-    if len(states_ref.shape) == 3:
-        states_ref[c, pl.ds(row, value.shape[0]), :] = value
-    else:
-        states_ref[pl.ds(c * key_dim + row, value.shape[0]), :] = value
 
 
 def _outputs(q_state, p, u_op, chunk, scale: float):
@@ -235,13 +225,9 @@ def _sequential_call(arrays: dict, g, starts, initial_state, st: Static, *, save
     out_shape = [jax.ShapeDtypeStruct(u0.shape, k.dtype)] * outputs + [
         jax.ShapeDtypeStruct(initial_state.shape, F32)]
     if save:
-        by_chunk = blocks.states_by_chunk  # (needs split_outputs: never the fused form)
-        out_specs += [specs.states_by_chunk(num_chunks, key_dim) if by_chunk
-                      else specs.state(num_chunks * key_dim), specs.tiled()]
-        states_shape = ((batch, num_chunks, heads * key_dim, value_dim) if by_chunk
-                        else (batch, heads, num_chunks * key_dim, value_dim))
-        out_shape += [jax.ShapeDtypeStruct(states_shape, k.dtype),
-                      jax.ShapeDtypeStruct(u0.shape, k.dtype)]
+        out_specs += [specs.state(num_chunks * key_dim), specs.tiled()]
+        out_shape += [jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim),
+                                           k.dtype), jax.ShapeDtypeStruct(u0.shape, k.dtype)]
     name = "chunk_states_and_outputs" if outputs else "chunk_states"
     return pallas_call(
         functools.partial(_states_kernel, st=st, save=save, outputs=outputs,
@@ -267,19 +253,9 @@ def chunk_states_and_outputs(q, k, w, u0, p, g, starts, initial_state, st: Stati
 def chunk_states(k, w, u0, g, starts, initial_state, st: Static):
     """The sequential pass carrying only the state (`BlockSizes.split_outputs`, NOTES.md
     Round 5): per chunk U = U₀ − W S, S ← e^{Γ_C} S + K̃ᵀ U. Returns (final state float32,
-    the states entering each chunk, U (input dtype)); `chunk_outputs` makes o from them. The
-    states are `[B, H, NC·K, V]`, or `[B, NC, H·K, V]` with `BlockSizes.states_by_chunk`
-    (`states_by_head` turns them back)."""
+    the states entering each chunk, U (input dtype)); `chunk_outputs` makes o from them."""
     return _sequential_call(dict(k=k, w=w, u0=u0), g, starts, initial_state, st,
                             save=True, outputs=False)
-
-
-def states_by_head(states, heads: int):
-    """`[B, NC, H·K, V]` states (`BlockSizes.states_by_chunk`) as `[B, H, NC·K, V]` (the
-    backward's layout): a transpose, an XLA copy of the array."""
-    batch, num_chunks, rows, value_dim = states.shape
-    by_chunk = states.reshape(batch, num_chunks, heads, rows // heads, value_dim)
-    return by_chunk.transpose(0, 2, 1, 3, 4).reshape(batch, heads, -1, value_dim)
 
 
 def _outputs_kernel(*refs, st: Static):
@@ -308,15 +284,14 @@ def _outputs_kernel(*refs, st: Static):
 def chunk_outputs(q, p, u, states, g, starts, st: Static):
     """o = Q̃ S₀ + P U per chunk, in parallel (one program per batch, head, chunk and V tile of
     `outputs_value_block`), from the states entering each chunk and U that `chunk_states`
-    stored (`[B, NC, H·K, V]` with `BlockSizes.states_by_chunk`). Returns o in q's dtype."""
+    stored. Returns o in q's dtype."""
     batch, length, heads, value_dim = u.shape
     key_dim, C = q.shape[-1], st.blocks.chunk
     tile = st.blocks.outputs_value_block or value_dim
     specs = ValueTileSpecs(C, value_dim // tile, st.key_group)
-    state = specs.state_by_chunk if st.blocks.states_by_chunk else specs.state
     in_specs, args = with_starts(
         [specs.shared_rows(key_dim), specs.shared_rows(C), specs.value_rows(tile),
-         state(key_dim, tile), specs.shared_steps()], [q, p, u, states, g], specs.starts(),
+         specs.state(key_dim, tile), specs.shared_steps()], [q, p, u, states, g], specs.starts(),
         starts, st.documents)
     blocks = st.blocks
     return pallas_call(

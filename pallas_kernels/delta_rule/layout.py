@@ -116,12 +116,6 @@ class ValueTileSpecs(KeyTileSpecs):
         return pl.BlockSpec((None, None, key_dim, value_tile),
                             lambda b, h, p: (b, h, p // n, p % n))
 
-    def state_by_chunk(self, key_dim: int, value_tile: int) -> pl.BlockSpec:
-        """As `state`, in a `[B, NC, H·K, V]` array (`BlockSizes.states_by_chunk`)."""
-        n = self.tiles
-        return pl.BlockSpec((None, None, key_dim, value_tile),
-                            lambda b, h, p: (b, p // n, h, p % n))
-
 
 class SequentialSpecs:
     """Specs of a sequential kernel over `length` padded steps, V tile `tile`."""
@@ -155,12 +149,6 @@ class SequentialSpecs:
     def state(self, rows: int) -> pl.BlockSpec:
         """This V tile of a `[B, H, rows, V]` state array (one state, or NC·K rows of them)."""
         return pl.BlockSpec((None, None, rows, self.tile), lambda b, h, j: (b, h, 0, j))
-
-    def states_by_chunk(self, num_chunks: int, key_dim: int) -> pl.BlockSpec:
-        """This head's V tile of every chunk's state in a `[B, NC, H·K, V]` array (the
-        kernel's ref `[NC, K, V tile]`; `BlockSizes.states_by_chunk`)."""
-        return pl.BlockSpec((None, num_chunks, key_dim, self.tile),
-                            lambda b, h, j: (b, 0, h, j))
 
 
 def with_starts(in_specs: list, args: list, starts_spec: pl.BlockSpec, starts, documents: bool):

@@ -106,17 +106,13 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
           pipelined_key_gradients=True, gradient_num_stages=3), True),
     (dict(split_gradients=True, pipelined_key_gradients=True, gradient_num_stages=2), False),
     (dict(split_gradients=False, pipelined_key_gradients=True), False),
-    (dict(ROUND_10, split_outputs=True, tf32_merges=True), True),
-    (dict(ROUND_10, split_outputs=True, states_by_chunk=True, outputs_value_block=4), True),
-    (dict(ROUND_10, split_outputs=True, states_by_chunk=True, forward_value_block=4,
-          forward_state_key_block=4, store_state_first=True), False)],
+    (dict(ROUND_10, split_outputs=True, tf32_merges=True), True)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
          "forward_state_key_blocks", "reverse_state_key_blocks",
          "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults",
-         "pipelined_key_gradients", "pipelined_key_gradients_fused", "tf32_merges",
-         "states_by_chunk", "states_by_chunk_key_blocks"])
+         "pipelined_key_gradients", "pipelined_key_gradients_fused", "tf32_merges"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -131,9 +127,7 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     on either side of its products; the output kernel in V tiles; the forward state pass's
     state and the reverse pass's dS as row blocks of 4 keys (the latter with either side of
     the row scales); the key gradients' V-tile products as a loop, split and fused; the
-    inverse's merges as single float32 products (TF32 on a GPU, exact here); the entering
-    states stored by chunk (`[B, NC, H·K, V]`), whole or in key blocks, read back by the
-    output kernel and (turned back) by the backward."""
+    inverse's merges as single float32 products (TF32 on a GPU, exact here)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -192,9 +186,7 @@ def check_bfloat16(segment_ids, blocks, backend=None):
     (dict(ROUND_10, split_outputs=True, outputs_value_block=4, forward_state_key_block=8),
      True),
     (dict(ROUND_10, split_outputs=True, forward_state_key_block=8, reverse_state_key_block=4),
-     False),
-    (dict(ROUND_10, split_outputs=True, outputs_value_block=4, states_by_chunk=True), True)],
-    ids=["defaults", "fused", "round_10", "key_blocks", "states_by_chunk"])
+     False)], ids=["defaults", "fused", "round_10", "key_blocks"])
 def test_wide_values_run_as_slices(x64, monkeypatch, changes, primal):
     """V wider than `VALUE_SLICE` (gdn-340m's V = 512 on the GPU) runs as column slices of the
     state, as extra heads of one call (each kernel launched once) that share q and k through
@@ -236,9 +228,7 @@ def _platform_gpu(monkeypatch):
     (256, 512, True, dict(reverse_state_key_block=64)),
     (256, 512, True, dict(pipelined_key_gradients=True, gradient_num_stages=2)),
     (128, 128, False, dict(reverse_state_key_block=64, reverse_small_scales=False)),
-    (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True)),
-    (128, 128, True, dict(states_by_chunk=True)),
-    (256, 512, True, dict(states_by_chunk=True))])
+    (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
