@@ -63,7 +63,8 @@ class BlockSizes:
       relative instead of ≈ 2⁻¹⁶, still below the bf16 rounding of the stored W and U₀.
       ptxas (K = V = 128, 4 warps; NOTES.md Round 18): 3,448 → 2,899 SASS instructions,
       76 → 60 HGMMA, 166 → 164 registers. A forward option: NOTES' Precision found T's
-      rounding in U₀ amplified into dg by the backward.
+      rounding in U₀ amplified into dg by the backward. Default for a forward alone at K 128
+      (session 15, Round 18 measured).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -164,19 +165,22 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     14 (call a): K 128 takes the same output kernel (forward 0.938 → 0.915 ms, 0.943 / 0.954
     in session 13's call c) and both train with the key-gradient kernel's V-tile loop
     pipelined at 3 stages (K 256: fwd+bwd 3.20 → 2.99 ms, 2 stages 3.15; K 128: 2.92 →
-    2.89, call b). Below K 128 nothing of Round 10 was measured, and float32 inputs need
-    twice the shared memory (K 128's V 64 at 4 stages asks 280 KB of the H200's 227, session
-    12 call b): the earlier defaults stay there (a forward alone below K 128 fused in V
-    tiles of 64)."""
+    2.89, call b). Session 15: a forward alone at K 128 merges the inverse's blocks in TF32
+    (Round 18: forward 0.941 → 0.902 and 1.01 → 0.934 ms in two calls; at K 256 and in
+    training no gain, 0.769 → 0.771, fwd+bwd 2.92 → 2.97 at K 128). Below K 128 nothing of
+    Round 10 was measured, and float32 inputs need twice the shared memory (K 128's V 64 at 4
+    stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults stay there
+    (a forward alone below K 128 fused in V tiles of 64)."""
     if key_dim < 128 or itemsize > 2:
         return _measured_before_round_10(key_dim, value_dim, training)
     base = _measured_before_round_10(key_dim, value_dim, True)
     from_k128 = dict(forward_value_block=min(value_dim, 64),
                      outputs_value_block=min(value_dim, 128), outputs_key_block=64,
                      outputs_num_stages=3, pipelined_key_gradients=True, gradient_num_stages=3)
-    by_key_dim = (dict(forward_state_num_stages=4) if key_dim == 128 else
-                  dict(forward_state_key_block=64, forward_state_num_warps=4,
-                       forward_state_num_stages=2, value_block=min(value_dim, 64)))
+    k128 = dict(forward_state_num_stages=4, tf32_merges=not training)
+    wider = dict(forward_state_key_block=64, forward_state_num_warps=4,
+                 forward_state_num_stages=2, value_block=min(value_dim, 64))
+    by_key_dim = k128 if key_dim == 128 else wider
     return dataclasses.replace(base, reverse_small_scales=True, state_num_stages=1,
                                state_num_warps=8 if training and key_dim > 128 else 4,
                                **from_k128, **by_key_dim)

@@ -300,7 +300,8 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
 def test_round_10_defaults(key_dim, value_dim, forward):
     """NOTES.md Round 10: from K 128 the forward state pass has its own launch (V 64 at
     4 stages at K 128; above, V 64 at 4 warps, 2 stages, as row blocks of 64 keys) and the
-    reverse pass small scales at 1 stage; the same either way of `training`."""
+    reverse pass small scales at 1 stage; the same either way of `training`; a forward alone
+    at K 128 merges the inverse in TF32 (Round 18, session 15)."""
     for training in (True, False):
         blocks = default_block_sizes(key_dim, value_dim, training=training)
         assert (blocks.forward_value_block, blocks.forward_state_num_warps,
@@ -308,6 +309,8 @@ def test_round_10_defaults(key_dim, value_dim, forward):
         assert (blocks.reverse_small_scales, blocks.state_num_stages) == (
             (True, 1) if key_dim >= 128 else (False, 2))
         assert blocks.forward_state_key_block == (64 if key_dim > 128 else None)
+        # Round 18 measured: the TF32 merges for a forward alone at K 128 only
+        assert blocks.tf32_merges == (key_dim == 128 and not training)
         # float32 inputs keep the earlier defaults (V 64 at 4 stages is over shared memory)
         wide = default_block_sizes(key_dim, value_dim, training=training, itemsize=4)
         assert (wide.forward_value_block, wide.forward_state_num_stages,
