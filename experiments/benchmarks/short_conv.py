@@ -271,7 +271,7 @@ def part_variants(args) -> list[dict]:
     return rows
 
 
-def main():
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="check,table,sweep")
     parser.add_argument("--channels", default="768,1536,3072")
@@ -279,24 +279,30 @@ def main():
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--budget-s", type=float, default=60,
                         help="rows and sweep variants left after this long are skipped")
-    parser.add_argument("--variants", default="stream",
+    parser.add_argument("--variants", default="",
                         help=f"named BlockSizes for check and variants: {', '.join(VARIANTS)}")
     parser.add_argument("--interpret", action="store_true",
                         help="kernels in interpret mode: a CPU smoke run (small --length)")
     parser.add_argument("--out", default="short_conv.json")
-    args = parser.parse_args()
-    INTERPRET["on"] = args.interpret
+    args = parser.parse_args(argv)
     args.channels = [int(c) for c in args.channels.split(",")]
     args.variants = [v for v in args.variants.split(",") if v and v != "default"]
     for v in args.variants:
         if v not in VARIANTS:
             parser.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
+    return args
+
+
+def main():
+    args = parse_args()
+    INTERPRET["on"] = args.interpret
     args.deadline = time.perf_counter() + args.budget_s
     print(device_name(), flush=True)
     parts = {"check": part_check, "table": part_table, "sweep": part_sweep,
              "variants": part_variants}
     run_parts(parts, args.parts, args, args.out, "short_conv", batch=args.batch,
               length=args.length, size=SIZE)
+
 
 if __name__ == "__main__":
     main()
