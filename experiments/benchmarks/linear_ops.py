@@ -194,6 +194,8 @@ GDN_VARIANTS = (
                                               gradient_num_stages=2)),
     ("key gradients pipelined 3 stages", dict(pipelined_key_gradients=True,
                                               gradient_num_stages=3)),
+    # the pair gradients' V-tile products in a loop, cp.async-pipelined (Round 21, ptxas only)
+    ("pair gradients pipelined", dict(pipelined_pair_gradients=True)),
     ("prepare TF32 merges", dict(tf32_merges=True)),  # NOTES.md Round 18 (ptxas only)
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),

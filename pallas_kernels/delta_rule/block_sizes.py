@@ -56,6 +56,11 @@ class BlockSizes:
       `cp.async` at `gradient_num_stages` ≥ 2, instead of unrolled with every load through
       registers (ptxas, K 256, 4 warps: 255 registers and 248 B of spills → 24 B at 2 stages;
       NOTES.md Round 17).
+    pipelined_pair_gradients: `chunk_pair_gradients` (and the fused `chunk_gradients`' pair
+      part) make dv, dA and dP over V tiles in a loop, whose u, dU and dO Triton pipelines with
+      `cp.async` at `gradient_num_stages` ≥ 2, instead of unrolled with every tile through
+      registers (ptxas, K 256 V 512, 4 warps, 3 stages: 468 B of spills → none, 255
+      registers, shared 64 → 88 KB, still 2 programs an SM; NOTES.md Round 21).
     tf32_merges: `chunk_prepare` merges the inverse's diagonal blocks (T ← T − T (A_b T), two
       levels at C 64, sub-chunks 16) by one float32 product each, TF32 on the GPU's tensor
       cores (as fla's solve does), instead of three bf16 products of hi/lo splits
@@ -93,6 +98,7 @@ class BlockSizes:
     reverse_state_key_block: int | None = None
     outputs_key_block: int | None = None
     pipelined_key_gradients: bool = False
+    pipelined_pair_gradients: bool = False
     store_state_first: bool = False
     tf32_merges: bool = False
     reverse_small_scales: bool = False

@@ -41,11 +41,11 @@ def _value_spans(value_dim: int, st: Static) -> list:
     return [pl.ds(j * tile, tile) for j in range(value_dim // tile)]
 
 
-def _over_value_tiles(value_dim: int, st: Static, body, init):
-    """`carry = body(span, carry)` over the V tiles: unrolled, or with
-    `BlockSizes.pipelined_key_gradients` a loop, whose loads Triton's pipeliner issues
+def _over_value_tiles(value_dim: int, st: Static, body, init, pipelined: bool | None = None):
+    """`carry = body(span, carry)` over the V tiles: unrolled, or when `pipelined` (None:
+    `BlockSizes.pipelined_key_gradients`) a loop, whose loads Triton's pipeliner issues
     `gradient_num_stages` deep with `cp.async` instead of through registers."""
-    if not st.blocks.pipelined_key_gradients:
+    if not (st.blocks.pipelined_key_gradients if pipelined is None else pipelined):
         for span in _value_spans(value_dim, st):
             init = body(span, init)
         return init
@@ -62,15 +62,23 @@ def _pair_part(st: Static, chunk, beta, q_ref, k_ref, v_ref, t_ref, u_ref, du_re
     lower = iota((C, C), 0) > iota((C, C), 1)  # A's pairs (strictly lower)
     t = t_ref[...]
     # Intra-chunk products, contracting over V: dA = −dR Uᵀ and dP = dO Uᵀ; dv from dR.
-    d_a = d_p = jnp.zeros((C, C), F32)
-    d_beta = jnp.zeros((C,), F32)
-    for span in _value_spans(v_ref.shape[-1], st):
+    def over_value_tile(span, carry):
+        d_a, d_p, d_beta = carry
         u = u_ref[:, span]
         d_r = mm_tn(t, du_ref[:, span])
         dv_ref[:, span] = (beta[:, None] * d_r).astype(dv_ref.dtype)
         d_beta += jnp.sum(d_r * v_ref[:, span].astype(F32), axis=1)
         d_a -= mm_nt(d_r.astype(op), u)
         d_p += mm_nt(do_ref[:, span], u)
+        return d_a, d_p, d_beta
+
+    # Unrolled (every tile through registers: 468 B of spills at K 256, 4 warps), or with
+    # `pipelined_pair_gradients` a loop whose u, dU, dO come by `cp.async` (no spills,
+    # NOTES.md Round 21).
+    d_a, d_p, d_beta = _over_value_tiles(
+        v_ref.shape[-1], st, over_value_tile,
+        (jnp.zeros((C, C), F32), jnp.zeros((C, C), F32), jnp.zeros((C,), F32)),
+        st.blocks.pipelined_pair_gradients)
     kk = mm_nt(k_ref[...], k_ref[...])
     qk = mm_nt(q_ref[...], k_ref[...])
     d_a_kk = jnp.where(lower, d_a * kk * pairs, 0.0)  # A = β (K Kᵀ) ⊙ D, strictly lower

@@ -106,13 +106,16 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
           pipelined_key_gradients=True, gradient_num_stages=3), True),
     (dict(split_gradients=True, pipelined_key_gradients=True, gradient_num_stages=2), False),
     (dict(split_gradients=False, pipelined_key_gradients=True), False),
+    (dict(split_gradients=True, pipelined_pair_gradients=True, gradient_num_stages=3), False),
+    (dict(split_gradients=False, pipelined_pair_gradients=True), False),
     (dict(ROUND_10, split_outputs=True, tf32_merges=True), True)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
          "forward_state_key_blocks", "reverse_state_key_blocks",
          "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults",
-         "pipelined_key_gradients", "pipelined_key_gradients_fused", "tf32_merges"])
+         "pipelined_key_gradients", "pipelined_key_gradients_fused",
+         "pipelined_pair_gradients", "pipelined_pair_gradients_fused", "tf32_merges"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -126,7 +129,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     entering states stored before or after its first product; the reverse pass's row scales
     on either side of its products; the output kernel in V tiles; the forward state pass's
     state and the reverse pass's dS as row blocks of 4 keys (the latter with either side of
-    the row scales); the key gradients' V-tile products as a loop, split and fused; the
+    the row scales); the key gradients' and the pair gradients' V-tile products as a loop,
+    split and fused; the
     inverse's merges as single float32 products (TF32 on a GPU, exact here)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
@@ -227,6 +231,7 @@ def _platform_gpu(monkeypatch):
     (256, 256, True, dict(forward_value_block=64, forward_state_key_block=64)),
     (256, 512, True, dict(reverse_state_key_block=64)),
     (256, 512, True, dict(pipelined_key_gradients=True, gradient_num_stages=2)),
+    (256, 512, True, dict(pipelined_pair_gradients=True)),
     (128, 128, False, dict(reverse_state_key_block=64, reverse_small_scales=False)),
     (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
