@@ -1,6 +1,6 @@
 """Pieces shared by the GPU kernels that stream rows of channels (`short_conv`, `rms_norm`):
-the sigmoid on one `ex2.approx`, index tiles, the tile checks of their `BlockSizes`, and the
-reason a call cannot run on them."""
+the sigmoid on one `ex2.approx`, index tiles, and the reason a call cannot run on them; and
+the tile checks of their `BlockSizes` (also flash attention's)."""
 
 from __future__ import annotations
 
@@ -27,17 +27,20 @@ def sigmoid(z):
 
 
 class TileChecks:
-    """A frozen-dataclass `BlockSizes` base: its `TILES` fields must be powers of two, its
-    `COUNTS` fields ≥ 1; `changed()` lists the fields that differ from the defaults."""
+    """A frozen-dataclass `BlockSizes` base: its `TILES` fields must be powers of two of at
+    least `MIN_TILE`, its `COUNTS` fields ≥ 1; `changed()` lists the fields that differ from
+    the defaults."""
 
     TILES: tuple[str, ...] = ()
     COUNTS: tuple[str, ...] = ()
+    MIN_TILE: int = 1
 
     def __post_init__(self):
+        least = f" >= {self.MIN_TILE}" if self.MIN_TILE > 1 else ""
         for name in self.TILES:
             value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
+            if value < self.MIN_TILE or value & (value - 1):
+                raise ValueError(f"BlockSizes.{name} must be a power of two{least}, got {value}")
         for name in self.COUNTS:
             if getattr(self, name) < 1:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")

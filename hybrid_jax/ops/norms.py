@@ -7,8 +7,8 @@ Gated DeltaNet's / Mamba-2's output norms):
 with n(a) = a / √(mean(a²) + ε) over each group of `group_size` consecutive channels of the
 last axis, in float32; y in `dtype`. Rungs: "pallas" (the kernels of `pallas_kernels/rms_norm`,
 GPUs only, auto there since their H200 check and timing: `experiments/benchmarks/rms_norm.py`)
-and "xla" (the float32 math that XLA fuses, recomputed in
-the backward from the inputs). Both keep only x, z and γ for the backward.
+and "xla" (the float32 math that XLA fuses, recomputed in the backward from the inputs). Both
+keep only x, z and γ for the backward.
 """
 
 from __future__ import annotations

@@ -41,11 +41,11 @@ def _value_spans(value_dim: int, st: Static) -> list:
     return [pl.ds(j * tile, tile) for j in range(value_dim // tile)]
 
 
-def _over_value_tiles(value_dim: int, st: Static, body, init, pipelined: bool | None = None):
-    """`carry = body(span, carry)` over the V tiles: unrolled, or when `pipelined` (None:
-    `BlockSizes.pipelined_key_gradients`) a loop, whose loads Triton's pipeliner issues
-    `gradient_num_stages` deep with `cp.async` instead of through registers."""
-    if not (st.blocks.pipelined_key_gradients if pipelined is None else pipelined):
+def _over_value_tiles(value_dim: int, st: Static, body, init, pipelined: bool):
+    """`carry = body(span, carry)` over the V tiles: unrolled, or when `pipelined` a loop,
+    whose loads Triton's pipeliner issues `gradient_num_stages` deep with `cp.async` instead
+    of through registers."""
+    if not pipelined:
         for span in _value_spans(value_dim, st):
             init = body(span, init)
         return init
@@ -101,7 +101,8 @@ def _key_part(st: Static, chunk, beta, d_qk, d_kk, keys, q_ref, k_ref, s0_ref, d
     One float32 accumulator at a time (the products over V tiles of dQ̃, then dX, then dK̃),
     each used up (its row sum, its share of dk) before the next: a small live set."""
     op = k_ref.dtype
-    over_tiles = functools.partial(_over_value_tiles, u_ref.shape[-1], st)
+    over_tiles = functools.partial(_over_value_tiles, u_ref.shape[-1], st,
+                                   pipelined=st.blocks.pipelined_key_gradients)
     d_q = over_tiles(lambda span, acc: acc + mm_nt(do_ref[:, span], s0_ref[keys, span]),
                      jnp.zeros((do_ref.shape[0], keys.size), F32))
     q_q = jnp.sum(d_q * q_ref[:, keys].astype(F32), axis=1)

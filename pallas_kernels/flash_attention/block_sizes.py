@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from pallas_kernels.gpu_elementwise import TileChecks
+
 
 @dataclasses.dataclass(frozen=True)
-class BlockSizes:
+class BlockSizes(TileChecks):
     """Tiles (powers of two, >= 8), Triton launch parameters and the backward's form, for
     each of the three kernels separately.
 
@@ -37,28 +39,14 @@ class BlockSizes:
     dkv_per_query_head: bool = False
 
     TILES = ("block_q", "block_k", "block_q_dq", "block_k_dq", "block_q_dkv", "block_k_dkv")
-    LAUNCH = ("num_warps", "num_stages", "dq_num_warps", "dq_num_stages", "dkv_num_warps",
+    COUNTS = ("num_warps", "num_stages", "dq_num_warps", "dq_num_stages", "dkv_num_warps",
               "dkv_num_stages")
-
-    def __post_init__(self):
-        for name in self.TILES:
-            value = getattr(self, name)
-            if value < 8 or value & (value - 1):
-                raise ValueError(f"BlockSizes.{name} must be a power of two >= 8, got {value}")
-        for name in self.LAUNCH:
-            if getattr(self, name) < 1:
-                raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
+    MIN_TILE = 8
 
     @property
     def time_multiple(self) -> int:
         """The padded length is a multiple of every time tile."""
         return max(getattr(self, name) for name in self.TILES)
-
-    def changed(self) -> dict:
-        """The fields that differ from the class defaults (for tables and for pasting)."""
-        base = BlockSizes()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(base, f.name)}
 
 
 def default_block_sizes(head_dim: int) -> BlockSizes:

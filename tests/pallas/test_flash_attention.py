@@ -123,6 +123,16 @@ def test_bounds_match_the_mask(window):
         assert int(keys_inside.sum()) > length  # not trivially empty
 
 
+def test_block_sizes_are_checked_and_list_their_changes():
+    """Tiles are powers of two of at least 8, launch counts at least 1 (`TileChecks`)."""
+    for bad, message in ((dict(block_q=4), "block_q must be a power of two >= 8, got 4"),
+                         (dict(block_k_dkv=48), "block_k_dkv must be a power of two >= 8, got 48"),
+                         (dict(dq_num_stages=0), "dq_num_stages must be >= 1, got 0")):
+        with pytest.raises(ValueError, match=message):
+            BlockSizes(**bad)
+    assert BlockSizes(block_k=32, dq_atomic=True).changed() == {"block_k": 32, "dq_atomic": True}
+
+
 def test_rejects_bad_inputs():
     q = jnp.zeros((1, 16, 2, 8))
     with pytest.raises(ValueError, match="segment_ids must be integer"):
