@@ -93,6 +93,8 @@ TARGETS = {
 # the default row's sequence segments are automatic (S = 2 at 4 × 8192, 1 at 8 × 4096).
 # fla's form (NOTES.md round 5): a state-only serial pass, outputs in parallel
 _STATE_PASS = dict(state_pass=True, state_block_n=64, cumulative_decay=True)
+# the bf16 default since session 15 (`ssd.default_block_sizes`, P, N <= 128)
+_BF16_DEFAULT = dict(_STATE_PASS, num_stages=4, local_num_stages=3, state_vectors_in_step=True)
 SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 "split forward": BlockSizes(split_forward=True),
                 "state pass": BlockSizes(**_STATE_PASS),
@@ -121,7 +123,16 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                        ("vectors in step", dict(num_stages=3, state_vectors_in_step=True)),
                        ("vectors in step, states 4 stages",
                         dict(num_stages=4, state_vectors_in_step=True)))},
-                **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)}}
+                **{f"segments {S}": BlockSizes(segments=S) for S in (1, 2, 4)},
+                # session 16: chunk_grads (1.33 ms a call at mamba2-340m's H32 P64, a quarter of
+                # its train step) loads each head of its loop through registers at 1 stage; at
+                # P 64 more stages may fit in shared memory. Today's bf16 forward, grads changed
+                **{f"default, grads {name}": BlockSizes(**_BF16_DEFAULT, **change)
+                   for name, change in (("2 stages", dict(grads_num_stages=2)),
+                                        ("3 stages", dict(grads_num_stages=3)),
+                                        ("4 warps", dict(grads_num_warps=4)),
+                                        ("4 warps 2 stages", dict(grads_num_warps=4,
+                                                                  grads_num_stages=2)))}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential
 # pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in two
@@ -194,9 +205,21 @@ GDN_VARIANTS = (
                                               gradient_num_stages=2)),
     ("key gradients pipelined 3 stages", dict(pipelined_key_gradients=True,
                                               gradient_num_stages=3)),
-    # the pair gradients' V-tile products in a loop, cp.async-pipelined (Round 21, ptxas only)
+    # the pair gradients' V-tile products in a loop, cp.async-pipelined (Round 21; the
+    # training default from K 128 since session 16)
     ("pair gradients pipelined", dict(pipelined_pair_gradients=True)),
     ("prepare TF32 merges", dict(tf32_merges=True)),  # NOTES.md Round 18 (ptxas only)
+    # the reverse pass's tiles read where first used, k, P, dO, W a step ahead by cp.async, q
+    # through registers (Round 22, ptxas only; small scales: the default from K 128)
+    ("reverse in flight", dict(reverse_in_flight=True, reverse_small_scales=True,
+                               state_num_stages=2, reverse_state_key_block=128)),
+    ("reverse in flight one tile", dict(reverse_in_flight=True, reverse_small_scales=True,
+                                        state_num_stages=2)),
+    # the key gradients' dX and dK̃ in one loop at V 64, S₀ by cp.async (Round 22, ptxas only)
+    ("key gradients one state loop", dict(key_gradients_one_state_loop=True,
+                                          gradient_num_stages=2)),
+    ("key gradients one state loop 3 stages", dict(key_gradients_one_state_loop=True,
+                                                   gradient_num_stages=3)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),

@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.op_kernels [--ops ssd,gated_delta_rule,
         gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
-        [--window 512] [--top 12] [--variants] [--out op_kernels.json]
+        [--window 512] [--top 12] [--variants [LABELS]] [--out op_kernels.json]
 
 The inputs of `linear_ops` at `--shape`, in its `--shapes` form (`mixer_shapes`): `4x8192` is
 H16, K = V = P = N = 128, GSA/NHA 64 slots; `4x8192x3x256x512` gives H, K, V; `gdn-340m@4x8192`
@@ -12,8 +12,9 @@ input) run 3 times under `jax.profiler.trace`; `trace_summary` sums the device k
 Prints per op and pass the whole time per call and the top kernels (ms per call, share);
 writes every kernel row, with its shape fields, to JSON. `--variants` also profiles the
 fwd+bwd of each kernel variant of the op's pallas rung at the shape
-(`linear_ops.kernel_variants`; their forwards are the default's), e.g. gdn-340m's mixer:
-`--ops gated_delta_rule --shape gdn-340m@4x8192 --variants`. This is the profile to read
+(`linear_ops.kernel_variants`; their forwards are the default's), all of them or the
+';'-separated labels given, e.g. gdn-340m's mixer: `--ops gated_delta_rule --shape
+gdn-340m@4x8192 --variants 'pair gradients pipelined'`. This is the profile to read
 before a kernel change (which kernel of the op to make faster), not a timing of record
 (`linear_ops` is that).
 """
@@ -26,7 +27,7 @@ import functools
 import jax
 
 from experiments.benchmarks import trace_summary
-from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs
+from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs, parse_variants
 from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
 from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
 from hybrid_jax.ops.nha import native_hybrid_attention
@@ -59,12 +60,14 @@ def main() -> None:
     parser.add_argument("--impl", default="pallas")
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--variants", action="store_true",
-                        help="also the fwd+bwd of the pallas rung's kernel variants")
+    parser.add_argument("--variants", nargs="?", const="all", default="none",
+                        help="also the fwd+bwd of the pallas rung's kernel variants: all (the "
+                             "flag alone) or ';'-separated labels")
     parser.add_argument("--out", default="op_kernels.json")
     args = parser.parse_args()
     try:
         jobs, skipped = shape_jobs(args.shape, args.ops.split(","))
+        variants = parse_variants(args.variants)
     except ValueError as e:
         parser.error(str(e))
     print(device_name(), f"{args.shape} bf16, impl {args.impl}", *skipped, sep="\n",
@@ -76,9 +79,9 @@ def main() -> None:
         forward = lambda *a, op=op: jax.tree.leaves(op(*a))[0]
         passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs)),
                           strict=True))
-        if args.variants and args.impl == "pallas":
+        if args.impl == "pallas":
             passes.update({f"fwd+bwd {label}": forward_and_backward(fn, len(inputs))[1]
-                           for label, fn in kernel_variants(name, shape).items()})
+                           for label, fn in kernel_variants(name, shape, only=variants).items()})
         for label, fn in passes.items():
             try:
                 summary = profile(fn, inputs)

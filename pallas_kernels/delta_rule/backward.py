@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call
 from pallas_kernels.chunk_sums import chunk_cumsum
-from pallas_kernels.delta_rule.chunk_math import F32
+from pallas_kernels.delta_rule.chunk_math import F32, cumulative_decays
 from pallas_kernels.delta_rule.layout import (
     SequentialSpecs,
     chunk_loop,
@@ -71,8 +71,40 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         return tuple(chunk.decay * d_block + mm_tn(q, d_out) + mm_tn(w, minus_du)
                      for d_block, q, w in zip(d_state, queries, x["w"], strict=True))
 
+    def step_in_flight(c, d_state):
+        # `BlockSizes.reverse_in_flight`: each tile read at its first use, after dS's stores, so
+        # that at 2 stages the pipeliner's one wait for k, P, dO and W (issued a step ahead)
+        # comes after the stores, not at the step's top (NOTES.md Round 22). q reaches its
+        # product negated, an elementwise op: the pipeliner brings it through registers, not a
+        # fifth pair of shared buffers (over the H200's 227 KB at K 256). Q̃ᵀ dO = (−q)ᵀ(−dO ⊙
+        # scale·e^Γ) is the same products exactly; the row scales as `reverse_small_scales`'.
+        span, last = pl.ds(c * C, C), c * C + C - 1
+        # Γ and n at the chunk's end first: their register-path loads then wait behind stores.
+        lasts = log_decay_ref[last], None if docs_ref is None else docs_ref[last]
+        for i, d_block in enumerate(d_state):
+            d_states_ref[pl.ds(c * key_dim + i * block, block), :] = d_block
+        read = None  # K̃ dS = Σᵢ K̃[:, block i] dSᵢ (e^{Γ_C − Γ} applied after the sum)
+        for i, d_block in enumerate(d_state):
+            part = mm(k_ref[span, rows(i)], d_block.astype(op))
+            read = part if read is None else read + part
+        chunk = cumulative_decays(log_decay_ref[span], lasts[0],
+                                  None if docs_ref is None else docs_ref[span], lasts[1])
+        d_out = do_ref[span, :]
+        minus_out = (d_out * (-st.scale * chunk.entry)[:, None]).astype(op)
+        d_state = tuple(chunk.decay * d_block + mm_tn(-q_ref[span, rows(i)], minus_out)
+                        for i, d_block in enumerate(d_state))
+        du_op = (mm_tn(p_ref[span, :], d_out) + chunk.to_end[:, None] * read).astype(op)
+        du_ref[span, :] = du_op
+        minus_du = -du_op
+        return tuple(d_block + mm_tn(w_ref[span, rows(i)], minus_du)
+                     for i, d_block in enumerate(d_state))
+
     d_final = tuple(d_final_ref[rows(i), :] for i in range(num_blocks))
-    d_initial = chunk_loop(num_chunks, load, step, d_final, reverse=True)
+    if st.blocks.reverse_in_flight:
+        d_initial = jax.lax.fori_loop(0, num_chunks,
+                                      lambda i, d: step_in_flight(num_chunks - 1 - i, d), d_final)
+    else:
+        d_initial = chunk_loop(num_chunks, load, step, d_final, reverse=True)
     for i, d_block in enumerate(d_initial):
         d_initial_ref[rows(i), :] = d_block
 

@@ -61,6 +61,12 @@ class BlockSizes:
       `cp.async` at `gradient_num_stages` ≥ 2, instead of unrolled with every tile through
       registers (ptxas, K 256 V 512, 4 warps, 3 stages: 468 B of spills → none, 255
       registers, shared 64 → 88 KB, still 2 programs an SM; NOTES.md Round 21).
+    key_gradients_one_state_loop: the key gradients make dX = −dR S₀ᵀ and dK̃ = U dS₁ᵀ (with
+      dΓ_last's Σ dS₁ ⊙ S₀, kept per key) in one loop over V tiles, so S₀'s tile feeds a
+      product and is staged by `cp.async` with the others rather than loaded through registers
+      in dK̃'s loop; S₀ read twice a program instead of three times. ptxas (K 256, V 64, 4
+      warps; NOTES.md Round 22): 2 stages 90 KB, 2 programs an SM, 64 B of spills outside the
+      loop; 3 stages 128 KB, one program an SM.
     tf32_merges: `chunk_prepare` merges the inverse's diagonal blocks (T ← T − T (A_b T), two
       levels at C 64, sub-chunks 16) by one float32 product each, TF32 on the GPU's tensor
       cores (as fla's solve does), instead of three bf16 products of hi/lo splits
@@ -79,6 +85,13 @@ class BlockSizes:
       spills 472 B a thread as it is, none with this and 1 stage (228 registers, 143 KB, loop
       715 instructions against 1,398), but at 2 stages it asks 250 KB of shared memory, over
       the H200's limit: pair it with `state_num_stages=1` (and `forward_state_num_stages=2`).
+    reverse_in_flight: the reverse state-gradient pass reads each chunk's tiles where first
+      used, after dS's stores, and q through a negation, so that at `state_num_stages=2`
+      Triton's pipeliner stages k, P, dO and W a step ahead in shared memory (`cp.async`) and
+      brings q through registers a step ahead; its one wait then sits after the stores instead
+      of two register-path loads' waits at the step's top. Needs `reverse_small_scales`. ptxas
+      (K 256, V 64, 8 warps, 2 stages; NOTES.md Round 22): in key blocks of 128, 189 KB of
+      shared memory and 180 B of loop-invariant spills; one tile 222 KB and 388 B.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
       sequential kernels (state), of the split forward's output kernel (outputs) and of the
       per-chunk gradient kernels (gradient).
@@ -99,9 +112,11 @@ class BlockSizes:
     outputs_key_block: int | None = None
     pipelined_key_gradients: bool = False
     pipelined_pair_gradients: bool = False
+    key_gradients_one_state_loop: bool = False
     store_state_first: bool = False
     tf32_merges: bool = False
     reverse_small_scales: bool = False
+    reverse_in_flight: bool = False
     inverse_by_block: bool = False
     split_outputs: bool = False
     prepare_num_warps: int = 4
@@ -132,6 +147,9 @@ class BlockSizes:
         if self.forward_state_key_block is not None and not self.split_outputs:
             raise ValueError("BlockSizes.forward_state_key_block needs split_outputs=True (the "
                              "state pass that carries only the state)")
+        if self.reverse_in_flight and not self.reverse_small_scales:
+            raise ValueError("BlockSizes.reverse_in_flight needs reverse_small_scales=True (k and "
+                             "q as loaded, the row scales on the [C, V tile] side)")
         if self.sub_chunk > self.chunk:
             raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
                              f"({self.chunk})")
@@ -176,13 +194,16 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     training no gain, 0.769 → 0.771, fwd+bwd 2.92 → 2.97 at K 128). Below K 128 nothing of
     Round 10 was measured, and float32 inputs need twice the shared memory (K 128's V 64 at 4
     stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults stay there
-    (a forward alone below K 128 fused in V tiles of 64)."""
+    (a forward alone below K 128 fused in V tiles of 64). Session 16 (call a): training
+    makes the pair gradients' V tiles a pipelined loop (Round 21): `chunk_pair_gradients`
+    318 → 243 µs a call at K 256, fwd+bwd 2.96 → 2.88 ms (K 256) and 2.88 → 2.77 (K 128)."""
     if key_dim < 128 or itemsize > 2:
         return _measured_before_round_10(key_dim, value_dim, training)
     base = _measured_before_round_10(key_dim, value_dim, True)
     from_k128 = dict(forward_value_block=min(value_dim, 64),
                      outputs_value_block=min(value_dim, 128), outputs_key_block=64,
-                     outputs_num_stages=3, pipelined_key_gradients=True, gradient_num_stages=3)
+                     outputs_num_stages=3, pipelined_key_gradients=True, gradient_num_stages=3,
+                     pipelined_pair_gradients=True)
     k128 = dict(forward_state_num_stages=4, tf32_merges=not training)
     wider = dict(forward_state_key_block=64, forward_state_num_warps=4,
                  forward_state_num_stages=2, value_block=min(value_dim, 64))

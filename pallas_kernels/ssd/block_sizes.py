@@ -149,9 +149,13 @@ def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu", *,
         # with both its kernels at 3 stages (round 6) also the faster forward: 0.395 against
         # the fused 0.419 ms, fwd+bwd 1.66 → 1.63. Round 7 (session 15): `chunk_states` reading
         # each step's dt / decays beside its tiles, at 4 stages: forward 0.396 → 0.346 ms,
-        # fwd+bwd 1.65 → 1.61 (at 3 stages no change). Float32 inputs (twice the shared memory
-        # a stage, not timed) keep 2 stages.
-        stages = (dict(num_stages=4, local_num_stages=3, state_vectors_in_step=True)
+        # fwd+bwd 1.65 → 1.61 (at 3 stages no change). Session 16: at P 64 (Mamba-2's heads)
+        # the per-chunk gradients' head loop at 3 stages, its loads pipelined (at P 128 two
+        # stages already ask 229,888 B of 227 KB): mamba2-340m's H32 P64, `chunk_grads` 1.28
+        # → 1.07 ms a call (2 stages 1.20), fwd+bwd 1.82 → 1.61. Float32 inputs (twice the
+        # shared memory a stage, not timed) keep 2 stages (1 in `chunk_grads`).
+        stages = (dict(num_stages=4, local_num_stages=3, state_vectors_in_step=True,
+                       grads_num_stages=3 if head_dim <= 64 else 1)
                   if itemsize <= 2 else {})
         return BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True,
                           **stages).for_dims(head_dim)

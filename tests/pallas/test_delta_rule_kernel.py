@@ -108,14 +108,21 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(split_gradients=False, pipelined_key_gradients=True), False),
     (dict(split_gradients=True, pipelined_pair_gradients=True, gradient_num_stages=3), False),
     (dict(split_gradients=False, pipelined_pair_gradients=True), False),
-    (dict(ROUND_10, split_outputs=True, tf32_merges=True), True)],
+    (dict(ROUND_10, split_outputs=True, tf32_merges=True), True),
+    (dict(ROUND_10, reverse_in_flight=True, state_num_stages=2), False),
+    (dict(ROUND_10, reverse_in_flight=True, reverse_state_key_block=4), False),
+    (dict(ROUND_10, pipelined_key_gradients=True, key_gradients_one_state_loop=True,
+          gradient_num_stages=2), False),
+    (dict(split_gradients=False, key_gradients_one_state_loop=True), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
          "forward_state_key_blocks", "reverse_state_key_blocks",
          "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults",
          "pipelined_key_gradients", "pipelined_key_gradients_fused",
-         "pipelined_pair_gradients", "pipelined_pair_gradients_fused", "tf32_merges"])
+         "pipelined_pair_gradients", "pipelined_pair_gradients_fused", "tf32_merges",
+         "reverse_in_flight", "reverse_in_flight_key_blocks", "key_gradients_one_state_loop",
+         "key_gradients_one_state_loop_fused"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -131,7 +138,9 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     state and the reverse pass's dS as row blocks of 4 keys (the latter with either side of
     the row scales); the key gradients' and the pair gradients' V-tile products as a loop,
     split and fused; the
-    inverse's merges as single float32 products (TF32 on a GPU, exact here)."""
+    inverse's merges as single float32 products (TF32 on a GPU, exact here); the reverse pass
+    reading its tiles where first used, q negated, whole and in key blocks of 4; the key
+    gradients' dX and dK̃ in one V-tile loop, split and pipelined, fused and unrolled."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -151,8 +160,11 @@ def test_one_document_zero_initial_state(x64):
 
 @pytest.mark.parametrize("changes", [
     dict(split_gradients=False), dict(split_gradients=True),
-    dict(split_gradients=True, tf32_merges=True)],
-    ids=["fused", "split_gradients", "tf32_merges"])
+    dict(split_gradients=True, tf32_merges=True),
+    dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True),
+    dict(split_gradients=True, pipelined_key_gradients=True, key_gradients_one_state_loop=True)],
+    ids=["fused", "split_gradients", "tf32_merges", "reverse_in_flight",
+         "key_gradients_one_state_loop"])
 def test_bfloat16_within_rounding(x64, changes):
     """bf16 q, k, v (float32 g, β, state): the bf16 paths of the kernels (the inverse's
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
@@ -233,7 +245,11 @@ def _platform_gpu(monkeypatch):
     (256, 512, True, dict(pipelined_key_gradients=True, gradient_num_stages=2)),
     (256, 512, True, dict(pipelined_pair_gradients=True)),
     (128, 128, False, dict(reverse_state_key_block=64, reverse_small_scales=False)),
-    (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True))])
+    (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True)),
+    (256, 512, True, dict(reverse_in_flight=True, state_num_stages=2,
+                          reverse_state_key_block=128)),
+    (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2)),
+    (256, 512, True, dict(key_gradients_one_state_loop=True, gradient_num_stages=2))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
@@ -282,6 +298,8 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
     with pytest.raises(ValueError, match="reverse_state_key_block must be None or a power of "
                                          "two >= 2, got 48"):
         BlockSizes(reverse_state_key_block=48)
+    with pytest.raises(ValueError, match="reverse_in_flight needs reverse_small_scales"):
+        BlockSizes(reverse_in_flight=True)
 
 
 @pytest.mark.parametrize("key_dim,value_dim,training,tile,split", [
@@ -306,7 +324,8 @@ def test_round_10_defaults(key_dim, value_dim, forward):
     """NOTES.md Round 10: from K 128 the forward state pass has its own launch (V 64 at
     4 stages at K 128; above, V 64 at 4 warps, 2 stages, as row blocks of 64 keys) and the
     reverse pass small scales at 1 stage; the same either way of `training`; a forward alone
-    at K 128 merges the inverse in TF32 (Round 18, session 15)."""
+    at K 128 merges the inverse in TF32 (Round 18, session 15); from K 128 the pair gradients
+    loop over V tiles, pipelined (Round 21, session 16)."""
     for training in (True, False):
         blocks = default_block_sizes(key_dim, value_dim, training=training)
         assert (blocks.forward_value_block, blocks.forward_state_num_warps,
@@ -316,6 +335,8 @@ def test_round_10_defaults(key_dim, value_dim, forward):
         assert blocks.forward_state_key_block == (64 if key_dim > 128 else None)
         # Round 18 measured: the TF32 merges for a forward alone at K 128 only
         assert blocks.tf32_merges == (key_dim == 128 and not training)
+        # Round 21 measured (session 16): the pair gradients' pipelined V loop from K 128
+        assert blocks.pipelined_pair_gradients == (key_dim >= 128)
         # float32 inputs keep the earlier defaults (V 64 at 4 stages is over shared memory)
         wide = default_block_sizes(key_dim, value_dim, training=training, itemsize=4)
         assert (wide.forward_value_block, wide.forward_state_num_stages,

@@ -207,6 +207,7 @@ FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
 
 @pytest.mark.parametrize("head_dim, state_dim, groups, packed, changes, kernels",
                          [(128, 128, 1, True, {}, 4), (64, 256, 4, False, {}, 3),
+                          (64, 128, 1, True, {}, 4),  # Mamba-2's heads: chunk_grads 3 stages
                           (128, 128, 1, True, FUSED_GPU, 3),
                           (128, 128, 1, True, dict(FUSED_GPU, split_forward=True), 4),
                           (128, 128, 1, True, STATE_PASS_GPU, 4),
@@ -241,7 +242,7 @@ def test_default_tiles_run_the_state_pass(monkeypatch, dtype):
     """At P = N = 128 on the GPU the default is the state pass (NOTES.md rounds 5-6) for a
     forward alone (its two kernels) and for training (two more for the backward), at 4 / 3
     pipeline stages with the state kernel's vectors read in step (round 7) for 2-byte inputs
-    and 2 / 2 for float32 ones."""
+    and 2 / 2 for float32 ones; 3 stages for the per-chunk gradients at P 64 (session 16)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=dtype: jax.ShapeDtypeStruct(shape, dtype)
     args = (spec(2, 256, 4, 128), spec(2, 256, 4), spec(4, dtype=jnp.float32),
@@ -259,6 +260,10 @@ def test_default_tiles_run_the_state_pass(monkeypatch, dtype):
     bf16 = dtype == jnp.bfloat16
     assert (stages.num_stages, stages.local_num_stages, stages.state_vectors_in_step) == (
         (4, 3, True) if bf16 else (2, 2, False))
+    # the per-chunk gradients pipeline their head loop at P 64 (session 16); at P 128 two
+    # stages do not fit in shared memory
+    heads_of_64 = default_block_sizes(64, 128, itemsize=jnp.dtype(dtype).itemsize)
+    assert (stages.grads_num_stages, heads_of_64.grads_num_stages) == ((1, 3) if bf16 else (1, 1))
 
 
 def test_unsupported_calls_are_refused_with_the_reason():
