@@ -54,7 +54,9 @@ HEADS, DIM, SLOTS, WINDOW = 16, 128, 64, 512
 TABLE_SHAPES = ((4, 8192), (1, 32768))  # (B, T) of the issue's target
 API_CHECKS = ((777, 2, 2, 0),)  # (T, H, G, w) of the kernel API checks (w = 0: all the
 # softmax mass on the slots, where bf16 slot products failed before: NOTES v4)
-OP_CHECKS = ((200, DIM), (0, DIM), (128, 256))  # (w, head dim) of the op checks (GQA 4 / 2)
+# (w, head dim) of the op checks (GQA 4 / 2); w 280 ≥ 4 tiles: the window kernels' document
+# bounds (api.DOCUMENT_BOUNDS_BLOCKS)
+OP_CHECKS = ((200, DIM), (0, DIM), (128, 256), (280, DIM))
 CHECK_LENGTH, CHECK_PREFIX = 1000, 300  # the op checks' call, after a state of this many tokens
 NAMES = ("q", "k", "v", "s", "g", "q_window", "k_window")
 

@@ -43,12 +43,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import target
+from pallas_kernels.flash_attention.bounds import document_extents
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
 from pallas_kernels.residuals import saved
 
 EMPTY_SLOTS = ("mask", "sink")
+# The GPU window kernels take document bounds from windows of this many tiles on: a packed
+# row's full (or long) windows then cost its documents' triangles, not the row's; below it
+# the band is a few blocks and the bounds' sort would cost more than they save.
+DOCUMENT_BOUNDS_BLOCKS = 4
 # q, k, v dtypes per platform (Mosaic TPU has no float16 matmul; float32 runs on the MXU there).
 _ACCELERATOR_DTYPES = dict(gpu=(jnp.bfloat16, jnp.float16), tpu=(jnp.bfloat16, jnp.float32))
 _ACCELERATOR_DIMS = (64, 128, 256)
@@ -153,7 +158,9 @@ def native_hybrid_attention(
     st = Static(window=window, scale=float(q.shape[-1] ** -0.5 if scale is None else scale),
                 slots=slots, mask_empty=empty_slots == "mask", group=q.shape[2] // k.shape[2],
                 blocks=blocks, interpret=interpret, shift_chunks=shift_chunks, length=length,
-                offset=offset, documents=documents is not None or state is not None)
+                offset=offset, documents=documents is not None or state is not None,
+                document_bounds=(backend == "gpu" and documents is not None
+                                 and window >= DOCUMENT_BOUNDS_BLOCKS * multiple))
     pad = lambda x: _pad_time(x, padded)
     if state is None:
         kw, vw = pad(k_window), pad(v)
@@ -333,8 +340,12 @@ def _slot_docs(documents: Documents | None, st: Static, batch: int, ring: int,
     by_chunk = stream_starts.reshape(stream_starts.shape[0], -1, st.blocks.chunk)
     sigma = jnp.cumsum(by_chunk, axis=2, dtype=jnp.int32).reshape(stream_starts.shape)
     as_int = lambda x: x.astype(jnp.int32)
-    return SlotDocs(ids=as_int(window_ids), holds=as_int(holds), sigma=sigma,
-                    starts=as_int(stream_starts))
+    window_ids = as_int(window_ids)
+    first = last = None
+    if st.document_bounds:  # one sort of the ids: exact extents for any id pattern
+        first, last = document_extents(window_ids)[:2]
+    return SlotDocs(ids=window_ids, holds=as_int(holds), sigma=sigma,
+                    starts=as_int(stream_starts), first=first, last=last)
 
 
 def _swap_time_heads(x: jax.Array) -> jax.Array:

@@ -139,6 +139,12 @@ def _band(start: jax.Array, rows: int, window: int, block: int, length: int):
     return lo, hi
 
 
+def _from_documents(lo: jax.Array, first_ref, block: int) -> jax.Array:
+    """lo raised to the key block of the earliest document start among a query block's rows
+    (`SlotDocs.first` at them; None: no bounds): earlier keys are in none of their documents."""
+    return lo if first_ref is None else jnp.maximum(lo, lax.div(jnp.min(first_ref[...]), block))
+
+
 def _in_window(st: Static, positions, cols, query_ids, key_ids):
     """`[R, BK]`: key positions `cols` in the windows of query `positions` (both positions of
     the key arrays), within the query's document."""
@@ -148,10 +154,10 @@ def _in_window(st: Static, positions, cols, query_ids, key_ids):
 
 def _window_attention_kernel(*refs, st: Static, length: int):
     qw_ref, kw_ref, v_ref = refs[:3]
-    optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids] (_doc_inputs)
+    optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids [, first]] (_doc_inputs)
     a_ref = optional.pop(0) if st.slots else None
     holds_ref = optional.pop(0) if st.slots and st.documents else None
-    qid_ref, kid_ref = optional if st.documents else (None, None)
+    qid_ref, kid_ref, first_ref = (optional + [None])[:3] if st.documents else (None,) * 3
     o_ref, lse_ref = refs[-2:]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
@@ -184,7 +190,7 @@ def _window_attention_kernel(*refs, st: Static, length: int):
             return m_new, l * correction + jnp.sum(p, axis=1), acc
 
         lo, hi = _band(st.offset + start, BQ, st.window, BK, length)
-        m, l, acc = lax.fori_loop(lo, hi, visit, (m, l, acc))
+        m, l, acc = lax.fori_loop(_from_documents(lo, first_ref, BK), hi, visit, (m, l, acc))
     o_ref[...] = acc / l[:, None]
     lse_ref[...] = m + jnp.log(l)
 
@@ -194,16 +200,20 @@ def _doc_inputs(docs: SlotDocs | None, st: Static, rows: int, key_length: int, *
     """(in_specs, arrays) of the document arrays of a window kernel with grid
     (b, ·, query block): the block's holds (if `holds`) and query ids, and the key ids — the
     whole row (keys="whole") or, for the dk/dv kernel whose grid walks key blocks, its block
-    (keys="block"; the query ids are then the whole row)."""
+    (keys="block"; the query ids are then the whole row); then, with `document_bounds`, the
+    block's `first` (its rows are queries) or `last` (keys="block": its rows are keys)."""
     if docs is None:
         return [], []
     offset_blocks = st.offset // rows
     block = lambda n, shift: pl.BlockSpec((None, n), lambda b, h, i: (b, i + shift))
     whole = pl.BlockSpec((None, key_length), lambda b, h, i: (b, 0))
+    bounds = st.document_bounds
     if keys == "block":
-        return [block(rows, 0), whole], [docs.ids, docs.ids]
+        return ([block(rows, 0), whole] + [block(rows, 0)] * bounds,
+                [docs.ids, docs.ids] + [docs.last] * bounds)
     specs, arrays = ([block(rows, 0)], [docs.holds]) if holds else ([], [])
-    return specs + [block(rows, offset_blocks), whole], arrays + [docs.ids, docs.ids]
+    return (specs + [block(rows, offset_blocks), whole] + [block(rows, offset_blocks)] * bounds,
+            arrays + [docs.ids, docs.ids] + [docs.first] * bounds)
 
 
 def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static):
@@ -235,7 +245,7 @@ def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static)
 
 def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                                     st: Static, length: int):
-    qid_ref, kid_ref = refs[:2] if st.documents else (None, None)
+    qid_ref, kid_ref, first_ref = (list(refs[:-1]) + [None])[:3] if st.documents else (None,) * 3
     dqw_ref = refs[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
@@ -253,7 +263,8 @@ def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delt
         return dqw + mm(ds.astype(keys.dtype), keys)
 
     lo, hi = _band(st.offset + start, BQ, st.window, BK, length)
-    dqw = lax.fori_loop(lo, hi, visit, jnp.zeros(dqw_ref.shape, F32))
+    dqw = lax.fori_loop(_from_documents(lo, first_ref, BK), hi, visit,
+                        jnp.zeros(dqw_ref.shape, F32))
     dqw_ref[...] = (st.scale * dqw).astype(dqw_ref.dtype)
 
 
@@ -281,7 +292,7 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st
 
 def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, st: Static,
                           length: int):
-    kid_ref, qid_ref = refs[:2] if st.documents else (None, None)
+    kid_ref, qid_ref, last_ref = (list(refs[:-2]) + [None])[:3] if st.documents else (None,) * 3
     dkw_ref, dv_ref = refs[-2:]
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
     first = pl.program_id(2) * BK  # a position of the key arrays; queries sit st.offset later
@@ -292,6 +303,8 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
     # Query blocks whose windows meet these keys: query positions first .. first + BK + w − 2.
     last_query = first + BK + st.window - 2 - st.offset
     lo = lax.div(jnp.maximum(first - st.offset, 0), BQ)
+    if last_ref is not None:  # no query past the last token of these keys' documents
+        last_query = jnp.minimum(last_query, jnp.max(last_ref[...]) - st.offset)
     hi = jnp.where(last_query >= 0,
                    jnp.minimum(lax.div(jnp.maximum(last_query, 0), BQ) + 1, length // BQ), 0)
     dk = jnp.zeros(dkw_ref.shape, F32)

@@ -35,7 +35,9 @@ class Static:
     final slot state is the one after step T − 1); offset: P, the window's key arrays hold P
     positions before the call's first token (the ring of an initial state, front-padded to a
     multiple of the tiles; 0 without one); documents: per-token document arrays are passed
-    (`Documents` in api.py: window masks, slot resets, which rows' slots count).
+    (`Documents` in api.py: window masks, slot resets, which rows' slots count);
+    document_bounds: the GPU window kernels also get each position's document extent
+    (`SlotDocs.first` / `last`) and visit only the key (query) blocks its documents reach.
     """
 
     window: int
@@ -49,6 +51,7 @@ class Static:
     length: int | None = None
     offset: int = 0
     documents: bool = False
+    document_bounds: bool = False
 
 
 class SlotProducts(NamedTuple):

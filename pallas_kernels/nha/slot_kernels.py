@@ -60,12 +60,16 @@ class SlotDocs(NamedTuple):
     holds: `[B, Tp]` 1 where query t's slots hold a token of its document.
     sigma: `[B, Tp]` σ of the slot inputs, in the stream arrays' order (`chunk_math`).
     starts: `[B, Tp]` 1 where a slot input starts a document (its gate is left out).
+    first, last: `[B, P + Tp]` the first and last key position holding each position's id
+      (`Static.document_bounds`; else None): a window reaches no key outside them.
     """
 
     ids: jax.Array
     holds: jax.Array
     sigma: jax.Array
     starts: jax.Array
+    first: jax.Array | None = None
+    last: jax.Array | None = None
 
 
 def _dims(x: jax.Array, layout: Layout):

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.flash_attention.bounds import document_extents
 from pallas_kernels.nha import api
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
@@ -338,6 +339,24 @@ def test_op_documents_full_window(interpret_kernels):
     check_op(21, 30, state=False, grads=False)
 
 
+# Documents longer than a few key blocks: row 0 starts documents at 5 and 25 (off the tile
+# edges), row 1 at 32 (on one).
+LONG_DOCUMENTS = jnp.asarray([[0] * 5 + [1] * 20 + [2] * 22, [0] * 32 + [1] * 15], jnp.int32)
+
+
+@pytest.mark.parametrize(("window", "state"), [(47, False), (33, True)])
+def test_op_document_bounds(interpret_kernels, monkeypatch, window, state):
+    """Windows of ≥ `DOCUMENT_BOUNDS_BLOCKS` tiles over packed documents: the GPU window
+    kernels visit only the key blocks from each query block's earliest document start (forward,
+    dq) and the query blocks up to each key block's last document token (dk, dv). Full window
+    (nha-hybrid's layers) and a long window from a state; values and every gradient."""
+    extents = []
+    monkeypatch.setattr(api, "document_extents",
+                        lambda ids: extents.append(ids.shape) or document_extents(ids))
+    check_op(47, window, state=state, segment_ids=LONG_DOCUMENTS)
+    assert extents, "the bounds were not used"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("T", "window", "options"), [
     (29, 16, dict(state=False)),  # w = 2 chunks: the slot inputs read in place, final slots
@@ -367,7 +386,7 @@ def test_op_head_dim_256(interpret_kernels):
     pytest.param(512, 128, 2, dict(split_slot_backward=True), 13, marks=pytest.mark.slow),
     pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
     pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
-    pytest.param(2000, 128, 2, dict(documents=True), 3, marks=pytest.mark.slow),  # idle slots
+    (2000, 128, 2, dict(documents=True), 3),  # idle slots, the window kernels' document bounds
 ])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv_heads,
                                                options, kernels):
