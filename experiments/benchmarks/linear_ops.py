@@ -213,13 +213,6 @@ GDN_VARIANTS = (
     # through registers (Round 22, ptxas only; small scales: the default from K 128)
     ("reverse in flight", dict(reverse_in_flight=True, reverse_small_scales=True,
                                state_num_stages=2, reverse_state_key_block=128)),
-    ("reverse in flight one tile", dict(reverse_in_flight=True, reverse_small_scales=True,
-                                        state_num_stages=2)),
-    # the key gradients' dX and dK̃ in one loop at V 64, S₀ by cp.async (Round 22, ptxas only)
-    ("key gradients one state loop", dict(key_gradients_one_state_loop=True,
-                                          gradient_num_stages=2)),
-    ("key gradients one state loop 3 stages", dict(key_gradients_one_state_loop=True,
-                                                   gradient_num_stages=3)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),

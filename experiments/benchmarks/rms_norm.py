@@ -2,21 +2,23 @@
 Gated DeltaNet's and Mamba-2's output norms).
 
     python -m experiments.benchmarks.rms_norm [--parts check,table] [--batch 4]
-        [--length 8192] [--budget-s 120] [--interpret] [--out rms_norm.json]
+        [--length 8192] [--variants LABELS] [--budget-s 120] [--interpret] [--out rms_norm.json]
 
 bf16 x, z and dy, float32 γ (as the models keep them), rows = batch × length tokens. Shapes
 (`SHAPES`): C = 1024 in one group (transformer-350m's d_model: its pre-norms) and C = 1536 in
 groups of 512 (gdn-340m's output norm: 3 heads of 512 values, `[B, T, 3, 512]` normed per
-head, the same memory as [B·T, 1536] in groups of 512). Forms: plain `n(x)·γ` (over all C
-channels), gated
-`n(x)·γ·silu(z)` (GDN), and in the check also `n(x·silu(z))·γ` (Mamba-2). Parts, in order:
+head, the same memory as [B·T, 1536] in groups of 512), and C = 2048 in one group
+(mamba2-340m's output norm: 32 heads of 64 values, one group). Forms: plain `n(x)·γ` (over all
+C channels), gated `n(x)·γ·silu(z)` (GDN), gated inside `n(x·silu(z))·γ` (Mamba-2). Parts, in
+order:
   check  bf16 kernels vs the float32 XLA rung on the same (upcast) inputs at the real shapes
          and an odd row count: y and the gradients of x, z, γ (relative error ‖a − b‖ / ‖b‖,
          each < 1e-2)
   table  fwd and fwd+bwd ms of the xla and pallas rungs (`hybrid_jax.ops.rms_norm` /
          `gated_rms_norm`) at [B·T, C], plain and gated; the HBM floor of each (bytes /
          4.3 TB/s: fwd reads x (and z) and writes y; fwd+bwd also reads x, (z), dy and writes
-         dx, (dz)) and the ratio to it
+         dx, (dz)) and the ratio to it; `--variants` adds pallas rows at other tiles and
+         launch parameters (`VARIANTS`, ';'-separated labels or all)
 The cotangent of fwd+bwd is a random array (a constant one would let XLA fold dy away).
 Rows left when --budget-s is spent are reported as skipped.
 """
@@ -24,6 +26,7 @@ Rows left when --budget-s is spent are reported as skipped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -43,11 +46,42 @@ from experiments.benchmarks.timing import (
 )
 from hybrid_jax.ops.norms import gated_rms_norm, rms_norm
 from pallas_kernels.rms_norm import api
+from pallas_kernels.rms_norm.block_sizes import BlockSizes, default_block_sizes
 
 TOLERANCE = 1e-2
 EPS = 1e-6
-SHAPES = ((1024, 1024, "transformer-350m"), (1536, 512, "gdn-340m"))  # C, group, model
+# C, group, model, the forms the table times
+SHAPES = ((1024, 1024, "transformer-350m", ("plain", "gated")),
+          (1536, 512, "gdn-340m", ("plain", "gated")),
+          (2048, 2048, "mamba2-340m", ("gated_inside",)))
 FORMS = {"plain": None, "gated": True, "gated_inside": False}  # → norm_before_gate
+# Changes to `default_block_sizes(group)` timed beside it (session 16: the backward of
+# mamba2-340m's norm ran at 2.2× its HBM floor in the train step). Tiles are rows; a tile's
+# elements are rows × the group (2048 at Mamba-2: 2 backward rows are 4096 elements).
+VARIANTS = {
+    "backward rows x2": lambda b: dict(backward_block_rows=2 * b.backward_block_rows),
+    "backward rows x2, 4 steps": lambda b: dict(backward_block_rows=2 * b.backward_block_rows,
+                                                backward_steps=4),
+    "backward 4 warps": lambda b: dict(backward_num_warps=4),
+    "backward 16 warps": lambda b: dict(backward_num_warps=16),
+    "backward 3 stages": lambda b: dict(backward_num_stages=3),
+    "backward 1 stage": lambda b: dict(backward_num_stages=1),
+    "backward 64 steps": lambda b: dict(backward_steps=64),
+    "forward rows x2": lambda b: dict(block_rows=2 * b.block_rows),
+    "forward 4 warps": lambda b: dict(num_warps=4),
+}
+
+
+def parse_variants(text: str) -> list[str]:
+    """`--variants`: none, all, or ';'-separated labels of `VARIANTS`."""
+    if text in ("none", ""):
+        return []
+    labels = list(VARIANTS) if text == "all" else [t.strip() for t in text.split(";")]
+    unknown = [label for label in labels if label not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; expected none, all or ';'-separated "
+                         f"labels of {list(VARIANTS)}")
+    return labels
 INTERPRET = {"on": False}
 
 
@@ -60,15 +94,15 @@ def make_inputs(rows, channels, seed=0):
             1.0 + 0.1 * normal(channels), bf16(normal(rows, channels)))
 
 
-def norm(impl: str, form: str, group: int):
+def norm(impl: str, form: str, group: int, blocks: BlockSizes | None = None):
     """`(x, z, γ) -> y`: the op's rung `impl` (the plain form: over all channels, z unused), or
-    the kernels in interpret mode (CPU smoke)."""
+    the kernels themselves at `blocks` or in interpret mode (CPU smoke)."""
     before = FORMS[form]
-    if impl == "pallas" and INTERPRET["on"]:
+    if impl == "pallas" and (INTERPRET["on"] or blocks is not None):
         return lambda x, z, g: api.rms_norm(x, g, None if before is None else z,
                                             group_size=None if before is None else group,
                                             norm_before_gate=bool(before), eps=EPS,
-                                            interpret=True)
+                                            block_sizes=blocks, interpret=INTERPRET["on"])
     if before is None:
         return lambda x, z, g: rms_norm(x, g, eps=EPS, implementation=impl)
     return lambda x, z, g: gated_rms_norm(x, z, g, group_size=group, norm_before_gate=before,
@@ -93,16 +127,23 @@ def fwd_and_vjp(fn, form: str):
 
 def part_check(args) -> list[dict]:
     rows = []
-    cases = [(args.batch * args.length, c, g, f) for c, g, _ in SHAPES for f in FORMS]
-    cases.append((args.batch * args.length // 8 + 3, 2048, 2048, "gated_inside"))  # odd rows
-    for n, channels, group, form in cases:
+    cases = [(args.batch * args.length, c, g, f, None) for c, g, _, _ in SHAPES for f in FORMS]
+    odd = args.batch * args.length // 8 + 3
+    cases.append((odd, 2048, 2048, "gated_inside", None))
+    # each `--variants` label at the odd row count, Mamba-2's form and GDN's
+    cases += [(odd, c, g, f, label) for label in args.variants
+              for c, g, f in ((2048, 2048, "gated_inside"), (1536, 512, "gated"))]
+    for n, channels, group, form, label in cases:
         group = channels if form == "plain" else group
-        row = dict(rows=n, C=channels, group=group, form=form, passed=False)
+        base = default_block_sizes(group, form != "plain")
+        blocks = None if label is None else dataclasses.replace(base, **VARIANTS[label](base))
+        row = dict(rows=n, C=channels, group=group, form=form, variant=label or "-",
+                   passed=False)
         x, z, g, dy = make_inputs(n, channels, seed=n + channels)
         outs = {}
         try:
             for impl, dtype in (("pallas", jnp.bfloat16), ("xla", jnp.float32)):
-                _, grads = fwd_and_vjp(norm(impl, form, group), form)
+                _, grads = fwd_and_vjp(norm(impl, form, group, blocks), form)
                 y, dxzg = grads(x.astype(dtype), z.astype(dtype), g, dy.astype(dtype))
                 outs[impl] = (y, *dxzg)
         except Exception as e:  # noqa: BLE001  (a kernel that does not compile: report)
@@ -115,7 +156,8 @@ def part_check(args) -> list[dict]:
             row["passed"] = all(row[k] < TOLERANCE for k in ("y", "dx", "dz", "dg") if k in row)
         rows.append(row)
         print(row, flush=True)
-    print_table(rows, ["rows", "C", "group", "form", "y", "dx", "dz", "dg", "passed", "error"])
+    print_table(rows, ["rows", "C", "group", "form", "variant", "y", "dx", "dz", "dg", "passed",
+                       "error"])
     print("check:", "PASS" if all(r["passed"] for r in rows) else "FAIL",
           f"(every error < {TOLERANCE})", flush=True)
     return rows
@@ -128,8 +170,8 @@ def floor_ms(rows, channels, gated: bool, backward: bool) -> float:
     return 2 * arrays * rows * channels / (HBM_TB_S * 1e12) * 1e3
 
 
-def _time_pair(impl: str, form: str, group: int, x, z, g, dy) -> dict:
-    fwd, grads = fwd_and_vjp(norm(impl, form, group), form)
+def _time_pair(impl: str, form: str, group: int, x, z, g, dy, blocks=None) -> dict:
+    fwd, grads = fwd_and_vjp(norm(impl, form, group, blocks), form)
     return {"fwd_ms": time_compiled(fwd, x, z, g, calls=CALLS),
             "fwd_bwd_ms": time_compiled(grads, x, z, g, dy, calls=CALLS)}
 
@@ -137,21 +179,26 @@ def _time_pair(impl: str, form: str, group: int, x, z, g, dy) -> dict:
 def part_table(args) -> list[dict]:
     rows = []
     n = args.batch * args.length
-    for channels, group, model in SHAPES:
+    for channels, shape_group, model, forms in SHAPES:
         x, z, g, dy = (a.astype(jnp.bfloat16) if a.ndim == 2 else a
                        for a in make_inputs(n, channels))
-        for form in ("plain", "gated"):
-            for impl in ("xla", "pallas"):
-                row = dict(C=channels, group=channels if form == "plain" else group,
-                           model=model, form=form, impl=impl)
-                measure_into(row, args.deadline, _time_pair, impl, form, group, x, z, g, dy)
+        for form in forms:
+            group = channels if form == "plain" else shape_group
+            base = default_block_sizes(group, form != "plain")
+            runs = [("xla", None), ("pallas", None)] + [
+                (f"pallas ({label})", dataclasses.replace(base, **VARIANTS[label](base)))
+                for label in args.variants]
+            for impl, blocks in runs:
+                row = dict(C=channels, group=group, model=model, form=form, impl=impl)
+                measure_into(row, args.deadline, _time_pair, impl.split(" ")[0], form, group,
+                             x, z, g, dy, blocks)
                 floor_columns(row, {part: floor_ms(n, channels, form != "plain", backward)
                                     for part, backward in (("fwd", False), ("fwd_bwd", True))})
                 rows.append(row)
                 print(row, flush=True)
     for row in rows:  # the kernels' speed-up over the xla rung, on the pallas rows
         xla = next(r for r in rows if (r["C"], r["form"]) == (row["C"], row["form"]))
-        if row["impl"] == "pallas" and "fwd_ms" in row and "fwd_ms" in xla:
+        if row["impl"].startswith("pallas") and "fwd_ms" in row and "fwd_ms" in xla:
             row["fwd_speedup"] = xla["fwd_ms"] / row["fwd_ms"]
             row["fwd_bwd_speedup"] = xla["fwd_bwd_ms"] / row["fwd_bwd_ms"]
     print_table(rows, ["C", "group", "model", "form", "impl", "fwd_ms", "fwd_bwd_ms",
@@ -171,8 +218,15 @@ def main():
                         help="table rows left after this long are skipped")
     parser.add_argument("--interpret", action="store_true",
                         help="kernels in interpret mode: a CPU smoke run (small --length)")
+    parser.add_argument("--variants", default="none",
+                        help=f"table rows at other block sizes: none, all or ';'-separated "
+                             f"labels of {list(VARIANTS)}")
     parser.add_argument("--out", default="rms_norm.json")
     args = parser.parse_args()
+    try:
+        args.variants = parse_variants(args.variants)
+    except ValueError as e:
+        parser.error(str(e))
     INTERPRET["on"] = args.interpret
     args.deadline = time.perf_counter() + args.budget_s
     print(device_name(), flush=True)

@@ -61,12 +61,6 @@ class BlockSizes:
       `cp.async` at `gradient_num_stages` ≥ 2, instead of unrolled with every tile through
       registers (ptxas, K 256 V 512, 4 warps, 3 stages: 468 B of spills → none, 255
       registers, shared 64 → 88 KB, still 2 programs an SM; NOTES.md Round 21).
-    key_gradients_one_state_loop: the key gradients make dX = −dR S₀ᵀ and dK̃ = U dS₁ᵀ (with
-      dΓ_last's Σ dS₁ ⊙ S₀, kept per key) in one loop over V tiles, so S₀'s tile feeds a
-      product and is staged by `cp.async` with the others rather than loaded through registers
-      in dK̃'s loop; S₀ read twice a program instead of three times. ptxas (K 256, V 64, 4
-      warps; NOTES.md Round 22): 2 stages 90 KB, 2 programs an SM, 64 B of spills outside the
-      loop; 3 stages 128 KB, one program an SM.
     tf32_merges: `chunk_prepare` merges the inverse's diagonal blocks (T ← T − T (A_b T), two
       levels at C 64, sub-chunks 16) by one float32 product each, TF32 on the GPU's tensor
       cores (as fla's solve does), instead of three bf16 products of hi/lo splits
@@ -112,7 +106,6 @@ class BlockSizes:
     outputs_key_block: int | None = None
     pipelined_key_gradients: bool = False
     pipelined_pair_gradients: bool = False
-    key_gradients_one_state_loop: bool = False
     store_state_first: bool = False
     tf32_merges: bool = False
     reverse_small_scales: bool = False
@@ -196,7 +189,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults stay there
     (a forward alone below K 128 fused in V tiles of 64). Session 16 (call a): training
     makes the pair gradients' V tiles a pipelined loop (Round 21): `chunk_pair_gradients`
-    318 → 243 µs a call at K 256, fwd+bwd 2.96 → 2.88 ms (K 256) and 2.88 → 2.77 (K 128)."""
+    318 → 243 µs a call at K 256, fwd+bwd 2.96 → 2.88 ms (K 256) and 2.88 → 2.77 (K 128);
+    (call c) above K 128 the reverse pass runs in flight at 2 stages in key blocks of 128
+    (Round 22): `chunk_state_gradients` 937 → 811 µs, the op's kernels 2.81 → 2.69 ms."""
     if key_dim < 128 or itemsize > 2:
         return _measured_before_round_10(key_dim, value_dim, training)
     base = _measured_before_round_10(key_dim, value_dim, True)
@@ -208,9 +203,13 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     wider = dict(forward_state_key_block=64, forward_state_num_warps=4,
                  forward_state_num_stages=2, value_block=min(value_dim, 64))
     by_key_dim = k128 if key_dim == 128 else wider
-    return dataclasses.replace(base, reverse_small_scales=True, state_num_stages=1,
+    # Round 22 (session 16 call c, K 256 training): the reverse pass in flight,
+    # `chunk_state_gradients` 937 → 811 µs a call; not measured at K 128
+    reverse = (dict(reverse_in_flight=True, state_num_stages=2, reverse_state_key_block=128)
+               if training and key_dim > 128 else dict(state_num_stages=1))
+    return dataclasses.replace(base, reverse_small_scales=True,
                                state_num_warps=8 if training and key_dim > 128 else 4,
-                               **from_k128, **by_key_dim)
+                               **reverse, **from_k128, **by_key_dim)
 
 
 def _measured_before_round_10(key_dim: int, value_dim: int, training: bool) -> BlockSizes:

@@ -99,8 +99,7 @@ def _key_part(st: Static, chunk, beta, d_qk, d_kk, keys, q_ref, k_ref, s0_ref, d
     """dq and dk of the K rows `keys` (stored); their dβ and dΓ `[C]` (dΓ_last included).
 
     One float32 accumulator at a time (the products over V tiles of dQ̃, then dX, then dK̃),
-    each used up (its row sum, its share of dk) before the next: a small live set
-    (`key_gradients_one_state_loop`: dX and dK̃ together)."""
+    each used up (its row sum, its share of dk) before the next: a small live set."""
     op = k_ref.dtype
     over_tiles = functools.partial(_over_value_tiles, u_ref.shape[-1], st,
                                    pipelined=st.blocks.pipelined_key_gradients)
@@ -110,50 +109,25 @@ def _key_part(st: Static, chunk, beta, d_qk, d_kk, keys, q_ref, k_ref, s0_ref, d
     dq_ref[:, keys] = (st.scale * chunk.entry[:, None] * d_q
                        + mm(d_qk, k_ref[:, keys])).astype(dq_ref.dtype)
     t = t_ref[...]
-    d_r = lambda span: mm_tn(t, du_ref[:, span]).astype(op)  # dR's V tile
-
-    def through_state(span, d_k, s0=None):
-        """d_k + U dS₁ᵀ over this V tile, and dS₁ ⊙ S₀ (float32), S₀'s tile read if not given.
-        dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands,
-        ≈ float32 accuracy, u as loaded."""
-        u = u_ref[:, span]
-        s0 = s0_ref[keys, span] if s0 is None else s0
-        ds1 = ds1_ref[keys, span]
-        ds1_hi = ds1.astype(op)
-        d_k += mm_nt(u, ds1_hi) + mm_nt(u, (ds1 - ds1_hi.astype(F32)).astype(op))
-        return d_k, ds1 * s0.astype(F32)
-
-    if st.blocks.key_gradients_one_state_loop:
-        # dX and dK̃ in one loop: S₀'s tile feeds dX's product, so the pipeliner stages it by
-        # `cp.async` with the others (alone in dK̃'s loop it fed only the sum: two register-path
-        # waits a step), and is read twice a program instead of three times. dΓ_last's sum is
-        # kept per key, [K tile], and summed once after (NOTES.md Round 22).
-        def both(span, carry):
-            minus_d_x, d_k, to_last = carry
-            s0 = s0_ref[keys, span]
-            minus_d_x += mm_nt(d_r(span), s0)
-            d_k, from_state = through_state(span, d_k, s0)
-            return minus_d_x, d_k, to_last + jnp.sum(from_state, axis=1)
-
-        minus_d_x, d_k, to_last = over_tiles(
-            both, (jnp.zeros_like(d_q), jnp.zeros_like(d_q), jnp.zeros((keys.size,), F32)))
-        d_x, to_last = -minus_d_x, chunk.decay * jnp.sum(to_last)
-    else:
-        # Summed, then negated: Triton folds a sum into the next product's accumulator, not a
-        # difference (a float32 tile of its own: 476 B of spills unrolled, NOTES.md Round 17).
-        d_x = -over_tiles(lambda span, acc: acc + mm_nt(d_r(span), s0_ref[keys, span]),
-                          jnp.zeros_like(d_q))
+    # Summed, then negated: Triton folds a sum into the next product's accumulator, not a
+    # difference (a float32 tile of its own: 476 B of spills unrolled, NOTES.md Round 17).
+    d_x = -over_tiles(lambda span, acc: acc + mm_nt(mm_tn(t, du_ref[:, span]).astype(op),
+                                                    s0_ref[keys, span]), jnp.zeros_like(d_q))
     # The row sums from k loaded again each time: a float32 copy kept across the products
     # would stay live (spills, NOTES.md).
     x_k = jnp.sum(d_x * k_ref[:, keys].astype(F32), axis=1)
     d_key = (beta * chunk.entry)[:, None] * d_x
-    if not st.blocks.key_gradients_one_state_loop:
-        def after_state(span, carry):  # to_last: dΓ_last from K̃ and the entering state's decay
-            d_k, to_last = carry
-            d_k, from_state = through_state(span, d_k)
-            return d_k, to_last + chunk.decay * total(from_state)
 
-        d_k, to_last = over_tiles(after_state, (jnp.zeros_like(d_x), jnp.zeros((), F32)))
+    def through_state(span, carry):
+        # dS₁ is float32 (rounded to bf16 it costs dg, NOTES.md): split in two operands,
+        # ≈ float32 accuracy, u as loaded.
+        d_k, to_last = carry  # to_last: dΓ_last from K̃ and from the entering state's decay
+        u, s0, ds1 = u_ref[:, span], s0_ref[keys, span], ds1_ref[keys, span]
+        ds1_hi = ds1.astype(op)
+        d_k += mm_nt(u, ds1_hi) + mm_nt(u, (ds1 - ds1_hi.astype(F32)).astype(op))
+        return d_k, to_last + chunk.decay * total(ds1 * s0.astype(F32))
+
+    d_k, to_last = over_tiles(through_state, (jnp.zeros_like(d_x), jnp.zeros((), F32)))
     through_end = chunk.to_end * jnp.sum(d_k * k_ref[:, keys].astype(F32), axis=1)
     d_key += chunk.to_end[:, None] * d_k
     dk_ref[:, keys] = (d_key + mm_tn(d_qk, q_ref[:, keys])

@@ -50,7 +50,7 @@ def rms_norm(
       norm_before_gate: with z, `n(x)·γ·silu(z)`; else `n(x·silu(z))·γ`.
       eps: ε added to the mean square.
       dtype: y's dtype (default x's).
-      block_sizes: tiles (default `default_block_sizes(group_size)`).
+      block_sizes: tiles (default `default_block_sizes(group_size, gated)`).
       interpret: run the kernels in Pallas interpret mode (CPU tests).
 
     Returns:
@@ -64,7 +64,8 @@ def rms_norm(
     st = gpu.Static(group_size=group_size, gated=z is not None,
                     norm_before_gate=bool(norm_before_gate), eps=float(eps),
                     dtype=jnp.dtype(x.dtype if dtype is None else dtype),
-                    blocks=block_sizes or default_block_sizes(group_size), interpret=interpret)
+                    blocks=block_sizes or default_block_sizes(group_size, z is not None),
+                    interpret=interpret)
     flat = lambda a: None if a is None else a.reshape(-1, channels)
     (scale,) = varying_like((scale,), x, z)
     return _norm(st, flat(x), scale, flat(z)).reshape(x.shape)

@@ -39,11 +39,16 @@ def padded(group_size: int) -> int:
     return 1 << max(group_size - 1, 0).bit_length()
 
 
-def default_block_sizes(group_size: int) -> BlockSizes:
-    """Not yet timed on a GPU (NOTES.md, "Tiles"): 8192-element forward tiles and 4096-element
-    backward tiles (bf16 rows of one group; 32 and 16 float32 values an array a thread over
-    8 warps), 16 backward steps a program. Groups of 512: 16 × 512 forward, 8 × 512
-    backward; 1024: 8 and 4 rows; 2048: 4 and 2."""
+def default_block_sizes(group_size: int, gated: bool = False) -> BlockSizes:
+    """8192-element forward tiles and 4096-element backward tiles (bf16 rows of one group; 32
+    and 16 float32 values an array a thread over 8 warps), 16 backward steps a program. Groups
+    of 512: 16 × 512 forward, 8 × 512 backward; 1024: 8 and 4 rows; 2048: 4 and 2.
+
+    The gated backward of a group of ≥ 1024 channels at 4 warps (session 16, H200, 4 × 8192
+    rows, `experiments/benchmarks/rms_norm.py --variants`): Mamba-2's norm (2048 in one
+    group, gate inside) fwd+bwd 0.546 → 0.439 ms, 1024 gated 0.276 → 0.234; slower at GDN's
+    groups of 512 (0.282 → 0.333) and not better for the plain norm (NOTES.md, "Tiles")."""
     width = padded(group_size)
     return BlockSizes(block_rows=max(1, FORWARD_TILE // width),
-                      backward_block_rows=max(1, BACKWARD_TILE // width))
+                      backward_block_rows=max(1, BACKWARD_TILE // width),
+                      backward_num_warps=4 if gated and group_size >= 1024 else 8)

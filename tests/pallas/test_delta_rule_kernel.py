@@ -110,10 +110,7 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(split_gradients=False, pipelined_pair_gradients=True), False),
     (dict(ROUND_10, split_outputs=True, tf32_merges=True), True),
     (dict(ROUND_10, reverse_in_flight=True, state_num_stages=2), False),
-    (dict(ROUND_10, reverse_in_flight=True, reverse_state_key_block=4), False),
-    (dict(ROUND_10, pipelined_key_gradients=True, key_gradients_one_state_loop=True,
-          gradient_num_stages=2), False),
-    (dict(split_gradients=False, key_gradients_one_state_loop=True), False)],
+    (dict(ROUND_10, reverse_in_flight=True, reverse_state_key_block=4), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
@@ -121,8 +118,7 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
          "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults",
          "pipelined_key_gradients", "pipelined_key_gradients_fused",
          "pipelined_pair_gradients", "pipelined_pair_gradients_fused", "tf32_merges",
-         "reverse_in_flight", "reverse_in_flight_key_blocks", "key_gradients_one_state_loop",
-         "key_gradients_one_state_loop_fused"])
+         "reverse_in_flight", "reverse_in_flight_key_blocks"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -161,10 +157,8 @@ def test_one_document_zero_initial_state(x64):
 @pytest.mark.parametrize("changes", [
     dict(split_gradients=False), dict(split_gradients=True),
     dict(split_gradients=True, tf32_merges=True),
-    dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True),
-    dict(split_gradients=True, pipelined_key_gradients=True, key_gradients_one_state_loop=True)],
-    ids=["fused", "split_gradients", "tf32_merges", "reverse_in_flight",
-         "key_gradients_one_state_loop"])
+    dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True)],
+    ids=["fused", "split_gradients", "tf32_merges", "reverse_in_flight"])
 def test_bfloat16_within_rounding(x64, changes):
     """bf16 q, k, v (float32 g, β, state): the bf16 paths of the kernels (the inverse's
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
@@ -248,8 +242,7 @@ def _platform_gpu(monkeypatch):
     (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True)),
     (256, 512, True, dict(reverse_in_flight=True, state_num_stages=2,
                           reverse_state_key_block=128)),
-    (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2)),
-    (256, 512, True, dict(key_gradients_one_state_loop=True, gradient_num_stages=2))])
+    (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
@@ -330,8 +323,11 @@ def test_round_10_defaults(key_dim, value_dim, forward):
         blocks = default_block_sizes(key_dim, value_dim, training=training)
         assert (blocks.forward_value_block, blocks.forward_state_num_warps,
                 blocks.forward_state_num_stages) == forward
+        in_flight = training and key_dim > 128  # Round 22 (session 16)
         assert (blocks.reverse_small_scales, blocks.state_num_stages) == (
-            (True, 1) if key_dim >= 128 else (False, 2))
+            (True, 2 if in_flight else 1) if key_dim >= 128 else (False, 2))
+        assert blocks.reverse_in_flight == in_flight
+        assert not in_flight or blocks.reverse_state_key_block == 128
         assert blocks.forward_state_key_block == (64 if key_dim > 128 else None)
         # Round 18 measured: the TF32 merges for a forward alone at K 128 only
         assert blocks.tf32_merges == (key_dim == 128 and not training)

@@ -203,5 +203,9 @@ def test_default_tiles_are_valid():
     assert default_block_sizes(1024) == BlockSizes()
     assert default_block_sizes(1536) == BlockSizes(block_rows=4, backward_block_rows=2)
     assert default_block_sizes(16384).block_rows == 1
+    # the gated backward of wide groups at 4 warps (session 16's timing)
+    assert [default_block_sizes(g, gated=True).backward_num_warps for g in (512, 1024, 2048)] == [
+        8, 4, 4]
+    assert default_block_sizes(2048).backward_num_warps == 8
     with pytest.raises(ValueError, match="block_rows must be a power of two, got 12"):
         BlockSizes(block_rows=12)
