@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.ops.attention import masked_softmax
+from hybrid_jax.ops.attention import attention, masked_softmax
 from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
@@ -147,8 +147,10 @@ def native_hybrid_attention(
       return_final_state: also return the state after the last token.
       empty_slots: "mask" (leave empty slots out) or "sink" (zero-value sinks, original code).
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
-      implementation: "pallas", "reference", "xla" or None (auto: "pallas" on a GPU where the
-        kernels take the call, else "xla", logged; on a TPU "pallas" only when named).
+      implementation: "attention", "pallas", "reference", "xla" or None (auto on a GPU:
+        "attention" when the slots are idle and empty ones masked — w ≥ T without a state, where
+        the op is causal attention of the window branch — else "pallas" where the kernels take
+        the call, else "xla", logged; on a TPU "pallas" only when named).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, NHAState)`; the state's arrays take the
@@ -656,7 +658,31 @@ def _pallas_unsupported(*args, window, empty_slots, call, **kwargs) -> str | Non
                                   empty_slots=empty_slots, **_kernel_context(call))
 
 
+def nha_as_attention(q, q_window, tokens, slots_visible, slot_keys, slot_values, *, window,
+                     scale, empty_slots, chunk_size, slots_idle, call):
+    """Idle slots with empty ones masked (w ≥ T without a state: nha-hybrid's full-window
+    layers): no slot ever enters the softmax, so the op is causal attention of the window
+    branch within each document, run by `ops.attention`'s fastest rung (cuDNN, or the flash
+    kernel with segment ids, which visits only each document's blocks); the slot states pass
+    through unchanged, as nothing enters them."""
+    del q, tokens, slots_visible, window, empty_slots, chunk_size, slots_idle
+    dtype = q_window.dtype
+    out = attention(q_window, call.k_window.astype(dtype), call.v.astype(dtype), causal=True,
+                    scale=scale, segment_ids=call.segment_ids)
+    return out, slot_keys, slot_values
+
+
+def _attention_unsupported(*args, slots_idle, empty_slots, **kwargs) -> str | None:
+    if not slots_idle:
+        return "the slots take part (a window shorter than the call, or an initial state)"
+    if empty_slots != "mask":
+        return "empty slots are zero-value sinks in the softmax (empty_slots='sink')"
+    return None
+
+
 _RUNGS = (
+    # Chosen automatically on GPUs only, where `ops.attention` has its fast rungs.
+    Rung("attention", nha_as_attention, _attention_unsupported, auto_platforms=("gpu",)),
     # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
     # interpret mode and compile for TPUs (pallas_kernels/nha/NOTES.md, "TPU lowering"), but
     # never ran on one; `implementation="pallas"` runs them there.

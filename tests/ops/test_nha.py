@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hybrid_jax.ops import dispatch
+from hybrid_jax.ops import nha as nha_ops
 from hybrid_jax.ops.attention import attention
 from hybrid_jax.ops.gsa import gated_slot_attention
 from hybrid_jax.ops.nha import (
@@ -183,10 +185,44 @@ def test_window_zero_is_gsa_and_full_window_is_causal_attention(x64):
     expected = gated_slot_attention(q, *map(repeat, (k, v, s, g)), scale=3**-0.5)
     assert_close(run(q, k, v, s, g, window=0), expected, 1e-10, "window 0")
     expected = attention(q_window, k_window, v, scale=3**-0.5, segment_ids=segment_ids)
-    for window, impl in ((T, "xla"), (T + 9, "reference")):
+    for window, impl in ((T, "xla"), (T + 9, "reference"), (T, "attention")):
         out = run(q, k, v, s, g, window=window, q_window=q_window, k_window=k_window,
                   segment_ids=segment_ids, implementation=impl)
         assert_close(out, expected, 1e-10, f"{impl} window {window}")
+
+
+def test_attention_rung_takes_idle_slots_only(x64, monkeypatch):
+    """The "attention" rung (idle slots, empty ones masked: causal attention of the window
+    branch) against the reference, values and gradients of every input with packed documents
+    and the final state; chosen automatically on a GPU for those calls only, refused by name
+    otherwise."""
+    T = 21
+    args = _inputs(T, H=4, G=2, seed=5)
+    segment_ids = jnp.asarray([[0] * 6 + [1] * 15, [0] * 20 + [1]])
+    weights = normals(3, (2, T, 4, 4), (2, 2, 3, 3), (2, 2, 3, 4))
+
+    def loss(impl, args, window=T):
+        out, final = native_hybrid_attention(
+            *args[:5], window=window, q_window=args[5], k_window=args[6],
+            segment_ids=segment_ids, return_final_state=True, chunk_size=C,
+            implementation=impl)
+        return (jnp.sum(weights[0] * out) + jnp.sum(weights[1] * final.slot_keys)
+                + jnp.sum(weights[2] * final.slot_values))
+
+    grads = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl)))(args)
+             for impl in ("attention", "reference")}
+    assert_close(grads["attention"], grads["reference"], 1e-10, "attention vs reference")
+    used = (grads["reference"][1][i] for i in (2, 5, 6))  # v, q_window, k_window
+    assert all(np.linalg.norm(d) > 1e-3 for d in used)
+    with pytest.raises(ValueError, match="attention.*cannot run this call: the slots take part"):
+        loss("attention", args, window=T - 1)
+    with pytest.raises(ValueError, match="zero-value sinks"):
+        native_hybrid_attention(*args[:5], window=T, implementation="attention",
+                                empty_slots="sink")
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    rung, _ = dispatch.choose("nha", nha_ops._RUNGS, None, window=T, scale=1.0,
+                              empty_slots="mask", chunk_size=C, slots_idle=True, call=None)
+    assert rung.name == "attention"
 
 
 @pytest.mark.parametrize("window", [7, pytest.param(0, marks=pytest.mark.slow),
