@@ -344,6 +344,9 @@ VARIANTS = {
     "slot_bwd_w4": BlockSizes(slot_backward_num_warps=4),
     "slot_bwd_split_w4": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4),
     "slot_bwd_split_w8": BlockSizes(split_slot_backward=True),
+    # the GPU default (split at 4 warps) with the slot-input kernels' feature loop (NOTES v8)
+    "slot_inputs_tiled": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
+                                    slot_input_block=64),
     "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
     "split_slot_bwd_w4": BlockSizes(slot_precision="split", slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),

@@ -27,6 +27,12 @@ class BlockSizes:
     split_slot_backward: each of the two backward slot kernels runs as two with smaller live
       sets (dA, P, then dq; the keys' half, then the values' half of the slot-input
       gradients), so that fewer warps fit without spills (NOTES.md, v7).
+    slot_input_block: the backward slot-input kernels (split or not) loop over the key / value
+      features in tiles of this many, a `fori_loop` whose tiles Triton's pipeliner loads with
+      `cp.async` (`slot_input_num_stages` deep), and go through the slots in parts of
+      `slot_input_slot_block` in between (None: every product over all features and slots at
+      once, every tile through registers first: 1.2–1.6 KB of spills a thread; NOTES.md, v8).
+    slot_input_slot_block / slot_input_num_stages: of the `slot_input_block` form.
     slot_precision: how the slot products take their float32 operands
       (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
       dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same
@@ -50,6 +56,9 @@ class BlockSizes:
     slot_num_warps: int = 4
     slot_backward_num_warps: int = 8
     split_slot_backward: bool = False
+    slot_input_block: int | None = None
+    slot_input_slot_block: int = 16
+    slot_input_num_stages: int = 2
     slot_precision: str = "mixed"
 
     def __post_init__(self):
@@ -57,12 +66,12 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.slot_precision must be one of {SLOT_PRECISIONS}, "
                              f"got {self.slot_precision!r}")
         for name in ("chunk", "sub_chunk", "block_q", "block_k", "block_q_dkv", "block_k_dkv",
-                     "state_block", "state_group"):
+                     "state_block", "state_group", "slot_input_block", "slot_input_slot_block"):
             value = getattr(self, name)
-            if value < 1 or value & (value - 1):
+            if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
         for name in ("num_warps", "num_stages", "backward_num_warps", "backward_num_stages",
-                     "slot_num_warps", "slot_backward_num_warps"):
+                     "slot_num_warps", "slot_backward_num_warps", "slot_input_num_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
         if self.sub_chunk > self.chunk:

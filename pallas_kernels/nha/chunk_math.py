@@ -38,6 +38,7 @@ Every dot accumulates in float32; `Products` says how each takes its operands
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -99,6 +100,12 @@ class Products:
             out += matmul(a_parts[1], b_parts[0])
         return out
 
+    def operand(self, x: jax.Array) -> jax.Array:
+        """A float32 operand as these products take it, made once: a value that is kept (a
+        loop's invariant operand) then takes 16 bits where its products round it anyway."""
+        narrow = jnp.dtype(self.narrow).itemsize == 4 or self.wide == "narrow"
+        return x.astype(self.narrow) if narrow else x
+
     def mm(self, a, b, exact_a: bool = False, exact_b: bool = False) -> jax.Array:
         """a @ b."""
         return self.dot(a, b, matmul.mm, exact_a, exact_b)
@@ -117,8 +124,9 @@ def iota(shape: tuple[int, int], axis: int) -> jax.Array:
 
 
 def rows_of(ref, *index) -> Rows:
-    """Row loader for `ref[rows, *index, :]` (index selects e.g. a head of a GQA group)."""
-    return lambda start, size: ref[(pl.ds(start, size), *index, slice(None))]
+    """Row loader for `ref[rows, *index, cols]` (index selects e.g. a head of a GQA group;
+    cols: all features, or a slice)."""
+    return lambda start, size, cols=slice(None): ref[(pl.ds(start, size), *index, cols)]
 
 
 def window_mask(rows: jax.Array, cols: jax.Array, window: int) -> jax.Array:
@@ -257,7 +265,8 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
 
 class InputSide(NamedTuple):
     """One half of the slot-input gradients: the keys (x = k̄, x_end = dK̃ after the chunk,
-    per query head (q, dA), scale = the logits' scale) or the values (v̄, dṼᵀ, (dO, P), 1)."""
+    per query head (q, dA), scale = the logits' scale) or the values (v̄, dṼᵀ, (dO, P), 1).
+    x_in `[C, X]` and x_end `[X, M]` are values, or refs for `slot_input_grads_tiled`."""
 
     x_in: jax.Array
     x_end: jax.Array
@@ -287,6 +296,135 @@ def slot_input_grads(sides: list[InputSide], s_in: jax.Array, g: Rows, *, S: int
         lambda: _input_grads_fast(sides, s_in, g, **options),
         lambda: _input_grads_subchunks(sides, s_in, g, S=S, **options))
     return [dx + part for dx, part in zip(dxs, inside[0], strict=True)], ds + inside[1]
+
+
+def slot_input_grads_tiled(sides: list[InputSide], stores, s_in, g: Rows, finish, *, S: int,
+                           tile: int, slot_tile: int, intra: Products, gradient: Products,
+                           sigma: Segments | None = None) -> None:
+    """`slot_input_grads` with each side's features X in tiles of `tile`, one `fori_loop` step
+    each: on the GPU, Triton's pipeliner then loads a step's tiles with `cp.async` while the
+    previous step's products run, where the whole-chunk form takes every tile through
+    registers first and spills (NOTES.md, v8). Here x_in and x_end are refs, the heads' Rows
+    and g take a column slice too, and s_in(slots) loads those columns of s̄.
+
+    Per side two loops: the sums over X that ds̄ needs, then dx tile by tile (the products of
+    `slot_input_grads`), each tile handed to `stores[i](cols, dx)`. Between them the slots go
+    in parts of `slot_tile` (fewer `[C, M]` float32 tiles live at once): each part's ds̄
+    (float32; its sums over X accumulated tile by tile) goes to `finish(ds̄ part, s̄, slots)`,
+    and the pulls of the query rows on the key rows add up as one `[C, C]` matrix per head
+    (the exact path's sub-chunks fill its column blocks)."""
+    C = sides[0].x_in.shape[0]
+    options = dict(S=S, tile=tile, slot_tile=slot_tile, intra=intra, gradient=gradient,
+                   sigma=sigma)
+    # The branch holds the whole program (loops included): no value is live across it, so the
+    # exact path's larger live set cannot push the fast path's values to local memory.
+    lax.cond(_fast_path(g, C),
+             functools.partial(_tiled_grads, sides, stores, s_in, g, finish, True, **options),
+             functools.partial(_tiled_grads, sides, stores, s_in, g, finish, False, **options))
+
+
+def _tiled_grads(sides, stores, s_in, g: Rows, finish, fast: bool, *, S: int, tile: int,
+                 slot_tile: int, intra: Products, gradient: Products, sigma) -> None:
+    """`slot_input_grads_tiled` on the fast or the exact path."""
+    C, M = sides[0].x_in.shape[0], sides[0].x_end.shape[1]
+    parts = [slice(start, start + slot_tile) for start in range(0, M, slot_tile)]
+    sums = [_feature_sums(side, tile, parts, intra) for side in sides]
+    pair_mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
+    pulls, written = [0.0] * sum(len(side.heads) for side in sides), []
+    for p, slots in enumerate(parts):
+        G, s = g(0, C, slots), s_in(slots)
+        within = functools.partial(_within_chunk, sides, [pairs for _, pairs in sums], s,
+                                   slots, intra=intra, gradient=gradient)
+        if fast:
+            ds, part_pulls = within(jnp.exp(G), jnp.exp(-G), pair_mask)
+        else:
+            ds, part_pulls = _by_subchunks(within, g, G, slots, S, pair_mask, len(pulls))
+        pulls = [a + b for a, b in zip(pulls, part_pulls, strict=True)]
+        exit_decay = _masked(jnp.exp(g(C - 1, 1, slots) - G), exiting(sigma, C))
+        finish(ds + exit_decay * sum(state_sums[p] for state_sums, _ in sums), s, slots)
+        written.append(gradient.operand(s * exit_decay))
+    pulls = iter([gradient.operand(pull) for pull in pulls])
+    for side, store in zip(sides, stores, strict=True):
+        _feature_grads(side, store, tile, parts, written, [next(pulls) for _ in side.heads],
+                       gradient)
+
+
+def _within_chunk(sides, pairs, s, slots, query, key, mask, *, intra: Products,
+                  gradient: Products):
+    """For the slots `slots`: ds̄'s within-chunk part `[C, part]`, and per head the pulls
+    `[C, C]` of the query rows whose factors `query` `[C, part]` are not 0 (key: the key
+    rows' factors; mask: the pairs taken) on the key rows."""
+    C = s.shape[0]
+    ds, pulls, s_key = 0.0, [], gradient.operand(s * key)
+    for side, side_pairs in zip(sides, pairs, strict=True):
+        for (_, weights), pair in zip(side.heads, side_pairs, strict=True):
+            w = weights(0, C, slots) * query
+            ds += key * intra.mm(jnp.where(mask, _scaled(side.scale, pair), 0.0), w)
+            pulls.append(jnp.where(mask, gradient.mm_nt(s_key, w), 0.0))
+    return ds, pulls
+
+
+def _by_subchunks(within, g: Rows, G, slots, S: int, mask, num_pulls: int):
+    """The exact path: the query rows by sub-chunks of S, each factorised at its first row
+    (`_input_grads_subchunks`); its query factors are 0 outside it, so each step adds only
+    its own columns of the pulls. A loop."""
+    C = G.shape[0]
+    rows = iota((C, 1), 0)
+
+    def sub_chunk(ib, carry):
+        ref, start, end = g(ib * S, 1, slots), ib * S, (ib + 1) * S
+        query = jnp.exp(jnp.where((rows >= start) & (rows < end), G - ref, -jnp.inf))
+        key = jnp.exp(jnp.where(rows < end, ref - G, -jnp.inf))
+        ds, pulls = within(query, key, mask)
+        return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
+
+    zeros = [jnp.zeros((C, C), F32)] * num_pulls
+    return lax.fori_loop(0, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
+
+
+def _feature_tiles(x_ref, tile: int, step, init):
+    """`carry = step(cols, carry)` over the column tiles of x_ref (one tile when `tile` does
+    not divide its width), a `fori_loop`."""
+    width = x_ref.shape[1]
+    tile = tile if width % tile == 0 else width
+    cols = lambda j: pl.ds(pl.multiple_of(j * tile, tile), tile)
+    return lax.fori_loop(0, width // tile, lambda j, carry: step(cols(j), carry), init)
+
+
+def _feature_sums(side: InputSide, tile: int, parts, intra: Products):
+    """One side's sums over X: ds̄'s state part x_in·x_end `[C, part]` per slot part, and the
+    within-chunk pairs x_in·inputsᵀ `[C, C]` per head."""
+
+    def step(cols, carry):
+        state_sums, pairs = carry
+        x_in = side.x_in[:, cols]
+        pairs = [pair + intra.mm_nt(x_in, inputs(0, C, cols), True, True)
+                 for (inputs, _), pair in zip(side.heads, pairs, strict=True)]
+        state_sums = [state_sum + intra.mm(x_in, side.x_end[cols, slots], exact_a=True)
+                      for state_sum, slots in zip(state_sums, parts, strict=True)]
+        return state_sums, pairs
+
+    C = side.x_in.shape[0]
+    init = ([jnp.zeros((C, slots.stop - slots.start), F32) for slots in parts],
+            [jnp.zeros((C, C), F32) for _ in side.heads])
+    return _feature_tiles(side.x_in, tile, step, init)
+
+
+def _feature_grads(side: InputSide, store, tile: int, parts, written, pulls,
+                   gradient: Products):
+    """One side's dx tile by tile: written·x_endᵀ (by slot parts) + Σ_heads pull·inputs."""
+    C = pulls[0].shape[0]
+
+    def step(cols, carry):
+        dx = 0.0
+        for part, slots in zip(written, parts, strict=True):
+            dx += gradient.mm_nt(part, side.x_end[cols, slots])
+        for (inputs, _), pull in zip(side.heads, pulls, strict=True):
+            dx += _scaled(side.scale, gradient.mm(pull, inputs(0, C, cols), exact_b=True))
+        store(cols, dx)
+        return carry
+
+    _feature_tiles(side.x_in, tile, step, 0)
 
 
 def _input_grads_fast(sides, s_in, g: Rows, *, intra: Products, gradient: Products, sigma):

@@ -48,7 +48,7 @@ def _backward_params(st: Static):
 
 LAYOUT = Layout(
     head_major=False,
-    params=lambda st, warps, num_axes, sequential_last: _params(warps, 1),
+    params=lambda st, warps, num_axes, sequential_last, stages: _params(warps, stages),
     interpret=lambda st: st.interpret,
     cumsum=lambda x: jnp.cumsum(x, axis=0),
     reverse_cumsum=lambda x: jnp.sum(x, axis=0, keepdims=True) - jnp.cumsum(x, axis=0) + x,

@@ -138,7 +138,7 @@ class Layout:
     """Where time and heads sit, and the backend's kernel parameters.
 
     head_major: arrays are `[B, H, T, d]` (TPU) rather than `[B, T, H, d]` (GPU).
-    params: `(st, num_warps, num_grid_axes, sequential_last)` → compiler params.
+    params: `(st, num_warps, num_grid_axes, sequential_last, num_stages)` → compiler params.
     interpret: `st` → the `interpret=` argument of `pallas_call`.
     cumsum / reverse_cumsum: in-kernel inclusive (reverse) cumulative sums over rows of a
       float32 `[C, M]` tile.
@@ -175,10 +175,10 @@ class Layout:
                             lambda *grid: _place(index(*grid), (0, 2, 1), 5))
 
     def head_rows(self, ref, r: int) -> Rows:
-        """Rows of query head r of a `grouped_seq` block."""
+        """Rows of query head r of a `grouped_seq` block (all features, or the slice `cols`)."""
         if self.head_major:
-            return lambda start, size: ref[r, pl.ds(start, size), :]
-        return lambda start, size: ref[pl.ds(start, size), r, :]
+            return lambda start, size, cols=slice(None): ref[r, pl.ds(start, size), cols]
+        return lambda start, size, cols=slice(None): ref[pl.ds(start, size), r, cols]
 
     def rows_spec(self, rows: int, index: Callable) -> pl.BlockSpec:
         """Block of `rows` steps of a per-row array (log-sum-exp, D) in `row_vectors` form;

@@ -37,6 +37,7 @@ from pallas_kernels.nha.chunk_math import (
     iota,
     rows_of,
     slot_input_grads,
+    slot_input_grads_tiled,
     slot_scores,
 )
 from pallas_kernels.nha.chunk_math import slot_readout as readout_form
@@ -140,10 +141,10 @@ def _kv(bhc, group):
 
 
 def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_shape, warps, name,
-          **kwargs):
+          stages=1, **kwargs):
     return pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        compiler_params=layout.params(st, warps, len(grid), False),
+        compiler_params=layout.params(st, warps, len(grid), False, stages),
         interpret=layout.interpret(st), name=name, **kwargs)
 
 
@@ -439,36 +440,56 @@ def _backward_slots_kernel(*refs, st: Static, layout: Layout, part: str):
     take = lambda count: [next(refs) for _ in range(count)]
     heads = lambda in_ref, w_ref: [(layout.head_rows(in_ref, r), layout.head_rows(w_ref, r))
                                    for r in range(st.group)]
+    tile = st.blocks.slot_input_block
+    read = (lambda ref: ref[...]) if tile is None else (lambda ref: ref)  # tiled: in its loop
     sides = []
     if part != "values":
         q_ref, da_ref, ks_ref, kend_ref = take(4)
-        sides.append(InputSide(ks_ref[...], kend_ref[...], heads(q_ref, da_ref), st.scale))
+        sides.append(InputSide(read(ks_ref), read(kend_ref), heads(q_ref, da_ref), st.scale))
     if part != "keys":
         do_ref, p_ref, qg_ref, vs_ref, vend_ref = take(5)
-        sides.append(InputSide(vs_ref[...], vend_ref[...], heads(do_ref, p_ref), 1.0))
+        sides.append(InputSide(read(vs_ref), read(vend_ref), heads(do_ref, p_ref), 1.0))
     ss_ref, gc_ref = take(2)
     ds_keys_ref = take(1)[0] if part == "values" else None
     outs = list(refs)
     C = st.blocks.chunk
     valid = stream_rows_valid(st, 2)(0, C)  # else: tokens that never enter the slots, gradient 0
-    s_in = jnp.where(valid, ss_ref[...].astype(F32), 0.0)
     products = slot_products(st, sides[0].x_in.dtype)
-    dxs, ds = slot_input_grads(sides, s_in, rows_of(gc_ref), S=st.blocks.sub_chunk,
-                               intra=products.intra, gradient=products.gradient,
-                               sigma=_segments(doc["sigma"], layout))
-    for out_ref, dx in zip(outs[:len(dxs)], dxs, strict=True):
-        out_ref[...] = jnp.where(valid, dx, 0.0).astype(out_ref.dtype)
-    if part == "keys":
-        outs[1][...] = ds
+    options = dict(S=st.blocks.sub_chunk, intra=products.intra, gradient=products.gradient,
+                   sigma=_segments(doc["sigma"], layout))
+
+    def finish(ds, s_in, slots=None):
+        """Stores ds̄'s part (keys), or ds̄ and the log-gate gradient (values, both), of the
+        slots `slots` (all when None)."""
+        at, cols = (..., ()) if slots is None else ((slice(None), slots), (slots,))
+        if part == "keys":
+            outs[1][at] = ds
+            return
+        dss_ref, dg_ref = outs[len(sides):]
+        if ds_keys_ref is not None:
+            ds = ds + ds_keys_ref[at]
+        dG = sum(layout.head_rows(qg_ref, r)(0, C, *cols) for r in range(st.group)) - s_in * ds
+        # The log gate g_j enters every G_t with t ≥ j: reverse cumulative sum within the
+        # chunk (api.py adds the later chunks and zeroes the document starts' gates).
+        dg_ref[at] = jnp.where(valid, layout.reverse_cumsum(dG), 0.0)
+        dss_ref[at] = jnp.where(valid, ds, 0.0).astype(dss_ref.dtype)
+
+    if tile is None:
+        s_in = jnp.where(valid, ss_ref[...].astype(F32), 0.0)
+        dxs, ds = slot_input_grads(sides, s_in, rows_of(gc_ref), **options)
+        for out_ref, dx in zip(outs[:len(dxs)], dxs, strict=True):
+            out_ref[...] = jnp.where(valid, dx, 0.0).astype(out_ref.dtype)
+        finish(ds, s_in)
         return
-    dss_ref, dg_ref = outs[len(dxs):]
-    if ds_keys_ref is not None:
-        ds = ds + ds_keys_ref[...]
-    dG = sum(layout.head_rows(qg_ref, r)(0, C) for r in range(st.group)) - s_in * ds
-    # The log gate g_j enters every G_t with t ≥ j: reverse cumulative sum within the chunk
-    # (api.py adds the later chunks and zeroes the document starts' gates).
-    dg_ref[...] = jnp.where(valid, layout.reverse_cumsum(dG), 0.0)
-    dss_ref[...] = jnp.where(valid, ds, 0.0).astype(dss_ref.dtype)
+
+    def store(out_ref, cols, dx):
+        out_ref[:, cols] = jnp.where(valid, dx, 0.0).astype(out_ref.dtype)
+
+    slots, slot_tile = ss_ref.shape[-1], st.blocks.slot_input_slot_block
+    slot_input_grads_tiled(
+        sides, [functools.partial(store, out_ref) for out_ref in outs[:len(sides)]],
+        lambda cols: jnp.where(valid, ss_ref[:, cols].astype(F32), 0.0), rows_of(gc_ref),
+        finish, tile=tile, slot_tile=slot_tile if slots % slot_tile == 0 else slots, **options)
 
 
 def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, docs: SlotDocs | None,
@@ -501,6 +522,7 @@ def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, docs: Sl
             st, (batch, kv_heads, length // st.blocks.chunk), doc_specs + in_specs,
             list(out_specs), list(out_shapes), st.blocks.slot_backward_num_warps,
             f"nha_backward_slot_inputs{'' if part == 'both' else '_' + part}",
+            st.blocks.slot_input_num_stages if st.blocks.slot_input_block else 1,
         )(*doc_arrays, *arrays)
 
     value_outs = [out(vs), out(ss), out(ss, F32)]

@@ -52,7 +52,8 @@ def _interpret(st: Static):
 
 LAYOUT = Layout(
     head_major=True,
-    params=lambda st, warps, num_axes, sequential_last: _params(num_axes, sequential_last),
+    params=lambda st, warps, num_axes, sequential_last, stages: _params(
+        num_axes, sequential_last),
     interpret=_interpret,
     cumsum=triangular_cumsum,
     reverse_cumsum=triangular_reverse_cumsum,

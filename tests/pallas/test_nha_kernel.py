@@ -172,11 +172,11 @@ def test_tpu_kernel_gradients():
     check(make_inputs(6, 1, 21, 4, 2), 8, "mask", backend="tpu")
 
 
-def _interpret(monkeypatch, backend=None):
+def _interpret(monkeypatch, backend=None, blocks=TINY):
     """The ops' pallas rungs run the `backend`'s kernels (default: the GPU's) in interpret mode
     with the tiny tiles (on this CPU they would otherwise refuse: no kernel platform)."""
     monkeypatch.setattr(api, "native_hybrid_attention", functools.partial(
-        api.native_hybrid_attention, interpret=True, block_sizes=TINY, backend=backend))
+        api.native_hybrid_attention, interpret=True, block_sizes=blocks, backend=backend))
     monkeypatch.setattr(api, "unsupported", functools.partial(api.unsupported, interpret=True,
                                                               backend=backend))
 
@@ -294,6 +294,37 @@ def test_gpu_kernel_split_slot_backward(window):
     check(make_inputs(2, 1, 21, 4, 2), window, "sink" if window == 0 else "mask", blocks=blocks)
 
 
+# The slot-input kernels over feature tiles in a loop, the slots in parts between
+# (`BlockSizes.slot_input_block`): tiles and parts of 2, so that every loop takes several steps.
+TILED = dataclasses.replace(TINY, split_slot_backward=True, slot_input_block=2,
+                            slot_input_slot_block=2)
+
+
+@pytest.mark.parametrize(("T", "window", "split"), [
+    (37, 16, True), pytest.param(37, 16, False, marks=pytest.mark.slow),
+    pytest.param(35, 0, True, marks=pytest.mark.slow)])
+def test_op_slot_input_tiles(monkeypatch, T, window, split):
+    """`BlockSizes.slot_input_block`, split and fused slot-input kernels: packed documents, an
+    initial state (at w = 16 its ring is two chunks), GQA, odd T, w = 0 (the slots alone)
+    and 16; 4 key, 8 value features and 4 slots in tiles of 2. (T 37, 31 and 29 at w = 0 draw
+    gates down to −128, beyond the sub-chunk path's range at sub-chunk = chunk = 8: the default
+    kernels fail there too.)"""
+    _interpret(monkeypatch, blocks=dataclasses.replace(TILED, split_slot_backward=split))
+    check_op(T, window, K=4, V=8, M=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("window", "options"), [
+    (0, {}), (16, {}), (3, dict(sub_chunk=4, gate_scale=8.0))])
+def test_gpu_kernel_slot_input_tiles(window, options):
+    """`BlockSizes.slot_input_block` through the kernel API: w = 0 (GQA, sink mode), w = 16
+    (slot inputs read in place), and strong gates (the exact path's sub-chunk loop)."""
+    gate_scale = options.pop("gate_scale", 0.5)
+    x = make_inputs(2, 1, 37 if window != 3 else 23, 4, 2, gate_scale=gate_scale)
+    check(x, window, "sink" if window == 0 else "mask",
+          blocks=dataclasses.replace(TILED, **options))
+
+
 @pytest.mark.parametrize("backend, grads", [
     ("gpu", False), ("tpu", False), pytest.param("gpu", True, marks=pytest.mark.slow),
     pytest.param("tpu", True, marks=pytest.mark.slow)])
@@ -384,6 +415,10 @@ def test_op_head_dim_256(interpret_kernels):
     pytest.param(512, 128, 2, {}, 11, marks=pytest.mark.slow),  # plain, slot inputs in place
     pytest.param(512, 128, 2, dict(precision="split"), 11, marks=pytest.mark.slow),
     pytest.param(512, 128, 2, dict(split_slot_backward=True), 13, marks=pytest.mark.slow),
+    (200, 128, 2, dict(documents=True, state=True, split_slot_backward=True,
+                       slot_input_block=64), 13),  # the slot-input kernels' feature loop
+    pytest.param(32, 256, 1, dict(documents=True, state=True, slot_input_block=64), 11,
+                 marks=pytest.mark.slow),
     pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
     pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
     (2000, 128, 2, dict(documents=True), 3),  # idle slots, the window kernels' document bounds
@@ -399,7 +434,8 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv
     ring = window if options.get("state") else 0
     blocks = dataclasses.replace(default_block_sizes("gpu", D),
                                  slot_precision=options.get("precision", "mixed"),
-                                 split_slot_backward=options.get("split_slot_backward", False))
+                                 split_slot_backward=options.get("split_slot_backward", False),
+                                 slot_input_block=options.get("slot_input_block"))
     inputs = [spec(B, T, H, D), spec(B, T, kv_heads, D), spec(B, T, kv_heads, D),
               spec(B, T, kv_heads, M, dtype=jnp.float32),
               spec(B, T, kv_heads, M, dtype=jnp.float32), spec(B, T, H, D),
