@@ -147,10 +147,11 @@ def native_hybrid_attention(
       return_final_state: also return the state after the last token.
       empty_slots: "mask" (leave empty slots out) or "sink" (zero-value sinks, original code).
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
-      implementation: "attention", "pallas", "reference", "xla" or None (auto on a GPU:
-        "attention" when the slots are idle and empty ones masked — w ≥ T without a state, where
-        the op is causal attention of the window branch — else "pallas" where the kernels take
-        the call, else "xla", logged; on a TPU "pallas" only when named).
+      implementation: "attention" (idle slots, empty ones masked — w ≥ T without a state,
+        where the op is causal attention of the window branch — by `ops.attention`; only when
+        named, not yet timed), "pallas", "reference", "xla" or None (auto: "pallas" on a GPU
+        where the kernels take the call, else "xla", logged; on a TPU "pallas" only when
+        named).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, NHAState)`; the state's arrays take the
@@ -665,10 +666,13 @@ def nha_as_attention(q, q_window, tokens, slots_visible, slot_keys, slot_values,
     branch within each document, run by `ops.attention`'s fastest rung (cuDNN, or the flash
     kernel with segment ids, which visits only each document's blocks); the slot states pass
     through unchanged, as nothing enters them."""
-    del q, tokens, slots_visible, window, empty_slots, chunk_size, slots_idle
-    dtype = q_window.dtype
-    out = attention(q_window, call.k_window.astype(dtype), call.v.astype(dtype), causal=True,
-                    scale=scale, segment_ids=call.segment_ids)
+    del q, q_window, tokens, slots_visible, window, empty_slots, chunk_size, slots_idle
+    # The window branch's own dtype (bf16 for the fast kernels), not the op's compute dtype
+    # (float32 at least: the slots' recurrent math).
+    dtype = jnp.result_type(call.q_window, call.k_window, call.v)
+    out = attention(call.q_window.astype(dtype), call.k_window.astype(dtype),
+                    call.v.astype(dtype), causal=True, scale=scale,
+                    segment_ids=call.segment_ids)
     return out, slot_keys, slot_values
 
 
@@ -681,8 +685,10 @@ def _attention_unsupported(*args, slots_idle, empty_slots, **kwargs) -> str | No
 
 
 _RUNGS = (
-    # Chosen automatically on GPUs only, where `ops.attention` has its fast rungs.
-    Rung("attention", nha_as_attention, _attention_unsupported, auto_platforms=("gpu",)),
+    # Not yet chosen automatically: its one model run (session 16) fed ops.attention float32
+    # (the op's compute dtype), which fell to the XLA rung; fixed, but not yet timed against
+    # the NHA kernels' document-bounded windows. `implementation="attention"` runs it.
+    Rung("attention", nha_as_attention, _attention_unsupported, auto_platforms=()),
     # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
     # interpret mode and compile for TPUs (pallas_kernels/nha/NOTES.md, "TPU lowering"), but
     # never ran on one; `implementation="pallas"` runs them there.

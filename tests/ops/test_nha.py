@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.ops import dispatch
 from hybrid_jax.ops import nha as nha_ops
 from hybrid_jax.ops.attention import attention
 from hybrid_jax.ops.gsa import gated_slot_attention
@@ -194,8 +193,8 @@ def test_window_zero_is_gsa_and_full_window_is_causal_attention(x64):
 def test_attention_rung_takes_idle_slots_only(x64, monkeypatch):
     """The "attention" rung (idle slots, empty ones masked: causal attention of the window
     branch) against the reference, values and gradients of every input with packed documents
-    and the final state; chosen automatically on a GPU for those calls only, refused by name
-    otherwise."""
+    and the final state; refused by name otherwise; it hands `ops.attention` the window
+    branch's own dtype (bf16 for the GPU's kernels), not the op's float32 compute dtype."""
     T = 21
     args = _inputs(T, H=4, G=2, seed=5)
     segment_ids = jnp.asarray([[0] * 6 + [1] * 15, [0] * 20 + [1]])
@@ -219,10 +218,18 @@ def test_attention_rung_takes_idle_slots_only(x64, monkeypatch):
     with pytest.raises(ValueError, match="zero-value sinks"):
         native_hybrid_attention(*args[:5], window=T, implementation="attention",
                                 empty_slots="sink")
-    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
-    rung, _ = dispatch.choose("nha", nha_ops._RUNGS, None, window=T, scale=1.0,
-                              empty_slots="mask", chunk_size=C, slots_idle=True, call=None)
-    assert rung.name == "attention"
+    dtypes = []
+
+    def spy(q, k, v, **kwargs):
+        dtypes.append((q.dtype, k.dtype, v.dtype))
+        return attention(q, k, v, **kwargs)
+
+    monkeypatch.setattr(nha_ops, "attention", spy)
+    bf16 = [x.astype(jnp.bfloat16 if i in (2, 5, 6) else jnp.float32)
+            for i, x in enumerate(args)]
+    out = native_hybrid_attention(*bf16[:5], window=T, q_window=bf16[5], k_window=bf16[6],
+                                  segment_ids=segment_ids, implementation="attention")
+    assert dtypes == [(jnp.bfloat16,) * 3] and out.dtype == jnp.float32
 
 
 @pytest.mark.parametrize("window", [7, pytest.param(0, marks=pytest.mark.slow),
