@@ -685,10 +685,11 @@ def _attention_unsupported(*args, slots_idle, empty_slots, **kwargs) -> str | No
 
 
 _RUNGS = (
-    # Not yet chosen automatically: its one model run (session 16) fed ops.attention float32
-    # (the op's compute dtype), which fell to the XLA rung; fixed, but not yet timed against
-    # the NHA kernels' document-bounded windows. `implementation="attention"` runs it.
-    Rung("attention", nha_as_attention, _attention_unsupported, auto_platforms=()),
+    # Not chosen automatically (auto=False: no fallback log on every other call) until timed:
+    # its one model run (session 16) fed ops.attention float32 (the op's compute dtype), which
+    # fell to the XLA rung; fixed, but not yet timed against the NHA kernels' document-bounded
+    # windows. `implementation="attention"` runs it.
+    Rung("attention", nha_as_attention, _attention_unsupported, auto=False),
     # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
     # interpret mode and compile for TPUs (pallas_kernels/nha/NOTES.md, "TPU lowering"), but
     # never ran on one; `implementation="pallas"` runs them there.
