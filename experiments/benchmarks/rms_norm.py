@@ -71,6 +71,8 @@ VARIANTS = {
     "forward 4 warps": lambda b: dict(num_warps=4),
 }
 
+INTERPRET = {"on": False}
+
 
 def parse_variants(text: str) -> list[str]:
     """`--variants`: none, all, or ';'-separated labels of `VARIANTS`."""
@@ -82,7 +84,15 @@ def parse_variants(text: str) -> list[str]:
         raise ValueError(f"--variants: unknown {unknown}; expected none, all or ';'-separated "
                          f"labels of {list(VARIANTS)}")
     return labels
-INTERPRET = {"on": False}
+
+
+def variant_blocks(label: str | None, group: int, form: str) -> BlockSizes | None:
+    """The kernels' tiles of `VARIANTS[label]` for this group and form (None: the rung's own
+    defaults)."""
+    if label is None:
+        return None
+    base = default_block_sizes(group, form != "plain")
+    return dataclasses.replace(base, **VARIANTS[label](base))
 
 
 def make_inputs(rows, channels, seed=0):
@@ -135,8 +145,7 @@ def part_check(args) -> list[dict]:
               for c, g, f in ((2048, 2048, "gated_inside"), (1536, 512, "gated"))]
     for n, channels, group, form, label in cases:
         group = channels if form == "plain" else group
-        base = default_block_sizes(group, form != "plain")
-        blocks = None if label is None else dataclasses.replace(base, **VARIANTS[label](base))
+        blocks = variant_blocks(label, group, form)
         row = dict(rows=n, C=channels, group=group, form=form, variant=label or "-",
                    passed=False)
         x, z, g, dy = make_inputs(n, channels, seed=n + channels)
@@ -184,9 +193,8 @@ def part_table(args) -> list[dict]:
                        for a in make_inputs(n, channels))
         for form in forms:
             group = channels if form == "plain" else shape_group
-            base = default_block_sizes(group, form != "plain")
             runs = [("xla", None), ("pallas", None)] + [
-                (f"pallas ({label})", dataclasses.replace(base, **VARIANTS[label](base)))
+                (f"pallas ({label})", variant_blocks(label, group, form))
                 for label in args.variants]
             for impl, blocks in runs:
                 row = dict(C=channels, group=group, model=model, form=form, impl=impl)

@@ -157,7 +157,8 @@ def _window_attention_kernel(*refs, st: Static, length: int):
     optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids [, first]] (_doc_inputs)
     a_ref = optional.pop(0) if st.slots else None
     holds_ref = optional.pop(0) if st.slots and st.documents else None
-    qid_ref, kid_ref, first_ref = (optional + [None])[:3] if st.documents else (None,) * 3
+    qid_ref, kid_ref = optional[:2] if st.documents else (None, None)
+    first_ref = optional[2] if st.document_bounds else None
     o_ref, lse_ref = refs[-2:]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
@@ -245,7 +246,8 @@ def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static)
 
 def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                                     st: Static, length: int):
-    qid_ref, kid_ref, first_ref = (list(refs[:-1]) + [None])[:3] if st.documents else (None,) * 3
+    qid_ref, kid_ref = refs[:2] if st.documents else (None, None)
+    first_ref = refs[2] if st.document_bounds else None
     dqw_ref = refs[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
@@ -292,7 +294,8 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st
 
 def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, st: Static,
                           length: int):
-    kid_ref, qid_ref, last_ref = (list(refs[:-2]) + [None])[:3] if st.documents else (None,) * 3
+    kid_ref, qid_ref = refs[:2] if st.documents else (None, None)
+    last_ref = refs[2] if st.document_bounds else None
     dkw_ref, dv_ref = refs[-2:]
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
     first = pl.program_id(2) * BK  # a position of the key arrays; queries sit st.offset later
