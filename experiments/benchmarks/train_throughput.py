@@ -114,6 +114,17 @@ def with_conv(config: ModelConfig, implementation: str | None) -> ModelConfig:
         else spec for spec in config.layers))
 
 
+def with_full_window_nha(config: ModelConfig, implementation: str | None) -> ModelConfig:
+    """`config` with its full-window NHA layers (`window=None`: causal attention beside the
+    slots) forced to an `ops.native_hybrid_attention` implementation, e.g. "attention"."""
+    if implementation is None:
+        return config
+    return config.replace(layers=tuple(
+        layer("nha", **{**dict(spec.options), "implementation": implementation})
+        if spec.type == "nha" and dict(spec.options).get("window", 0) is None
+        else spec for spec in config.layers))
+
+
 @dataclasses.dataclass
 class Built:
     """A compiled train step of one benchmark row, its state and its batches."""
@@ -128,10 +139,12 @@ class Built:
 
 
 def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, scan: bool,
-               packed: bool, attention: str | None = None, conv: str | None = None) -> Built:
+               packed: bool, attention: str | None = None, conv: str | None = None,
+               nha: str | None = None) -> Built:
     """The trainer's own `init_train_state` / `make_train_step` for a benchmark row, compiled,
     with 4 batches on the device (module docstring: packed text from `data`, or synthetic)."""
-    config = with_conv(with_attention(model_config(name), attention), conv).replace(
+    config = with_full_window_nha(with_conv(with_attention(model_config(name), attention), conv),
+                                  nha).replace(
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=remat,
         scan_layers=scan)
     batch = max(tokens // length, 1)
@@ -186,11 +199,12 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
     scan = args.scan if scan is None else scan
     batch = max(args.tokens // length, 1)
     row = {"model": name, "T": length, "B": batch, "scan": scan, "remat": args.remat,
-           "attn": attention or "auto", "conv": args.conv or "auto",
+           "attn": attention or "auto", "conv": args.conv or "auto", "nha": args.nha or "auto",
            "data": ("text" if args.data else "synthetic") if packed else "random, unpacked"}
     try:
         built = build_step(name, length, tokens=args.tokens, data=args.data, remat=args.remat,
-                           scan=scan, packed=packed, attention=attention, conv=args.conv)
+                           scan=scan, packed=packed, attention=attention, conv=args.conv,
+                           nha=args.nha)
         row.update(built.info)
         state, step, batches = built.state, built.step, built.batches
         for i in range(2):
@@ -243,13 +257,13 @@ def torch_peer(name: str, length: int, args) -> dict:
 
 def add_ratios(rows: list[dict], baseline: str) -> None:
     """Sets `vs_base` (tokens/s over `baseline`'s row at the same T, data, scan and remat, on
-    the automatic attention and conv rungs) and `vs_torch` (over the PyTorch peer's row of the
+    the automatic attention, conv and NHA rungs) and `vs_torch` (over the PyTorch peer's row of the
     same model and T) on every timed JAX row that has one."""
     setting = lambda r: (r["T"], r["data"], r.get("scan"), r.get("remat"))  # noqa: E731
     timed = [r for r in rows if "tokens_per_s" in r]
     base = {setting(r): r["tokens_per_s"] for r in timed if r["model"] == baseline
             and r.get("impl", "jax") == "jax" and r.get("attn") == "auto"
-            and r.get("conv") == "auto"}
+            and r.get("conv") == "auto" and r.get("nha", "auto") == "auto"}
     torch = {(r["model"], r["T"]): r["tokens_per_s"] for r in timed if r.get("impl") == "torch"}
     for row in timed:
         if row.get("impl", "jax") != "jax":
@@ -283,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the layer scan's cost")
     parser.add_argument("--conv", default=None,
                         help="force an ops.short_conv rung in every layer that has short convs")
+    parser.add_argument("--nha", default=None,
+                        help="force an ops.native_hybrid_attention rung in the full-window NHA "
+                             "layers (e.g. 'attention': causal attention of the window branch)")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--baseline", default="",

@@ -37,7 +37,10 @@ class Rung:
     then logged with that reason), while a named `implementation=` still runs it wherever it is
     supported. `platforms`: the only ones it runs on at all (cuDNN on GPUs, a TPU kernel);
     elsewhere auto passes over it without a word, since it is no faster rung there, and its
-    `unsupported` says why to a named call.
+    `unsupported` says why to a named call. `applies(*args, **kwargs)`: for a rung that runs a
+    special case of the op (NHA whose slots never enter the softmax is causal attention):
+    auto passes over it without a word where the case does not arise, as it is no faster
+    rung for those calls; where it arises, `unsupported` may still refuse (and is logged).
     """
 
     name: str
@@ -46,6 +49,7 @@ class Rung:
     auto: bool = True
     auto_platforms: tuple[str, ...] | None = None
     platforms: tuple[str, ...] | None = None
+    applies: Callable[..., bool] | None = None
 
 
 def backend() -> str:
@@ -74,6 +78,8 @@ def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: An
     reasons = []
     for rung in rungs:
         if not rung.auto or (rung.platforms is not None and backend() not in rung.platforms):
+            continue
+        if rung.applies is not None and not rung.applies(*args, **kwargs):
             continue
         if rung.auto_platforms is not None and backend() not in rung.auto_platforms:
             where = (f"only on {', '.join(rung.auto_platforms)}" if rung.auto_platforms

@@ -38,7 +38,9 @@ the ring length. `nha_empty_state` builds the state of an empty sequence;
 `native_hybrid_attention_step` advances it by one token (decoding), O(M·(K+V) + w·(D+V)) per
 head.
 
-Rungs: "pallas" (the kernels of `pallas_kernels.nha`: GPU bf16/fp16 calls, head dims 64, 128
+Rungs: "attention" (idle slots, empty ones masked: causal attention of the window branch by
+`ops.attention`, auto on an accelerator where that takes a kernel), "pallas" (the kernels of
+`pallas_kernels.nha`: GPU bf16/fp16 calls, head dims 64, 128
 or 256, with segment ids, states and GQA; auto picks it where supported; a gate of
 `RESET_LOG_DECAY` in every slot and kv head counts as a document start there, as it does in
 the other rungs numerically; per-slot gates summing below about −87 over 15 consecutive tokens
@@ -70,9 +72,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.ops.attention import attention, masked_softmax
+from hybrid_jax.ops.attention import attention, attention_rung, masked_softmax
 from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check_floating
-from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
@@ -148,10 +150,10 @@ def native_hybrid_attention(
       empty_slots: "mask" (leave empty slots out) or "sink" (zero-value sinks, original code).
       chunk_size: chunk length of the "xla" rung, a power of two (any T).
       implementation: "attention" (idle slots, empty ones masked — w ≥ T without a state,
-        where the op is causal attention of the window branch — by `ops.attention`; only when
-        named, not yet timed), "pallas", "reference", "xla" or None (auto: "pallas" on a GPU
-        where the kernels take the call, else "xla", logged; on a TPU "pallas" only when
-        named).
+        where the op is causal attention of the window branch — by `ops.attention`), "pallas",
+        "reference", "xla" or None (auto: on an accelerator "attention" for idle slots where
+        `ops.attention` takes a kernel; then "pallas" on a GPU where the kernels take the
+        call, else "xla", logged; on a TPU "pallas" only when named).
 
     Returns:
       `o` `[B, T, H, V]` in the dtype of `q`, or `(o, NHAState)`; the state's arrays take the
@@ -676,20 +678,36 @@ def nha_as_attention(q, q_window, tokens, slots_visible, slot_keys, slot_values,
     return out, slot_keys, slot_values
 
 
-def _attention_unsupported(*args, slots_idle, empty_slots, **kwargs) -> str | None:
+def _attention_applies(*args, slots_idle, empty_slots, **kwargs) -> bool:
+    """Auto considers the "attention" rung for idle, masked slots on an accelerator (on a CPU
+    both are XLA: the op's own chunked window keeps no [T, T] scores)."""
+    return slots_idle and empty_slots == "mask" and backend() != "cpu"
+
+
+def _attention_unsupported(*args, slots_idle, empty_slots, call, **kwargs) -> str | None:
     if not slots_idle:
         return "the slots take part (a window shorter than the call, or an initial state)"
     if empty_slots != "mask":
         return "empty slots are zero-value sinks in the softmax (empty_slots='sink')"
+    if backend() == "cpu":
+        return None
+    # On an accelerator only where ops.attention takes a kernel: its XLA rung keeps the [T, T]
+    # scores, where the NHA kernels' document-bounded window does not.
+    dtype = jnp.result_type(call.q_window, call.k_window, call.v)
+    shaped = lambda x: jax.ShapeDtypeStruct(x.shape, dtype)  # noqa: E731
+    rung = attention_rung(shaped(call.q_window), shaped(call.k_window), shaped(call.v),
+                          segment_ids=call.segment_ids)
+    if rung == "xla":
+        return (f"ops.attention would run its XLA rung ([T, T] scores) for "
+                f"{jnp.dtype(dtype).name} head size {call.q_window.shape[-1]}")
     return None
 
 
 _RUNGS = (
-    # Not chosen automatically (auto=False: no fallback log on every other call) until timed:
-    # its one model run (session 16) fed ops.attention float32 (the op's compute dtype), which
-    # fell to the XLA rung; fixed, but not yet timed against the NHA kernels' document-bounded
-    # windows. `implementation="attention"` runs it.
-    Rung("attention", nha_as_attention, _attention_unsupported, auto=False),
+    # Idle slots (nha-hybrid's full-window layers) only, where it is chosen first: causal
+    # attention's flash kernel against the NHA kernels' document-bounded window, nha-hybrid-340m
+    # on packed WikiText-2 at T 8192, 130,332 → 138,356 tokens/s (BENCHMARKS.md, session 17).
+    Rung("attention", nha_as_attention, _attention_unsupported, applies=_attention_applies),
     # Chosen automatically on GPUs only: the NHA kernels' TPU versions have run in TPU
     # interpret mode and compile for TPUs (pallas_kernels/nha/NOTES.md, "TPU lowering"), but
     # never ran on one; `implementation="pallas"` runs them there.

@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from experiments.benchmarks.train_throughput import add_ratios, main
+from experiments.benchmarks.train_throughput import (
+    add_ratios,
+    main,
+    model_config,
+    with_full_window_nha,
+)
 
 
 def test_ratios_against_the_baseline_and_the_torch_peer():
@@ -24,6 +29,16 @@ def test_ratios_against_the_baseline_and_the_torch_peer():
     assert rows[4]["vs_base"] == pytest.approx(0.8) and rows[4]["vs_torch"] == pytest.approx(1.6)
     assert rows[6]["vs_base"] == pytest.approx(3.0) and "vs_torch" not in rows[5]
     assert "vs_base" not in rows[7]
+    rows = [row("t", 100.0), row("n", 90.0), row("n", 120.0, nha="attention")]
+    add_ratios(rows, "n")  # a forced NHA rung is no baseline either
+    assert rows[1]["vs_base"] == 1.0 and rows[2]["vs_base"] == pytest.approx(120 / 90)
+
+
+def test_only_full_window_nha_layers_are_forced():
+    forced = with_full_window_nha(model_config("nha-hybrid-tiny"), "attention").layers
+    assert [dict(spec.options).get("implementation") for spec in forced] == [None, "attention"]
+    assert with_full_window_nha(model_config("nha-tiny"), "attention").layers == \
+        model_config("nha-tiny").layers
 
 
 def test_two_tiny_models_run_end_to_end_with_their_ratio(tmp_path, capfd):

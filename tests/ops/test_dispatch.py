@@ -55,3 +55,15 @@ def test_a_kernel_not_yet_run_anywhere_is_never_automatic(monkeypatch):
         "pallas: not chosen automatically on gpu (on no platform yet: not yet run on one; "
         "implementation='pallas' runs it)"]
     assert dispatch.choose("op", (untried, XLA), "pallas", 1) == (untried, [])
+
+
+def test_a_special_case_rung_is_no_candidate_where_its_case_does_not_arise(monkeypatch):
+    """`applies`: where False auto passes over the rung without a reason; where True its
+    `unsupported` may still refuse, with the reason; a named call asks only `unsupported`."""
+    special = Rung("attention", lambda x: "special", applies=lambda x: x > 0,
+                   unsupported=lambda x: None if x != 2 else "two is refused")
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    assert dispatch.choose("op", (special, XLA), None, 0) == (XLA, [])
+    assert dispatch.choose("op", (special, XLA), None, 1) == (special, [])
+    assert dispatch.choose("op", (special, XLA), None, 2) == (XLA, ["attention: two is refused"])
+    assert dispatch.choose("op", (special, XLA), "attention", 0) == (special, [])

@@ -1,12 +1,14 @@
 """native_hybrid_attention (reference, chunked xla, decode step) against a float64 numpy loop."""
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hybrid_jax.ops import dispatch
 from hybrid_jax.ops import nha as nha_ops
 from hybrid_jax.ops.attention import attention
 from hybrid_jax.ops.gsa import gated_slot_attention
@@ -20,6 +22,8 @@ from hybrid_jax.ops.nha import (
 )
 from hybrid_jax.ops.segments import RESET_LOG_DECAY
 from tests.helpers import assert_close, normals
+
+attention_module = importlib.import_module("hybrid_jax.ops.attention")  # not ops.attention()
 
 C = 16  # chunk size of the xla rung in these tests
 
@@ -230,6 +234,37 @@ def test_attention_rung_takes_idle_slots_only(x64, monkeypatch):
     out = native_hybrid_attention(*bf16[:5], window=T, q_window=bf16[5], k_window=bf16[6],
                                   segment_ids=segment_ids, implementation="attention")
     assert dtypes == [(jnp.bfloat16,) * 3] and out.dtype == jnp.float32
+
+
+def test_auto_takes_the_attention_rung_for_idle_slots_on_an_accelerator(monkeypatch):
+    """On a GPU (backend patched; traced only), auto runs idle, masked slots as causal attention
+    where `ops.attention` takes a kernel (bf16); float32 there would be its [T, T] XLA rung, so
+    auto passes over it and says why; calls whose slots take part, and CPUs, never hear of it."""
+    chosen = []
+
+    def choose_only(op, rungs, implementation, *args, **kwargs):
+        rung, reasons = dispatch.choose(op, rungs, implementation, *args, **kwargs)
+        chosen.append((rung.name, [r for r in reasons if r.startswith("attention")]))
+        return nha_ops.nha_xla(*args, **kwargs)
+
+    monkeypatch.setattr(nha_ops, "dispatch", choose_only)
+
+    def rung(platform, T, window, dtype):
+        for module in (dispatch, nha_ops, attention_module):
+            monkeypatch.setattr(module, "backend", lambda: platform)
+        args = [jax.ShapeDtypeStruct(x.shape, jnp.float32 if i == 4 else dtype)
+                for i, x in enumerate(_inputs(T, H=4, G=2, K=64, V=64, D=64, dtype=jnp.float32))]
+        jax.eval_shape(functools.partial(native_hybrid_attention, window=window),
+                       *args[:5], q_window=args[5], k_window=args[6],
+                       segment_ids=jax.ShapeDtypeStruct((2, T), jnp.int32))
+        return chosen.pop()
+
+    assert rung("gpu", 256, 256, jnp.bfloat16) == ("attention", [])
+    assert rung("gpu", 256, 1000, jnp.bfloat16) == ("attention", [])
+    assert rung("gpu", 256, 255, jnp.bfloat16)[1] == []  # the slots take part: no word
+    name, reasons = rung("gpu", 256, 256, jnp.float32)
+    assert name != "attention" and len(reasons) == 1 and "would run its XLA rung" in reasons[0]
+    assert rung("cpu", 256, 256, jnp.bfloat16) == ("xla", [])
 
 
 @pytest.mark.parametrize("window", [7, pytest.param(0, marks=pytest.mark.slow),
