@@ -69,10 +69,13 @@ from hybrid_jax import ops
 from hybrid_jax.ops.delta_rule import gated_delta_rule
 from hybrid_jax.ops.dispatch import IMPLEMENTATIONS
 from hybrid_jax.ops.gsa import gated_slot_attention
+from hybrid_jax.ops.segments import document_starts
 from hybrid_jax.ops.ssd import ssd
 from pallas_kernels.delta_rule import api as pallas_gdn
 from pallas_kernels.delta_rule.block_sizes import BlockSizes as GDNBlockSizes
 from pallas_kernels.delta_rule.block_sizes import default_block_sizes as gdn_block_sizes
+from pallas_kernels.nha import api as pallas_nha
+from pallas_kernels.nha.block_sizes import default_block_sizes as nha_block_sizes
 from pallas_kernels.ssd import api as pallas_ssd
 from pallas_kernels.ssd.block_sizes import BlockSizes
 
@@ -223,7 +226,17 @@ GDN_VARIANTS = (
 # The head dim each tile of a GDN kernel tiles ("value": of one V slice).
 GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
              "outputs_value_block": "value", "gradient_key_block": "key"}
-VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS))
+# NHA's pallas rung (profiled by op_kernels; linear_ops times no NHA): changes to its GPU
+# defaults at the shape's head dim (`pallas_kernels.nha.block_sizes.default_block_sizes`; at
+# D 256 the slot backward is unsplit at 8 warps, at D 128 split at 4).
+NHA_VARIANTS = {
+    "slot backward split w4": dict(split_slot_backward=True, slot_backward_num_warps=4),
+    "slot backward split w4 inputs tiled": dict(split_slot_backward=True,
+                                                slot_backward_num_warps=4, slot_input_block=64),
+    "slot backward unsplit w8": dict(split_slot_backward=False, slot_backward_num_warps=8),
+}
+VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
+                  *NHA_VARIANTS)
 COLUMNS = ["op", "impl", "B", "T", "H", "K", "V", "fwd_ms", "fwd_bwd_ms", "vs_fla_fwd",
            "vs_fla_fwd_bwd", "vs_cudnn_fwd_bwd", "temp_MiB", "error"]
 
@@ -387,16 +400,29 @@ def gdn_variants(shape: MixerShape) -> dict[str, GDNBlockSizes]:
     return variants
 
 
-def kernel_variants(name: str, shape: MixerShape, tuned=None, only=None) -> dict:
+def kernel_variants(name: str, shape: MixerShape, tuned=None, only=None,
+                    segment_ids=None, window: int = 512) -> dict:
     """"pallas (label)" → fn(*inputs) of each kernel variant of `name`'s pallas rung timed
-    beside it at `shape` (`only`: the labels to keep, None for all): `SSD_VARIANTS` and the
-    sweep's best (`tuned`), `gdn_variants(shape)`; none for other ops."""
+    beside it at `shape` (`only`: the labels to keep, None for all; `segment_ids` `[B, T]`:
+    packed documents): `SSD_VARIANTS` and the sweep's best (`tuned`), `gdn_variants(shape)`,
+    `NHA_VARIANTS` (at `window`); none for other ops."""
     if name == "ssd":
         variants = dict(SSD_VARIANTS, **({"sweep best": tuned} if tuned else {}))
-        call = lambda *a, blocks: pallas_ssd.ssd(*a, block_sizes=blocks)[0]
+        call = lambda *a, blocks: pallas_ssd.ssd(*a, segment_ids=segment_ids,  # noqa: E731
+                                                 block_sizes=blocks)[0]
     elif name == "gated_delta_rule":
         variants = gdn_variants(shape)
-        call = lambda *a, blocks: pallas_gdn.gated_delta_rule(*a, block_sizes=blocks)[0]
+        starts = document_starts(name, segment_ids, shape.batch, shape.length)
+        call = lambda *a, blocks: pallas_gdn.gated_delta_rule(  # noqa: E731
+            *a, starts=starts, block_sizes=blocks)[0]
+    elif name == "native_hybrid_attention":
+        default = nha_block_sizes("gpu", shape.key_dim)
+        variants = {label: dataclasses.replace(default, **fields)
+                    for label, fields in NHA_VARIANTS.items()}
+        documents = (None if segment_ids is None
+                     else pallas_nha.documents_from_segment_ids(segment_ids))
+        call = lambda *a, blocks: pallas_nha.native_hybrid_attention(  # noqa: E731
+            *a, window=window, documents=documents, block_sizes=blocks)
     else:
         return {}
     return {f"pallas ({label})": functools.partial(call, blocks=blocks)

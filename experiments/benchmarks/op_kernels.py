@@ -2,13 +2,16 @@
 
     python -m experiments.benchmarks.op_kernels [--ops ssd,gated_delta_rule,
         gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
-        [--window 512] [--top 12] [--variants [LABELS]] [--out op_kernels.json]
+        [--window 512] [--top 12] [--variants [LABELS]] [--documents MEDIAN]
+        [--out op_kernels.json]
 
 The inputs of `linear_ops` at `--shape`, in its `--shapes` form (`mixer_shapes`): `4x8192` is
 H16, K = V = P = N = 128, GSA/NHA 64 slots; `4x8192x3x256x512` gives H, K, V; `gdn-340m@4x8192`
 each op at the preset's layer shape (ops the model does not run are skipped). bf16; NHA at
-window `--window`. Each op's jitted forward and fwd+bwd (gradient of a sum w.r.t. every
-input) run 3 times under `jax.profiler.trace`; `trace_summary` sums the device kernels by name.
+window `--window`; `--documents 1024` packs documents of log-normal lengths around that
+median into each row (segment ids, as in training on packed text). Each op's jitted forward
+and fwd+bwd (gradient of a sum w.r.t. every input) run 3 times under `jax.profiler.trace`;
+`trace_summary` sums the device kernels by name.
 Prints per op and pass the whole time per call and the top kernels (ms per call, share);
 writes every kernel row, with its shape fields, to JSON. `--variants` also profiles the
 fwd+bwd of each kernel variant of the op's pallas rung at the shape
@@ -25,8 +28,10 @@ import argparse
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from experiments.benchmarks import trace_summary
+from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs, parse_variants
 from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
 from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
@@ -35,13 +40,20 @@ from hybrid_jax.ops.nha import native_hybrid_attention
 RUNS = 3
 
 
-def op_and_inputs(name: str, shape: MixerShape, window: int, impl: str):
+def op_and_inputs(name: str, shape: MixerShape, window: int, impl: str, segment_ids=None):
+    """The op at its rung `impl` (with `segment_ids` `[B, T]`, or None) and its bf16 inputs."""
     if name == "native_hybrid_attention":
         q, k, v, s, g = make_inputs("gated_slot_attention", shape, jax.random.key(0))
-        return functools.partial(native_hybrid_attention, window=window,
-                                 implementation=impl), (q, k, v, s, g)
-    return (functools.partial(OPS[name], implementation=impl),
+        return functools.partial(native_hybrid_attention, window=window, implementation=impl,
+                                 segment_ids=segment_ids), (q, k, v, s, g)
+    return (functools.partial(OPS[name], implementation=impl, segment_ids=segment_ids),
             make_inputs(name, shape, jax.random.key(0)))
+
+
+def documents(shape: MixerShape, median: float):
+    """`[B, T]` ids of packed documents of log-normal lengths around `median` (0: None)."""
+    return (jnp.asarray(packed_segments(shape.batch, shape.length, median)) if median > 0
+            else None)
 
 
 def profile(fn, inputs) -> dict:
@@ -63,6 +75,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="?", const="all", default="none",
                         help="also the fwd+bwd of the pallas rung's kernel variants: all (the "
                              "flag alone) or ';'-separated labels")
+    parser.add_argument("--documents", type=float, default=0, help="median length of packed "
+                        "documents (segment ids, as training on packed text); 0: none")
     parser.add_argument("--out", default="op_kernels.json")
     args = parser.parse_args()
     try:
@@ -70,18 +84,22 @@ def main() -> None:
         variants = parse_variants(args.variants)
     except ValueError as e:
         parser.error(str(e))
-    print(device_name(), f"{args.shape} bf16, impl {args.impl}", *skipped, sep="\n",
-          flush=True)
+    print(device_name(), f"{args.shape} bf16, impl {args.impl}, documents of median "
+          f"{args.documents:g}" if args.documents else "one document a row", *skipped,
+          sep="\n", flush=True)
     rows = []
     for name, shape in jobs:
         print(f"\n{name} at {shape.label(name)}")
-        op, inputs = op_and_inputs(name, shape, args.window, args.impl)
+        ids = documents(shape, args.documents)
+        op, inputs = op_and_inputs(name, shape, args.window, args.impl, ids)
         forward = lambda *a, op=op: jax.tree.leaves(op(*a))[0]
         passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs)),
                           strict=True))
         if args.impl == "pallas":
             passes.update({f"fwd+bwd {label}": forward_and_backward(fn, len(inputs))[1]
-                           for label, fn in kernel_variants(name, shape, only=variants).items()})
+                           for label, fn in kernel_variants(name, shape, only=variants,
+                                                              segment_ids=ids,
+                                                              window=args.window).items()})
         for label, fn in passes.items():
             try:
                 summary = profile(fn, inputs)
@@ -96,7 +114,7 @@ def main() -> None:
                       "ms": r["ms_per_step"], "count": r["count"] // RUNS,
                       "share": r["share"]} for r in summary["kernels"]]
     write_json(args.out, "op_kernels", rows, shape=args.shape, impl=args.impl,
-               window=args.window)
+               window=args.window, documents=args.documents)
 
 
 if __name__ == "__main__":

@@ -19,3 +19,19 @@ def test_op_kernels_writes_every_pass_without_errors(tmp_path, monkeypatch):
     record = json.loads(out.read_text())
     assert record["shape"] == "1x64x2x16x32" and record["impl"] == "xla" and record["window"] == 16
     assert not [row for row in record["rows"] if "error" in row]
+
+
+def test_packed_documents_reach_every_op(tmp_path, monkeypatch):
+    """`--documents`: segment ids of packed documents in every op's call (a call that dropped
+    them would run, so the ids are checked to have several documents a row and be recorded)."""
+    out = tmp_path / "op_kernels.json"
+    monkeypatch.setattr(sys, "argv", ["op_kernels", "--ops", "ssd,gated_delta_rule",
+                                      "--shape", "2x64x2x16x32", "--impl", "xla",
+                                      "--documents", "12", "--out", str(out)])
+    seen = []
+    real = op_kernels.op_and_inputs
+    monkeypatch.setattr(op_kernels, "op_and_inputs", lambda *a: seen.append(a[-1]) or real(*a))
+    op_kernels.main()
+    record = json.loads(out.read_text())
+    assert record["documents"] == 12 and not [row for row in record["rows"] if "error" in row]
+    assert len(seen) == 2 and all(ids.shape == (2, 64) and int(ids[0].max()) >= 2 for ids in seen)
