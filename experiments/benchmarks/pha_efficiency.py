@@ -355,8 +355,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="pha_efficiency.json")
     args = parser.parse_args(argv)
     # What train_throughput.run_one reads besides --scan, --tokens and --steps (and
-    # matmul_tflops / peak, set below): synthetic documents, no remat, each layer's own conv rung.
-    args.data, args.remat, args.conv = "", "none", None
+    # matmul_tflops / peak, set below): synthetic documents, no remat, each layer's own conv and
+    # NHA rungs.
+    args.data, args.remat, args.conv, args.nha = "", "none", None, None
     start = time.perf_counter()
     over = lambda: time.perf_counter() - start > args.time_limit  # noqa: E731
     lengths = [int(x) for x in args.lengths.split(",")]
