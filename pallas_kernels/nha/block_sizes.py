@@ -86,16 +86,20 @@ class BlockSizes:
 
 def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
     """Defaults measured on an H200 at head dim 128 (GPU; see NOTES.md); TPU tiles fill the
-    128-lane axis. Head dim 256 (not yet measured): twice the warps (a [64, 256] float32
-    accumulator is 128 registers a thread at 4 warps) and key / query tiles of 32 rows in the
-    pipelined window loops, so that their stages fit the 227 KB of shared memory a block may
-    use (forward: q 32 KB + 3 stages of k, v at 32 KB; dq and dk/dv: 64 KB + 2 stages of 32 KB)."""
+    128-lane axis. Head dim 256: twice the warps (a [64, 256] float32 accumulator is 128
+    registers a thread at 4 warps) and key / query tiles of 32 rows in the pipelined window
+    loops, so that their stages fit the 227 KB of shared memory a block may use (forward: q
+    32 KB + 3 stages of k, v at 32 KB; dq and dk/dv: 64 KB + 2 stages of 32 KB); the backward
+    slot kernels split at 4 warps, the slot-input ones over feature tiles of 64 (NOTES.md v8:
+    nha-340m's layer, B4 T8192 H4 w32 with packed documents, fwd+bwd 4.27 ms unsplit at 8
+    warps, 3.95 split, 3.71 with the tiles; session 17, results/s17b)."""
     if backend == "tpu":
         return BlockSizes(chunk=128, sub_chunk=16, block_q=128, block_k=128, block_q_dkv=128,
                           block_k_dkv=128, state_block=128)
     if head_dim > 128:
         return BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
-                          slot_num_warps=8)
+                          slot_num_warps=8, split_slot_backward=True, slot_backward_num_warps=4,
+                          slot_input_block=64)
     # The backward slot kernels split in two each at 4 warps: fwd+bwd 7.02 ms against 7.64
     # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a).
     return BlockSizes(split_slot_backward=True, slot_backward_num_warps=4)
