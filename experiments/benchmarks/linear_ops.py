@@ -216,6 +216,9 @@ GDN_VARIANTS = (
     # through registers (Round 22, ptxas only; small scales: the default from K 128)
     ("reverse in flight", dict(reverse_in_flight=True, reverse_small_scales=True,
                                state_num_stages=2, reverse_state_key_block=128)),
+    # the reverse pass as before Round 22 (the default above K 128 until session 16)
+    ("reverse not in flight", dict(reverse_in_flight=False, state_num_stages=1,
+                                   reverse_state_key_block=None)),
     ("gradients K32", dict(gradient_key_block=32)),
     ("gradients K128", dict(gradient_key_block=128)),
     ("gradients K128 8 warps", dict(gradient_key_block=128, gradient_num_warps=8)),
