@@ -64,7 +64,14 @@ from experiments.benchmarks.mixer_shapes import MixerShape, row_key, shape_jobs
 from experiments.benchmarks.peers.autotune_warm import WARM_VARIABLE
 from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.ssd_kernel import part_check, part_sweep
-from experiments.benchmarks.timing import cudnn_op, device_name, measure, print_table, write_json
+from experiments.benchmarks.timing import (
+    cudnn_op,
+    device_name,
+    measure,
+    parse_labels,
+    print_table,
+    write_json,
+)
 from hybrid_jax import ops
 from hybrid_jax.ops.delta_rule import gated_delta_rule
 from hybrid_jax.ops.dispatch import IMPLEMENTATIONS
@@ -432,20 +439,13 @@ def kernel_variants(name: str, shape: MixerShape, tuned=None, only=None,
             for label, blocks in variants.items() if only is None or label in only}
 
 
-def parse_variants(text: str) -> set[str] | None:
-    """`--variants`: "all" (None), "none", or ';'-separated labels of `VARIANT_LABELS`."""
-    if text == "all":
-        return None
-    labels = set() if text == "none" else {label.strip() for label in text.split(";")}
-    unknown = sorted(labels - set(VARIANT_LABELS))
-    if unknown:
-        raise ValueError(f"--variants: unknown {unknown}; expected all, none or ';'-separated "
-                         f"labels of {list(VARIANT_LABELS)}")
-    return labels
+def parse_variants(text: str) -> list[str]:
+    """`--variants`: all, none or ';'-separated labels of `VARIANT_LABELS`."""
+    return parse_labels(text, VARIANT_LABELS)
 
 
 def _candidates(name: str, shape: MixerShape, inputs: tuple, impls: set[str] | None, tuned,
-                variants: set[str] | None) -> list[tuple]:
+                variants: list[str] | None) -> list[tuple]:
     """(label, None or why it is not timed, fn) for each rung of `name` kept by `impls`, and
     when its pallas rung runs, that rung's `kernel_variants` kept by `variants`."""
     found = [(impl, reason, functools.partial(OPS[name], implementation=impl))

@@ -39,6 +39,7 @@ from experiments.benchmarks.timing import (
     error_text,
     floor_columns,
     measure_into,
+    parse_labels,
     print_table,
     relative_error,
     run_parts,
@@ -76,14 +77,7 @@ INTERPRET = {"on": False}
 
 def parse_variants(text: str) -> list[str]:
     """`--variants`: none, all, or ';'-separated labels of `VARIANTS`."""
-    if text in ("none", ""):
-        return []
-    labels = list(VARIANTS) if text == "all" else [t.strip() for t in text.split(";")]
-    unknown = [label for label in labels if label not in VARIANTS]
-    if unknown:
-        raise ValueError(f"--variants: unknown {unknown}; expected none, all or ';'-separated "
-                         f"labels of {list(VARIANTS)}")
-    return labels
+    return parse_labels(text, list(VARIANTS))
 
 
 def variant_blocks(label: str | None, group: int, form: str) -> BlockSizes | None:

@@ -185,6 +185,19 @@ def run_parts(parts: dict[str, Callable[[Any], Any]], names: str, args: Any, out
     return results
 
 
+def parse_labels(text: str, known: Sequence[str], flag: str = "--variants") -> list[str]:
+    """A benchmark's variant labels: "all" (every label of `known`, in its order), "none" or ""
+    (no label), or ';'-separated labels of `known` (an unknown one raises, naming them)."""
+    if text in ("none", ""):
+        return []
+    labels = list(known) if text == "all" else [label.strip() for label in text.split(";")]
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise ValueError(f"{flag}: unknown {unknown}; expected all, none or ';'-separated "
+                         f"labels of {list(known)}")
+    return labels
+
+
 def relative_error(a, b) -> float:
     """‖a − b‖ / ‖b‖ in float64 (a GPU check's bf16 result `a` against its reference `b`)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
