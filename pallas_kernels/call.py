@@ -1,4 +1,5 @@
-"""`pallas_call`: `pl.pallas_call` that also runs inside `jax.shard_map` (context parallelism).
+"""`pallas_call`: `pl.pallas_call` that also runs inside `jax.shard_map` (context parallelism);
+`triton_params`: the GPU kernels' compiler parameters.
 
 Under `shard_map`'s type check (`check_vma=True`, always on in this library) Pallas needs each
 output's varying mesh axes stated on its `out_shape`; a plain `jax.ShapeDtypeStruct` fails the
@@ -13,6 +14,7 @@ from typing import Any
 
 import jax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 # (A JAX without it, an older one, keeps plain shapes: kernels then run outside shard_map only.)
 _MANUAL_AXIS_TYPE = getattr(jax.sharding, "ManualAxisType", None)
@@ -59,3 +61,8 @@ def pallas_call(kernel: Callable, *, out_shape: Any, **kwargs: Any) -> Callable:
         return pl.pallas_call(kernel, out_shape=shapes, **kwargs)(*args)
 
     return call
+
+
+def triton_params(num_warps: int, num_stages: int = 1) -> pltriton.CompilerParams:
+    """Compiler parameters of a kernel on Pallas' Triton lowering (the GPU kernels)."""
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)

@@ -18,7 +18,7 @@ import functools
 import jax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.chunk_sums import chunk_cumsum
 from pallas_kernels.delta_rule.chunk_math import F32, cumulative_decays
 from pallas_kernels.delta_rule.layout import (
@@ -28,7 +28,7 @@ from pallas_kernels.delta_rule.layout import (
     split_refs,
     with_starts,
 )
-from pallas_kernels.delta_rule.static import Static, compiler_params
+from pallas_kernels.delta_rule.static import Static
 from pallas_kernels.matmul import mm, mm_tn
 
 
@@ -141,6 +141,6 @@ def chunk_state_gradients(q, k, w, p, g, starts, d_out, d_final, st: Static):
         out_shape=[jax.ShapeDtypeStruct(d_out.shape, k.dtype),
                    jax.ShapeDtypeStruct((batch, heads, num_chunks * key_dim, value_dim), F32),
                    jax.ShapeDtypeStruct(d_final.shape, F32)],
-        compiler_params=compiler_params(blocks.state_num_warps, blocks.state_num_stages),
+        compiler_params=triton_params(blocks.state_num_warps, blocks.state_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_state_gradients",
     )(*args, d_final)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.chunk_sums import chunk_cumsum
 from pallas_kernels.delta_rule.chunk_math import (
     F32,
@@ -42,7 +42,7 @@ from pallas_kernels.delta_rule.layout import (
     split_refs,
     with_starts,
 )
-from pallas_kernels.delta_rule.static import Static, compiler_params
+from pallas_kernels.delta_rule.static import Static
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 
@@ -99,7 +99,7 @@ def chunk_prepare(q, k, v, g, beta, starts, st: Static, *, save: bool):
         functools.partial(_prepare_kernel, st=st, save=save),
         grid=(batch, heads, length // C), in_specs=in_specs, out_specs=out_specs,
         out_shape=out_shape,
-        compiler_params=compiler_params(blocks.prepare_num_warps, blocks.prepare_num_stages),
+        compiler_params=triton_params(blocks.prepare_num_warps, blocks.prepare_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_prepare",
     )(*args)
     return (w, u0.reshape(batch, length, heads * st.key_group, -1), *rest)
@@ -234,7 +234,7 @@ def _sequential_call(arrays: dict, g, starts, initial_state, st: Static, *, save
                           num_chunks=num_chunks),
         grid=(batch, heads, value_dim // tile), in_specs=in_specs + [specs.state(key_dim)],
         out_specs=out_specs, out_shape=out_shape,
-        compiler_params=compiler_params(blocks.forward_state_num_warps or blocks.state_num_warps,
+        compiler_params=triton_params(blocks.forward_state_num_warps or blocks.state_num_warps,
                                         blocks.forward_state_num_stages
                                         or blocks.state_num_stages),
         interpret=st.interpret, name=f"gated_delta_rule_{name}",
@@ -298,6 +298,6 @@ def chunk_outputs(q, p, u, states, g, starts, st: Static):
         functools.partial(_outputs_kernel, st=st),
         grid=(batch, heads, length // C * specs.tiles), in_specs=in_specs,
         out_specs=specs.value_rows(tile), out_shape=jax.ShapeDtypeStruct(u.shape, q.dtype),
-        compiler_params=compiler_params(blocks.outputs_num_warps, blocks.outputs_num_stages),
+        compiler_params=triton_params(blocks.outputs_num_warps, blocks.outputs_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_outputs",
     )(*args)

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.delta_rule.chunk_math import F32, chunk_decays, iota, reverse_cumsum, total
 from pallas_kernels.delta_rule.layout import ChunkSpecs, KeyTileSpecs, split_refs, with_starts
-from pallas_kernels.delta_rule.static import Static, compiler_params
+from pallas_kernels.delta_rule.static import Static
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 
@@ -207,7 +207,7 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
         out_shape=[per_value_head(q, heads), per_value_head(k, heads),
                    jax.ShapeDtypeStruct(v.shape, v.dtype), per_value_head(g, heads, 1, F32),
                    per_value_head(g, heads, 1, F32)],
-        compiler_params=compiler_params(blocks.gradient_num_warps, blocks.gradient_num_stages),
+        compiler_params=triton_params(blocks.gradient_num_warps, blocks.gradient_num_stages),
         interpret=st.interpret, name="gated_delta_rule_chunk_gradients",
     )(*args, t, states, d_states, u, du, d_out)
 
@@ -215,7 +215,7 @@ def chunk_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out,
 def _split_gradients(q, k, v, g, beta, starts, t, states, d_states, u, du, d_out, st: Static):
     batch, length, heads, value_dim = v.shape
     key_dim, C = q.shape[-1], st.blocks.chunk
-    params = compiler_params(st.blocks.gradient_num_warps, st.blocks.gradient_num_stages)
+    params = triton_params(st.blocks.gradient_num_warps, st.blocks.gradient_num_stages)
     dv, d_qk, d_kk, beta_pairs, log_pairs = chunk_pair_gradients(q, k, v, g, beta, starts, t, u,
                                                                  du, d_out, st, params)
     key_tile = st.blocks.gradient_key_block

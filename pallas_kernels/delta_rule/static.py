@@ -1,10 +1,8 @@
-"""The static part of one call of the gated delta rule kernels, and the launch helpers."""
+"""The static part of one call of the gated delta rule kernels."""
 
 from __future__ import annotations
 
 import dataclasses
-
-from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.delta_rule.block_sizes import BlockSizes
 
@@ -22,7 +20,3 @@ class Static:
     documents: bool
     interpret: bool
     key_group: int = 1
-
-
-def compiler_params(num_warps: int, num_stages: int):
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)

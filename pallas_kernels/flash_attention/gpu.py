@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.reference import visible
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
@@ -64,9 +64,6 @@ class Static:
 def _iota(shape, axis):
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
-
-def _params(num_warps, num_stages):
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def _loop(lo, hi, full_lo, full_hi, visit, carry):
@@ -152,7 +149,7 @@ def forward(q, k, v, segment_ids, spans, st: Static):
         out_specs=[query, stat],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, length), F32)],
-        compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
+        compiler_params=triton_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="flash_attention_forward",
     )(q, k, v, segment_ids, segment_ids, lowest_key, unmasked_from)
 
@@ -194,7 +191,7 @@ def _dq(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
         grid=(length // BQ, heads, batch),
         in_specs=[query, whole, whole, query, stat, stat, rows, all_rows, rows, rows],
         out_specs=query, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_params(st.blocks.dq_num_warps, st.blocks.dq_num_stages),
+        compiler_params=triton_params(st.blocks.dq_num_warps, st.blocks.dq_num_stages),
         interpret=st.interpret, name="flash_attention_dq",
     )(q, k, v, do, lse, delta, segment_ids, segment_ids, lowest_key, unmasked_from)
 
@@ -276,7 +273,7 @@ def _dkv(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
         grid=(length // BK, programs, batch),
         in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         input_output_aliases=aliases,
-        compiler_params=_params(st.blocks.dkv_num_warps, st.blocks.dkv_num_stages),
+        compiler_params=triton_params(st.blocks.dkv_num_warps, st.blocks.dkv_num_stages),
         interpret=st.interpret, name="flash_attention_dkv",
     )(*args)
     dk, dv = outs[-2:]

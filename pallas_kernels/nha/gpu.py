@@ -24,9 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
 from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
@@ -34,21 +33,17 @@ from pallas_kernels.nha.layout import Layout, Static, in_softmax, slot_rows
 from pallas_kernels.nha.slot_kernels import SlotDocs
 
 
-def _params(num_warps: int, num_stages: int):
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
 def _forward_params(st: Static):
-    return _params(st.blocks.num_warps, st.blocks.num_stages)
+    return triton_params(st.blocks.num_warps, st.blocks.num_stages)
 
 
 def _backward_params(st: Static):
-    return _params(st.blocks.backward_num_warps, st.blocks.backward_num_stages)
+    return triton_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages)
 
 
 LAYOUT = Layout(
     head_major=False,
-    params=lambda st, warps, num_axes, sequential_last, stages: _params(warps, stages),
+    params=lambda st, warps, num_axes, sequential_last, stages: triton_params(warps, stages),
     interpret=lambda st: st.interpret,
     cumsum=lambda x: jnp.cumsum(x, axis=0),
     reverse_cumsum=lambda x: jnp.sum(x, axis=0, keepdims=True) - jnp.cumsum(x, axis=0) + x,
@@ -122,7 +117,7 @@ def _chunk_scan(deltas, log_decay, initial, st: Static, reverse: bool):
                                             lambda b, h, t: (b, 0, h, 0, 0))] + [one] * n,
         out_specs=[spec] * n + [one] * n,
         out_shape=[jax.ShapeDtypeStruct(d.shape, F32) for d in deltas] + per_head,
-        input_output_aliases={i: i for i in range(n)}, compiler_params=_params(4, 3),
+        input_output_aliases={i: i for i in range(n)}, compiler_params=triton_params(4, 3),
         interpret=st.interpret, name="nha_chunk_scan_reverse" if reverse else "nha_chunk_scan",
     )(*deltas, log_decay, *(x.astype(F32)[:, None] for x in initial))
     return outs[:n], [x[:, 0] for x in outs[n:]]

@@ -30,7 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.gpu_elementwise import iota, sigmoid
 from pallas_kernels.rms_norm.block_sizes import BlockSizes, padded
 
@@ -113,9 +113,6 @@ def _inputs(x, scale, z):
     return [a for a in (x, scale, z) if a is not None]
 
 
-def _params(num_warps, num_stages=1):
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
 
 # --- forward ---------------------------------------------------------------------------------
 
@@ -140,7 +137,7 @@ def forward(x, scale, z, st: Static):
         functools.partial(_forward_kernel, st=st),
         grid=(pl.cdiv(rows, BR), channels // st.group_size),
         out_shape=jax.ShapeDtypeStruct(x.shape, st.dtype),
-        compiler_params=_params(st.blocks.num_warps),
+        compiler_params=triton_params(st.blocks.num_warps),
         interpret=st.interpret, name="rms_norm_forward",
     )(*_inputs(x, scale, z))
 
@@ -199,6 +196,6 @@ def backward(x, scale, z, dy, st: Static):
         functools.partial(_backward_kernel, st=st, steps=steps),
         grid=(runs, channels // st.group_size),
         out_shape=out_shape,
-        compiler_params=_params(blocks.backward_num_warps, blocks.backward_num_stages),
+        compiler_params=triton_params(blocks.backward_num_warps, blocks.backward_num_stages),
         interpret=st.interpret, name="rms_norm_backward",
     )(*_inputs(x, scale, z), dy)

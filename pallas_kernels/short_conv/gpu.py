@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.gpu_elementwise import iota, sigmoid
 from pallas_kernels.short_conv.block_sizes import BlockSizes
 
@@ -135,9 +135,6 @@ def _inputs(x, weight, bias, segment_ids):
     return [a for a in (x, weight, bias, segment_ids) if a is not None]
 
 
-def _params(num_warps, num_stages=1):
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
 
 def forward(x, weight, bias, segment_ids, st: Static):
     """y `[B, T, C]` in x's dtype."""
@@ -147,7 +144,7 @@ def forward(x, weight, bias, segment_ids, st: Static):
         functools.partial(_forward_kernel, st=st),
         grid=(pl.cdiv(length, BT), pl.cdiv(channels, BC), batch),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        compiler_params=_params(st.blocks.num_warps),
+        compiler_params=triton_params(st.blocks.num_warps),
         interpret=st.interpret, name="short_conv_forward",
     )(*_inputs(x, weight, bias, segment_ids))
 
@@ -256,6 +253,6 @@ def backward(x, weight, bias, segment_ids, dy, st: Static):
         functools.partial(_backward_kernel, st=st, steps=steps),
         grid=(runs, pl.cdiv(channels, blocks.backward_block_c), batch),
         out_shape=out_shape,
-        compiler_params=_params(blocks.backward_num_warps, blocks.backward_num_stages),
+        compiler_params=triton_params(blocks.backward_num_warps, blocks.backward_num_stages),
         interpret=st.interpret, name="short_conv_backward",
     )(*_inputs(x, weight, bias, segment_ids), dy)

@@ -34,17 +34,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.call import pallas_call
+from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.chunk_sums import chunk_cumsum
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.ssd.block_sizes import Static
 from pallas_kernels.ssd.chunk_math import F32, chunk_weights, pair_decay, reverse_cumsum
-
-
-def _params(num_warps: int, num_stages: int):
-    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def _doc_args(st: Static, doc):
@@ -169,7 +164,7 @@ def chunk_states(x, dt, a, B, doc, s0, st: Static):
                                       lambda b, h, p, n: (b, h, 0, p, n))],
         out_shape=[jax.ShapeDtypeStruct(s0.shape, F32),
                    jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype)],
-        compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
+        compiler_params=triton_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="ssd_chunk_states",
     )(x, dt, a, B, *_doc_args(st, doc), s0)
     return states, final
@@ -211,7 +206,8 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         functools.partial(_forward_kernel, st=st, num_chunks=num_chunks,
                           store_states=store_states),
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
-        out_shape=out_shape, compiler_params=_params(st.blocks.num_warps, st.blocks.num_stages),
+        out_shape=out_shape,
+        compiler_params=triton_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="ssd_forward",
     )(x, dt, a, B, C, *_doc_args(st, doc), *local, s0)
 
@@ -260,7 +256,7 @@ def chunk_outputs(x, dt, a, B, C, doc, st: Static, states=None):
         functools.partial(_chunk_outputs_kernel, st=st, with_states=states is not None),
         grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        compiler_params=_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
+        compiler_params=triton_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
         interpret=st.interpret, name="ssd_chunk_outputs",
     )(x, dt, a, B, C, *_doc_args(st, doc), *(() if states is None else (states,)))
 
@@ -314,7 +310,7 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
         out_shape=[jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), dy.dtype),
                    jax.ShapeDtypeStruct(d_final.shape, F32),
                    jax.ShapeDtypeStruct((batch, heads, P // BP, num_chunks), F32)],
-        compiler_params=_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
+        compiler_params=triton_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
         interpret=st.interpret, name="ssd_state_grads",
     )(dy, a, C, *_doc_args(st, doc), states, d_final)
     return d_states, d_initial, jnp.sum(kept, axis=2)
@@ -407,6 +403,6 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
         out_specs=[heads_of(P), per_step, per_step, keys, keys],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head, per_head,
                    jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
-        compiler_params=_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
+        compiler_params=triton_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
         interpret=st.interpret, name="ssd_chunk_grads",
     )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, kept)
