@@ -84,8 +84,9 @@ def main() -> None:
         variants = parse_variants(args.variants)
     except ValueError as e:
         parser.error(str(e))
-    print(device_name(), f"{args.shape} bf16, impl {args.impl}, documents of median "
-          f"{args.documents:g}" if args.documents else "one document a row", *skipped,
+    rows_of = (f"documents of median {args.documents:g}" if args.documents
+               else "one document a row")
+    print(device_name(), f"{args.shape} bf16, impl {args.impl}, {rows_of}", *skipped,
           sep="\n", flush=True)
     rows = []
     for name, shape in jobs:

@@ -94,35 +94,34 @@ def random_batch(batch: int, length: int, packed: bool, seed: int = 0) -> dict[s
     return row
 
 
-def with_attention(config: ModelConfig, implementation: str | None) -> ModelConfig:
-    """`config` with every attention layer forced to an `ops.attention` implementation."""
-    if implementation is None:
+def _forced(config: ModelConfig, option: str, value: str | None, chosen) -> ModelConfig:
+    """`config` with layer option `option` set to `value` in every layer `chosen(spec)` picks
+    (unchanged for None)."""
+    if value is None:
         return config
     return config.replace(layers=tuple(
-        layer("attention", **{**dict(spec.options), "implementation": implementation})
-        if spec.type == "attention" else spec for spec in config.layers))
+        layer(spec.type, **{**dict(spec.options), option: value}) if chosen(spec) else spec
+        for spec in config.layers))
+
+
+def with_attention(config: ModelConfig, implementation: str | None) -> ModelConfig:
+    """`config` with every attention layer forced to an `ops.attention` implementation."""
+    return _forced(config, "implementation", implementation,
+                   lambda spec: spec.type == "attention")
 
 
 def with_conv(config: ModelConfig, implementation: str | None) -> ModelConfig:
     """`config` with the short convolutions of every layer that has them (GDN, Mamba, NHA,
     Oryx: a `conv_implementation` option) forced to an `ops.short_conv` implementation."""
-    if implementation is None:
-        return config
-    return config.replace(layers=tuple(
-        layer(spec.type, **{**dict(spec.options), "conv_implementation": implementation})
-        if "conv_implementation" in BLOCKS.get(spec.type).options.__dataclass_fields__
-        else spec for spec in config.layers))
+    return _forced(config, "conv_implementation", implementation, lambda spec: (
+        "conv_implementation" in BLOCKS.get(spec.type).options.__dataclass_fields__))
 
 
 def with_full_window_nha(config: ModelConfig, implementation: str | None) -> ModelConfig:
     """`config` with its full-window NHA layers (`window=None`: causal attention beside the
     slots) forced to an `ops.native_hybrid_attention` implementation, e.g. "attention"."""
-    if implementation is None:
-        return config
-    return config.replace(layers=tuple(
-        layer("nha", **{**dict(spec.options), "implementation": implementation})
-        if spec.type == "nha" and dict(spec.options).get("window", 0) is None
-        else spec for spec in config.layers))
+    return _forced(config, "implementation", implementation, lambda spec: (
+        spec.type == "nha" and dict(spec.options).get("window", 0) is None))
 
 
 @dataclasses.dataclass

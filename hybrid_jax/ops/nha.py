@@ -669,13 +669,17 @@ def nha_as_attention(q, q_window, tokens, slots_visible, slot_keys, slot_values,
     kernel with segment ids, which visits only each document's blocks); the slot states pass
     through unchanged, as nothing enters them."""
     del q, q_window, tokens, slots_visible, window, empty_slots, chunk_size, slots_idle
-    # The window branch's own dtype (bf16 for the fast kernels), not the op's compute dtype
-    # (float32 at least: the slots' recurrent math).
-    dtype = jnp.result_type(call.q_window, call.k_window, call.v)
+    dtype = _window_dtype(call)
     out = attention(call.q_window.astype(dtype), call.k_window.astype(dtype),
                     call.v.astype(dtype), causal=True, scale=scale,
                     segment_ids=call.segment_ids)
     return out, slot_keys, slot_values
+
+
+def _window_dtype(call: _Call) -> jnp.dtype:
+    """The window branch's own dtype (bf16 for the fast attention kernels), not the op's
+    compute dtype (float32 at least: the slots' recurrent math)."""
+    return jnp.result_type(call.q_window, call.k_window, call.v)
 
 
 def _attention_applies(*args, slots_idle, empty_slots, **kwargs) -> bool:
@@ -693,7 +697,7 @@ def _attention_unsupported(*args, slots_idle, empty_slots, call, **kwargs) -> st
         return None
     # On an accelerator only where ops.attention takes a kernel: its XLA rung keeps the [T, T]
     # scores, where the NHA kernels' document-bounded window does not.
-    dtype = jnp.result_type(call.q_window, call.k_window, call.v)
+    dtype = _window_dtype(call)
     shaped = lambda x: jax.ShapeDtypeStruct(x.shape, dtype)  # noqa: E731
     rung = attention_rung(shaped(call.q_window), shaped(call.k_window), shaped(call.v),
                           segment_ids=call.segment_ids)
