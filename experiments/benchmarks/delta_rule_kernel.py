@@ -50,6 +50,7 @@ SWEEP_SHAPE = (4, 8192)
 CHECK_CASES = (  # (B, T, H, K, V, dtype, documents)
     (2, 1000, 4, 128, 128, jnp.bfloat16, True),
     (1, 777, 2, 64, 256, jnp.bfloat16, False),
+    (1, 700, 2, 64, 64, jnp.bfloat16, True),  # oryx-gdn-340m's heads
     (1, 500, 2, 256, 64, jnp.bfloat16, True),
     (1, 300, 2, 256, 512, jnp.bfloat16, True),  # two V slices sharing q and k
     (1, 300, 2, 128, 128, jnp.float32, True),

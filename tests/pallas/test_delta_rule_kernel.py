@@ -316,13 +316,16 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
 def test_round_10_defaults(key_dim, value_dim, forward):
     """NOTES.md Round 10: from K 128 the forward state pass has its own launch (V 64 at
     4 stages at K 128; above, V 64 at 4 warps, 2 stages, as row blocks of 64 keys) and the
-    reverse pass small scales at 1 stage; the same either way of `training`; a forward alone
+    reverse pass small scales at 1 stage; the same either way of `training` (below K 128
+    training takes V 64 at 4 stages, sessions 17-18); a forward alone
     at K 128 merges the inverse in TF32 (Round 18, session 15); from K 128 the pair gradients
     loop over V tiles, pipelined (Round 21, session 16)."""
     for training in (True, False):
         blocks = default_block_sizes(key_dim, value_dim, training=training)
+        # below K 128, training only: V 64 at 4 stages (sessions 17-18, K = V = 64)
+        small = key_dim < 128 and training
         assert (blocks.forward_value_block, blocks.forward_state_num_warps,
-                blocks.forward_state_num_stages) == forward
+                blocks.forward_state_num_stages) == ((64, None, 4) if small else forward)
         in_flight = training and key_dim > 128  # Round 22 (session 16)
         assert (blocks.reverse_small_scales, blocks.state_num_stages) == (
             (True, 2 if in_flight else 1) if key_dim >= 128 else (False, 2))
