@@ -356,8 +356,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     # What train_throughput.run_one reads besides --scan, --tokens and --steps (and
     # matmul_tflops / peak, set below): synthetic documents, no remat, each layer's own conv and
-    # NHA rungs.
+    # NHA rungs (and an Oryx mode schedule, which these models do not read).
     args.data, args.remat, args.conv, args.nha = "", "none", None, None
+    args.oryx_modes = "random_chunks"
     start = time.perf_counter()
     over = lambda: time.perf_counter() - start > args.time_limit  # noqa: E731
     lengths = [int(x) for x in args.lengths.split(",")]

@@ -3,7 +3,8 @@ GPU kernels by total time, packed text against unpacked random tokens.
 
     python -m experiments.benchmarks.profile_step [--model transformer-125m] [--length 2048]
         [--tokens 32768] [--data wikitext2_bpe32k.npz] [--modes packed,unpacked] [--steps 5]
-        [--attention pallas] [--conv pallas] [--scan] [--top 25] [--trace-dir DIR]
+        [--attention pallas] [--conv pallas] [--oryx-modes random_chunks] [--scan] [--top 25]
+        [--trace-dir DIR]
         [--out profile_step.json]
         [--process REGEX --thread REGEX]   (which trace rows; default the GPU streams)
 
@@ -37,7 +38,7 @@ from experiments.benchmarks.train_throughput import build_step
 def profile_mode(args, mode: str, trace_dir: Path) -> dict:
     built = build_step(args.model, args.length, tokens=args.tokens, data=args.data,
                        remat=args.remat, scan=args.scan, packed=mode == "packed",
-                       attention=args.attention, conv=args.conv)
+                       attention=args.attention, conv=args.conv, modes=args.oryx_modes)
     step, batches = built.step, built.batches
 
     def run(state, steps):
@@ -95,6 +96,8 @@ def main():
                              "library)")
     parser.add_argument("--attention", default=None, help="force an ops.attention rung")
     parser.add_argument("--conv", default=None, help="force an ops.short_conv rung")
+    parser.add_argument("--oryx-modes", default="random_chunks",
+                        help="the Oryx models' training mode schedule (train_throughput's)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace-dir", default="")
     parser.add_argument("--process", default=trace_summary.GPU_PROCESS,

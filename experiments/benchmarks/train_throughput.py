@@ -6,7 +6,8 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
                   nha-hybrid-340m] [--lengths 2048,8192,32768] [--tokens 32768] [--steps 10]
         [--scan] [--remat none] [--unpacked transformer-125m]
         [--torch transformer-125m] [--compile-check transformer-350m]
-        [--ablate transformer-125m] [--unscanned transformer-125m] [--out F.json]
+        [--ablate transformer-125m] [--unscanned transformer-125m]
+        [--oryx-modes random_chunks] [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
 (`packed_data.py`: WikiText-2 articles, BPE 32768; or books, e.g. a Gutenberg shard with
@@ -26,7 +27,10 @@ peers run first, each in its own process (before JAX takes the GPU). Same-run ra
 `vs_base`, a row's tokens/s over `--baseline`'s (default: the first of `--models`) at the same
 T, data, layer form and remat; `vs_torch`, over the PyTorch peer of the same model and T.
 Layers are unscanned unless `--scan` (as `ModelConfig.scan_layers` defaults); `--unscanned`
-reruns models unscanned beside a `--scan` run.
+reruns models unscanned beside a `--scan` run. Oryx models train under `--oryx-modes`, a
+`ModeSchedule` pattern (default "random_chunks": chunks of 128 tokens, half in attention mode,
+so both mixers run on every token, as Oryx trains); their rows say which in `modes` ("none"
+or "attention": every token in attention mode, the linear mixer skipped).
 """
 
 from __future__ import annotations
@@ -48,7 +52,14 @@ from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.packed_data import document_stats, packed_batches
 from experiments.benchmarks.timing import device_name, print_table, write_json
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig, layer
+from hybrid_jax.config import (
+    ExperimentConfig,
+    MeshConfig,
+    ModelConfig,
+    ModeSchedule,
+    TrainConfig,
+    layer,
+)
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.registry import BLOCKS
@@ -137,17 +148,24 @@ class Built:
     params: Any  # the model's parameters, shapes only (for the FLOP count: no second trace)
 
 
+def has_modes(config: ModelConfig) -> bool:
+    """Whether `config` has Oryx blocks, whose per-token modes a `ModeSchedule` sets."""
+    return any(spec.type == "oryx" for spec in config.layers)
+
+
 def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, scan: bool,
                packed: bool, attention: str | None = None, conv: str | None = None,
-               nha: str | None = None) -> Built:
+               nha: str | None = None, modes: str = "random_chunks") -> Built:
     """The trainer's own `init_train_state` / `make_train_step` for a benchmark row, compiled,
-    with 4 batches on the device (module docstring: packed text from `data`, or synthetic)."""
+    with 4 batches on the device (module docstring: packed text from `data`, or synthetic);
+    Oryx models train under the `ModeSchedule` pattern `modes`."""
     config = with_full_window_nha(with_conv(with_attention(model_config(name), attention), conv),
                                   nha).replace(
         vocab_size=VOCAB, dtype="bfloat16", param_dtype="float32", remat=remat,
         scan_layers=scan)
     batch = max(tokens // length, 1)
-    info = {}
+    info = {"modes": modes} if has_modes(config) else {}
+    schedule = ModeSchedule(pattern=modes)
     # The benchmark feeds its own batches; the data config only has to be a valid one.
     experiment = ExperimentConfig(name=name, model=config, data=MQARConfig(),
                                   train=TrainConfig(batch_size=batch, steps=100,
@@ -162,7 +180,7 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
         ts = init_train_state(experiment, mesh)
         batches = [to_device(b, mesh) for b in host]
         start = time.perf_counter()
-        step = make_train_step(ts).lower(ts.state, batches[0]).compile()
+        step = make_train_step(ts, modes=schedule).lower(ts.state, batches[0]).compile()
         info["compile_s"] = time.perf_counter() - start
         info["mem_GiB"] = _memory_gib(step)
         if remat == "none" and info["mem_GiB"] > 0.9 * _device_gib():
@@ -170,7 +188,7 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
             config, info["remat"] = config.replace(remat="full"), "full"
             ts = init_train_state(dataclasses.replace(experiment, model=config), mesh)
             start = time.perf_counter()
-            step = make_train_step(ts).lower(ts.state, batches[0]).compile()
+            step = make_train_step(ts, modes=schedule).lower(ts.state, batches[0]).compile()
             info["compile_s"] = time.perf_counter() - start
             info["mem_GiB"] = _memory_gib(step)
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), ts.params)
@@ -203,7 +221,7 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
     try:
         built = build_step(name, length, tokens=args.tokens, data=args.data, remat=args.remat,
                            scan=scan, packed=packed, attention=attention, conv=args.conv,
-                           nha=args.nha)
+                           nha=args.nha, modes=args.oryx_modes)
         row.update(built.info)
         state, step, batches = built.state, built.step, built.batches
         for i in range(2):
@@ -299,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nha", default=None,
                         help="force an ops.native_hybrid_attention rung in the full-window NHA "
                              "layers (e.g. 'attention': causal attention of the window branch)")
+    parser.add_argument("--oryx-modes", default="random_chunks",
+                        help="the Oryx models' training mode schedule (a ModeSchedule pattern: "
+                             "random_chunks, attention, linear or none)")
     parser.add_argument("--matmul-size", type=int, default=8192)
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--baseline", default="",
@@ -337,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row.setdefault("impl", "jax")
     add_ratios(rows, args.baseline or (split(args.models) or [""])[0])
-    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "scan", "remat", "tokens_per_s",
+    print_table(rows, ["model", "impl", "T", "B", "data", "attn", "modes", "scan", "remat",
+                       "tokens_per_s",
                        "vs_base", "vs_torch", "tflops", "mfu_6n", "mfu_6n_matmul", "mfu_model",
                        "mfu_model_matmul", "mem_GiB", "compile_s", "docs_per_row", "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,
