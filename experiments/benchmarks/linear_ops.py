@@ -2,6 +2,7 @@ r"""Linear-recurrence ops, every rung of ours, against flash-linear-attention (f
 causal attention, fwd and fwd+bwd, in one run.
 
     python -m experiments.benchmarks.linear_ops [--parts check,sweep,table]
+        [--check-changes 'grads_summed_scores=True']
         [--shapes 4x8192,8x4096,2x16384] [--ops ssd,gated_delta_rule,gated_slot_attention]
         [--impls xla,pallas] [--variants 'LABEL;LABEL' | all | none] [--no-fla]
         [--fla-timeout SECONDS] [--fla-runs N] [--fla-cache DIR [--fla-warm N]]
@@ -13,7 +14,8 @@ slots); `BxTxHxK[xV]` gives heads and dims (`4x8192x3x256x512`); `MODEL@BxT` eac
 shape of the preset's layers (`gdn-340m@4x8192`: the gated delta rule at H3 K256 V512; ops the
 model does not run are skipped). SSD reads K as its state size N and V as its head dim P.
 bf16 inputs. Parts:
-  check  the SSD kernel's GPU accuracy (`ssd_kernel.part_check`)
+  check  the SSD kernel's GPU accuracy (`ssd_kernel.part_check`; `--check-changes` checks
+         an option: these BlockSizes fields changed in every case's defaults)
   sweep  the SSD kernel's tiles at 4 × 8192 (`ssd_kernel.part_sweep`); the table then adds a
          row of the sweep's best
   table  per shape and op: every rung the op has (enumerated through `implementation=`, so a
@@ -47,6 +49,7 @@ H3 K256, ≤ 150 s on an H200 (fla's peer up to 75 s of it: its autotuning at a 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import functools
 import os
@@ -142,7 +145,13 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                                         ("3 stages", dict(grads_num_stages=3)),
                                         ("4 warps", dict(grads_num_warps=4)),
                                         ("4 warps 2 stages", dict(grads_num_warps=4,
-                                                                  grads_num_stages=2)))}}
+                                                                  grads_num_stages=2)))},
+                # session 18 (CPU ptxas only): chunk_grads sums its heads' score gradients before
+                # the products with B and C; C·Bᵀ and the log decays' chunk sums by XLA. Today's
+                # P 64 default (grads 3 stages) with it, and at 2 stages
+                **{f"default, grads summed scores{name}": BlockSizes(
+                    **_BF16_DEFAULT, grads_summed_scores=True, grads_num_stages=stages)
+                   for name, stages in (("", 3), (" 2 stages", 2))}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential
 # pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in two
@@ -520,6 +529,18 @@ def print_targets(rows: list[dict], shape: MixerShape = TARGET_SHAPE) -> None:
                   f"{'met' if ratio <= factor else 'MISSED'}")
 
 
+def parse_changes(text: str) -> dict:
+    """'grads_summed_scores=True,grads_num_stages=2' → the SSD BlockSizes fields and values."""
+    changes = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in {f.name for f in dataclasses.fields(BlockSizes)} or not value:
+            raise argparse.ArgumentTypeError(
+                f"expected FIELD=VALUE with a field of the SSD BlockSizes, got {item!r}")
+        changes[name] = ast.literal_eval(value)
+    return changes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="table", help="comma-separated: check,sweep,table")
@@ -532,6 +553,9 @@ def main() -> None:
     parser.add_argument("--variants", default="all",
                         help="kernel variants beside the pallas rung: all, none or "
                              "';'-separated labels (VARIANT_LABELS)")
+    parser.add_argument("--check-changes", default="", type=parse_changes,
+                        help="FIELD=VALUE,...: the SSD check with these BlockSizes fields "
+                             "changed in every case's defaults (e.g. grads_summed_scores=True)")
     parser.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--fla-timeout", type=float, default=None,
                         help="seconds for the fla peer (default: default_fla_timeout)")
@@ -580,7 +604,7 @@ def main() -> None:
     record["fla"] = peers
     print(device_name(), f"(fla peer done at {time.perf_counter() - start:.0f} s)", flush=True)
     if "check" in parts:
-        record["check"] = part_check()
+        record["check"] = part_check(args.check_changes)
         save()
     tuned = None
     if "sweep" in parts:

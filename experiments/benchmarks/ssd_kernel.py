@@ -3,7 +3,10 @@
   check  bf16 inputs through `hybrid_jax.ops.ssd(implementation="pallas")` against the per-token
          reference on the same values in float32 (highest matmul precision): relative error of
          y, the final state and the gradients of every input, with documents, initial states,
-         odd lengths, G < H and head / state dims 64 / 128 / 256; passes below 1e-2.
+         odd lengths, G < H and head / state dims 64 / 128 / 256 (and mamba2-340m's heads:
+         P 64, N 128, one group); passes below 1e-2. `changes` (linear_ops `--check-changes`)
+         replaces fields of every case's default tiles: an option's check before it is a
+         default.
   sweep  each kernel alone under its tile / warp / stage variants at one shape (4 × 8192, H16,
          P = N = 128, one B/C group, bf16: the table's), then the whole op, fwd and fwd+bwd,
          with the best of each next to the defaults; prints the best `BlockSizes`.
@@ -29,6 +32,7 @@ CHECKS = (  # batch, length, heads, groups, P, N, documents
     (2, 1000, 4, 2, 128, 128, True),
     (1, 515, 4, 1, 64, 256, False),
     (1, 333, 2, 2, 256, 64, True),
+    (2, 1000, 4, 1, 64, 128, True),  # mamba2-340m's heads (H/G 32 there)
 )
 GRAD_NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
@@ -65,8 +69,21 @@ def _values_and_grads(impl: str, inputs, ids, weights, dtype):
     return run(inputs)
 
 
-def part_check() -> list[dict]:
+def part_check(changes: dict | None = None) -> list[dict]:
     rows = []
+    if changes:
+        defaults = api.default_block_sizes
+        api.default_block_sizes = lambda *a, **kw: dataclasses.replace(defaults(*a, **kw),
+                                                                       **changes)
+        print("default tiles changed:", changes, flush=True)
+    try:
+        return _check_rows(rows)
+    finally:
+        if changes:
+            api.default_block_sizes = defaults
+
+
+def _check_rows(rows: list[dict]) -> list[dict]:
     for batch, length, heads, groups, P, N, documents in CHECKS:
         row = {"B": batch, "T": length, "H": heads, "G": groups, "P": P, "N": N,
                "docs": documents, "pass": False}

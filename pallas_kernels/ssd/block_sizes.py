@@ -48,6 +48,14 @@ class BlockSizes:
       `[L, L]` pair decays before its first read of the chunk's tiles instead of after C·Bᵀ:
       the same values; ptxas then issues their exponentials while C·Bᵀ runs on the tensor
       cores (NOTES.md round 6; not yet timed).
+    grads_summed_scores: the per-chunk gradient kernel sums its heads' score gradients
+      `[L, L]` in the head loop and multiplies the sum by B and C once after it, instead of
+      each head's (a third of its products). XLA makes the chunk's C·Bᵀ (made in the kernel it
+      takes Triton's chained-product layout, L rows repeated on both warp groups) and the log
+      decays' within-chunk sums (the cumulative log decay, the reverse cumulative sum of its
+      gradient: CTA-wide scans in the loop). At mamba2-340m's P 64 its head step has 24 HGMMA
+      instead of 36 and 32 barriers instead of 54 (ptxas, NOTES.md session 18); the bf16
+      default at P ≤ 64 since (mamba2-340m +7–8 % with the norms' session-18 tiles, call s18c).
     segments: S, a power of two: each row is split into S equal segments (of whole chunks)
       that the kernels run as separate rows, `[B·S, T/S]`: S times the programs and chains S
       times shorter, combined exactly in XLA (`segments.py`, NOTES.md round 3). None
@@ -85,6 +93,7 @@ class BlockSizes:
     cumulative_decay: bool = False
     decays_first: bool = False
     state_vectors_in_step: bool = False
+    grads_summed_scores: bool = False
     segments: int | None = None
 
     def __post_init__(self):
@@ -153,9 +162,13 @@ def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu", *,
         # the per-chunk gradients' head loop at 3 stages, its loads pipelined (at P 128 two
         # stages already ask 229,888 B of 227 KB): mamba2-340m's H32 P64, `chunk_grads` 1.28
         # → 1.07 ms a call (2 stages 1.20), fwd+bwd 1.82 → 1.61. Float32 inputs (twice the
-        # shared memory a stage, not timed) keep 2 stages (1 in `chunk_grads`).
+        # shared memory a stage, not timed) keep 2 stages (1 in `chunk_grads`). Session 18:
+        # at P 64 `chunk_grads` sums its heads' score gradients (5 products a head, not 7;
+        # GPU check PASS): with the norms' session-18 tiles, mamba2-340m 123,141 → 133,358
+        # and 131,775 tokens/s (call s18c; the norms alone ≈ 1 % of it). Untimed at P 128.
         stages = (dict(num_stages=4, local_num_stages=3, state_vectors_in_step=True,
-                       grads_num_stages=3 if head_dim <= 64 else 1)
+                       grads_num_stages=3 if head_dim <= 64 else 1,
+                       grads_summed_scores=head_dim <= 64)
                   if itemsize <= 2 else {})
         return BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True,
                           **stages).for_dims(head_dim)

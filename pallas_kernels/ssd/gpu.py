@@ -18,7 +18,9 @@ boundaries `[B, H, NC, P, N]` in the input dtype (the matmul operand type).
                term, so chunk_grads never forms the `[P, N]` product).
   chunk_grads  grid (B, G, NC): every chunk in parallel; a loop over the group's heads shares
                the chunk's C·Bᵀ and accumulates dB, dC in registers; dx, dt's gradient through
-               dt·x, and the log decays' gradient per step.
+               dt·x, and the log decays' gradient per step. With `grads_summed_scores` the loop
+               sums the heads' score gradients, multiplied by B and C once after it, and XLA
+               makes C·Bᵀ and the log decays' within-chunk sums (NOTES.md session 18).
 
 Gradient of the log decays: with every weight e^{±cum}, ∂L/∂cum_t = C_t·dC_t − B_t·dB_t (this
 head's parts) + [t = last]·⟨dH, S_next⟩; its within-chunk part is summed from the `[L, L]`
@@ -320,22 +322,31 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
 
 
 def _chunk_grads_kernel(*refs, st: Static):
+    summed = st.blocks.grads_summed_scores
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
-    (dy_ref, states_ref, d_states_ref, kept_ref, dx_ref, ddt_ref, da_ref, db_ref,
+    # `extra_ref`: the reverse pass's `kept`, or with `summed` the chunk's C·Bᵀ (XLA's).
+    # `vector_refs`: d a, or with `summed` the per-step part of ∂L/∂cum (pairs, entering
+    # state) and the leaving-state pull, which `chunk_grads` combines.
+    (dy_ref, states_ref, d_states_ref, extra_ref, dx_ref, ddt_ref, *vector_refs, db_ref,
      dc_ref) = refs[5 + st.documents:]
     keys, queries = b_ref[...], c_ref[...]  # [L, N], shared by the group's heads
     dtype = keys.dtype
     doc = None if doc_ref is None else doc_ref[...]
-    raw_scores = mm_nt(queries, keys)  # C_t·B_s, [L, L]
-    P = x_ref.shape[-1]
+    # C_t·B_s, [L, L]. Made here by a product whose result reaches another product (through
+    # the scores), it takes Triton's chained-product warp layout, its L rows repeated on both
+    # warp groups of 8 warps, and so does all it multiplies (NOTES.md, session 18).
+    raw_scores = extra_ref[...] if summed else mm_nt(queries, keys)
+    L, P = raw_scores.shape[0], x_ref.shape[-1]
     BP = st.blocks.grads_block_p
     tiles = [pl.ds(p * BP, BP) for p in range(P // BP)]
 
     def head(r, grads):
-        d_queries, d_keys = grads
+        d_queries, d_keys, d_pairs = grads
         dt = dt_ref[r, :]
-        w = chunk_weights(a_ref[r, :], doc)
+        # with `summed`, a_ref holds the chunk's inclusive cumulative log decay
+        total = jnp.sum(a_ref[r, pl.ds(L - 1, 1)]) if summed else None
+        w = chunk_weights(a_ref[r, :], doc, total=total)
         decay = pair_decay(w.cum, doc)
         loaded = [(x_ref[:, r, cols], dy_ref[:, r, cols]) for cols in tiles]  # once per head
         # D_ts = (dy_t·dt_s x_s) e^{cum_t − cum_s}: the gradient of the decayed scores. dt
@@ -345,9 +356,12 @@ def _chunk_grads_kernel(*refs, st: Static):
         products = d_scores * raw_scores  # ∂L/∂cum through the pairs: rows minus columns
         d_cum = jnp.sum(products, axis=1) - jnp.sum(products, axis=0)
         scores = (raw_scores * decay).astype(dtype)
-        d_scores = d_scores.astype(dtype)
-        d_queries += mm(d_scores, keys)
-        d_keys += mm_tn(d_scores, queries)
+        if summed:  # summed over the heads, multiplied by B and C once after the loop
+            d_pairs += d_scores
+        else:
+            d_scores = d_scores.astype(dtype)
+            d_queries += mm(d_scores, keys)
+            d_keys += mm_tn(d_scores, queries)
         through_entry = pull = d_dt = 0.0
         for cols, (x, dy) in zip(tiles, loaded, strict=True):
             state, d_state = states_ref[r, cols, :], d_states_ref[r, cols, :]
@@ -368,14 +382,24 @@ def _chunk_grads_kernel(*refs, st: Static):
         # would hold 32 registers per thread through it.
         d_cum += jnp.sum(c_ref[...].astype(F32) * through_entry, axis=1)
         d_queries += through_entry
+        ddt_ref[r, :] = d_dt
         # The leaving state S' = carry·S + Σ_s out_s u_s B_sᵀ adds ⟨dH, S'⟩ at the last step:
         # its first part came from the reverse pass (`kept`).
-        ddt_ref[r, :] = d_dt
-        da_ref[r, :] = reverse_cumsum(d_cum - pull) + (kept_ref[r] + jnp.sum(pull))
-        return d_queries, d_keys
+        if summed:  # the chunk sums by XLA: each one CTA-wide scan or reduction fewer here
+            d_cum_ref, pull_ref = vector_refs
+            d_cum_ref[r, :] = d_cum
+            pull_ref[r, :] = pull
+        else:
+            vector_refs[0][r, :] = reverse_cumsum(d_cum - pull) + (extra_ref[r] + jnp.sum(pull))
+        return d_queries, d_keys, d_pairs
 
     zeros = jnp.zeros(keys.shape, F32)
-    d_queries, d_keys = lax.fori_loop(0, st.group, head, (zeros, zeros))
+    pairs = jnp.zeros(raw_scores.shape, F32) if summed else None
+    d_queries, d_keys, d_pairs = lax.fori_loop(0, st.group, head, (zeros, zeros, pairs))
+    if summed:
+        d_pairs = d_pairs.astype(dtype)
+        d_queries += mm(d_pairs, keys)
+        d_keys += mm_tn(d_pairs, queries)
     dc_ref[...] = d_queries
     db_ref[...] = d_keys
 
@@ -383,10 +407,12 @@ def _chunk_grads_kernel(*refs, st: Static):
 def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
     """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype; d dt (through dt·x only) and
     d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32. `kept`: `state_grads`' third
-    output."""
+    output. With `grads_summed_scores` XLA makes the kernel's chunk sums: the cumulative log
+    decay and C·Bᵀ before it, d a's reverse cumulative sum after it."""
     batch, length, heads, P = x.shape
     groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
+    summed = st.blocks.grads_summed_scores
     heads_of = lambda d: pl.BlockSpec((None, L, R, d), lambda b, g, c: (b, c, g, 0))
     per_step = pl.BlockSpec((None, R, L), lambda b, g, c: (b, g, c))
     keys = pl.BlockSpec((None, L, None, N), lambda b, g, c: (b, c, g, 0))
@@ -394,15 +420,31 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
     in_specs = [heads_of(P), per_step, per_step, keys, keys]
     if st.documents:
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
-    per_chunk = pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
     per_head = jax.ShapeDtypeStruct((batch, heads, length), F32)
-    return pallas_call(
+    num_vectors = 2 if summed else 1
+    if summed:
+        by_chunk = lambda v: v.reshape(batch, length // L, L, groups, N)
+        extra = jnp.einsum("bctgn,bcsgn->bgcts", by_chunk(C), by_chunk(B),
+                           preferred_element_type=F32)  # [B, G, NC, L, L]
+        extra_spec = pl.BlockSpec((None, None, None, L, L), lambda b, g, c: (b, g, c, 0, 0))
+        a = chunk_cumsum(a, L)
+    else:
+        extra, extra_spec = kept, pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
+    dx, d_dt, *vectors, dB, dC = pallas_call(
         functools.partial(_chunk_grads_kernel, st=st),
         grid=(batch, groups, length // L),
-        in_specs=in_specs + [heads_of(P), boundary, boundary, per_chunk],
-        out_specs=[heads_of(P), per_step, per_step, keys, keys],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head, per_head,
-                   jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
+        in_specs=in_specs + [heads_of(P), boundary, boundary, extra_spec],
+        out_specs=[heads_of(P), per_step] + [per_step] * num_vectors + [keys, keys],
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head] + [per_head] * num_vectors
+                  + [jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
         compiler_params=triton_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
         interpret=st.interpret, name="ssd_chunk_grads",
-    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, kept)
+    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, extra)
+    if not summed:
+        return dx, d_dt, vectors[0], dB, dC
+    # ∂L/∂a_j = Σ_{t ≥ j} ∂L/∂cum_t within the chunk, where the last step also has ⟨dH, S'⟩:
+    # the reverse pass's part (`kept`) and the chunk's own writes (Σ pull).
+    per_step_part, pull = (v.reshape(batch, heads, length // L, L) for v in vectors)
+    end = kept + jnp.sum(pull, axis=-1)
+    d_a = lax.cumsum(per_step_part - pull, axis=3, reverse=True) + end[..., None]
+    return dx, d_dt, d_a.reshape(batch, heads, length), dB, dC

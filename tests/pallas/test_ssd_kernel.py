@@ -32,6 +32,9 @@ SPLIT = dataclasses.replace(TINY, split_forward=True)
 STATE_PASS = dataclasses.replace(TINY, state_pass=True, state_block_n=8, cumulative_decay=True)
 # the same, each step of the state pass reading its own chunk's vectors (NOTES.md round 7)
 IN_STEP = dataclasses.replace(STATE_PASS, state_vectors_in_step=True)
+# the per-chunk gradients summing the heads' score gradients before their products with B and C
+# (NOTES.md session 18)
+SUMMED = dataclasses.replace(TINY, grads_summed_scores=True)
 TPU_WHOLE_P = BlockSizes(chunk=8, block_p=8, backward_block_p=8)  # one state tile, as by default
 NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
@@ -100,19 +103,35 @@ def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY,
 @pytest.mark.parametrize("blocks", [
     TINY, SPLIT, STATE_PASS, dataclasses.replace(TINY, state_pass=True),
     IN_STEP, dataclasses.replace(TINY, state_pass=True, state_vectors_in_step=True),
-    dataclasses.replace(TINY, cumulative_decay=True), dataclasses.replace(TINY, decays_first=True)],
+    dataclasses.replace(TINY, cumulative_decay=True), dataclasses.replace(TINY, decays_first=True),
+    SUMMED],
     ids=["fused", "split_forward", "state_pass", "state_pass_whole_n",
          "state_pass_vectors_in_step", "state_pass_whole_n_vectors_in_step", "cumulative_decay",
-         "decays_first"])
+         "decays_first", "grads_summed_scores"])
 def test_documents_initial_state_groups_odd_length(blocks):
     """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
     forward fused or split (within-chunk outputs from their own kernel), or as a state-only
     pass and a parallel output kernel, the state in column blocks or whole; the cumulative
     log decay scanned in the kernels or made before them (the state pass reading each chunk's
     vectors a step ahead or in the step itself); the fused step's pair decays formed before or
-    after its first tile read."""
+    after its first tile read; the per-chunk gradients summing the heads' score gradients."""
     inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
     check_against_reference(inputs, documents(19), blocks=blocks)
+
+
+@pytest.mark.parametrize("head_dim, groups, packed, with_initial, blocks", [
+    (64, 1, True, True, dataclasses.replace(STATE_PASS, block_p=64, backward_block_p=64,
+                                            grads_block_p=64, grads_summed_scores=True)),
+    (16, 2, True, True, dataclasses.replace(SUMMED, grads_block_p=8)),
+    (16, 1, False, False, SUMMED)],
+    ids=["P64_one_group", "P16_two_tiles_two_groups", "P16_no_documents_no_initial"])
+def test_grads_summed_scores_head_dims(head_dim, groups, packed, with_initial, blocks):
+    """`grads_summed_scores` (C·Bᵀ and the chunk sums of the log decays by XLA): at Mamba-2's
+    head dim 64 in one tile behind the state pass, with one group for 4 heads (as mamba2-340m),
+    and at P 16 in tiles of 8 with 2 groups or of 4 with one; with and without documents and
+    an initial state; 21 steps in chunks of 8 (padded)."""
+    inputs = make_inputs(10, batch=2, length=21, heads=4, groups=groups, head_dim=head_dim)
+    check_against_reference(inputs, documents(21) if packed else None, with_initial, blocks)
 
 
 def test_one_document_zero_initial_state_one_head_per_group():
@@ -208,6 +227,7 @@ FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
 @pytest.mark.parametrize("head_dim, state_dim, groups, packed, changes, kernels",
                          [(128, 128, 1, True, {}, 4), (64, 256, 4, False, {}, 3),
                           (64, 128, 1, True, {}, 4),  # Mamba-2's heads: chunk_grads 3 stages
+                          (64, 128, 1, True, dict(grads_summed_scores=True), 4),
                           (128, 128, 1, True, FUSED_GPU, 3),
                           (128, 128, 1, True, dict(FUSED_GPU, split_forward=True), 4),
                           (128, 128, 1, True, STATE_PASS_GPU, 4),
@@ -264,6 +284,8 @@ def test_default_tiles_run_the_state_pass(monkeypatch, dtype):
     # stages do not fit in shared memory
     heads_of_64 = default_block_sizes(64, 128, itemsize=jnp.dtype(dtype).itemsize)
     assert (stages.grads_num_stages, heads_of_64.grads_num_stages) == ((1, 3) if bf16 else (1, 1))
+    # and sum their heads' score gradients there (session 18), bf16 only
+    assert (stages.grads_summed_scores, heads_of_64.grads_summed_scores) == (False, bf16)
 
 
 def test_unsupported_calls_are_refused_with_the_reason():
