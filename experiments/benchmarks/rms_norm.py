@@ -56,6 +56,8 @@ SHAPES = ((1024, 1024, "transformer-350m", ("plain", "gated")),
           (1536, 512, "gdn-340m", ("plain", "gated")),
           (2048, 2048, "mamba2-340m", ("gated_inside",)))
 FORMS = {"plain": None, "gated": True, "gated_inside": False}  # → norm_before_gate
+
+
 # Changes to `default_block_sizes(group)` timed beside it (session 16: the backward of
 # mamba2-340m's norm ran at 2.2× its HBM floor in the train step). Tiles are rows; a tile's
 # elements are rows × the group (2048 at Mamba-2: 2 backward rows are 4096 elements).
@@ -70,6 +72,16 @@ VARIANTS = {
     "backward 64 steps": lambda b: dict(backward_steps=64),
     "forward rows x2": lambda b: dict(block_rows=2 * b.block_rows),
     "forward 4 warps": lambda b: dict(num_warps=4),
+    # Session 18 (NOTES.md, "Session 18"; the default since: half session 16's rows over
+    # twice the steps, 8 warps, joint sums): its timed alternatives, relative to it now.
+    # 'backward 4 warps, prefetch' was session 18's 'backward 4 warps, rows /2, joint sums,
+    # prefetch' (s18c: 0.357 ms at Mamba-2's norm, 0.277 at GDN's gated, 0.189 plain 1536)
+    "backward separate sums": lambda b: dict(backward_joint_sums=False),
+    "backward prefetch": lambda b: dict(backward_prefetch=True),
+    "backward 4 warps, prefetch": lambda b: dict(backward_num_warps=4, backward_prefetch=True),
+    # 1 row a step at Mamba-2's C 2048: 781 programs, 2 whole waves at 3 programs an SM (32
+    # steps: 1024 programs, 2.6 waves; s18c: 0.387 against 0.382 ms)
+    "backward 42 steps": lambda b: dict(backward_steps=42),
 }
 
 INTERPRET = {"on": False}

@@ -15,7 +15,9 @@ r = 1/√(mean_G(a²) + ε), n = a·r:
   dn = c·γ, da = r·(dn − n·mean_G(dn·n)); dx = da (times silu(z) when the gate is inside the
   norm); dz = dy·n·γ·silu'(z) or da·x·silu'(z); the partial sums dγ = Σ_rows c·n of the run,
   kept as a tile over the loop and reduced over its rows once at its end (summed over the runs
-  in XLA).
+  in XLA). Options (`BlockSizes`, off by default): `backward_joint_sums` takes both row sums
+  from one reduction (Σ dn·n = r·Σ dn·a); `backward_prefetch` loads the next tile before this
+  one's math.
 """
 
 from __future__ import annotations
@@ -69,9 +71,13 @@ class _Tile:
     def mask(self) -> jax.Array:
         return (self.rows < self.num_rows) & (self.local < self.size)
 
+    def load(self, ref) -> jax.Array:
+        """`ref[rows, cols]` in its dtype, zero past the last row and the group's end."""
+        return pltriton.load(ref.at[self.rows, self.cols], mask=self.mask, other=0)
+
     def read(self, ref) -> jax.Array:
-        """`ref[rows, cols]` in float32, zero past the last row and the group's end."""
-        return pltriton.load(ref.at[self.rows, self.cols], mask=self.mask, other=0).astype(F32)
+        """`ref[rows, cols]` in float32."""
+        return self.load(ref).astype(F32)
 
     def write(self, ref, value: jax.Array) -> None:
         pltriton.store(ref.at[self.rows, self.cols], value.astype(ref.dtype), mask=self.mask)
@@ -96,8 +102,9 @@ def _unpack(refs, st: Static, outputs: int):
     return x_ref, w_ref, z_ref, refs[:-outputs], refs[-outputs:]
 
 
-def _normed(x, z, st: Static):
-    """(n, r, gate, silu'(z)) of a tile: gate and silu' None without a gate."""
+def _gated(x, z, st: Static):
+    """(a, gate, silu'(z)) of a tile: a the normalized input (x, or x·silu(z) with the gate
+    inside the norm); gate and silu' None without a gate."""
     gate = dgate = None
     a = x
     if st.gated:
@@ -105,7 +112,18 @@ def _normed(x, z, st: Static):
         gate, dgate = z * s, s * (1.0 + z * (1.0 - s))
         if not st.norm_before_gate:
             a = x * gate
-    r = lax.rsqrt(jnp.sum(a * a, axis=1, keepdims=True) * (1.0 / st.group_size) + st.eps)
+    return a, gate, dgate
+
+
+def _rsqrt(sum_sq, st: Static):
+    """r = 1/√(mean(a²) + ε) from the row sums Σa² `[BR, 1]`."""
+    return lax.rsqrt(sum_sq * (1.0 / st.group_size) + st.eps)
+
+
+def _normed(x, z, st: Static):
+    """(n, r, gate, silu'(z)) of a tile: gate and silu' None without a gate."""
+    a, gate, dgate = _gated(x, z, st)
+    r = _rsqrt(jnp.sum(a * a, axis=1, keepdims=True), st)
     return a * r, r, gate, dgate
 
 
@@ -153,19 +171,46 @@ def backward_steps(rows: int, blocks: BlockSizes) -> int:
 def _backward_kernel(*refs, st: Static, steps: int):
     x_ref, w_ref, z_ref, (dy_ref,), outs = _unpack(refs, st, 3 if st.gated else 2)
     dx_ref, dg_ref = outs[:2]
-    BR, G = st.blocks.backward_block_rows, st.group_size
+    BR, G, prefetch = st.blocks.backward_block_rows, st.group_size, st.blocks.backward_prefetch
+    rows = x_ref.shape[0]
     run, group = pl.program_id(0), pl.program_id(1)  # (not read inside the loop: interpret)
-    gamma = _tile(st, x_ref.shape[0], 0, BR, group).scale(w_ref)
+    gamma = _tile(st, rows, 0, BR, group).scale(w_ref)
+    # with prefetch, rows past the run are masked, so that the last step's prefetch (the next
+    # run's first tile) reads nothing
+    end = jnp.minimum(rows, (run + 1) * steps * BR) if prefetch else rows
+    tile_at = lambda s: _tile(st, end, (run * steps + s) * BR, BR, group)
 
-    def step(s, dgamma):
-        tile = _tile(st, x_ref.shape[0], (run * steps + s) * BR, BR, group)
-        x, dy = tile.read(x_ref), tile.read(dy_ref)
-        z = tile.read(z_ref) if st.gated else None
-        n, r, gate, dgate = _normed(x, z, st)
+    def inputs(tile, stored=False):
+        """x, dy, z (None without a gate) of a tile in float32, or in their dtypes."""
+        get = tile.load if stored else tile.read
+        return get(x_ref), get(dy_ref), get(z_ref) if st.gated else None
+
+    def step(s, carry):
+        dgamma, ahead = carry
+        tile = tile_at(s)
+        if prefetch:  # the next tile's loads fly while this one reduces (bf16 in registers)
+            x, dy, z = (None if v is None else v.astype(F32) for v in ahead)
+            ahead = inputs(tile_at(s + 1), stored=True)
+        else:
+            x, dy, z = inputs(tile)
+        a, gate, dgate = _gated(x, z, st)
         inner = st.gated and st.norm_before_gate  # y = (n·γ)·gate
-        c = dy * gate if inner else dy  # the cotangent of n·γ
-        dn = c * gamma
-        da = r * (dn - n * (jnp.sum(dn * n, axis=1, keepdims=True) * (1.0 / G)))
+        if st.blocks.backward_joint_sums:
+            # Σ dn·n = r·Σ dn·a: both row sums from one reduction of the stacked products, one
+            # exchange across warps a step (3 barriers instead of 6), neither waiting on r
+            c = dy * gate if inner else dy
+            dn = c * gamma
+            sums = jnp.sum(jnp.stack([a * a, dn * a], axis=-1), axis=1)  # [BR, 2]
+            sum_sq, sum_dn_a = (v[:, None] for v in lax.unstack(sums, axis=-1))
+            r = _rsqrt(sum_sq, st)
+            n, mean_dn_n = a * r, r * sum_dn_a * (1.0 / G)
+        else:
+            r = _rsqrt(jnp.sum(a * a, axis=1, keepdims=True), st)
+            n = a * r
+            c = dy * gate if inner else dy  # the cotangent of n·γ
+            dn = c * gamma
+            mean_dn_n = jnp.sum(dn * n, axis=1, keepdims=True) * (1.0 / G)
+        da = r * (dn - n * mean_dn_n)
         if st.gated and not st.norm_before_gate:  # a = x·gate
             tile.write(dx_ref, da * gate)
             tile.write(outs[2], da * x * dgate)
@@ -173,10 +218,11 @@ def _backward_kernel(*refs, st: Static, steps: int):
             tile.write(dx_ref, da)
             if inner:
                 tile.write(outs[2], dy * n * gamma * dgate)
-        return dgamma + c * n  # tile-shaped: one reduction over rows per program
+        return dgamma + c * n, ahead  # tile-shaped: one reduction over rows per program
 
-    dgamma = lax.fori_loop(0, steps, step, jnp.zeros((BR, padded(G)), F32))
-    tile = _tile(st, x_ref.shape[0], 0, BR, group)
+    first = inputs(tile_at(0), stored=True) if prefetch else None
+    dgamma, _ = lax.fori_loop(0, steps, step, (jnp.zeros((BR, padded(G)), F32), first))
+    tile = _tile(st, rows, 0, BR, group)
     pltriton.store(dg_ref.at[run, tile.cols[0]], jnp.sum(dgamma, axis=0),
                    mask=tile.local[0] < G)
 

@@ -1,14 +1,17 @@
 """RMSNorm Pallas kernels (interpret mode, float32) against a float64 numpy per-row reference
 (gradients by central differences) and against the op's XLA rung: values and gradients of x, z
 and γ, plain and both gated forms, one group and several (of widths that are and are not powers
-of two), row counts that are no multiple of the tiles; bf16 within its rounding; the Triton
-lowering at the GPU's shapes; the errors.
+of two), row counts that are no multiple of the tiles; the backward's options (joint sums,
+prefetch) likewise; bf16 within its rounding; the Triton lowering at the GPU's shapes; the
+errors.
 
 Tiny tiles (8 rows forward; 4 rows, 3 steps a program, backward) so that 37 rows span several
 programs of each kernel, the last one partly past the end.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -113,6 +116,36 @@ def test_matches_reference(gate, group_size):
     assert_close(grads, grads_xla, 1e-5, what + " gradients vs the xla rung")
 
 
+# The backward's options (NOTES.md "Session 18"; `default_block_sizes` turns the joint sums on,
+# TINY keeps the separate sums).
+OPTIONS = [pytest.param(dict(backward_joint_sums=True), id="joint_sums"),
+           pytest.param(dict(backward_prefetch=True), id="prefetch"),
+           pytest.param(dict(backward_joint_sums=True, backward_prefetch=True), id="both")]
+
+
+@pytest.mark.parametrize("rows", [ROWS, 24])
+@pytest.mark.parametrize("group_size", [C, 3])
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("gate", GATES)
+def test_backward_options_match_reference(gate, options, group_size, rows):
+    """Each backward option, float32: values and the gradients of x, z, γ against the float64
+    reference and the XLA rung. Runs of 3 steps of 4 rows: 37 rows end in a run of one row
+    (its tiles past the end masked, and each run's prefetch past its last step), 24 rows in
+    two whole runs; groups of 12 (one, padded to 16) and 3 (padded to 4: masked channels in
+    the stacked sums)."""
+    x, z, g, dy = inputs(rows + group_size, rows=rows, gated=gate is not None)
+    blocks = dataclasses.replace(TINY, **options)
+    what = f"{options} gate={gate} group={group_size} rows={rows}"
+    y, grads = kernel_vjp(x, z, g, group_size, bool(gate), dy, blocks=blocks)
+    y_ref, grads_ref = reference(x, z, g, group_size, bool(gate), dy)
+    assert_close(y, y_ref, 1e-5, what + " values vs float64")
+    assert_close(grads, grads_ref, 1e-5, what + " gradients vs float64")
+    if gate is None and group_size != C:
+        return  # (the op's plain norm is over the whole last axis)
+    _, grads_xla = xla_vjp(x, z, g, group_size, bool(gate), dy)
+    assert_close(grads, grads_xla, 1e-5, what + " gradients vs the xla rung")
+
+
 @pytest.mark.parametrize("gate", GATES)
 def test_default_tiles_and_leading_axes(gate):
     """`[B, T, H, C]` inputs (Gated DeltaNet's per-head norm) with the default tiles: one
@@ -159,18 +192,32 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, group, gat
     needed) at the models' shapes and the default tiles: bf16 [4, 8192, (3,) C]."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     shape = (4, 8192, 3, channels) if heads else (4, 8192, channels)
+    assert lowered_kernels(shape, group, gate, None) == 2
+
+
+@pytest.mark.parametrize("channels, group, gate", [(2048, 2048, False), (1536, 512, True)])
+def test_backward_options_lower_to_triton(monkeypatch, channels, group, gate):
+    """Both backward options (stack/unstack of the joint sums, the prefetch in the loop's
+    carry) lower to Triton at Mamba-2's and GDN's shapes, on the default tiles."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    blocks = dataclasses.replace(default_block_sizes(group, gated=True), backward_prefetch=True)
+    assert lowered_kernels((4, 8192, channels), group, gate, blocks) == 2
+
+
+def lowered_kernels(shape, group, gate, blocks) -> int:
+    """How many Triton kernels the vjp of bf16 `shape` lowers to for CUDA."""
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
 
     def grads(x, z, g):
         fn = lambda x, z, g: api.rms_norm(x, g, z, group_size=group,
-                                          norm_before_gate=bool(gate))
+                                          norm_before_gate=bool(gate), block_sizes=blocks)
         y, vjp = jax.vjp(fn, x, z, g)
         return vjp(y)
 
     z = spec(*shape) if gate is not None else None
-    text = jax.jit(grads).trace(spec(*shape), z, spec(channels, dtype=jnp.float32)).lower(
+    text = jax.jit(grads).trace(spec(*shape), z, spec(shape[-1], dtype=jnp.float32)).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 2
+    return text.count("__gpu$xla.gpu.triton")
 
 
 @pytest.mark.parametrize("shapes, kwargs, message", [
@@ -199,13 +246,15 @@ def test_bad_dtypes_and_platform_are_named():
 
 
 def test_default_tiles_are_valid():
-    assert default_block_sizes(512) == BlockSizes(block_rows=16, backward_block_rows=8)
-    assert default_block_sizes(1024) == BlockSizes()
-    assert default_block_sizes(1536) == BlockSizes(block_rows=4, backward_block_rows=2)
+    # session 18's backward: 2048-element tiles, 32 steps, 8 warps, joint sums, either form
+    backward = dict(backward_steps=32, backward_num_warps=8, backward_joint_sums=True)
+    assert default_block_sizes(512) == BlockSizes(block_rows=16, backward_block_rows=4,
+                                                  **backward)
+    assert default_block_sizes(1024) == BlockSizes(backward_block_rows=2, **backward)
+    assert default_block_sizes(1536) == BlockSizes(block_rows=4, backward_block_rows=1,
+                                                   **backward)
     assert default_block_sizes(16384).block_rows == 1
-    # the gated backward of wide groups at 4 warps (session 16's timing)
-    assert [default_block_sizes(g, gated=True).backward_num_warps for g in (512, 1024, 2048)] == [
-        8, 4, 4]
-    assert default_block_sizes(2048).backward_num_warps == 8
+    assert all(default_block_sizes(g, gated=True) == default_block_sizes(g)
+               for g in (512, 1024, 2048))
     with pytest.raises(ValueError, match="block_rows must be a power of two, got 12"):
         BlockSizes(block_rows=12)
