@@ -188,19 +188,29 @@ def part_table(args):
 
 # Per head dim and kernel: the BlockSizes fields a variant sets, (tiles, warps, stages[, ...]),
 # likelier first (a time-limited sweep keeps them); the default's blocks always run first.
+# The flags after the four counts are False unless given; diagonal_causal_only is one field
+# for the three kernels, swept in each (the assembled BlockSizes takes the dk/dv kernel's).
 SWEEP = {
-    "forward": ("block_q", "block_k", "num_warps", "num_stages"),
-    "dq": ("block_q_dq", "block_k_dq", "dq_num_warps", "dq_num_stages"),
+    "forward": ("block_q", "block_k", "num_warps", "num_stages", "forward_one_select",
+                "diagonal_causal_only"),
+    "dq": ("block_q_dq", "block_k_dq", "dq_num_warps", "dq_num_stages", "diagonal_causal_only"),
     "dkv": ("block_q_dkv", "block_k_dkv", "dkv_num_warps", "dkv_num_stages", "dq_atomic",
-            "dkv_per_query_head"),
+            "dkv_per_query_head", "diagonal_causal_only"),
 }
 SWEEP_VARIANTS = {
-    64: {"forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
-                     (64, 32, 4, 4), (128, 32, 4, 4), (64, 64, 4, 4), (128, 64, 4, 4)],
-         "dq": [(64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3),
-                (128, 32, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
-         "dkv": [(64, 64, 4, 2), (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2),
-                 (32, 64, 4, 3), (16, 128, 4, 3), (64, 64, 4, 2, True), (32, 128, 4, 3, True),
+    # D 64 (session 18, ptxas only): the one-select forward and the causal-only diagonal at
+    # today's tiles and at 128 query rows on 8 warps (115-122 registers: two programs a SM).
+    64: {"forward": [(64, 32, 4, 4, True), (64, 32, 4, 4, True, True), (64, 32, 4, 4, False, True),
+                     (128, 32, 8, 3, True, True), (128, 32, 8, 3), (128, 64, 8, 3, True, True),
+                     (64, 64, 4, 3, True, True), (128, 32, 8, 4, True, True),
+                     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+                     (128, 32, 4, 4), (64, 64, 4, 4), (128, 64, 4, 4)],
+         "dq": [(64, 64, 4, 3, True), (128, 32, 8, 3, True), (64, 32, 4, 3, True),
+                (64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3),
+                (128, 32, 8, 3), (128, 128, 8, 2)],
+         "dkv": [(32, 128, 4, 3, False, False, True), (32, 64, 4, 3, False, False, True),
+                 (64, 64, 4, 2), (32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3),
+                 (16, 128, 4, 3), (64, 64, 4, 2, True), (32, 128, 4, 3, True),
                  (64, 128, 8, 2, True)]},
     128: {"forward": [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3),
                       (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 4)],
@@ -250,13 +260,12 @@ def _max_rel(got, want) -> float:
 
 
 def _variant(base, kernel: str, values):
-    """`base` with a SWEEP_VARIANTS entry's fields (the dk/dv flags False unless given);
-    `values` None: `base`."""
+    """`base` with a SWEEP_VARIANTS entry's fields (the flags False unless given); `values`
+    None: `base`."""
     if values is None:
         return base
     fields = SWEEP[kernel]
-    if kernel == "dkv":
-        values = tuple(values) + (False,) * (len(fields) - len(values))
+    values = tuple(values) + (False,) * (len(fields) - len(values))
     return dataclasses.replace(base, **dict(zip(fields, values, strict=True)))
 
 

@@ -21,6 +21,11 @@ class BlockSizes(TileChecks):
       so dq's last bits, varies from run to run).
     dkv_per_query_head: one dk/dv program per query head rather than per kv head (GQA: the
       group's heads run in parallel, their float32 dk/dv summed afterwards in XLA).
+    forward_one_select: the forward's masked blocks select once, on the logits, not again on
+      the probabilities (the mask dies before the row maximum: fewer live registers).
+    diagonal_causal_only: in every kernel the masked blocks on the causal diagonal that lie
+      inside every row's document run and window (past the unmasked interior) test causality
+      alone: no segment ids loaded, one compare an element instead of two and an `and`.
     """
 
     block_q: int = 64
@@ -37,6 +42,8 @@ class BlockSizes(TileChecks):
     dkv_num_stages: int = 2
     dq_atomic: bool = False
     dkv_per_query_head: bool = False
+    forward_one_select: bool = False
+    diagonal_causal_only: bool = False
 
     TILES = ("block_q", "block_k", "block_q_dq", "block_k_dq", "block_q_dkv", "block_k_dkv")
     COUNTS = ("num_warps", "num_stages", "dq_num_warps", "dq_num_stages", "dkv_num_warps",

@@ -60,19 +60,38 @@ class Static:
         """The logit scale in base 2: exp(scale·s) = exp2(scale2·s)."""
         return self.scale * LOG2E
 
+    def causal_part(self, side: str) -> str | None:
+        """`_loop`'s causal_part: `side` with blocks.diagonal_causal_only, else None."""
+        return side if self.blocks.diagonal_causal_only else None
+
 
 def _iota(shape, axis):
     return lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
 
-def _loop(lo, hi, full_lo, full_hi, visit, carry):
-    """`visit(i, carry, masked)` over [lo, hi); unmasked for i in [full_lo, full_hi)."""
+def _loop(lo, hi, full_lo, full_hi, visit, carry, causal_part=None):
+    """`visit(i, carry, mask)` over [lo, hi): mask None (no test) for i in [full_lo, full_hi),
+    else "full" (causal, window and documents). causal_part "last" (query blocks: the key
+    blocks after the interior are from full_lo on, inside every row's run and window) or
+    "first" (key blocks: the query blocks before full_hi see the block's keys within their
+    runs and windows) gives that part mask "causal": the causal test alone."""
     a = jnp.clip(full_lo, lo, hi)
     b = jnp.clip(full_hi, a, hi)
-    carry = lax.fori_loop(lo, a, functools.partial(visit, masked=True), carry)
-    carry = lax.fori_loop(a, b, functools.partial(visit, masked=False), carry)
-    return lax.fori_loop(b, hi, functools.partial(visit, masked=True), carry)
+    parts = [(lo, a, "full"), (a, b, None), (b, hi, "causal" if causal_part == "last" else "full")]
+    if causal_part == "first":
+        c = jnp.clip(full_hi, lo, a)
+        parts[:1] = [(lo, c, "causal"), (c, a, "full")]
+    for start, stop, mask in parts:
+        carry = lax.fori_loop(start, stop, functools.partial(visit, mask=mask), carry)
+    return carry
+
+
+def _inside(rows, cols, row_segments, col_segments, window, mask):
+    """The visibility of a masked block: the whole test, or the causal one alone."""
+    if mask == "causal":
+        return cols <= rows
+    return visible(rows, cols, row_segments, col_segments, window)
 
 
 def _last_first(blocks: int):
@@ -113,17 +132,20 @@ def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmaske
     rows = start + _iota((BQ, 1), 0)
     q, qseg = q_ref[...], qseg_ref[...][:, None]
 
-    def visit(kb, carry, masked):
+    def visit(kb, carry, mask):
         m, l, acc = carry
         span = pl.ds(kb * BK, BK)
         s = mm_nt(q, k_ref[span, :])
-        if masked:
-            inside = visible(rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :],
-                             st.window)
+        if mask:
+            inside = _inside(rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :],
+                             st.window, mask)
             s = jnp.where(inside, s, MASK_VALUE)
         m_new = jnp.maximum(m, jnp.max(s, axis=1) * st.scale2)
         p = jnp.exp2(s * st.scale2 - m_new[:, None])
-        if masked:  # a row with no visible key yet has m_new = MASK_VALUE·scale2
+        if mask and not st.blocks.forward_one_select:
+            # A row with no visible key yet has m_new = MASK_VALUE·scale2, so p = 1 on its
+            # masked keys. With forward_one_select that is left: the row's first visible key
+            # (every row sees itself) gives a correction exp2(m − m_new) = 0 to what came before.
             p = jnp.where(inside, p, 0.0)
         correction = jnp.exp2(m - m_new)
         acc = acc * correction[:, None] + mm(p.astype(v_ref.dtype), v_ref[span, :])
@@ -131,7 +153,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmaske
 
     init = (jnp.full((BQ,), MASK_VALUE, F32), jnp.zeros((BQ,), F32),
             jnp.zeros(o_ref.shape, F32))
-    m, l, acc = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit, init)
+    m, l, acc = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit, init,
+                      st.causal_part("last"))
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)  # every row sees itself: l > 0
     lse_ref[...] = m + jnp.log2(l)
 
@@ -165,19 +188,19 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_r
     q, do, qseg = q_ref[...], do_ref[...], qseg_ref[...][:, None]
     lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
 
-    def visit(kb, dq, masked):
+    def visit(kb, dq, mask):
         span = pl.ds(kb * BK, BK)
         keys = k_ref[span, :]
         p = jnp.exp2(mm_nt(q, keys) * st.scale2 - lse)
-        if masked:
-            inside = visible(rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :],
-                             st.window)
+        if mask:
+            inside = _inside(rows, kb * BK + _iota((1, BK), 1), qseg, kseg_ref[span][None, :],
+                             st.window, mask)
             p = jnp.where(inside, p, 0.0)
         ds = p * (mm_nt(do, v_ref[span, :]) - delta)
         return dq + mm(ds.astype(keys.dtype), keys)
 
     dq = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit,
-               jnp.zeros(dq_ref.shape, F32))
+               jnp.zeros(dq_ref.shape, F32), st.causal_part("last"))
     dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
 
 
@@ -213,15 +236,15 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
     dk = jnp.zeros(dk_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
     for r in range(heads):
-        def visit(qb, carry, masked, r=r):
+        def visit(qb, carry, mask, r=r):
             dk, dv = carry
             span = pl.ds(qb * BQ, BQ)
             q, do = q_ref[span, r, :], do_ref[span, r, :]
             lse, delta = lse_ref[r, span][None, :], delta_ref[r, span][None, :]
             p_t = jnp.exp2(mm_nt(keys, q) * st.scale2 - lse)  # [BK, BQ]
-            if masked:
-                inside = visible(qb * BQ + _iota((1, BQ), 1), cols, qseg_ref[span][None, :],
-                                 kseg, st.window)
+            if mask:
+                inside = _inside(qb * BQ + _iota((1, BQ), 1), cols, qseg_ref[span][None, :],
+                                 kseg, st.window, mask)
                 p_t = jnp.where(inside, p_t, 0.0)
             dv = dv + mm(p_t.astype(do.dtype), do)
             ds_t = (p_t * (mm_nt(values, do) - delta)).astype(q.dtype)
@@ -230,7 +253,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
                                     mm_tn(keys, ds_t))
             return dk + mm(ds_t, q), dv
 
-        dk, dv = _loop(*bounds, visit, (dk, dv))
+        dk, dv = _loop(*bounds, visit, (dk, dv), st.causal_part("first"))
     dk_ref[...] = (st.scale * dk).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 

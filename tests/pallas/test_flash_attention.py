@@ -83,6 +83,34 @@ def test_backward_variants(variant):
     check(q, k, v, PACKED[1:], 6, dataclasses.replace(TINY, **variant))
 
 
+OPTIONS = [dict(forward_one_select=True), dict(diagonal_causal_only=True),
+           dict(forward_one_select=True, diagonal_causal_only=True, dkv_per_query_head=True)]
+
+
+@pytest.mark.parametrize("window", [None, 1, 6])
+@pytest.mark.parametrize("option", OPTIONS)
+def test_masking_options(option, window):
+    """One select in the forward (a row's all-masked first block is undone by its first
+    visible key) and the causal test alone on the diagonal (no document edge inside it):
+    documents of length 1, odd, longer than a block, boundaries on and off block edges, GQA."""
+    q, k, v = normals(6, (2, 39, 4, 8), (2, 39, 2, 8), (2, 39, 2, 8), dtype=np.float32)
+    check(q, k, v, PACKED, window, dataclasses.replace(TINY, **option))
+
+
+@pytest.mark.parametrize("option", OPTIONS[:2])
+def test_masking_options_wide_tiles_and_repeated_ids(option):
+    """Query tiles of 32 over key tiles of 8 (several diagonal blocks a query block, as at
+    block_q 128, block_k 32) and ids that come back (the runs, not the extents, bound the
+    causal-only part)."""
+    q, k, v = normals(7, (2, 64, 2, 8), (2, 64, 1, 8), (2, 64, 1, 8), dtype=np.float32)
+    ids = jnp.asarray([[0] * 10 + [1] * 9 + [0] * 20 + [3] * 25,
+                       np.repeat(np.arange(6), [1, 16, 3, 31, 8, 5])], jnp.int32)
+    blocks = BlockSizes(block_q=32, block_k=8, block_q_dq=32, block_k_dq=8, block_q_dkv=8,
+                        block_k_dkv=32, **option)
+    check(q, k, v, ids, None, blocks)
+    check(q, k, v, ids, 12, blocks)
+
+
 def test_given_extents_and_padding():
     """Extents computed once by the caller give the kernel's own result; padding them equals
     the extents of the padded ids (the pad joins the last document and run)."""
