@@ -104,8 +104,13 @@ def test_matches_reference(gate, group_size):
     """37 rows (tiles of 8 and 4: partial last tiles and runs); groups of 12 (one, padded to
     16), 4 and 3 (padded to 4), the plain norm also in groups."""
     x, z, g, dy = inputs(group_size, gated=gate is not None)
-    what = f"gate={gate} group={group_size}"
-    y, grads = kernel_vjp(x, z, g, group_size, bool(gate), dy)
+    assert_matches_references(x, z, g, dy, group_size, gate, TINY,
+                              f"gate={gate} group={group_size}")
+
+
+def assert_matches_references(x, z, g, dy, group_size, gate, blocks, what):
+    """The kernels' y and gradients equal the float64 reference's and the XLA rung's."""
+    y, grads = kernel_vjp(x, z, g, group_size, bool(gate), dy, blocks=blocks)
     y_ref, grads_ref = reference(x, z, g, group_size, bool(gate), dy)
     assert_close(y, y_ref, 1e-5, what + " values vs float64")
     assert_close(grads, grads_ref, 1e-5, what + " gradients vs float64")
@@ -134,16 +139,8 @@ def test_backward_options_match_reference(gate, options, group_size, rows):
     two whole runs; groups of 12 (one, padded to 16) and 3 (padded to 4: masked channels in
     the stacked sums)."""
     x, z, g, dy = inputs(rows + group_size, rows=rows, gated=gate is not None)
-    blocks = dataclasses.replace(TINY, **options)
-    what = f"{options} gate={gate} group={group_size} rows={rows}"
-    y, grads = kernel_vjp(x, z, g, group_size, bool(gate), dy, blocks=blocks)
-    y_ref, grads_ref = reference(x, z, g, group_size, bool(gate), dy)
-    assert_close(y, y_ref, 1e-5, what + " values vs float64")
-    assert_close(grads, grads_ref, 1e-5, what + " gradients vs float64")
-    if gate is None and group_size != C:
-        return  # (the op's plain norm is over the whole last axis)
-    _, grads_xla = xla_vjp(x, z, g, group_size, bool(gate), dy)
-    assert_close(grads, grads_xla, 1e-5, what + " gradients vs the xla rung")
+    assert_matches_references(x, z, g, dy, group_size, gate, dataclasses.replace(TINY, **options),
+                              f"{options} gate={gate} group={group_size} rows={rows}")
 
 
 @pytest.mark.parametrize("gate", GATES)
