@@ -32,6 +32,7 @@ import numpy as np
 
 from experiments.benchmarks.linear_ops import GDN_VARIANTS
 from experiments.benchmarks.timing import (
+    changed_defaults,
     cudnn_op,
     device_name,
     forward_and_backward,
@@ -278,15 +279,11 @@ def main() -> None:
         parser.error(f"--variant: unknown {args.variant!r}; expected one of {list(variants)}")
     changes = {**(dict(split_gradients=False, gradient_num_warps=8) if args.fused_gradients
                   else {}), **variants.get(args.variant, {})}
-    if changes:
-        defaults = api.default_block_sizes
-        api.default_block_sizes = lambda *a, **kw: dataclasses.replace(defaults(*a, **kw),
-                                                                       **changes)
-        print("default tiles changed:", changes, flush=True)
     print(device_name(), flush=True)
     budget = Budget(args.budget_s)
     chosen = [part for part in PARTS if getattr(args, part)] or list(PARTS)
-    results = {part: PARTS[part](args, budget) for part in chosen}
+    with changed_defaults(api, changes):
+        results = {part: PARTS[part](args, budget) for part in chosen}
     write_json(args.out, "delta_rule_kernel", results.get("table", []),
                check=results.get("check"), sweep=results.get("sweep"))
 

@@ -49,7 +49,6 @@ H3 K256, ≤ 150 s on an H200 (fla's peer up to 75 s of it: its autotuning at a 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import functools
 import os
@@ -71,6 +70,7 @@ from experiments.benchmarks.timing import (
     cudnn_op,
     device_name,
     measure,
+    parse_changes,
     parse_labels,
     print_table,
     write_json,
@@ -246,13 +246,18 @@ GDN_VARIANTS = (
 GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
              "outputs_value_block": "value", "gradient_key_block": "key"}
 # NHA's pallas rung (profiled by op_kernels; linear_ops times no NHA): changes to its GPU
-# defaults at the shape's head dim (`pallas_kernels.nha.block_sizes.default_block_sizes`; at
-# D 256 the slot backward is unsplit at 8 warps, at D 128 split at 4).
+# defaults at the shape's head dim (`pallas_kernels.nha.block_sizes.default_block_sizes`: the
+# slot backward split at 4 warps; at D 256 the slot-input kernels over feature tiles of 64 and
+# the forward slot kernels at 8 warps).
 NHA_VARIANTS = {
     "slot backward split w4": dict(split_slot_backward=True, slot_backward_num_warps=4),
     "slot backward split w4 inputs tiled": dict(split_slot_backward=True,
                                                 slot_backward_num_warps=4, slot_input_block=64),
     "slot backward unsplit w8": dict(split_slot_backward=False, slot_backward_num_warps=8),
+    # the logits, readout, dA / P and dq kernels over feature tiles of 64 (nha/NOTES.md,
+    # session 18; ptxas only): at the forward's warps, and with the forward at 4 warps
+    "slot features tiled": dict(slot_feature_block=64),
+    "slot features tiled w4": dict(slot_feature_block=64, slot_num_warps=4),
 }
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
                   *NHA_VARIANTS)
@@ -529,18 +534,6 @@ def print_targets(rows: list[dict], shape: MixerShape = TARGET_SHAPE) -> None:
                   f"{'met' if ratio <= factor else 'MISSED'}")
 
 
-def parse_changes(text: str) -> dict:
-    """'grads_summed_scores=True,grads_num_stages=2' → the SSD BlockSizes fields and values."""
-    changes = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
-        if name not in {f.name for f in dataclasses.fields(BlockSizes)} or not value:
-            raise argparse.ArgumentTypeError(
-                f"expected FIELD=VALUE with a field of the SSD BlockSizes, got {item!r}")
-        changes[name] = ast.literal_eval(value)
-    return changes
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="table", help="comma-separated: check,sweep,table")
@@ -553,7 +546,8 @@ def main() -> None:
     parser.add_argument("--variants", default="all",
                         help="kernel variants beside the pallas rung: all, none or "
                              "';'-separated labels (VARIANT_LABELS)")
-    parser.add_argument("--check-changes", default="", type=parse_changes,
+    parser.add_argument("--check-changes", default="",
+                        type=functools.partial(parse_changes, blocks=BlockSizes),
                         help="FIELD=VALUE,...: the SSD check with these BlockSizes fields "
                              "changed in every case's defaults (e.g. grads_summed_scores=True)")
     parser.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True)

@@ -38,10 +38,12 @@ import numpy as np
 
 from experiments.benchmarks.peers.stream import run_json_lines
 from experiments.benchmarks.timing import (
+    changed_defaults,
     cudnn_op,
     device_name,
     forward_and_backward,
     measure,
+    parse_changes,
     print_table,
     time_compiled,
     write_json,
@@ -202,6 +204,11 @@ def _nha_state_call(window, dim, heads=4, kv_heads=2):
 
 
 def part_check(args):
+    with changed_defaults(api, args.check_changes):
+        return _check_rows(args)
+
+
+def _check_rows(args):
     rows = []
     for length, heads, kv_heads, window in API_CHECKS:
         x = make_inputs(1, length, heads, kv_heads, jax.random.key(1))
@@ -211,7 +218,8 @@ def part_check(args):
             q, k, v, s, g, window=w, q_window=qw, k_window=kw)
         for variant in dict.fromkeys(["default", *args.check_variants]):
             rows.append(_compare(f"api T{length} H{heads} G{kv_heads} w{window} {variant}",
-                                 apply(pallas_op(window, VARIANTS[variant])),
+                                 apply(pallas_op(window, dataclasses.replace(
+                                     VARIANTS[variant], **args.check_changes))),
                                  apply(reference), x, weights))
     for window, dim in OP_CHECKS:
         fn, point, weights = _nha_state_call(window, dim=dim)
@@ -347,6 +355,9 @@ VARIANTS = {
     # the GPU default (split at 4 warps) with the slot-input kernels' feature loop (NOTES v8)
     "slot_inputs_tiled": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
                                     slot_input_block=64),
+    # session 18 (ptxas only): the slot kernels over feature tiles of 64 (NOTES.md)
+    "slot_features_tiled": BlockSizes(slot_feature_block=64),
+    "slot_features_tiled_w4": BlockSizes(slot_feature_block=64, slot_num_warps=4),
     "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
     "split_slot_bwd_w4": BlockSizes(slot_precision="split", slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
@@ -503,6 +514,11 @@ def main() -> None:
                         help="parts to run, in order (e.g. profile,lowering)")
     parser.add_argument("--check-variants", type=names, default=["split"],
                         help="tile variants also checked at the API level")
+    parser.add_argument("--check-changes", default="",
+                        type=functools.partial(parse_changes, blocks=BlockSizes),
+                        help="FIELD=VALUE,...: every check with these BlockSizes fields changed "
+                             "(the API checks' variants and the op checks' defaults, e.g. "
+                             "slot_feature_block=64): an option's check before it is a default")
     parser.add_argument("--table-variants", type=names, default=["split"],
                         help="tile variants also timed in the table at B4 T8192")
     parser.add_argument("--variants", type=names,

@@ -23,7 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.benchmarks.timing import measure, print_table, relative_error, time_compiled
+from experiments.benchmarks.timing import (
+    changed_defaults,
+    measure,
+    print_table,
+    relative_error,
+    time_compiled,
+)
 from hybrid_jax.ops.ssd import ssd
 from pallas_kernels.ssd import api, gpu
 from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
@@ -70,17 +76,8 @@ def _values_and_grads(impl: str, inputs, ids, weights, dtype):
 
 
 def part_check(changes: dict | None = None) -> list[dict]:
-    rows = []
-    if changes:
-        defaults = api.default_block_sizes
-        api.default_block_sizes = lambda *a, **kw: dataclasses.replace(defaults(*a, **kw),
-                                                                       **changes)
-        print("default tiles changed:", changes, flush=True)
-    try:
-        return _check_rows(rows)
-    finally:
-        if changes:
-            api.default_block_sizes = defaults
+    with changed_defaults(api, changes or {}):
+        return _check_rows([])
 
 
 def _check_rows(rows: list[dict]) -> list[dict]:

@@ -3,6 +3,10 @@ the relative error of their GPU checks."""
 
 from __future__ import annotations
 
+import argparse
+import ast
+import contextlib
+import dataclasses
 import itertools
 import json
 import platform
@@ -202,3 +206,34 @@ def relative_error(a, b) -> float:
     """‖a − b‖ / ‖b‖ in float64 (a GPU check's bf16 result `a` against its reference `b`)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def parse_changes(text: str, blocks: type) -> dict[str, Any]:
+    """'FIELD=VALUE,...' → {field: value} for fields of the dataclass `blocks` (a kernel's
+    BlockSizes); values as Python literals. Bad input raises argparse's type error."""
+    changes = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in {f.name for f in dataclasses.fields(blocks)} or not value:
+            raise argparse.ArgumentTypeError(
+                f"expected FIELD=VALUE with a field of {blocks.__module__}.{blocks.__name__}, "
+                f"got {item!r}")
+        changes[name] = ast.literal_eval(value)
+    return changes
+
+
+@contextlib.contextmanager
+def changed_defaults(api: Any, changes: dict[str, Any]):
+    """Within the block, `api.default_block_sizes` (a kernel package's api module) returns its
+    tiles with `changes` applied: an option's GPU check or timing before it is a default."""
+    if not changes:
+        yield
+        return
+    defaults = api.default_block_sizes
+    api.default_block_sizes = lambda *a, **kw: dataclasses.replace(defaults(*a, **kw), **changes)
+    print("default tiles changed:", changes, flush=True)
+    try:
+        yield
+    finally:
+        api.default_block_sizes = defaults
+

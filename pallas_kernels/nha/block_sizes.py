@@ -33,6 +33,11 @@ class BlockSizes:
       `slot_input_slot_block` in between (None: every product over all features and slots at
       once, every tile through registers first: 1.2–1.6 KB of spills a thread; NOTES.md, v8).
     slot_input_slot_block / slot_input_num_stages: of the `slot_input_block` form.
+    slot_feature_block: the other per-chunk slot kernels (the forward's logits and readout,
+      the backward's dA / P and dq) loop the same way over the features in tiles of this many
+      (`slot_feature_num_stages` deep): the sums over the features of their products, or the
+      readout's output tile by tile (None: whole-chunk tiles through registers; at D 256 one
+      program an SM and up to 1.4 KB of spills a thread: NOTES.md, session 18).
     slot_precision: how the slot products take their float32 operands
       (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
       dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same
@@ -59,6 +64,8 @@ class BlockSizes:
     slot_input_block: int | None = None
     slot_input_slot_block: int = 16
     slot_input_num_stages: int = 2
+    slot_feature_block: int | None = None
+    slot_feature_num_stages: int = 2
     slot_precision: str = "mixed"
 
     def __post_init__(self):
@@ -66,12 +73,14 @@ class BlockSizes:
             raise ValueError(f"BlockSizes.slot_precision must be one of {SLOT_PRECISIONS}, "
                              f"got {self.slot_precision!r}")
         for name in ("chunk", "sub_chunk", "block_q", "block_k", "block_q_dkv", "block_k_dkv",
-                     "state_block", "state_group", "slot_input_block", "slot_input_slot_block"):
+                     "state_block", "state_group", "slot_input_block", "slot_input_slot_block",
+                     "slot_feature_block"):
             value = getattr(self, name)
             if value is not None and (value < 1 or value & (value - 1)):
                 raise ValueError(f"BlockSizes.{name} must be a power of two, got {value}")
         for name in ("num_warps", "num_stages", "backward_num_warps", "backward_num_stages",
-                     "slot_num_warps", "slot_backward_num_warps", "slot_input_num_stages"):
+                     "slot_num_warps", "slot_backward_num_warps", "slot_input_num_stages",
+                     "slot_feature_num_stages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
         if self.sub_chunk > self.chunk:

@@ -263,6 +263,88 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
     return lax.cond(_fast_path(g, C), fast, exact)
 
 
+def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Products,
+                      intra: Products, sigma: Segments | None = None) -> list[jax.Array]:
+    """`slot_scores` with the features X in tiles of `tile`, one `fori_loop` step each, so that
+    Triton's pipeliner loads a step's tiles with `cp.async` while the previous step's products
+    run (the whole-chunk form takes every tile through registers first and spills at X 256:
+    NOTES.md, session 18). Here x and x_state are refs and x' Rows take a column slice. The loop
+    sums both products over X, the state part x·x_state `[C, M]` and the pairs x·x'ᵀ `[C, C]`;
+    the fast or the exact path then weighs the pairs, reading no feature tile."""
+    C = pairs[0][0].shape[0]
+
+    def step(cols, sums):
+        return [(part + state.mm(x[:, cols], x_state[cols, :], exact_a=True),
+                 pair + intra.mm_nt(x[:, cols], x_keys(0, C, cols), True, True))
+                for (x, x_keys, x_state), (part, pair) in zip(pairs, sums, strict=True)]
+
+    init = [(jnp.zeros((C, x_state.shape[1]), F32), jnp.zeros((C, C), F32))
+            for _, _, x_state in pairs]
+    sums = _feature_tiles(pairs[0][0].shape[1], tile, step, init)
+    entering = _entering(sigma, C)
+    pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
+    sums = [(_masked(part, entering), jnp.where(pair_mask, pair, 0.0)) for part, pair in sums]
+
+    def fast():
+        G = g(0, C)
+        y_inv = y(0, C).astype(F32) * jnp.exp(-G)
+        return tuple(jnp.exp(G) * (part + intra.mm(pair, y_inv)) for part, pair in sums)
+
+    def exact():
+        G, rows = g(0, C), iota((C, 1), 0)
+        outs = [jnp.exp(G) * part for part, _ in sums]
+        for jb in range(C // S):
+            query, key = _key_subchunk_factors(G, g, rows, jb, S)
+            y_jb = y(0, C).astype(F32) * key
+            outs = [out + query * intra.mm(pair, y_jb)
+                    for out, (_, pair) in zip(outs, sums, strict=True)]
+        return tuple(outs)
+
+    return list(lax.cond(_fast_path(g, C), fast, exact))
+
+
+def slot_readout_tiled(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t, store, *, S: int,
+                       tile: int, state: Products, intra: Products,
+                       sigma: Segments | None = None) -> None:
+    """`slot_readout` with the output features Y in tiles of `tile` (`slot_scores_tiled`'s
+    reason): the pairs' weights `[C, C]` first (fast or exact path), then a `fori_loop` over the
+    tiles of u (Rows taking a column slice) and state_t (a `[Y, M]` ref), handing each
+    `[C, tile]` float32 part of the output to `store(cols, out)`."""
+    C = p.shape[0]
+    G = g(0, C)
+    weights = p * jnp.exp(G)
+    pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
+
+    def fast():
+        return intra.mm_nt(weights, y(0, C).astype(F32) * jnp.exp(-G))
+
+    def exact():
+        rows, pairs = iota((C, 1), 0), 0.0
+        for jb in range(C // S):  # as `slot_scores_tiled`'s exact path
+            query, key = _key_subchunk_factors(G, g, rows, jb, S)
+            pairs += intra.mm_nt(p * query, y(0, C).astype(F32) * key)
+        return pairs
+
+    pairs = intra.operand(jnp.where(pair_mask, lax.cond(_fast_path(g, C), fast, exact), 0.0))
+    weights = state.operand(_masked(weights, _entering(sigma, C)))
+
+    def step(cols, carry):
+        store(cols, state.mm_nt(weights, state_t[cols, :])
+              + intra.mm(pairs, u(0, C, cols), exact_b=True))
+        return carry
+
+    _feature_tiles(state_t.shape[0], tile, step, 0)
+
+
+def _key_subchunk_factors(G: jax.Array, g: Rows, rows: jax.Array, jb: int, S: int):
+    """`_key_subchunk_decays` with both factors over all C rows `[C, M]`: the key factors are 0
+    outside key sub-chunk jb, so a full-width product adds only its pairs."""
+    ref = g(jb * S + S - 1, 1)
+    query = jnp.exp(jnp.where(rows >= jb * S, G - ref, -jnp.inf))
+    inside = (rows >= jb * S) & (rows < (jb + 1) * S)
+    return query, jnp.exp(jnp.where(inside, ref - G, -jnp.inf))
+
+
 class InputSide(NamedTuple):
     """One half of the slot-input gradients: the keys (x = k̄, x_end = dK̃ after the chunk,
     per query head (q, dA), scale = the logits' scale) or the values (v̄, dṼᵀ, (dO, P), 1).
@@ -382,10 +464,9 @@ def _by_subchunks(within, g: Rows, G, slots, S: int, mask, num_pulls: int):
     return lax.fori_loop(0, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
 
 
-def _feature_tiles(x_ref, tile: int, step, init):
-    """`carry = step(cols, carry)` over the column tiles of x_ref (one tile when `tile` does
-    not divide its width), a `fori_loop`."""
-    width = x_ref.shape[1]
+def _feature_tiles(width: int, tile: int, step, init):
+    """`carry = step(cols, carry)` over the tiles of `width` features (one tile when `tile`
+    does not divide it), a `fori_loop`."""
     tile = tile if width % tile == 0 else width
     cols = lambda j: pl.ds(pl.multiple_of(j * tile, tile), tile)
     return lax.fori_loop(0, width // tile, lambda j, carry: step(cols(j), carry), init)
@@ -407,7 +488,7 @@ def _feature_sums(side: InputSide, tile: int, parts, intra: Products):
     C = side.x_in.shape[0]
     init = ([jnp.zeros((C, slots.stop - slots.start), F32) for slots in parts],
             [jnp.zeros((C, C), F32) for _ in side.heads])
-    return _feature_tiles(side.x_in, tile, step, init)
+    return _feature_tiles(side.x_in.shape[1], tile, step, init)
 
 
 def _feature_grads(side: InputSide, store, tile: int, parts, written, pulls,
@@ -424,7 +505,7 @@ def _feature_grads(side: InputSide, store, tile: int, parts, written, pulls,
         store(cols, dx)
         return carry
 
-    _feature_tiles(side.x_in, tile, step, 0)
+    _feature_tiles(side.x_in.shape[1], tile, step, 0)
 
 
 def _input_grads_fast(sides, s_in, g: Rows, *, intra: Products, gradient: Products, sigma):

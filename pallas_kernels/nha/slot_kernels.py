@@ -33,12 +33,15 @@ from pallas_kernels.nha.chunk_math import (
     F32,
     MASK_VALUE,
     InputSide,
+    Rows,
     exiting,
     iota,
     rows_of,
     slot_input_grads,
     slot_input_grads_tiled,
+    slot_readout_tiled,
     slot_scores,
+    slot_scores_tiled,
 )
 from pallas_kernels.nha.chunk_math import slot_readout as readout_form
 from pallas_kernels.nha.layout import (
@@ -265,6 +268,43 @@ def _held(st: Static, layout: Layout, holds_ref, C: int):
     return slot_rows(st, rows, None if holds_ref is None else layout.token_rows(holds_ref, 0, C))
 
 
+def _feature_refs(st: Static):
+    """How a slot kernel passes its feature-wide tiles (x, a state) on: loaded, or as refs for
+    the `BlockSizes.slot_feature_block` loop to load tile by tile."""
+    return (lambda ref: ref[...]) if st.blocks.slot_feature_block is None else (lambda ref: ref)
+
+
+def _feature_stages(st: Static) -> int:
+    return 1 if st.blocks.slot_feature_block is None else st.blocks.slot_feature_num_stages
+
+
+def _scores(st: Static, x, keys_ref, x_state, writes: Rows, gate: Rows, products,
+            sigma) -> jax.Array:
+    """The scores form `[C, M]` of one (x, keys, state) (`chunk_math.slot_scores`): x and
+    x_state as `_feature_refs` passes them."""
+    options = dict(S=st.blocks.sub_chunk, state=products.state, intra=products.intra,
+                   sigma=sigma)
+    tile = st.blocks.slot_feature_block
+    if tile is None:
+        return slot_scores([(x, rows_of(keys_ref), x_state)], writes, gate, **options)[0]
+    return slot_scores_tiled([(x, rows_of(keys_ref), x_state)], writes, gate, tile=tile,
+                             **options)[0]
+
+
+def _readout(st: Static, p, writes: Rows, u_ref, gate: Rows, state_ref, store, *, state,
+             intra, sigma) -> None:
+    """The readout form (`chunk_math.slot_readout`) handed to `store(cols, out)`: whole
+    (cols = all features) or, with `BlockSizes.slot_feature_block`, tile by tile."""
+    options = dict(S=st.blocks.sub_chunk, state=state, intra=intra, sigma=sigma)
+    tile = st.blocks.slot_feature_block
+    if tile is None:
+        store(slice(None), readout_form(p, writes, rows_of(u_ref), gate, state_ref[...],
+                                        **options))
+    else:
+        slot_readout_tiled(p, writes, rows_of(u_ref), gate, state_ref, store, tile=tile,
+                           **options)
+
+
 def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
                 layout: Layout) -> jax.Array:
     """Scaled slot logits `scale·K̃_tᵀ q_t` of every step (0 where the slots hold nothing of
@@ -277,9 +317,9 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         q_ref, ks_ref, ss_ref, gc_ref, kst_ref, out_ref = refs
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
-        [logits] = slot_scores([(q_ref[...], rows_of(ks_ref), kst_ref[...])], writes,
-                               rows_of(gc_ref), S=st.blocks.sub_chunk, state=products.state,
-                               intra=products.intra, sigma=_segments(doc["sigma"], layout))
+        read = _feature_refs(st)
+        logits = _scores(st, read(q_ref), ks_ref, read(kst_ref), writes, rows_of(gc_ref),
+                         products, _segments(doc["sigma"], layout))
         out_ref[...] = jnp.where(_held(st, layout, doc["holds"], C), st.scale * logits, 0.0)
 
     specs, slots = _Specs(layout, st, length // C), ss.shape[-1]
@@ -289,7 +329,7 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
         doc_specs + [specs.head(key_dim), specs.stream(key_dim), specs.stream(slots),
                      specs.kv(slots), specs.state(key_dim, slots)],
         specs.head(slots), jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32),
-        st.blocks.slot_num_warps, "nha_slot_logits",
+        st.blocks.slot_num_warps, "nha_slot_logits", _feature_stages(st),
     )(*doc_arrays, q, ks, ss, gc, key_states)
 
 
@@ -323,10 +363,12 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
         else:
             p = jnp.where(held, jnp.exp(a - layout.column(lse_ref)), 0.0)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
-        out = readout_form(p, writes, rows_of(vs_ref), rows_of(gc_ref), vst_ref[...],
-                           S=st.blocks.sub_chunk, state=products.state, intra=products.intra,
-                           sigma=_segments(doc["sigma"], layout))
-        out_ref[...] = out if alone else o_ref[...] + out
+
+        def store(cols, out):
+            out_ref[:, cols] = out if alone else o_ref[:, cols] + out
+
+        _readout(st, p, writes, vs_ref, rows_of(gc_ref), vst_ref, store, state=products.state,
+                 intra=products.intra, sigma=_segments(doc["sigma"], layout))
 
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_specs = [specs.stream(value_dim), specs.stream(slots), specs.kv(slots),
@@ -337,13 +379,13 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
             kernel, layout, st, (batch, heads, length // C),
             doc_specs + [specs.head(slots)] + slot_specs, [specs.head(value_dim), specs.row()],
             [out_shape, jax.ShapeDtypeStruct(layout.rows_shape(batch, heads, length), F32)],
-            st.blocks.slot_num_warps, "nha_slot_readout",
+            st.blocks.slot_num_warps, "nha_slot_readout", _feature_stages(st),
         )(*doc_arrays, logits, vs, ss, gc, value_states)
     return _call(
         kernel, layout, st, (batch, heads, length // C),
         doc_specs + [specs.head(value_dim), specs.head(slots), specs.row()] + slot_specs,
         specs.head(value_dim), out_shape, st.blocks.slot_num_warps, "nha_slot_readout_add",
-        input_output_aliases={len(doc_arrays): 0},
+        _feature_stages(st), input_output_aliases={len(doc_arrays): 0},
     )(*doc_arrays, o_window, logits, lse, vs, ss, gc, value_states)
 
 
@@ -364,15 +406,17 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
     ks, vs, ss, gc, key_states, value_states = slot_inputs
     batch, length, heads, key_dim = _dims(q, layout)
     value_dim, slots = do.shape[-1], ss.shape[-1]
-    C, S = st.blocks.chunk, st.blocks.sub_chunk
+    C = st.blocks.chunk
     specs = _Specs(layout, st, length // C)
     products = slot_products(st, q.dtype)
     split = st.blocks.split_slot_backward
 
     def dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref):
-        dq = readout_form(da, writes, rows_of(ks_ref), gate, kst_ref[...], S=S,
-                          state=products.state, intra=products.gradient, sigma=sigma)
-        dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
+        def store(cols, dq):
+            dq_ref[:, cols] = (st.scale * dq).astype(dq_ref.dtype)
+
+        _readout(st, da, writes, ks_ref, gate, kst_ref, store, state=products.state,
+                 intra=products.gradient, sigma=sigma)
 
     def kernel(*refs):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
@@ -380,12 +424,17 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         if not split:
             ks_ref, kst_ref, dq_ref, *refs = refs
         da_ref, p_ref, qg_ref = refs
-        do, logits = do_ref[...], a_ref[...]
+        # The whole-chunk form reads every tile before its first product (NOTES.md, session 13);
+        # the feature loop reads the logits after it, which then need not live (spilled at
+        # D 256) across the loop and the fast/exact branch (session 18).
+        early = st.blocks.slot_feature_block is None
+        read = _feature_refs(st)
+        do, logits = read(do_ref), a_ref[...] if early else None
         gate = rows_of(gc_ref)
         sigma = _segments(doc["sigma"], layout)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
-        [dp] = slot_scores([(do, rows_of(vs_ref), vst_ref[...])], writes, gate, S=S,
-                           state=products.state, intra=products.intra, sigma=sigma)
+        dp = _scores(st, do, vs_ref, read(vst_ref), writes, gate, products, sigma)
+        logits = logits if early else a_ref[...]
         held = _held(st, layout, doc["holds"], C)
         p = jnp.where(held, jnp.exp(logits - layout.column(lse_ref)), 0.0)
         da = p * (dp - layout.column(delta_ref))
@@ -416,18 +465,20 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
             kernel, layout, st, (batch, heads, length // C),
             doc_specs + value_specs + key_specs, [specs.head(key_dim)] + [specs.head(slots)] * 3,
             [dq_shape] + [slot_shape] * 3, warps, "nha_slot_backward_queries",
+            _feature_stages(st),
         )(*doc_arrays, *value_arrays, *key_arrays)
         return dq, da, p, qg
     da, p, qg = _call(
         kernel, layout, st, (batch, heads, length // C), doc_specs + value_specs,
         [specs.head(slots)] * 3, [slot_shape] * 3, warps, "nha_slot_backward_probabilities",
+        _feature_stages(st),
     )(*doc_arrays, *value_arrays)
     sigma_specs, sigma_arrays = _doc_args(docs, specs, ("sigma",))
     dq = _call(
         dq_kernel, layout, st, (batch, heads, length // C),
         sigma_specs + [specs.head(slots), specs.stream(key_dim), specs.stream(slots),
                        specs.kv(slots), specs.state(key_dim, slots)],
-        specs.head(key_dim), dq_shape, warps, "nha_slot_backward_dq",
+        specs.head(key_dim), dq_shape, warps, "nha_slot_backward_dq", _feature_stages(st),
     )(*sigma_arrays, da, ks, ss, gc, key_states)
     return dq, da, p, qg
 

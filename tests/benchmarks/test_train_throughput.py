@@ -7,6 +7,7 @@ import pytest
 from experiments.benchmarks.train_throughput import (
     add_ratios,
     build_step,
+    has_modes,
     main,
     model_config,
     with_full_window_nha,
@@ -61,18 +62,17 @@ def test_two_tiny_models_run_end_to_end_with_their_ratio(tmp_path, capfd):
 
 def test_oryx_rows_train_under_the_mode_schedule_they_name():
     """The schedule reaches the step (linear and attention mode give different losses on the
-    same batch and weights) and the row records it; other models' rows have no `modes`."""
+    same batch and weights) and the row records it; only Oryx models have modes."""
     losses = {}
-    for modes in ("linear", "attention", "random_chunks"):
+    for modes in ("linear", "attention"):
         built = build_step("oryx-gdn-tiny", 32, tokens=256, data="", remat="none", scan=False,
                            packed=True, modes=modes)
         assert built.info["modes"] == modes
         _, metrics = built.step(built.state, built.batches[0])
         losses[modes] = float(metrics["loss"])
     assert losses["linear"] != pytest.approx(losses["attention"], rel=1e-4), losses
-    plain = build_step("transformer-tiny", 32, tokens=256, data="", remat="none", scan=False,
-                       packed=True)
-    assert "modes" not in plain.info
+    assert has_modes(model_config("oryx-mamba2-tiny"))
+    assert not has_modes(model_config("transformer-tiny"))
     with pytest.raises(ValueError, match="pattern"):
         build_step("oryx-gdn-tiny", 32, tokens=256, data="", remat="none", scan=False,
                    packed=True, modes="sometimes")

@@ -325,6 +325,39 @@ def test_gpu_kernel_slot_input_tiles(window, options):
           blocks=dataclasses.replace(TILED, **options))
 
 
+# The forward slot kernels and the backward's dA / P and dq kernels over feature tiles
+# (`BlockSizes.slot_feature_block`): tiles of 2, so that every loop takes several steps.
+FEATURE_TILED = dataclasses.replace(TINY, slot_feature_block=2)
+
+
+@pytest.mark.parametrize(("T", "window", "blocks"), [
+    (37, 16, dict(split_slot_backward=True)),
+    pytest.param(35, 0, {}, marks=pytest.mark.slow),  # the slots alone, the fused backward
+    pytest.param(37, 5, dict(split_slot_backward=True, slot_input_block=2,
+                             slot_input_slot_block=2), marks=pytest.mark.slow)])  # D 256's form
+def test_op_slot_feature_tiles(monkeypatch, T, window, blocks):
+    """`BlockSizes.slot_feature_block` through the op: packed documents, an initial state (at
+    w = 16 its ring is two chunks), GQA, odd T, w = 0 and 5 (a window off the blocks); 4 key,
+    8 value features in tiles of 2; with the slot-input kernels' feature loop too."""
+    _interpret(monkeypatch, blocks=dataclasses.replace(FEATURE_TILED, **blocks))
+    check_op(T, window, K=4, V=8, M=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("window", "options"), [
+    (0, {}), (1, {}), (13, dict(split_slot_backward=True)), (50, {}),
+    (3, dict(sub_chunk=4, gate_scale=8.0)), (5, dict(dim=64, slot_feature_block=16))])
+def test_gpu_kernel_slot_feature_tiles(window, options):
+    """`BlockSizes.slot_feature_block` through the kernel API, values and every input's
+    gradient: w = 0 (GQA, sink mode), 1, 13 (off the blocks), 50 ≥ T, strong gates (the exact
+    paths), and head dim 64 in tiles of 16."""
+    gate_scale, dim = options.pop("gate_scale", 0.5), options.pop("dim", 8)
+    x = make_inputs(2, 1, 37 if window != 3 else 23, 4, 2, key_dim=dim, value_dim=dim,
+                    gate_scale=gate_scale)
+    check(x, window, "sink" if window == 0 else "mask",
+          blocks=dataclasses.replace(FEATURE_TILED, **options))
+
+
 @pytest.mark.parametrize("backend, grads", [
     ("gpu", False), ("tpu", False), pytest.param("gpu", True, marks=pytest.mark.slow),
     pytest.param("tpu", True, marks=pytest.mark.slow)])
@@ -419,6 +452,8 @@ def test_op_head_dim_256(interpret_kernels):
                        slot_input_block=64), 13),  # the slot-input kernels' feature loop
     (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
                       slot_input_block=64), 13),  # D 256's defaults (nha-340m's layer)
+    (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
+                      slot_input_block=64, slot_feature_block=64), 13),  # and the slot kernels'
     pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
     pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
     (2000, 128, 2, dict(documents=True), 3),  # idle slots, the window kernels' document bounds
@@ -435,7 +470,8 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv
     blocks = dataclasses.replace(default_block_sizes("gpu", D),
                                  slot_precision=options.get("precision", "mixed"),
                                  split_slot_backward=options.get("split_slot_backward", False),
-                                 slot_input_block=options.get("slot_input_block"))
+                                 slot_input_block=options.get("slot_input_block"),
+                                 slot_feature_block=options.get("slot_feature_block"))
     inputs = [spec(B, T, H, D), spec(B, T, kv_heads, D), spec(B, T, kv_heads, D),
               spec(B, T, kv_heads, M, dtype=jnp.float32),
               spec(B, T, kv_heads, M, dtype=jnp.float32), spec(B, T, H, D),
