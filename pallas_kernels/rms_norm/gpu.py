@@ -15,9 +15,9 @@ r = 1/√(mean_G(a²) + ε), n = a·r:
   dn = c·γ, da = r·(dn − n·mean_G(dn·n)); dx = da (times silu(z) when the gate is inside the
   norm); dz = dy·n·γ·silu'(z) or da·x·silu'(z); the partial sums dγ = Σ_rows c·n of the run,
   kept as a tile over the loop and reduced over its rows once at its end (summed over the runs
-  in XLA). Options (`BlockSizes`, off by default): `backward_joint_sums` takes both row sums
-  from one reduction (Σ dn·n = r·Σ dn·a); `backward_prefetch` loads the next tile before this
-  one's math.
+  in XLA). Options (`BlockSizes`): `backward_joint_sums` takes both row sums from one
+  reduction (Σ dn·n = r·Σ dn·a; on in `default_block_sizes` since session 18);
+  `backward_prefetch` loads the next tile before this one's math (off).
 """
 
 from __future__ import annotations
@@ -195,11 +195,11 @@ def _backward_kernel(*refs, st: Static, steps: int):
             x, dy, z = inputs(tile)
         a, gate, dgate = _gated(x, z, st)
         inner = st.gated and st.norm_before_gate  # y = (n·γ)·gate
+        c = dy * gate if inner else dy  # the cotangent of n·γ
+        dn = c * gamma
         if st.blocks.backward_joint_sums:
             # Σ dn·n = r·Σ dn·a: both row sums from one reduction of the stacked products, one
             # exchange across warps a step (3 barriers instead of 6), neither waiting on r
-            c = dy * gate if inner else dy
-            dn = c * gamma
             sums = jnp.sum(jnp.stack([a * a, dn * a], axis=-1), axis=1)  # [BR, 2]
             sum_sq, sum_dn_a = (v[:, None] for v in lax.unstack(sums, axis=-1))
             r = _rsqrt(sum_sq, st)
@@ -207,8 +207,6 @@ def _backward_kernel(*refs, st: Static, steps: int):
         else:
             r = _rsqrt(jnp.sum(a * a, axis=1, keepdims=True), st)
             n = a * r
-            c = dy * gate if inner else dy  # the cotangent of n·γ
-            dn = c * gamma
             mean_dn_n = jnp.sum(dn * n, axis=1, keepdims=True) * (1.0 / G)
         da = r * (dn - n * mean_dn_n)
         if st.gated and not st.norm_before_gate:  # a = x·gate
