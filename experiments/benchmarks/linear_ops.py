@@ -253,17 +253,17 @@ GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
              "outputs_value_block": "value", "gradient_key_block": "key"}
 # NHA's pallas rung (profiled by op_kernels; linear_ops times no NHA): changes to its GPU
 # defaults at the shape's head dim (`pallas_kernels.nha.block_sizes.default_block_sizes`: the
-# slot backward split at 4 warps; at D 256 the slot-input kernels over feature tiles of 64 and
-# the forward slot kernels at 8 warps).
+# slot backward split at 4 warps; from D 128 every slot kernel over feature tiles of 64).
 NHA_VARIANTS = {
     "slot backward split w4": dict(split_slot_backward=True, slot_backward_num_warps=4),
     "slot backward split w4 inputs tiled": dict(split_slot_backward=True,
                                                 slot_backward_num_warps=4, slot_input_block=64),
     "slot backward unsplit w8": dict(split_slot_backward=False, slot_backward_num_warps=8),
-    # the logits, readout, dA / P and dq kernels over feature tiles of 64 (nha/NOTES.md,
-    # session 18; ptxas only): at the forward's warps, and with the forward at 4 warps
-    "slot features tiled": dict(slot_feature_block=64),
-    "slot features tiled w4": dict(slot_feature_block=64, slot_num_warps=4),
+    # the logits, readout, dA / P and dq kernels without the feature tiles of 64 (nha/NOTES.md,
+    # session 18; the default from D 128 since session 19): whole-chunk tiles, and at 8
+    # warps (D 256's form before session 19)
+    "slot features whole": dict(slot_feature_block=None),
+    "slot features whole w8": dict(slot_feature_block=None, slot_num_warps=8),
 }
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
                   *NHA_VARIANTS)

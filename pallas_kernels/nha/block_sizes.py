@@ -101,14 +101,19 @@ def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
     32 KB + 3 stages of k, v at 32 KB; dq and dk/dv: 64 KB + 2 stages of 32 KB); the backward
     slot kernels split at 4 warps, the slot-input ones over feature tiles of 64 (NOTES.md v8:
     nha-340m's layer, B4 T8192 H4 w32 with packed documents, fwd+bwd 4.27 ms unsplit at 8
-    warps, 3.95 split, 3.71 with the tiles; session 17, results/s17b)."""
+    warps, 3.95 split, 3.71 with the tiles; session 17, results/s17b); the other slot kernels
+    over feature tiles of 64 too, at 4 warps (NOTES.md session 18: 2 programs an SM, not 1;
+    the same layer 3.69 → 3.36 ms at 8 warps, 3.14 at 4; session 19, results/s19a)."""
     if backend == "tpu":
         return BlockSizes(chunk=128, sub_chunk=16, block_q=128, block_k=128, block_q_dkv=128,
                           block_k_dkv=128, state_block=128)
     if head_dim > 128:
         return BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
-                          slot_num_warps=8, split_slot_backward=True, slot_backward_num_warps=4,
-                          slot_input_block=64)
+                          split_slot_backward=True, slot_backward_num_warps=4,
+                          slot_input_block=64, slot_feature_block=64)
     # The backward slot kernels split in two each at 4 warps: fwd+bwd 7.02 ms against 7.64
-    # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a).
-    return BlockSizes(split_slot_backward=True, slot_backward_num_warps=4)
+    # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a). The other slot
+    # kernels over feature tiles of 64 from D 128 (with packed documents, the same shape's
+    # fwd+bwd kernels 7.51 → 7.32 ms; session 19, results/s19c); at D 64 a tile is the whole.
+    return BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
+                      slot_feature_block=64 if head_dim >= 128 else None)

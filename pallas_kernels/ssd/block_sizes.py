@@ -165,10 +165,12 @@ def default_block_sizes(head_dim: int, state_dim: int, backend: str = "gpu", *,
         # shared memory a stage, not timed) keep 2 stages (1 in `chunk_grads`). Session 18:
         # at P 64 `chunk_grads` sums its heads' score gradients (5 products a head, not 7;
         # GPU check PASS): with the norms' session-18 tiles, mamba2-340m 123,141 → 133,358
-        # and 131,775 tokens/s (call s18c; the norms alone ≈ 1 % of it). Untimed at P 128.
+        # and 131,775 tokens/s (call s18c; the norms alone ≈ 1 % of it). Session 19: at P 128
+        # the summed form's smaller live set lets `chunk_grads` pipeline 2 stages (3 ask 328 KB):
+        # B4 T8192 H16 P = N = 128 with documents, `chunk_grads` 0.972 → 0.542 ms a call, the
+        # op's fwd+bwd kernels 1.519 → 1.105 ms (results/s19a; GPU check PASS).
         stages = (dict(num_stages=4, local_num_stages=3, state_vectors_in_step=True,
-                       grads_num_stages=3 if head_dim <= 64 else 1,
-                       grads_summed_scores=head_dim <= 64)
+                       grads_num_stages=3 if head_dim <= 64 else 2, grads_summed_scores=True)
                   if itemsize <= 2 else {})
         return BlockSizes(state_pass=True, state_block_n=64, cumulative_decay=True,
                           **stages).for_dims(head_dim)
