@@ -358,6 +358,12 @@ VARIANTS = {
     # session 18 (ptxas only): the slot kernels over feature tiles of 64 (NOTES.md)
     "slot_features_tiled": BlockSizes(slot_feature_block=64),
     "slot_features_tiled_w4": BlockSizes(slot_feature_block=64, slot_num_warps=4),
+    # session 19: the tiled forms by the backward's split and warps (s19b's GPU check of the
+    # unsplit one at 8 warps gave dq, dk, dg off by 20-30 %, different in two runs)
+    "slot_features_tiled_bwd_w4": BlockSizes(slot_feature_block=64, slot_backward_num_warps=4),
+    "slot_features_tiled_split_w8": BlockSizes(slot_feature_block=64, split_slot_backward=True),
+    "slot_features_tiled_split_w4": BlockSizes(slot_feature_block=64, split_slot_backward=True,
+                                               slot_backward_num_warps=4),
     "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
     "split_slot_bwd_w4": BlockSizes(slot_precision="split", slot_backward_num_warps=4),
     "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
