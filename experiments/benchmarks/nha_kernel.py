@@ -355,12 +355,9 @@ VARIANTS = {
     # the GPU default (split at 4 warps) with the slot-input kernels' feature loop (NOTES v8)
     "slot_inputs_tiled": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
                                     slot_input_block=64),
-    # session 18 (ptxas only): the slot kernels over feature tiles of 64 (NOTES.md)
-    "slot_features_tiled": BlockSizes(slot_feature_block=64),
-    "slot_features_tiled_w4": BlockSizes(slot_feature_block=64, slot_num_warps=4),
-    # session 19: the tiled forms by the backward's split and warps (s19b's GPU check of the
-    # unsplit one at 8 warps gave dq, dk, dg off by 20-30 %, different in two runs)
-    "slot_features_tiled_bwd_w4": BlockSizes(slot_feature_block=64, slot_backward_num_warps=4),
+    # the slot kernels over feature tiles of 64 (NOTES.md, session 18; the GPU default from
+    # D 128), by the split backward's warps (unsplit, the tiles are refused on the GPU: its
+    # check in session 19 gave dq, dk, dg off by 20-30 %, different in two runs)
     "slot_features_tiled_split_w8": BlockSizes(slot_feature_block=64, split_slot_backward=True),
     "slot_features_tiled_split_w4": BlockSizes(slot_feature_block=64, split_slot_backward=True,
                                                slot_backward_num_warps=4),

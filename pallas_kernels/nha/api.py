@@ -144,6 +144,15 @@ def native_hybrid_attention(
     backend = backend or _platform(interpret)
     head_dim = max(q.shape[-1], v.shape[-1], q_window.shape[-1])
     blocks = block_sizes or default_block_sizes(backend, head_dim)
+    if (backend == "gpu" and not interpret and blocks.slot_feature_block is not None
+            and not blocks.split_slot_backward):
+        # Interpret mode runs this form right; compiled, it does not (NOTES.md, session 18,
+        # "Measured"): refused rather than a silently wrong gradient.
+        raise ValueError(
+            "pallas native_hybrid_attention: BlockSizes.slot_feature_block needs "
+            "split_slot_backward=True on the GPU (the unsplit backward slot kernel over feature "
+            "tiles gave nondeterministic, 20-30 % wrong gradients on an H200), got "
+            f"slot_feature_block={blocks.slot_feature_block}, split_slot_backward=False")
     length = q.shape[1]
     state = initial_state
     window = int(window) if state is not None else min(int(window), length)

@@ -37,7 +37,9 @@ class BlockSizes:
       the backward's dA / P and dq) loop the same way over the features in tiles of this many
       (`slot_feature_num_stages` deep): the sums over the features of their products, or the
       readout's output tile by tile (None: whole-chunk tiles through registers; at D 256 one
-      program an SM and up to 1.4 KB of spills a thread: NOTES.md, session 18).
+      program an SM and up to 1.4 KB of spills a thread: NOTES.md, session 18). Compiled for
+      the GPU it needs `split_slot_backward` (the unsplit kernel's two feature loops ran
+      wrong on an H200: the API refuses that form).
     slot_precision: how the slot products take their float32 operands
       (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
       dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same

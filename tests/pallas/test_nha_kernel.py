@@ -537,6 +537,23 @@ def test_unsupported_reasons():
         *args, window=2, initial_state=(x["k"], x["v"]), interpret=True)
 
 
+def test_gpu_refuses_feature_tiles_in_the_unsplit_backward(monkeypatch):
+    """The unsplit backward slot kernel over feature tiles ran wrong on the GPU (NOTES.md,
+    session 18, "Measured"): compiled for the GPU, that form is refused before any kernel; the
+    split form and interpret mode are not."""
+    x = make_inputs(4, 1, 64, 2, 2, key_dim=64, value_dim=64, window_dim=64, slots=16)
+    x = {n: a.astype(jnp.bfloat16) for n, a in x.items()}
+    args = [x[n] for n in NAMES[:5]]
+    monkeypatch.setattr(api.target, "platform", lambda: "gpu")
+    assert api.unsupported(*args, window=2) is None
+    unsplit = BlockSizes(slot_feature_block=64)
+    with pytest.raises(ValueError, match="slot_feature_block needs split_slot_backward=True"):
+        api.native_hybrid_attention(*args, window=2, block_sizes=unsplit)
+    lowered = lambda blocks: jax.jit(lambda *a: api.native_hybrid_attention(
+        *a, window=2, block_sizes=blocks)).trace(*args).lower(lowering_platforms=("cuda",))
+    assert lowered(dataclasses.replace(unsplit, split_slot_backward=True)) is not None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("window", "dtype"), [(0, jnp.bfloat16), (16, jnp.bfloat16),
                                                (0, jnp.float16)])
