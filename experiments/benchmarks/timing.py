@@ -7,6 +7,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import importlib
 import itertools
 import json
 import platform
@@ -220,6 +221,35 @@ def parse_changes(text: str, blocks: type) -> dict[str, Any]:
                 f"got {item!r}")
         changes[name] = ast.literal_eval(value)
     return changes
+
+
+KERNEL_PACKAGES = ("delta_rule", "flash_attention", "nha", "rms_norm", "short_conv", "ssd")
+
+
+def parse_kernel_changes(text: str) -> dict[str, dict[str, Any]]:
+    """'KERNEL:FIELD=VALUE,...;KERNEL:...' → {kernel: changes} for the kernel packages of
+    `pallas_kernels` (`KERNEL_PACKAGES`), each part as `parse_changes` reads it against that
+    kernel's BlockSizes. Bad input raises argparse's type error."""
+    changes = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        kernel, _, fields = part.partition(":")
+        if kernel not in KERNEL_PACKAGES or not fields:
+            raise argparse.ArgumentTypeError(
+                f"expected KERNEL:FIELD=VALUE,... with KERNEL one of {list(KERNEL_PACKAGES)}, "
+                f"got {part!r}")
+        blocks = importlib.import_module(f"pallas_kernels.{kernel}.block_sizes").BlockSizes
+        changes[kernel] = parse_changes(fields, blocks)
+    return changes
+
+
+@contextlib.contextmanager
+def changed_kernel_defaults(changes: dict[str, dict[str, Any]]):
+    """`changed_defaults` for each kernel package of `parse_kernel_changes`' result."""
+    with contextlib.ExitStack() as stack:
+        for kernel, fields in changes.items():
+            api = importlib.import_module(f"pallas_kernels.{kernel}.api")
+            stack.enter_context(changed_defaults(api, fields))
+        yield
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ per device, memory and compile time, next to a PyTorch GPT of the same shapes.
         [--scan] [--remat none] [--unpacked transformer-125m]
         [--torch transformer-125m] [--compile-check transformer-350m]
         [--ablate transformer-125m] [--unscanned transformer-125m]
-        [--oryx-modes random_chunks] [--out F.json]
+        [--oryx-modes random_chunks] [--kernel-changes 'ssd:FIELD=VALUE,...;nha:...']
+        [--out F.json]
 
 Batches: `--tokens` per step (batch = tokens / T) cut by `PackedWindows` from a token file
 (`packed_data.py`: WikiText-2 articles, BPE 32768; or books, e.g. a Gutenberg shard with
@@ -31,6 +32,9 @@ reruns models unscanned beside a `--scan` run. Oryx models train under `--oryx-m
 `ModeSchedule` pattern (default "random_chunks": chunks of 128 tokens, half in attention mode,
 so both mixers run on every token, as Oryx trains); their rows say which in `modes` ("none"
 or "attention": every token in attention mode, the linear mixer skipped).
+`--kernel-changes` runs every JAX row with kernels' default tiles changed
+(`timing.parse_kernel_changes`): a default-off option's model-level timing before it is a
+default; the table's header and the JSON say which.
 """
 
 from __future__ import annotations
@@ -50,7 +54,13 @@ import numpy as np
 
 from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.packed_data import document_stats, packed_batches
-from experiments.benchmarks.timing import device_name, print_table, write_json
+from experiments.benchmarks.timing import (
+    changed_kernel_defaults,
+    device_name,
+    parse_kernel_changes,
+    print_table,
+    write_json,
+)
 from hybrid_jax import presets
 from hybrid_jax.config import (
     ExperimentConfig,
@@ -324,8 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=1e9, help="seconds; skip the rest")
     parser.add_argument("--baseline", default="",
                         help="the model of the vs_base column (default: the first of --models)")
+    parser.add_argument("--kernel-changes", type=parse_kernel_changes, default={},
+                        help="KERNEL:FIELD=VALUE,...;...: the kernels' default tiles changed "
+                             "in every JAX row (e.g. 'ssd:grads_num_stages=2')")
     parser.add_argument("--out", default="train_throughput.json")
     args = parser.parse_args(argv)
+    with changed_kernel_defaults(args.kernel_changes):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     lengths = [int(x) for x in args.lengths.split(",")]
     split = lambda s: [x for x in s.split(",") if x]
     start, rows = time.perf_counter(), []
@@ -365,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,
                matmul_size=args.matmul_size,
                peak_tflops=(args.peak or 0) / 1e12, tokens_per_step=args.tokens,
-               command=" ".join(sys.argv), xla_flags=os.environ.get("XLA_FLAGS", ""))
+               command=" ".join(sys.argv), xla_flags=os.environ.get("XLA_FLAGS", ""),
+               kernel_changes=args.kernel_changes)
     return 0
 
 

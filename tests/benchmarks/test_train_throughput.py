@@ -76,3 +76,33 @@ def test_oryx_rows_train_under_the_mode_schedule_they_name():
     with pytest.raises(ValueError, match="pattern"):
         build_step("oryx-gdn-tiny", 32, tokens=256, data="", remat="none", scan=False,
                    packed=True, modes="sometimes")
+
+
+def test_kernel_changes_reach_every_row_and_the_json(tmp_path, monkeypatch):
+    """`--kernel-changes`: the kernels' default tiles are changed while the rows run, restored
+    afterwards, and the JSON records the changes."""
+    import experiments.benchmarks.train_throughput as throughput
+    from pallas_kernels.ssd import api
+
+    original, seen, run_one = api.default_block_sizes, [], throughput.run_one
+    monkeypatch.setattr(throughput, "run_one", lambda *a, **kw: seen.append(
+        api.default_block_sizes(64, 128)) or run_one(*a, **kw))
+    out = tmp_path / "t.json"
+    assert main(["--models", "transformer-tiny", "--lengths", "32", "--tokens", "64",
+                 "--steps", "1", "--torch", "", "--unpacked", "", "--matmul-size", "128",
+                 "--kernel-changes", "ssd:grads_num_stages=2,grads_summed_scores=False",
+                 "--out", str(out)]) == 0
+    assert len(seen) == 1 and seen[0].grads_num_stages == 2 and not seen[0].grads_summed_scores
+    assert api.default_block_sizes is original
+    assert json.loads(out.read_text())["kernel_changes"] == {
+        "ssd": {"grads_num_stages": 2, "grads_summed_scores": False}}
+
+
+@pytest.mark.parametrize("text", ["gsa:chunk=64", "ssd", "ssd:", "ssd:nope=1"])
+def test_bad_kernel_changes_are_refused_with_what_was_expected(text):
+    import argparse
+
+    from experiments.benchmarks.timing import parse_kernel_changes
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected"):
+        parse_kernel_changes(text)
