@@ -56,6 +56,12 @@ class BlockSizes:
       gradient: CTA-wide scans in the loop). At mamba2-340m's P 64 its head step has 24 HGMMA
       instead of 36 and 32 barriers instead of 54 (ptxas, NOTES.md session 18); the bf16
       default at P ≤ 64 since (mamba2-340m +7–8 % with the norms' session-18 tiles, call s18c).
+    backward_block_n: the state columns (of N) each program of the reverse pass
+      (`gpu.state_grads`) carries: None, all of N; 64 at N = 128 gives `chunk_states`' `[64, 64]`
+      tiles and twice its programs (B·H·P/backward_block_p·N/64), each step's C tile and state
+      loads halved, dy read once per column tile. At mamba2-340m's H32 P64 the default grid is
+      128 programs, one a SM on 132 SMs, at 255 registers and 104 B of spills; at 64 it is 256
+      programs, two a SM, with no spills (ptxas, NOTES.md session 19; not yet timed).
     segments: S, a power of two: each row is split into S equal segments (of whole chunks)
       that the kernels run as separate rows, `[B·S, T/S]`: S times the programs and chains S
       times shorter, combined exactly in XLA (`segments.py`, NOTES.md round 3). None
@@ -94,6 +100,7 @@ class BlockSizes:
     decays_first: bool = False
     state_vectors_in_step: bool = False
     grads_summed_scores: bool = False
+    backward_block_n: int | None = None
     segments: int | None = None
 
     def __post_init__(self):
@@ -107,6 +114,10 @@ class BlockSizes:
         n = self.state_block_n
         if n is not None and (n < 1 or n & (n - 1)):
             raise ValueError(f"BlockSizes.state_block_n must be None or a power of two, got {n}")
+        n = self.backward_block_n
+        if n is not None and (n < 1 or n & (n - 1)):
+            raise ValueError(f"BlockSizes.backward_block_n must be None or a power of two, "
+                             f"got {n}")
         for name in _POWERS:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):

@@ -12,10 +12,11 @@ boundaries `[B, H, NC, P, N]` in the input dtype (the matmul operand type).
                chunk (the backward's residual). Nothing else of the state reaches HBM.
                With `split_forward` the within-chunk part comes from `chunk_outputs` (grid
                (B, G, NC), every chunk in parallel) and the loop only adds the readout.
-  state_grads  grid (B, H, P/backward_block_p): the reverse loop over chunks, the gradient of
-               the state leaving each chunk (dH_c = e^{cum_last} dH_{c+1} + Σ_t e^{cum_t} dy_t
-               C_tᵀ), and carry_c·⟨dH_c, S_c⟩ from the float32 dH (the log decays' chunk-end
-               term, so chunk_grads never forms the `[P, N]` product).
+  state_grads  grid (B, H, P/backward_block_p, N/backward_block_n): the reverse loop over
+               chunks, the gradient of the state leaving each chunk (dH_c = e^{cum_last}
+               dH_{c+1} + Σ_t e^{cum_t} dy_t C_tᵀ), and carry_c·⟨dH_c, S_c⟩ from the float32
+               dH (the log decays' chunk-end term, so chunk_grads never forms the `[P, N]`
+               product).
   chunk_grads  grid (B, G, NC): every chunk in parallel; a loop over the group's heads shares
                the chunk's C·Bᵀ and accumulates dB, dC in registers; dx, dt's gradient through
                dt·x, and the log decays' gradient per step. With `grads_summed_scores` the loop
@@ -292,26 +293,36 @@ def _state_grads_kernel(*refs, st: Static, num_chunks: int):
 def state_grads(dy, a, C, doc, states, d_final, st: Static):
     """The gradient of the state leaving every chunk `[B, H, NC, P, N]` (dy's dtype), of the
     initial state `[B, H, P, N]` float32, and `carry_c·⟨dH_c, S_c⟩` per chunk `[B, H, NC]`
-    float32 (S_c: the stored state entering chunk c)."""
+    float32 (S_c: the stored state entering chunk c). With `backward_block_n` each program
+    carries `[backward_block_p, backward_block_n]` of the state (more programs, each reading
+    dy again); `kept` is then summed over the column tiles as over the row tiles."""
     batch, length, heads, P = dy.shape
     N = C.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.backward_block_p, st.group
+    BN = min(st.blocks.backward_block_n or N, N)  # state columns per program
+    NB = N // BN
     num_chunks = length // L
-    tile = pl.BlockSpec((None, None, BP, N), lambda b, h, p: (b, h, p, 0))
-    boundary = pl.BlockSpec((None, None, num_chunks, BP, N), lambda b, h, p: (b, h, 0, p, 0))
-    in_specs = [pl.BlockSpec((None, length, None, BP), lambda b, h, p: (b, 0, h, p)),
-                pl.BlockSpec((None, None, length), lambda b, h, p: (b, h, 0)),
-                pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))]
+    # a fourth grid axis over the column tiles only when there are several (the index maps'
+    # `n` is then 0: the same kernel as without the option)
+    grid = (batch, heads, P // BP) + ((NB,) if NB > 1 else ())
+    tile = pl.BlockSpec((None, None, BP, BN), lambda b, h, p, n=0: (b, h, p, n))
+    boundary = pl.BlockSpec((None, None, num_chunks, BP, BN),
+                            lambda b, h, p, n=0: (b, h, 0, p, n))
+    in_specs = [pl.BlockSpec((None, length, None, BP), lambda b, h, p, n=0: (b, 0, h, p)),
+                pl.BlockSpec((None, None, length), lambda b, h, p, n=0: (b, h, 0)),
+                pl.BlockSpec((None, length, None, BN),
+                             lambda b, h, p, n=0: (b, 0, h // group, n))]
     if st.documents:
-        in_specs.append(pl.BlockSpec((None, length), lambda b, h, p: (b, 0)))
+        in_specs.append(pl.BlockSpec((None, length), lambda b, h, p, n=0: (b, 0)))
+    kept_tile = (lambda b, h, p, n: (b, h, p * NB + n, 0)) if NB > 1 else (
+        lambda b, h, p: (b, h, p, 0))
     d_states, d_initial, kept = pallas_call(
         functools.partial(_state_grads_kernel, st=st, num_chunks=num_chunks),
-        grid=(batch, heads, P // BP), in_specs=in_specs + [boundary, tile],
-        out_specs=[boundary, tile,
-                   pl.BlockSpec((None, None, None, num_chunks), lambda b, h, p: (b, h, p, 0))],
+        grid=grid, in_specs=in_specs + [boundary, tile],
+        out_specs=[boundary, tile, pl.BlockSpec((None, None, None, num_chunks), kept_tile)],
         out_shape=[jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), dy.dtype),
                    jax.ShapeDtypeStruct(d_final.shape, F32),
-                   jax.ShapeDtypeStruct((batch, heads, P // BP, num_chunks), F32)],
+                   jax.ShapeDtypeStruct((batch, heads, P // BP * NB, num_chunks), F32)],
         compiler_params=triton_params(st.blocks.backward_num_warps, st.blocks.backward_num_stages),
         interpret=st.interpret, name="ssd_state_grads",
     )(dy, a, C, *_doc_args(st, doc), states, d_final)

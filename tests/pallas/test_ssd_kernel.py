@@ -35,6 +35,9 @@ IN_STEP = dataclasses.replace(STATE_PASS, state_vectors_in_step=True)
 # the per-chunk gradients summing the heads' score gradients before their products with B and C
 # (NOTES.md session 18)
 SUMMED = dataclasses.replace(TINY, grads_summed_scores=True)
+# the reverse pass's state in column tiles too (8 of N = 16; with TINY's rows of 4 of P = 8, four
+# programs a head), as mamba2-340m's `[64, 64]` tiles (NOTES.md session 19)
+BACKWARD_COLUMNS = dataclasses.replace(STATE_PASS, backward_block_n=8)
 TPU_WHOLE_P = BlockSizes(chunk=8, block_p=8, backward_block_p=8)  # one state tile, as by default
 NAMES = ("x", "dt", "A", "B", "C", "initial_state")
 
@@ -104,17 +107,19 @@ def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY,
     TINY, SPLIT, STATE_PASS, dataclasses.replace(TINY, state_pass=True),
     IN_STEP, dataclasses.replace(TINY, state_pass=True, state_vectors_in_step=True),
     dataclasses.replace(TINY, cumulative_decay=True), dataclasses.replace(TINY, decays_first=True),
-    SUMMED],
+    SUMMED, BACKWARD_COLUMNS, dataclasses.replace(TINY, backward_block_n=8)],
     ids=["fused", "split_forward", "state_pass", "state_pass_whole_n",
          "state_pass_vectors_in_step", "state_pass_whole_n_vectors_in_step", "cumulative_decay",
-         "decays_first", "grads_summed_scores"])
+         "decays_first", "grads_summed_scores", "backward_block_n",
+         "fused_backward_block_n"])
 def test_documents_initial_state_groups_odd_length(blocks):
     """19 steps in chunks of 8 (padded to 24), G = 2 groups of 2 heads, packed documents; the
     forward fused or split (within-chunk outputs from their own kernel), or as a state-only
     pass and a parallel output kernel, the state in column blocks or whole; the cumulative
     log decay scanned in the kernels or made before them (the state pass reading each chunk's
     vectors a step ahead or in the step itself); the fused step's pair decays formed before or
-    after its first tile read; the per-chunk gradients summing the heads' score gradients."""
+    after its first tile read; the per-chunk gradients summing the heads' score gradients; the
+    reverse pass's state in row and column tiles."""
     inputs = make_inputs(0, batch=2, length=19, heads=4, groups=2)
     check_against_reference(inputs, documents(19), blocks=blocks)
 
@@ -132,6 +137,31 @@ def test_grads_summed_scores_head_dims(head_dim, groups, packed, with_initial, b
     an initial state; 21 steps in chunks of 8 (padded)."""
     inputs = make_inputs(10, batch=2, length=21, heads=4, groups=groups, head_dim=head_dim)
     check_against_reference(inputs, documents(21) if packed else None, with_initial, blocks)
+
+
+@pytest.mark.parametrize("head_dim, state_dim, groups, packed, with_initial, blocks", [
+    (64, 16, 1, True, True, dataclasses.replace(
+        STATE_PASS, block_p=64, backward_block_p=64, grads_block_p=64, grads_summed_scores=True,
+        backward_block_n=4)),
+    (8, 32, 2, False, False, dataclasses.replace(SUMMED, backward_block_n=16)),
+    (8, 16, 1, True, True, dataclasses.replace(TINY, backward_block_n=16))],
+    ids=["P64_four_columns_mamba2_defaults", "N32_two_columns_no_documents_no_initial",
+         "whole_n_as_none"])
+def test_backward_block_n_head_and_state_dims(head_dim, state_dim, groups, packed, with_initial,
+                                              blocks):
+    """`backward_block_n` (the reverse pass's state in column tiles, `kept` summed over them):
+    at Mamba-2's head dim 64 in one row tile, one group for 4 heads, the bf16 default's other
+    options (state pass, summed scores), N 16 in 4 column tiles; N 32 in 2 with 2 groups, no
+    documents, no initial state; a tile of all N (the default's kernel); 21 steps in chunks of
+    8 (padded)."""
+    inputs = make_inputs(11, batch=2, length=21, heads=4, groups=groups, head_dim=head_dim,
+                         state_dim=state_dim)
+    check_against_reference(inputs, documents(21) if packed else None, with_initial, blocks)
+
+
+def test_backward_block_n_is_checked():
+    with pytest.raises(ValueError, match="backward_block_n must be None or a power of two, got 48"):
+        BlockSizes(backward_block_n=48)
 
 
 def test_one_document_zero_initial_state_one_head_per_group():
@@ -228,6 +258,7 @@ FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
                          [(128, 128, 1, True, {}, 4), (64, 256, 4, False, {}, 3),
                           (64, 128, 1, True, {}, 4),  # Mamba-2's heads: chunk_grads 3 stages
                           (64, 128, 1, True, dict(grads_summed_scores=True), 4),
+                          (64, 128, 1, True, dict(backward_block_n=64), 4),  # state_grads [64, 64]
                           (128, 128, 1, True, FUSED_GPU, 3),
                           (128, 128, 1, True, dict(FUSED_GPU, split_forward=True), 4),
                           (128, 128, 1, True, STATE_PASS_GPU, 4),
