@@ -70,6 +70,17 @@ class BlockSizes:
       76 → 60 HGMMA, 166 → 164 registers. A forward option: NOTES' Precision found T's
       rounding in U₀ amplified into dg by the backward. Default for a forward alone at K 128
       (session 15, Round 18 measured).
+    prepare_loads_first: `chunk_prepare` reads all its inputs (q, k, g, β, the starts and
+      v's first value slice) at its top, in one batch, instead of each where first used: the
+      compiler does not move a load above a store to another output (they could alias), so
+      β (after P's store) and v (after W's) were global round trips on the program's chain,
+      five in a row (two left with the option). ptxas (K = V = 128, 4 warps, the forward's
+      TF32 merges; NOTES.md session 19): the same 2,912 SASS instructions and 3 programs an
+      SM, 164 → 167 registers, 49,152 → 65,536 B of shared memory (v waits there), 32 → 28
+      barriers; with documents 166 registers both. A forward option: saving T (training,
+      where T is then stored as soon as made) it costs 2 registers at the exact merges (2
+      programs an SM either way) and a program an SM with the TF32 merges (167 → 172
+      registers); at K 256 255 registers and 68 B of spills.
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -116,6 +127,7 @@ class BlockSizes:
     pipelined_pair_gradients: bool = False
     store_state_first: bool = False
     tf32_merges: bool = False
+    prepare_loads_first: bool = False
     reverse_small_scales: bool = False
     reverse_in_flight: bool = False
     reverse_deferred_update: bool = False
@@ -155,6 +167,9 @@ class BlockSizes:
         if self.reverse_deferred_update and not self.reverse_in_flight:
             raise ValueError("BlockSizes.reverse_deferred_update needs reverse_in_flight=True "
                              "(the in-flight step it rearranges)")
+        if not isinstance(self.prepare_loads_first, bool):
+            raise ValueError(f"BlockSizes.prepare_loads_first must be True or False, got "
+                             f"{self.prepare_loads_first!r}")
         if self.sub_chunk > self.chunk:
             raise ValueError(f"BlockSizes.sub_chunk ({self.sub_chunk}) must be <= chunk "
                              f"({self.chunk})")

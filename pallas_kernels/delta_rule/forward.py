@@ -50,11 +50,25 @@ def _prepare_kernel(*refs, st: Static, save: bool):
     (q_ref, k_ref, v_ref, g_ref, beta_ref), starts_ref, outs = split_refs(refs, 5, st.documents)
     w_ref, u0_ref, p_ref = outs[:3]
     op = k_ref.dtype
-    chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
-    k = k_ref[...]
+    width = v_ref.shape[-1] // st.key_group  # U₀ a value head (V slice) at a time
+    first = st.blocks.prepare_loads_first
+    if first:
+        # Every input read at the top, in one batch, before any product or store: the
+        # compiler keeps a load after a store to another output (they could alias), and so
+        # each later read was a global round trip on the program's chain (NOTES.md session
+        # 19). v (its first slice) waits in shared memory; T, when saved, is stored as soon
+        # as made (fewer registers live beside the loaded tiles).
+        q, k, g, beta = q_ref[...], k_ref[...], g_ref[...], beta_ref[...]
+        starts = None if starts_ref is None else starts_ref[...]
+        v_first = v_ref[:, pl.ds(0, width)]
+        chunk = chunk_decays(g, starts)
+    else:
+        chunk = chunk_decays(g_ref[...], None if starts_ref is None else starts_ref[...])
+        k = k_ref[...]
     pairs = chunk.pairs()
-    p_ref[...] = (st.scale * mm_nt(q_ref[...], k) * pairs).astype(op)
-    beta = beta_ref[...]
+    p_ref[...] = (st.scale * mm_nt(q if first else q_ref[...], k) * pairs).astype(op)
+    if not first:
+        beta = beta_ref[...]
     kk = mm_nt(k, k)  # symmetric: A and (for the whole-tile inverse) Aᵀ from the same tile
     # A from P's decays (the strict mask where used: fewer exponentials, fewer instructions).
     lower = iota(pairs.shape, 0) > iota(pairs.shape, 1)
@@ -63,17 +77,19 @@ def _prepare_kernel(*refs, st: Static, save: bool):
     a_t = (None if st.blocks.inverse_by_block
            else beta[None, :] * kk * chunk.pairs(strict=True, transposed=True))
     t = lower_inverse(a, a_t, st.blocks.sub_chunk, op, single=st.blocks.tf32_merges)
+    if save and first:
+        outs[3][...] = t.astype(op)
     # The row scales of the right-hand sides go onto T's columns (W = T diag(β e^Γ) K), so K
     # and V reach the products as loaded. U₀ = T diag(β) V to ≈ float32 accuracy (V is exact
     # in its dtype): U = U₀ − W S nearly cancels once the state holds v, and a bf16 T there
     # costs dg an order of magnitude (NOTES.md).
     w_ref[...] = mm((t * (beta * chunk.entry)[None, :]).astype(op), k).astype(op)
     # U₀ slice by slice (the value heads of this key head): a [C, V slice] result at a time.
-    width = v_ref.shape[-1] // st.key_group
     for s in range(st.key_group):
         span = pl.ds(s * width, width)
-        u0_ref[:, span] = split_rows(t * beta[None, :], v_ref[:, span]).astype(op)
-    if save:
+        u0_ref[:, span] = split_rows(t * beta[None, :], v_first if first and s == 0
+                                     else v_ref[:, span]).astype(op)
+    if save and not first:
         outs[3][...] = t.astype(op)
 
 

@@ -114,7 +114,9 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(ROUND_10, reverse_in_flight=True, reverse_deferred_update=True, state_num_stages=2),
      False),
     (dict(ROUND_10, reverse_in_flight=True, reverse_deferred_update=True,
-          reverse_state_key_block=4), False)],
+          reverse_state_key_block=4), False),
+    (dict(ROUND_10, split_outputs=True, tf32_merges=True, prepare_loads_first=True), True),
+    (dict(prepare_loads_first=True), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
          "split_outputs_by_block", "forward_tile_state_first", "forward_tile_fused",
          "reverse_small_scales", "round_10_defaults", "outputs_value_tiles",
@@ -123,7 +125,8 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
          "pipelined_key_gradients", "pipelined_key_gradients_fused",
          "pipelined_pair_gradients", "pipelined_pair_gradients_fused", "tf32_merges",
          "reverse_in_flight", "reverse_in_flight_key_blocks", "reverse_deferred_update",
-         "reverse_deferred_update_key_blocks"])
+         "reverse_deferred_update_key_blocks", "prepare_loads_first",
+         "prepare_loads_first_fused"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
     8 (on a chunk edge), 9 (so 8 is a length-1 document), 16, 17 and 23, 24 (length 1),
@@ -143,7 +146,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     reading its tiles where first used, q negated, whole and in key blocks of 4; the key
     gradients' dX and dK̃ in one V-tile loop, split and pipelined, fused and unrolled; the
     in-flight reverse pass with each chunk's −Wᵀ dU deferred to the next step, whole and in
-    key blocks of 4."""
+    key blocks of 4; `chunk_prepare` reading every input at its top (the forward's split
+    form with TF32 merges, and the fused form saving T for the backward)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
     for start, doc in ((5, 1), (8, 2), (9, 1), (16, 3), (17, 4), (23, 5), (24, 6)):
@@ -166,9 +170,10 @@ def test_one_document_zero_initial_state(x64):
     dict(split_gradients=True, tf32_merges=True),
     dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True),
     dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True,
-         reverse_deferred_update=True)],
+         reverse_deferred_update=True),
+    dict(split_gradients=True, tf32_merges=True, prepare_loads_first=True)],
     ids=["fused", "split_gradients", "tf32_merges", "reverse_in_flight",
-         "reverse_deferred_update"])
+         "reverse_deferred_update", "prepare_loads_first"])
 def test_bfloat16_within_rounding(x64, changes):
     """bf16 q, k, v (float32 g, β, state): the bf16 paths of the kernels (the inverse's
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
@@ -271,7 +276,9 @@ def _platform_gpu(monkeypatch):
     (256, 512, True, dict(reverse_in_flight=True, state_num_stages=2,
                           reverse_state_key_block=128)),
     (256, 512, True, dict(reverse_deferred_update=True)),
-    (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2))])
+    (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2)),
+    (128, 128, True, dict(tf32_merges=True, prepare_loads_first=True)),
+    (256, 512, True, dict(prepare_loads_first=True))])
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
@@ -324,6 +331,8 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
         BlockSizes(reverse_in_flight=True)
     with pytest.raises(ValueError, match="reverse_deferred_update needs reverse_in_flight"):
         BlockSizes(reverse_deferred_update=True)
+    with pytest.raises(ValueError, match="prepare_loads_first must be True or False, got 1"):
+        BlockSizes(prepare_loads_first=1)
 
 
 @pytest.mark.parametrize("key_dim,value_dim,training,tile,split", [
