@@ -151,7 +151,20 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 # P 64 default (grads 3 stages) with it, and at 2 stages
                 **{f"default, grads summed scores{name}": BlockSizes(
                     **_BF16_DEFAULT, grads_summed_scores=True, grads_num_stages=stages)
-                   for name, stages in (("", 3), (" 2 stages", 2))}}
+                   for name, stages in (("", 3), (" 2 stages", 2))},
+                # session 19 (CPU ptxas only; P 64 labels: 'default, grads summed scores' is the
+                # P 64 default, the control): state_grads' state in [64, 64] tiles (256 programs,
+                # two a SM, no spills), at 4 or 8 warps; chunk_grads at 16 warps (128 registers,
+                # 4 warps a scheduler instead of 2)
+                **{f"default, {name}": BlockSizes(
+                    **_BF16_DEFAULT, grads_summed_scores=True, grads_num_stages=3, **change)
+                   for name, change in (
+                       ("state grads 64 columns", dict(backward_block_n=64)),
+                       ("state grads 64 columns 8 warps",
+                        dict(backward_block_n=64, backward_num_warps=8)),
+                       ("grads 16 warps", dict(grads_num_warps=16)),
+                       ("grads 16 warps, state grads 64 columns",
+                        dict(grads_num_warps=16, backward_block_n=64)))}}
 # Gated delta rule kernel variants (its NOTES.md, Rounds 3 to 10), each a change to the shape's
 # training default (`gdn_default_blocks`: the outputs split from the state-only sequential
 # pass in V tiles of 32, T inverted block by block, the per-chunk gradients split in two
@@ -247,6 +260,11 @@ GDN_VARIANTS = (
     ("gradients 4 warps", dict(gradient_num_warps=4)),
     ("gradients 8 warps", dict(gradient_num_warps=8)),
     ("gradients V128", dict(gradient_value_block=128)),
+    # `chunk_prepare` reading every input at its top in one batch, not after P's and W's
+    # stores (NOTES.md session 19, ptxas only; K <= 128); with the TF32 merges it is the
+    # forward alone's default plus the option ('prepare TF32 merges' is the control)
+    ("prepare loads first", dict(prepare_loads_first=True, tf32_merges=True)),
+    ("prepare loads first, exact merges", dict(prepare_loads_first=True)),
 )
 # The head dim each tile of a GDN kernel tiles ("value": of one V slice).
 GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
@@ -264,6 +282,13 @@ NHA_VARIANTS = {
     # warps (D 256's form before session 19)
     "slot features whole": dict(slot_feature_block=None),
     "slot features whole w8": dict(slot_feature_block=None, slot_num_warps=8),
+    # the window kernels (nha/NOTES.md, session 19; ptxas only): the dk/dv kernel's scores
+    # key-major (no spills, no mma.sync at D 256), its and dq's loads a step ahead (3 stages),
+    # and the forward and dq over 128 query rows (no product repeated on both warp groups)
+    "window keys transposed": dict(window_keys_transposed=True),
+    "window keys transposed s3": dict(window_keys_transposed=True, backward_num_stages=3),
+    "window q128": dict(block_q=128),
+    "window tiles s19": dict(window_keys_transposed=True, backward_num_stages=3, block_q=128),
 }
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
                   *NHA_VARIANTS)

@@ -38,14 +38,19 @@ class BlockSizes:
       (`slot_feature_num_stages` deep): the sums over the features of their products, or the
       readout's output tile by tile (None: whole-chunk tiles through registers; at D 256 one
       program an SM and up to 1.4 KB of spills a thread: NOTES.md, session 18). Compiled for
-      the GPU it needs `split_slot_backward` (the unsplit kernel's two feature loops ran
-      wrong on an H200: the API refuses that form).
+      the GPU it needs `split_slot_backward` with the slot kernels at 4 warps (at 8 the
+      backward ran wrong on an H200, split or not: the API refuses those forms).
     slot_precision: how the slot products take their float32 operands
       (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
       dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same
       ≤ 0.4 % gradient error, also at w = 0; NOTES.md, v5), "split" (as "mixed", with hi + lo
       bf16 pairs instead of TF32: NOTES.md, v6), "float32" (TF32 on the GPU) or "input" (bf16
       in the within-chunk products: faster, gradients about 4x less accurate).
+    window_keys_transposed: the window dk/dv kernel (GPU) makes its score tiles key-major,
+      k·qᵀ `[block_k_dkv, block_q_dkv]`, so that all four of its products have the keys as
+      their rows and take those tiles as made: no transposes, and warp-group MMAs throughout
+      at block_q_dkv 32, where the query-major form (False) runs q·kᵀ as `mma.sync` and, at
+      D 256, spills 424 B a thread (NOTES.md, session 19).
     """
 
     chunk: int = 64
@@ -69,8 +74,12 @@ class BlockSizes:
     slot_feature_block: int | None = None
     slot_feature_num_stages: int = 2
     slot_precision: str = "mixed"
+    window_keys_transposed: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.window_keys_transposed, bool):
+            raise ValueError("BlockSizes.window_keys_transposed must be a bool, got "
+                             f"{self.window_keys_transposed!r}")
         if self.slot_precision not in SLOT_PRECISIONS:
             raise ValueError(f"BlockSizes.slot_precision must be one of {SLOT_PRECISIONS}, "
                              f"got {self.slot_precision!r}")
@@ -105,14 +114,17 @@ def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
     nha-340m's layer, B4 T8192 H4 w32 with packed documents, fwd+bwd 4.27 ms unsplit at 8
     warps, 3.95 split, 3.71 with the tiles; session 17, results/s17b); the other slot kernels
     over feature tiles of 64 too, at 4 warps (NOTES.md session 18: 2 programs an SM, not 1;
-    the same layer 3.69 → 3.36 ms at 8 warps, 3.14 at 4; session 19, results/s19a)."""
+    the same layer 3.69 → 3.36 ms at 8 warps, 3.14 at 4; session 19, results/s19a); the
+    window dk/dv kernel's scores key-major, its and dq's loads 3 stages deep, the forward and
+    dq over 128 query rows (NOTES.md session 19: 3.17 → 3.02 ms, results/s19e)."""
     if backend == "tpu":
         return BlockSizes(chunk=128, sub_chunk=16, block_q=128, block_k=128, block_q_dkv=128,
                           block_k_dkv=128, state_block=128)
     if head_dim > 128:
-        return BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
-                          split_slot_backward=True, slot_backward_num_warps=4,
-                          slot_input_block=64, slot_feature_block=64)
+        return BlockSizes(block_q=128, block_k=32, block_q_dkv=32, num_warps=8,
+                          backward_num_warps=8, backward_num_stages=3,
+                          window_keys_transposed=True, split_slot_backward=True,
+                          slot_backward_num_warps=4, slot_input_block=64, slot_feature_block=64)
     # The backward slot kernels split in two each at 4 warps: fwd+bwd 7.02 ms against 7.64
     # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a). The other slot
     # kernels over feature tiles of 64 from D 128 (with packed documents, the same shape's

@@ -295,6 +295,7 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
     first = pl.program_id(2) * BK  # a position of the key arrays; queries sit st.offset later
     cols = first + iota((1, BK), 1)
+    key_rows = first + iota((BK, 1), 0)
     keys, values = kw_ref[...], v_ref[...]
     key_ids = None if kid_ref is None else kid_ref[...]
     dtype = keys.dtype
@@ -308,6 +309,22 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
     dk = jnp.zeros(dkw_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
     for r in range(st.group):
+        def visit_by_keys(qb, carry, r=r):
+            # The scores key-major, `[BK, BQ]` (`window_keys_transposed`): every product has
+            # the keys as its rows and takes the score tiles as they are made (no transposes).
+            dk, dv = carry
+            span = pl.ds(qb * BQ, BQ)
+            qw, do = qw_ref[span, r, :], do_ref[span, r, :]
+            lse, delta = lse_ref[r, span], delta_ref[r, span]
+            query_ids = None if qid_ref is None else qid_ref[pl.ds(st.offset + qb * BQ, BQ)]
+            inside = window_mask(st.offset + qb * BQ + iota((1, BQ), 1), key_rows, st.window)
+            if key_ids is not None:
+                inside = inside & (key_ids[:, None] == query_ids[None, :])
+            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(keys, qw) - lse[None, :]), 0.0)
+            dv = dv + mm(p.astype(dtype), do)
+            ds = p * (mm_nt(values, do) - delta[None, :])
+            return dk + st.scale * mm(ds.astype(dtype), qw), dv
+
         def visit(qb, carry, r=r):
             dk, dv = carry
             span = pl.ds(qb * BQ, BQ)
@@ -321,7 +338,8 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
             ds = p * (mm_nt(do, values) - delta[:, None])
             return dk + st.scale * mm_tn(ds.astype(dtype), qw), dv
 
-        dk, dv = lax.fori_loop(lo, hi, visit, (dk, dv))
+        dk, dv = lax.fori_loop(lo, hi, visit_by_keys if st.blocks.window_keys_transposed
+                               else visit, (dk, dv))
     dkw_ref[...] = dk.astype(dkw_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 

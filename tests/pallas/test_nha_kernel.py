@@ -358,6 +358,43 @@ def test_gpu_kernel_slot_feature_tiles(window, options):
           blocks=dataclasses.replace(FEATURE_TILED, **options))
 
 
+# The window dk/dv kernel with key-major score tiles (`BlockSizes.window_keys_transposed`), and
+# D 256's window tiles to time with it: query blocks of twice the chunk, keys in steps of half
+# of it (and the dk/dv kernel's query steps shorter than its key blocks, as at D 256).
+KEYS_TRANSPOSED = dataclasses.replace(TINY, window_keys_transposed=True)
+WIDE_QUERIES = dict(block_q=16, block_k=4, block_q_dkv=4)
+
+
+@pytest.mark.parametrize(("T", "window", "blocks"), [
+    (37, 16, dict(split_slot_backward=True)),
+    pytest.param(37, 5, dict(WIDE_QUERIES, split_slot_backward=True, slot_feature_block=2),
+                 marks=pytest.mark.slow),  # D 256's form, a window off the blocks
+    pytest.param(31, 40, {}, marks=pytest.mark.slow)])  # w ≥ T: no slots
+def test_op_window_keys_transposed(monkeypatch, T, window, blocks):
+    """`BlockSizes.window_keys_transposed` through the op: packed documents, an initial state
+    (at w = 16 its ring is two chunks, at w 40 longer than the call), GQA, odd T."""
+    _interpret(monkeypatch, blocks=dataclasses.replace(KEYS_TRANSPOSED, **blocks))
+    check_op(T, window, K=4, V=8, M=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("window", "options"), [
+    (0, {}), (1, {}), (13, dict(split_slot_backward=True)), (50, {}), (3, WIDE_QUERIES),
+    (20, dict(WIDE_QUERIES, block_k_dkv=16)), (6, dict(block_q_dkv=16, block_k_dkv=4))])
+def test_gpu_kernel_window_keys_transposed(window, options):
+    """`BlockSizes.window_keys_transposed` through the kernel API, values and every input's
+    gradient: w = 0 (GQA, sink mode), 1, 13 and 3 (off the blocks), 50 ≥ T; query blocks of
+    twice the chunk, key steps of half of it, dk/dv blocks of 16 keys with query steps of 4,
+    and 16 query rows a step over blocks of 4 keys."""
+    check(make_inputs(2, 1, 37, 4, 2), window, "sink" if window == 0 else "mask",
+          blocks=dataclasses.replace(KEYS_TRANSPOSED, **options))
+
+
+def test_block_sizes_reject_a_non_bool_keys_transposed():
+    with pytest.raises(ValueError, match="window_keys_transposed must be a bool, got 1"):
+        BlockSizes(window_keys_transposed=1)
+
+
 @pytest.mark.parametrize("backend, grads", [
     ("gpu", False), ("tpu", False), pytest.param("gpu", True, marks=pytest.mark.slow),
     pytest.param("tpu", True, marks=pytest.mark.slow)])
@@ -454,6 +491,9 @@ def test_op_head_dim_256(interpret_kernels):
                       slot_input_block=64), 13),  # D 256's defaults (nha-340m's layer)
     (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
                       slot_input_block=64, slot_feature_block=64), 13),  # and the slot kernels'
+    (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
+                      slot_input_block=64, slot_feature_block=64, window_keys_transposed=True,
+                      block_q=128, backward_num_stages=3), 13),  # session 19's window tiles
     pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
     pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
     (2000, 128, 2, dict(documents=True), 3),  # idle slots, the window kernels' document bounds
@@ -471,7 +511,10 @@ def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv
                                  slot_precision=options.get("precision", "mixed"),
                                  split_slot_backward=options.get("split_slot_backward", False),
                                  slot_input_block=options.get("slot_input_block"),
-                                 slot_feature_block=options.get("slot_feature_block"))
+                                 slot_feature_block=options.get("slot_feature_block"),
+                                 **{name: options[name] for name in (
+                                     "window_keys_transposed", "block_q", "backward_num_stages")
+                                    if name in options})
     inputs = [spec(B, T, H, D), spec(B, T, kv_heads, D), spec(B, T, kv_heads, D),
               spec(B, T, kv_heads, M, dtype=jnp.float32),
               spec(B, T, kv_heads, M, dtype=jnp.float32), spec(B, T, H, D),
@@ -537,21 +580,25 @@ def test_unsupported_reasons():
         *args, window=2, initial_state=(x["k"], x["v"]), interpret=True)
 
 
-def test_gpu_refuses_feature_tiles_in_the_unsplit_backward(monkeypatch):
-    """The unsplit backward slot kernel over feature tiles ran wrong on the GPU (NOTES.md,
-    session 18, "Measured"): compiled for the GPU, that form is refused before any kernel; the
-    split form and interpret mode are not."""
+@pytest.mark.parametrize("changes", [dict(split_slot_backward=False),
+                                     dict(slot_backward_num_warps=8), dict(slot_num_warps=8)])
+def test_gpu_refuses_feature_tiles_but_in_the_checked_form(monkeypatch, changes):
+    """The backward slot kernels over feature tiles ran wrong on the GPU at 8 warps, split or
+    not (NOTES.md, sessions 18 and 19): compiled for the GPU, the tiles are refused before any
+    kernel unless split at 4 warps everywhere; that form lowers."""
     x = make_inputs(4, 1, 64, 2, 2, key_dim=64, value_dim=64, window_dim=64, slots=16)
     x = {n: a.astype(jnp.bfloat16) for n, a in x.items()}
     args = [x[n] for n in NAMES[:5]]
     monkeypatch.setattr(api.target, "platform", lambda: "gpu")
     assert api.unsupported(*args, window=2) is None
-    unsplit = BlockSizes(slot_feature_block=64)
+    checked = BlockSizes(slot_feature_block=64, split_slot_backward=True,
+                         slot_backward_num_warps=4)
     with pytest.raises(ValueError, match="slot_feature_block needs split_slot_backward=True"):
-        api.native_hybrid_attention(*args, window=2, block_sizes=unsplit)
+        api.native_hybrid_attention(*args, window=2,
+                                    block_sizes=dataclasses.replace(checked, **changes))
     lowered = lambda blocks: jax.jit(lambda *a: api.native_hybrid_attention(
         *a, window=2, block_sizes=blocks)).trace(*args).lower(lowering_platforms=("cuda",))
-    assert lowered(dataclasses.replace(unsplit, split_slot_backward=True)) is not None
+    assert lowered(checked) is not None
 
 
 @pytest.mark.slow
