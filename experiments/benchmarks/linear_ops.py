@@ -245,12 +245,6 @@ GDN_VARIANTS = (
     # through registers (Round 22, ptxas only; small scales: the default from K 128)
     ("reverse in flight", dict(reverse_in_flight=True, reverse_small_scales=True,
                                state_num_stages=2, reverse_state_key_block=128)),
-    # the in-flight reverse pass with each chunk's −Wᵀ dU made at the next step's top, so that
-    # K̃ dS and Pᵀ dO are no chained products (warps [4, 2], not repeated on both warp groups;
-    # NOTES.md session 18, ptxas only)
-    ("reverse deferred update", dict(reverse_deferred_update=True, reverse_in_flight=True,
-                                     reverse_small_scales=True, state_num_stages=2,
-                                     reverse_state_key_block=128)),
     # the reverse pass as before Round 22 (the default above K 128 until session 16)
     ("reverse not in flight", dict(reverse_in_flight=False, state_num_stages=1,
                                    reverse_state_key_block=None)),

@@ -14,10 +14,8 @@ Per chunk (NOTES.md), with dS₁ the gradient of the state after it:
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.call import pallas_call, triton_params
@@ -101,44 +99,8 @@ def _state_gradients_kernel(*refs, st: Static, num_chunks: int):
         return tuple(d_block + mm_tn(w_ref[span, rows(i)], minus_du)
                      for i, d_block in enumerate(d_state))
 
-    def step_deferred(c, carry):
-        # `BlockSizes.reverse_deferred_update`: the in-flight step with chunk c + 1's −Wᵀ dU
-        # made at the top of chunk c's step from the carried dU, so that no product's result
-        # reaches another product in the same step. Triton (3.6) lays a product whose result
-        # reaches another one out as warps [8, 1], at C = 64 rows the whole tile on both warp
-        # groups of 8 warps: K̃ dS and Pᵀ dO twice. A loop carry ends that chain; so do the row
-        # scale on each key block's part (a sum of raw products would be one accumulator) and
-        # Pᵀ dO subtracted negated (a sum would fold K̃ dS into its accumulator).
-        partial, du_after = carry  # dSᵢ = partialᵢ − W_{c+1}ᵢᵀ dU_{c+1} (dU zeros at the end)
-        after = pl.ds(jnp.minimum(c + 1, num_chunks - 1) * C, C)
-        span, last = pl.ds(c * C, C), c * C + C - 1
-        lasts = log_decay_ref[last], None if docs_ref is None else docs_ref[last]
-        minus_du = -du_after
-        d_state = tuple(p + mm_tn(w_ref[after, rows(i)], minus_du)
-                        for i, p in enumerate(partial))
-        for i, d_block in enumerate(d_state):
-            d_states_ref[pl.ds(c * key_dim + i * block, block), :] = d_block
-        parts = [mm(k_ref[span, rows(i)], d_block.astype(op)) for i, d_block in enumerate(d_state)]
-        chunk = cumulative_decays(log_decay_ref[span], lasts[0],
-                                  None if docs_ref is None else docs_ref[span], lasts[1])
-        read = functools.reduce(operator.add, [chunk.to_end[:, None] * part for part in parts])
-        d_out = do_ref[span, :]
-        minus_out = (d_out * (-st.scale * chunk.entry)[:, None]).astype(op)
-        partial = tuple(chunk.decay * d_block + mm_tn(-q_ref[span, rows(i)], minus_out)
-                        for i, d_block in enumerate(d_state))
-        du_op = (read - (-mm_tn(p_ref[span, :], d_out))).astype(op)
-        du_ref[span, :] = du_op
-        return partial, du_op
-
     d_final = tuple(d_final_ref[rows(i), :] for i in range(num_blocks))
-    if st.blocks.reverse_deferred_update:
-        partial, du_first = jax.lax.fori_loop(
-            0, num_chunks, lambda i, carry: step_deferred(num_chunks - 1 - i, carry),
-            (d_final, jnp.zeros((C, du_ref.shape[-1]), op)))
-        minus_du = -du_first
-        d_initial = tuple(p + mm_tn(w_ref[pl.ds(0, C), rows(i)], minus_du)
-                          for i, p in enumerate(partial))
-    elif st.blocks.reverse_in_flight:
+    if st.blocks.reverse_in_flight:
         d_initial = jax.lax.fori_loop(0, num_chunks,
                                       lambda i, d: step_in_flight(num_chunks - 1 - i, d), d_final)
     else:

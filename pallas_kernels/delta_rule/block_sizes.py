@@ -97,14 +97,6 @@ class BlockSizes:
       of two register-path loads' waits at the step's top. Needs `reverse_small_scales`. ptxas
       (K 256, V 64, 8 warps, 2 stages; NOTES.md Round 22): in key blocks of 128, 189 KB of
       shared memory and 180 B of loop-invariant spills; one tile 222 KB and 388 B.
-    reverse_deferred_update: with `reverse_in_flight`, each chunk's −Wᵀ dU is added to dS at
-      the top of the next step (chunk c − 1's), from dU carried by the loop, instead of at
-      the end of its own: no product's result then reaches another product in one step, and
-      Triton lays K̃ dS and Pᵀ dO out over the warp groups (warps [4, 2]) instead of making
-      the whole `[C, V tile]` on both (warps [8, 1], its "chained dot" layout). ptxas (K 256,
-      V 64, 8 warps, 2 stages, key blocks of 128; NOTES.md session 18): loop HGMMA 56 → 36
-      (20 repeated 64x32 products gone), spills 180 → 16 B, loop 1,046 → 894 instructions;
-      but the step's one `cp.async` wait moves from after dS's stores to its top.
     *_num_warps / *_num_stages: Triton launch parameters of `chunk_prepare` (prepare), of the
       sequential kernels (state), of the split forward's output kernel (outputs) and of the
       per-chunk gradient kernels (gradient).
@@ -130,7 +122,6 @@ class BlockSizes:
     prepare_loads_first: bool = False
     reverse_small_scales: bool = False
     reverse_in_flight: bool = False
-    reverse_deferred_update: bool = False
     inverse_by_block: bool = False
     split_outputs: bool = False
     prepare_num_warps: int = 4
@@ -164,9 +155,6 @@ class BlockSizes:
         if self.reverse_in_flight and not self.reverse_small_scales:
             raise ValueError("BlockSizes.reverse_in_flight needs reverse_small_scales=True (k and "
                              "q as loaded, the row scales on the [C, V tile] side)")
-        if self.reverse_deferred_update and not self.reverse_in_flight:
-            raise ValueError("BlockSizes.reverse_deferred_update needs reverse_in_flight=True "
-                             "(the in-flight step it rearranges)")
         if not isinstance(self.prepare_loads_first, bool):
             raise ValueError(f"BlockSizes.prepare_loads_first must be True or False, got "
                              f"{self.prepare_loads_first!r}")

@@ -111,10 +111,6 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
     (dict(ROUND_10, split_outputs=True, tf32_merges=True), True),
     (dict(ROUND_10, reverse_in_flight=True, state_num_stages=2), False),
     (dict(ROUND_10, reverse_in_flight=True, reverse_state_key_block=4), False),
-    (dict(ROUND_10, reverse_in_flight=True, reverse_deferred_update=True, state_num_stages=2),
-     False),
-    (dict(ROUND_10, reverse_in_flight=True, reverse_deferred_update=True,
-          reverse_state_key_block=4), False),
     (dict(ROUND_10, split_outputs=True, tf32_merges=True, prepare_loads_first=True), True),
     (dict(prepare_loads_first=True), False)],
     ids=["fused", "split_gradients", "inverse_by_block", "split_outputs",
@@ -124,8 +120,7 @@ ROUND_10 = dict(split_gradients=True, inverse_by_block=True, reverse_small_scale
          "reverse_state_key_blocks_scaled_operands", "outputs_key_blocks", "k256_defaults",
          "pipelined_key_gradients", "pipelined_key_gradients_fused",
          "pipelined_pair_gradients", "pipelined_pair_gradients_fused", "tf32_merges",
-         "reverse_in_flight", "reverse_in_flight_key_blocks", "reverse_deferred_update",
-         "reverse_deferred_update_key_blocks", "prepare_loads_first",
+         "reverse_in_flight", "reverse_in_flight_key_blocks", "prepare_loads_first",
          "prepare_loads_first_fused"])
 def test_documents_initial_state_odd_length(x64, changes, primal):
     """T = 37 (padded to 40, five chunks of 8). Row 0: documents start at 5 (inside a chunk),
@@ -144,9 +139,8 @@ def test_documents_initial_state_odd_length(x64, changes, primal):
     split and fused; the
     inverse's merges as single float32 products (TF32 on a GPU, exact here); the reverse pass
     reading its tiles where first used, q negated, whole and in key blocks of 4; the key
-    gradients' dX and dK̃ in one V-tile loop, split and pipelined, fused and unrolled; the
-    in-flight reverse pass with each chunk's −Wᵀ dU deferred to the next step, whole and in
-    key blocks of 4; `chunk_prepare` reading every input at its top (the forward's split
+    gradients' dX and dK̃ in one V-tile loop, split and pipelined, fused and unrolled;
+    `chunk_prepare` reading every input at its top (the forward's split
     form with TF32 merges, and the fused form saving T for the backward)."""
     x = make_inputs(0, batch=2, length=37)
     ids = np.zeros((2, 37), np.int32)
@@ -169,11 +163,9 @@ def test_one_document_zero_initial_state(x64):
     dict(split_gradients=False), dict(split_gradients=True),
     dict(split_gradients=True, tf32_merges=True),
     dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True),
-    dict(split_gradients=True, reverse_small_scales=True, reverse_in_flight=True,
-         reverse_deferred_update=True),
     dict(split_gradients=True, tf32_merges=True, prepare_loads_first=True)],
     ids=["fused", "split_gradients", "tf32_merges", "reverse_in_flight",
-         "reverse_deferred_update", "prepare_loads_first"])
+         "prepare_loads_first"])
 def test_bfloat16_within_rounding(x64, changes):
     """bf16 q, k, v (float32 g, β, state): the bf16 paths of the kernels (the inverse's
     hi/lo split products, U₀'s split T, dK̃'s split dS₁; the split gradients' stored dQK and
@@ -235,24 +227,6 @@ def test_wide_values_run_as_slices(x64, monkeypatch, changes, primal):
     check_against_reference(x, jnp.asarray(ids), 0.4, primal=primal, blocks=blocks)
 
 
-@pytest.mark.parametrize("key_dim,value_dim,length", [(64, 64, 45), (256, 512, 70)])
-def test_reverse_deferred_update_at_head_dims(x64, key_dim, value_dim, length):
-    """`BlockSizes.reverse_deferred_update` at real head dims, on the GPU defaults of that
-    shape with the in-flight reverse pass (K 64: chunk 16, one tile of dS; K 256 / V 512:
-    chunk 64, dS in key blocks of 128, V as two slices of 256): documents (one starting
-    inside a chunk, one of length 1), an initial state, T not a multiple of the chunk;
-    values and every gradient against the float64 reference."""
-    blocks = dataclasses.replace(
-        default_block_sizes(key_dim, min(value_dim, api.VALUE_SLICE)), reverse_in_flight=True,
-        reverse_small_scales=True, reverse_deferred_update=True, state_num_stages=2)
-    if key_dim < 128:
-        blocks = dataclasses.replace(blocks, chunk=16, sub_chunk=4)
-    x = make_inputs(5, batch=1, length=length, key_dim=key_dim, value_dim=value_dim)
-    ids = np.zeros((1, length), np.int32)
-    ids[0, 21:], ids[0, 22:] = 1, 2
-    check_against_reference(x, jnp.asarray(ids), None, primal=False, blocks=blocks)
-
-
 def _platform_gpu(monkeypatch):
     monkeypatch.setattr(api, "_platform", lambda: "gpu")
 
@@ -275,7 +249,6 @@ def _platform_gpu(monkeypatch):
     (128, 128, True, dict(tf32_merges=True)), (256, 512, True, dict(tf32_merges=True)),
     (256, 512, True, dict(reverse_in_flight=True, state_num_stages=2,
                           reverse_state_key_block=128)),
-    (256, 512, True, dict(reverse_deferred_update=True)),
     (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2)),
     (128, 128, True, dict(tf32_merges=True, prepare_loads_first=True)),
     (256, 512, True, dict(prepare_loads_first=True))])
@@ -329,8 +302,6 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
         BlockSizes(reverse_state_key_block=48)
     with pytest.raises(ValueError, match="reverse_in_flight needs reverse_small_scales"):
         BlockSizes(reverse_in_flight=True)
-    with pytest.raises(ValueError, match="reverse_deferred_update needs reverse_in_flight"):
-        BlockSizes(reverse_deferred_update=True)
     with pytest.raises(ValueError, match="prepare_loads_first must be True or False, got 1"):
         BlockSizes(prepare_loads_first=1)
 

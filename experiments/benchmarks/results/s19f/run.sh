@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 19, call f (on call e's warm machine, its /tmp/site kept): the NHA check's API row
-# with the slot feature tiles split at 4 and at 8 backward warps (s19e: the 8-warp one wrong).
+# with the slot feature tiles split at 4 and at 8 backward warps (s19e: the 8-warp one wrong;
+# that variant is since removed from nha_kernel.VARIANTS: the GPU path refuses it).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 timeout 150 python3 -m experiments.benchmarks.nha_kernel --parts check --no-peer \
     --check-variants slot_features_tiled_split_w4,slot_features_tiled_split_w8 \
