@@ -308,38 +308,34 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
                    jnp.minimum(lax.div(jnp.maximum(last_query, 0), BQ) + 1, length // BQ), 0)
     dk = jnp.zeros(dkw_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
+    # The scores query-major `[BQ, BK]`, or key-major `[BK, BQ]` (`window_keys_transposed`:
+    # every product then has the keys as its rows and takes the score tiles as they are made,
+    # no transposes): `scores(a_q, b_k)` the product of a query-side and a key-side tile,
+    # `to_keys` the products back to the keys' rows, `along` a query vector across the tile.
+    if st.blocks.window_keys_transposed:
+        scores, to_keys, along = (lambda a, b: mm_nt(b, a)), mm, (lambda x: x[None, :])
+    else:
+        scores, to_keys, along = mm_nt, mm_tn, (lambda x: x[:, None])
     for r in range(st.group):
-        def visit_by_keys(qb, carry, r=r):
-            # The scores key-major, `[BK, BQ]` (`window_keys_transposed`): every product has
-            # the keys as its rows and takes the score tiles as they are made (no transposes).
-            dk, dv = carry
-            span = pl.ds(qb * BQ, BQ)
-            qw, do = qw_ref[span, r, :], do_ref[span, r, :]
-            lse, delta = lse_ref[r, span], delta_ref[r, span]
-            query_ids = None if qid_ref is None else qid_ref[pl.ds(st.offset + qb * BQ, BQ)]
-            inside = window_mask(st.offset + qb * BQ + iota((1, BQ), 1), key_rows, st.window)
-            if key_ids is not None:
-                inside = inside & (key_ids[:, None] == query_ids[None, :])
-            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(keys, qw) - lse[None, :]), 0.0)
-            dv = dv + mm(p.astype(dtype), do)
-            ds = p * (mm_nt(values, do) - delta[None, :])
-            return dk + st.scale * mm(ds.astype(dtype), qw), dv
-
         def visit(qb, carry, r=r):
             dk, dv = carry
             span = pl.ds(qb * BQ, BQ)
             qw, do = qw_ref[span, r, :], do_ref[span, r, :]
             lse, delta = lse_ref[r, span], delta_ref[r, span]
             query_ids = None if qid_ref is None else qid_ref[pl.ds(st.offset + qb * BQ, BQ)]
-            inside = _in_window(st, st.offset + qb * BQ + iota((BQ, 1), 0), cols, query_ids,
-                                key_ids)
-            p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys) - lse[:, None]), 0.0)
-            dv = dv + mm_tn(p.astype(dtype), do)
-            ds = p * (mm_nt(do, values) - delta[:, None])
-            return dk + st.scale * mm_tn(ds.astype(dtype), qw), dv
+            start = st.offset + qb * BQ
+            if st.blocks.window_keys_transposed:
+                inside = window_mask(start + iota((1, BQ), 1), key_rows, st.window)
+                if key_ids is not None:
+                    inside = inside & (key_ids[:, None] == query_ids[None, :])
+            else:
+                inside = _in_window(st, start + iota((BQ, 1), 0), cols, query_ids, key_ids)
+            p = jnp.where(inside, jnp.exp(st.scale * scores(qw, keys) - along(lse)), 0.0)
+            dv = dv + to_keys(p.astype(dtype), do)
+            ds = p * (scores(do, values) - along(delta))
+            return dk + st.scale * to_keys(ds.astype(dtype), qw), dv
 
-        dk, dv = lax.fori_loop(lo, hi, visit_by_keys if st.blocks.window_keys_transposed
-                               else visit, (dk, dv))
+        dk, dv = lax.fori_loop(lo, hi, visit, (dk, dv))
     dkw_ref[...] = dk.astype(dkw_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
