@@ -265,24 +265,26 @@ GDN_TILES = {"value_block": "value", "gradient_value_block": "value",
              "outputs_value_block": "value", "gradient_key_block": "key"}
 # NHA's pallas rung (profiled by op_kernels; linear_ops times no NHA): changes to its GPU
 # defaults at the shape's head dim (`pallas_kernels.nha.block_sizes.default_block_sizes`: the
-# slot backward split at 4 warps; from D 128 every slot kernel over feature tiles of 64).
+# slot backward split at 4 warps; from D 128 every slot kernel over feature tiles of 64 and
+# the window dk/dv kernel key-major; at D 256 also 3 backward stages and 128 query rows).
 NHA_VARIANTS = {
     "slot backward split w4": dict(split_slot_backward=True, slot_backward_num_warps=4),
     "slot backward split w4 inputs tiled": dict(split_slot_backward=True,
                                                 slot_backward_num_warps=4, slot_input_block=64),
-    "slot backward unsplit w8": dict(split_slot_backward=False, slot_backward_num_warps=8),
+    # (without the feature tiles, which the GPU takes only split at 4 warps)
+    "slot backward unsplit w8": dict(split_slot_backward=False, slot_backward_num_warps=8,
+                                     slot_feature_block=None),
     # the logits, readout, dA / P and dq kernels without the feature tiles of 64 (nha/NOTES.md,
     # session 18; the default from D 128 since session 19): whole-chunk tiles, and at 8
     # warps (D 256's form before session 19)
     "slot features whole": dict(slot_feature_block=None),
     "slot features whole w8": dict(slot_feature_block=None, slot_num_warps=8),
-    # the window kernels (nha/NOTES.md, session 19; ptxas only): the dk/dv kernel's scores
-    # key-major (no spills, no mma.sync at D 256), its and dq's loads a step ahead (3 stages),
-    # and the forward and dq over 128 query rows (no product repeated on both warp groups)
-    "window keys transposed": dict(window_keys_transposed=True),
-    "window keys transposed s3": dict(window_keys_transposed=True, backward_num_stages=3),
-    "window q128": dict(block_q=128),
-    "window tiles s19": dict(window_keys_transposed=True, backward_num_stages=3, block_q=128),
+    # the window kernels before session 19 (nha/NOTES.md, session 19: the defaults since):
+    # the dk/dv kernel's scores query-major, and at D 256 also 2 backward stages and 64
+    # query rows in the forward and dq
+    "window keys query-major": dict(window_keys_transposed=False),
+    "window tiles before s19": dict(window_keys_transposed=False, backward_num_stages=2,
+                                    block_q=64),
 }
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
                   *NHA_VARIANTS)

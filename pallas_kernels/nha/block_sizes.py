@@ -126,8 +126,11 @@ def default_block_sizes(backend: str, head_dim: int) -> BlockSizes:
                           window_keys_transposed=True, split_slot_backward=True,
                           slot_backward_num_warps=4, slot_input_block=64, slot_feature_block=64)
     # The backward slot kernels split in two each at 4 warps: fwd+bwd 7.02 ms against 7.64
-    # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a). The other slot
-    # kernels over feature tiles of 64 from D 128 (with packed documents, the same shape's
-    # fwd+bwd kernels 7.51 → 7.32 ms; session 19, results/s19c); at D 64 a tile is the whole.
+    # unsplit at 8 warps (B4 T8192 H16 D128 w512, NOTES.md v7; results/s6a). From D 128 the
+    # other slot kernels over feature tiles of 64 (with packed documents, the same shape's
+    # fwd+bwd kernels 7.51 → 7.32 ms; session 19, results/s19c; at D 64 a tile is the whole)
+    # and the window dk/dv kernel key-major (7.39 → 7.24; 3 stages and 128 query rows, D 256's,
+    # lose here: 7.63 and 9.62; results/s19g). D 64 is not timed.
+    wide = head_dim >= 128
     return BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
-                      slot_feature_block=64 if head_dim >= 128 else None)
+                      slot_feature_block=64 if wide else None, window_keys_transposed=wide)
