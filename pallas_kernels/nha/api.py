@@ -90,6 +90,11 @@ def documents_from_segment_ids(segment_ids: jax.Array) -> Documents:
     return Documents(segment_ids.astype(jnp.int32), starts)
 
 
+# Refuse the feature tiles on the GPU but in the checked form (split, 4 warps): see below.
+# False only for a GPU check of the other forms (`nha_kernel --allow-unchecked-tiles`).
+REFUSE_UNCHECKED_FEATURE_TILES = True
+
+
 def native_hybrid_attention(
     q: jax.Array,
     k: jax.Array,
@@ -144,7 +149,8 @@ def native_hybrid_attention(
     backend = backend or _platform(interpret)
     head_dim = max(q.shape[-1], v.shape[-1], q_window.shape[-1])
     blocks = block_sizes or default_block_sizes(backend, head_dim)
-    if (backend == "gpu" and not interpret and blocks.slot_feature_block is not None
+    if (REFUSE_UNCHECKED_FEATURE_TILES and backend == "gpu" and not interpret
+            and blocks.slot_feature_block is not None
             and (not blocks.split_slot_backward or blocks.slot_backward_num_warps > 4
                  or blocks.slot_num_warps > 4)):
         # Interpret mode runs these forms right; compiled, the backward at 8 warps does not,

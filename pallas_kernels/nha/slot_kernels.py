@@ -278,6 +278,19 @@ def _feature_stages(st: Static) -> int:
     return 1 if st.blocks.slot_feature_block is None else st.blocks.slot_feature_num_stages
 
 
+def _pairs_copy(st: Static) -> int:
+    """1 with `BlockSizes.slot_pairs_own_tiles` where the feature loop is pipelined: the
+    scores form's x goes in a second time, so that its pairs product loads its own tiles
+    (`chunk_math.slot_scores_tiled`)."""
+    return int(st.blocks.slot_pairs_own_tiles and st.blocks.slot_feature_block is not None
+               and _feature_stages(st) > 1)
+
+
+def _pair_refs(x, copies):
+    """x, or (x, its second ref) for `slot_scores_tiled` (`_pairs_copy`)."""
+    return (x, copies[0]) if copies else x
+
+
 def _scores(st: Static, x, keys_ref, x_state, writes: Rows, gate: Rows, products,
             sigma) -> jax.Array:
     """The scores form `[C, M]` of one (x, keys, state) (`chunk_math.slot_scores`): x and
@@ -315,11 +328,11 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
 
     def kernel(*refs):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
-        q_ref, ks_ref, ss_ref, gc_ref, kst_ref, out_ref = refs
+        q_ref, ks_ref, ss_ref, gc_ref, kst_ref, *q_pairs, out_ref = refs
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
         read = _feature_refs(st)
-        logits = _scores(st, read(q_ref), ks_ref, read(kst_ref), writes, rows_of(gc_ref),
-                         products, _segments(doc["sigma"], layout))
+        logits = _scores(st, _pair_refs(read(q_ref), q_pairs), ks_ref, read(kst_ref), writes,
+                         rows_of(gc_ref), products, _segments(doc["sigma"], layout))
         out_ref[...] = jnp.where(_held(st, layout, doc["holds"], C), st.scale * logits, 0.0)
 
     specs, slots = _Specs(layout, st, length // C), ss.shape[-1]
@@ -327,10 +340,11 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
     return _call(
         kernel, layout, st, (batch, heads, length // C),
         doc_specs + [specs.head(key_dim), specs.stream(key_dim), specs.stream(slots),
-                     specs.kv(slots), specs.state(key_dim, slots)],
+                     specs.kv(slots), specs.state(key_dim, slots)]
+        + [specs.head(key_dim)] * _pairs_copy(st),
         specs.head(slots), jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32),
         st.blocks.slot_num_warps, "nha_slot_logits", _feature_stages(st),
-    )(*doc_arrays, q, ks, ss, gc, key_states)
+    )(*doc_arrays, q, ks, ss, gc, key_states, *[q] * _pairs_copy(st))
 
 
 def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: SlotDocs | None,
@@ -421,6 +435,7 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
     def kernel(*refs):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         (a_ref, lse_ref, delta_ref, do_ref, vs_ref, ss_ref, gc_ref, vst_ref, *refs) = refs
+        do_pairs, refs = refs[:_pairs_copy(st)], refs[_pairs_copy(st):]
         if not split:
             ks_ref, kst_ref, dq_ref, *refs = refs
         da_ref, p_ref, qg_ref = refs
@@ -433,7 +448,8 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         gate = rows_of(gc_ref)
         sigma = _segments(doc["sigma"], layout)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
-        dp = _scores(st, do, vs_ref, read(vst_ref), writes, gate, products, sigma)
+        dp = _scores(st, _pair_refs(do, do_pairs), vs_ref, read(vst_ref), writes, gate,
+                     products, sigma)
         logits = logits if early else a_ref[...]
         held = _held(st, layout, doc["holds"], C)
         p = jnp.where(held, jnp.exp(logits - layout.column(lse_ref)), 0.0)
@@ -458,6 +474,8 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
                    specs.stream(value_dim), specs.stream(slots), specs.kv(slots),
                    specs.state(value_dim, slots)]
     value_arrays = [logits, lse, delta, do, vs, ss, gc, value_states]
+    value_specs += [specs.head(value_dim)] * _pairs_copy(st)
+    value_arrays += [do] * _pairs_copy(st)
     key_specs, key_arrays = [specs.stream(key_dim), specs.state(key_dim, slots)], [ks, key_states]
     warps = st.blocks.slot_backward_num_warps
     if not split:

@@ -332,13 +332,16 @@ FEATURE_TILED = dataclasses.replace(TINY, slot_feature_block=2)
 
 @pytest.mark.parametrize(("T", "window", "blocks"), [
     (37, 16, dict(split_slot_backward=True)),
+    (37, 16, dict(split_slot_backward=True, slot_pairs_own_tiles=True)),  # x loaded twice
+    pytest.param(35, 0, dict(slot_pairs_own_tiles=True), marks=pytest.mark.slow),
     pytest.param(35, 0, {}, marks=pytest.mark.slow),  # the slots alone, the fused backward
     pytest.param(37, 5, dict(split_slot_backward=True, slot_input_block=2,
                              slot_input_slot_block=2), marks=pytest.mark.slow)])  # D 256's form
 def test_op_slot_feature_tiles(monkeypatch, T, window, blocks):
     """`BlockSizes.slot_feature_block` through the op: packed documents, an initial state (at
     w = 16 its ring is two chunks), GQA, odd T, w = 0 and 5 (a window off the blocks); 4 key,
-    8 value features in tiles of 2; with the slot-input kernels' feature loop too."""
+    8 value features in tiles of 2; with the slot-input kernels' feature loop too; with the
+    scores form's x loaded a second time for the pairs product (`slot_pairs_own_tiles`)."""
     _interpret(monkeypatch, blocks=dataclasses.replace(FEATURE_TILED, **blocks))
     check_op(T, window, K=4, V=8, M=4)
 
@@ -390,9 +393,10 @@ def test_gpu_kernel_window_keys_transposed(window, options):
           blocks=dataclasses.replace(KEYS_TRANSPOSED, **options))
 
 
-def test_block_sizes_reject_a_non_bool_keys_transposed():
-    with pytest.raises(ValueError, match="window_keys_transposed must be a bool, got 1"):
-        BlockSizes(window_keys_transposed=1)
+@pytest.mark.parametrize("name", ["window_keys_transposed", "slot_pairs_own_tiles"])
+def test_block_sizes_reject_a_non_bool_switch(name):
+    with pytest.raises(ValueError, match=f"{name} must be a bool, got 1"):
+        BlockSizes(**{name: 1})
 
 
 @pytest.mark.parametrize("backend, grads", [
@@ -599,6 +603,8 @@ def test_gpu_refuses_feature_tiles_but_in_the_checked_form(monkeypatch, changes)
     lowered = lambda blocks: jax.jit(lambda *a: api.native_hybrid_attention(
         *a, window=2, block_sizes=blocks)).trace(*args).lower(lowering_platforms=("cuda",))
     assert lowered(checked) is not None
+    monkeypatch.setattr(api, "REFUSE_UNCHECKED_FEATURE_TILES", False)  # a GPU check's switch
+    assert lowered(dataclasses.replace(checked, slot_pairs_own_tiles=True, **changes)) is not None
 
 
 @pytest.mark.slow
