@@ -34,7 +34,7 @@ so both mixers run on every token, as Oryx trains); their rows say which in `mod
 or "attention": every token in attention mode, the linear mixer skipped).
 `--kernel-changes` runs every JAX row with kernels' default tiles changed
 (`timing.parse_kernel_changes`): a default-off option's model-level timing before it is a
-default; the table's header and the JSON say which.
+default; the log (a "default tiles changed" line a kernel) and the JSON say which.
 """
 
 from __future__ import annotations

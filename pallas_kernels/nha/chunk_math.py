@@ -271,24 +271,23 @@ def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Prod
     NOTES.md, session 18). Here x and x_state are refs and x' Rows take a column slice. The loop
     sums both products over X, the state part x·x_state `[C, M]` and the pairs x·x'ᵀ `[C, C]`;
     the fast or the exact path then weighs the pairs, reading no feature tile."""
-    first = pairs[0][0][0] if isinstance(pairs[0][0], tuple) else pairs[0][0]
-    C = first.shape[0]
+    # x may be a pair of refs to the same array: (the state product's, the pairs'). On the
+    # GPU one tile load feeding both products made Triton 3.6's pipeliner give the tile one
+    # buffer fewer than the stages while the pairs' async wgmma still read it when the next
+    # tile's cp.async overwrote it (NOTES.md, session 19); two loads keep the state product's
+    # tile for registers only and give the pairs' its own buffers.
+    pairs = [(x if isinstance(x, tuple) else (x, x), x_keys, x_state)
+             for x, x_keys, x_state in pairs]
+    C, X = pairs[0][0][0].shape
 
     def step(cols, sums):
-        # x may be a pair of refs to the same array: (the state product's, the pairs'). On
-        # the GPU one tile load feeding both products made Triton 3.6's pipeliner give the
-        # tile one buffer fewer than the stages while the pairs' async wgmma still read it
-        # when the next tile's cp.async overwrote it (NOTES.md, session 19); two loads keep
-        # the state product's tile for registers only and give the pairs' its own buffers.
         return [(part + state.mm(xs[:, cols], x_state[cols, :], exact_a=True),
                  pair + intra.mm_nt(xp[:, cols], x_keys(0, C, cols), True, True))
-                for ((xs, xp), x_keys, x_state), (part, pair)
-                in zip(((x if isinstance(x, tuple) else (x, x), x_keys, x_state)
-                        for x, x_keys, x_state in pairs), sums, strict=True)]
+                for ((xs, xp), x_keys, x_state), (part, pair) in zip(pairs, sums, strict=True)]
 
     init = [(jnp.zeros((C, x_state.shape[1]), F32), jnp.zeros((C, C), F32))
             for _, _, x_state in pairs]
-    sums = _feature_tiles(first.shape[1], tile, step, init)
+    sums = _feature_tiles(X, tile, step, init)
     entering = _entering(sigma, C)
     pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
     sums = [(_masked(part, entering), jnp.where(pair_mask, pair, 0.0)) for part, pair in sums]
