@@ -204,13 +204,8 @@ def _nha_state_call(window, dim, heads=4, kv_heads=2):
 
 
 def part_check(args):
-    refuse = api.REFUSE_UNCHECKED_FEATURE_TILES
-    api.REFUSE_UNCHECKED_FEATURE_TILES = not args.allow_unchecked_tiles
-    try:
-        with changed_defaults(api, args.check_changes):
-            return _check_rows(args)
-    finally:
-        api.REFUSE_UNCHECKED_FEATURE_TILES = refuse
+    with changed_defaults(api, args.check_changes):
+        return _check_rows(args)
 
 
 def _check_rows(args):
@@ -361,12 +356,10 @@ VARIANTS = {
     "slot_inputs_tiled": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
                                     slot_input_block=64),
     # the slot kernels over feature tiles of 64 (NOTES.md, session 18; the GPU default from
-    # D 128) in the one form the GPU takes them (split at 4 warps: unsplit, or at 8 warps,
-    # session 19's checks gave dq, dk, dg off by 20-50 %, different in two runs)
+    # D 128) split at 4 warps (the default's form), at 8, and unsplit (session 19: the two
+    # 8-warp forms ran wrong before the race fix, "The race"; session 20: right, and slower)
     "slot_features_tiled_split_w4": BlockSizes(slot_feature_block=64, split_slot_backward=True,
                                                slot_backward_num_warps=4),
-    # the forms refused on the GPU (NOTES.md, session 19, "The race"): checked only with
-    # --allow-unchecked-tiles
     "slot_features_tiled_split_w8": BlockSizes(slot_feature_block=64, split_slot_backward=True),
     "slot_features_tiled_unsplit": BlockSizes(slot_feature_block=64),
     "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
@@ -530,9 +523,6 @@ def main() -> None:
                         help="FIELD=VALUE,...: every check with these BlockSizes fields changed "
                              "(the API checks' variants and the op checks' defaults, e.g. "
                              "slot_feature_block=64): an option's check before it is a default")
-    parser.add_argument("--allow-unchecked-tiles", action="store_true",
-                        help="let the API run the slot feature tiles in the forms it refuses "
-                             "on the GPU (unsplit, 8 warps), to check them")
     parser.add_argument("--table-variants", type=names, default=["split"],
                         help="tile variants also timed in the table at B4 T8192")
     parser.add_argument("--variants", type=names,

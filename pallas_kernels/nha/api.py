@@ -90,11 +90,6 @@ def documents_from_segment_ids(segment_ids: jax.Array) -> Documents:
     return Documents(segment_ids.astype(jnp.int32), starts)
 
 
-# Refuse the feature tiles on the GPU but in the checked form (split, 4 warps): see below.
-# False only for a GPU check of the other forms (`nha_kernel --allow-unchecked-tiles`).
-REFUSE_UNCHECKED_FEATURE_TILES = True
-
-
 def native_hybrid_attention(
     q: jax.Array,
     k: jax.Array,
@@ -149,19 +144,6 @@ def native_hybrid_attention(
     backend = backend or _platform(interpret)
     head_dim = max(q.shape[-1], v.shape[-1], q_window.shape[-1])
     blocks = block_sizes or default_block_sizes(backend, head_dim)
-    if (REFUSE_UNCHECKED_FEATURE_TILES and backend == "gpu" and not interpret
-            and blocks.slot_feature_block is not None
-            and (not blocks.split_slot_backward or blocks.slot_backward_num_warps > 4
-                 or blocks.slot_num_warps > 4)):
-        # Interpret mode runs these forms right; compiled, the backward at 8 warps does not,
-        # split or not (NOTES.md, sessions 18 and 19): refused rather than a silently wrong
-        # gradient. Only the checked form runs: split, every slot kernel at 4 warps.
-        raise ValueError(
-            "pallas native_hybrid_attention: BlockSizes.slot_feature_block needs "
-            "split_slot_backward=True and slot_num_warps, slot_backward_num_warps <= 4 on the "
-            "GPU (at 8 backward warps its gradients were nondeterministic and 20-50 % wrong on "
-            f"an H200), got split_slot_backward={blocks.split_slot_backward}, slot_num_warps="
-            f"{blocks.slot_num_warps}, slot_backward_num_warps={blocks.slot_backward_num_warps}")
     length = q.shape[1]
     state = initial_state
     window = int(window) if state is not None else min(int(window), length)

@@ -37,15 +37,12 @@ class BlockSizes:
       the backward's dA / P and dq) loop the same way over the features in tiles of this many
       (`slot_feature_num_stages` deep): the sums over the features of their products, or the
       readout's output tile by tile (None: whole-chunk tiles through registers; at D 256 one
-      program an SM and up to 1.4 KB of spills a thread: NOTES.md, session 18). Compiled for
-      the GPU it needs `split_slot_backward` with the slot kernels at 4 warps (at 8 the
-      backward ran wrong on an H200, split or not: the API refuses those forms).
-    slot_pairs_own_tiles: with `slot_feature_block` pipelined (stages > 1), the scores form's
-      x (q in the logits, dO in dA / P) loaded twice, once for the state product and once
-      for the pairs product: Triton 3.6 gives one load feeding both products a buffer fewer
-      than the stages while the pairs' async wgmma may still read it as the next tile's
-      cp.async lands (a race in the PTX at 4 and 8 warps; NOTES.md, session 19, "The race").
-      Not yet run on a GPU (default off).
+      program an SM and up to 1.4 KB of spills a thread: NOTES.md, session 18). Pipelined
+      (stages > 1), the scores form's x (q in the logits, dO in dA / P) goes in twice, one
+      load for the state product and one for the pairs product: Triton 3.6 gave one load
+      feeding both a buffer fewer than the stages, and the next tile's cp.async could
+      overwrite it under the pairs' async wgmma (dq, dk, dg 20–50 % wrong at 8 warps on an
+      H200; NOTES.md, session 19, "The race"; fixed and checked in session 20).
     slot_precision: how the slot products take their float32 operands
       (`layout.slot_products`): "mixed" (bf16 only in the backward's gradient products dq,
       dk̄, dv̄, TF32 elsewhere: 7 % faster fwd+bwd than "float32" on the H200 at the same
@@ -79,15 +76,13 @@ class BlockSizes:
     slot_input_num_stages: int = 2
     slot_feature_block: int | None = None
     slot_feature_num_stages: int = 2
-    slot_pairs_own_tiles: bool = False
     slot_precision: str = "mixed"
     window_keys_transposed: bool = False
 
     def __post_init__(self):
-        for name in ("window_keys_transposed", "slot_pairs_own_tiles"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"BlockSizes.{name} must be a bool, got "
-                                 f"{getattr(self, name)!r}")
+        if not isinstance(self.window_keys_transposed, bool):
+            raise ValueError("BlockSizes.window_keys_transposed must be a bool, got "
+                             f"{self.window_keys_transposed!r}")
         if self.slot_precision not in SLOT_PRECISIONS:
             raise ValueError(f"BlockSizes.slot_precision must be one of {SLOT_PRECISIONS}, "
                              f"got {self.slot_precision!r}")

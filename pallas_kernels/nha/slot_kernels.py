@@ -279,11 +279,9 @@ def _feature_stages(st: Static) -> int:
 
 
 def _pairs_copy(st: Static) -> int:
-    """1 with `BlockSizes.slot_pairs_own_tiles` where the feature loop is pipelined: the
-    scores form's x goes in a second time, so that its pairs product loads its own tiles
-    (`chunk_math.slot_scores_tiled`)."""
-    return int(st.blocks.slot_pairs_own_tiles and st.blocks.slot_feature_block is not None
-               and _feature_stages(st) > 1)
+    """1 where the feature loop is pipelined: the scores form's x goes in a second time, so
+    that its pairs product loads its own tiles (`chunk_math.slot_scores_tiled`)."""
+    return int(st.blocks.slot_feature_block is not None and _feature_stages(st) > 1)
 
 
 def _pair_refs(x, copies):

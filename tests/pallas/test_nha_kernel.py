@@ -332,16 +332,16 @@ FEATURE_TILED = dataclasses.replace(TINY, slot_feature_block=2)
 
 @pytest.mark.parametrize(("T", "window", "blocks"), [
     (37, 16, dict(split_slot_backward=True)),
-    (37, 16, dict(split_slot_backward=True, slot_pairs_own_tiles=True)),  # x loaded twice
-    pytest.param(35, 0, dict(slot_pairs_own_tiles=True), marks=pytest.mark.slow),
+    # unpipelined: one load of the scores form's x feeds both its products
+    (37, 16, dict(split_slot_backward=True, slot_feature_num_stages=1)),
     pytest.param(35, 0, {}, marks=pytest.mark.slow),  # the slots alone, the fused backward
     pytest.param(37, 5, dict(split_slot_backward=True, slot_input_block=2,
                              slot_input_slot_block=2), marks=pytest.mark.slow)])  # D 256's form
 def test_op_slot_feature_tiles(monkeypatch, T, window, blocks):
     """`BlockSizes.slot_feature_block` through the op: packed documents, an initial state (at
     w = 16 its ring is two chunks), GQA, odd T, w = 0 and 5 (a window off the blocks); 4 key,
-    8 value features in tiles of 2; with the slot-input kernels' feature loop too; with the
-    scores form's x loaded a second time for the pairs product (`slot_pairs_own_tiles`)."""
+    8 value features in tiles of 2; with the slot-input kernels' feature loop too; unpipelined
+    (x loaded once for the scores form's two products, not twice)."""
     _interpret(monkeypatch, blocks=dataclasses.replace(FEATURE_TILED, **blocks))
     check_op(T, window, K=4, V=8, M=4)
 
@@ -393,10 +393,9 @@ def test_gpu_kernel_window_keys_transposed(window, options):
           blocks=dataclasses.replace(KEYS_TRANSPOSED, **options))
 
 
-@pytest.mark.parametrize("name", ["window_keys_transposed", "slot_pairs_own_tiles"])
-def test_block_sizes_reject_a_non_bool_switch(name):
-    with pytest.raises(ValueError, match=f"{name} must be a bool, got 1"):
-        BlockSizes(**{name: 1})
+def test_block_sizes_reject_a_non_bool_switch():
+    with pytest.raises(ValueError, match="window_keys_transposed must be a bool, got 1"):
+        BlockSizes(window_keys_transposed=1)
 
 
 @pytest.mark.parametrize("backend, grads", [
@@ -584,27 +583,44 @@ def test_unsupported_reasons():
         *args, window=2, initial_state=(x["k"], x["v"]), interpret=True)
 
 
-@pytest.mark.parametrize("changes", [dict(split_slot_backward=False),
+def _gpu_kernel_operands(args, blocks) -> dict[str, int]:
+    """Operands of each Pallas kernel of the op's fwd+bwd traced for the GPU."""
+    grad = jax.grad(lambda *a: jnp.sum(api.native_hybrid_attention(
+        *a, window=2, block_sizes=blocks).astype(jnp.float32)), argnums=tuple(range(5)))
+    operands = {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                operands[eqn.params["name"]] = len(eqn.invars)
+            elif "jaxpr" in eqn.params:
+                walk(getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"]))
+
+    walk(jax.make_jaxpr(grad)(*args).jaxpr)
+    return operands
+
+
+@pytest.mark.parametrize("changes", [{}, dict(split_slot_backward=False),
                                      dict(slot_backward_num_warps=8), dict(slot_num_warps=8)])
-def test_gpu_refuses_feature_tiles_but_in_the_checked_form(monkeypatch, changes):
-    """The backward slot kernels over feature tiles ran wrong on the GPU at 8 warps, split or
-    not (NOTES.md, sessions 18 and 19): compiled for the GPU, the tiles are refused before any
-    kernel unless split at 4 warps everywhere; that form lowers."""
+def test_gpu_pipelined_feature_tiles_load_the_scores_x_twice(monkeypatch, changes):
+    """The race fix (NOTES.md, session 19, "The race"; checked on an H200 in session 20): with
+    the feature loop pipelined, the scores form's x (q in the logits, dO in dA / P) goes into
+    its kernel twice, so that the pairs' async wgmma reads tiles of its own; unpipelined,
+    once. Every launch form lowers for the GPU (8 warps, unsplit: no longer refused)."""
     x = make_inputs(4, 1, 64, 2, 2, key_dim=64, value_dim=64, window_dim=64, slots=16)
-    x = {n: a.astype(jnp.bfloat16) for n, a in x.items()}
-    args = [x[n] for n in NAMES[:5]]
+    args = [x[n].astype(jnp.bfloat16) for n in NAMES[:5]]
     monkeypatch.setattr(api.target, "platform", lambda: "gpu")
-    assert api.unsupported(*args, window=2) is None
-    checked = BlockSizes(slot_feature_block=64, split_slot_backward=True,
-                         slot_backward_num_warps=4)
-    with pytest.raises(ValueError, match="slot_feature_block needs split_slot_backward=True"):
-        api.native_hybrid_attention(*args, window=2,
-                                    block_sizes=dataclasses.replace(checked, **changes))
-    lowered = lambda blocks: jax.jit(lambda *a: api.native_hybrid_attention(
-        *a, window=2, block_sizes=blocks)).trace(*args).lower(lowering_platforms=("cuda",))
-    assert lowered(checked) is not None
-    monkeypatch.setattr(api, "REFUSE_UNCHECKED_FEATURE_TILES", False)  # a GPU check's switch
-    assert lowered(dataclasses.replace(checked, slot_pairs_own_tiles=True, **changes)) is not None
+    tiled = dataclasses.replace(BlockSizes(slot_feature_block=32, split_slot_backward=True,
+                                           slot_backward_num_warps=4), **changes)
+    pipelined = _gpu_kernel_operands(args, tiled)
+    once = _gpu_kernel_operands(args, dataclasses.replace(tiled, slot_feature_num_stages=1))
+    twice = {"nha_slot_logits", "nha_slot_backward_probabilities" if tiled.split_slot_backward
+             else "nha_slot_backward_queries"}
+    assert {name for name in once if pipelined[name] != once[name]} == twice
+    assert all(pipelined[name] == once[name] + 1 for name in twice)
+    lowered = jax.jit(lambda *a: api.native_hybrid_attention(
+        *a, window=2, block_sizes=tiled)).trace(*args).lower(lowering_platforms=("cuda",))
+    assert "nha_slot_logits" in lowered.as_text()
 
 
 @pytest.mark.slow
