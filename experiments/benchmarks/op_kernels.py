@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.op_kernels [--ops ssd,gated_delta_rule,
         gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
-        [--window 512] [--top 12] [--variants [LABELS]] [--documents MEDIAN]
+        [--window 512] [--top 12] [--variants [LABELS] [--forwards]] [--documents MEDIAN]
         [--out op_kernels.json]
 
 The inputs of `linear_ops` at `--shape`, in its `--shapes` form (`mixer_shapes`): `4x8192` is
@@ -15,8 +15,9 @@ and fwd+bwd (gradient of a sum w.r.t. every input) run 3 times under `jax.profil
 Prints per op and pass the whole time per call and the top kernels (ms per call, share);
 writes every kernel row, with its shape fields, to JSON. `--variants` also profiles the
 fwd+bwd of each kernel variant of the op's pallas rung at the shape
-(`linear_ops.kernel_variants`; their forwards are the default's), all of them or the
-';'-separated labels given, e.g. gdn-340m's mixer: `--ops gated_delta_rule --shape
+(`linear_ops.kernel_variants`), all of them or the ';'-separated labels given, and with
+`--forwards` their forwards too (the same as the default's, but for the tiles of a forward
+alone, e.g. GDN's 'prepare loads first'), e.g. gdn-340m's mixer: `--ops gated_delta_rule --shape
 gdn-340m@4x8192 --variants 'pair gradients pipelined'`. This is the profile to read
 before a kernel change (which kernel of the op to make faster), not a timing of record
 (`linear_ops` is that).
@@ -75,6 +76,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="?", const="all", default="none",
                         help="also the fwd+bwd of the pallas rung's kernel variants: all (the "
                              "flag alone) or ';'-separated labels")
+    parser.add_argument("--forwards", action="store_true",
+                        help="also each variant's forward (a variant of a forward-alone tile)")
     parser.add_argument("--documents", type=float, default=0, help="median length of packed "
                         "documents (segment ids, as training on packed text); 0: none")
     parser.add_argument("--out", default="op_kernels.json")
@@ -97,10 +100,11 @@ def main() -> None:
         passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs)),
                           strict=True))
         if args.impl == "pallas":
-            passes.update({f"fwd+bwd {label}": forward_and_backward(fn, len(inputs))[1]
-                           for label, fn in kernel_variants(name, shape, only=variants,
-                                                              segment_ids=ids,
-                                                              window=args.window).items()})
+            for label, fn in kernel_variants(name, shape, only=variants, segment_ids=ids,
+                                             window=args.window).items():
+                fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
+                passes.update({f"fwd {label}": fwd} if args.forwards else {},
+                              **{f"fwd+bwd {label}": fwd_bwd})
         for label, fn in passes.items():
             try:
                 summary = profile(fn, inputs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
+import jax
+
 from experiments.benchmarks import op_kernels
 
 
@@ -35,3 +37,24 @@ def test_packed_documents_reach_every_op(tmp_path, monkeypatch):
     record = json.loads(out.read_text())
     assert record["documents"] == 12 and not [row for row in record["rows"] if "error" in row]
     assert len(seen) == 2 and all(ids.shape == (2, 64) and int(ids[0].max()) >= 2 for ids in seen)
+
+
+def test_forwards_profiles_each_variants_forward(tmp_path, monkeypatch):
+    """`--variants LABEL --forwards`: each variant's forward is profiled beside its fwd+bwd (the
+    pallas rung replaced by the XLA one, which runs on the CPU)."""
+    real = op_kernels.op_and_inputs
+    monkeypatch.setattr(op_kernels, "op_and_inputs", lambda name, shape, window, impl, ids:
+                        real(name, shape, window, "xla", ids))
+    monkeypatch.setattr(op_kernels, "kernel_variants", lambda name, shape, **_: {
+        "v": real(name, shape, 16, "xla")[0]})
+    passes = []
+    monkeypatch.setattr(op_kernels, "profile", lambda fn, inputs: passes.append(
+        [float(x.sum()) for x in jax.tree.leaves(fn(*inputs))]) or {
+            "device_ms_per_step": 0.0, "kernels": []})
+    monkeypatch.setattr(op_kernels.trace_summary, "print_summary", lambda *a: None)
+    monkeypatch.setattr(sys, "argv", ["op_kernels", "--ops", "ssd", "--shape", "1x64x2x16x32",
+                                      "--variants", "grads 2 stages", "--forwards",
+                                      "--out", str(tmp_path / "o.json")])
+    op_kernels.main()
+    fwd, fwd_bwd, fwd_v, fwd_bwd_v = passes  # default fwd, fwd+bwd, then the variant's
+    assert fwd == fwd_v and fwd_bwd == fwd_bwd_v and len(fwd) == 1 and len(fwd_bwd) == 5
