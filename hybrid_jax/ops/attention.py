@@ -359,11 +359,32 @@ def apply_rope(
     inv_freq = rope_frequencies(rot, theta, scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B?, T, half]
     angles = jnp.broadcast_to(angles, (x.shape[0], x.shape[1], half))[:, :, None, :]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
-    x_rot = x[..., :rot].astype(jnp.float32)
-    x1, x2 = x_rot[..., :half], x_rot[..., half:]
+    return _rotate(x, jnp.cos(angles), jnp.sin(angles))
+
+
+@jax.custom_vjp
+def _rotate(x_BTHD: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x's first 2·r channels rotated pairwise (i with i + r) by the angles of `cos`, `sin`
+    `[B, T, 1, r]` (float32, from positions: no gradient), in float32, rounded to x's dtype."""
+    rot = 2 * cos.shape[-1]
+    x1, x2 = jnp.split(x_BTHD[..., :rot].astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return jnp.concatenate([rotated.astype(x.dtype), x[..., rot:]], axis=-1)
+    return jnp.concatenate([rotated.astype(x_BTHD.dtype), x_BTHD[..., rot:]], axis=-1)
+
+
+def _rotate_fwd(x, cos, sin):
+    return _rotate(x, cos, sin), (cos, sin)
+
+
+def _rotate_bwd(residuals, dy):
+    # A rotation's transpose is the rotation by the opposite angle: one elementwise pass like
+    # the forward's. Differentiated as written, the slices and concatenates made XLA's
+    # backward 2-3x the forward's time (H200, 125M: 134 against 56 µs a layer).
+    cos, sin = residuals
+    return _rotate(dy, cos, -sin), None, None
+
+
+_rotate.defvjp(_rotate_fwd, _rotate_bwd)
 
 
 MAX_LOG_TEMPERATURE = math.log(100.0)

@@ -148,6 +148,22 @@ def test_rope_matches_numpy(fraction):
     assert_close(out, numpy_rope(x, np.asarray(pos), 500.0, fraction), 1e-5)
 
 
+@pytest.mark.parametrize(("fraction", "dtype"), [(1.0, jnp.float32), (0.5, jnp.float32),
+                                             (1.0, jnp.bfloat16)])
+def test_rope_gradient_is_the_inverse_rotation(fraction, dtype):
+    """RoPE is x ↦ R x, so ∂⟨w, R x⟩/∂x = Rᵀ w: w rotated by the opposite angles (the numpy
+    rotation at negated positions), channels past the rotary ones passed through; [B, T]
+    positions, the gradient in x's dtype."""
+    x, w = normals(3, (2, 5, 3, 16), (2, 5, 3, 16), dtype=jnp.float32)
+    pos = jnp.array([0, 3, 4, 9, 100])
+    grad = jax.grad(lambda x: jnp.sum(ops.apply_rope(
+        x, jnp.stack([pos, pos]), theta=500.0, fraction=fraction).astype(jnp.float32) * w))(
+            x.astype(dtype))
+    assert grad.dtype == dtype
+    assert_close(grad.astype(jnp.float32), numpy_rope(w, -np.asarray(pos), 500.0, fraction),
+                 1e-5 if dtype == jnp.float32 else 1e-2)
+
+
 def test_rope_is_relative():
     """Rotated dot products depend only on position differences."""
     q, k = normals(2, (1, 1, 1, 8), (1, 1, 1, 8), dtype=jnp.float32)
