@@ -80,7 +80,9 @@ class BlockSizes:
       barriers; with documents 166 registers both. A forward option: saving T (training,
       where T is then stored as soon as made) it costs 2 registers at the exact merges (2
       programs an SM either way) and a program an SM with the TF32 merges (167 → 172
-      registers); at K 256 255 registers and 68 B of spills.
+      registers); at K 256 255 registers and 68 B of spills. Default for a forward alone at
+      K 128 (session 20, kernel time on the H200: `chunk_prepare` 403 → 385 µs, the forward
+      0.848 → 0.817 ms; in training 357 → 424 µs, at K 256 even).
     store_state_first: the sequential forward stores the state entering a chunk before its
       W S product rather than after, while the chunk's loads are in flight, as fla's does.
     reverse_small_scales: the reverse state-gradient pass applies the row scales (the
@@ -199,7 +201,8 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     pipelined at 3 stages (K 256: fwd+bwd 3.20 → 2.99 ms, 2 stages 3.15; K 128: 2.92 →
     2.89, call b). Session 15: a forward alone at K 128 merges the inverse's blocks in TF32
     (Round 18: forward 0.941 → 0.902 and 1.01 → 0.934 ms in two calls; at K 256 and in
-    training no gain, 0.769 → 0.771, fwd+bwd 2.92 → 2.97 at K 128). Below K 128 nothing of
+    training no gain, 0.769 → 0.771, fwd+bwd 2.92 → 2.97 at K 128); session 20: and reads
+    all of `chunk_prepare`'s inputs first (its kernels 0.848 → 0.817 ms). Below K 128 nothing of
     Round 10 was measured, and float32 inputs need twice the shared memory (K 128's V 64 at 4
     stages asks 280 KB of the H200's 227, session 12 call b): the earlier defaults stay there
     (a forward alone below K 128 fused in V tiles of 64). Session 16 (call a): training
@@ -221,7 +224,8 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
                      outputs_value_block=min(value_dim, 128), outputs_key_block=64,
                      outputs_num_stages=3, pipelined_key_gradients=True, gradient_num_stages=3,
                      pipelined_pair_gradients=True)
-    k128 = dict(forward_state_num_stages=4, tf32_merges=not training)
+    k128 = dict(forward_state_num_stages=4, tf32_merges=not training,
+                prepare_loads_first=not training)
     wider = dict(forward_state_key_block=64, forward_state_num_warps=4,
                  forward_state_num_stages=2, value_block=min(value_dim, 64))
     by_key_dim = k128 if key_dim == 128 else wider
