@@ -271,7 +271,7 @@ NHA_VARIANTS = {
     "slot backward split w4": dict(split_slot_backward=True, slot_backward_num_warps=4),
     "slot backward split w4 inputs tiled": dict(split_slot_backward=True,
                                                 slot_backward_num_warps=4, slot_input_block=64),
-    # (without the feature tiles, which the GPU takes only split at 4 warps)
+    # (the form before the feature tiles; with them at 8 warps see nha_kernel's variants)
     "slot backward unsplit w8": dict(split_slot_backward=False, slot_backward_num_warps=8,
                                      slot_feature_block=None),
     # the logits, readout, dA / P and dq kernels without the feature tiles of 64 (nha/NOTES.md,
