@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import struct
+from flax import nnx, struct
 
 
 @struct.dataclass
@@ -213,7 +213,12 @@ def cache_nbytes(cache: Any) -> int:
 
 def decode_cache_bytes(model: Any, batch: int, max_len: int) -> dict[str, int]:
     """Bytes of `model.init_cache(batch, max_len)` (built abstractly): in all, in KV caches
-    (attention, Oryx's attention mode) and in fixed-size recurrent states (the rest)."""
+    (attention, Oryx's attention mode) and in fixed-size recurrent states (the rest). A model
+    with scanned layers (which cannot decode) is counted as its unscanned form, built
+    abstractly too: the cache does not depend on how the layers are stored."""
+    if getattr(model.config, "scan_layers", False):
+        config = model.config.replace(scan_layers=False)
+        model = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
     cache = jax.eval_shape(lambda: model.init_cache(batch, max_len))
     kv = sum(cache_nbytes(c) for c in jax.tree.leaves(
         cache, is_leaf=lambda x: isinstance(x, AttentionCache)) if isinstance(c, AttentionCache))

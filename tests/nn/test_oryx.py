@@ -202,6 +202,17 @@ def test_decode_cache_holds_both_states_and_reports_its_bytes():
         assert sizes["cache_bytes"] == sizes["cache_kv_bytes"] + sizes["cache_state_bytes"]
 
 
+def test_decode_cache_bytes_of_a_scanned_model_are_its_unscanned_forms():
+    """A scanned model cannot decode (`init_cache` refuses it); its cache's bytes are those of
+    the same model unscanned (an evaluation of a `--scan-layers` run reports them)."""
+    from hybrid_jax.cache import decode_cache_bytes
+
+    config = CONFIGS["gdn"]
+    sizes = [decode_cache_bytes(nnx.eval_shape(lambda scan=scan: hj.LanguageModel(
+        config.replace(scan_layers=scan), rngs=nnx.Rngs(0))), 2, T) for scan in (False, True)]
+    assert sizes[0] == sizes[1] and sizes[0]["cache_kv_bytes"] > 0
+
+
 def test_schedules_for_training_and_inference():
     from hybrid_jax.config import ModeSchedule
     from hybrid_jax.modes import batch_modes, inference_modes, training_modes
