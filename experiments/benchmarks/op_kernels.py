@@ -103,8 +103,9 @@ def main() -> None:
             for label, fn in kernel_variants(name, shape, only=variants, segment_ids=ids,
                                              window=args.window).items():
                 fwd, fwd_bwd = forward_and_backward(fn, len(inputs))
-                passes.update({f"fwd {label}": fwd} if args.forwards else {},
-                              **{f"fwd+bwd {label}": fwd_bwd})
+                if args.forwards:
+                    passes[f"fwd {label}"] = fwd
+                passes[f"fwd+bwd {label}"] = fwd_bwd
         for label, fn in passes.items():
             try:
                 summary = profile(fn, inputs)
