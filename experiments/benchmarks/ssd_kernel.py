@@ -4,7 +4,8 @@
          reference on the same values in float32 (highest matmul precision): relative error of
          y, the final state and the gradients of every input, with documents, initial states,
          odd lengths, G < H and head / state dims 64 / 128 / 256 (and mamba2-340m's heads:
-         P 64, N 128, one group); passes below 1e-2. `changes` (linear_ops `--check-changes`)
+         P 64, N 128, one group), Mamba-2's skip D in every case (y's cotangent
+         bf16-representable, so dD = Σ dy·x compares like with like); passes below 1e-2. `changes` (linear_ops `--check-changes`)
          replaces fields of every case's default tiles: an option's check before it is a
          default.
   sweep  each kernel alone under its tile / warp / stage variants at one shape (4 × 8192, H16,
@@ -40,7 +41,7 @@ CHECKS = (  # batch, length, heads, groups, P, N, documents
     (1, 333, 2, 2, 256, 64, True),
     (2, 1000, 4, 1, 64, 128, True),  # mamba2-340m's heads (H/G 32 there)
 )
-GRAD_NAMES = ("x", "dt", "A", "B", "C", "initial_state")
+GRAD_NAMES = ("x", "dt", "A", "B", "C", "initial_state", "D")
 
 
 def _check_inputs(batch, length, heads, groups, P, N, documents, seed=0):
@@ -52,19 +53,21 @@ def _check_inputs(batch, length, heads, groups, P, N, documents, seed=0):
                   A=-jnp.exp(jax.random.uniform(next(keys), (heads,), minval=-1.0, maxval=1.0)),
                   B=bf16(normal(batch, length, groups, N) / np.sqrt(N)),
                   C=bf16(normal(batch, length, groups, N) / np.sqrt(N)),
-                  initial_state=normal(batch, heads, P, N))
+                  initial_state=normal(batch, heads, P, N),
+                  # its own key: the other inputs stay the draws of the checks before D
+                  D=jax.random.normal(jax.random.key(seed + 1), (heads,), jnp.float32))
     ids = None
     if documents:  # a start with probability 1/150 per token: mean document ~150 tokens
         starts = jax.random.uniform(next(keys), (batch, length)) < 1 / 150
         ids = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
-    weights = (normal(batch, length, heads, P), normal(batch, heads, P, N))
+    weights = (bf16(normal(batch, length, heads, P)), normal(batch, heads, P, N))
     return inputs, ids, weights
 
 
 def _values_and_grads(impl: str, inputs, ids, weights, dtype):
-    def fn(x, dt, A, B, C, initial_state):
+    def fn(x, dt, A, B, C, initial_state, D):
         return ssd(x.astype(dtype), dt.astype(dtype), A, B.astype(dtype), C.astype(dtype),
-                   initial_state=initial_state, segment_ids=ids, return_final_state=True,
+                   initial_state=initial_state, segment_ids=ids, return_final_state=True, D=D,
                    implementation=impl)
 
     @jax.jit

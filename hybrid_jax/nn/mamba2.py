@@ -178,21 +178,22 @@ class Mamba2Mixer(nnx.Module):
         """The SSD plus the D skip, `y [B,T,H,P]` in x's (the compute) dtype, and with `state`
         (decoding: one token with the step, more chunked) the new state, else None.
 
-        y is summed in float32 and rounded once, as mamba_ssm's kernels return it: the gated
-        norm takes it to float32 again, and a float32 y kept for the norm's backward cost
-        6 KB a token and layer at mamba2-130m (of 25.4)."""
-        A = -jnp.exp(self.A_log[...])
+        The op adds the skip (`ssd(D=)`): y is summed in float32 and rounded once, as
+        mamba_ssm's kernels return it (the gated norm takes it to float32 again, and a float32
+        y kept for the norm's backward cost 6 KB a token and layer at mamba2-130m, of 25.4);
+        the GPU kernel that writes y adds it, saving an XLA pass over y and x."""
+        A, D = -jnp.exp(self.A_log[...]), self.D[...]
         if state is None:  # training / eval: the context-parallel form when the mesh has one
             y = context_parallel.ssd(x, dt, A, B, C, chunk_size=self.chunk_size,
-                                     segment_ids=segment_ids, implementation=self.implementation)
+                                     segment_ids=segment_ids, D=D,
+                                     implementation=self.implementation)
         elif x.shape[1] == 1:
-            y, state = ssd_step(state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
+            y, state = ssd_step(state, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D)
             y = y[:, None]
         else:
             y, state = ssd(x, dt, A, B, C, chunk_size=self.chunk_size, initial_state=state,
-                           return_final_state=True, implementation=self.implementation)
-        y = y.astype(jnp.float32) + self.D[...][:, None] * x.astype(jnp.float32)
-        return y.astype(x.dtype), state
+                           return_final_state=True, D=D, implementation=self.implementation)
+        return y, state
 
     def output(self, y_BTHP: jax.Array, x_BTD: jax.Array) -> jax.Array:
         """`out_proj(RMSNorm_G(y ⊙ silu(z)))` with z = `z_proj(x_BTD)` (`out_proj(y)` without

@@ -3,12 +3,13 @@
 Per head h (using B/C group g = h // (H/G)), with state `S_t` of shape `[P, N]`:
 
     S_t = exp(dt_t·A_h) · S_{t−1} + dt_t · x_t B_tᵀ
-    y_t = S_t C_t
+    y_t = S_t C_t + D_h · x_t
 
-(no D skip; the module adds it). Rungs: "pallas" (the kernels of `pallas_kernels/ssd`, GPU or
-TPU), "xla" (the chunked four-step SSD algorithm of Dao & Gu 2024) and "reference" (per-token
-`lax.scan`, the definition); `ssd_step` is the decode step. Decays, cumulative sums and states
-are float32 (float64 stays float64); y has x's dtype.
+(the D skip optional: Mamba-2's; the "pallas" rung adds it in the kernel that writes y, which
+saves the model an XLA pass over y and x). Rungs: "pallas" (the kernels of
+`pallas_kernels/ssd`, GPU or TPU), "xla" (the chunked four-step SSD algorithm of Dao & Gu
+2024) and "reference" (per-token `lax.scan`, the definition); `ssd_step` is the decode step.
+Decays, cumulative sums and states are float32 (float64 stays float64); y has x's dtype.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def ssd(
     initial_state: jax.Array | None = None,
     return_final_state: bool = False,
     segment_ids: jax.Array | None = None,
+    D: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The SSD recurrence over a sequence.
@@ -53,6 +55,8 @@ def ssd(
       return_final_state: also return the state after the last token.
       segment_ids: `[B, T]` packed-document ids; the state resets at each document start
         (`hybrid_jax.ops.segments`).
+      D: `[H]` skip weights, or None (no skip): y_t gains D_h·x_t, summed in float32 (or the
+        compute dtype) with the state's readout and rounded once.
       implementation: "reference", "xla", "pallas" or None (auto: "pallas" on a GPU where the
         kernels take the call, e.g. head and state dims in 64/128/256; else "xla", logged).
         On a TPU "pallas" runs the Mosaic kernels (dims 64/128/256) only when named: they
@@ -64,10 +68,23 @@ def ssd(
     """
     check_ssm_inputs(_OP, x, dt, A, B, C, chunk_size, initial_state, dt_layout="BTH",
                      A_layout="H")
+    _check_skip(_OP, x, D)
     starts = document_starts(_OP, segment_ids, x.shape[0], x.shape[1])
     y, final_state = dispatch(_OP, _RUNGS, implementation, x, dt, A, B, C,
-                              chunk_size=chunk_size, initial_state=initial_state, starts=starts)
+                              chunk_size=chunk_size, initial_state=initial_state, starts=starts,
+                              D=D)
     return (y, final_state) if return_final_state else y
+
+
+def _check_skip(op: str, x: jax.Array, D: jax.Array | None) -> None:
+    if D is not None:
+        check_dims(op, {"H": x.shape[-2]}, D=(D, "H"))
+        check_floating(op, D=D)
+
+
+def _plus_skip(y: jax.Array, x: jax.Array, D: jax.Array | None) -> jax.Array:
+    """y + D_h·x (heads on axis −2) in y's (the compute) dtype; y itself without D."""
+    return y if D is None else y + D.astype(y.dtype)[:, None] * x.astype(y.dtype)
 
 
 def _by_group(a: jax.Array, num_groups: int, axis: int) -> jax.Array:
@@ -77,13 +94,14 @@ def _by_group(a: jax.Array, num_groups: int, axis: int) -> jax.Array:
 
 
 def ssd_step(
-    state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array
+    state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,
+    D: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One token of the recurrence (decoding).
 
     Args:
       state: `[B, H, P, N]` state before the token.
-      x: `[B, H, P]`; dt: `[B, H]`; A: `[H]`; B, C: `[B, G, N]`.
+      x: `[B, H, P]`; dt: `[B, H]`; A: `[H]`; B, C: `[B, G, N]`; D: `[H]` skip or None.
 
     Returns:
       `(y [B, H, P] in x's dtype, new state [B, H, P, N] float32/float64)`.
@@ -91,6 +109,7 @@ def ssd_step(
     sizes = check_dims(_OP + "_step", {}, state=(state, "BHPN"), x=(x, "BHP"), dt=(dt, "BH"),
                        A=(A, "H"), B=(B, "BGN"), C=(C, "BGN"))
     check_floating(_OP + "_step", state=state, x=x, dt=dt, A=A, B=B, C=C)
+    _check_skip(_OP + "_step", x, D)
     check_divides(_OP + "_step", "num_groups must divide num_heads", sizes["G"], sizes["H"])
     dtype = compute_dtype(state, x, dt, A, B, C)
     G = sizes["G"]
@@ -100,11 +119,11 @@ def ssd_step(
     state_g = _by_group(state.astype(dtype), G, 1)  # [b,g,r,p,n]
     state_g = (decay[..., None, None] * state_g
                + jnp.einsum("bgrp,bgn->bgrpn", x_g * dt_g[..., None], B))
-    y = jnp.einsum("bgrpn,bgn->bgrp", state_g, C)
-    return y.reshape(x.shape).astype(x.dtype), state_g.reshape(state.shape)
+    y = jnp.einsum("bgrpn,bgn->bgrp", state_g, C).reshape(x.shape)
+    return _plus_skip(y, x, D).astype(x.dtype), state_g.reshape(state.shape)
 
 
-def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts):
+def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts, D):
     """The definition: `ssd_step` token by token with `lax.scan`, the state zeroed at
     document starts."""
     del chunk_size
@@ -117,7 +136,7 @@ def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts):
 
     def step(state, token):
         start, token = token[0], token[1:]
-        y, state = ssd_step(reset_state(state, start), *token[:2], A, *token[2:])
+        y, state = ssd_step(reset_state(state, start), *token[:2], A, *token[2:], D)
         return state, y
 
     tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
@@ -125,7 +144,7 @@ def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     return jnp.moveaxis(y, 0, 1), final_state
 
 
-def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
+def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts, D):
     """Chunked SSD: quadratic attention-like form inside chunks, a state scan across chunks.
 
     Memory: O(T·H·(P + L)) for the within-chunk blocks plus O(T/L·H·P·N) chunk states; the
@@ -162,10 +181,10 @@ def ssd_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     y_off = jnp.einsum("bctgn,bcgrpn,bctgr->bctgrp", C_c, entering, jnp.exp(cum_log_decay))
 
     y = (y_diag + y_off).reshape(batch, -1, H, P)[:, :T]
-    return y.astype(x.dtype), final_state.reshape(batch, H, P, N)
+    return _plus_skip(y, x, D).astype(x.dtype), final_state.reshape(batch, H, P, N)
 
 
-def ssd_pallas(x, dt, A, B, C, *, chunk_size, initial_state, starts):
+def ssd_pallas(x, dt, A, B, C, *, chunk_size, initial_state, starts, D):
     """The Pallas kernels on each device's batch and heads (A and the B/C groups split with
     the heads); they take document ids, so the starts become running ids. A zero initial
     state is passed in (not made by the kernels' entry point), so that under a mesh it is
@@ -176,18 +195,20 @@ def ssd_pallas(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     if initial_state is None:
         initial_state = jnp.zeros(x.shape[:1] + x.shape[2:] + B.shape[3:], jnp.float32)
 
-    def kernel(x, dt, A, B, C, segment_ids, initial_state):
+    def kernel(x, dt, A, B, C, segment_ids, initial_state, D):
         return pallas_ssd.ssd(x, dt, A, B, C, segment_ids=segment_ids,
-                              initial_state=initial_state, backend=platform)
+                              initial_state=initial_state, D=D, backend=platform)
 
-    return shard_kernel(_OP, kernel, (x, dt, A, B, C, segment_ids, initial_state),
-                        ("BTHP", "BTH", "H", "BTGN", "BTGN", "BT", "BHPN"), ("BTHP", "BHPN"))
+    return shard_kernel(_OP, kernel, (x, dt, A, B, C, segment_ids, initial_state, D),
+                        ("BTHP", "BTH", "H", "BTGN", "BTGN", "BT", "BHPN", "H"),
+                        ("BTHP", "BHPN"))
 
 
-def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts) -> str | None:
+def _pallas_unsupported(x, dt, A, B, C, *, chunk_size, initial_state, starts, D
+                        ) -> str | None:
     if backend() not in ("gpu", "tpu"):
         return f"needs a GPU or TPU backend, running on {backend()}"
-    return pallas_ssd.unsupported(x, dt, A, B, C, initial_state=initial_state,
+    return pallas_ssd.unsupported(x, dt, A, B, C, initial_state=initial_state, D=D,
                                   backend=backend())
 
 

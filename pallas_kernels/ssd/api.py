@@ -2,8 +2,9 @@
 
 Per head h (B/C group g = h // (H/G)), state `S_t` `[P, N]`:
 
-    S_t = exp(dt_t·A_h)·S_{t−1} + dt_t·x_t B_tᵀ,    y_t = S_t C_t
+    S_t = exp(dt_t·A_h)·S_{t−1} + dt_t·x_t B_tᵀ,    y_t = S_t C_t (+ D_h·x_t)
 
+(the D skip optional: Mamba-2's, added by the GPU kernel that writes y, before its one rounding)
 with packed documents (`segment_ids`: a token whose id differs from the previous one starts a
 document; the state is zero before it, and the first token of the call continues
 `initial_state`). This is the contract of `hybrid_jax.ops.ssd` (whose "pallas" rung calls
@@ -41,6 +42,7 @@ def ssd(
     *,
     segment_ids: jax.Array | None = None,
     initial_state: jax.Array | None = None,
+    D: jax.Array | None = None,
     block_sizes: BlockSizes | None = None,
     backend: str | None = None,
     interpret: bool = False,
@@ -52,6 +54,8 @@ def ssd(
       B, C: `[B, T, G, N]`, G dividing H.
       segment_ids: `[B, T]` integer document ids, or None (one document per row).
       initial_state: `[B, H, P, N]`, or None for zeros.
+      D: `[H]` skip weights (Mamba-2's D), or None: y_t + D_h·x_t. The GPU kernels add it in
+        float32 before y's rounding; on a TPU XLA adds it to the kernels' y.
       block_sizes: tiles and sequence segments (default `default_block_sizes(P, N, backend,
         itemsize=x.dtype.itemsize)`; its `segments` None: chosen by
         `segments.choose_segments` on a GPU, 1 on a TPU or interpreted).
@@ -64,7 +68,7 @@ def ssd(
       `(y [B, T, H, P] in x's dtype, final state [B, H, P, N] float32)`.
     """
     reason = unsupported(x, dt, A, B, C, segment_ids=segment_ids, initial_state=initial_state,
-                         backend=backend, interpret=interpret)
+                         D=D, backend=backend, interpret=interpret)
     if reason is not None:
         raise ValueError(f"pallas ssd: {reason}")
     backend = backend or _platform(interpret)
@@ -102,8 +106,9 @@ def ssd(
     st = Static(blocks=blocks, group=heads // groups, documents=doc is not None,
                 interpret=interpret)
     C = pad(C.astype(x.dtype))
+    skip = None if D is None else D.astype(jnp.float32)
     y, final_state = _core(st, backend, rows(x), head_major(dt), head_major(log_decay),
-                           rows(B.astype(x.dtype)), segments.split(C, S), doc, s0)
+                           rows(B.astype(x.dtype)), segments.split(C, S), doc, s0, skip)
     if S > 1:
         y, final_state = segments.combine(y, final_state, log_decay, starts, C, S)
     else:
@@ -111,33 +116,48 @@ def ssd(
     return y[:, :length], final_state
 
 
+def _forward(st, backend, x, dt, a, B, C, doc, s0, skip, *, store_states):
+    """The backend's forward kernels; the skip inside the GPU's, after the TPU's."""
+    if backend == "gpu":
+        return gpu.forward(x, dt, a, B, C, doc, s0, st, store_states=store_states, skip=skip)
+    y, *rest = tpu.forward(x, dt, a, B, C, doc, s0, st, store_states=store_states)
+    if skip is not None:
+        y = (y.astype(jnp.float32) + skip[:, None] * x.astype(jnp.float32)).astype(y.dtype)
+    return y, *rest
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _core(st, backend, x, dt, a, B, C, doc, s0):
-    return tuple(_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st, store_states=False))
+def _core(st, backend, x, dt, a, B, C, doc, s0, skip):
+    return tuple(_forward(st, backend, x, dt, a, B, C, doc, s0, skip, store_states=False))
 
 
-def _core_fwd(st, backend, x, dt, a, B, C, doc, s0):
-    y, final_state, states = saved(*_KERNELS[backend].forward(x, dt, a, B, C, doc, s0, st,
-                                                              store_states=True))
-    return (y, final_state), (x, dt, a, B, C, doc, states)
+def _core_fwd(st, backend, x, dt, a, B, C, doc, s0, skip):
+    y, final_state, states = saved(*_forward(st, backend, x, dt, a, B, C, doc, s0, skip,
+                                             store_states=True))
+    return (y, final_state), (x, dt, a, B, C, doc, states, skip)
 
 
 def _core_bwd(st, backend, residuals, cotangents):
     kernels = _KERNELS[backend]
-    x, dt, a, B, C, doc, states = residuals
+    x, dt, a, B, C, doc, states, skip = residuals
     dy, d_final = cotangents
     dy = dy.astype(x.dtype)
     d_states, d_initial, kept = kernels.state_grads(dy, a, C, doc, states,
                                                     d_final.astype(jnp.float32), st)
     dx, d_dt, d_a, dB, dC = kernels.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states,
                                                 kept, st)
-    return dx, d_dt, d_a, dB.astype(B.dtype), dC.astype(C.dtype), None, d_initial
+    d_skip = None
+    if skip is not None:  # y += skip_h·x: XLA fuses both sums into one pass over dy and x
+        dy32 = dy.astype(jnp.float32)
+        dx = (dx.astype(jnp.float32) + skip[:, None] * dy32).astype(dx.dtype)
+        d_skip = jnp.einsum("bthp,bthp->h", dy32, x.astype(jnp.float32))
+    return dx, d_dt, d_a, dB.astype(B.dtype), dC.astype(C.dtype), None, d_initial, d_skip
 
 
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend=None,
+def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, D=None, backend=None,
                 interpret=False) -> str | None:
     """None when the kernels can run this call, else the reason. `backend` as in `ssd`. On an
     accelerator: head and state dims in `DIMS`; bf16 / f16 / f32 inputs on the GPU, bf16 / f32
@@ -154,6 +174,8 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend
         return f"B and C must both be [{batch}, {length}, G, N], got {B.shape} and {C.shape}"
     if heads % groups:
         return f"groups G={groups} must divide heads H={heads}"
+    if D is not None and D.shape != (heads,):
+        return f"D must be [H] = {(heads,)}, got {D.shape}"
     if initial_state is not None and initial_state.shape != (batch, heads, head_dim, state_dim):
         return (f"initial_state must be {(batch, heads, head_dim, state_dim)}, got "
                 f"{initial_state.shape}")
@@ -161,7 +183,7 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, backend
                                     or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
         return (f"segment_ids must be integer [{batch}, {length}], got {segment_ids.dtype} "
                 f"{segment_ids.shape}")
-    arrays = dict(x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state)
+    arrays = dict(x=x, dt=dt, A=A, B=B, C=C, initial_state=initial_state, D=D)
     for name, array in arrays.items():
         if array is not None and array.dtype not in _DTYPES:
             return f"{name} has dtype {array.dtype}; the kernels take bfloat16, float16, float32"

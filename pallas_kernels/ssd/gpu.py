@@ -91,12 +91,14 @@ def _decay_loader(st: Static, L: int, dt_ref, a_ref, doc_ref):
 # --- forward ---------------------------------------------------------------------------------
 
 
-def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
+def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool, with_skip: bool):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
     split = st.blocks.split_forward
     local_ref = refs[5 + st.documents] if split else None
-    s0_ref, y_ref, final_ref = refs[5 + st.documents + split:8 + st.documents + split]
+    skip_ref = refs[5 + st.documents + split] if with_skip else None
+    first = 5 + st.documents + split + with_skip
+    s0_ref, y_ref, final_ref = refs[first:first + 3]
     states_ref = refs[-1] if store_states else None
     L = st.blocks.chunk
     dtype = x_ref.dtype  # matmul operands
@@ -109,7 +111,8 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
         # first tile read, so ptxas issues them while C·Bᵀ runs on the tensor cores.
         decay = pair_decay(w.cum, doc) if st.blocks.decays_first and not split else None
         keys, queries = b_ref[rows, :], c_ref[rows, :]
-        u = x_ref[rows, :].astype(F32) * dt[:, None]  # [L, block_p]
+        x = x_ref[rows, :].astype(F32)  # [L, block_p]
+        u = x * dt[:, None]
         if split:  # the within-chunk part came from `chunk_outputs`
             y = local_ref[rows, :].astype(F32)
         else:
@@ -117,6 +120,8 @@ def _forward_kernel(*refs, st: Static, num_chunks: int, store_states: bool):
             scores *= pair_decay(w.cum, doc) if decay is None else decay
             y = mm(scores.astype(dtype), u.astype(dtype))
         y += w.into[:, None] * mm_nt(queries, state.astype(dtype))
+        if with_skip:  # Mamba-2's D·x, added before y's one rounding
+            y += jnp.sum(skip_ref[...]) * x
         y_ref[rows, :] = y.astype(y_ref.dtype)
         if store_states:
             states_ref[c] = state.astype(states_ref.dtype)
@@ -173,11 +178,12 @@ def chunk_states(x, dt, a, B, doc, s0, st: Static):
     return states, final
 
 
-def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
+def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool, skip=None):
     """y `[B, T, H, P]` (x's dtype), the final state (float32) and, with `store_states`, the
     state entering every chunk `[B, H, NC, P, N]` (x's dtype). With `split_forward` the
     within-chunk outputs come first from `chunk_outputs` (every chunk in parallel), and the
-    loop over chunks only reads the entering state out and updates it."""
+    loop over chunks only reads the entering state out and updates it. `skip` `[H]` float32
+    (Mamba-2's D), or None: y_t + skip_h·x_t, added by the kernel that writes y."""
     batch, length, heads, P = x.shape
     N = B.shape[-1]
     L, BP, group = st.blocks.chunk, st.blocks.block_p, st.group
@@ -186,7 +192,7 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         a = chunk_cumsum(a, L)
     if st.blocks.state_pass:
         states, final = chunk_states(x, dt, a, B, doc, s0, st)
-        y = chunk_outputs(x, dt, a, B, C, doc, st, states=states)
+        y = chunk_outputs(x, dt, a, B, C, doc, st, states=states, skip=skip)
         return (y, final, states) if store_states else (y, final)
     seq = lambda d: pl.BlockSpec((None, length, None, d), lambda b, h, p: (b, 0, h, p))
     keys = pl.BlockSpec((None, length, None, N), lambda b, h, p: (b, 0, h // group, 0))
@@ -199,6 +205,10 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
     if st.blocks.split_forward:
         local = (chunk_outputs(x, dt, a, B, C, doc, st),)
         in_specs.append(seq(BP))
+    skips = ()
+    if skip is not None:
+        skips = (skip.reshape(heads, 1),)
+        in_specs.append(pl.BlockSpec((None, 1), lambda b, h, p: (h, 0)))
     out_specs = [seq(BP), tile]
     out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(s0.shape, F32)]
     if store_states:
@@ -207,18 +217,19 @@ def forward(x, dt, a, B, C, doc, s0, st: Static, *, store_states: bool):
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, P, N), x.dtype))
     return pallas_call(
         functools.partial(_forward_kernel, st=st, num_chunks=num_chunks,
-                          store_states=store_states),
+                          store_states=store_states, with_skip=skip is not None),
         grid=(batch, heads, P // BP), in_specs=in_specs + [tile], out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=triton_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="ssd_forward",
-    )(x, dt, a, B, C, *_doc_args(st, doc), *local, s0)
+    )(x, dt, a, B, C, *_doc_args(st, doc), *local, *skips, s0)
 
 
-def _chunk_outputs_kernel(*refs, st: Static, with_states: bool):
+def _chunk_outputs_kernel(*refs, st: Static, with_states: bool, with_skip: bool):
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc = refs[5][...] if st.documents else None
     states_ref = refs[5 + st.documents] if with_states else None
+    skip_ref = refs[5 + st.documents + with_states] if with_skip else None
     y_ref = refs[-1]
     raw_scores = mm_nt(c_ref[...], b_ref[...])  # C_t·B_s, shared by the group's heads
     L = raw_scores.shape[0]
@@ -230,20 +241,26 @@ def _chunk_outputs_kernel(*refs, st: Static, with_states: bool):
         decay = pair_decay(w.cum, doc)
         # scores_ts dt_s: dt scales the columns, so x is the operand as loaded.
         scores = (raw_scores * (decay * dt[None, :])).astype(x_ref.dtype)
-        y = mm(scores, x_ref[:, r, :])
+        x = x_ref[:, r, :]
+        y = mm(scores, x)
         if with_states:  # the entering state read out: e^{cum_t} C_t·S (`state_pass`)
             y += w.into[:, None] * mm_nt(c_ref[...], states_ref[r])
+        if with_skip:  # Mamba-2's D·x, added before y's one rounding
+            y += jnp.sum(skip_ref[pl.ds(r, 1)]) * x.astype(F32)
         y_ref[:, r, :] = y.astype(y_ref.dtype)
         return carry
 
     lax.fori_loop(0, st.group, head, 0)
 
 
-def chunk_outputs(x, dt, a, B, C, doc, st: Static, states=None):
+def chunk_outputs(x, dt, a, B, C, doc, st: Static, states=None, skip=None):
     """Each chunk's outputs from its own inputs only, Σ_{s ≤ t} (C_t·B_s) e^{cum_t − cum_s}
     dt_s x_s, `[B, T, H, P]` in x's dtype: every (batch, group, chunk) in parallel, a loop
     over the group's heads sharing C·Bᵀ. With `states` (`state_pass`: the state entering
-    every chunk, `[B, H, NC, P, N]`) plus its readout e^{cum_t} C_t·S: the whole output."""
+    every chunk, `[B, H, NC, P, N]`) plus its readout e^{cum_t} C_t·S: the whole output,
+    and then with `skip` (`[H]` float32) plus skip_h·x_t."""
+    if skip is not None and states is None:
+        raise ValueError("chunk_outputs adds the skip only to the whole output (with states)")
     batch, length, heads, P = x.shape
     groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
@@ -255,13 +272,18 @@ def chunk_outputs(x, dt, a, B, C, doc, st: Static, states=None):
         in_specs.append(pl.BlockSpec((None, L), lambda b, g, c: (b, c)))
     if states is not None:  # `[B, H, NC, P, N]`: the group's heads at chunk c
         in_specs.append(pl.BlockSpec((None, R, None, P, N), lambda b, g, c: (b, g, c, 0, 0)))
+    skips = ()
+    if skip is not None:  # `[G, R]`: the group's heads
+        skips = (skip.reshape(groups, R),)
+        in_specs.append(pl.BlockSpec((None, R), lambda b, g, c: (g, 0)))
     return pallas_call(
-        functools.partial(_chunk_outputs_kernel, st=st, with_states=states is not None),
+        functools.partial(_chunk_outputs_kernel, st=st, with_states=states is not None,
+                          with_skip=skip is not None),
         grid=(batch, groups, length // L), in_specs=in_specs, out_specs=heads_of,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         compiler_params=triton_params(st.blocks.local_num_warps, st.blocks.local_num_stages),
         interpret=st.interpret, name="ssd_chunk_outputs",
-    )(x, dt, a, B, C, *_doc_args(st, doc), *(() if states is None else (states,)))
+    )(x, dt, a, B, C, *_doc_args(st, doc), *(() if states is None else (states,)), *skips)
 
 
 # --- backward: the reverse pass over chunks ---------------------------------------------------

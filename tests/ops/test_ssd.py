@@ -59,6 +59,31 @@ def test_rungs_match_numpy(x64, T):
                      f"T={T} {name}")
 
 
+def test_skip_d_on_every_rung_and_step(x64):
+    """y_t + D_h·x_t (Mamba-2's skip) against the numpy definition plus D·x, on the reference
+    and chunked rungs and token by token with the step; its gradient w.r.t. D is Σ dy·x."""
+    args, s0 = _inputs(37, seed=6)
+    x = args[0]
+    D = normals(7, (H,))
+    expected_y, expected_final = numpy_ssd(*args, s0)
+    expected_y = expected_y + np.asarray(D)[:, None] * np.asarray(x)
+    for impl in ("reference", "xla"):
+        out = jax.jit(lambda a, s, d, impl=impl: ssd(*a, chunk_size=16, initial_state=s, D=d,
+                                                     return_final_state=True,
+                                                     implementation=impl))(args, s0, D)
+        assert_close(out, (expected_y, expected_final), 1e-12, impl)
+    step = jax.jit(ssd_step)
+    state, ys = s0, []
+    for t in range(x.shape[1]):
+        y_t, state = step(state, x[:, t], args[1][:, t], args[2], args[3][:, t], args[4][:, t], D)
+        ys.append(y_t)
+    assert_close((jnp.stack(ys, axis=1), state), (expected_y, expected_final), 1e-12, "steps")
+    weights = normals(8, x.shape)
+    grad = jax.grad(lambda d: jnp.sum(weights * ssd(*args, initial_state=s0, D=d,
+                                                    implementation="xla")))(D)
+    assert_close(grad, jnp.einsum("bthp,bthp->h", weights, x), 1e-12, "dD")
+
+
 def _loss(impl, chunk_size=16):
     """A scalar touching every output and the final state, with uneven weights."""
 
@@ -161,6 +186,8 @@ def test_memory_is_linear_in_length_without_per_token_states():
         (dict(x=lambda x: x.astype(jnp.int32)), "x must be a floating-point array"),
         (dict(initial_state=lambda s: s[..., :2]), "axis N of initial_state"),
         (dict(chunk_size=0), "chunk_size must be a positive int"),
+        (dict(D=jnp.ones((H + 1,))), "axis H of D"),
+        (dict(D=jnp.ones((H,), jnp.int32)), "D must be a floating-point array"),
         (dict(implementation="cudnn"), "implementation='cudnn' is not available"),
         (dict(implementation="pallas"), "implementation='pallas' cannot run this call"),
     ],

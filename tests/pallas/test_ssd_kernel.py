@@ -63,30 +63,35 @@ def documents(length: int) -> np.ndarray:
 
 
 def kernel_fn(segment_ids, with_initial=True, blocks=TINY, backend=None):
-    def fn(x, dt, A, B, C, initial_state):
+    def fn(x, dt, A, B, C, initial_state, D=None):
         return api.ssd(x, dt, A, B, C, segment_ids=segment_ids,
-                       initial_state=initial_state if with_initial else None,
+                       initial_state=initial_state if with_initial else None, D=D,
                        block_sizes=blocks, backend=backend, interpret=True)
     return fn
 
 
 def reference_fn(segment_ids, with_initial=True):
-    def fn(x, dt, A, B, C, initial_state):
+    def fn(x, dt, A, B, C, initial_state, D=None):
         return ssd_op(x, dt, A, B, C, segment_ids=segment_ids, return_final_state=True,
-                      initial_state=initial_state if with_initial else None,
+                      initial_state=initial_state if with_initial else None, D=D,
                       implementation="reference")
     return fn
 
 
 def values_and_grads(fn, inputs, seed):
-    """(y, final state) and the gradients of Σ w·y + Σ w_f·final w.r.t. every input."""
+    """(y, final state) and the gradients of Σ w·y + Σ w_f·final w.r.t. every input (`NAMES`,
+    then the skip `D` where `inputs` has one)."""
     @jax.jit
     def run(inputs):
-        out, vjp = jax.vjp(fn, *(inputs[n] for n in NAMES))
+        out, vjp = jax.vjp(fn, *(inputs[n] for n in _names(inputs)))
         weights = normals(seed, out[0].shape, out[1].shape, dtype=np.float32)
         return out, vjp(tuple(w.astype(o.dtype) for w, o in zip(weights, out, strict=True)))
 
     return run(inputs)
+
+
+def _names(inputs):
+    return NAMES + (("D",) if "D" in inputs else ())
 
 
 def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY, backend=None):
@@ -98,7 +103,7 @@ def check_against_reference(inputs, segment_ids, with_initial=True, blocks=TINY,
         ids = None if segment_ids is None else jnp.asarray(segment_ids)
         ref_out, ref_grads = values_and_grads(reference_fn(ids, with_initial), wide, seed=7)
         assert_close(out, ref_out, 1e-5, "y, final state")
-        for name, grad, ref in zip(NAMES, grads, ref_grads, strict=True):
+        for name, grad, ref in zip(_names(inputs), grads, ref_grads, strict=True):
             if with_initial or name != "initial_state":
                 assert_close(grad, ref, 1e-5, f"d{name}")
 
@@ -220,6 +225,20 @@ def test_state_pass_on_sequence_segments():
                             dataclasses.replace(STATE_PASS, segments=2))
 
 
+@pytest.mark.parametrize("blocks, backend", [
+    (TINY, None), (SPLIT, None), (dataclasses.replace(STATE_PASS, grads_summed_scores=True), None),
+    (dataclasses.replace(STATE_PASS, segments=2), None), (TINY, "tpu")],
+    ids=["fused", "split_forward", "state_pass_summed", "state_pass_segments", "tpu"])
+def test_skip_d(blocks, backend):
+    """Mamba-2's skip D (`y_t + D_h·x_t`), added by the kernel that writes y (the fused or
+    split forward's loop, the state pass's output kernel; after the TPU kernels): values and
+    every gradient, dD included, against the per-token reference with D; documents, an initial
+    state, G = 2 groups of 2 heads, 19 steps (padded); rows in 2 segments."""
+    inputs = make_inputs(11, batch=2, length=19, heads=4, groups=2)
+    inputs["D"] = normals(12, (4,), dtype=np.float32)
+    check_against_reference(inputs, documents(19), blocks=blocks, backend=backend)
+
+
 def test_sequence_segments_keep_no_float32_per_token_product(capsys):
     """The segments' readout of their entering states (float32 `[B, S−1, L, H, P]`) is
     recomputed in the backward, not kept: with S = 4 it was the op's largest residual (mamba2-340m
@@ -263,28 +282,36 @@ FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
                           (128, 128, 1, True, dict(FUSED_GPU, split_forward=True), 4),
                           (128, 128, 1, True, STATE_PASS_GPU, 4),
                           (128, 128, 1, True, dict(STATE_PASS_GPU, state_vectors_in_step=True), 4),
-                          (64, 256, 4, False, STATE_PASS_GPU, 4)])
+                          (64, 256, 4, False, STATE_PASS_GPU, 4),
+                          # Mamba-2's skip D in the kernel that writes y, in each forward form
+                          (64, 128, 1, True, dict(skip=True), 4),
+                          (128, 128, 1, True, dict(FUSED_GPU, skip=True), 3),
+                          (128, 128, 1, True, dict(FUSED_GPU, split_forward=True, skip=True), 4)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
                                                packed, changes, kernels):
     """Forward and backward build Triton kernels (Pallas' Triton lowering, no GPU needed) at
-    the default tiles, with and without documents, the forward fused or split (either form);
-    the automatic sequence segments (the CPU device has no SM count: `segments.FALLBACK_SMS`)
-    split these rows in 2 (P = N = 128) and 4 (P = 64, N = 256)."""
+    the default tiles, with and without documents, the forward fused or split (either form),
+    with Mamba-2's skip D or without; the automatic sequence segments (the CPU device has no
+    SM count: `segments.FALLBACK_SMS`) split these rows in 2 (P = N = 128) and 4 (P = 64,
+    N = 256)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     batch, length, heads = 2, 1000, 8
     args = (spec(batch, length, heads, head_dim), spec(batch, length, heads),
             spec(heads, dtype=jnp.float32), spec(batch, length, groups, state_dim),
-            spec(batch, length, groups, state_dim), spec(batch, length, dtype=jnp.int32))
+            spec(batch, length, groups, state_dim), spec(batch, length, dtype=jnp.int32),
+            spec(heads, dtype=jnp.float32))
+    changes = dict(changes)
+    skip = changes.pop("skip", False)
 
-    def grads(x, dt, A, B, C, ids):
+    def grads(x, dt, A, B, C, ids, D):
         blocks = dataclasses.replace(default_block_sizes(head_dim, state_dim), **changes)
-        out, vjp = jax.vjp(lambda *a: api.ssd(*a, segment_ids=ids if packed else None,
-                                              block_sizes=blocks), x, dt, A, B, C)
+        out, vjp = jax.vjp(lambda *a: api.ssd(*a[:5], segment_ids=ids if packed else None,
+                                              D=a[5] if skip else None, block_sizes=blocks),
+                           x, dt, A, B, C, D)
         return vjp(out)
 
     text = jax.jit(grads).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    # forward (and chunk_outputs when split), state_grads, chunk_grads
     assert text.count("__gpu$xla.gpu.triton") == kernels
 
 

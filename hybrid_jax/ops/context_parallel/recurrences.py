@@ -105,20 +105,24 @@ def _zeros(shape, dtype):
 
 
 def ssd(x, dt, A, B, C, *, chunk_size=64, initial_state=None, return_final_state=False,
-        segment_ids=None, implementation=None, axis_name=SEQ_AXIS, combine=DEFAULT_COMBINE):
+        segment_ids=None, D=None, implementation=None, axis_name=SEQ_AXIS,
+        combine=DEFAULT_COMBINE):
     """`hybrid_jax.ops.ssd`, context-parallel over `axis_name` (state `[B, H, P, N]`)."""
     op = functools.partial(_ssd, chunk_size=chunk_size, implementation=implementation)
     dtype = compute_dtype(x, dt, A, B, C)
 
-    def run(seq, A, h, ids):
+    def run(seq, params, h, ids):
         x, dt, B, C = seq
-        return op(x, dt, A, B, C, initial_state=h, return_final_state=True, segment_ids=ids)
+        A, D = params
+        return op(x, dt, A, B, C, initial_state=h, return_final_state=True, segment_ids=ids,
+                  D=D)
 
-    def transition(seq, A):  # exp(Σ_t dt_t·A) per head: [B, H, 1, 1]
+    def transition(seq, params):  # exp(Σ_t dt_t·A) per head: [B, H, 1, 1]
+        A = params[0]
         return jnp.exp(jnp.sum(seq[1].astype(dtype), axis=1) * A.astype(dtype))[..., None, None]
 
     return sharded_recurrence(
-        run, transition, (x, dt, B, C), A, initial_state,
+        run, transition, (x, dt, B, C), (A, D), initial_state,
         _zeros((x.shape[0], x.shape[2], x.shape[3], B.shape[3]), dtype), segment_ids=segment_ids,
         return_final_state=return_final_state, **_cp_kwargs(axis_name, combine))
 
