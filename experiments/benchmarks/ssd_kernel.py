@@ -5,9 +5,9 @@
          y, the final state and the gradients of every input, with documents, initial states,
          odd lengths, G < H and head / state dims 64 / 128 / 256 (and mamba2-340m's heads:
          P 64, N 128, one group), Mamba-2's skip D in every case (y's cotangent
-         bf16-representable, so dD = Σ dy·x compares like with like); passes below 1e-2. `changes` (linear_ops `--check-changes`)
-         replaces fields of every case's default tiles: an option's check before it is a
-         default.
+         bf16-representable, so dD = Σ dy·x compares like with like); passes below 1e-2.
+         `changes` (linear_ops `--check-changes`) replaces fields of every case's default
+         tiles: an option's check before it is a default.
   sweep  each kernel alone under its tile / warp / stage variants at one shape (4 × 8192, H16,
          P = N = 128, one B/C group, bf16: the table's), then the whole op, fwd and fwd+bwd,
          with the best of each next to the defaults; prints the best `BlockSizes`.
