@@ -16,9 +16,9 @@ K = 4 taps, SiLU, bias, bf16 x (float32 weights, as the models keep them). Parts
   sweep  each kernel alone under tile / warp / stage variants at C = 1536 packed, one knob
          at a time from the defaults (kept where ≥ 2 % faster); prints the fastest
          `BlockSizes` and times the op with them
-  variants  the backward kernel alone and the op's fwd+bwd with the defaults and with each
-         named `BlockSizes` of --variants (`VARIANTS`: the streaming backward's tiles), at
-         each C, packed and one document a row
+  variants  each kernel alone and the op's fwd+bwd with the defaults and with each named
+         `BlockSizes` of --variants (`VARIANTS`: the streaming backward's tiles and the
+         streaming forward's), at each C, packed and one document a row
 The cotangent of fwd+bwd is a random array (a constant one would let XLA fold dy away).
 Rows left when --budget-s is spent are reported as skipped.
 """
@@ -67,6 +67,15 @@ VARIANTS = {
     "c256": dataclasses.replace(_DEFAULT, backward_block_c=256, backward_num_warps=2),
     "u2": dataclasses.replace(_DEFAULT, backward_block_t=2, backward_steps=32),
     "s32": dataclasses.replace(_DEFAULT, backward_steps=32),
+    # the streaming forward (session 21): 128 channels on one warp (4 a thread, as the
+    # backward), 8 steps an iteration, 64 a program; then one knob at a time
+    "stream fwd": dataclasses.replace(_DEFAULT, stream_forward=True, num_warps=1),
+    "stream fwd u4": dataclasses.replace(_DEFAULT, stream_forward=True, num_warps=1,
+                                         stream_block_t=4, stream_steps=16),
+    "stream fwd s16": dataclasses.replace(_DEFAULT, stream_forward=True, num_warps=1,
+                                          stream_steps=16),
+    "stream fwd c256": dataclasses.replace(_DEFAULT, stream_forward=True, block_c=256),
+    "stream fwd 2w": dataclasses.replace(_DEFAULT, stream_forward=True),
 }
 INTERPRET = {"on": False}
 
@@ -240,13 +249,14 @@ def part_sweep(args) -> dict:
 
 
 def _variant_ms(blocks: BlockSizes, x, w, b, ids, dy) -> dict:
-    """The backward kernel alone and the op's fwd+bwd with `blocks`."""
-    return {"bwd_ms": _kernel_ms("backward", blocks, x, w, b, ids, dy),
+    """Each kernel alone and the op's fwd+bwd with `blocks`."""
+    return {"fwd_ms": _kernel_ms("forward", blocks, x, w, b, ids, dy),
+            "bwd_ms": _kernel_ms("backward", blocks, x, w, b, ids, dy),
             "fwd_bwd_ms": _time_pair(conv("pallas", ids, blocks), x, w, b, dy)["fwd_bwd_ms"]}
 
 
 def part_variants(args) -> list[dict]:
-    """The backward kernel alone and the op's fwd+bwd, with each named `BlockSizes`."""
+    """Each kernel alone and the op's fwd+bwd, with each named `BlockSizes`."""
     rows = []
     for channels in args.channels:
         x, w, b, dy = make_inputs(args.batch, args.length, channels, SIZE)
@@ -262,10 +272,11 @@ def part_variants(args) -> list[dict]:
     for row in rows:  # against the defaults' row of the same shape
         base = next(r for r in rows if r["C"] == row["C"] and r["docs"] == row["docs"])
         if "bwd_ms" in row and "bwd_ms" in base:
+            row["fwd_speedup"] = base["fwd_ms"] / row["fwd_ms"]
             row["bwd_speedup"] = base["bwd_ms"] / row["bwd_ms"]
             row["fwd_bwd_speedup"] = base["fwd_bwd_ms"] / row["fwd_bwd_ms"]
-    print_table(rows, ["C", "docs", "variant", "bwd_ms", "fwd_bwd_ms", "bwd_speedup",
-                       "fwd_bwd_speedup", "error"])
+    print_table(rows, ["C", "docs", "variant", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_speedup",
+                       "bwd_speedup", "fwd_bwd_speedup", "error"])
     for variant in args.variants:
         print(f"{variant}: {VARIANTS[variant].changed()}", flush=True)
     return rows
