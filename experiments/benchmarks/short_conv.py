@@ -17,8 +17,8 @@ K = 4 taps, SiLU, bias, bf16 x (float32 weights, as the models keep them). Parts
          at a time from the defaults (kept where ≥ 2 % faster); prints the fastest
          `BlockSizes` and times the op with them
   variants  each kernel alone and the op's fwd+bwd with the defaults and with each named
-         `BlockSizes` of --variants (`VARIANTS`: the streaming backward's tiles and the
-         streaming forward's), at each C, packed and one document a row
+         `BlockSizes` of --variants (`VARIANTS`: the streaming backward's tiles), at each C,
+         packed and one document a row
 The cotangent of fwd+bwd is a random array (a constant one would let XLA fold dy away).
 Rows left when --budget-s is spent are reported as skipped.
 """
@@ -67,15 +67,6 @@ VARIANTS = {
     "c256": dataclasses.replace(_DEFAULT, backward_block_c=256, backward_num_warps=2),
     "u2": dataclasses.replace(_DEFAULT, backward_block_t=2, backward_steps=32),
     "s32": dataclasses.replace(_DEFAULT, backward_steps=32),
-    # the streaming forward (session 21): 128 channels on one warp (4 a thread, as the
-    # backward), 8 steps an iteration, 64 a program; then one knob at a time
-    "stream fwd": dataclasses.replace(_DEFAULT, stream_forward=True, num_warps=1),
-    "stream fwd u4": dataclasses.replace(_DEFAULT, stream_forward=True, num_warps=1,
-                                         stream_block_t=4, stream_steps=16),
-    "stream fwd s16": dataclasses.replace(_DEFAULT, stream_forward=True, num_warps=1,
-                                          stream_steps=16),
-    "stream fwd c256": dataclasses.replace(_DEFAULT, stream_forward=True, block_c=256),
-    "stream fwd 2w": dataclasses.replace(_DEFAULT, stream_forward=True),
 }
 INTERPRET = {"on": False}
 

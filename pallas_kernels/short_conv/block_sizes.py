@@ -12,10 +12,7 @@ class BlockSizes(TileChecks):
     """Tiles (powers of two) and Triton launch parameters of the two kernels.
 
     forward: a program convolves `block_t` time steps × `block_c` channels of one batch row;
-      num_warps. With `stream_forward` it walks `stream_steps × stream_block_t` time steps of
-      `block_c` channels one step (a `[block_c]` row) at a time, `stream_block_t` steps a loop
-      iteration (read an iteration ahead), carrying the K − 1 rows before (as the backward):
-      x is read once, not K times through the caches.
+      num_warps.
     backward: a program walks `backward_steps × backward_block_t` time steps of
       `backward_block_c` channels one step (a `[backward_block_c]` row) at a time,
       `backward_block_t` steps a loop iteration (read an iteration ahead); its weight-gradient
@@ -26,18 +23,14 @@ class BlockSizes(TileChecks):
     block_t: int = 16
     block_c: int = 128
     num_warps: int = 2
-    stream_forward: bool = False
-    stream_block_t: int = 8
-    stream_steps: int = 8
     backward_block_t: int = 4
     backward_block_c: int = 128
     backward_steps: int = 16
     backward_num_warps: int = 1
     backward_num_stages: int = 2
 
-    TILES = ("block_t", "block_c", "stream_block_t", "backward_block_t", "backward_block_c")
-    COUNTS = ("num_warps", "stream_steps", "backward_steps", "backward_num_warps",
-              "backward_num_stages")
+    TILES = ("block_t", "block_c", "backward_block_t", "backward_block_c")
+    COUNTS = ("num_warps", "backward_steps", "backward_num_warps", "backward_num_stages")
 
 
 def default_block_sizes() -> BlockSizes:

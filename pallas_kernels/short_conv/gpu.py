@@ -7,9 +7,7 @@ the row's start, after its end and past the last channel), so nothing is padded 
 XLA and the shifted reads of neighbouring offsets hit the L1/L2 caches.
 
 - forward, per (time tile, channel tile, batch row): z_t = b + Σ_i w_i ⊙ x_{t−i} with the
-  taps of another document masked out of the load, y = act(z). With `stream_forward`, per
-  (run of time steps, channel tile, batch row) one time step a loop step, the K − 1 rows
-  before carried in registers with their ids (the backward's form).
+  taps of another document masked out of the load, y = act(z).
 - backward, per (run of time steps, channel tile, batch row), one time step (a row of
   channels) a loop step: g_t = dy_t ⊙ act'(z_t) with z_t formed from x_t and the K − 1 steps
   before, which are carried in registers with their ids and g (nothing but the inputs is
@@ -133,68 +131,6 @@ def _forward_kernel(*refs, st: Static):
     tile.write(y_ref, z * sigmoid(z) if st.activation else z)
 
 
-def _stream_steps(length: int, steps: int, per_step: int) -> int:
-    """Loop steps per streaming program: the configured ones, fewer for a short row."""
-    return min(steps, pl.cdiv(length, per_step))
-
-
-def _clean(ids) -> jax.Array:
-    """The ids (scalars) all equal: one document over them, no masks needed."""
-    return functools.reduce(jnp.logical_and, [i == ids[-1] for i in ids[:-1]], jnp.bool_(True))
-
-
-def _forward_stream_kernel(*refs, st: Static, steps: int):
-    """The forward one time step (a `[BC]` row) at a time, x and the id of the K − 1 steps
-    before carried; a loop iteration runs `stream_block_t` steps, read an iteration ahead,
-    without document masks where no document starts within K − 1 steps of them."""
-    x_ref, w_ref, b_ref, seg_ref, _, (y_ref,) = _unpack(refs, st, 1)
-    U, BC, K = st.blocks.stream_block_t, st.blocks.block_c, st.size
-    _, length, channels = x_ref.shape
-    run, b = pl.program_id(0), pl.program_id(2)
-    cols = pl.program_id(1) * BC + iota((BC,), 0)
-    inside = cols < channels
-    w = _taps(w_ref, cols, channels, K)
-    bias = _bias(b_ref, cols, channels) if st.bias else 0.0
-    start = run * (steps * U)
-
-    def read(t):
-        """x_t float32 `[BC]` (zero outside the row) and the id at t (or None)."""
-        ok = (t >= 0) & (t < length)
-        x = pltriton.load(x_ref.at[b, t, cols], mask=inside & ok, other=0).astype(F32)
-        return x, pltriton.load(seg_ref.at[b, t], mask=ok, other=-1) if st.documents else None
-
-    def rows(base, masked):
-        def run_rows(cur, past):
-            for r in range(U):  # step base + r; past[j]: (x, id) at base + r − 1 − j
-                x, seg = cur[r]
-                z = bias + w[0] * x
-                for i in range(1, K):
-                    px, pseg = past[i - 1]
-                    z = z + w[i] * (jnp.where(pseg == seg, px, 0.0) if masked else px)
-                t = base + r
-                pltriton.store(y_ref.at[b, t, cols],
-                               (z * sigmoid(z) if st.activation else z).astype(y_ref.dtype),
-                               mask=inside & (t < length))
-                past = ([(x, seg)] + past)[:K - 1]
-            return past
-        return run_rows
-
-    def step(j, carry):
-        cur, past = carry
-        base = start + j * U
-        ahead = [read(base + U + r) for r in range(U)]  # before this iteration's stores
-        if st.documents:  # one document from base − K + 1 to base + U − 1: no masks
-            clean = _clean([p for _, p in past] + [c[1] for c in cur])
-            past = lax.cond(clean, rows(base, False), rows(base, True), cur, past)
-        else:
-            past = rows(base, False)(cur, past)
-        return ahead, past
-
-    past = [read(start - 1 - j) for j in range(K - 1)]
-    cur = [read(start + r) for r in range(U)]
-    lax.fori_loop(0, steps, step, (cur, past))
-
-
 def _inputs(x, weight, bias, segment_ids):
     return [a for a in (x, weight, bias, segment_ids) if a is not None]
 
@@ -203,16 +139,10 @@ def _inputs(x, weight, bias, segment_ids):
 def forward(x, weight, bias, segment_ids, st: Static):
     """y `[B, T, C]` in x's dtype."""
     batch, length, channels = x.shape
-    blocks = st.blocks
-    if blocks.stream_forward:
-        steps = _stream_steps(length, blocks.stream_steps, blocks.stream_block_t)
-        kernel = functools.partial(_forward_stream_kernel, st=st, steps=steps)
-        time_programs = pl.cdiv(length, steps * blocks.stream_block_t)
-    else:
-        kernel = functools.partial(_forward_kernel, st=st)
-        time_programs = pl.cdiv(length, blocks.block_t)
+    BT, BC = st.blocks.block_t, st.blocks.block_c
     return pallas_call(
-        kernel, grid=(time_programs, pl.cdiv(channels, blocks.block_c), batch),
+        functools.partial(_forward_kernel, st=st),
+        grid=(pl.cdiv(length, BT), pl.cdiv(channels, BC), batch),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         compiler_params=triton_params(st.blocks.num_warps),
         interpret=st.interpret, name="short_conv_forward",
@@ -224,7 +154,7 @@ def forward(x, weight, bias, segment_ids, st: Static):
 
 def backward_steps(length: int, blocks: BlockSizes) -> int:
     """Loop steps per backward program: the configured ones, fewer for a short row."""
-    return _stream_steps(length, blocks.backward_steps, blocks.backward_block_t)
+    return min(blocks.backward_steps, pl.cdiv(length, blocks.backward_block_t))
 
 
 def _backward_kernel(*refs, st: Static, steps: int):
@@ -287,7 +217,9 @@ def _backward_kernel(*refs, st: Static, steps: int):
         base = start + j * U
         ahead = [read(base + U + r) for r in range(U)]  # before this iteration's stores
         if st.documents:  # one document from s = base − K + 1 to base + U − 1: no masks
-            clean = _clean([p for _, p, _ in past] + [c[2] for c in cur])
+            ids = [p for _, p, _ in past] + [c[2] for c in cur]
+            clean = functools.reduce(jnp.logical_and, [i == ids[-1] for i in ids[:-1]],
+                                     jnp.bool_(True))
             past, sums = lax.cond(clean, rows(base, False), rows(base, True), cur, past, sums)
         else:
             past, sums = rows(base, False)(cur, past, sums)

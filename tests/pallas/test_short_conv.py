@@ -29,13 +29,9 @@ from tests.helpers import assert_close, normals
 
 TINY = BlockSizes(block_t=8, block_c=4, backward_block_t=4, backward_block_c=2,
                   backward_steps=3)
-# 12 and 6 steps a backward program; the streaming forward at 12 and 6 steps a program.
+# 12 and 6 steps a backward program.
 BLOCKS = [pytest.param(TINY, id="u4"),
-          pytest.param(dataclasses.replace(TINY, backward_block_t=2), id="u2"),
-          pytest.param(dataclasses.replace(TINY, stream_forward=True, stream_block_t=4,
-                                           stream_steps=3), id="stream_forward_u4"),
-          pytest.param(dataclasses.replace(TINY, stream_forward=True, stream_block_t=2,
-                                           stream_steps=3, block_c=2), id="stream_forward_u2")]
+          pytest.param(dataclasses.replace(TINY, backward_block_t=2), id="u2")]
 C = 5  # channels: one partial tile of each kernel
 
 
@@ -170,20 +166,17 @@ def test_bfloat16_within_rounding(blocks):
     assert_close(grads, grads_ref, 1e-2, "bf16 gradients")
 
 
-@pytest.mark.parametrize("channels, documents, blocks", [
-    (1536, True, None), (768, False, None),
-    (2048, True, BlockSizes(stream_forward=True)), (768, False, BlockSizes(stream_forward=True))])
-def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, documents, blocks):
+@pytest.mark.parametrize("channels, documents", [(1536, True), (768, False)])
+def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, channels, documents):
     """Forward and backward build their Triton kernels (Pallas' Triton lowering, no GPU
-    needed) at gdn-340m's and mamba2-340m's shapes, the default tiles and the streaming
-    forward: bf16 [4, 8192, C], K = 4, SiLU."""
+    needed) at gdn-340m's shapes and the default tiles: bf16 [4, 8192, C], K = 4, SiLU."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     ids = spec(4, 8192, dtype=jnp.int32) if documents else None
 
     def grads(x, w, b, ids):
         y, vjp = jax.vjp(lambda x, w, b: api.short_conv(x, w, b, segment_ids=ids,
-                                                        activation=True, block_sizes=blocks),
+                                                        activation=True),
                          x, w, b)
         return vjp(y)
 
