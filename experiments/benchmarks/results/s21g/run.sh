@@ -3,6 +3,7 @@
 # 1) check and each kernel alone at C 768 / 1536 (gdn-340m) and 2048 (mamba2-340m's x conv),
 # packed and one document a row; 2) mamba2-340m on packed WikiText-2 at T 8192 with the label
 # whose forward summed over those rows is fastest (`--kernel-changes`), and without, same call.
+# (The option and the labels are in commit 6908c2d; removed after this call, NOTES.md.)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 filt() { grep -v "^W12\|^If this\|^Current\|^\*\|^I12" "$@"; }
