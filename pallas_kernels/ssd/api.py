@@ -4,8 +4,8 @@ Per head h (B/C group g = h // (H/G)), state `S_t` `[P, N]`:
 
     S_t = exp(dt_t·A_h)·S_{t−1} + dt_t·x_t B_tᵀ,    y_t = S_t C_t (+ D_h·x_t)
 
-(the D skip optional: Mamba-2's, added by the GPU kernel that writes y, before its one rounding)
-with packed documents (`segment_ids`: a token whose id differs from the previous one starts a
+with Mamba-2's D skip optional (the GPU kernel that writes y adds it before its one rounding),
+and packed documents (`segment_ids`: a token whose id differs from the previous one starts a
 document; the state is zero before it, and the first token of the call continues
 `initial_state`). This is the contract of `hybrid_jax.ops.ssd` (whose "pallas" rung calls
 `ssd` here). Decays, cumulative sums and states are float32; matmul operands are the input
