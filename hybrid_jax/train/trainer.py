@@ -32,7 +32,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from jax.sharding import Mesh
@@ -58,7 +57,7 @@ from hybrid_jax.train.checkpoint import (
 )
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
-from hybrid_jax.train.optimizer import learning_rate_schedule, make_optimizer
+from hybrid_jax.train.optimizer import global_norm, learning_rate_schedule, make_optimizer
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.prefetch import DevicePrefetcher
 from hybrid_jax.train.run_dir import RunLock, prepare_run_dir
@@ -205,7 +204,7 @@ def make_train_step(ts: TrainState, grad_accum: int = 1,
             loss, stats, grads, reported = _accumulated_grads(model, batch, grad_accum)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "accuracy": stats["correct"] / jnp.maximum(stats["count"], 1.0),
-                   "grad_norm": optax.tree.norm(grads), **diagnostics.scalars(reported)}
+                   "grad_norm": global_norm(grads), **diagnostics.scalars(reported)}
         return nnx.state((model, optimizer)), metrics
 
     return jax.jit(step, donate_argnums=0, out_shardings=(ts.shardings, None))
