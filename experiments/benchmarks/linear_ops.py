@@ -152,6 +152,10 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 **{f"default, grads summed scores{name}": BlockSizes(
                     **_BF16_DEFAULT, grads_summed_scores=True, grads_num_stages=stages)
                    for name, stages in (("", 3), (" 2 stages", 2))},
+                # session 22: Mamba-2's D·dy added to dx by chunk_grads (with op_kernels
+                # --skip-d; 'default, grads summed scores' is the P 64 control)
+                "default, grads skip": BlockSizes(**_BF16_DEFAULT, grads_summed_scores=True,
+                                                  grads_num_stages=3, grads_skip=True),
                 # session 19 (CPU ptxas only; P 64 labels: 'default, grads summed scores' is the
                 # P 64 default, the control): state_grads' state in [64, 64] tiles (256 programs,
                 # two a SM, no spills), at 4 or 8 warps; chunk_grads at 16 warps (128 registers,
@@ -285,6 +289,9 @@ NHA_VARIANTS = {
     "window keys query-major": dict(window_keys_transposed=False),
     "window tiles before s19": dict(window_keys_transposed=False, backward_num_stages=2,
                                     block_q=64),
+    # chunks of 32: a window of 32 (nha-340m's) is then one chunk, so the slot kernels read
+    # k, v, s, g in place instead of copies delayed by w (nha/NOTES.md, session 22)
+    "chunk 32": dict(chunk=32),
 }
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
                   *NHA_VARIANTS)
@@ -456,11 +463,12 @@ def kernel_variants(name: str, shape: MixerShape, tuned=None, only=None,
     """"pallas (label)" → fn(*inputs) of each kernel variant of `name`'s pallas rung timed
     beside it at `shape` (`only`: the labels to keep, None for all; `segment_ids` `[B, T]`:
     packed documents): `SSD_VARIANTS` and the sweep's best (`tuned`), `gdn_variants(shape)`,
-    `NHA_VARIANTS` (at `window`); none for other ops."""
+    `NHA_VARIANTS` (at `window`); none for other ops. SSD's inputs may end in Mamba-2's D."""
     if name == "ssd":
         variants = dict(SSD_VARIANTS, **({"sweep best": tuned} if tuned else {}))
-        call = lambda *a, blocks: pallas_ssd.ssd(*a, segment_ids=segment_ids,  # noqa: E731
-                                                 block_sizes=blocks)[0]
+        call = lambda *a, blocks: pallas_ssd.ssd(  # noqa: E731
+            *a[:5], D=a[5] if len(a) > 5 else None, segment_ids=segment_ids,
+            block_sizes=blocks)[0]
     elif name == "gated_delta_rule":
         variants = gdn_variants(shape)
         starts = document_starts(name, segment_ids, shape.batch, shape.length)

@@ -3,13 +3,14 @@
     python -m experiments.benchmarks.op_kernels [--ops ssd,gated_delta_rule,
         gated_slot_attention,native_hybrid_attention] [--shape 4x8192] [--impl pallas]
         [--window 512] [--top 12] [--variants [LABELS] [--forwards]] [--documents MEDIAN]
-        [--out op_kernels.json]
+        [--skip-d] [--out op_kernels.json]
 
 The inputs of `linear_ops` at `--shape`, in its `--shapes` form (`mixer_shapes`): `4x8192` is
 H16, K = V = P = N = 128, GSA/NHA 64 slots; `4x8192x3x256x512` gives H, K, V; `gdn-340m@4x8192`
 each op at the preset's layer shape (ops the model does not run are skipped). bf16; NHA at
 window `--window`; `--documents 1024` packs documents of log-normal lengths around that
-median into each row (segment ids, as in training on packed text). Each op's jitted forward
+median into each row (segment ids, as in training on packed text); `--skip-d` gives the SSD
+Mamba-2's skip D (an `[H]` float32 input, as its layers call it). Each op's jitted forward
 and fwd+bwd (gradient of a sum w.r.t. every input) run 3 times under `jax.profiler.trace`;
 `trace_summary` sums the device kernels by name.
 Prints per op and pass the whole time per call and the top kernels (ms per call, share);
@@ -41,8 +42,16 @@ from hybrid_jax.ops.nha import native_hybrid_attention
 RUNS = 3
 
 
-def op_and_inputs(name: str, shape: MixerShape, window: int, impl: str, segment_ids=None):
-    """The op at its rung `impl` (with `segment_ids` `[B, T]`, or None) and its bf16 inputs."""
+def op_and_inputs(name: str, shape: MixerShape, window: int, impl: str, segment_ids=None,
+                  skip_d: bool = False):
+    """The op at its rung `impl` (with `segment_ids` `[B, T]`, or None) and its bf16 inputs
+    (`skip_d`: SSD's inputs end in Mamba-2's D `[H]`, float32)."""
+    if name == "ssd" and skip_d:
+        inputs = make_inputs(name, shape, jax.random.key(0))
+        D = jax.random.normal(jax.random.key(1), (shape.heads,), jnp.float32)
+        op = lambda *a: OPS[name](*a[:5], D=a[5], implementation=impl,  # noqa: E731
+                                  segment_ids=segment_ids)
+        return op, (*inputs, D)
     if name == "native_hybrid_attention":
         q, k, v, s, g = make_inputs("gated_slot_attention", shape, jax.random.key(0))
         return functools.partial(native_hybrid_attention, window=window, implementation=impl,
@@ -80,6 +89,8 @@ def main() -> None:
                         help="also each variant's forward (a variant of a forward-alone tile)")
     parser.add_argument("--documents", type=float, default=0, help="median length of packed "
                         "documents (segment ids, as training on packed text); 0: none")
+    parser.add_argument("--skip-d", action="store_true",
+                        help="the SSD with Mamba-2's skip D (as mamba2 layers call it)")
     parser.add_argument("--out", default="op_kernels.json")
     args = parser.parse_args()
     try:
@@ -95,7 +106,8 @@ def main() -> None:
     for name, shape in jobs:
         print(f"\n{name} at {shape.label(name)}")
         ids = documents(shape, args.documents)
-        op, inputs = op_and_inputs(name, shape, args.window, args.impl, ids)
+        op, inputs = op_and_inputs(name, shape, args.window, args.impl, ids,
+                                   skip_d=args.skip_d)
         forward = lambda *a, op=op: jax.tree.leaves(op(*a))[0]
         passes = dict(zip(("fwd", "fwd+bwd"), forward_and_backward(forward, len(inputs)),
                           strict=True))
@@ -120,7 +132,7 @@ def main() -> None:
                       "ms": r["ms_per_step"], "count": r["count"] // RUNS,
                       "share": r["share"]} for r in summary["kernels"]]
     write_json(args.out, "op_kernels", rows, shape=args.shape, impl=args.impl,
-               window=args.window, documents=args.documents)
+               window=args.window, documents=args.documents, skip_d=args.skip_d)
 
 
 if __name__ == "__main__":

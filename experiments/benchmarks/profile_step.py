@@ -4,7 +4,7 @@ GPU kernels by total time, packed text against unpacked random tokens.
     python -m experiments.benchmarks.profile_step [--model transformer-125m] [--length 2048]
         [--tokens 32768] [--data wikitext2_bpe32k.npz] [--modes packed,unpacked] [--steps 5]
         [--attention pallas] [--conv pallas] [--oryx-modes random_chunks] [--scan] [--top 25]
-        [--trace-dir DIR]
+        [--kernel-changes 'ssd:FIELD=VALUE,...;...'] [--trace-dir DIR]
         [--out profile_step.json]
         [--process REGEX --thread REGEX]   (which trace rows; default the GPU streams)
 
@@ -17,7 +17,8 @@ mean µs; `trace_summary.py`), and with two modes the kernels whose time per ste
 between them: one GPU call says where the packed step's extra time goes. For the top kernels
 that are fusions it prints the source lines their ops come from, and every kernel's time summed
 by the function most of its ops come from (`trace_summary.kernel_sources`, `time_by_source`, on
-the compiled step's HLO). JSON: every table.
+the compiled step's HLO). `--kernel-changes` profiles the step with kernels' default tiles
+changed (`timing.parse_kernel_changes`, as train_throughput's). JSON: every table.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from pathlib import Path
 import jax
 
 from experiments.benchmarks import trace_summary
-from experiments.benchmarks.timing import device_name, print_table, write_json
+from experiments.benchmarks.timing import (
+    changed_kernel_defaults,
+    device_name,
+    parse_kernel_changes,
+    print_table,
+    write_json,
+)
 from experiments.benchmarks.train_throughput import build_step
 
 
@@ -99,6 +106,8 @@ def main():
     parser.add_argument("--oryx-modes", default="random_chunks",
                         help="the Oryx models' training mode schedule (train_throughput's)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--kernel-changes", type=parse_kernel_changes, default={},
+                        help="KERNEL:FIELD=VALUE,...;...: the kernels' default tiles changed")
     parser.add_argument("--trace-dir", default="")
     parser.add_argument("--process", default=trace_summary.GPU_PROCESS,
                         help="trace processes to read (e.g. /host:CPU for a CPU smoke run)")
@@ -110,7 +119,8 @@ def main():
     profiles, failed = [], []
     for mode in args.modes.split(","):
         try:
-            profiles.append(profile_mode(args, mode, trace_dir))
+            with changed_kernel_defaults(args.kernel_changes):
+                profiles.append(profile_mode(args, mode, trace_dir))
         except Exception as e:  # noqa: BLE001  (one failed mode must not cost the other)
             failed.append({"mode": mode, "error": f"{type(e).__name__}: {str(e)[:1000]}"})
             print(f"mode {mode} failed: {failed[-1]['error']}", flush=True)
@@ -132,6 +142,7 @@ def main():
         profile["kernels"] = profile["kernels"][:4 * args.top]
     write_json(args.out, "profile_step", [], model=args.model, length=args.length,
                tokens=args.tokens, steps=args.steps, profiles=profiles, failed=failed,
+               kernel_changes=args.kernel_changes,
                differences=diff,
                trace_dir=str(trace_dir))
 
