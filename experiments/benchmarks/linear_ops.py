@@ -152,10 +152,6 @@ SSD_VARIANTS = {"grads 2 stages": BlockSizes(grads_num_stages=2),
                 **{f"default, grads summed scores{name}": BlockSizes(
                     **_BF16_DEFAULT, grads_summed_scores=True, grads_num_stages=stages)
                    for name, stages in (("", 3), (" 2 stages", 2))},
-                # session 22: Mamba-2's D·dy added to dx by chunk_grads (with op_kernels
-                # --skip-d; 'default, grads summed scores' is the P 64 control)
-                "default, grads skip": BlockSizes(**_BF16_DEFAULT, grads_summed_scores=True,
-                                                  grads_num_stages=3, grads_skip=True),
                 # session 19 (CPU ptxas only; P 64 labels: 'default, grads summed scores' is the
                 # P 64 default, the control): state_grads' state in [64, 64] tiles (256 programs,
                 # two a SM, no spills), at 4 or 8 warps; chunk_grads at 16 warps (128 registers,

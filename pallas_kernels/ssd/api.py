@@ -144,15 +144,12 @@ def _core_bwd(st, backend, residuals, cotangents):
     dy = dy.astype(x.dtype)
     d_states, d_initial, kept = kernels.state_grads(dy, a, C, doc, states,
                                                     d_final.astype(jnp.float32), st)
-    # The GPU's `chunk_grads` adds the skip's dx with `grads_skip`.
-    folded = skip is not None and backend == "gpu" and st.blocks.grads_skip
     dx, d_dt, d_a, dB, dC = kernels.chunk_grads(x, dt, a, B, C, doc, dy, states, d_states,
-                                                kept, st, *((skip,) if folded else ()))
+                                                kept, st)
     d_skip = None
     if skip is not None:  # y += skip_h·x: XLA fuses both sums into one pass over dy and x
         dy32 = dy.astype(jnp.float32)
-        if not folded:
-            dx = (dx.astype(jnp.float32) + skip[:, None] * dy32).astype(dx.dtype)
+        dx = (dx.astype(jnp.float32) + skip[:, None] * dy32).astype(dx.dtype)
         d_skip = jnp.einsum("bthp,bthp->h", dy32, x.astype(jnp.float32))
     return dx, d_dt, d_a, dB.astype(B.dtype), dC.astype(C.dtype), None, d_initial, d_skip
 

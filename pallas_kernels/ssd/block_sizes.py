@@ -56,9 +56,6 @@ class BlockSizes:
       gradient: CTA-wide scans in the loop). At mamba2-340m's P 64 its head step has 24 HGMMA
       instead of 36 and 32 barriers instead of 54 (ptxas, NOTES.md session 18); the bf16
       default at P ≤ 64 since (mamba2-340m +7–8 % with the norms' session-18 tiles, call s18c).
-    grads_skip: with Mamba-2's skip D, `chunk_grads` adds D_h·dy to dx before its store (dy's
-      tile is loaded for the head anyway), so XLA's pass after it only reduces dD = Σ dy·x
-      instead of also reading and rewriting dx (NOTES.md, "D skip", session 22).
     backward_block_n: the state columns (of N) each program of the reverse pass
       (`gpu.state_grads`) carries: None, all of N; 64 at N = 128 gives `chunk_states`' `[64, 64]`
       tiles and twice its programs (B·H·P/backward_block_p·N/64), each step's C tile and state
@@ -103,7 +100,6 @@ class BlockSizes:
     decays_first: bool = False
     state_vectors_in_step: bool = False
     grads_summed_scores: bool = False
-    grads_skip: bool = False
     backward_block_n: int | None = None
     segments: int | None = None
 

@@ -354,16 +354,15 @@ def state_grads(dy, a, C, doc, states, d_final, st: Static):
 # --- backward: every chunk in parallel --------------------------------------------------------
 
 
-def _chunk_grads_kernel(*refs, st: Static, with_skip: bool):
+def _chunk_grads_kernel(*refs, st: Static):
     summed = st.blocks.grads_summed_scores
     x_ref, dt_ref, a_ref, b_ref, c_ref = refs[:5]
     doc_ref = refs[5] if st.documents else None
     # `extra_ref`: the reverse pass's `kept`, or with `summed` the chunk's C·Bᵀ (XLA's).
     # `vector_refs`: d a, or with `summed` the per-step part of ∂L/∂cum (pairs, entering
     # state) and the leaving-state pull, which `chunk_grads` combines.
-    dy_ref, states_ref, d_states_ref, extra_ref, *rest = refs[5 + st.documents:]
-    skip_ref = rest.pop(0) if with_skip else None
-    dx_ref, ddt_ref, *vector_refs, db_ref, dc_ref = rest
+    (dy_ref, states_ref, d_states_ref, extra_ref, dx_ref, ddt_ref, *vector_refs, db_ref,
+     dc_ref) = refs[5 + st.documents:]
     keys, queries = b_ref[...], c_ref[...]  # [L, N], shared by the group's heads
     dtype = keys.dtype
     doc = None if doc_ref is None else doc_ref[...]
@@ -397,7 +396,6 @@ def _chunk_grads_kernel(*refs, st: Static, with_skip: bool):
             d_queries += mm(d_scores, keys)
             d_keys += mm_tn(d_scores, queries)
         through_entry = pull = d_dt = 0.0
-        skip = jnp.sum(skip_ref[pl.ds(r, 1)]) if with_skip else None
         for cols, (x, dy) in zip(tiles, loaded, strict=True):
             state, d_state = states_ref[r, cols, :], d_states_ref[r, cols, :]
             x32 = x.astype(F32)
@@ -410,10 +408,7 @@ def _chunk_grads_kernel(*refs, st: Static, with_skip: bool):
             state_pull = jnp.sum(x32 * via_state, axis=1)
             pull += dt * state_pull  # out_s u_s·(dH B_s) = B_s·dB_s via that state
             d_dt += jnp.sum(x32 * via_pairs, axis=1) + state_pull
-            dx = (via_pairs + via_state) * dt[:, None]
-            if with_skip:  # Mamba-2's skip: y += D_h·x, so dx += D_h·dy
-                dx += skip * dy.astype(F32)
-            dx_ref[:, r, cols] = dx.astype(dx_ref.dtype)
+            dx_ref[:, r, cols] = ((via_pairs + via_state) * dt[:, None]).astype(dx_ref.dtype)
             through_entry += w.into[:, None] * mm(dy, state)  # dC via the entering state
             d_keys += (w.out * dt)[:, None] * mm(x, d_state)  # dB via the leaving state
         # C loaded again here (an L1/L2 hit): a float32 copy hoisted out of the head loop
@@ -442,12 +437,11 @@ def _chunk_grads_kernel(*refs, st: Static, with_skip: bool):
     db_ref[...] = d_keys
 
 
-def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static, skip=None):
+def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static):
     """Gradients `(dx, d dt, d a, dB, dC)`: dx in x's dtype; d dt (through dt·x only) and
     d a `[B, H, T]` float32; dB, dC `[B, T, G, N]` float32. `kept`: `state_grads`' third
     output. With `grads_summed_scores` XLA makes the kernel's chunk sums: the cumulative log
-    decay and C·Bᵀ before it, d a's reverse cumulative sum after it. With `skip` (`[H]`
-    float32, Mamba-2's D) dx also has the skip's part skip_h·dy."""
+    decay and C·Bᵀ before it, d a's reverse cumulative sum after it."""
     batch, length, heads, P = x.shape
     groups, N = B.shape[2:]
     L, R = st.blocks.chunk, st.group
@@ -469,22 +463,16 @@ def chunk_grads(x, dt, a, B, C, doc, dy, states, d_states, kept, st: Static, ski
         a = chunk_cumsum(a, L)
     else:
         extra, extra_spec = kept, pl.BlockSpec((None, R, None), lambda b, g, c: (b, g, c))
-    skips = ()
-    if skip is not None:  # `[G, R]`: the group's heads
-        skips = (skip.reshape(groups, R),)
-        extra_spec = [extra_spec, pl.BlockSpec((None, R), lambda b, g, c: (g, 0))]
-    else:
-        extra_spec = [extra_spec]
     dx, d_dt, *vectors, dB, dC = pallas_call(
-        functools.partial(_chunk_grads_kernel, st=st, with_skip=skip is not None),
+        functools.partial(_chunk_grads_kernel, st=st),
         grid=(batch, groups, length // L),
-        in_specs=in_specs + [heads_of(P), boundary, boundary, *extra_spec],
+        in_specs=in_specs + [heads_of(P), boundary, boundary, extra_spec],
         out_specs=[heads_of(P), per_step] + [per_step] * num_vectors + [keys, keys],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), per_head] + [per_head] * num_vectors
                   + [jax.ShapeDtypeStruct(B.shape, F32), jax.ShapeDtypeStruct(C.shape, F32)],
         compiler_params=triton_params(st.blocks.grads_num_warps, st.blocks.grads_num_stages),
         interpret=st.interpret, name="ssd_chunk_grads",
-    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, extra, *skips)
+    )(x, dt, a, B, C, *_doc_args(st, doc), dy, states, d_states, extra)
     if not summed:
         return dx, d_dt, vectors[0], dB, dC
     # ∂L/∂a_j = Σ_{t ≥ j} ∂L/∂cum_t within the chunk, where the last step also has ⟨dH, S'⟩:

@@ -24,10 +24,11 @@ def test_kernel_changes_reach_every_mode_and_the_json(tmp_path, monkeypatch):
     monkeypatch.setattr(profile_step, "differences", lambda profiles, top: [])
     out = tmp_path / "p.json"
     monkeypatch.setattr(sys, "argv", ["profile_step", "--modes", "packed,unpacked",
-                                      "--kernel-changes", "ssd:grads_skip=True",
+                                      "--kernel-changes", "ssd:grads_num_stages=2",
                                       "--out", str(out)])
     profile_step.main()
     assert [mode for mode, _ in seen] == ["packed", "unpacked"]
-    assert all(blocks.grads_skip for _, blocks in seen)
-    assert api.default_block_sizes is original and not api.default_block_sizes(64, 128).grads_skip
-    assert json.loads(out.read_text())["kernel_changes"] == {"ssd": {"grads_skip": True}}
+    assert all(blocks.grads_num_stages == 2 for _, blocks in seen)
+    assert api.default_block_sizes is original
+    assert api.default_block_sizes(64, 128).grads_num_stages == 3
+    assert json.loads(out.read_text())["kernel_changes"] == {"ssd": {"grads_num_stages": 2}}

@@ -227,16 +227,12 @@ def test_state_pass_on_sequence_segments():
 
 @pytest.mark.parametrize("blocks, backend", [
     (TINY, None), (SPLIT, None), (dataclasses.replace(STATE_PASS, grads_summed_scores=True), None),
-    (dataclasses.replace(STATE_PASS, segments=2), None), (TINY, "tpu"),
-    (dataclasses.replace(TINY, grads_skip=True), None),
-    (dataclasses.replace(STATE_PASS, grads_summed_scores=True, grads_skip=True), None)],
-    ids=["fused", "split_forward", "state_pass_summed", "state_pass_segments", "tpu",
-         "fused_grads_skip", "state_pass_summed_grads_skip"])
+    (dataclasses.replace(STATE_PASS, segments=2), None), (TINY, "tpu")],
+    ids=["fused", "split_forward", "state_pass_summed", "state_pass_segments", "tpu"])
 def test_skip_d(blocks, backend):
     """Mamba-2's skip D (`y_t + D_h·x_t`), added by the kernel that writes y (the fused or
-    split forward's loop, the state pass's output kernel; after the TPU kernels), and with
-    `grads_skip` its dx by `chunk_grads` (per-head or summed scores): values and every
-    gradient, dD included, against the per-token reference with D; documents, an initial
+    split forward's loop, the state pass's output kernel; after the TPU kernels): values and
+    every gradient, dD included, against the per-token reference with D; documents, an initial
     state, G = 2 groups of 2 heads, 19 steps (padded); rows in 2 segments."""
     inputs = make_inputs(11, batch=2, length=19, heads=4, groups=2)
     inputs["D"] = normals(12, (4,), dtype=np.float32)
@@ -289,7 +285,6 @@ FUSED_GPU = dict(state_pass=False, state_block_n=None, cumulative_decay=False)
                           (64, 256, 4, False, STATE_PASS_GPU, 4),
                           # Mamba-2's skip D in the kernel that writes y, in each forward form
                           (64, 128, 1, True, dict(skip=True), 4),
-                          (64, 128, 1, True, dict(skip=True, grads_skip=True), 4),
                           (128, 128, 1, True, dict(FUSED_GPU, skip=True), 3),
                           (128, 128, 1, True, dict(FUSED_GPU, split_forward=True, skip=True), 4)])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, head_dim, state_dim, groups,
