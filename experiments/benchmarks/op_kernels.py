@@ -46,18 +46,16 @@ def op_and_inputs(name: str, shape: MixerShape, window: int, impl: str, segment_
                   skip_d: bool = False):
     """The op at its rung `impl` (with `segment_ids` `[B, T]`, or None) and its bf16 inputs
     (`skip_d`: SSD's inputs end in Mamba-2's D `[H]`, float32)."""
-    if name == "ssd" and skip_d:
-        inputs = make_inputs(name, shape, jax.random.key(0))
-        D = jax.random.normal(jax.random.key(1), (shape.heads,), jnp.float32)
-        op = lambda *a: OPS[name](*a[:5], D=a[5], implementation=impl,  # noqa: E731
-                                  segment_ids=segment_ids)
-        return op, (*inputs, D)
     if name == "native_hybrid_attention":
         q, k, v, s, g = make_inputs("gated_slot_attention", shape, jax.random.key(0))
         return functools.partial(native_hybrid_attention, window=window, implementation=impl,
                                  segment_ids=segment_ids), (q, k, v, s, g)
-    return (functools.partial(OPS[name], implementation=impl, segment_ids=segment_ids),
-            make_inputs(name, shape, jax.random.key(0)))
+    op = functools.partial(OPS[name], implementation=impl, segment_ids=segment_ids)
+    inputs = make_inputs(name, shape, jax.random.key(0))
+    if name == "ssd" and skip_d:
+        D = jax.random.normal(jax.random.key(1), (shape.heads,), jnp.float32)
+        return (lambda *a: op(*a[:5], D=a[5])), (*inputs, D)
+    return op, inputs
 
 
 def documents(shape: MixerShape, median: float):

@@ -117,13 +117,13 @@ def main():
     print(device_name(), flush=True)
     trace_dir = Path(args.trace_dir or tempfile.mkdtemp(prefix="profile_step_"))
     profiles, failed = [], []
-    for mode in args.modes.split(","):
-        try:
-            with changed_kernel_defaults(args.kernel_changes):
+    with changed_kernel_defaults(args.kernel_changes):
+        for mode in args.modes.split(","):
+            try:
                 profiles.append(profile_mode(args, mode, trace_dir))
-        except Exception as e:  # noqa: BLE001  (one failed mode must not cost the other)
-            failed.append({"mode": mode, "error": f"{type(e).__name__}: {str(e)[:1000]}"})
-            print(f"mode {mode} failed: {failed[-1]['error']}", flush=True)
+            except Exception as e:  # noqa: BLE001  (one failed mode must not cost the other)
+                failed.append({"mode": mode, "error": f"{type(e).__name__}: {str(e)[:1000]}"})
+                print(f"mode {mode} failed: {failed[-1]['error']}", flush=True)
     diff = []
     if len(profiles) == 2:
         a, b = (p["mode"] for p in profiles)
