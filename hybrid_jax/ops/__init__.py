@@ -23,6 +23,7 @@ from hybrid_jax.ops.gsa import (
     gsa_slot_logits,
     gsa_slot_readout,
 )
+from hybrid_jax.ops.logit_stats import logit_stats
 from hybrid_jax.ops.logits import logits
 from hybrid_jax.ops.nha import (
     NHAState,
@@ -53,6 +54,7 @@ __all__ = [
     "gsa_slot_logits",
     "gsa_slot_readout",
     "l2_normalize",
+    "logit_stats",
     "logits",
     "native_hybrid_attention",
     "native_hybrid_attention_step",

@@ -2,16 +2,14 @@
 
 The `[tokens, vocab]` float32 logits are the largest arrays of a small model's step (4 GiB for
 32768 tokens × 32768 words), so the loss touches them as few times as it can: the forward reads
-them twice (the argmax, whose logit is the row maximum, then Σ exp), and its backward
-(`custom_vjp`) is one elementwise pass, `(softmax − onehot) · weight · ḡ` from the logits and
-the two saved per-token sums. Differentiated as written (logsumexp, take_along_axis, argmax),
-the forward read them three times and the backward built a zero array, scattered into it and
-added a second one (H200, 125M, 2026-12-01: ~8 ms of [tokens, vocab] passes per step).
-Values and gradients are the plain ones: the same float32 operations in the same order.
-One pass instead of two (an online softmax: the maximum, its index and the rescaled Σ exp as
-one variadic `lax.reduce`) was measured and did not pay: 2.00 ms a step against 1.08 + 0.96
-for the two reductions (H200, 125M, 2026-12-02; its per-element exp and selects make XLA's
-reduction compute-bound at 2.1 TB/s).
+them once for the per-row statistics (`hybrid_jax.ops.logit_stats`: the maximum, its index,
+Σ exp and the target's logit; a one-pass kernel on GPUs, two XLA reductions elsewhere), and its
+backward (`custom_vjp`) is one elementwise pass, `(softmax − onehot) · weight · ḡ` from the
+logits and the two saved per-token sums. Differentiated as written (logsumexp,
+take_along_axis, argmax), the forward read them three times and the backward built a zero
+array, scattered into it and added a second one (H200, 125M, 2026-12-01: ~8 ms of
+[tokens, vocab] passes per step). Values and gradients are the plain ones up to the order of
+the float32 sums.
 """
 
 from __future__ import annotations
@@ -19,6 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from hybrid_jax.ops.logit_stats import logit_stats
 
 
 def token_stats(logits_BTV: jax.Array, targets_BT: jax.Array, mask_BT: jax.Array
@@ -33,23 +33,14 @@ def mean_loss(stats: dict[str, jax.Array]) -> jax.Array:
     return stats["loss_sum"] / jnp.maximum(stats["count"], 1.0)
 
 
-def _max_and_argmax(logits):
-    """Row maximum and its first index (NaN counts as the largest) from one reduction, the
-    argmax: the maximum is the logit there (the values of `jnp.max` and `jnp.argmax`)."""
-    best = jnp.argmax(logits, axis=-1)
-    return jnp.take_along_axis(logits, best[..., None], axis=-1)[..., 0], best
-
-
 def _forward(logits, targets, weights):
     """The sums and the per-token terms the backward needs (logsumexp as `jax.nn.logsumexp`)."""
-    top, best = _max_and_argmax(logits)
-    shift = lax.select(jnp.isfinite(top), top, jnp.zeros_like(top))
-    sum_exp = jnp.sum(jnp.exp(logits - shift[..., None]), axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = jnp.log(sum_exp) + shift - target_logit
-    hit = (best == targets).astype(jnp.float32)
+    stats = logit_stats(logits, targets)
+    shift = lax.select(jnp.isfinite(stats.top), stats.top, jnp.zeros_like(stats.top))
+    nll = jnp.log(stats.sum_exp) + shift - stats.target_logit
+    hit = (stats.best == targets).astype(jnp.float32)
     sums = (jnp.sum(nll * weights), jnp.sum(hit * weights))
-    return sums, (logits, targets, weights, shift, sum_exp, nll, hit)
+    return sums, (logits, targets, weights, shift, stats.sum_exp, nll, hit)
 
 
 @jax.custom_vjp
