@@ -60,17 +60,22 @@ def special_rows():
     return logits, targets
 
 
+def assert_stats_equal(got, want):
+    """Every statistic equal (NaN where NaN), Σ exp within float32 summation order."""
+    top, best, sum_exp, picked = (np.asarray(x) for x in want)
+    np.testing.assert_array_equal(np.asarray(got.best), best)
+    np.testing.assert_array_equal(np.asarray(got.top), top.astype(np.float32))
+    np.testing.assert_allclose(np.asarray(got.sum_exp), sum_exp, rtol=2e-6)
+    np.testing.assert_array_equal(np.asarray(got.target_logit), picked.astype(np.float32))
+
+
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_matches_reference(prefetch):
     logits, targets = special_rows()
     blocks = BlockSizes(block_rows=4, block_vocab=16, prefetch=prefetch)
     got = api.logit_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets),
                           block_sizes=blocks, interpret=True)
-    top, best, sum_exp, picked = reference(logits.astype(np.float32), targets)
-    np.testing.assert_array_equal(np.asarray(got.best), best)
-    np.testing.assert_array_equal(np.asarray(got.top), top.astype(np.float32))
-    np.testing.assert_allclose(np.asarray(got.sum_exp), sum_exp, rtol=2e-6)
-    np.testing.assert_array_equal(np.asarray(got.target_logit), picked.astype(np.float32))
+    assert_stats_equal(got, reference(logits.astype(np.float32), targets))
 
 
 def test_matches_the_xla_rung_with_leading_axes():
@@ -79,32 +84,21 @@ def test_matches_the_xla_rung_with_leading_axes():
     got = api.logit_stats(logits, targets, block_sizes=BlockSizes(block_rows=2,
                                                                   block_vocab=64),
                           interpret=True)
-    want = logit_stats_xla(logits, targets)
     assert got.top.shape == (2, 5) and got.best.dtype == jnp.int32
-    np.testing.assert_array_equal(np.asarray(got.best), np.asarray(want.best))
-    np.testing.assert_array_equal(np.asarray(got.top), np.asarray(want.top))
-    np.testing.assert_allclose(np.asarray(got.sum_exp), np.asarray(want.sum_exp), rtol=2e-6)
-    np.testing.assert_array_equal(np.asarray(got.target_logit), np.asarray(want.target_logit))
+    assert_stats_equal(got, logit_stats_xla(logits, targets))
 
 
 def test_xla_rung_matches_reference():
     logits, targets = special_rows()
     got = ops.logit_stats(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))
-    top, best, sum_exp, picked = reference(logits.astype(np.float32), targets)
-    np.testing.assert_array_equal(np.asarray(got.best), best)
-    np.testing.assert_array_equal(np.asarray(got.top), top.astype(np.float32))
-    np.testing.assert_allclose(np.asarray(got.sum_exp), sum_exp, rtol=2e-6)
-    np.testing.assert_array_equal(np.asarray(got.target_logit), picked.astype(np.float32))
+    assert_stats_equal(got, reference(logits.astype(np.float32), targets))
 
 
 def test_bfloat16_logits_are_read_as_float32():
     logits = normals(3, (ROWS, V), dtype=np.float32).astype(jnp.bfloat16)
     targets = jnp.arange(ROWS)
     got = api.logit_stats(logits, targets, block_sizes=TINY, interpret=True)
-    top, best, sum_exp, picked = reference(np.asarray(logits, np.float32), targets)
-    np.testing.assert_array_equal(np.asarray(got.best), best)
-    np.testing.assert_array_equal(np.asarray(got.top), top.astype(np.float32))
-    np.testing.assert_allclose(np.asarray(got.sum_exp), sum_exp, rtol=2e-6)
+    assert_stats_equal(got, reference(np.asarray(logits, np.float32), targets))
 
 
 def test_lowers_to_triton_at_the_125m_shape(monkeypatch):
