@@ -26,7 +26,7 @@ from pallas_kernels.gpu_elementwise import unsupported_arrays
 from pallas_kernels.logit_stats import gpu
 from pallas_kernels.logit_stats.block_sizes import BlockSizes
 
-MAX_ROWS = 2**31 - 1  # column and row indices are int32
+MAX_INDEX = 2**31 - 1  # column and row indices are int32
 
 
 class LogitStats(NamedTuple):
@@ -66,6 +66,6 @@ def unsupported(logits, targets, *, interpret: bool = False) -> str | None:
                 f"{tuple(targets.shape)}")
     if not jnp.issubdtype(targets.dtype, jnp.integer):
         return f"targets must be integers, got {targets.dtype}"
-    if logits.shape[-1] >= MAX_ROWS or targets.size >= MAX_ROWS:
-        return f"at most {MAX_ROWS - 1} rows and columns (int32 indices), got {logits.shape}"
+    if logits.shape[-1] >= MAX_INDEX or targets.size >= MAX_INDEX:
+        return f"at most {MAX_INDEX - 1} rows and columns (int32 indices), got {logits.shape}"
     return unsupported_arrays(dict(logits=logits), interpret)
