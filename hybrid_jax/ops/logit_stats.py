@@ -12,8 +12,8 @@ logits, the largest arrays of a small model's step; one XLA pass, a variadic `la
 the maximum, its index and the rescaled Σ exp, was measured and did not pay: 2.00 ms against
 1.08 + 0.96 for the two at the 125M shape, its exponentials and selects making the reduction
 compute-bound at 2.1 TB/s, H200, 2026-12-02). The pallas rung runs on each device's
-batch rows; where a mesh splits the sequence or the vocabulary (`seq`, `tensor` > 1) it
-refuses and the XLA rung reduces the shards in place. Not differentiable: the loss has its own
+batch rows and sequence shard; where a mesh splits the vocabulary (`tensor` > 1) it refuses
+and the XLA rung reduces the shards in place. Not differentiable: the loss has its own
 VJP from the logits and these statistics.
 """
 
@@ -30,7 +30,7 @@ from pallas_kernels.logit_stats import api as pallas_logit_stats
 from pallas_kernels.logit_stats.api import LogitStats
 
 _OP = "logit_stats"
-_UNSPLIT_AXES = ("seq", "tensor")  # a row's logits must be on one device
+_VOCAB_AXIS = "tensor"  # where the rule table splits the vocabulary
 
 
 def logit_stats(logits: jax.Array, targets: jax.Array, *,
@@ -58,21 +58,19 @@ def logit_stats_xla(logits: jax.Array, targets: jax.Array) -> LogitStats:
 
 
 def logit_stats_pallas(logits: jax.Array, targets: jax.Array) -> LogitStats:
-    """The kernel on each device's batch rows."""
-    layout = "B" + "T" * (logits.ndim - 2)
-    rows = layout if logits.ndim > 1 else ""
+    """The kernel on each device's batch rows and sequence shard (rows are independent)."""
+    rows = ("B" + "S" * (logits.ndim > 2) + "T" * (logits.ndim - 3))[:logits.ndim - 1]
     return shard_kernel(_OP, pallas_logit_stats.logit_stats, (logits, targets),
                         (rows + "V", rows), LogitStats(*(rows,) * 4))
 
 
 def _pallas_unsupported(logits: jax.Array, targets: jax.Array) -> str | None:
     mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty:
-        split = [f"{a} ({mesh.shape[a]} devices)" for a in _UNSPLIT_AXES
-                 if a in mesh.axis_names and a not in mesh.manual_axes and mesh.shape[a] > 1]
-        if split:
-            return (f"the mesh splits {', '.join(split)}: the logits' rows or vocabulary may "
-                    "be split over it, and the kernel reduces whole rows")
+    axis = _VOCAB_AXIS
+    if (not mesh.empty and axis in mesh.axis_names and axis not in mesh.manual_axes
+            and mesh.shape[axis] > 1):
+        return (f"the mesh splits {axis} ({mesh.shape[axis]} devices), over which the logits' "
+                "vocabulary is split, and the kernel reduces whole rows")
     return pallas_logit_stats.unsupported(logits, targets)
 
 

@@ -113,10 +113,12 @@ def _gated_rms_norm(x, z, scale, group_size: int, norm_before_gate: bool, eps: f
 
 
 def rms_norm_pallas(x, z, scale, *, group_size, norm_before_gate, eps, dtype):
-    """The kernels on each device's batch rows (and heads, for `[B, T, H, C]` inputs)."""
+    """The kernels on each device's batch rows, its sequence shard (the rows are independent:
+    under context parallelism each device normalises its own tokens) and heads, for
+    `[B, T, H, C]` inputs."""
     if x.ndim < 2:
         return _kernel(x, z, scale, group_size, norm_before_gate, eps, dtype)
-    layout = "BTHC" if x.ndim == 4 else "B" + "T" * (x.ndim - 2) + "C"
+    layout = "BSHC" if x.ndim == 4 else "B" + "S" * (x.ndim > 2) + "T" * (x.ndim - 3) + "C"
     kernel = functools.partial(_kernel, group_size=group_size,
                                norm_before_gate=norm_before_gate, eps=eps, dtype=dtype)
     return shard_kernel("rms_norm", kernel, (x, z, scale), (layout, layout, "C"), layout)

@@ -1,4 +1,5 @@
-"""Pallas kernels under a mesh: every device runs the kernel on its own batch rows and heads.
+"""Pallas kernels under a mesh: every device runs the kernel on its own batch rows and heads
+(and, for row-wise kernels, its own tokens).
 
 To XLA a Pallas kernel is one custom call that its SPMD partitioner cannot split: under a mesh
 that shards the batch (`data`, `fsdp`) or the heads (`tensor`) it would gather the inputs and
@@ -9,17 +10,21 @@ the head mesh axis, as `hybrid_jax.sharding.LOGICAL_AXIS_RULES` lays out activat
 the others, so each shard's call is the op on that shard.
 
 Layouts name each dimension of an input or output by a letter, as the ops' docstrings do:
-`B` batch, `H` heads and `G` groups of heads (GQA's kv heads, SSD's B/C groups), any other
-letter not split. `H` and `G` split together or not at all: head h reads group
-h // (H/G), so contiguous blocks of H/D heads and G/D groups stay matched when D divides both.
-A single group (G = 1) that no output carries stays whole on every device while the heads
-split. A per-head input (SSD's `A`, layout "H") splits with the heads.
+`B` batch, `H` heads and `G` groups of heads (GQA's kv heads, SSD's B/C groups), `S` a time
+axis whose positions are independent rows (a norm's tokens, the loss's), split over the `seq`
+mesh axis as activations are ("seq"); any other letter (`T`, a recurrence's time) not split.
+`H` and `G` split together or not at all: head h reads group h // (H/G), so contiguous blocks
+of H/D heads and G/D groups stay matched when D divides both. A single group (G = 1) that no
+output carries stays whole on every device while the heads split. A per-head input (SSD's
+`A`, layout "H") splits with the heads.
 
-Not split here: time (context parallelism, `hybrid_jax.ops.context_parallel`, splits it and
-calls the ops on each time shard inside its own `shard_map`), and any mesh axis that an
-enclosing `shard_map` already made manual. Where the batch or the heads do not divide their
-axes, those stay whole on every device (replicated work), logged once per shapes on the
-dispatcher's logger.
+Not split here: the time of a recurrence or attention (`T`: context parallelism,
+`hybrid_jax.ops.context_parallel`, splits it and calls the ops on each time shard inside its
+own `shard_map`), and any mesh axis that an enclosing `shard_map` already made manual.
+Row-wise kernels outside it (the norms, the loss's statistics) name their time `S`: kept
+whole, it would be all-gathered over `seq` and every device would run the whole sequence.
+Where the batch, the heads or such a sequence do not divide their axes, those stay whole on
+every device (replicated work), logged once per shapes on the dispatcher's logger.
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ from hybrid_jax.ops.dispatch import log_once
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
-SPLIT = {"B": "batch", "H": "heads", "G": "groups"}
+SEQ_AXIS = "seq"
+SPLIT = {"B": "batch", "H": "heads", "G": "groups", "S": "sequence"}
 
 
 def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
                  layouts: Sequence[Any], out_layouts: Any, *, check_vma: bool = True) -> Any:
-    """`kernel(*args)`, each device computing its batch and head shard under the current mesh.
+    """`kernel(*args)`, each device computing its batch and head shard (and, for row-wise
+    kernels, its sequence shard) under the current mesh.
 
     Args:
       op: the op's name (errors and logs).
@@ -56,8 +63,8 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
         refuses). Without it the transpose sums the gradients of inputs whole over a split
         axis as well (shard_map's untyped rule).
 
-    Without a mesh, or where no batch or head axis of size > 1 is left to split, simply
-    `kernel(*args)`.
+    Without a mesh, or where no batch, head or (with `S`) sequence axis of size > 1 is left to
+    split, simply `kernel(*args)`.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
@@ -69,6 +76,7 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
     free = [a for a in mesh.axis_names if a not in mesh.manual_axes and mesh.shape[a] > 1]
     batch_axes = tuple(a for a in BATCH_AXES if a in free)
     head_axis = HEAD_AXIS if HEAD_AXIS in free else None
+    seq_axis = SEQ_AXIS if SEQ_AXIS in free and sizes["S"] else None
     reasons = []
     batch_devices = math.prod(mesh.shape[a] for a in batch_axes)
     if batch_axes and any(n % batch_devices for n in sizes["B"]):
@@ -85,18 +93,22 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
                        f"axis {head_axis!r}")
         head_axis = None
     group_axis = None if one_group else head_axis
+    if seq_axis and any(n % mesh.shape[seq_axis] for n in sizes["S"]):
+        reasons.append(f"sequence {sorted(sizes['S'])} is not a multiple of the "
+                       f"{mesh.shape[seq_axis]} devices of mesh axis {seq_axis!r}")
+        seq_axis = None
     if reasons:
         shapes = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
         log_once((op, "shard_kernel", shapes, tuple(reasons)), logging.WARNING,
                  "%s: the Pallas kernel runs whole on every device for what does not split: %s "
                  "(input shapes %s)", op, "; ".join(reasons), [s for s, _ in shapes])
-    manual = set(batch_axes) | ({head_axis} if head_axis else set())
+    manual = set(batch_axes) | {a for a in (head_axis, seq_axis) if a}
     if not manual:
         return kernel(*args)
 
     def spec(layout: str) -> P:
         batch = batch_axes[0] if len(batch_axes) == 1 else batch_axes
-        axes = {"B": batch, "H": head_axis, "G": group_axis}
+        axes = {"B": batch, "H": head_axis, "G": group_axis, "S": seq_axis}
         return P(*(axes.get(c) for c in layout))
 
     def per_shard(*shard_leaves):
@@ -124,7 +136,7 @@ def _leaf_layouts(op: str, arg: Any, layout: Any) -> list[str]:
 
 
 def _sizes(op: str, leaves: list[jax.Array], layouts: list[str]) -> dict[str, set[int]]:
-    """The sizes of the split dimensions (`B`, `H`, `G`) over all inputs."""
+    """The sizes of the split dimensions (`B`, `H`, `G`, `S`) over all inputs."""
     sizes: dict[str, set[int]] = {letter: set() for letter in SPLIT}
     for x, layout in zip(leaves, layouts, strict=True):
         if len(layout) != x.ndim:

@@ -44,14 +44,18 @@ from hybrid_jax.ops.nha import NHAState
 from hybrid_jax.sharding import LOGICAL_AXIS_RULES, logical_to_spec, make_mesh
 from pallas_kernels.delta_rule import api as delta_api
 from pallas_kernels.flash_attention import api as flash_api
+from pallas_kernels.logit_stats import api as logit_stats_api
 from pallas_kernels.nha import api as nha_api
+from pallas_kernels.rms_norm import api as rms_norm_api
 from pallas_kernels.short_conv import api as short_conv_api
 from pallas_kernels.ssd import api as ssd_api
 from tests.helpers import assert_close, normals
 from tests.pallas import (
     test_delta_rule_kernel,
     test_flash_attention,
+    test_logit_stats,
     test_nha_kernel,
+    test_rms_norm,
     test_short_conv,
     test_ssd_kernel,
 )
@@ -381,6 +385,61 @@ def test_layouts_are_checked():
 def test_mesh_axes_are_those_of_the_rule_table():
     assert partition.BATCH_AXES == LOGICAL_AXIS_RULES["batch"]
     assert partition.HEAD_AXIS == LOGICAL_AXIS_RULES["heads"] == LOGICAL_AXIS_RULES["kv_heads"]
+    assert partition.SEQ_AXIS == LOGICAL_AXIS_RULES["seq"]
+
+
+@pytest.fixture
+def row_kernels_on_cpu(monkeypatch):
+    """The norms' and the loss statistics' pallas rungs in interpret mode (tiny tiles)."""
+    for module, entry, tiles in ((rms_norm_api, "rms_norm", test_rms_norm.TINY),
+                                 (logit_stats_api, "logit_stats", test_logit_stats.TINY)):
+        monkeypatch.setattr(module, entry, functools.partial(
+            getattr(module, entry), interpret=True, block_sizes=tiles))
+        monkeypatch.setattr(module, "unsupported",
+                            functools.partial(module.unsupported, interpret=True))
+    dispatch._LOGGED.clear()
+
+
+ROW_CASES = {
+    "rms_norm": (lambda x: ops.rms_norm(x[0], x[1], implementation="pallas"),
+                 lambda: normals(20, (B, T, 12), (12,), dtype=np.float32)),
+    "gated_rms_norm heads": (
+        lambda x: ops.gated_rms_norm(x[0], x[2], x[1], norm_before_gate=False,
+                                     implementation="pallas"),
+        lambda: normals(21, (B, T, 3, 8), (8,), (B, T, 3, 8), dtype=np.float32)),
+    "logit_stats": (lambda x: ops.logit_stats(x[0], x[1], implementation="pallas"),
+                    lambda: (normals(22, (B, T, 40), dtype=np.float32),
+                             jnp.asarray(np.arange(B * T).reshape(B, T) % 40))),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_CASES))
+def test_row_kernels_split_the_sequence(row_kernels_on_cpu, vma_off, name):
+    """Under context parallelism's `data=2 × seq=4` the row-wise kernels run on each device's
+    batch rows and tokens: no all-gather of the sequence, the single-device values."""
+    run, make = ROW_CASES[name]
+    inputs = make()
+    expected = run(inputs)
+    mesh = make_mesh(MeshConfig(data=2, seq=4))
+    spec = lambda x: P("data", "seq") if x.ndim >= 2 else P()
+    placed = [jax.device_put(x, NamedSharding(mesh, spec(x))) for x in inputs]
+    with jax.set_mesh(mesh):
+        fn = jax.jit(run)
+        text = fn.lower(placed).compile().as_text()
+        got = fn(placed)
+    assert "all-gather" not in text
+    assert_close(got, expected, 1e-6, name)
+
+
+def test_a_sequence_that_does_not_split_stays_whole(row_kernels_on_cpu, vma_off, caplog):
+    run, make = ROW_CASES["rms_norm"]
+    x, scale = make()
+    x = x[:, :6]  # 6 tokens over 4 devices
+    expected = run((x, scale))
+    with jax.set_mesh(make_mesh(MeshConfig(data=2, seq=4))), \
+            caplog.at_level(logging.WARNING, "hybrid_jax.dispatch"):
+        assert_close(jax.jit(run)((x, scale)), expected, 1e-6)
+    assert "sequence [6] is not a multiple of the 4 devices of mesh axis 'seq'" in caplog.text
 
 
 def _loop_kernel(x_ref, o_ref):
