@@ -12,6 +12,8 @@ kernels in interpret mode (tiny tiles; the backend patched to "gpu" for the ops'
 * A single group (MQA's kv head, Mamba-2's B/C group) stays whole on every device while the
   heads split (traced; values and gradients slow).
 * Heads that do not divide the `tensor` axis fall back to batch-only shards, logged once.
+* The row-wise kernels (the norms, the loss statistics) split the sequence over `seq` too: no
+  all-gather, the single-device values, and the Triton lowering under `check_vma`.
 
 Default suite: each rung's values on `data=2 × tensor=2` and every trace; the gradients, the
 `fsdp` mesh, NHA from a state, the context-parallel runs and the benchmark's rows are `slow`.
@@ -42,6 +44,7 @@ from hybrid_jax.ops import context_parallel as cp
 from hybrid_jax.ops import dispatch, partition
 from hybrid_jax.ops.nha import NHAState
 from hybrid_jax.sharding import LOGICAL_AXIS_RULES, logical_to_spec, make_mesh
+from pallas_kernels import target
 from pallas_kernels.delta_rule import api as delta_api
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.logit_stats import api as logit_stats_api
@@ -429,6 +432,33 @@ def test_row_kernels_split_the_sequence(row_kernels_on_cpu, vma_off, name):
         got = fn(placed)
     assert "all-gather" not in text
     assert_close(got, expected, 1e-6, name)
+
+
+def test_row_kernels_lower_with_the_sequence_split(monkeypatch, caplog):
+    """On a GPU (Pallas' Triton lowering, no GPU needed; `check_vma` on, as the library runs)
+    the norm's forward and backward and the loss statistics lower to their kernels inside a
+    shard_map manual over `data` and `seq`, each on a [2, 64, ·] shard of [4, 256, ·]."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(target, "platform", lambda: "gpu")  # under the mesh of CPU devices
+    dispatch._LOGGED.clear()
+    spec = jax.ShapeDtypeStruct
+
+    def step(x, scale, logits, targets):
+        norm_grads = jax.grad(lambda x, g: jnp.sum(ops.rms_norm(x, g).astype(jnp.float32)),
+                              argnums=(0, 1))(x, scale)
+        return norm_grads, ops.logit_stats(logits, targets)
+
+    with jax.set_mesh(make_mesh(MeshConfig(data=2, seq=4))), \
+            caplog.at_level(logging.INFO, "hybrid_jax.dispatch"):
+        text = jax.jit(step).trace(spec((4, 256, 1024), jnp.bfloat16), spec((1024,), jnp.float32),
+                                   spec((4, 256, 512), jnp.float32),
+                                   spec((4, 256), jnp.int32)).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert not caplog.records, caplog.text
+    assert text.count("__gpu$xla.gpu.triton") == 3
+    manual = [line for line in text.splitlines() if "sdy.manual_computation" in line]
+    assert len(manual) == 3 and all('manual_axes={"data", "seq"}' in line for line in manual)
+    assert "tensor<2x64x1024xbf16>" in text and "tensor<2x64x512xf32>" in text
 
 
 def test_a_sequence_that_does_not_split_stays_whole(row_kernels_on_cpu, vma_off, caplog):
