@@ -25,7 +25,7 @@ from jax import lax
 
 from hybrid_jax.ops.checks import check_floating, check_integer
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.partition import shard_kernel
+from hybrid_jax.ops.partition import row_layout, shard_kernel
 from pallas_kernels.logit_stats import api as pallas_logit_stats
 from pallas_kernels.logit_stats.api import LogitStats
 
@@ -59,7 +59,7 @@ def logit_stats_xla(logits: jax.Array, targets: jax.Array) -> LogitStats:
 
 def logit_stats_pallas(logits: jax.Array, targets: jax.Array) -> LogitStats:
     """The kernel on each device's batch rows and sequence shard (rows are independent)."""
-    rows = ("B" + "S" * (logits.ndim > 2) + "T" * (logits.ndim - 3))[:logits.ndim - 1]
+    rows = row_layout(logits.ndim - 1)
     return shard_kernel(_OP, pallas_logit_stats.logit_stats, (logits, targets),
                         (rows + "V", rows), LogitStats(*(rows,) * 4))
 

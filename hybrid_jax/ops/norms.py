@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.partition import shard_kernel
+from hybrid_jax.ops.partition import row_layout, shard_kernel
 from pallas_kernels.rms_norm import api as pallas_rms_norm
 
 
@@ -118,7 +118,7 @@ def rms_norm_pallas(x, z, scale, *, group_size, norm_before_gate, eps, dtype):
     `[B, T, H, C]` inputs."""
     if x.ndim < 2:
         return _kernel(x, z, scale, group_size, norm_before_gate, eps, dtype)
-    layout = "BSHC" if x.ndim == 4 else "B" + "S" * (x.ndim > 2) + "T" * (x.ndim - 3) + "C"
+    layout = "BSHC" if x.ndim == 4 else row_layout(x.ndim - 1) + "C"
     kernel = functools.partial(_kernel, group_size=group_size,
                                norm_before_gate=norm_before_gate, eps=eps, dtype=dtype)
     return shard_kernel("rms_norm", kernel, (x, z, scale), (layout, layout, "C"), layout)

@@ -123,6 +123,12 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
                          check_vma=check_vma)(*leaves)
 
 
+def row_layout(ndim: int) -> str:
+    """The layout of `ndim` leading axes of independent rows (`[B, T, ...]`): batch, the
+    sequence split as rows (`S`), any further axes whole."""
+    return "BS"[:ndim] + "T" * max(ndim - 2, 0)
+
+
 def _varying(x: jax.Array, axes: set[str]) -> jax.Array:
     """`x` marked as varying over `axes` (those of them it does not vary over yet)."""
     missing = tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying))

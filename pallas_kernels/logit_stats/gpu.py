@@ -75,7 +75,7 @@ def _kernel(logits_ref, targets_ref, top_ref, best_ref, sum_ref, target_ref, *, 
 
     lowest = jnp.full((BR, BV), -jnp.inf, F32)
     zeros = jnp.zeros((BR, BV), F32)
-    carry = (lowest, lanes, lowest, zeros, lanes * 0 + _NONE, zeros)
+    carry = (lowest, lanes, lowest, zeros, jnp.full((BR, BV), _NONE, jnp.int32), zeros)
     steps = pl.cdiv(vocab, BV)
     if st.blocks.prefetch:
         def step(j, state):
