@@ -67,8 +67,9 @@ def test_badge_install_cell_and_knob(name):
     assert "jax.devices()" in code, "a device check"
 
 
-def kernel_environment(name: str, quick: bool) -> dict[str, str]:
+def kernel_environment(name: str, quick: bool, tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", QUICK)}
+    env["TMPDIR"] = str(tmp)  # what a notebook makes with tempfile goes with the test's tmp_path
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in (env.get("PYTHONPATH"),) if p])
     env["JAX_PLATFORMS"] = "cpu"
     if quick:
@@ -79,18 +80,19 @@ def kernel_environment(name: str, quick: bool) -> dict[str, str]:
     return env
 
 
-def execute(name: str, quick: bool) -> None:
+def execute(name: str, quick: bool, tmp: Path) -> None:
     client = NotebookClient(read(name), timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(COLAB)}})
-    client.execute(env=kernel_environment(name, quick))  # raises CellExecutionError naming the cell
+    # raises CellExecutionError naming the cell
+    client.execute(env=kernel_environment(name, quick, tmp))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_runs_top_to_bottom(name):
-    execute(name, quick=True)
+def test_runs_top_to_bottom(name, tmp_path):
+    execute(name, quick=True, tmp=tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in NAMES if QUICK in read(n).cells[4].source])
-def test_runs_top_to_bottom_with_all_its_steps(name):
-    execute(name, quick=False)
+def test_runs_top_to_bottom_with_all_its_steps(name, tmp_path):
+    execute(name, quick=False, tmp=tmp_path)

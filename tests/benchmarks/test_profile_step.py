@@ -25,7 +25,7 @@ def test_kernel_changes_reach_every_mode_and_the_json(tmp_path, monkeypatch):
     out = tmp_path / "p.json"
     monkeypatch.setattr(sys, "argv", ["profile_step", "--modes", "packed,unpacked",
                                       "--kernel-changes", "ssd:grads_num_stages=2",
-                                      "--out", str(out)])
+                                      "--out", str(out), "--trace-dir", str(tmp_path)])
     profile_step.main()
     assert [mode for mode, _ in seen] == ["packed", "unpacked"]
     assert all(blocks.grads_num_stages == 2 for _, blocks in seen)
