@@ -42,7 +42,12 @@ from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
 LOG2E = math.log2(math.e)
-MASK_VALUE = -1e30  # finite: running maxima never meet inf − inf
+# Finite, so running maxima never meet inf − inf; a power of two, so its product with the
+# float32 logit scale is exact and `s·scale2 − m` is exactly 0 on a row's masked keys while
+# it has seen no visible one, also when the compiler fuses it into an FMA (with −1e30 the
+# FMA kept the product's rounding error, ±1e22, and `forward_one_select` gave p = inf, then
+# 0·inf = NaN at the row's first visible key).
+MASK_VALUE = -(2.0**100)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -177,3 +177,30 @@ def test_rejects_bad_inputs():
                             extents=document_extents(None, (1, 15)), interpret=True)
     with pytest.raises(ValueError, match="implementation must be one of"):
         api.flash_attention(q, q, q, implementation="cudnn", interpret=True)
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 64, 128, 256])
+def test_masked_logits_cancel_exactly_under_an_fma(head_dim):
+    """With `forward_one_select`, a row that has seen no visible key yet takes
+    p = exp2(MASK·scale2 − m) on its masked keys, m = fl(MASK·scale2): 1 only if the difference
+    is exactly 0 also when computed as one FMA (the exact product minus its rounding). The
+    mask value is a power of two, so the product is exact; −1e30 left ±1e22 (p = inf, then
+    NaN at the row's first visible key: a random configuration of session 24)."""
+    from pallas_kernels.flash_attention.gpu import MASK_VALUE, Static
+
+    st = Static(window=None, scale=head_dim**-0.5, group=1, blocks=TINY, interpret=True)
+    scale2 = np.float32(st.scale2)
+    assert np.float32(MASK_VALUE) * scale2 == np.float64(MASK_VALUE) * np.float64(scale2)
+    assert np.isfinite(np.float32(MASK_VALUE) * scale2)
+
+
+def test_one_select_with_a_first_block_masked_for_its_rows():
+    """The configuration that found it: rows whose first visited key block lies before their
+    document, forward_one_select with the causal-only diagonal and dq by atomics, GQA, T 43
+    padded to 64 (values and gradients)."""
+    ids = segments_from_lengths([9, 13, 1, 17, 3])
+    q, k, v = normals(8, (1, 43, 4, 16), (1, 43, 2, 16), (1, 43, 2, 16), dtype=np.float32)
+    blocks = BlockSizes(block_q=16, block_k=16, block_q_dq=32, block_k_dq=8, block_q_dkv=16,
+                        block_k_dkv=16, dq_atomic=True, forward_one_select=True,
+                        diagonal_causal_only=True)
+    check(q, k, v, ids, None, blocks)
