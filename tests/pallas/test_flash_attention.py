@@ -18,6 +18,7 @@ import pytest
 from pallas_kernels.flash_attention import api
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.bounds import document_extents, pad_extents, visible_span
+from pallas_kernels.flash_attention.gpu import MASK_VALUE, Static
 from pallas_kernels.flash_attention.reference import visible
 from tests.helpers import assert_close, normals
 
@@ -186,8 +187,6 @@ def test_masked_logits_cancel_exactly_under_an_fma(head_dim):
     is exactly 0 also when computed as one FMA (the exact product minus its rounding). The
     mask value is a power of two, so the product is exact; −1e30 left ±1e22 (p = inf, then
     NaN at the row's first visible key: a random configuration of session 24)."""
-    from pallas_kernels.flash_attention.gpu import MASK_VALUE, Static
-
     st = Static(window=None, scale=head_dim**-0.5, group=1, blocks=TINY, interpret=True)
     scale2 = np.float32(st.scale2)
     assert np.float32(MASK_VALUE) * scale2 == np.float64(MASK_VALUE) * np.float64(scale2)
