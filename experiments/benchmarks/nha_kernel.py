@@ -54,8 +54,13 @@ from pallas_kernels.nha.reference import nha_reference
 
 HEADS, DIM, SLOTS, WINDOW = 16, 128, 64, 512
 TABLE_SHAPES = ((4, 8192), (1, 32768))  # (B, T) of the issue's target
-API_CHECKS = ((777, 2, 2, 0),)  # (T, H, G, w) of the kernel API checks (w = 0: all the
-# softmax mass on the slots, where bf16 slot products failed before: NOTES v4)
+STRONG_GATES = 1.5
+"""`--gate-offset` for the exact path: every slot's log gate 1.5 lower a step, so every chunk of
+64 decays past e^-60 (`chunk_math.FAST_PATH_LIMIT`)."""
+# (T, H, G, w, gate offset) of the kernel API checks: w = 0, all the softmax mass on the slots,
+# where bf16 slot products failed before (NOTES v4); strong gates, with one slot's at -100 a step
+# (past float32 for the exact path's factorisation before session 25: NaN on the GPU only)
+API_CHECKS = ((777, 2, 2, 0, 0.0), (777, 2, 2, 16, STRONG_GATES))
 # (w, head dim) of the op checks (GQA 4 / 2); w 280 ≥ 4 tiles: the window kernels' document
 # bounds (api.DOCUMENT_BOUNDS_BLOCKS)
 OP_CHECKS = ((200, DIM), (0, DIM), (128, 256), (280, DIM))
@@ -63,11 +68,14 @@ CHECK_LENGTH, CHECK_PREFIX = 1000, 300  # the op checks' call, after a state of 
 NAMES = ("q", "k", "v", "s", "g", "q_window", "k_window")
 
 
-def make_inputs(batch, length, heads, kv_heads, key, dtype=jnp.bfloat16, dim=None):
+def make_inputs(batch, length, heads, kv_heads, key, dtype=jnp.bfloat16, dim=None,
+                gate_offset=0.0):
     dim = dim or DIM
     keys = iter(jax.random.split(key, 8))
     normal = lambda h, d: jax.random.normal(next(keys), (batch, length, h, d), jnp.float32)
-    g = jax.nn.log_sigmoid(normal(kv_heads, SLOTS)) / 8
+    g = jax.nn.log_sigmoid(normal(kv_heads, SLOTS)) / 8 - gate_offset
+    if gate_offset:
+        g = g.at[..., 0].set(-100.0)
     x = dict(q=normal(heads, dim), k=normal(kv_heads, dim), v=normal(kv_heads, dim),
              s=1 - jnp.exp(g), g=g, q_window=normal(heads, dim), k_window=normal(kv_heads, dim))
     return {n: a.astype(dtype) for n, a in x.items()}
@@ -210,14 +218,15 @@ def part_check(args):
 
 def _check_rows(args):
     rows = []
-    for length, heads, kv_heads, window in API_CHECKS:
-        x = make_inputs(1, length, heads, kv_heads, jax.random.key(1))
+    for length, heads, kv_heads, window, gate_offset in API_CHECKS:
+        x = make_inputs(1, length, heads, kv_heads, jax.random.key(1), gate_offset=gate_offset)
         weights = [jax.random.normal(jax.random.key(2), (1, length, heads, DIM))]
         apply = lambda fn: lambda inputs: fn(*(inputs[n] for n in NAMES))
         reference = lambda q, k, v, s, g, qw, kw, w=window: nha_reference(
             q, k, v, s, g, window=w, q_window=qw, k_window=kw)
         for variant in dict.fromkeys(["default", *args.check_variants]):
-            rows.append(_compare(f"api T{length} H{heads} G{kv_heads} w{window} {variant}",
+            gates = f" gates-{gate_offset}" if gate_offset else ""
+            rows.append(_compare(f"api T{length} H{heads} G{kv_heads} w{window}{gates} {variant}",
                                  apply(pallas_op(window, dataclasses.replace(
                                      VARIANTS[variant], **args.check_changes))),
                                  apply(reference), x, weights))
@@ -282,7 +291,8 @@ def part_table(args):
     rows = []
     peers = {(r.get("B"), r.get("T")): r for r in args.peer_rows}
     for batch, length in TABLE_SHAPES:
-        x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0))
+        x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0),
+                        gate_offset=args.gate_offset)
         nha_inputs = [x[n] for n in NAMES]
         attention = (x["q_window"], x["k_window"], x["v"])
         impls = {
@@ -376,7 +386,8 @@ def part_sweep(args):
     """Variants at B4 T8192 w512 until `--budget-s` (counted from the script's start) is spent."""
     rows = []
     batch, length = TABLE_SHAPES[0]
-    x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0))
+    x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0),
+                    gate_offset=args.gate_offset)
     for name in args.variants:
         row = {"variant": name, "T": length, "w": WINDOW}
         if time.perf_counter() - args.start > args.budget_s:
@@ -434,7 +445,8 @@ def part_profile(args):
 
     batch, length = TABLE_SHAPES[0]
     window = WINDOW
-    x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0))
+    x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0),
+                    gate_offset=args.gate_offset)
     q, qw, kw, v = x["q"], x["q_window"], x["k_window"], x["v"]
     ks, vs, ss, gs = (x[n] for n in ("k", "v", "s", "g"))  # read w/C chunks back (the shift)
     do = jax.random.normal(jax.random.key(5), q.shape, jnp.bfloat16)
@@ -537,6 +549,10 @@ def main() -> None:
                         help="Triton cache directory for the peer (fla's tuned kernels)")
     parser.add_argument("--budget-s", type=float, default=270.0,
                         help="the sweep stops starting variants past this many seconds")
+    parser.add_argument("--gate-offset", type=float, default=0.0,
+                        help="lower every log gate by this much a step in the table, sweep and "
+                             f"profile ({STRONG_GATES}: every chunk on the exact path), one "
+                             "slot's to -100")
     parser.add_argument("--out", default="nha_kernel.json")
     args = parser.parse_args()
     args.start = time.perf_counter()
@@ -549,7 +565,8 @@ def main() -> None:
     for part in parts:
         results[part] = PARTS[part](args)
         write_json(args.out, "nha_kernel", [], parts=results,
-                   shape=dict(H=HEADS, K=DIM, V=DIM, D=DIM, M=SLOTS, w=WINDOW, dtype="bfloat16"),
+                   shape=dict(H=HEADS, K=DIM, V=DIM, D=DIM, M=SLOTS, w=WINDOW, dtype="bfloat16",
+                              gate_offset=args.gate_offset),
                    seconds=time.perf_counter() - args.start)
     print(f"done in {time.perf_counter() - args.start:.0f} s", flush=True)
 

@@ -15,14 +15,18 @@ e^{G_t}, a write at row j reaches row t ≥ j with e^{G_t − G_j}. Four forms a
 The per-slot decay e^{G_t − G_j} is a `[C, C, M]` tensor; it is never built. Fast path (taken
 when every slot decays by less than e^{−60} over the chunk, i.e. almost always): one
 factorisation at the chunk start, e^{G_t}·e^{−G_j}, both factors within float32 range (≤ e^{60}),
-so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact sub-chunk path: the
-pairs are cut by sub-chunks of S rows and factorised at a sub-chunk boundary r as
-e^{G_t − G_r}·e^{G_r − G_j}:
-for the query-row forms r is the last row of the key sub-chunk, for the key-row forms the first
-row of the query sub-chunk. Every factor is then ≤ 1 except inside the diagonal sub-chunk, where
-one factor can reach e^{|G_j − G_r|} over at most S − 1 steps: exact unless S − 1 consecutive log
-gates of one slot sum below about −87 (float32 overflow; with g = logsigmoid(f)/8 and S = 16
-that needs f < −46 on 15 consecutive tokens). Rows outside a sub-chunk's pairs are masked
+so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact path, where no factor
+exceeds 1 whatever the gates (a factor that underflows to 0 belongs to a pair whose true weight
+is below the float range anyway). The pairs of different sub-chunks (S rows) are factorised at
+a sub-chunk boundary r as e^{G_t − G_r}·e^{G_r − G_j}: for the query-row forms r is the last row
+of the key sub-chunk and the query rows come after it, for the key-row forms r is the first row
+of the query sub-chunk and the key rows come before it. The pairs inside one sub-chunk are split
+by level, as the XLA rung splits a whole chunk (`hybrid_jax.ops.gsa`): blocks of b = 2, 4, …, S
+rows, j in the left and t in the right half of a block, factorised at the left half's last row;
+and the pairs j = t, factors 1 (`_diagonal_pieces`). Each piece is one product, over full chunk
+rows with the factors 0 outside it. (Until session 25 the sub-chunk boundary factorised the
+diagonal sub-chunk too, one factor up to e^{|ΔG|}: float32 overflowed, NaN on the kernels only,
+once S − 1 consecutive log gates of one slot summed below −87.) Rows outside a piece are masked
 before `exp`, so nothing overflows there.
 
 Documents (packed sequences). A document start among the chunk's slot inputs empties the slots
@@ -175,19 +179,42 @@ def _masked(x: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 
 def _key_subchunk_decays(G: jax.Array, g: Rows, jb: int, S: int):
-    """Factors at the last row r of key sub-chunk jb: e^{G_t − G_r} for every row t ≥ jb·S
-    (else 0) `[C, M]`, and e^{G_r − G_j} ≤ 1 for its rows j `[S, M]`."""
+    """Factors at the last row r of key sub-chunk jb: e^{G_t − G_r} ≤ 1 for every row t after
+    it (else 0) `[C, M]`, and e^{G_r − G_j} ≤ 1 for its rows j `[S, M]`."""
     ref = g(jb * S + S - 1, 1)
-    query = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) >= jb * S, G - ref, -jnp.inf))
+    query = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) > jb * S + S - 1, G - ref, -jnp.inf))
     return query, jnp.exp(ref - g(jb * S, S))
 
 
 def _query_subchunk_decays(G: jax.Array, g: Rows, ib: int, S: int):
     """Factors at the first row r of query sub-chunk ib: e^{G_t − G_r} ≤ 1 for its rows t
-    `[S, M]`, and e^{G_r − G_n} for every key row n < (ib + 1)·S (else 0) `[C, M]`."""
+    `[S, M]`, and e^{G_r − G_n} ≤ 1 for every key row n before it (else 0) `[C, M]`."""
     ref = g(ib * S, 1)
-    key = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) < (ib + 1) * S, ref - G, -jnp.inf))
+    key = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) < ib * S, ref - G, -jnp.inf))
     return jnp.exp(g(ib * S, S) - ref), key
+
+
+def _diagonal_pieces(G: jax.Array, row: Callable[[int], jax.Array], S: int):
+    """The pairs j ≤ t inside a sub-chunk (every sub-chunk of the chunk at once), split so that
+    no factor exceeds 1: per level, blocks of b = 2, 4, …, S rows, the pairs with j in the left
+    and t in the right half of a block, factorised at the left half's last row m as
+    e^{G_t − G_m}·e^{G_m − G_j}; and the pairs j = t, factors 1. Yields per piece the query
+    rows' factors `[C, M']` (0 outside the piece), the key rows' `[C, M']` and the pairs it
+    takes `[C, C]` (symmetric: a form may index it either way). `row(r)`: G's row r `[1, M']`.
+    A generator, so that a kernel holds one piece's factors at a time."""
+    C = G.shape[0]
+    rows, t, j = iota((C, 1), 0), iota((C, C), 0), iota((C, C), 1)
+    ones = jnp.ones_like(G)
+    yield ones, ones, t == j
+    b = 2
+    while b <= S:
+        midpoint = jnp.zeros_like(G)  # G_m of each row's block (rows & −b: the block's start)
+        for start in range(0, C, b):
+            midpoint = jnp.where((rows & -b) == start, row(start + b // 2 - 1), midpoint)
+        right = (rows & (b // 2)) != 0
+        yield (jnp.exp(jnp.where(right, G - midpoint, -jnp.inf)),
+               jnp.exp(jnp.where(right, -jnp.inf, midpoint - G)), (t & -b) == (j & -b))
+        b *= 2
 
 
 def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Products,
@@ -217,14 +244,20 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
         entry = jnp.exp(G)
         outs = [entry * _masked(state.mm(x, x_state, exact_a=True), entering)
                 for x, _, x_state in pairs]
-        for jb in range(C // S):
+        for jb in range(C // S - 1):  # the key sub-chunks' pairs with the rows after them
             query, key = _key_subchunk_decays(G, g, jb, S)
             y_jb = y(jb * S, S).astype(F32) * key
-            mask = _and(iota((C, S), 0) >= iota((C, S), 1) + jb * S,
-                        _same_segment(sigma, C, jb * S, S))
+            mask = _and(iota((C, S), 0) >= (jb + 1) * S, _same_segment(sigma, C, jb * S, S))
             for n, (x, x_keys, _) in enumerate(pairs):
                 a = jnp.where(mask, intra.mm_nt(x, x_keys(jb * S, S), True, True), 0.0)
                 outs[n] = outs[n] + query * intra.mm(a, y_jb)
+        pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
+        within = [jnp.where(pair_mask, intra.mm_nt(x, x_keys(0, C), True, True), 0.0)
+                  for x, x_keys, _ in pairs]
+        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+            y_piece = y(0, C).astype(F32) * key
+            outs = [out + query * intra.mm(jnp.where(piece, a, 0.0), y_piece)
+                    for out, a in zip(outs, within, strict=True)]
         return tuple(outs)
 
     return list(lax.cond(_fast_path(g, C), fast, exact))
@@ -251,14 +284,17 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
     def exact():
         G = g(0, C)
         out = state.mm_nt(_masked(p * jnp.exp(G), entering), state_t)
-        for jb in range(C // S):
+        for jb in range(C // S - 1):  # as `slot_scores`'s exact path
             query, key = _key_subchunk_decays(G, g, jb, S)
             y_jb = y(jb * S, S).astype(F32) * key
-            mask = _and(iota((C, S), 0) >= iota((C, S), 1) + jb * S,
-                        _same_segment(sigma, C, jb * S, S))
+            mask = _and(iota((C, S), 0) >= (jb + 1) * S, _same_segment(sigma, C, jb * S, S))
             w = jnp.where(mask, intra.mm_nt(p * query, y_jb), 0.0)
             out = out + intra.mm(w, u(jb * S, S), exact_b=True)
-        return out
+        w = 0.0
+        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+            w += jnp.where(piece, intra.mm_nt(p * query, y(0, C).astype(F32) * key), 0.0)
+        w = jnp.where(_and(_causal(C), _same_segment(sigma, C, 0, C)), w, 0.0)
+        return out + intra.mm(w, u(0, C), exact_b=True)
 
     return lax.cond(_fast_path(g, C), fast, exact)
 
@@ -300,10 +336,14 @@ def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Prod
     def exact():
         G, rows = g(0, C), iota((C, 1), 0)
         outs = [jnp.exp(G) * part for part, _ in sums]
-        for jb in range(C // S):
+        for jb in range(C // S - 1):
             query, key = _key_subchunk_factors(G, g, rows, jb, S)
             y_jb = y(0, C).astype(F32) * key
             outs = [out + query * intra.mm(pair, y_jb)
+                    for out, (_, pair) in zip(outs, sums, strict=True)]
+        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+            y_piece = y(0, C).astype(F32) * key
+            outs = [out + query * intra.mm(jnp.where(piece, pair, 0.0), y_piece)
                     for out, (_, pair) in zip(outs, sums, strict=True)]
         return tuple(outs)
 
@@ -327,9 +367,11 @@ def slot_readout_tiled(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t, store, 
 
     def exact():
         rows, pairs = iota((C, 1), 0), 0.0
-        for jb in range(C // S):  # as `slot_scores_tiled`'s exact path
+        for jb in range(C // S - 1):  # as `slot_scores_tiled`'s exact path
             query, key = _key_subchunk_factors(G, g, rows, jb, S)
             pairs += intra.mm_nt(p * query, y(0, C).astype(F32) * key)
+        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+            pairs += jnp.where(piece, intra.mm_nt(p * query, y(0, C).astype(F32) * key), 0.0)
         return pairs
 
     pairs = intra.operand(jnp.where(pair_mask, lax.cond(_fast_path(g, C), fast, exact), 0.0))
@@ -347,7 +389,7 @@ def _key_subchunk_factors(G: jax.Array, g: Rows, rows: jax.Array, jb: int, S: in
     """`_key_subchunk_decays` with both factors over all C rows `[C, M]`: the key factors are 0
     outside key sub-chunk jb, so a full-width product adds only its pairs."""
     ref = g(jb * S + S - 1, 1)
-    query = jnp.exp(jnp.where(rows >= jb * S, G - ref, -jnp.inf))
+    query = jnp.exp(jnp.where(rows > jb * S + S - 1, G - ref, -jnp.inf))
     inside = (rows >= jb * S) & (rows < (jb + 1) * S)
     return query, jnp.exp(jnp.where(inside, ref - G, -jnp.inf))
 
@@ -454,21 +496,26 @@ def _within_chunk(sides, pairs, s, slots, query, key, mask, *, intra: Products,
 
 
 def _by_subchunks(within, g: Rows, G, slots, S: int, mask, num_pulls: int):
-    """The exact path: the query rows by sub-chunks of S, each factorised at its first row
-    (`_input_grads_subchunks`); its query factors are 0 outside it, so each step adds only
-    its own columns of the pulls. A loop."""
+    """The exact path: the query rows by sub-chunks of S with the key rows before them, each
+    factorised at its first row (`_input_grads_subchunks`), a loop; its query factors are 0
+    outside it, so each step adds only its own columns of the pulls. Then the pairs inside the
+    sub-chunks (`_diagonal_pieces`)."""
     C = G.shape[0]
     rows = iota((C, 1), 0)
 
     def sub_chunk(ib, carry):
         ref, start, end = g(ib * S, 1, slots), ib * S, (ib + 1) * S
         query = jnp.exp(jnp.where((rows >= start) & (rows < end), G - ref, -jnp.inf))
-        key = jnp.exp(jnp.where(rows < end, ref - G, -jnp.inf))
+        key = jnp.exp(jnp.where(rows < start, ref - G, -jnp.inf))
         ds, pulls = within(query, key, mask)
         return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
 
     zeros = [jnp.zeros((C, C), F32)] * num_pulls
-    return lax.fori_loop(0, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
+    ds, pulls = lax.fori_loop(1, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
+    for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1, slots), S):
+        piece_ds, piece_pulls = within(query, key, mask & piece)
+        ds, pulls = ds + piece_ds, [a + b for a, b in zip(pulls, piece_pulls, strict=True)]
+    return ds, pulls
 
 
 def _feature_tiles(width: int, tile: int, step, init):
@@ -529,12 +576,16 @@ def _input_grads_subchunks(sides, s_in, g: Rows, *, S: int, intra: Products,
     C = s_in.shape[0]
     G = g(0, C)
     dxs, ds = [0.0] * len(sides), 0.0
-    for ib in range(C // S):
+    for ib in range(1, C // S):  # the query sub-chunks' pairs with the key rows before them
         query, key = _query_subchunk_decays(G, g, ib, S)
-        mask = _and(iota((C, S), 0) <= iota((C, S), 1) + ib * S,
-                    _same_segment(sigma, C, ib * S, S))
+        mask = _and(iota((C, S), 0) < ib * S, _same_segment(sigma, C, ib * S, S))
         pull, inner = _query_rows_pull(sides, s_in.astype(F32) * key, ib * S, S, query, mask,
                                        intra=intra, gradient=gradient)
+        dxs, ds = [a + b for a, b in zip(dxs, pull, strict=True)], ds + key * inner
+    pair_mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
+    for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+        pull, inner = _query_rows_pull(sides, s_in.astype(F32) * key, 0, C, query,
+                                       pair_mask & piece, intra=intra, gradient=gradient)
         dxs, ds = [a + b for a, b in zip(dxs, pull, strict=True)], ds + key * inner
     return tuple(dxs), ds
 
