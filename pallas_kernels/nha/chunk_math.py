@@ -194,27 +194,46 @@ def _query_subchunk_decays(G: jax.Array, g: Rows, ib: int, S: int):
     return jnp.exp(g(ib * S, S) - ref), key
 
 
-def _diagonal_pieces(G: jax.Array, row: Callable[[int], jax.Array], S: int):
+def _diagonal_pieces(G: jax.Array, row: Callable[[jax.Array], jax.Array], S: int, body,
+                     carry):
     """The pairs j ≤ t inside a sub-chunk (every sub-chunk of the chunk at once), split so that
-    no factor exceeds 1: per level, blocks of b = 2, 4, …, S rows, the pairs with j in the left
-    and t in the right half of a block, factorised at the left half's last row m as
-    e^{G_t − G_m}·e^{G_m − G_j}; and the pairs j = t, factors 1. Yields per piece the query
-    rows' factors `[C, M']` (0 outside the piece), the key rows' `[C, M']` and the pairs it
-    takes `[C, C]` (symmetric: a form may index it either way). `row(r)`: G's row r `[1, M']`.
-    A generator, so that a kernel holds one piece's factors at a time."""
+    no factor exceeds 1: the pairs j = t, factors 1; then per level, blocks of b = 2, 4, …, S
+    rows, the pairs with j in the left and t in the right half of a block, factorised at the
+    left half's last row m as e^{G_t − G_m}·e^{G_m − G_j}. Runs
+    `carry = body(query, key, piece, carry)` for each piece: the query rows' factors `[C, M']`
+    (0 outside the piece), the key rows' `[C, M']` and the pairs it takes `[C, C]` (symmetric:
+    a form may index it either way). `row(r)`: G's row r `[1, M']` (r traced). The levels and
+    each level's midpoints are loops, not unrolled: the kernel then holds one level's values at
+    a time (unrolled, 60 one-row loads at C 64 went live together and spilled: NOTES.md,
+    session 25)."""
     C = G.shape[0]
     rows, t, j = iota((C, 1), 0), iota((C, C), 0), iota((C, C), 1)
-    ones = jnp.ones_like(G)
-    yield ones, ones, t == j
-    b = 2
-    while b <= S:
-        midpoint = jnp.zeros_like(G)  # G_m of each row's block (rows & −b: the block's start)
-        for start in range(0, C, b):
-            midpoint = jnp.where((rows & -b) == start, row(start + b // 2 - 1), midpoint)
-        right = (rows & (b // 2)) != 0
-        yield (jnp.exp(jnp.where(right, G - midpoint, -jnp.inf)),
-               jnp.exp(jnp.where(right, -jnp.inf, midpoint - G)), (t & -b) == (j & -b))
-        b *= 2
+
+    def level(l, carry):  # blocks of b = 2^l rows; b = 1: the pairs j = t
+        half = jnp.right_shift(jnp.left_shift(1, l), 1)
+        block = -jnp.left_shift(1, l)  # rows & block: the start of a row's block
+
+        def midpoint_of(i, midpoint):  # block i's midpoint row to its rows
+            start = 2 * half * i
+            return jnp.where((rows & block) == start, row(start + half - 1), midpoint)
+
+        count = jnp.right_shift(C, l) * jnp.minimum(l, 1)  # (a scalar `where` lowers wrongly)
+        midpoint = lax.fori_loop(0, count, midpoint_of, G)  # b = 1: G itself, factors 1
+        right = ((rows & half) != 0) | (l == 0)
+        left = ((rows & half) == 0) | (l == 0)
+        return body(jnp.exp(jnp.where(right, G - midpoint, -jnp.inf)),
+                    jnp.exp(jnp.where(left, midpoint - G, -jnp.inf)), (t & block) == (j & block),
+                    carry)
+
+    return lax.fori_loop(0, S.bit_length(), level, carry)
+
+
+def _readout_piece(p: jax.Array, y: Rows, intra: Products, query, key, piece,
+                   pairs) -> jax.Array:
+    """The readout form's pair weights Σ_m p_tm e^{G_tm − G_jm} y_jm `[C, C]` of one piece
+    (`_diagonal_pieces`), added to `pairs`."""
+    C = p.shape[0]
+    return pairs + jnp.where(piece, intra.mm_nt(p * query, y(0, C).astype(F32) * key), 0.0)
 
 
 def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Products,
@@ -254,11 +273,12 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
         pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
         within = [jnp.where(pair_mask, intra.mm_nt(x, x_keys(0, C), True, True), 0.0)
                   for x, x_keys, _ in pairs]
-        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+        def piece_of(query, key, piece, outs):
             y_piece = y(0, C).astype(F32) * key
-            outs = [out + query * intra.mm(jnp.where(piece, a, 0.0), y_piece)
+            return [out + query * intra.mm(jnp.where(piece, a, 0.0), y_piece)
                     for out, a in zip(outs, within, strict=True)]
-        return tuple(outs)
+
+        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S, piece_of, outs))
 
     return list(lax.cond(_fast_path(g, C), fast, exact))
 
@@ -290,9 +310,8 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
             mask = _and(iota((C, S), 0) >= (jb + 1) * S, _same_segment(sigma, C, jb * S, S))
             w = jnp.where(mask, intra.mm_nt(p * query, y_jb), 0.0)
             out = out + intra.mm(w, u(jb * S, S), exact_b=True)
-        w = 0.0
-        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
-            w += jnp.where(piece, intra.mm_nt(p * query, y(0, C).astype(F32) * key), 0.0)
+        w = _diagonal_pieces(G, lambda r: g(r, 1), S,
+                             functools.partial(_readout_piece, p, y, intra), jnp.zeros((C, C), F32))
         w = jnp.where(_and(_causal(C), _same_segment(sigma, C, 0, C)), w, 0.0)
         return out + intra.mm(w, u(0, C), exact_b=True)
 
@@ -341,11 +360,12 @@ def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Prod
             y_jb = y(0, C).astype(F32) * key
             outs = [out + query * intra.mm(pair, y_jb)
                     for out, (_, pair) in zip(outs, sums, strict=True)]
-        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
+        def piece_of(query, key, piece, outs):
             y_piece = y(0, C).astype(F32) * key
-            outs = [out + query * intra.mm(jnp.where(piece, pair, 0.0), y_piece)
+            return [out + query * intra.mm(jnp.where(piece, pair, 0.0), y_piece)
                     for out, (_, pair) in zip(outs, sums, strict=True)]
-        return tuple(outs)
+
+        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S, piece_of, outs))
 
     return list(lax.cond(_fast_path(g, C), fast, exact))
 
@@ -370,9 +390,8 @@ def slot_readout_tiled(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t, store, 
         for jb in range(C // S - 1):  # as `slot_scores_tiled`'s exact path
             query, key = _key_subchunk_factors(G, g, rows, jb, S)
             pairs += intra.mm_nt(p * query, y(0, C).astype(F32) * key)
-        for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
-            pairs += jnp.where(piece, intra.mm_nt(p * query, y(0, C).astype(F32) * key), 0.0)
-        return pairs
+        return _diagonal_pieces(G, lambda r: g(r, 1), S,
+                                functools.partial(_readout_piece, p, y, intra), pairs)
 
     pairs = intra.operand(jnp.where(pair_mask, lax.cond(_fast_path(g, C), fast, exact), 0.0))
     weights = state.operand(_masked(weights, _entering(sigma, C)))
@@ -511,11 +530,12 @@ def _by_subchunks(within, g: Rows, G, slots, S: int, mask, num_pulls: int):
         return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
 
     zeros = [jnp.zeros((C, C), F32)] * num_pulls
-    ds, pulls = lax.fori_loop(1, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
-    for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1, slots), S):
-        piece_ds, piece_pulls = within(query, key, mask & piece)
-        ds, pulls = ds + piece_ds, [a + b for a, b in zip(pulls, piece_pulls, strict=True)]
-    return ds, pulls
+    def piece_of(query, key, piece, carry):
+        ds, pulls = within(query, key, mask & piece)
+        return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
+
+    carry = lax.fori_loop(1, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
+    return _diagonal_pieces(G, lambda r: g(r, 1, slots), S, piece_of, carry)
 
 
 def _feature_tiles(width: int, tile: int, step, init):
@@ -582,11 +602,27 @@ def _input_grads_subchunks(sides, s_in, g: Rows, *, S: int, intra: Products,
         pull, inner = _query_rows_pull(sides, s_in.astype(F32) * key, ib * S, S, query, mask,
                                        intra=intra, gradient=gradient)
         dxs, ds = [a + b for a, b in zip(dxs, pull, strict=True)], ds + key * inner
+    # The pairs inside the sub-chunks: each head's pulls `[C, C]` add up over the pieces and
+    # meet its inputs once, after the loop (dx is linear in them).
     pair_mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
-    for query, key, piece in _diagonal_pieces(G, lambda r: g(r, 1), S):
-        pull, inner = _query_rows_pull(sides, s_in.astype(F32) * key, 0, C, query,
-                                       pair_mask & piece, intra=intra, gradient=gradient)
-        dxs, ds = [a + b for a, b in zip(dxs, pull, strict=True)], ds + key * inner
+    heads = [(i, side, side.heads[r]) for r in range(len(sides[0].heads))
+             for i, side in enumerate(sides)]
+
+    def piece_of(query, key, piece, carry):
+        pulls, ds = carry
+        s_key, mask, inner = s_in.astype(F32) * key, pair_mask & piece, 0.0
+        added = []
+        for pull, (_, side, (inputs, weights)) in zip(pulls, heads, strict=True):
+            w = weights(0, C) * query
+            added.append(pull + jnp.where(mask, gradient.mm_nt(s_key, w), 0.0))
+            pairs = intra.mm_nt(side.x_in, inputs(0, C), True, True)
+            inner += intra.mm(jnp.where(mask, _scaled(side.scale, pairs), 0.0), w)
+        return added, ds + key * inner
+
+    pulls, ds = _diagonal_pieces(G, lambda r: g(r, 1), S, piece_of,
+                                 ([jnp.zeros((C, C), F32)] * len(heads), ds + jnp.zeros_like(G)))
+    for (i, side, (inputs, _)), pull in zip(heads, pulls, strict=True):
+        dxs[i] = dxs[i] + _scaled(side.scale, gradient.mm(pull, inputs(0, C), exact_b=True))
     return tuple(dxs), ds
 
 

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from pallas_kernels.flash_attention.bounds import document_extents
 from pallas_kernels.nha import api, chunk_math
@@ -174,23 +175,31 @@ def test_kernel_gates_past_float32_range(backend, changes):
 def test_exact_path_pieces_factor_each_pair_within_float_range():
     """`chunk_math`'s exact path inside a sub-chunk: over the pieces, the products of the
     query and key factors sum to e^{G_t − G_j} on every pair j ≤ t of a sub-chunk and to 0
-    elsewhere, and no factor exceeds 1, for log gates from 0 to −200 a step (a factorisation at
-    the sub-chunk boundary overflows there: e^{200})."""
+    elsewhere, no factor exceeds 1 and every piece's pairs are symmetric, for log gates from 0
+    to −200 a step (a factorisation at the sub-chunk boundary overflows there: e^{200})."""
     C, M = 16, 4
     g = -np.random.default_rng(0).choice([0.0, 0.01, 1.0, 40.0, 200.0], (C, M))
-    G = np.cumsum(g, axis=0).astype(np.float32)
+    G = jnp.asarray(np.cumsum(g, axis=0), jnp.float32)
     t, j = np.arange(C)[:, None], np.arange(C)[None, :]
+
+    def piece_of(query, key, piece, carry):
+        total, largest, smallest, asymmetric = carry
+        factors = jnp.stack([query, key])
+        return (total + piece[:, :, None] * query[:, None, :] * key[None],
+                jnp.maximum(largest, jnp.max(factors)), jnp.minimum(smallest, jnp.min(factors)),
+                asymmetric | jnp.any(piece != piece.T))
+
     for S in (1, 2, 8, 16):
-        total = np.zeros((C, C, M))
-        for query, key, piece in chunk_math._diagonal_pieces(
-                jnp.asarray(G), lambda r: jnp.asarray(G[r:r + 1]), S):
-            query, key, piece = (np.asarray(a) for a in (query, key, piece))
-            assert np.all((query >= 0) & (query <= 1)) and np.all((key >= 0) & (key <= 1))
-            np.testing.assert_array_equal(piece, piece.T)
-            total += piece[:, :, None] * query[:, None, :].astype(np.float64) * key[None]
+        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(1), jnp.bool_(False))
+        total, largest, smallest, asymmetric = jax.jit(lambda G, S=S, init=init: (
+            chunk_math._diagonal_pieces(G, lambda r: lax.dynamic_slice_in_dim(G, r, 1), S,
+                                        piece_of, init)))(G)
+        assert float(largest) <= 1.0 and float(smallest) >= 0.0 and not bool(asymmetric)
         pairs = ((t >= j) & (t // S == j // S))[..., None]
-        want = np.exp(np.where(pairs, G.astype(np.float64)[:, None] - G[None, :], -np.inf))
-        np.testing.assert_allclose(total, want, rtol=1e-5, atol=1e-30, err_msg=f"S {S}")
+        G64 = np.asarray(G, np.float64)
+        want = np.exp(np.where(pairs, G64[:, None] - G64[None, :], -np.inf))
+        np.testing.assert_allclose(np.asarray(total), want, rtol=1e-5, atol=1e-30,
+                                   err_msg=f"S {S}")
 
 
 @pytest.mark.slow
