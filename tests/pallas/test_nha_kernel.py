@@ -26,10 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 
 from pallas_kernels.flash_attention.bounds import document_extents
-from pallas_kernels.nha import api, chunk_math
+from pallas_kernels.nha import api
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
 from tests.helpers import assert_close, normals
@@ -155,51 +154,24 @@ def test_gpu_kernel_strong_gates():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the exact path's factorisation overflows float32 past "
+                   "its gate range (pallas_kernels/nha/NOTES.md, sessions 24-25): a known bug")
 @pytest.mark.parametrize(("backend", "changes"), [
     ("gpu", {}), ("gpu", dict(split_slot_backward=True, slot_feature_block=2)),
     ("gpu", dict(split_slot_backward=True, slot_input_block=2, slot_input_slot_block=2)),
     ("tpu", {})])
 def test_kernel_gates_past_float32_range(backend, changes):
-    """One slot's log gate at −100 every step, others strong (the exact path): a factorisation
-    at a sub-chunk boundary overflowed float32 inside the diagonal sub-chunk and gave NaN on
-    the kernels only (sessions 24–25). Sub-chunk 4 of chunk 8: pieces across sub-chunks and by
-    level within them; every exact-path form (whole and tiled features, whole and tiled slot
-    inputs, the TPU kernels)."""
+    """One slot's log gate at −100 every step, others strong (the exact path), sub-chunk 4 of
+    chunk 8, every exact-path form (whole and tiled features, whole and tiled slot inputs, the
+    TPU kernels): the factorisation at a sub-chunk boundary overflows inside the diagonal
+    sub-chunk and gives NaN on the kernels only. Session 25's level split fixed it and cost
+    6.5 % of the fast path's fwd+bwd on the H200 (NOTES.md): reverted, the fix to come as
+    kernels of their own for the exact chunks. Strict: it fails once fixed, and the mark goes."""
     x = make_inputs(5, 1, 21, 2, 2, gate_scale=8.0)
     g = x["g"].at[..., 1].set(-100.0)
     x.update(g=g, s=1.0 - jnp.exp(g))
     check(x, 3, "mask", backend=backend,
           blocks=dataclasses.replace(TINY, sub_chunk=4, **changes))
-
-
-def test_exact_path_pieces_factor_each_pair_within_float_range():
-    """`chunk_math`'s exact path inside a sub-chunk: over the pieces, the products of the
-    query and key factors sum to e^{G_t − G_j} on every pair j ≤ t of a sub-chunk and to 0
-    elsewhere, no factor exceeds 1 and every piece's pairs are symmetric, for log gates from 0
-    to −200 a step (a factorisation at the sub-chunk boundary overflows there: e^{200})."""
-    C, M = 16, 4
-    g = -np.random.default_rng(0).choice([0.0, 0.01, 1.0, 40.0, 200.0], (C, M))
-    G = jnp.asarray(np.cumsum(g, axis=0), jnp.float32)
-    t, j = np.arange(C)[:, None], np.arange(C)[None, :]
-
-    def piece_of(query, key, piece, carry):
-        total, largest, smallest, asymmetric = carry
-        factors = jnp.stack([query, key])
-        return (total + piece[:, :, None] * query[:, None, :] * key[None],
-                jnp.maximum(largest, jnp.max(factors)), jnp.minimum(smallest, jnp.min(factors)),
-                asymmetric | jnp.any(piece != piece.T))
-
-    for S in (1, 2, 8, 16):
-        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(1), jnp.bool_(False))
-        total, largest, smallest, asymmetric = jax.jit(lambda G, S=S, init=init: (
-            chunk_math._diagonal_pieces(G, lambda r: lax.dynamic_slice_in_dim(G, r, 1), S,
-                                        piece_of, init)))(G)
-        assert float(largest) <= 1.0 and float(smallest) >= 0.0 and not bool(asymmetric)
-        pairs = ((t >= j) & (t // S == j // S))[..., None]
-        G64 = np.asarray(G, np.float64)
-        want = np.exp(np.where(pairs, G64[:, None] - G64[None, :], -np.inf))
-        np.testing.assert_allclose(np.asarray(total), want, rtol=1e-5, atol=1e-30,
-                                   err_msg=f"S {S}")
 
 
 @pytest.mark.slow
@@ -355,8 +327,9 @@ TILED = dataclasses.replace(TINY, split_slot_backward=True, slot_input_block=2,
 def test_op_slot_input_tiles(monkeypatch, T, window, split):
     """`BlockSizes.slot_input_block`, split and fused slot-input kernels: packed documents, an
     initial state (at w = 16 its ring is two chunks), GQA, odd T, w = 0 (the slots alone)
-    and 16; 4 key, 8 value features and 4 slots in tiles of 2. (T 35 at w = 0: T 37, 31 and 29
-    draw gates down to −128, past the exact path's float32 range until session 25.)"""
+    and 16; 4 key, 8 value features and 4 slots in tiles of 2. (T 37, 31 and 29 at w = 0 draw
+    gates down to −128, beyond the sub-chunk path's range at sub-chunk = chunk = 8: the default
+    kernels fail there too.)"""
     _interpret(monkeypatch, blocks=dataclasses.replace(TILED, split_slot_backward=split))
     check_op(T, window, K=4, V=8, M=4)
 
