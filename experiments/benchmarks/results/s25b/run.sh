@@ -1,5 +1,7 @@
 #!/bin/bash
-# Session 25, call b: NHA's exact path after the level split inside the diagonal sub-chunk —
+# Session 25, call b (run at 77e3f82, the level split, since reverted; its nha_kernel.py then
+# also set one slot's gates to -100 a step with --gate-offset): NHA's exact path after the level
+# split inside the diagonal sub-chunk —
 # the GPU check (bf16 against float32, strong gates with one slot at -100 a step among the API
 # checks), then fwd+bwd at B4 T8192 / B1 T32768 w512 on this tree and on .gpu/base (HEAD
 # before the change, with this tree's nha_kernel.py): default gates (the fast path: no change
