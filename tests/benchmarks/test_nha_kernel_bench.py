@@ -1,0 +1,34 @@
+"""`experiments/benchmarks/nha_kernel.py`'s inputs: `--gate-offset` puts every chunk on the
+kernels' exact path and keeps it within that path's range; the default keeps every chunk on
+the fast path."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.benchmarks import nha_kernel
+from pallas_kernels.nha.chunk_math import FAST_PATH_LIMIT
+
+CHUNK, SUB_CHUNK = 64, 16  # the GPU defaults (`pallas_kernels.nha.block_sizes`)
+
+
+def _gates(offset: float) -> np.ndarray:
+    x = nha_kernel.make_inputs(1, 4 * CHUNK, 2, 2, jax.random.key(0), dtype=jnp.float32, dim=8,
+                               gate_offset=offset)
+    return np.asarray(x["g"], np.float64)[0]  # [T, heads, slots]
+
+
+def test_gate_offset_takes_every_chunk_to_the_exact_path_within_its_range():
+    g = _gates(nha_kernel.STRONG_GATES)
+    per_chunk = g.reshape(4, CHUNK, *g.shape[1:]).sum(axis=1)
+    assert np.all(per_chunk < -FAST_PATH_LIMIT)
+    sums = np.cumsum(np.pad(g, [(1, 0), (0, 0), (0, 0)]), axis=0)
+    steps = SUB_CHUNK - 1
+    assert np.min(sums[steps:] - sums[:-steps]) > -87.0  # the exact path's float32 range
+
+
+def test_default_gates_keep_every_chunk_on_the_fast_path():
+    g = _gates(0.0)
+    assert np.all(g.reshape(4, CHUNK, *g.shape[1:]).sum(axis=1) > -FAST_PATH_LIMIT)
