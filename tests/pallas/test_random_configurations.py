@@ -23,6 +23,7 @@ import pytest
 from pallas_kernels.delta_rule.block_sizes import BlockSizes as DeltaRuleBlocks
 from pallas_kernels.flash_attention.block_sizes import BlockSizes as FlashBlocks
 from pallas_kernels.ssd.block_sizes import BlockSizes as SsdBlocks
+from tests.helpers import NHA_EXACT_PATH_RANGE, strongest_gates
 from tests.pallas import test_delta_rule_kernel as delta_rule
 from tests.pallas import test_flash_attention as flash
 from tests.pallas import test_nha_kernel as nha
@@ -117,12 +118,6 @@ def test_ssd(seed):
                                 blocks=blocks)
 
 
-def strongest_gates(gates_BTGM: np.ndarray, steps: int) -> float:
-    """The smallest sum of `steps` consecutive log gates of one slot (0 when T < steps)."""
-    sums = np.cumsum(np.pad(gates_BTGM, [(0, 0), (1, 0), (0, 0), (0, 0)]), axis=1)
-    return float(np.min(sums[:, steps:] - sums[:, :-steps], initial=0.0))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_native_hybrid_attention(seed, monkeypatch):
@@ -137,7 +132,7 @@ def test_native_hybrid_attention(seed, monkeypatch):
         length, window = int(rng.integers(1, 40)), pick(rng, [0, 1, 3, 5, 8, 13, 16, 24, 45])
         gates = np.asarray(nha.op_tests._inputs(length, H=heads, G=groups, seed=length + window,
                                                 dtype=jnp.float32, **dims)[4])
-        if strongest_gates(gates, nha.TINY.sub_chunk - 1) > -87.0:
+        if strongest_gates(gates, nha.TINY.sub_chunk - 1) > NHA_EXACT_PATH_RANGE:
             break
     changes = dict(split_slot_backward=bool(rng.random() < 0.5),
                    window_keys_transposed=bool(rng.random() < 0.3),
