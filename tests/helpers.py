@@ -10,15 +10,6 @@ from flax import nnx
 
 import hybrid_jax as hj
 
-NHA_EXACT_PATH_RANGE = -87.0
-"""The NHA kernels' exact path overflows float32 once sub-chunk − 1 consecutive log gates of
-one slot sum below this (`pallas_kernels/nha/chunk_math.py`; NOTES.md, sessions 24–25)."""
-
-
-def strongest_gates(gates_BTGM: np.ndarray, steps: int) -> float:
-    """The smallest sum of `steps` consecutive log gates of one slot (0 when T < steps)."""
-    sums = np.cumsum(np.pad(gates_BTGM, [(0, 0), (1, 0), (0, 0), (0, 0)]), axis=1)
-    return float(np.min(sums[:, steps:] - sums[:, :-steps], initial=0.0))
 
 def rel_err(actual, expected) -> float:
     """‖actual − expected‖ / ‖expected‖ over all elements (float64 / complex128 numpy)."""

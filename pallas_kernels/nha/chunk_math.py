@@ -15,15 +15,22 @@ e^{G_t}, a write at row j reaches row t ≥ j with e^{G_t − G_j}. Four forms a
 The per-slot decay e^{G_t − G_j} is a `[C, C, M]` tensor; it is never built. Fast path (taken
 when every slot decays by less than e^{−60} over the chunk, i.e. almost always): one
 factorisation at the chunk start, e^{G_t}·e^{−G_j}, both factors within float32 range (≤ e^{60}),
-so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact sub-chunk path: the
-pairs are cut by sub-chunks of S rows and factorised at a sub-chunk boundary r as
-e^{G_t − G_r}·e^{G_r − G_j}:
-for the query-row forms r is the last row of the key sub-chunk, for the key-row forms the first
-row of the query sub-chunk. Every factor is then ≤ 1 except inside the diagonal sub-chunk, where
-one factor can reach e^{|G_j − G_r|} over at most S − 1 steps: exact unless S − 1 consecutive log
-gates of one slot sum below about −87 (float32 overflow; with g = logsigmoid(f)/8 and S = 16
-that needs f < −46 on 15 consecutive tokens). Rows outside a sub-chunk's pairs are masked
-before `exp`, so nothing overflows there.
+so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact path, where no factor
+exceeds 1 whatever the gates (a factor that underflows to 0 belongs to a pair whose true weight
+is below the float range anyway). The pairs of different sub-chunks (S rows) are factorised at
+a sub-chunk boundary r as e^{G_t − G_r}·e^{G_r − G_j}: for the query-row forms r is the last row
+of the key sub-chunk and the query rows come after it, for the key-row forms r is the first row
+of the query sub-chunk and the key rows come before it. The pairs inside one sub-chunk are split
+by level, as the XLA rung splits a whole chunk (`hybrid_jax.ops.gsa`): blocks of b = 2, 4, …, S
+rows, j in the left and t in the right half of a block, factorised at the left half's last row;
+and the pairs j = t, factors 1 (`_diagonal_pieces`). Each piece is one product, over full chunk
+rows with the factors 0 outside it. (Until session 26 the sub-chunk boundary factorised the
+diagonal sub-chunk too, one factor up to e^{|ΔG|}: float32 overflowed, NaN on the kernels only,
+once S − 1 consecutive log gates of one slot summed below −87.) Rows outside a piece are masked
+before `exp`, so nothing overflows there. Each form takes a `path` (`PATHS`): on the GPU a
+kernel holds one path's code and runs on the chunks `fast_path` sends it, where both paths in
+one kernel cost the fast path registers (`slot_kernels._call`); on the TPU a `lax.cond` per
+chunk.
 
 Documents (packed sequences). A document start among the chunk's slot inputs empties the slots
 before that input enters; per chunk it is described by σ `[C]` int32, the number of starts in
@@ -138,9 +145,23 @@ FAST_PATH_LIMIT = 60.0
 """Largest slot log-decay over one chunk for the single-factorisation path (e^{60} ≈ 1e26)."""
 
 
-def _fast_path(g: Rows, C: int) -> jax.Array:
+PATHS = ("fast", "exact", "both")
+"""A form's `path`: the fast path alone, the exact path alone (each right only on the chunks
+`fast_path` sends it: a kernel of each, GPU), or the one the chunk needs (`lax.cond`, TPU)."""
+
+
+def fast_path(g: Rows, C: int) -> jax.Array:
     """Every slot's cumulative log gate over the chunk (its last row) stays above −60."""
     return jnp.min(g(C - 1, 1)) >= -FAST_PATH_LIMIT
+
+
+def _on_path(path: str, g: Rows, C: int, fast: Callable, exact: Callable):
+    """fast() or exact(): the one `path` names, or for "both" the one this chunk needs."""
+    if path == "both":
+        return lax.cond(fast_path(g, C), fast, exact)
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    return fast() if path == "fast" else exact()
 
 
 def _causal(C: int) -> jax.Array:
@@ -175,23 +196,65 @@ def _masked(x: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 
 def _key_subchunk_decays(G: jax.Array, g: Rows, jb: int, S: int):
-    """Factors at the last row r of key sub-chunk jb: e^{G_t − G_r} for every row t ≥ jb·S
-    (else 0) `[C, M]`, and e^{G_r − G_j} ≤ 1 for its rows j `[S, M]`."""
+    """Factors at the last row r of key sub-chunk jb: e^{G_t − G_r} ≤ 1 for every row t after
+    it (else 0) `[C, M]`, and e^{G_r − G_j} ≤ 1 for its rows j `[S, M]`."""
     ref = g(jb * S + S - 1, 1)
-    query = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) >= jb * S, G - ref, -jnp.inf))
+    query = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) > jb * S + S - 1, G - ref, -jnp.inf))
     return query, jnp.exp(ref - g(jb * S, S))
 
 
 def _query_subchunk_decays(G: jax.Array, g: Rows, ib: int, S: int):
     """Factors at the first row r of query sub-chunk ib: e^{G_t − G_r} ≤ 1 for its rows t
-    `[S, M]`, and e^{G_r − G_n} for every key row n < (ib + 1)·S (else 0) `[C, M]`."""
+    `[S, M]`, and e^{G_r − G_n} ≤ 1 for every key row n before it (else 0) `[C, M]`."""
     ref = g(ib * S, 1)
-    key = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) < (ib + 1) * S, ref - G, -jnp.inf))
+    key = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) < ib * S, ref - G, -jnp.inf))
     return jnp.exp(g(ib * S, S) - ref), key
 
 
+def _diagonal_pieces(G: jax.Array, row: Callable[[jax.Array], jax.Array], S: int, body,
+                     carry):
+    """The pairs j ≤ t inside a sub-chunk (every sub-chunk of the chunk at once), split so that
+    no factor exceeds 1: the pairs j = t, factors 1; then per level, blocks of b = 2, 4, …, S
+    rows, the pairs with j in the left and t in the right half of a block, factorised at the
+    left half's last row m as e^{G_t − G_m}·e^{G_m − G_j}. Runs
+    `carry = body(query, key, piece, carry)` for each piece: the query rows' factors `[C, M']`
+    (0 outside the piece), the key rows' `[C, M']` and the pairs it takes `[C, C]` (symmetric:
+    a form may index it either way). `row(r)`: G's row r `[1, M']` (r traced). The levels and
+    each level's midpoints are loops, not unrolled: the kernel then holds one level's values at
+    a time (unrolled, 60 one-row loads at C 64 went live together and spilled: NOTES.md,
+    session 25)."""
+    C = G.shape[0]
+    rows, t, j = iota((C, 1), 0), iota((C, C), 0), iota((C, C), 1)
+
+    def level(l, carry):  # blocks of b = 2^l rows; b = 1: the pairs j = t
+        half = jnp.right_shift(jnp.left_shift(1, l), 1)
+        block = -jnp.left_shift(1, l)  # rows & block: the start of a row's block
+
+        def midpoint_of(i, midpoint):  # block i's midpoint row to its rows
+            start = 2 * half * i
+            return jnp.where((rows & block) == start, row(start + half - 1), midpoint)
+
+        count = jnp.right_shift(C, l) * jnp.minimum(l, 1)  # (a scalar `where` lowers wrongly)
+        midpoint = lax.fori_loop(0, count, midpoint_of, G)  # b = 1: G itself, factors 1
+        right = ((rows & half) != 0) | (l == 0)
+        left = ((rows & half) == 0) | (l == 0)
+        return body(jnp.exp(jnp.where(right, G - midpoint, -jnp.inf)),
+                    jnp.exp(jnp.where(left, midpoint - G, -jnp.inf)), (t & block) == (j & block),
+                    carry)
+
+    return lax.fori_loop(0, S.bit_length(), level, carry)
+
+
+def _readout_piece(p: jax.Array, y: Rows, intra: Products, query, key, piece,
+                   pairs) -> jax.Array:
+    """The readout form's pair weights Σ_m p_tm e^{G_tm − G_jm} y_jm `[C, C]` of one piece
+    (`_diagonal_pieces`), added to `pairs`."""
+    C = p.shape[0]
+    return pairs + jnp.where(piece, intra.mm_nt(p * query, y(0, C).astype(F32) * key), 0.0)
+
+
 def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Products,
-                sigma: Segments | None = None) -> list[jax.Array]:
+                sigma: Segments | None = None, path: str = "both") -> list[jax.Array]:
     """The scores form for several `(x [C, X] value, x' Rows, state [X, M] f32)` that share y
     (s̄) and the gates (x, x' are inputs: q, k̄ or dO, v̄): one `[C, M]` float32 array per
     pair. `state` / `intra`: the products with the state / of the within-chunk pairs."""
@@ -217,21 +280,29 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
         entry = jnp.exp(G)
         outs = [entry * _masked(state.mm(x, x_state, exact_a=True), entering)
                 for x, _, x_state in pairs]
-        for jb in range(C // S):
+        for jb in range(C // S - 1):  # the key sub-chunks' pairs with the rows after them
             query, key = _key_subchunk_decays(G, g, jb, S)
             y_jb = y(jb * S, S).astype(F32) * key
-            mask = _and(iota((C, S), 0) >= iota((C, S), 1) + jb * S,
-                        _same_segment(sigma, C, jb * S, S))
+            mask = _and(iota((C, S), 0) >= (jb + 1) * S, _same_segment(sigma, C, jb * S, S))
             for n, (x, x_keys, _) in enumerate(pairs):
                 a = jnp.where(mask, intra.mm_nt(x, x_keys(jb * S, S), True, True), 0.0)
                 outs[n] = outs[n] + query * intra.mm(a, y_jb)
-        return tuple(outs)
+        pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
+        within = [jnp.where(pair_mask, intra.mm_nt(x, x_keys(0, C), True, True), 0.0)
+                  for x, x_keys, _ in pairs]
+        def piece_of(query, key, piece, outs):
+            y_piece = y(0, C).astype(F32) * key
+            return [out + query * intra.mm(jnp.where(piece, a, 0.0), y_piece)
+                    for out, a in zip(outs, within, strict=True)]
 
-    return list(lax.cond(_fast_path(g, C), fast, exact))
+        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S, piece_of, outs))
+
+    return list(_on_path(path, g, C, fast, exact))
 
 
 def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *, S: int,
-                 state: Products, intra: Products, sigma: Segments | None = None) -> jax.Array:
+                 state: Products, intra: Products, sigma: Segments | None = None,
+                 path: str = "both") -> jax.Array:
     """The readout form: p `[C, M]` float32 weights of the slots, u the values `[C, Y]` (an
     input: v̄ or k̄) entering with s̄ = y, state_t `[Y, M]` float32 (Ṽᵀ or K̃). Returns
     `[C, Y]` float32."""
@@ -251,20 +322,23 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
     def exact():
         G = g(0, C)
         out = state.mm_nt(_masked(p * jnp.exp(G), entering), state_t)
-        for jb in range(C // S):
+        for jb in range(C // S - 1):  # as `slot_scores`'s exact path
             query, key = _key_subchunk_decays(G, g, jb, S)
             y_jb = y(jb * S, S).astype(F32) * key
-            mask = _and(iota((C, S), 0) >= iota((C, S), 1) + jb * S,
-                        _same_segment(sigma, C, jb * S, S))
+            mask = _and(iota((C, S), 0) >= (jb + 1) * S, _same_segment(sigma, C, jb * S, S))
             w = jnp.where(mask, intra.mm_nt(p * query, y_jb), 0.0)
             out = out + intra.mm(w, u(jb * S, S), exact_b=True)
-        return out
+        w = _diagonal_pieces(G, lambda r: g(r, 1), S,
+                             functools.partial(_readout_piece, p, y, intra), jnp.zeros((C, C), F32))
+        w = jnp.where(_and(_causal(C), _same_segment(sigma, C, 0, C)), w, 0.0)
+        return out + intra.mm(w, u(0, C), exact_b=True)
 
-    return lax.cond(_fast_path(g, C), fast, exact)
+    return _on_path(path, g, C, fast, exact)
 
 
 def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Products,
-                      intra: Products, sigma: Segments | None = None) -> list[jax.Array]:
+                      intra: Products, sigma: Segments | None = None,
+                      path: str = "both") -> list[jax.Array]:
     """`slot_scores` with the features X in tiles of `tile`, one `fori_loop` step each, so that
     Triton's pipeliner loads a step's tiles with `cp.async` while the previous step's products
     run (the whole-chunk form takes every tile through registers first and spills at X 256:
@@ -300,19 +374,24 @@ def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Prod
     def exact():
         G, rows = g(0, C), iota((C, 1), 0)
         outs = [jnp.exp(G) * part for part, _ in sums]
-        for jb in range(C // S):
+        for jb in range(C // S - 1):
             query, key = _key_subchunk_factors(G, g, rows, jb, S)
             y_jb = y(0, C).astype(F32) * key
             outs = [out + query * intra.mm(pair, y_jb)
                     for out, (_, pair) in zip(outs, sums, strict=True)]
-        return tuple(outs)
+        def piece_of(query, key, piece, outs):
+            y_piece = y(0, C).astype(F32) * key
+            return [out + query * intra.mm(jnp.where(piece, pair, 0.0), y_piece)
+                    for out, (_, pair) in zip(outs, sums, strict=True)]
 
-    return list(lax.cond(_fast_path(g, C), fast, exact))
+        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S, piece_of, outs))
+
+    return list(_on_path(path, g, C, fast, exact))
 
 
 def slot_readout_tiled(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t, store, *, S: int,
                        tile: int, state: Products, intra: Products,
-                       sigma: Segments | None = None) -> None:
+                       sigma: Segments | None = None, path: str = "both") -> None:
     """`slot_readout` with the output features Y in tiles of `tile` (`slot_scores_tiled`'s
     reason): the pairs' weights `[C, C]` first (fast or exact path), then a `fori_loop` over the
     tiles of u (Rows taking a column slice) and state_t (a `[Y, M]` ref), handing each
@@ -326,13 +405,14 @@ def slot_readout_tiled(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t, store, 
         return intra.mm_nt(weights, y(0, C).astype(F32) * jnp.exp(-G))
 
     def exact():
-        rows, pairs = iota((C, 1), 0), 0.0
-        for jb in range(C // S):  # as `slot_scores_tiled`'s exact path
+        rows, pairs = iota((C, 1), 0), jnp.zeros((C, C), F32)
+        for jb in range(C // S - 1):  # as `slot_scores_tiled`'s exact path
             query, key = _key_subchunk_factors(G, g, rows, jb, S)
             pairs += intra.mm_nt(p * query, y(0, C).astype(F32) * key)
-        return pairs
+        return _diagonal_pieces(G, lambda r: g(r, 1), S,
+                                functools.partial(_readout_piece, p, y, intra), pairs)
 
-    pairs = intra.operand(jnp.where(pair_mask, lax.cond(_fast_path(g, C), fast, exact), 0.0))
+    pairs = intra.operand(jnp.where(pair_mask, _on_path(path, g, C, fast, exact), 0.0))
     weights = state.operand(_masked(weights, _entering(sigma, C)))
 
     def step(cols, carry):
@@ -347,7 +427,7 @@ def _key_subchunk_factors(G: jax.Array, g: Rows, rows: jax.Array, jb: int, S: in
     """`_key_subchunk_decays` with both factors over all C rows `[C, M]`: the key factors are 0
     outside key sub-chunk jb, so a full-width product adds only its pairs."""
     ref = g(jb * S + S - 1, 1)
-    query = jnp.exp(jnp.where(rows >= jb * S, G - ref, -jnp.inf))
+    query = jnp.exp(jnp.where(rows > jb * S + S - 1, G - ref, -jnp.inf))
     inside = (rows >= jb * S) & (rows < (jb + 1) * S)
     return query, jnp.exp(jnp.where(inside, ref - G, -jnp.inf))
 
@@ -364,7 +444,8 @@ class InputSide(NamedTuple):
 
 
 def slot_input_grads(sides: list[InputSide], s_in: jax.Array, g: Rows, *, S: int,
-                     intra: Products, gradient: Products, sigma: Segments | None = None):
+                     intra: Products, gradient: Products, sigma: Segments | None = None,
+                     path: str = "both"):
     """Gradients of one chunk's slot inputs: dx `[C, X]` of every side's input (k̄, v̄) and
     the sides' part of ds̄ `[C, M]` (ds̄ is the sum over both sides, so a kernel may compute
     one side and another kernel the other). s_in: s̄ `[C, M]` values; each head of a side is
@@ -380,8 +461,8 @@ def slot_input_grads(sides: list[InputSide], s_in: jax.Array, g: Rows, *, S: int
     ds = exit_decay * sum(intra.mm(side.x_in, side.x_end, exact_a=True) for side in sides)
     # (Computing the within-chunk part first measured 1.4 ms slower on the H200: NOTES.md, v5.)
     options = dict(intra=intra, gradient=gradient, sigma=sigma)
-    inside = lax.cond(
-        _fast_path(g, C),
+    inside = _on_path(
+        path, g, C,
         lambda: _input_grads_fast(sides, s_in, g, **options),
         lambda: _input_grads_subchunks(sides, s_in, g, S=S, **options))
     return [dx + part for dx, part in zip(dxs, inside[0], strict=True)], ds + inside[1]
@@ -389,7 +470,7 @@ def slot_input_grads(sides: list[InputSide], s_in: jax.Array, g: Rows, *, S: int
 
 def slot_input_grads_tiled(sides: list[InputSide], stores, s_in, g: Rows, finish, *, S: int,
                            tile: int, slot_tile: int, intra: Products, gradient: Products,
-                           sigma: Segments | None = None) -> None:
+                           sigma: Segments | None = None, path: str = "both") -> None:
     """`slot_input_grads` with each side's features X in tiles of `tile`, one `fori_loop` step
     each: on the GPU, Triton's pipeliner then loads a step's tiles with `cp.async` while the
     previous step's products run, where the whole-chunk form takes every tile through
@@ -407,7 +488,7 @@ def slot_input_grads_tiled(sides: list[InputSide], stores, s_in, g: Rows, finish
                    sigma=sigma)
     # The branch holds the whole program (loops included): no value is live across it, so the
     # exact path's larger live set cannot push the fast path's values to local memory.
-    lax.cond(_fast_path(g, C),
+    _on_path(path, g, C,
              functools.partial(_tiled_grads, sides, stores, s_in, g, finish, True, **options),
              functools.partial(_tiled_grads, sides, stores, s_in, g, finish, False, **options))
 
@@ -454,21 +535,27 @@ def _within_chunk(sides, pairs, s, slots, query, key, mask, *, intra: Products,
 
 
 def _by_subchunks(within, g: Rows, G, slots, S: int, mask, num_pulls: int):
-    """The exact path: the query rows by sub-chunks of S, each factorised at its first row
-    (`_input_grads_subchunks`); its query factors are 0 outside it, so each step adds only
-    its own columns of the pulls. A loop."""
+    """The exact path: the query rows by sub-chunks of S with the key rows before them, each
+    factorised at its first row (`_input_grads_subchunks`), a loop; its query factors are 0
+    outside it, so each step adds only its own columns of the pulls. Then the pairs inside the
+    sub-chunks (`_diagonal_pieces`)."""
     C = G.shape[0]
     rows = iota((C, 1), 0)
 
     def sub_chunk(ib, carry):
         ref, start, end = g(ib * S, 1, slots), ib * S, (ib + 1) * S
         query = jnp.exp(jnp.where((rows >= start) & (rows < end), G - ref, -jnp.inf))
-        key = jnp.exp(jnp.where(rows < end, ref - G, -jnp.inf))
+        key = jnp.exp(jnp.where(rows < start, ref - G, -jnp.inf))
         ds, pulls = within(query, key, mask)
         return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
 
     zeros = [jnp.zeros((C, C), F32)] * num_pulls
-    return lax.fori_loop(0, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
+    def piece_of(query, key, piece, carry):
+        ds, pulls = within(query, key, mask & piece)
+        return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
+
+    carry = lax.fori_loop(1, C // S, sub_chunk, (jnp.zeros_like(G), zeros))
+    return _diagonal_pieces(G, lambda r: g(r, 1, slots), S, piece_of, carry)
 
 
 def _feature_tiles(width: int, tile: int, step, init):
@@ -529,13 +616,33 @@ def _input_grads_subchunks(sides, s_in, g: Rows, *, S: int, intra: Products,
     C = s_in.shape[0]
     G = g(0, C)
     dxs, ds = [0.0] * len(sides), 0.0
-    for ib in range(C // S):
+    for ib in range(1, C // S):  # the query sub-chunks' pairs with the key rows before them
         query, key = _query_subchunk_decays(G, g, ib, S)
-        mask = _and(iota((C, S), 0) <= iota((C, S), 1) + ib * S,
-                    _same_segment(sigma, C, ib * S, S))
+        mask = _and(iota((C, S), 0) < ib * S, _same_segment(sigma, C, ib * S, S))
         pull, inner = _query_rows_pull(sides, s_in.astype(F32) * key, ib * S, S, query, mask,
                                        intra=intra, gradient=gradient)
         dxs, ds = [a + b for a, b in zip(dxs, pull, strict=True)], ds + key * inner
+    # The pairs inside the sub-chunks: each head's pulls `[C, C]` add up over the pieces and
+    # meet its inputs once, after the loop (dx is linear in them).
+    pair_mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
+    heads = [(i, side, side.heads[r]) for r in range(len(sides[0].heads))
+             for i, side in enumerate(sides)]
+
+    def piece_of(query, key, piece, carry):
+        pulls, ds = carry
+        s_key, mask, inner = s_in.astype(F32) * key, pair_mask & piece, 0.0
+        added = []
+        for pull, (_, side, (inputs, weights)) in zip(pulls, heads, strict=True):
+            w = weights(0, C) * query
+            added.append(pull + jnp.where(mask, gradient.mm_nt(s_key, w), 0.0))
+            pairs = intra.mm_nt(side.x_in, inputs(0, C), True, True)
+            inner += intra.mm(jnp.where(mask, _scaled(side.scale, pairs), 0.0), w)
+        return added, ds + key * inner
+
+    pulls, ds = _diagonal_pieces(G, lambda r: g(r, 1), S, piece_of,
+                                 ([jnp.zeros((C, C), F32)] * len(heads), ds + jnp.zeros_like(G)))
+    for (i, side, (inputs, _)), pull in zip(heads, pulls, strict=True):
+        dxs[i] = dxs[i] + _scaled(side.scale, gradient.mm(pull, inputs(0, C), exact_b=True))
     return tuple(dxs), ds
 
 

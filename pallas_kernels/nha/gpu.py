@@ -47,6 +47,7 @@ LAYOUT = Layout(
     interpret=lambda st: st.interpret,
     cumsum=lambda x: jnp.cumsum(x, axis=0),
     reverse_cumsum=lambda x: jnp.sum(x, axis=0, keepdims=True) - jnp.cumsum(x, axis=0) + x,
+    split_paths=True,
 )
 
 chunk_prepare = functools.partial(slot_kernels.chunk_prepare, layout=LAYOUT)

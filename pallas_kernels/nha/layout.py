@@ -113,11 +113,10 @@ def stream_chunk(st: Static, c, num_chunks: int):
     return lax.rem(c + num_chunks - st.shift_chunks, num_chunks)
 
 
-def stream_rows_valid(st: Static, axis: int) -> Callable[[int, int], jax.Array]:
-    """`valid(start, size)`: which rows start..start+size−1 of this program's stream chunk
-    (grid axis `axis`) hold a slot input entering during the call: not in one of the D empty
-    leading chunks, and at a stream step < T (padded steps write and decay nothing)."""
-    c = pl.program_id(axis)
+def stream_rows_valid(st: Static, c: jax.Array) -> Callable[[int, int], jax.Array]:
+    """`valid(start, size)`: which rows start..start+size−1 of stream chunk c (this program's)
+    hold a slot input entering during the call: not in one of the D empty leading chunks, and
+    at a stream step < T (padded steps write and decay nothing)."""
     C = st.blocks.chunk
 
     def valid(start: int, size: int) -> jax.Array:
@@ -142,6 +141,11 @@ class Layout:
     interpret: `st` → the `interpret=` argument of `pallas_call`.
     cumsum / reverse_cumsum: in-kernel inclusive (reverse) cumulative sums over rows of a
       float32 `[C, M]` tile.
+    split_paths: each slot kernel runs twice, over the chunks on the fast path and then over
+      those on the exact path, each kernel holding one path's code (GPU: the exact path's code
+      in the same kernel cost the fast path registers, `slot_kernels._call`); else one kernel
+      picks the path per chunk (TPU: a program that skips its chunk would still write its
+      output block back).
     """
 
     head_major: bool
@@ -149,6 +153,7 @@ class Layout:
     interpret: Callable[[Static], Any]
     cumsum: Callable[[jax.Array], jax.Array]
     reverse_cumsum: Callable[[jax.Array], jax.Array]
+    split_paths: bool
 
     def seq(self, rows: int, dim: int, index: Callable) -> pl.BlockSpec:
         """Block of `rows` time steps of one head of a `[B, ·, ·, dim]` array; index maps the

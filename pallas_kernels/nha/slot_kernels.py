@@ -11,6 +11,10 @@ and the slot state entering that chunk (`chunk_math` does the chunk's math):
   chunk_deltas_reverse  the chunk's pull on the state gradients
   backward_slot_inputs  dk̄, dv̄, ds̄ and the log-gate gradient (reverse cumsum in the chunk)
 
+The four slot kernels (logits to backward_slot_inputs) depend on the chunk's path
+(`chunk_math`): on the GPU each is two launches, one over the chunks on the fast path and one
+over those on the exact path, each holding only its path's code (`_call`).
+
 Arrays are in the layout's order (`[B, T, H, d]` or `[B, H, T, d]`); slot states are
 `[B, NC, G, X, M]` float32; per-row arrays (lse, D) `[B, H, T]` in the layout's `row_vectors`
 form. With documents (`docs`, a
@@ -35,6 +39,7 @@ from pallas_kernels.nha.chunk_math import (
     InputSide,
     Rows,
     exiting,
+    fast_path,
     iota,
     rows_of,
     slot_input_grads,
@@ -144,11 +149,47 @@ def _kv(bhc, group):
 
 
 def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_shape, warps, name,
-          stages=1, **kwargs):
-    return pallas_call(
-        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+          stages=1, gate: jax.Array | None = None, aliases: dict[int, int] | None = None):
+    """The `pallas_call` of a per-chunk kernel. A slot kernel (`gate`: the gates G, one of the
+    arrays it is called on; grid axis 2 its chunks) is `kernel(*refs, path=..., chunk=...)`
+    (`chunk_math.PATHS`; chunk: the program's chunk, read before a branch, where interpret
+    mode cannot lower `program_id`): with
+    `Layout.split_paths` it runs twice, first on the chunks `chunk_math.fast_path` takes (the
+    others left unwritten), then on the rest, its outputs aliased to the first run's, so that
+    each kernel holds one path's code (NOTES.md, session 26); else once, on "both"."""
+    call = lambda body, specs, aliases: pallas_call(
+        body, grid=grid, in_specs=specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=layout.params(st, warps, len(grid), False, stages),
-        interpret=layout.interpret(st), name=name, **kwargs)
+        interpret=layout.interpret(st), name=name, input_output_aliases=aliases or {})
+    if gate is None:
+        return call(kernel, in_specs, aliases)
+    if not layout.split_paths:
+        return call(lambda *refs: kernel(*refs, path="both", chunk=pl.program_id(2)), in_specs,
+                    aliases)
+    aliases = aliases or {}
+    many = isinstance(out_shape, (list, tuple))
+    num_outs = len(out_shape) if many else 1
+    free = [i for i in range(num_outs) if i not in aliases.values()]  # outputs not yet inputs
+
+    def on(path: str, num_extra: int, at: int):
+        def body(*refs):
+            fast, chunk = fast_path(rows_of(refs[at]), st.blocks.chunk), pl.program_id(2)
+            refs = refs[:len(in_specs)] + refs[len(in_specs) + num_extra:]
+            pl.when(fast if path == "fast" else jnp.logical_not(fast))(
+                lambda: kernel(*refs, path=path, chunk=chunk))
+        return body
+
+    def run(*args):
+        at = next(i for i, x in enumerate(args) if x is gate)
+        outs = call(on("fast", 0, at), in_specs, aliases)(*args)
+        outs_list = list(outs) if many else [outs]
+        args = [outs_list[aliases[i]] if i in aliases else x for i, x in enumerate(args)]
+        specs = list(out_specs) if many else [out_specs]
+        extra = {len(args) + n: i for n, i in enumerate(free)}
+        return call(on("exact", len(free), at), in_specs + [specs[i] for i in free],
+                    aliases | extra)(*args, *(outs_list[i] for i in free))
+
+    return run
 
 
 def _segments(sigma_ref, layout: Layout):
@@ -192,7 +233,7 @@ def chunk_prepare(ks, vs, ss, gs, docs: SlotDocs | None, st: Static, layout: Lay
         refs, doc = _doc_refs(refs, names, st)
         ks_ref, vs_ref, ss_ref, gs_ref, gc_ref, kd_ref, vd_ref, decay_ref = refs
         C = st.blocks.chunk
-        valid = stream_rows_valid(st, 1)(0, C)
+        valid = stream_rows_valid(st, pl.program_id(1))(0, C)
         if doc["starts"] is None:
             keep = valid
         else:
@@ -262,9 +303,9 @@ def chunk_deltas_reverse(q, da, do, p, gc, docs: SlotDocs | None, st: Static, la
     )(*doc_arrays, *(layout.grouped(x, group) for x in (q, da, do, p)), gc)
 
 
-def _held(st: Static, layout: Layout, holds_ref, C: int):
-    """`[C, 1]` bool: this query chunk's rows whose slots hold a token of their document."""
-    rows = pl.program_id(2) * C + iota((C, 1), 0)
+def _held(st: Static, layout: Layout, holds_ref, C: int, chunk: jax.Array):
+    """`[C, 1]` bool: query chunk `chunk`'s rows whose slots hold a token of their document."""
+    rows = chunk * C + iota((C, 1), 0)
     return slot_rows(st, rows, None if holds_ref is None else layout.token_rows(holds_ref, 0, C))
 
 
@@ -290,11 +331,11 @@ def _pair_refs(x, copies):
 
 
 def _scores(st: Static, x, keys_ref, x_state, writes: Rows, gate: Rows, products,
-            sigma) -> jax.Array:
+            sigma, path: str) -> jax.Array:
     """The scores form `[C, M]` of one (x, keys, state) (`chunk_math.slot_scores`): x and
     x_state as `_feature_refs` passes them."""
     options = dict(S=st.blocks.sub_chunk, state=products.state, intra=products.intra,
-                   sigma=sigma)
+                   sigma=sigma, path=path)
     tile = st.blocks.slot_feature_block
     if tile is None:
         return slot_scores([(x, rows_of(keys_ref), x_state)], writes, gate, **options)[0]
@@ -303,10 +344,10 @@ def _scores(st: Static, x, keys_ref, x_state, writes: Rows, gate: Rows, products
 
 
 def _readout(st: Static, p, writes: Rows, u_ref, gate: Rows, state_ref, store, *, state,
-             intra, sigma) -> None:
+             intra, sigma, path: str) -> None:
     """The readout form (`chunk_math.slot_readout`) handed to `store(cols, out)`: whole
     (cols = all features) or, with `BlockSizes.slot_feature_block`, tile by tile."""
-    options = dict(S=st.blocks.sub_chunk, state=state, intra=intra, sigma=sigma)
+    options = dict(S=st.blocks.sub_chunk, state=state, intra=intra, sigma=sigma, path=path)
     tile = st.blocks.slot_feature_block
     if tile is None:
         store(slice(None), readout_form(p, writes, rows_of(u_ref), gate, state_ref[...],
@@ -324,14 +365,14 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
     C = st.blocks.chunk
     products = slot_products(st, q.dtype)
 
-    def kernel(*refs):
+    def kernel(*refs, path, chunk):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         q_ref, ks_ref, ss_ref, gc_ref, kst_ref, *q_pairs, out_ref = refs
-        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, chunk))
         read = _feature_refs(st)
         logits = _scores(st, _pair_refs(read(q_ref), q_pairs), ks_ref, read(kst_ref), writes,
-                         rows_of(gc_ref), products, _segments(doc["sigma"], layout))
-        out_ref[...] = jnp.where(_held(st, layout, doc["holds"], C), st.scale * logits, 0.0)
+                         rows_of(gc_ref), products, _segments(doc["sigma"], layout), path)
+        out_ref[...] = jnp.where(_held(st, layout, doc["holds"], C, chunk), st.scale * logits, 0.0)
 
     specs, slots = _Specs(layout, st, length // C), ss.shape[-1]
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
@@ -341,7 +382,7 @@ def slot_logits(q, ks, ss, gc, key_states, docs: SlotDocs | None, st: Static,
                      specs.kv(slots), specs.state(key_dim, slots)]
         + [specs.head(key_dim)] * _pairs_copy(st),
         specs.head(slots), jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32),
-        st.blocks.slot_num_warps, "nha_slot_logits", _feature_stages(st),
+        st.blocks.slot_num_warps, "nha_slot_logits", _feature_stages(st), gate=gc,
     )(*doc_arrays, q, ks, ss, gc, key_states, *[q] * _pairs_copy(st))
 
 
@@ -357,13 +398,13 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
     products = slot_products(st, vs.dtype)
     alone = o_window is None
 
-    def kernel(*refs):
+    def kernel(*refs, path, chunk):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         if alone:
             a_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref, lse_ref = refs
         else:
             o_ref, a_ref, lse_ref, vs_ref, ss_ref, gc_ref, vst_ref, out_ref = refs
-        held = _held(st, layout, doc["holds"], C)
+        held = _held(st, layout, doc["holds"], C, chunk)
         a = a_ref[...]
         if alone:
             use = in_softmax(st, held)
@@ -374,13 +415,13 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
             p = jnp.where(held, e / total, 0.0)
         else:
             p = jnp.where(held, jnp.exp(a - layout.column(lse_ref)), 0.0)
-        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, chunk))
 
         def store(cols, out):
             out_ref[:, cols] = out if alone else o_ref[:, cols] + out
 
         _readout(st, p, writes, vs_ref, rows_of(gc_ref), vst_ref, store, state=products.state,
-                 intra=products.intra, sigma=_segments(doc["sigma"], layout))
+                 intra=products.intra, sigma=_segments(doc["sigma"], layout), path=path)
 
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_specs = [specs.stream(value_dim), specs.stream(slots), specs.kv(slots),
@@ -391,13 +432,13 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
             kernel, layout, st, (batch, heads, length // C),
             doc_specs + [specs.head(slots)] + slot_specs, [specs.head(value_dim), specs.row()],
             [out_shape, jax.ShapeDtypeStruct(layout.rows_shape(batch, heads, length), F32)],
-            st.blocks.slot_num_warps, "nha_slot_readout", _feature_stages(st),
+            st.blocks.slot_num_warps, "nha_slot_readout", _feature_stages(st), gate=gc,
         )(*doc_arrays, logits, vs, ss, gc, value_states)
     return _call(
         kernel, layout, st, (batch, heads, length // C),
         doc_specs + [specs.head(value_dim), specs.head(slots), specs.row()] + slot_specs,
         specs.head(value_dim), out_shape, st.blocks.slot_num_warps, "nha_slot_readout_add",
-        _feature_stages(st), input_output_aliases={len(doc_arrays): 0},
+        _feature_stages(st), gate=gc, aliases={len(doc_arrays): 0},
     )(*doc_arrays, o_window, logits, lse, vs, ss, gc, value_states)
 
 
@@ -423,14 +464,14 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
     products = slot_products(st, q.dtype)
     split = st.blocks.split_slot_backward
 
-    def dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref):
+    def dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref, path):
         def store(cols, dq):
             dq_ref[:, cols] = (st.scale * dq).astype(dq_ref.dtype)
 
         _readout(st, da, writes, ks_ref, gate, kst_ref, store, state=products.state,
-                 intra=products.gradient, sigma=sigma)
+                 intra=products.gradient, sigma=sigma, path=path)
 
-    def kernel(*refs):
+    def kernel(*refs, path, chunk):
         refs, doc = _doc_refs(refs, _QUERY_DOCS, st)
         (a_ref, lse_ref, delta_ref, do_ref, vs_ref, ss_ref, gc_ref, vst_ref, *refs) = refs
         do_pairs, refs = refs[:_pairs_copy(st)], refs[_pairs_copy(st):]
@@ -445,25 +486,25 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         do, logits = read(do_ref), a_ref[...] if early else None
         gate = rows_of(gc_ref)
         sigma = _segments(doc["sigma"], layout)
-        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, chunk))
         dp = _scores(st, _pair_refs(do, do_pairs), vs_ref, read(vst_ref), writes, gate,
-                     products, sigma)
+                     products, sigma, path)
         logits = logits if early else a_ref[...]
-        held = _held(st, layout, doc["holds"], C)
+        held = _held(st, layout, doc["holds"], C, chunk)
         p = jnp.where(held, jnp.exp(logits - layout.column(lse_ref)), 0.0)
         da = p * (dp - layout.column(delta_ref))
         if not split:
-            dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref)
+            dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref, path)
         da_ref[...] = da
         p_ref[...] = p
         qg_ref[...] = da * logits + p * dp
 
-    def dq_kernel(*refs):
+    def dq_kernel(*refs, path, chunk):
         refs, doc = _doc_refs(refs, ("sigma",), st)
         da_ref, ks_ref, ss_ref, gc_ref, kst_ref, dq_ref = refs
-        writes = masked(rows_of(ss_ref), stream_rows_valid(st, 2))
+        writes = masked(rows_of(ss_ref), stream_rows_valid(st, chunk))
         dq_of(da_ref[...], writes, rows_of(gc_ref), _segments(doc["sigma"], layout), ks_ref,
-              kst_ref, dq_ref)
+              kst_ref, dq_ref, path)
 
     doc_specs, doc_arrays = _doc_args(docs, specs, _QUERY_DOCS)
     slot_shape = jax.ShapeDtypeStruct(q.shape[:-1] + (slots,), F32)
@@ -481,13 +522,13 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
             kernel, layout, st, (batch, heads, length // C),
             doc_specs + value_specs + key_specs, [specs.head(key_dim)] + [specs.head(slots)] * 3,
             [dq_shape] + [slot_shape] * 3, warps, "nha_slot_backward_queries",
-            _feature_stages(st),
+            _feature_stages(st), gate=gc,
         )(*doc_arrays, *value_arrays, *key_arrays)
         return dq, da, p, qg
     da, p, qg = _call(
         kernel, layout, st, (batch, heads, length // C), doc_specs + value_specs,
         [specs.head(slots)] * 3, [slot_shape] * 3, warps, "nha_slot_backward_probabilities",
-        _feature_stages(st),
+        _feature_stages(st), gate=gc,
     )(*doc_arrays, *value_arrays)
     sigma_specs, sigma_arrays = _doc_args(docs, specs, ("sigma",))
     dq = _call(
@@ -495,11 +536,13 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
         sigma_specs + [specs.head(slots), specs.stream(key_dim), specs.stream(slots),
                        specs.kv(slots), specs.state(key_dim, slots)],
         specs.head(key_dim), dq_shape, warps, "nha_slot_backward_dq", _feature_stages(st),
+        gate=gc,
     )(*sigma_arrays, da, ks, ss, gc, key_states)
     return dq, da, p, qg
 
 
-def _backward_slots_kernel(*refs, st: Static, layout: Layout, part: str):
+def _backward_slots_kernel(*refs, st: Static, layout: Layout, part: str, path: str,
+                           chunk: jax.Array):
     """part "both": every slot-input gradient; "keys": dk̄ and the keys' part of ds̄ (float32);
     "values": dv̄, then ds̄ (adding the keys' part it reads) and the log-gate gradient."""
     refs, doc = _doc_refs(refs, ("sigma",), st)
@@ -520,10 +563,10 @@ def _backward_slots_kernel(*refs, st: Static, layout: Layout, part: str):
     ds_keys_ref = take(1)[0] if part == "values" else None
     outs = list(refs)
     C = st.blocks.chunk
-    valid = stream_rows_valid(st, 2)(0, C)  # else: tokens that never enter the slots, gradient 0
+    valid = stream_rows_valid(st, chunk)(0, C)  # else: tokens never entering the slots: 0
     products = slot_products(st, sides[0].x_in.dtype)
     options = dict(S=st.blocks.sub_chunk, intra=products.intra, gradient=products.gradient,
-                   sigma=_segments(doc["sigma"], layout))
+                   sigma=_segments(doc["sigma"], layout), path=path)
 
     def finish(ds, s_in, slots=None):
         """Stores ds̄'s part (keys), or ds̄ and the log-gate gradient (values, both), of the
@@ -589,7 +632,7 @@ def backward_slot_inputs(q, do, slot_grads, slot_inputs, k_end, vt_end, docs: Sl
             st, (batch, kv_heads, length // st.blocks.chunk), doc_specs + in_specs,
             list(out_specs), list(out_shapes), st.blocks.slot_backward_num_warps,
             f"nha_backward_slot_inputs{'' if part == 'both' else '_' + part}",
-            st.blocks.slot_input_num_stages if st.blocks.slot_input_block else 1,
+            st.blocks.slot_input_num_stages if st.blocks.slot_input_block else 1, gate=gc,
         )(*doc_arrays, *arrays)
 
     value_outs = [out(vs), out(ss), out(ss, F32)]

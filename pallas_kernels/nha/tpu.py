@@ -57,6 +57,7 @@ LAYOUT = Layout(
     interpret=_interpret,
     cumsum=triangular_cumsum,
     reverse_cumsum=triangular_reverse_cumsum,
+    split_paths=False,
 )
 
 chunk_prepare = functools.partial(slot_kernels.chunk_prepare, layout=LAYOUT)

@@ -26,9 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from pallas_kernels.flash_attention.bounds import document_extents
-from pallas_kernels.nha import api
+from pallas_kernels.nha import api, chunk_math
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
 from tests.helpers import assert_close, normals
@@ -154,24 +155,51 @@ def test_gpu_kernel_strong_gates():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the exact path's factorisation overflows float32 past "
-                   "its gate range (pallas_kernels/nha/NOTES.md, sessions 24-25): a known bug")
 @pytest.mark.parametrize(("backend", "changes"), [
     ("gpu", {}), ("gpu", dict(split_slot_backward=True, slot_feature_block=2)),
     ("gpu", dict(split_slot_backward=True, slot_input_block=2, slot_input_slot_block=2)),
     ("tpu", {})])
 def test_kernel_gates_past_float32_range(backend, changes):
-    """One slot's log gate at −100 every step, others strong (the exact path), sub-chunk 4 of
-    chunk 8, every exact-path form (whole and tiled features, whole and tiled slot inputs, the
-    TPU kernels): the factorisation at a sub-chunk boundary overflows inside the diagonal
-    sub-chunk and gives NaN on the kernels only. Session 25's level split fixed it and cost
-    6.5 % of the fast path's fwd+bwd on the H200 (NOTES.md): reverted, the fix to come as
-    kernels of their own for the exact chunks. Strict: it fails once fixed, and the mark goes."""
+    """One slot's log gate at −100 every step, others strong (the exact path): a factorisation
+    at a sub-chunk boundary overflowed float32 inside the diagonal sub-chunk and gave NaN on
+    the kernels only (sessions 24–25). Sub-chunk 4 of chunk 8: pieces across sub-chunks and by
+    level within them; every exact-path form (whole and tiled features, whole and tiled slot
+    inputs, the TPU kernels)."""
     x = make_inputs(5, 1, 21, 2, 2, gate_scale=8.0)
     g = x["g"].at[..., 1].set(-100.0)
     x.update(g=g, s=1.0 - jnp.exp(g))
     check(x, 3, "mask", backend=backend,
           blocks=dataclasses.replace(TINY, sub_chunk=4, **changes))
+
+
+def test_exact_path_pieces_factor_each_pair_within_float_range():
+    """`chunk_math`'s exact path inside a sub-chunk: over the pieces, the products of the
+    query and key factors sum to e^{G_t − G_j} on every pair j ≤ t of a sub-chunk and to 0
+    elsewhere, no factor exceeds 1 and every piece's pairs are symmetric, for log gates from 0
+    to −200 a step (a factorisation at the sub-chunk boundary overflows there: e^{200})."""
+    C, M = 16, 4
+    g = -np.random.default_rng(0).choice([0.0, 0.01, 1.0, 40.0, 200.0], (C, M))
+    G = jnp.asarray(np.cumsum(g, axis=0), jnp.float32)
+    t, j = np.arange(C)[:, None], np.arange(C)[None, :]
+
+    def piece_of(query, key, piece, carry):
+        total, largest, smallest, asymmetric = carry
+        factors = jnp.stack([query, key])
+        return (total + piece[:, :, None] * query[:, None, :] * key[None],
+                jnp.maximum(largest, jnp.max(factors)), jnp.minimum(smallest, jnp.min(factors)),
+                asymmetric | jnp.any(piece != piece.T))
+
+    for S in (1, 2, 8, 16):
+        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(1), jnp.bool_(False))
+        total, largest, smallest, asymmetric = jax.jit(lambda G, S=S, init=init: (
+            chunk_math._diagonal_pieces(G, lambda r: lax.dynamic_slice_in_dim(G, r, 1), S,
+                                        piece_of, init)))(G)
+        assert float(largest) <= 1.0 and float(smallest) >= 0.0 and not bool(asymmetric)
+        pairs = ((t >= j) & (t // S == j // S))[..., None]
+        G64 = np.asarray(G, np.float64)
+        want = np.exp(np.where(pairs, G64[:, None] - G64[None, :], -np.inf))
+        np.testing.assert_allclose(np.asarray(total), want, rtol=1e-5, atol=1e-30,
+                                   err_msg=f"S {S}")
 
 
 @pytest.mark.slow
@@ -323,13 +351,12 @@ TILED = dataclasses.replace(TINY, split_slot_backward=True, slot_input_block=2,
 
 @pytest.mark.parametrize(("T", "window", "split"), [
     (37, 16, True), pytest.param(37, 16, False, marks=pytest.mark.slow),
-    pytest.param(35, 0, True, marks=pytest.mark.slow)])
+    pytest.param(37, 0, True, marks=pytest.mark.slow)])
 def test_op_slot_input_tiles(monkeypatch, T, window, split):
     """`BlockSizes.slot_input_block`, split and fused slot-input kernels: packed documents, an
     initial state (at w = 16 its ring is two chunks), GQA, odd T, w = 0 (the slots alone)
-    and 16; 4 key, 8 value features and 4 slots in tiles of 2. (T 37, 31 and 29 at w = 0 draw
-    gates down to −128, beyond the sub-chunk path's range at sub-chunk = chunk = 8: the default
-    kernels fail there too.)"""
+    and 16; 4 key, 8 value features and 4 slots in tiles of 2. (T 37 at w = 0 draws gates down
+    to −128 a step, past the float32 range of the exact path before session 26.)"""
     _interpret(monkeypatch, blocks=dataclasses.replace(TILED, split_slot_backward=split))
     check_op(T, window, K=4, V=8, M=4)
 
@@ -505,28 +532,29 @@ def test_op_head_dim_256(interpret_kernels):
 
 
 @pytest.mark.parametrize(("window", "head_dim", "kv_heads", "options", "kernels"), [
-    (200, 128, 2, dict(documents=True, state=True), 11),  # fwd 5 kernels, bwd 6
-    pytest.param(512, 128, 2, {}, 11, marks=pytest.mark.slow),  # plain, slot inputs in place
-    pytest.param(512, 128, 2, dict(precision="split"), 11, marks=pytest.mark.slow),
-    pytest.param(512, 128, 2, dict(split_slot_backward=True), 13, marks=pytest.mark.slow),
+    (200, 128, 2, dict(documents=True, state=True), 15),  # fwd 7 kernels, bwd 8
+    pytest.param(512, 128, 2, {}, 15, marks=pytest.mark.slow),  # plain, slot inputs in place
+    pytest.param(512, 128, 2, dict(precision="split"), 15, marks=pytest.mark.slow),
+    pytest.param(512, 128, 2, dict(split_slot_backward=True), 19, marks=pytest.mark.slow),
     (200, 128, 2, dict(documents=True, state=True, split_slot_backward=True,
-                       slot_input_block=64), 13),  # the slot-input kernels' feature loop
+                       slot_input_block=64), 19),  # the slot-input kernels' feature loop
     (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
-                      slot_input_block=64), 13),  # D 256's defaults (nha-340m's layer)
+                      slot_input_block=64), 19),  # D 256's defaults (nha-340m's layer)
     (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
-                      slot_input_block=64, slot_feature_block=64), 13),  # and the slot kernels'
+                      slot_input_block=64, slot_feature_block=64), 19),  # and the slot kernels'
     (32, 256, 1, dict(documents=True, state=True, split_slot_backward=True,
                       slot_input_block=64, slot_feature_block=64, window_keys_transposed=True,
-                      block_q=128, backward_num_stages=3), 13),  # session 19's window tiles
-    pytest.param(32, 256, 1, dict(documents=True, state=True), 11, marks=pytest.mark.slow),
-    pytest.param(0, 128, 4, dict(documents=True, state=True), 8, marks=pytest.mark.slow),
+                      block_q=128, backward_num_stages=3), 19),  # session 19's window tiles
+    pytest.param(32, 256, 1, dict(documents=True, state=True), 15, marks=pytest.mark.slow),
+    pytest.param(0, 128, 4, dict(documents=True, state=True), 12, marks=pytest.mark.slow),
     (2000, 128, 2, dict(documents=True), 3),  # idle slots, the window kernels' document bounds
 ])
 def test_kernels_lower_to_triton_at_gpu_shapes(monkeypatch, window, head_dim, kv_heads,
                                                options, kernels):
     """Forward and backward build their Triton kernels (Pallas' Triton lowering, no GPU
     needed) at the GPU's default tiles and real sizes (M = 64, bf16 q/k/v, float32 s/g),
-    with documents, a state and the final slots."""
+    with documents, a state and the final slots. Each slot kernel counts twice (its fast
+    and its exact chunks: `slot_kernels._call`)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     B, T, H, M, D = 1, 1000, 4, 64, head_dim

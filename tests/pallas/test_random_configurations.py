@@ -7,9 +7,10 @@ meet in combinations none of them runs. Here each seed draws a whole configurati
 length (odd, 1, shorter than a tile), GQA groups, head dims, tiles and every switch at random,
 packed documents (lengths 1 and longer than a chunk or window) or none, an initial state or
 none. Slow (≈ 10 s a seed). Before these seeds were fixed, ≈ 860 such draws over the four
-families ran on a CPU (session 24): none wrong but NHA's beyond the exact path's gate range
-(`pallas_kernels/nha/NOTES.md`, session 24); then seed 6 of flash attention found
-`forward_one_select`'s NaN (`pallas_kernels/flash_attention/NOTES.md`, session 24).
+families ran on a CPU (session 24): none wrong but 8 of NHA's, whose gates went past the
+float32 range of the exact path's factorisation then (fixed in session 26:
+`pallas_kernels/nha/NOTES.md`); then seed 6 of flash attention found `forward_one_select`'s
+NaN (`pallas_kernels/flash_attention/NOTES.md`, session 24).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import pytest
 from pallas_kernels.delta_rule.block_sizes import BlockSizes as DeltaRuleBlocks
 from pallas_kernels.flash_attention.block_sizes import BlockSizes as FlashBlocks
 from pallas_kernels.ssd.block_sizes import BlockSizes as SsdBlocks
-from tests.helpers import NHA_EXACT_PATH_RANGE, strongest_gates
 from tests.pallas import test_delta_rule_kernel as delta_rule
 from tests.pallas import test_flash_attention as flash
 from tests.pallas import test_nha_kernel as nha
@@ -121,20 +121,15 @@ def test_ssd(seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_native_hybrid_attention(seed, monkeypatch):
-    """The lengths and windows are redrawn while a slot's gates sum below −87 over 7 steps
-    (sub-chunk − 1 at these tiles): past that the kernels' exact path overflows float32 (the
-    range `pallas_kernels/nha/chunk_math.py` states), and `check_op`'s draws reach −90 a step."""
+    """`check_op`'s gates reach −90 a step, so the exact path is taken with gates of every
+    strength (before session 26 it overflowed past −87 within a sub-chunk)."""
     rng = np.random.default_rng(300 + seed)
     groups, dims = pick(rng, [1, 2]), dict(K=pick(rng, [2, 3, 4]), V=pick(rng, [2, 4, 8]),
                                            M=pick(rng, [2, 3, 4]), D=pick(rng, [3, 5, 8]))
     heads = groups * pick(rng, [1, 2])
-    while True:
-        length, window = int(rng.integers(1, 40)), pick(rng, [0, 1, 3, 5, 8, 13, 16, 24, 45])
-        gates = np.asarray(nha.op_tests._inputs(length, H=heads, G=groups, seed=length + window,
-                                                dtype=jnp.float32, **dims)[4])
-        if strongest_gates(gates, nha.TINY.sub_chunk - 1) > NHA_EXACT_PATH_RANGE:
-            break
-    changes = dict(split_slot_backward=bool(rng.random() < 0.5),
+    length, window = int(rng.integers(1, 40)), pick(rng, [0, 1, 3, 5, 8, 13, 16, 24, 45])
+    changes = dict(sub_chunk=pick(rng, [1, 2, 4, 8]),
+                   split_slot_backward=bool(rng.random() < 0.5),
                    window_keys_transposed=bool(rng.random() < 0.3),
                    slot_precision=pick(rng, ["mixed", "float32"]))
     if rng.random() < 0.3:  # the slot-input kernels over tiles (the split backward's option)
@@ -154,7 +149,3 @@ def test_the_draws_helpers():
     runs = [np.bincount(row) for row in ids]
     assert any(1 in r for r in runs) and all(np.all(np.diff(row) >= 0) for row in ids)
     assert all(r.sum() == 50 for r in runs)
-    gates = np.zeros((1, 9, 1, 2))
-    gates[0, 2:5, 0, 1] = -30.0
-    assert strongest_gates(gates, 3) == -90.0 and strongest_gates(gates, 2) == -60.0
-    assert strongest_gates(gates[:, :2], 3) == 0.0
