@@ -15,16 +15,18 @@ e^{G_t}, a write at row j reaches row t ≥ j with e^{G_t − G_j}. Four forms a
 The per-slot decay e^{G_t − G_j} is a `[C, C, M]` tensor; it is never built. Fast path (taken
 when every slot decays by less than e^{−60} over the chunk, i.e. almost always): one
 factorisation at the chunk start, e^{G_t}·e^{−G_j}, both factors within float32 range (≤ e^{60}),
-so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact path, where no factor
-exceeds 1 whatever the gates (a factor that underflows to 0 belongs to a pair whose true weight
-is below the float range anyway). The pairs of different sub-chunks (S rows) are factorised at
+so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact path, whose factors
+stay within float32 range whatever the gates (a factor that underflows to 0 belongs to a pair
+whose true weight is below the float range anyway). The pairs of different sub-chunks (S rows) are factorised at
 a sub-chunk boundary r as e^{G_t − G_r}·e^{G_r − G_j}: for the query-row forms r is the last row
 of the key sub-chunk and the query rows come after it, for the key-row forms r is the first row
 of the query sub-chunk and the key rows come before it. The pairs inside one sub-chunk are split
 by level, as the XLA rung splits a whole chunk (`hybrid_jax.ops.gsa`): blocks of b = 2, 4, …, S
 rows, j in the left and t in the right half of a block, factorised at the left half's last row;
 and the pairs j = t, factors 1 (`_diagonal_pieces`). Each piece is one product, over full chunk
-rows with the factors 0 outside it. (Until session 26 the sub-chunk boundary factorised the
+rows with the factors 0 outside it. When no sub-chunk decays past e^{−60} (strong gates, usually)
+the pairs inside the sub-chunks are one piece instead, factorised at each sub-chunk's last row
+(factors ≤ e^{60}, as on the fast path). (Until session 26 the sub-chunk boundary factorised the
 diagonal sub-chunk too, one factor up to e^{|ΔG|}: float32 overflowed, NaN on the kernels only,
 once S − 1 consecutive log gates of one slot summed below −87.) Rows outside a piece are masked
 before `exp`, so nothing overflows there. Each form takes a `path` (`PATHS`): on the GPU a
@@ -213,36 +215,49 @@ def _query_subchunk_decays(G: jax.Array, g: Rows, ib: int, S: int):
 
 def _diagonal_pieces(G: jax.Array, row: Callable[[jax.Array], jax.Array], S: int, body,
                      carry):
-    """The pairs j ≤ t inside a sub-chunk (every sub-chunk of the chunk at once), split so that
-    no factor exceeds 1: the pairs j = t, factors 1; then per level, blocks of b = 2, 4, …, S
-    rows, the pairs with j in the left and t in the right half of a block, factorised at the
-    left half's last row m as e^{G_t − G_m}·e^{G_m − G_j}. Runs
+    """The pairs j ≤ t inside a sub-chunk (every sub-chunk of the chunk at once), in pieces
+    whose factors stay within float32 range. When no sub-chunk decays by e^{−60} or more
+    (`FAST_PATH_LIMIT`; strong gates usually), one piece: the pairs of each sub-chunk
+    factorised at its last row m as e^{G_t − G_m}·e^{G_m − G_j} (query factors ≤ e^{60}, key
+    factors ≤ 1). Otherwise by level, every factor ≤ 1: the pairs j = t, factors 1; then per
+    level, blocks of b = 2, 4, …, S rows, the pairs with j in the left and t in the right half
+    of a block, factorised at the left half's last row. Runs
     `carry = body(query, key, piece, carry)` for each piece: the query rows' factors `[C, M']`
     (0 outside the piece), the key rows' `[C, M']` and the pairs it takes `[C, C]` (symmetric:
-    a form may index it either way). `row(r)`: G's row r `[1, M']` (r traced). The levels and
-    each level's midpoints are loops, not unrolled: the kernel then holds one level's values at
-    a time (unrolled, 60 one-row loads at C 64 went live together and spilled: NOTES.md,
-    session 25)."""
-    C = G.shape[0]
+    a form masks it to j ≤ t either way). `row(r)`: G's row r `[1, M']` (r traced). The levels
+    and each level's midpoints are loops, not unrolled: the kernel then holds one level's
+    values at a time (unrolled, 60 one-row loads at C 64 went live together and spilled:
+    NOTES.md, session 25)."""
+    C, top = G.shape[0], S.bit_length() - 1  # levels 0..top; level top + 1: one piece
     rows, t, j = iota((C, 1), 0), iota((C, C), 0), iota((C, C), 1)
 
-    def level(l, carry):  # blocks of b = 2^l rows; b = 1: the pairs j = t
-        half = jnp.right_shift(jnp.left_shift(1, l), 1)
-        block = -jnp.left_shift(1, l)  # rows & block: the start of a row's block
+    def level(l, carry):  # blocks of b = 2^l rows (b = 1: the pairs j = t), or the one piece
+        whole = (l > top).astype(jnp.int32)
+        size = jnp.left_shift(1, jnp.minimum(l, top))
+        half = jnp.right_shift(size, 1)
+        block = -size  # rows & block: the start of a row's block
+        at = half - 1 + whole * (size - half)  # a block's factor row: its left half's last, or
+                                               # (one piece) its last
 
-        def midpoint_of(i, midpoint):  # block i's midpoint row to its rows
-            start = 2 * half * i
-            return jnp.where((rows & block) == start, row(start + half - 1), midpoint)
+        def factor_row_of(i, rows_G):  # block i's factor row to its rows
+            start = size * i
+            return jnp.where((rows & block) == start, row(start + at), rows_G)
 
-        count = jnp.right_shift(C, l) * jnp.minimum(l, 1)  # (a scalar `where` lowers wrongly)
-        midpoint = lax.fori_loop(0, count, midpoint_of, G)  # b = 1: G itself, factors 1
-        right = ((rows & half) != 0) | (l == 0)
-        left = ((rows & half) == 0) | (l == 0)
-        return body(jnp.exp(jnp.where(right, G - midpoint, -jnp.inf)),
-                    jnp.exp(jnp.where(left, midpoint - G, -jnp.inf)), (t & block) == (j & block),
+        # (Products, not scalar `where`s: those lower wrongly to Triton: NOTES.md, session 25.)
+        count = jnp.right_shift(C, jnp.minimum(l, top)) * jnp.minimum(l, 1)
+        ref = lax.fori_loop(0, count, factor_row_of, G)  # b = 1: G itself, factors 1
+        right = ((rows & half) != 0) | (l == 0) | (whole == 1)
+        left = ((rows & half) == 0) | (l == 0) | (whole == 1)
+        return body(jnp.exp(jnp.where(right, G - ref, -jnp.inf)),
+                    jnp.exp(jnp.where(left, ref - G, -jnp.inf)), (t & block) == (j & block),
                     carry)
 
-    return lax.fori_loop(0, S.bit_length(), level, carry)
+    def decay(i, least):  # the strongest decay over one sub-chunk so far `[1, 1]`
+        return jnp.minimum(least, jnp.min(row(i * S + S - 1) - row(i * S), keepdims=True))
+
+    least = lax.fori_loop(0, C // S, decay, jnp.zeros((1, 1), F32))
+    one_piece = (jnp.min(least) >= -FAST_PATH_LIMIT).astype(jnp.int32)
+    return lax.fori_loop(one_piece * (top + 1), top + 1 + one_piece, level, carry)
 
 
 def _readout_piece(p: jax.Array, y: Rows, intra: Products, query, key, piece,

@@ -172,29 +172,38 @@ def test_kernel_gates_past_float32_range(backend, changes):
           blocks=dataclasses.replace(TINY, sub_chunk=4, **changes))
 
 
-def test_exact_path_pieces_factor_each_pair_within_float_range():
+@pytest.mark.parametrize(("steps", "pieces"), [
+    ((0.0, 0.01, 1.0, 40.0, 200.0), "levels"), ((0.0, 0.01, 1.0, 3.0), "one")])
+def test_exact_path_pieces_factor_each_pair_within_float_range(steps, pieces):
     """`chunk_math`'s exact path inside a sub-chunk: over the pieces, the products of the
-    query and key factors sum to e^{G_t − G_j} on every pair j ≤ t of a sub-chunk and to 0
-    elsewhere, no factor exceeds 1 and every piece's pairs are symmetric, for log gates from 0
-    to −200 a step (a factorisation at the sub-chunk boundary overflows there: e^{200})."""
+    query and key factors sum to e^{G_t − G_j} on every pair j ≤ t of a sub-chunk and to 0 on
+    the other pairs j ≤ t, and every piece's pairs are symmetric. Log gates of 0 to −200 a
+    step (a factorisation at the sub-chunk boundary overflows there: e^{200}): split by level,
+    no factor above 1; of 0 to −3 a step (no sub-chunk of 16 decays by e^{−60}): one piece,
+    factors ≤ e^{60}. (The forms mask the pairs j > t; so does this sum.)"""
     C, M = 16, 4
-    g = -np.random.default_rng(0).choice([0.0, 0.01, 1.0, 40.0, 200.0], (C, M))
+    g = -np.random.default_rng(0).choice(steps, (C, M))
     G = jnp.asarray(np.cumsum(g, axis=0), jnp.float32)
     t, j = np.arange(C)[:, None], np.arange(C)[None, :]
+    causal = jnp.asarray(t >= j)
 
     def piece_of(query, key, piece, carry):
-        total, largest, smallest, asymmetric = carry
+        total, largest, smallest, asymmetric, count = carry
         factors = jnp.stack([query, key])
-        return (total + piece[:, :, None] * query[:, None, :] * key[None],
+        return (total + (piece & causal)[:, :, None] * query[:, None, :] * key[None],
                 jnp.maximum(largest, jnp.max(factors)), jnp.minimum(smallest, jnp.min(factors)),
-                asymmetric | jnp.any(piece != piece.T))
+                asymmetric | jnp.any(piece != piece.T), count + 1)
 
     for S in (1, 2, 8, 16):
-        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(1), jnp.bool_(False))
-        total, largest, smallest, asymmetric = jax.jit(lambda G, S=S, init=init: (
+        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(1), jnp.bool_(False),
+                jnp.int32(0))
+        total, largest, smallest, asymmetric, count = jax.jit(lambda G, S=S, init=init: (
             chunk_math._diagonal_pieces(G, lambda r: lax.dynamic_slice_in_dim(G, r, 1), S,
                                         piece_of, init)))(G)
-        assert float(largest) <= 1.0 and float(smallest) >= 0.0 and not bool(asymmetric)
+        one = pieces == "one" or S == 1  # a sub-chunk of one row decays by nothing
+        assert int(count) == (1 if one else S.bit_length()), f"S {S}"
+        limit = np.exp(chunk_math.FAST_PATH_LIMIT) if one else 1.0
+        assert float(largest) <= limit and float(smallest) >= 0.0 and not bool(asymmetric)
         pairs = ((t >= j) & (t // S == j // S))[..., None]
         G64 = np.asarray(G, np.float64)
         want = np.exp(np.where(pairs, G64[:, None] - G64[None, :], -np.inf))
