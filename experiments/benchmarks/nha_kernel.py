@@ -57,10 +57,12 @@ TABLE_SHAPES = ((4, 8192), (1, 32768))  # (B, T) of the issue's target
 STRONG_GATES = 1.5
 """`--gate-offset` for the exact path: every slot's log gate 1.5 lower a step, so every chunk of
 64 decays past e^-60 (`chunk_math.FAST_PATH_LIMIT`)."""
-# (T, H, G, w, gate offset) of the kernel API checks: w = 0, all the softmax mass on the slots,
-# where bf16 slot products failed before (NOTES v4); strong gates, with one slot's at -100 a step
-# (past float32 for the exact path's factorisation before session 26: NaN on the GPU only)
-API_CHECKS = ((777, 2, 2, 0, 0.0), (777, 2, 2, 16, STRONG_GATES))
+# (T, H, G, w, gate offset, extreme slot) of the kernel API checks: w = 0, all the softmax mass
+# on the slots, where bf16 slot products failed before (NOTES v4); strong gates, every chunk on
+# the exact path (its sub-chunks one piece), and with one slot's at -100 a step (the level split;
+# past float32 for the exact path's factorisation before session 26: NaN on the GPU only)
+API_CHECKS = ((777, 2, 2, 0, 0.0, False), (777, 2, 2, 16, STRONG_GATES, False),
+              (777, 2, 2, 16, STRONG_GATES, True))
 # (w, head dim) of the op checks (GQA 4 / 2); w 280 ≥ 4 tiles: the window kernels' document
 # bounds (api.DOCUMENT_BOUNDS_BLOCKS)
 OP_CHECKS = ((200, DIM), (0, DIM), (128, 256), (280, DIM))
@@ -69,12 +71,14 @@ NAMES = ("q", "k", "v", "s", "g", "q_window", "k_window")
 
 
 def make_inputs(batch, length, heads, kv_heads, key, dtype=jnp.bfloat16, dim=None,
-                gate_offset=0.0):
+                gate_offset=0.0, extreme_slot=False):
+    """Random inputs; every log gate `gate_offset` lower a step, and with `extreme_slot` slot
+    0's at −100 a step (its sub-chunks then decay past e^-60: the exact path's level split)."""
     dim = dim or DIM
     keys = iter(jax.random.split(key, 8))
     normal = lambda h, d: jax.random.normal(next(keys), (batch, length, h, d), jnp.float32)
     g = jax.nn.log_sigmoid(normal(kv_heads, SLOTS)) / 8 - gate_offset
-    if gate_offset:
+    if extreme_slot:
         g = g.at[..., 0].set(-100.0)
     x = dict(q=normal(heads, dim), k=normal(kv_heads, dim), v=normal(kv_heads, dim),
              s=1 - jnp.exp(g), g=g, q_window=normal(heads, dim), k_window=normal(kv_heads, dim))
@@ -218,14 +222,15 @@ def part_check(args):
 
 def _check_rows(args):
     rows = []
-    for length, heads, kv_heads, window, gate_offset in API_CHECKS:
-        x = make_inputs(1, length, heads, kv_heads, jax.random.key(1), gate_offset=gate_offset)
+    for length, heads, kv_heads, window, gate_offset, extreme in API_CHECKS:
+        x = make_inputs(1, length, heads, kv_heads, jax.random.key(1), gate_offset=gate_offset,
+                        extreme_slot=extreme)
         weights = [jax.random.normal(jax.random.key(2), (1, length, heads, DIM))]
         apply = lambda fn: lambda inputs: fn(*(inputs[n] for n in NAMES))
         reference = lambda q, k, v, s, g, qw, kw, w=window: nha_reference(
             q, k, v, s, g, window=w, q_window=qw, k_window=kw)
         for variant in dict.fromkeys(["default", *args.check_variants]):
-            gates = f" gates-{gate_offset}" if gate_offset else ""
+            gates = (f" gates-{gate_offset}" if gate_offset else "") + (" -100" if extreme else "")
             rows.append(_compare(f"api T{length} H{heads} G{kv_heads} w{window}{gates} {variant}",
                                  apply(pallas_op(window, dataclasses.replace(
                                      VARIANTS[variant], **args.check_changes))),
@@ -292,7 +297,7 @@ def part_table(args):
     peers = {(r.get("B"), r.get("T")): r for r in args.peer_rows}
     for batch, length in TABLE_SHAPES:
         x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0),
-                        gate_offset=args.gate_offset)
+                        gate_offset=args.gate_offset, extreme_slot=args.extreme_slot)
         nha_inputs = [x[n] for n in NAMES]
         attention = (x["q_window"], x["k_window"], x["v"])
         impls = {
@@ -387,7 +392,7 @@ def part_sweep(args):
     rows = []
     batch, length = TABLE_SHAPES[0]
     x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0),
-                    gate_offset=args.gate_offset)
+                    gate_offset=args.gate_offset, extreme_slot=args.extreme_slot)
     for name in args.variants:
         row = {"variant": name, "T": length, "w": WINDOW}
         if time.perf_counter() - args.start > args.budget_s:
@@ -446,7 +451,7 @@ def part_profile(args):
     batch, length = TABLE_SHAPES[0]
     window = WINDOW
     x = make_inputs(batch, length, HEADS, HEADS, jax.random.key(0),
-                    gate_offset=args.gate_offset)
+                    gate_offset=args.gate_offset, extreme_slot=args.extreme_slot)
     q, qw, kw, v = x["q"], x["q_window"], x["k_window"], x["v"]
     ks, vs, ss, gs = (x[n] for n in ("k", "v", "s", "g"))  # read w/C chunks back (the shift)
     do = jax.random.normal(jax.random.key(5), q.shape, jnp.bfloat16)
@@ -551,8 +556,10 @@ def main() -> None:
                         help="the sweep stops starting variants past this many seconds")
     parser.add_argument("--gate-offset", type=float, default=0.0,
                         help="lower every log gate by this much a step in the table, sweep and "
-                             f"profile ({STRONG_GATES}: every chunk on the exact path), one "
-                             "slot's to -100")
+                             f"profile ({STRONG_GATES}: every chunk on the exact path)")
+    parser.add_argument("--extreme-slot", action="store_true",
+                        help="and slot 0's log gate to -100 a step (the exact path's level "
+                             "split in every chunk)")
     parser.add_argument("--out", default="nha_kernel.json")
     args = parser.parse_args()
     args.start = time.perf_counter()
@@ -566,7 +573,7 @@ def main() -> None:
         results[part] = PARTS[part](args)
         write_json(args.out, "nha_kernel", [], parts=results,
                    shape=dict(H=HEADS, K=DIM, V=DIM, D=DIM, M=SLOTS, w=WINDOW, dtype="bfloat16",
-                              gate_offset=args.gate_offset),
+                              gate_offset=args.gate_offset, extreme_slot=args.extreme_slot),
                    seconds=time.perf_counter() - args.start)
     print(f"done in {time.perf_counter() - args.start:.0f} s", flush=True)
 

@@ -12,27 +12,26 @@ e^{G_t}, a write at row j reaches row t ≥ j with e^{G_t − G_j}. Four forms a
   and their transposes, summed over the query rows t ≥ n for each key row n (the slot-input
   gradients, `slot_input_grads`).
 
-The per-slot decay e^{G_t − G_j} is a `[C, C, M]` tensor; it is never built. Fast path (taken
-when every slot decays by less than e^{−60} over the chunk, i.e. almost always): one
-factorisation at the chunk start, e^{G_t}·e^{−G_j}, both factors within float32 range (≤ e^{60}),
-so each form is two chunk-sized matmuls. Otherwise (strong gates) the exact path, whose factors
-stay within float32 range whatever the gates (a factor that underflows to 0 belongs to a pair
-whose true weight is below the float range anyway). The pairs of different sub-chunks (S rows) are factorised at
-a sub-chunk boundary r as e^{G_t − G_r}·e^{G_r − G_j}: for the query-row forms r is the last row
-of the key sub-chunk and the query rows come after it, for the key-row forms r is the first row
-of the query sub-chunk and the key rows come before it. The pairs inside one sub-chunk are split
-by level, as the XLA rung splits a whole chunk (`hybrid_jax.ops.gsa`): blocks of b = 2, 4, …, S
-rows, j in the left and t in the right half of a block, factorised at the left half's last row;
-and the pairs j = t, factors 1 (`_diagonal_pieces`). Each piece is one product, over full chunk
-rows with the factors 0 outside it. When no sub-chunk decays past e^{−60} (strong gates, usually)
-the pairs inside the sub-chunks are one piece instead, factorised at each sub-chunk's last row
-(factors ≤ e^{60}, as on the fast path). (Until session 26 the sub-chunk boundary factorised the
-diagonal sub-chunk too, one factor up to e^{|ΔG|}: float32 overflowed, NaN on the kernels only,
-once S − 1 consecutive log gates of one slot summed below −87.) Rows outside a piece are masked
-before `exp`, so nothing overflows there. Each form takes a `path` (`PATHS`): on the GPU a
-kernel holds one path's code and runs on the chunks `fast_path` sends it, where both paths in
-one kernel cost the fast path registers (`slot_kernels._call`); on the TPU a `lax.cond` per
-chunk.
+The per-slot decay e^{G_t − G_j} is a `[C, C, M]` tensor; it is never built. Fast path (taken when
+every slot decays by less than e^{−60} over the chunk, i.e. almost always): one factorisation at the
+chunk start, e^{G_t}·e^{−G_j}, both factors within float32 range (≤ e^{60}), so each form is two
+chunk-sized matmuls. Otherwise (strong gates) the exact path, whose factors stay within float32
+range whatever the gates (a factor that underflows to 0 belongs to a pair whose true weight is below
+the float range anyway). The pairs of different sub-chunks (S rows) are factorised at a sub-chunk
+boundary r as e^{G_t − G_r}·e^{G_r − G_j}: for the query-row forms r is the last row of the key
+sub-chunk and the query rows come after it, for the key-row forms r is the first row of the query
+sub-chunk and the key rows come before it. The pairs inside one sub-chunk are split by level, as the
+XLA rung splits a whole chunk (`hybrid_jax.ops.gsa`): blocks of b = 2, 4, …, S rows, j in the left
+and t in the right half of a block, factorised at the left half's last row; and the pairs j = t,
+factors 1 (`_diagonal_pieces`). Each piece is one product, over full chunk rows with the factors 0
+outside it. When no sub-chunk decays past e^{−60} (strong gates, usually) the pairs inside the
+sub-chunks are one piece instead, factorised at each sub-chunk's last row (factors ≤ e^{60}, as on
+the fast path). (Until session 26 the sub-chunk boundary factorised the diagonal sub-chunk too, one
+factor up to e^{|ΔG|}: float32 overflowed, NaN on the kernels only, once S − 1 consecutive log gates
+of one slot summed below −87.) Rows outside a piece are masked before `exp`, so nothing overflows
+there. Each form takes a `path` (`PATHS`): on the GPU a kernel holds one path's code and runs on the
+chunks `fast_path` sends it, where both paths in one kernel cost the fast path registers
+(`slot_kernels._call`); on the TPU a `lax.cond` per chunk.
 
 Documents (packed sequences). A document start among the chunk's slot inputs empties the slots
 before that input enters; per chunk it is described by σ `[C]` int32, the number of starts in
