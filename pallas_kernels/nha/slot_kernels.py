@@ -153,11 +153,11 @@ def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_sha
     """The `pallas_call` of a per-chunk kernel. A slot kernel (`gate`: the gates G, one of the
     arrays it is called on; grid axis 2 its chunks) is `kernel(*refs, path=..., chunk=...)`
     (`chunk_math.PATHS`; chunk: the program's chunk, read before a branch, where interpret
-    mode cannot lower `program_id`): with
-    `Layout.split_paths` it runs twice, first on the chunks `chunk_math.fast_path` takes (the
-    others left unwritten), then on the rest, its outputs aliased to the first run's, so that
-    each kernel holds one path's code (NOTES.md, session 26); else once, on "both"."""
-    call = lambda body, specs, aliases: pallas_call(
+    mode cannot lower `program_id`): with `Layout.split_paths` it runs twice, first on the
+    chunks `chunk_math.fast_path` takes (the others left unwritten), then, named `name_exact`,
+    on the rest, its outputs aliased to the first run's, so that each kernel holds one path's
+    code (NOTES.md, session 26); else once, on "both"."""
+    call = lambda body, specs, aliases, name=name: pallas_call(
         body, grid=grid, in_specs=specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=layout.params(st, warps, len(grid), False, stages),
         interpret=layout.interpret(st), name=name, input_output_aliases=aliases or {})
@@ -187,7 +187,7 @@ def _call(kernel, layout: Layout, st: Static, grid, in_specs, out_specs, out_sha
         specs = list(out_specs) if many else [out_specs]
         extra = {len(args) + n: i for n, i in enumerate(free)}
         return call(on("exact", len(free), at), in_specs + [specs[i] for i in free],
-                    aliases | extra)(*args, *(outs_list[i] for i in free))
+                    aliases | extra, f"{name}_exact")(*args, *(outs_list[i] for i in free))
 
     return run
 

@@ -60,8 +60,8 @@ def _nha():
         q, k, v, x["s"], x["g"], window=5, q_window=x["q_window"], k_window=x["k_window"],
         block_sizes=nha_tests.TINY, interpret=True)
     return run, (x["q"], x["k"], x["v"]), {
-        "nha_chunk_prepare", "nha_chunk_scan", "nha_slot_logits", "nha_window_attention",
-        "nha_slot_readout_add"}
+        "nha_chunk_prepare", "nha_chunk_scan", "nha_slot_logits", "nha_slot_logits_exact",
+        "nha_window_attention", "nha_slot_readout_add", "nha_slot_readout_add_exact"}
 
 
 def _short_conv():

@@ -674,6 +674,7 @@ def test_gpu_pipelined_feature_tiles_load_the_scores_x_twice(monkeypatch, change
     once = _gpu_kernel_operands(args, dataclasses.replace(tiled, slot_feature_num_stages=1))
     twice = {"nha_slot_logits", "nha_slot_backward_probabilities" if tiled.split_slot_backward
              else "nha_slot_backward_queries"}
+    twice |= {f"{name}_exact" for name in twice}  # the exact path's launches (`_call`)
     assert {name for name in once if pipelined[name] != once[name]} == twice
     assert all(pipelined[name] == once[name] + 1 for name in twice)
     lowered = jax.jit(lambda *a: api.native_hybrid_attention(
