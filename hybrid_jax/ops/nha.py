@@ -43,8 +43,8 @@ Rungs: "attention" (idle slots, empty ones masked: causal attention of the windo
 `pallas_kernels.nha`: GPU bf16/fp16 calls, head dims 64, 128
 or 256, with segment ids, states and GQA; auto picks it where supported; a gate of
 `RESET_LOG_DECAY` in every slot and kv head counts as a document start there, as it does in
-the other rungs numerically; per-slot gates summing below about −87 over 15 consecutive tokens
-overflow the kernels' exact path, `pallas_kernels.nha.chunk_math`),
+the other rungs numerically; exact for gates of any strength, as the XLA rung:
+`pallas_kernels.nha.chunk_math`),
 "reference" (per-token `lax.scan`, the definition; every query against all keys, masked to its
 window) and "xla" (chunkwise parallel, chunks of C tokens):
 
