@@ -211,6 +211,14 @@ def test_exact_path_pieces_factor_each_pair_within_float_range(steps, pieces):
                                    err_msg=f"S {S}")
 
 
+def test_a_form_refuses_an_unknown_path():
+    g = lambda start, size: jnp.zeros((size, 2))
+    with pytest.raises(ValueError, match=r"path must be one of \('fast', 'exact', 'both'\), "
+                                         r"got 'slow'"):
+        chunk_math.slot_readout(jnp.ones((4, 2)), g, g, g, jnp.ones((3, 2)), S=2, state=None,
+                                intra=None, path="slow")
+
+
 @pytest.mark.slow
 def test_gpu_kernel_gqa_sink():
     """Two query heads per kv head, empty slots as zero-value sinks."""
