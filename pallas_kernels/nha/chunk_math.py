@@ -259,6 +259,14 @@ def _diagonal_pieces(G: jax.Array, row: Callable[[jax.Array], jax.Array], S: int
     return lax.fori_loop(one_piece * (top + 1), top + 1 + one_piece, level, carry)
 
 
+def _scores_piece(y: Rows, intra: Products, pairs, query, key, piece, outs) -> list:
+    """The scores form's pieces (`_diagonal_pieces`): each of `pairs` (x·x'ᵀ `[C, C]`, masked
+    to j ≤ t) weighs y over the piece's pairs, added to its `[C, M]` out in `outs`."""
+    y_piece = y(0, pairs[0].shape[0]).astype(F32) * key
+    return [out + query * intra.mm(jnp.where(piece, a, 0.0), y_piece)
+            for out, a in zip(outs, pairs, strict=True)]
+
+
 def _readout_piece(p: jax.Array, y: Rows, intra: Products, query, key, piece,
                    pairs) -> jax.Array:
     """The readout form's pair weights Σ_m p_tm e^{G_tm − G_jm} y_jm `[C, C]` of one piece
@@ -304,12 +312,8 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
         pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
         within = [jnp.where(pair_mask, intra.mm_nt(x, x_keys(0, C), True, True), 0.0)
                   for x, x_keys, _ in pairs]
-        def piece_of(query, key, piece, outs):
-            y_piece = y(0, C).astype(F32) * key
-            return [out + query * intra.mm(jnp.where(piece, a, 0.0), y_piece)
-                    for out, a in zip(outs, within, strict=True)]
-
-        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S, piece_of, outs))
+        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S,
+                                      functools.partial(_scores_piece, y, intra, within), outs))
 
     return list(_on_path(path, g, C, fast, exact))
 
@@ -393,12 +397,9 @@ def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Prod
             y_jb = y(0, C).astype(F32) * key
             outs = [out + query * intra.mm(pair, y_jb)
                     for out, (_, pair) in zip(outs, sums, strict=True)]
-        def piece_of(query, key, piece, outs):
-            y_piece = y(0, C).astype(F32) * key
-            return [out + query * intra.mm(jnp.where(piece, pair, 0.0), y_piece)
-                    for out, (_, pair) in zip(outs, sums, strict=True)]
-
-        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S, piece_of, outs))
+        pairs = [pair for _, pair in sums]
+        return tuple(_diagonal_pieces(G, lambda r: g(r, 1), S,
+                                      functools.partial(_scores_piece, y, intra, pairs), outs))
 
     return list(_on_path(path, g, C, fast, exact))
 
