@@ -35,6 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.band_loop import band_loop, ceil_div
 from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.reference import visible
@@ -66,30 +67,12 @@ class Static:
         return self.scale * LOG2E
 
     def causal_part(self, side: str) -> str | None:
-        """`_loop`'s causal_part: `side` with blocks.diagonal_causal_only, else None."""
+        """`band_loop`'s causal_part: `side` with blocks.diagonal_causal_only, else None."""
         return side if self.blocks.diagonal_causal_only else None
 
 
 def _iota(shape, axis):
     return lax.broadcasted_iota(jnp.int32, shape, axis)
-
-
-
-def _loop(lo, hi, full_lo, full_hi, visit, carry, causal_part=None):
-    """`visit(i, carry, mask)` over [lo, hi): mask None (no test) for i in [full_lo, full_hi),
-    else "full" (causal, window and documents). causal_part "last" (query blocks: the key
-    blocks after the interior are from full_lo on, inside every row's run and window) or
-    "first" (key blocks: the query blocks before full_hi see the block's keys within their
-    runs and windows) gives that part mask "causal": the causal test alone."""
-    a = jnp.clip(full_lo, lo, hi)
-    b = jnp.clip(full_hi, a, hi)
-    parts = [(lo, a, "full"), (a, b, None), (b, hi, "causal" if causal_part == "last" else "full")]
-    if causal_part == "first":
-        c = jnp.clip(full_hi, lo, a)
-        parts[:1] = [(lo, c, "causal"), (c, a, "full")]
-    for start, stop, mask in parts:
-        carry = lax.fori_loop(start, stop, functools.partial(visit, mask=mask), carry)
-    return carry
 
 
 def _inside(rows, cols, row_segments, col_segments, window, mask):
@@ -112,7 +95,7 @@ def _key_blocks(start, block_q, block_k, lowest_ref, unmasked_ref):
     """lo, hi, full_lo, full_hi of the key blocks of the query block starting at `start`."""
     lo = lax.div(jnp.min(lowest_ref[...]), block_k)
     hi = lax.div(start + block_q - 1, block_k) + 1
-    full_lo = lax.div(jnp.max(unmasked_ref[...]) + block_k - 1, block_k)
+    full_lo = ceil_div(jnp.max(unmasked_ref[...]), block_k)
     return lo, hi, full_lo, lax.div(start + 1, block_k)
 
 
@@ -158,7 +141,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmaske
 
     init = (jnp.full((BQ,), MASK_VALUE, F32), jnp.zeros((BQ,), F32),
             jnp.zeros(o_ref.shape, F32))
-    m, l, acc = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit, init,
+    m, l, acc = band_loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit, init,
                       st.causal_part("last"))
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)  # every row sees itself: l > 0
     lse_ref[...] = m + jnp.log2(l)
@@ -204,7 +187,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_r
         ds = p * (mm_nt(do, v_ref[span, :]) - delta)
         return dq + mm(ds.astype(keys.dtype), keys)
 
-    dq = _loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit,
+    dq = band_loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit,
                jnp.zeros(dq_ref.shape, F32), st.causal_part("last"))
     dq_ref[...] = (st.scale * dq).astype(dq_ref.dtype)
 
@@ -236,7 +219,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
     keys, values, kseg = k_ref[...], v_ref[...], kseg_ref[...][:, None]
     bounds = (lax.div(first, BQ),
               jnp.minimum(lax.div(jnp.max(highest_ref[...]), BQ) + 1, length // BQ),
-              lax.div(first + BK - 1 + BQ - 1, BQ),
+              ceil_div(first + BK - 1, BQ),
               lax.div(jnp.min(unmasked_ref[...]) + 1, BQ))
     dk = jnp.zeros(dk_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
@@ -258,7 +241,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
                                     mm_tn(keys, ds_t))
             return dk + mm(ds_t, q), dv
 
-        dk, dv = _loop(*bounds, visit, (dk, dv), st.causal_part("first"))
+        dk, dv = band_loop(*bounds, visit, (dk, dv), st.causal_part("first"))
     dk_ref[...] = (st.scale * dk).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import target
-from pallas_kernels.flash_attention.bounds import document_extents
+from pallas_kernels.flash_attention.bounds import document_extents, visible_span
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
@@ -51,8 +51,9 @@ from pallas_kernels.residuals import saved
 
 EMPTY_SLOTS = ("mask", "sink")
 # The GPU window kernels take document bounds from windows of this many tiles on: a packed
-# row's full (or long) windows then cost its documents' triangles, not the row's; below it
-# the band is a few blocks and the bounds' sort would cost more than they save.
+# row's full (or long) windows then cost its documents' triangles, not the row's, and the
+# blocks inside one document skip the mask; below it the band is a few blocks, mostly masked
+# anyway, and the bounds' sort would cost more than they save.
 DOCUMENT_BOUNDS_BLOCKS = 4
 # q, k, v dtypes per platform (Mosaic TPU has no float16 matmul; float32 runs on the MXU there).
 _ACCELERATOR_DTYPES = dict(gpu=(jnp.bfloat16, jnp.float16), tpu=(jnp.bfloat16, jnp.float32))
@@ -341,11 +342,10 @@ def _slot_docs(documents: Documents | None, st: Static, batch: int, ring: int,
     sigma = jnp.cumsum(by_chunk, axis=2, dtype=jnp.int32).reshape(stream_starts.shape)
     as_int = lambda x: x.astype(jnp.int32)
     window_ids = as_int(window_ids)
-    first = last = None
+    spans = (None,) * 4
     if st.document_bounds:  # one sort of the ids: exact extents for any id pattern
-        first, last = document_extents(window_ids)[:2]
-    return SlotDocs(ids=window_ids, holds=as_int(holds), sigma=sigma,
-                    starts=as_int(stream_starts), first=first, last=last)
+        spans = visible_span(document_extents(window_ids), st.window)
+    return SlotDocs(window_ids, as_int(holds), sigma, as_int(stream_starts), *spans)
 
 
 def _swap_time_heads(x: jax.Array) -> jax.Array:

@@ -5,8 +5,10 @@ Layout `[batch, time, heads, dim]`, time padded to a multiple of the tiles. Forw
 (an elementwise pass over chunks per feature tile) store the slot states at chunk boundaries;
 `slot_logits` (one program per chunk and head, `chunk_math`) writes the slot logits;
 `window_attention` (one program per query block and head) starts its online softmax from them
-and visits only the key blocks that intersect the block's windows; `slot_readout_add` adds the
-slot values with the final weights. Slot and window work live in separate kernels: fused, the
+and visits only the key blocks that intersect the block's windows — in three parts, the blocks
+every row sees in full (inside its window and document) without a mask between the masked
+ones at the band's edges (`band_loop`; the backward kernels likewise); `slot_readout_add` adds
+the slot values with the final weights. Slot and window work live in separate kernels: fused, the
 slot tiles spilled registers (NOTES.md, v1).
 
 The per-chunk slot kernels are shared with the TPU (`slot_kernels.py`, bound here to the GPU
@@ -25,12 +27,18 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.band_loop import band_loop, ceil_div
 from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
 from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
 from pallas_kernels.nha.layout import Layout, Static, in_softmax, slot_rows
 from pallas_kernels.nha.slot_kernels import SlotDocs
+
+# The window kernels take their exponentials in base 2 (one `ex2` an element; `exp` lowers to
+# libdevice's range-reduced expf): exp(x) = exp2(x·log₂e). The log-sum-exp they exchange with
+# the slot kernels stays natural.
+LOG2E = math.log2(math.e)
 
 
 def _forward_params(st: Static):
@@ -127,18 +135,53 @@ def _chunk_scan(deltas, log_decay, initial, st: Static, reverse: bool):
 # --- forward --------------------------------------------------------------------------------
 
 
-def _band(start: jax.Array, rows: int, window: int, block: int, length: int):
-    """Key blocks [lo, hi) that intersect the windows of query positions start..start+rows−1
-    (positions of the key arrays, whose length is `length`)."""
-    lo = lax.div(jnp.maximum(start - window + 1, 0), block)
+def _key_band(st: Static, start, rows: int, block: int, length: int, lowest_ref,
+              unmasked_ref):
+    """(lo, hi, interior) of the key blocks for the queries at key positions start ..
+    start + rows − 1 (the key arrays are `length` long): [lo, hi) meets their windows;
+    interior = (full_lo, full_hi), the blocks inside every row's window and document (no mask),
+    or None when documents come without their spans (`SlotDocs`; every block masked)."""
     hi = jnp.minimum(lax.div(start + rows - 1, block) + 1, length // block)
-    return lo, hi
+    below_diagonal = lax.div(start + 1, block)  # blocks before it end at or before the first row
+    if lowest_ref is not None:
+        return (lax.div(jnp.min(lowest_ref[...]), block), hi,
+                (ceil_div(jnp.max(unmasked_ref[...]), block), below_diagonal))
+    lo = lax.div(jnp.maximum(start - st.window + 1, 0), block)
+    if st.documents:
+        return lo, hi, None
+    # Keys from the last row's window start to the first row: in every row's window.
+    return lo, hi, (ceil_div(jnp.maximum(start + rows - st.window, 0), block), below_diagonal)
 
 
-def _from_documents(lo: jax.Array, first_ref, block: int) -> jax.Array:
-    """lo raised to the key block of the earliest document start among a query block's rows
-    (`SlotDocs.first` at them; None: no bounds): earlier keys are in none of their documents."""
-    return lo if first_ref is None else jnp.maximum(lo, lax.div(jnp.min(first_ref[...]), block))
+def _query_band(st: Static, first, keys: int, block: int, length: int, highest_ref,
+                unmasked_ref):
+    """(lo, hi, interior) of the query blocks (`length // block` of them, query i at key
+    position st.offset + i) whose windows meet the keys at positions first .. first + keys − 1;
+    interior as in `_key_band`: the query blocks that see each of these keys."""
+    if highest_ref is None:
+        last_query = first + keys + st.window - 2 - st.offset
+    else:
+        last_query = jnp.max(highest_ref[...]) - st.offset
+    lo = lax.div(jnp.maximum(first - st.offset, 0), block)
+    hi = jnp.where(last_query >= 0,
+                   jnp.minimum(lax.div(jnp.maximum(last_query, 0), block) + 1, length // block), 0)
+    if highest_ref is not None:
+        until = jnp.min(unmasked_ref[...])
+    elif st.documents:
+        return lo, hi, None
+    else:
+        until = first + st.window - 1  # the last query whose window holds the first key
+    after_keys = ceil_div(jnp.maximum(first + keys - 1 - st.offset, 0), block)
+    return lo, hi, (after_keys, lax.div(jnp.maximum(until - st.offset + 1, 0), block))
+
+
+def _visit_band(band, visit, carry):
+    """`visit(i, carry, mask)` over the band (lo, hi, interior): mask None inside the interior,
+    "full" elsewhere (`band_loop`)."""
+    lo, hi, interior = band
+    if interior is None:
+        return lax.fori_loop(lo, hi, functools.partial(visit, mask="full"), carry)
+    return band_loop(lo, hi, *interior, visit, carry)
 
 
 def _in_window(st: Static, positions, cols, query_ids, key_ids):
@@ -150,20 +193,20 @@ def _in_window(st: Static, positions, cols, query_ids, key_ids):
 
 def _window_attention_kernel(*refs, st: Static, length: int):
     qw_ref, kw_ref, v_ref = refs[:3]
-    optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids [, first]] (_doc_inputs)
+    optional = list(refs[3:-2])  # [a] [holds] then [query ids, key ids [, spans]] (_doc_inputs)
     a_ref = optional.pop(0) if st.slots else None
     holds_ref = optional.pop(0) if st.slots and st.documents else None
     qid_ref, kid_ref = optional[:2] if st.documents else (None, None)
-    first_ref = optional[2] if st.document_bounds else None
+    span_refs = optional[2:4] if st.document_bounds else (None, None)
     o_ref, lse_ref = refs[-2:]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
     rows = start + iota((BQ, 1), 0)
     if st.slots:  # the slots open the online softmax; their values are added by slot_readout
         use = in_softmax(st, slot_rows(st, rows, None if holds_ref is None else holds_ref[...]))
-        logits = jnp.where(use, a_ref[...], MASK_VALUE)
+        logits = jnp.where(use, LOG2E * a_ref[...], MASK_VALUE)
         m = jnp.max(logits, axis=1)
-        l = jnp.sum(jnp.where(use, jnp.exp(logits - m[:, None]), 0.0), axis=1)
+        l = jnp.sum(jnp.where(use, jnp.exp2(logits - m[:, None]), 0.0), axis=1)
     else:
         m = jnp.full((BQ,), MASK_VALUE, F32)
         l = jnp.zeros((BQ,), F32)
@@ -172,25 +215,28 @@ def _window_attention_kernel(*refs, st: Static, length: int):
         qw = qw_ref[...]
         positions = st.offset + rows
         query_ids = None if qid_ref is None else qid_ref[...]
+        scale2 = LOG2E * st.scale
 
-        def visit(kb, carry):
+        def visit(kb, carry, mask):
             m, l, acc = carry
             span = pl.ds(kb * BK, BK)
-            keys = kw_ref[span, :]
-            inside = _in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
-                                None if kid_ref is None else kid_ref[span])
-            logits = st.scale * mm_nt(qw, keys)
-            m_new = jnp.maximum(m, jnp.max(jnp.where(inside, logits, MASK_VALUE), axis=1))
-            p = jnp.where(inside, jnp.exp(logits - m_new[:, None]), 0.0)
-            correction = jnp.exp(m - m_new)
+            logits = scale2 * mm_nt(qw, kw_ref[span, :])
+            if mask:
+                inside = _in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
+                                    None if kid_ref is None else kid_ref[span])
+                logits = jnp.where(inside, logits, MASK_VALUE)
+            m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+            p = jnp.exp2(logits - m_new[:, None])
+            if mask:  # a row that has seen no key yet has m_new = MASK_VALUE: p = 1 here
+                p = jnp.where(inside, p, 0.0)
+            correction = jnp.exp2(m - m_new)
             acc = acc * correction[:, None] + mm(p.astype(qw.dtype), v_ref[span, :])
             return m_new, l * correction + jnp.sum(p, axis=1), acc
 
-        lo, hi = _band(st.offset + start, BQ, st.window, BK, length)
-        m, l, acc = lax.fori_loop(_from_documents(lo, first_ref, BK), hi, visit, (m, l, acc))
+        band = _key_band(st, st.offset + start, BQ, BK, length, *span_refs)
+        m, l, acc = _visit_band(band, visit, (m, l, acc))
     o_ref[...] = acc / l[:, None]
-    lse_ref[...] = m + jnp.log(l)
-
+    lse_ref[...] = (m + jnp.log2(l)) / LOG2E
 
 def _doc_inputs(docs: SlotDocs | None, st: Static, rows: int, key_length: int, *, holds: bool,
                 keys: str):
@@ -198,20 +244,20 @@ def _doc_inputs(docs: SlotDocs | None, st: Static, rows: int, key_length: int, *
     (b, ·, query block): the block's holds (if `holds`) and query ids, and the key ids — the
     whole row (keys="whole") or, for the dk/dv kernel whose grid walks key blocks, its block
     (keys="block"; the query ids are then the whole row); then, with `document_bounds`, the
-    block's `first` (its rows are queries) or `last` (keys="block": its rows are keys)."""
+    block's spans: `lowest_key` and `unmasked_from` (its rows are queries) or `highest_query`
+    and `unmasked_until` (keys="block": its rows are keys)."""
     if docs is None:
         return [], []
     offset_blocks = st.offset // rows
     block = lambda n, shift: pl.BlockSpec((None, n), lambda b, h, i: (b, i + shift))
     whole = pl.BlockSpec((None, key_length), lambda b, h, i: (b, 0))
-    bounds = st.document_bounds
+    bounds = 2 * st.document_bounds
     if keys == "block":
         return ([block(rows, 0), whole] + [block(rows, 0)] * bounds,
-                [docs.ids, docs.ids] + [docs.last] * bounds)
+                [docs.ids, docs.ids] + [docs.highest_query, docs.unmasked_until][:bounds])
     specs, arrays = ([block(rows, 0)], [docs.holds]) if holds else ([], [])
     return (specs + [block(rows, offset_blocks), whole] + [block(rows, offset_blocks)] * bounds,
-            arrays + [docs.ids, docs.ids] + [docs.first] * bounds)
-
+            arrays + [docs.ids, docs.ids] + [docs.lowest_key, docs.unmasked_from][:bounds])
 
 def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static):
     """The window part of o (normalised by the softmax over slots AND window) `[B, Tp, H, V]`
@@ -243,28 +289,28 @@ def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static)
 def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                                     st: Static, length: int):
     qid_ref, kid_ref = refs[:2] if st.documents else (None, None)
-    first_ref = refs[2] if st.document_bounds else None
+    span_refs = refs[2:4] if st.document_bounds else (None, None)
     dqw_ref = refs[-1]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = pl.program_id(2) * BQ
     positions = st.offset + start + iota((BQ, 1), 0)
-    qw, do, lse, delta = qw_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    qw, do, lse, delta = qw_ref[...], do_ref[...], LOG2E * lse_ref[...], delta_ref[...]
     query_ids = None if qid_ref is None else qid_ref[...]
+    scale2 = LOG2E * st.scale
 
-    def visit(kb, dqw):
+    def visit(kb, dqw, mask):
         span = pl.ds(kb * BK, BK)
         keys = kw_ref[span, :]
-        inside = _in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
-                            None if kid_ref is None else kid_ref[span])
-        p = jnp.where(inside, jnp.exp(st.scale * mm_nt(qw, keys) - lse[:, None]), 0.0)
+        p = jnp.exp2(scale2 * mm_nt(qw, keys) - lse[:, None])
+        if mask:
+            p = jnp.where(_in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
+                                     None if kid_ref is None else kid_ref[span]), p, 0.0)
         ds = p * (mm_nt(do, v_ref[span, :]) - delta[:, None])
         return dqw + mm(ds.astype(keys.dtype), keys)
 
-    lo, hi = _band(st.offset + start, BQ, st.window, BK, length)
-    dqw = lax.fori_loop(_from_documents(lo, first_ref, BK), hi, visit,
-                        jnp.zeros(dqw_ref.shape, F32))
+    band = _key_band(st, st.offset + start, BQ, BK, length, *span_refs)
+    dqw = _visit_band(band, visit, jnp.zeros(dqw_ref.shape, F32))
     dqw_ref[...] = (st.scale * dqw).astype(dqw_ref.dtype)
-
 
 def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st: Static):
     """Gradient of the window queries `[B, Tp, H, D]` (kw, v: `[B, P + Tp, G, ·]`)."""
@@ -291,7 +337,7 @@ def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st
 def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, st: Static,
                           length: int):
     kid_ref, qid_ref = refs[:2] if st.documents else (None, None)
-    last_ref = refs[2] if st.document_bounds else None
+    span_refs = refs[2:4] if st.document_bounds else (None, None)
     dkw_ref, dv_ref = refs[-2:]
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
     first = pl.program_id(2) * BK  # a position of the key arrays; queries sit st.offset later
@@ -300,13 +346,7 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
     keys, values = kw_ref[...], v_ref[...]
     key_ids = None if kid_ref is None else kid_ref[...]
     dtype = keys.dtype
-    # Query blocks whose windows meet these keys: query positions first .. first + BK + w − 2.
-    last_query = first + BK + st.window - 2 - st.offset
-    lo = lax.div(jnp.maximum(first - st.offset, 0), BQ)
-    if last_ref is not None:  # no query past the last token of these keys' documents
-        last_query = jnp.minimum(last_query, jnp.max(last_ref[...]) - st.offset)
-    hi = jnp.where(last_query >= 0,
-                   jnp.minimum(lax.div(jnp.maximum(last_query, 0), BQ) + 1, length // BQ), 0)
+    scale2 = LOG2E * st.scale
     dk = jnp.zeros(dkw_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
     # The scores query-major `[BQ, BK]`, or key-major `[BK, BQ]` (`window_keys_transposed`:
@@ -317,27 +357,31 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
         scores, to_keys, along = (lambda a, b: mm_nt(b, a)), mm, (lambda x: x[None, :])
     else:
         scores, to_keys, along = mm_nt, mm_tn, (lambda x: x[:, None])
+
+    def inside(qb):
+        start = st.offset + qb * BQ
+        query_ids = None if qid_ref is None else qid_ref[pl.ds(start, BQ)]
+        if not st.blocks.window_keys_transposed:
+            return _in_window(st, start + iota((BQ, 1), 0), cols, query_ids, key_ids)
+        mask = window_mask(start + iota((1, BQ), 1), key_rows, st.window)
+        return mask if key_ids is None else mask & (key_ids[:, None] == query_ids[None, :])
+
+    band = _query_band(st, first, BK, BQ, length, *span_refs)
     for r in range(st.group):
-        def visit(qb, carry, r=r):
+        def visit(qb, carry, mask, r=r):
             dk, dv = carry
             span = pl.ds(qb * BQ, BQ)
             qw, do = qw_ref[span, r, :], do_ref[span, r, :]
-            lse, delta = lse_ref[r, span], delta_ref[r, span]
-            query_ids = None if qid_ref is None else qid_ref[pl.ds(st.offset + qb * BQ, BQ)]
-            start = st.offset + qb * BQ
-            if st.blocks.window_keys_transposed:
-                inside = window_mask(start + iota((1, BQ), 1), key_rows, st.window)
-                if key_ids is not None:
-                    inside = inside & (key_ids[:, None] == query_ids[None, :])
-            else:
-                inside = _in_window(st, start + iota((BQ, 1), 0), cols, query_ids, key_ids)
-            p = jnp.where(inside, jnp.exp(st.scale * scores(qw, keys) - along(lse)), 0.0)
+            lse, delta = LOG2E * lse_ref[r, span], delta_ref[r, span]
+            p = jnp.exp2(scale2 * scores(qw, keys) - along(lse))
+            if mask:
+                p = jnp.where(inside(qb), p, 0.0)
             dv = dv + to_keys(p.astype(dtype), do)
             ds = p * (scores(do, values) - along(delta))
-            return dk + st.scale * to_keys(ds.astype(dtype), qw), dv
+            return dk + to_keys(ds.astype(dtype), qw), dv
 
-        dk, dv = lax.fori_loop(lo, hi, visit, (dk, dv))
-    dkw_ref[...] = dk.astype(dkw_ref.dtype)
+        dk, dv = _visit_band(band, visit, (dk, dv))
+    dkw_ref[...] = (st.scale * dk).astype(dkw_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 

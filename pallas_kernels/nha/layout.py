@@ -36,8 +36,10 @@ class Static:
     positions before the call's first token (the ring of an initial state, front-padded to a
     multiple of the tiles; 0 without one); documents: per-token document arrays are passed
     (`Documents` in api.py: window masks, slot resets, which rows' slots count);
-    document_bounds: the GPU window kernels also get each position's document extent
-    (`SlotDocs.first` / `last`) and visit only the key (query) blocks its documents reach.
+    document_bounds: the GPU window kernels also get each position's span of visible keys
+    (queries) within its document and window (`SlotDocs`), visit only the key (query) blocks
+    it reaches and skip the mask of those that every row sees in full (without documents the
+    spans follow from the window alone; with documents but no spans every block is masked).
     """
 
     window: int

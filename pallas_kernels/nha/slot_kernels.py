@@ -69,16 +69,21 @@ class SlotDocs(NamedTuple):
     holds: `[B, Tp]` 1 where query t's slots hold a token of its document.
     sigma: `[B, Tp]` σ of the slot inputs, in the stream arrays' order (`chunk_math`).
     starts: `[B, Tp]` 1 where a slot input starts a document (its gate is left out).
-    first, last: `[B, P + Tp]` the first and last key position holding each position's id
-      (`Static.document_bounds`; else None): a window reaches no key outside them.
+    lowest_key, highest_query, unmasked_from, unmasked_until: `[B, P + Tp]` per key position
+      t (`Static.document_bounds`; else None), from its document's extent and the window
+      (`flash_attention.bounds.visible_span`): the first key query t sees, the last query that
+      sees key t; every key in [unmasked_from, t] is visible from query t, and key t from every
+      query in [t, unmasked_until] (the window kernels skip the mask of blocks inside them).
     """
 
     ids: jax.Array
     holds: jax.Array
     sigma: jax.Array
     starts: jax.Array
-    first: jax.Array | None = None
-    last: jax.Array | None = None
+    lowest_key: jax.Array | None = None
+    highest_query: jax.Array | None = None
+    unmasked_from: jax.Array | None = None
+    unmasked_until: jax.Array | None = None
 
 
 def _dims(x: jax.Array, layout: Layout):

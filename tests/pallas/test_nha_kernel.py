@@ -131,6 +131,13 @@ def test_gpu_kernel():
     check(make_inputs(1, 1, 37, 2, 2), 16, "mask")
 
 
+def test_gpu_kernel_window_off_the_blocks():
+    """w = 13, not a multiple of the 8-row blocks: each query block's band has a partly
+    visible block on either side of the blocks it sees in full (which skip the mask), each key
+    block's too; GQA, and the slot inputs come delayed (w is not a multiple of the chunk)."""
+    check(make_inputs(2, 1, 29, 4, 2), 13, "sink")
+
+
 def test_tpu_kernel():
     """The Mosaic TPU kernels (band on the grid, triangular-matmul cumsums) in TPU interpret
     mode: GQA, sink mode, w not a multiple of the chunk (delayed slot inputs)."""

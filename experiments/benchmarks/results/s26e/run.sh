@@ -10,6 +10,9 @@
 # at -100 a step (the level split in every chunk); the fast path as a control. Expected: one
 # piece from 15.7 ms towards session 25's 8.7 (pieces inside the sub-chunks 5 -> 1), the level
 # split and the fast path as before (15.7, 6.86-6.89).
+# (Session 27: this tree now also has the window kernels' unmasked interior and exp2, so
+# its rows against .gpu/base hold both changes; new_one_piece against new_levels is the
+# one-piece change alone, and new_fast against base_fast session 27's.)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 filt() { grep -v "^W12\|^I12\|^E12"; }
