@@ -49,7 +49,7 @@ from experiments.benchmarks.timing import (
     write_json,
 )
 from pallas_kernels.nha import api
-from pallas_kernels.nha.block_sizes import BlockSizes
+from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
 
 HEADS, DIM, SLOTS, WINDOW = 16, 128, 64, 512
@@ -348,43 +348,41 @@ def _ratios(found: dict) -> None:
 
 # --- sweep ------------------------------------------------------------------------------------
 
-# Tile variants for --variants, --table-variants, --check-variants and --profile-variants: each
-# differs from the current defaults only in the fields shown.
-VARIANTS = {
-    "default": BlockSizes(),
-    "split": BlockSizes(slot_precision="split"),
-    "float32": BlockSizes(slot_precision="float32"),
-    "slots_bf16": BlockSizes(slot_precision="input"),
-    "q128": BlockSizes(block_q=128, num_warps=8),
-    "q64_k128": BlockSizes(block_k=128),
-    "q64_w8": BlockSizes(num_warps=8),
-    "q64_s2": BlockSizes(num_stages=2),
-    "bwd_w8": BlockSizes(backward_num_warps=8, block_q_dkv=64, block_k_dkv=128),
-    "bwd_w8_only": BlockSizes(backward_num_warps=8),
-    "bwd_s3": BlockSizes(backward_num_stages=3),
-    "dkv_k128": BlockSizes(block_k_dkv=128),
-    "slot_w8": BlockSizes(slot_num_warps=8),
-    "slot_bwd_w4": BlockSizes(slot_backward_num_warps=4),
-    "slot_bwd_split_w4": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4),
-    "slot_bwd_split_w8": BlockSizes(split_slot_backward=True),
-    # the GPU default (split at 4 warps) with the slot-input kernels' feature loop (NOTES v8)
-    "slot_inputs_tiled": BlockSizes(split_slot_backward=True, slot_backward_num_warps=4,
-                                    slot_input_block=64),
-    # the slot kernels over feature tiles of 64 (NOTES.md, session 18; the GPU default from
-    # D 128) split at 4 warps (the default's form), at 8, and unsplit (session 19: the two
-    # 8-warp forms ran wrong before the race fix, "The race"; session 20: right, and slower)
-    "slot_features_tiled_split_w4": BlockSizes(slot_feature_block=64, split_slot_backward=True,
-                                               slot_backward_num_warps=4),
-    "slot_features_tiled_split_w8": BlockSizes(slot_feature_block=64, split_slot_backward=True),
-    "slot_features_tiled_unsplit": BlockSizes(slot_feature_block=64),
-    "split_slot_w8": BlockSizes(slot_precision="split", slot_num_warps=8),
-    "split_slot_bwd_w4": BlockSizes(slot_precision="split", slot_backward_num_warps=4),
-    "chunk128": BlockSizes(chunk=128, slot_num_warps=8),
-    "scan8": BlockSizes(state_group=8),
-    "scan32": BlockSizes(state_group=32),
-    "k32_w8": BlockSizes(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
-                         slot_num_warps=8),  # the head dim 256 defaults, at 128
+# Tile variants for --variants, --table-variants, --check-variants and --profile-variants: the
+# GPU defaults at this head dim with the fields shown changed ("default": none).
+GPU_DEFAULTS = default_block_sizes("gpu", DIM)
+VARIANT_CHANGES = {
+    "default": {},
+    "split": dict(slot_precision="split"),
+    "float32": dict(slot_precision="float32"),
+    "slots_bf16": dict(slot_precision="input"),
+    "q128": dict(block_q=128, num_warps=8),
+    "q64_k128": dict(block_k=128),
+    "q64_w8": dict(num_warps=8),
+    "q64_s2": dict(num_stages=2),
+    "bwd_w8": dict(backward_num_warps=8, block_k_dkv=128),
+    "bwd_w8_only": dict(backward_num_warps=8),
+    "bwd_s3": dict(backward_num_stages=3),
+    "dkv_k128": dict(block_k_dkv=128),
+    "dkv_query_major": dict(window_keys_transposed=False),
+    "slot_w8": dict(slot_num_warps=8),
+    # the backward slot kernels unsplit (the default before NOTES v7), at 8 and 4 warps, and
+    # split at 8
+    "slot_bwd_unsplit_w8": dict(split_slot_backward=False, slot_backward_num_warps=8),
+    "slot_bwd_unsplit_w4": dict(split_slot_backward=False),
+    "slot_bwd_split_w8": dict(slot_backward_num_warps=8),
+    "slot_inputs_tiled": dict(slot_input_block=64),  # the slot-input kernels' feature loop (v8)
+    "slot_features_whole": dict(slot_feature_block=None),  # whole-chunk tiles (session 18)
+    "split_slot_w8": dict(slot_precision="split", slot_num_warps=8),
+    "chunk128": dict(chunk=128, slot_num_warps=8),
+    "scan8": dict(state_group=8),
+    "scan32": dict(state_group=32),
+    # the head dim 256 defaults' window tiles and warps, at 128
+    "k32_w8": dict(block_k=32, block_q_dkv=32, num_warps=8, backward_num_warps=8,
+                   slot_num_warps=8),
 }
+VARIANTS = {name: dataclasses.replace(GPU_DEFAULTS, **changes)
+            for name, changes in VARIANT_CHANGES.items()}
 
 
 def part_sweep(args):
