@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels.base2 import exp
 from pallas_kernels.matmul import mm
 
 F32 = jnp.float32
@@ -37,8 +38,8 @@ def reverse_cumsum(x: jax.Array) -> jax.Array:
 def masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
     """e^x where `keep` (None: everywhere), else 0 (masked before `exp`: no overflow)."""
     if keep is None:
-        return jnp.exp(x)
-    return jnp.where(keep, jnp.exp(jnp.where(keep, x, 0.0)), 0.0)
+        return exp(x)
+    return jnp.where(keep, exp(jnp.where(keep, x, 0.0)), 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -36,13 +35,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.band_loop import band_loop, ceil_div
+from pallas_kernels.base2 import LOG2E
 from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.flash_attention.block_sizes import BlockSizes
 from pallas_kernels.flash_attention.reference import visible
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
-LOG2E = math.log2(math.e)
 # Finite, so running maxima never meet inf − inf; a power of two, so its product with the
 # float32 logit scale is exact and `s·scale2 − m` is exactly 0 on a row's masked keys while
 # it has seen no visible one, also when the compiler fuses it into an FMA (with −1e30 the

@@ -23,8 +23,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.base2 import LOG2E
 from pallas_kernels.call import pallas_call, triton_params
-from pallas_kernels.gpu_elementwise import LOG2E, iota
+from pallas_kernels.gpu_elementwise import iota
 from pallas_kernels.logit_stats.block_sizes import BlockSizes
 
 F32 = jnp.float32

@@ -56,6 +56,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels import matmul
+from pallas_kernels.base2 import exp
 
 F32 = jnp.float32
 MASK_VALUE = -1e30
@@ -200,16 +201,16 @@ def _key_subchunk_decays(G: jax.Array, g: Rows, jb: int, S: int):
     """Factors at the last row r of key sub-chunk jb: e^{G_t − G_r} ≤ 1 for every row t after
     it (else 0) `[C, M]`, and e^{G_r − G_j} ≤ 1 for its rows j `[S, M]`."""
     ref = g(jb * S + S - 1, 1)
-    query = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) > jb * S + S - 1, G - ref, -jnp.inf))
-    return query, jnp.exp(ref - g(jb * S, S))
+    query = exp(jnp.where(iota((G.shape[0], 1), 0) > jb * S + S - 1, G - ref, -jnp.inf))
+    return query, exp(ref - g(jb * S, S))
 
 
 def _query_subchunk_decays(G: jax.Array, g: Rows, ib: int, S: int):
     """Factors at the first row r of query sub-chunk ib: e^{G_t − G_r} ≤ 1 for its rows t
     `[S, M]`, and e^{G_r − G_n} ≤ 1 for every key row n before it (else 0) `[C, M]`."""
     ref = g(ib * S, 1)
-    key = jnp.exp(jnp.where(iota((G.shape[0], 1), 0) < ib * S, ref - G, -jnp.inf))
-    return jnp.exp(g(ib * S, S) - ref), key
+    key = exp(jnp.where(iota((G.shape[0], 1), 0) < ib * S, ref - G, -jnp.inf))
+    return exp(g(ib * S, S) - ref), key
 
 
 def _diagonal_pieces(G: jax.Array, row: Callable[[jax.Array], jax.Array], S: int, body,
@@ -247,8 +248,8 @@ def _diagonal_pieces(G: jax.Array, row: Callable[[jax.Array], jax.Array], S: int
         ref = lax.fori_loop(0, count, factor_row_of, G)  # b = 1: G itself, factors 1
         right = ((rows & half) != 0) | (l == 0) | (whole == 1)
         left = ((rows & half) == 0) | (l == 0) | (whole == 1)
-        return body(jnp.exp(jnp.where(right, G - ref, -jnp.inf)),
-                    jnp.exp(jnp.where(left, ref - G, -jnp.inf)), (t & block) == (j & block),
+        return body(exp(jnp.where(right, G - ref, -jnp.inf)),
+                    exp(jnp.where(left, ref - G, -jnp.inf)), (t & block) == (j & block),
                     carry)
 
     def decay(i, least):  # the strongest decay over one sub-chunk so far `[1, 1]`
@@ -289,17 +290,17 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
         # there (NOTES.md, "Where the kernels wait for their loads").
         keys = [x_keys(0, C) for _, x_keys, _ in pairs]
         G = g(0, C)
-        y_inv = y(0, C).astype(F32) * jnp.exp(-G)
+        y_inv = y(0, C).astype(F32) * exp(-G)
         pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
         return tuple(
-            jnp.exp(G) * (_masked(state.mm(x, x_state, exact_a=True), entering)
+            exp(G) * (_masked(state.mm(x, x_state, exact_a=True), entering)
                           + intra.mm(jnp.where(pair_mask, intra.mm_nt(x, x_keys, True, True),
                                                0.0), y_inv))
             for (x, _, x_state), x_keys in zip(pairs, keys, strict=True))
 
     def exact():
         G = g(0, C)
-        entry = jnp.exp(G)
+        entry = exp(G)
         outs = [entry * _masked(state.mm(x, x_state, exact_a=True), entering)
                 for x, _, x_state in pairs]
         for jb in range(C // S - 1):  # the key sub-chunks' pairs with the rows after them
@@ -330,8 +331,8 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
     def fast():
         values = u(0, C)  # read before the first product, as in `slot_scores`
         G = g(0, C)
-        weights = p * jnp.exp(G)
-        y_inv = y(0, C).astype(F32) * jnp.exp(-G)
+        weights = p * exp(G)
+        y_inv = y(0, C).astype(F32) * exp(-G)
         pairs = jnp.where(_and(_causal(C), _same_segment(sigma, C, 0, C)),
                           intra.mm_nt(weights, y_inv), 0.0)
         return (state.mm_nt(_masked(weights, entering), state_t)
@@ -339,7 +340,7 @@ def slot_readout(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t: jax.Array, *,
 
     def exact():
         G = g(0, C)
-        out = state.mm_nt(_masked(p * jnp.exp(G), entering), state_t)
+        out = state.mm_nt(_masked(p * exp(G), entering), state_t)
         for jb in range(C // S - 1):  # as `slot_scores`'s exact path
             query, key = _key_subchunk_decays(G, g, jb, S)
             y_jb = y(jb * S, S).astype(F32) * key
@@ -386,12 +387,12 @@ def slot_scores_tiled(pairs, y: Rows, g: Rows, *, S: int, tile: int, state: Prod
 
     def fast():
         G = g(0, C)
-        y_inv = y(0, C).astype(F32) * jnp.exp(-G)
-        return tuple(jnp.exp(G) * (part + intra.mm(pair, y_inv)) for part, pair in sums)
+        y_inv = y(0, C).astype(F32) * exp(-G)
+        return tuple(exp(G) * (part + intra.mm(pair, y_inv)) for part, pair in sums)
 
     def exact():
         G, rows = g(0, C), iota((C, 1), 0)
-        outs = [jnp.exp(G) * part for part, _ in sums]
+        outs = [exp(G) * part for part, _ in sums]
         for jb in range(C // S - 1):
             query, key = _key_subchunk_factors(G, g, rows, jb, S)
             y_jb = y(0, C).astype(F32) * key
@@ -413,11 +414,11 @@ def slot_readout_tiled(p: jax.Array, y: Rows, u: Rows, g: Rows, state_t, store, 
     `[C, tile]` float32 part of the output to `store(cols, out)`."""
     C = p.shape[0]
     G = g(0, C)
-    weights = p * jnp.exp(G)
+    weights = p * exp(G)
     pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
 
     def fast():
-        return intra.mm_nt(weights, y(0, C).astype(F32) * jnp.exp(-G))
+        return intra.mm_nt(weights, y(0, C).astype(F32) * exp(-G))
 
     def exact():
         rows, pairs = iota((C, 1), 0), jnp.zeros((C, C), F32)
@@ -442,9 +443,9 @@ def _key_subchunk_factors(G: jax.Array, g: Rows, rows: jax.Array, jb: int, S: in
     """`_key_subchunk_decays` with both factors over all C rows `[C, M]`: the key factors are 0
     outside key sub-chunk jb, so a full-width product adds only its pairs."""
     ref = g(jb * S + S - 1, 1)
-    query = jnp.exp(jnp.where(rows > jb * S + S - 1, G - ref, -jnp.inf))
+    query = exp(jnp.where(rows > jb * S + S - 1, G - ref, -jnp.inf))
     inside = (rows >= jb * S) & (rows < (jb + 1) * S)
-    return query, jnp.exp(jnp.where(inside, ref - G, -jnp.inf))
+    return query, exp(jnp.where(inside, ref - G, -jnp.inf))
 
 
 class InputSide(NamedTuple):
@@ -470,7 +471,7 @@ def slot_input_grads(sides: list[InputSide], s_in: jax.Array, g: Rows, *, S: int
     """
     C = s_in.shape[0]
     G = g(0, C)
-    exit_decay = _masked(jnp.exp(g(C - 1, 1) - G), exiting(sigma, C))  # write n at the end, ≤ 1
+    exit_decay = _masked(exp(g(C - 1, 1) - G), exiting(sigma, C))  # write n at the end, ≤ 1
     written = s_in.astype(F32) * exit_decay
     dxs = [gradient.mm_nt(written, side.x_end) for side in sides]
     ds = exit_decay * sum(intra.mm(side.x_in, side.x_end, exact_a=True) for side in sides)
@@ -521,11 +522,11 @@ def _tiled_grads(sides, stores, s_in, g: Rows, finish, fast: bool, *, S: int, ti
         within = functools.partial(_within_chunk, sides, [pairs for _, pairs in sums], s,
                                    slots, intra=intra, gradient=gradient)
         if fast:
-            ds, part_pulls = within(jnp.exp(G), jnp.exp(-G), pair_mask)
+            ds, part_pulls = within(exp(G), exp(-G), pair_mask)
         else:
             ds, part_pulls = _by_subchunks(within, g, G, slots, S, pair_mask, len(pulls))
         pulls = [a + b for a, b in zip(pulls, part_pulls, strict=True)]
-        exit_decay = _masked(jnp.exp(g(C - 1, 1, slots) - G), exiting(sigma, C))
+        exit_decay = _masked(exp(g(C - 1, 1, slots) - G), exiting(sigma, C))
         finish(ds + exit_decay * sum(state_sums[p] for state_sums, _ in sums), s, slots)
         written.append(gradient.operand(s * exit_decay))
     pulls = iter([gradient.operand(pull) for pull in pulls])
@@ -559,8 +560,8 @@ def _by_subchunks(within, g: Rows, G, slots, S: int, mask, num_pulls: int):
 
     def sub_chunk(ib, carry):
         ref, start, end = g(ib * S, 1, slots), ib * S, (ib + 1) * S
-        query = jnp.exp(jnp.where((rows >= start) & (rows < end), G - ref, -jnp.inf))
-        key = jnp.exp(jnp.where(rows < start, ref - G, -jnp.inf))
+        query = exp(jnp.where((rows >= start) & (rows < end), G - ref, -jnp.inf))
+        key = exp(jnp.where(rows < start, ref - G, -jnp.inf))
         ds, pulls = within(query, key, mask)
         return carry[0] + ds, [a + b for a, b in zip(carry[1], pulls, strict=True)]
 
@@ -621,9 +622,9 @@ def _input_grads_fast(sides, s_in, g: Rows, *, intra: Products, gradient: Produc
     C = s_in.shape[0]
     G = g(0, C)
     mask = _and(iota((C, C), 0) <= iota((C, C), 1), _same_segment(sigma, C, 0, C))
-    dxs, inner = _query_rows_pull(sides, s_in.astype(F32) * jnp.exp(-G), 0, C, jnp.exp(G),
+    dxs, inner = _query_rows_pull(sides, s_in.astype(F32) * exp(-G), 0, C, exp(G),
                                   mask, intra=intra, gradient=gradient)
-    return tuple(dxs), jnp.exp(-G) * inner
+    return tuple(dxs), exp(-G) * inner
 
 
 def _input_grads_subchunks(sides, s_in, g: Rows, *, S: int, intra: Products,

@@ -7,9 +7,10 @@ Layout `[batch, time, heads, dim]`, time padded to a multiple of the tiles. Forw
 `window_attention` (one program per query block and head) starts its online softmax from them
 and visits only the key blocks that intersect the block's windows — in three parts, the blocks
 every row sees in full (inside its window and document) without a mask between the masked
-ones at the band's edges (`band_loop`; the backward kernels likewise); `slot_readout_add` adds
-the slot values with the final weights. Slot and window work live in separate kernels: fused, the
-slot tiles spilled registers (NOTES.md, v1).
+ones at the band's edges (`band_loop`; the backward kernels likewise), its logits in base 2
+(`scale·log₂e`, one `ex2` an element; the log-sum-exp it hands the slot kernels is natural);
+`slot_readout_add` adds the slot values with the final weights. Slot and window work live in
+separate kernels: fused, the slot tiles spilled registers (NOTES.md, v1).
 
 The per-chunk slot kernels are shared with the TPU (`slot_kernels.py`, bound here to the GPU
 layout); the window kernels and the chunk scan are GPU-specific (loops inside a program).
@@ -28,17 +29,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.band_loop import band_loop, ceil_div
+from pallas_kernels.base2 import LOG2E, exp
 from pallas_kernels.call import pallas_call, triton_params
 from pallas_kernels.matmul import mm, mm_nt, mm_tn
 from pallas_kernels.nha import slot_kernels
 from pallas_kernels.nha.chunk_math import F32, MASK_VALUE, iota, window_mask
 from pallas_kernels.nha.layout import Layout, Static, in_softmax, slot_rows
 from pallas_kernels.nha.slot_kernels import SlotDocs
-
-# The window kernels take their exponentials in base 2 (one `ex2` an element; `exp` lowers to
-# libdevice's range-reduced expf): exp(x) = exp2(x·log₂e). The log-sum-exp they exchange with
-# the slot kernels stays natural.
-LOG2E = math.log2(math.e)
 
 
 def _forward_params(st: Static):
@@ -105,7 +102,7 @@ def _chunk_scan(deltas, log_decay, initial, st: Static, reverse: bool):
             chunks = [i * steps + j for j in range(steps)]
             chunks = [num_chunks - 1 - c for c in chunks] if reverse else chunks
             updates = [[ref[pl.ds(c, 1), :, :] for ref in delta_refs] for c in chunks]
-            decays = [jnp.exp(decay_ref[pl.ds(c, 1), :, :]) for c in chunks]
+            decays = [exp(decay_ref[pl.ds(c, 1), :, :]) for c in chunks]
             for c, update, decay in zip(chunks, updates, decays, strict=True):
                 for ref, state in zip(out_refs, states, strict=True):
                     ref[pl.ds(c, 1), :, :] = state

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.base2 import exp
 from pallas_kernels.call import pallas_call
 from pallas_kernels.nha.chunk_math import (
     F32,
@@ -250,7 +251,7 @@ def chunk_prepare(ks, vs, ss, gs, docs: SlotDocs | None, st: Static, layout: Lay
         # (the TPU's triangular-matmul cumsum) cost the gate gradients 30× (NOTES.md).
         last = jnp.sum(jnp.where(iota((C, 1), 0) == C - 1, G, 0.0), axis=0, keepdims=True)
         gc_ref[...] = G
-        written = jnp.where(valid, ss_ref[...].astype(F32), 0.0) * jnp.exp(last - G)
+        written = jnp.where(valid, ss_ref[...].astype(F32), 0.0) * exp(last - G)
         sigma = _segments(doc["sigma"], layout)
         if sigma is not None:
             written = jnp.where(exiting(sigma, C), written, 0.0)
@@ -285,7 +286,7 @@ def chunk_deltas_reverse(q, da, do, p, gc, docs: SlotDocs | None, st: Static, la
     def kernel(*refs):
         refs, doc = _doc_refs(refs, ("sigma",), st)
         q_ref, da_ref, do_ref, p_ref, gc_ref, kd_ref, vd_ref = refs
-        entry = jnp.exp(gc_ref[...])
+        entry = exp(gc_ref[...])
         C = entry.shape[0]
         if doc["sigma"] is not None:
             entry = jnp.where(layout.token_rows(doc["sigma"], 0, C)[:, None] == 0, entry, 0.0)
@@ -414,12 +415,12 @@ def slot_readout_add(o_window, logits, lse, vs, ss, gc, value_states, docs: Slot
         if alone:
             use = in_softmax(st, held)
             m = jnp.max(jnp.where(use, a, MASK_VALUE), axis=1, keepdims=True)
-            e = jnp.where(use, jnp.exp(a - m), 0.0)
+            e = jnp.where(use, exp(a - m), 0.0)
             total = jnp.sum(e, axis=1, keepdims=True)
             layout.set_column(lse_ref, m + jnp.log(total))
             p = jnp.where(held, e / total, 0.0)
         else:
-            p = jnp.where(held, jnp.exp(a - layout.column(lse_ref)), 0.0)
+            p = jnp.where(held, exp(a - layout.column(lse_ref)), 0.0)
         writes = masked(rows_of(ss_ref), stream_rows_valid(st, chunk))
 
         def store(cols, out):
@@ -496,7 +497,7 @@ def slot_backward_queries(q, logits, lse, delta, do, slot_inputs, docs: SlotDocs
                      products, sigma, path)
         logits = logits if early else a_ref[...]
         held = _held(st, layout, doc["holds"], C, chunk)
-        p = jnp.where(held, jnp.exp(logits - layout.column(lse_ref)), 0.0)
+        p = jnp.where(held, exp(logits - layout.column(lse_ref)), 0.0)
         da = p * (dp - layout.column(delta_ref))
         if not split:
             dq_of(da, writes, gate, sigma, ks_ref, kst_ref, dq_ref, path)

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels.base2 import exp
+
 F32 = jnp.float32
 
 
@@ -41,7 +43,7 @@ def chunk_weights(a: jax.Array, doc: jax.Array | None, cumsum=jnp.cumsum,
         cum, total = cumsum(a), jnp.sum(a)
     else:
         cum = a
-    into, out, carry = jnp.exp(cum), jnp.exp(total - cum), jnp.exp(total)
+    into, out, carry = exp(cum), exp(total - cum), exp(total)
     if doc is not None:
         last = jnp.max(doc)  # doc never decreases within a chunk
         into = jnp.where(doc == 0, into, 0.0)
@@ -58,7 +60,7 @@ def pair_decay(cum: jax.Array, doc: jax.Array | None) -> jax.Array:
     visible = rows >= cols
     if doc is not None:
         visible = visible & (doc[:, None] == doc[None, :])
-    return jnp.exp(jnp.where(visible, cum[:, None] - cum[None, :], -jnp.inf))
+    return exp(jnp.where(visible, cum[:, None] - cum[None, :], -jnp.inf))
 
 
 def reverse_cumsum(x: jax.Array) -> jax.Array:
