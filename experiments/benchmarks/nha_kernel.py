@@ -365,6 +365,7 @@ VARIANT_CHANGES = {
     "bwd_s3": dict(backward_num_stages=3),
     "dkv_k128": dict(block_k_dkv=128),
     "dkv_query_major": dict(window_keys_transposed=False),
+    "bwd_w8_dkv_query_major": dict(backward_num_warps=8, window_keys_transposed=False),
     "slot_w8": dict(slot_num_warps=8),
     # the backward slot kernels unsplit (the default before NOTES v7), at 8 and 4 warps, and
     # split at 8
