@@ -294,8 +294,8 @@ def slot_scores(pairs, y: Rows, g: Rows, *, S: int, state: Products, intra: Prod
         pair_mask = _and(_causal(C), _same_segment(sigma, C, 0, C))
         return tuple(
             exp(G) * (_masked(state.mm(x, x_state, exact_a=True), entering)
-                          + intra.mm(jnp.where(pair_mask, intra.mm_nt(x, x_keys, True, True),
-                                               0.0), y_inv))
+                      + intra.mm(jnp.where(pair_mask, intra.mm_nt(x, x_keys, True, True), 0.0),
+                                 y_inv))
             for (x, _, x_state), x_keys in zip(pairs, keys, strict=True))
 
     def exact():

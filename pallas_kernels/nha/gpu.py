@@ -235,6 +235,7 @@ def _window_attention_kernel(*refs, st: Static, length: int):
     o_ref[...] = acc / l[:, None]
     lse_ref[...] = (m + jnp.log2(l)) / LOG2E
 
+
 def _doc_inputs(docs: SlotDocs | None, st: Static, rows: int, key_length: int, *, holds: bool,
                 keys: str):
     """(in_specs, arrays) of the document arrays of a window kernel with grid
@@ -255,6 +256,7 @@ def _doc_inputs(docs: SlotDocs | None, st: Static, rows: int, key_length: int, *
     specs, arrays = ([block(rows, 0)], [docs.holds]) if holds else ([], [])
     return (specs + [block(rows, offset_blocks), whole] + [block(rows, offset_blocks)] * bounds,
             arrays + [docs.ids, docs.ids] + [docs.lowest_key, docs.unmasked_from][:bounds])
+
 
 def window_attention(qw, kw, v, slot_logits_, docs: SlotDocs | None, st: Static):
     """The window part of o (normalised by the softmax over slots AND window) `[B, Tp, H, V]`
@@ -308,6 +310,7 @@ def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delt
     band = _key_band(st, st.offset + start, BQ, BK, length, *span_refs)
     dqw = _visit_band(band, visit, jnp.zeros(dqw_ref.shape, F32))
     dqw_ref[...] = (st.scale * dqw).astype(dqw_ref.dtype)
+
 
 def window_backward_queries(qw, kw, v, do, lse, delta, docs: SlotDocs | None, st: Static):
     """Gradient of the window queries `[B, Tp, H, D]` (kw, v: `[B, P + Tp, G, ·]`)."""
