@@ -187,7 +187,8 @@ def test_exact_path_pieces_factor_each_pair_within_float_range(steps, pieces):
     the other pairs j ≤ t, and every piece's pairs are symmetric. Log gates of 0 to −200 a
     step (a factorisation at the sub-chunk boundary overflows there: e^{200}): split by level,
     no factor above 1; of 0 to −3 a step (no sub-chunk of 16 decays by e^{−60}): one piece,
-    factors ≤ e^{60}. (The forms mask the pairs j > t; so does this sum.)"""
+    factorised at each sub-chunk's last row: query factors ≤ e^{60}, key factors ≤ 1. (The
+    forms mask the pairs j > t; so does this sum.)"""
     C, M = 16, 4
     g = -np.random.default_rng(0).choice(steps, (C, M))
     G = jnp.asarray(np.cumsum(g, axis=0), jnp.float32)
@@ -195,22 +196,24 @@ def test_exact_path_pieces_factor_each_pair_within_float_range(steps, pieces):
     causal = jnp.asarray(t >= j)
 
     def piece_of(query, key, piece, carry):
-        total, largest, smallest, asymmetric, count = carry
+        total, largest, largest_key, smallest, asymmetric, count = carry
         factors = jnp.stack([query, key])
         return (total + (piece & causal)[:, :, None] * query[:, None, :] * key[None],
-                jnp.maximum(largest, jnp.max(factors)), jnp.minimum(smallest, jnp.min(factors)),
+                jnp.maximum(largest, jnp.max(factors)), jnp.maximum(largest_key, jnp.max(key)),
+                jnp.minimum(smallest, jnp.min(factors)),
                 asymmetric | jnp.any(piece != piece.T), count + 1)
 
     for S in (1, 2, 8, 16):
-        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(1), jnp.bool_(False),
-                jnp.int32(0))
-        total, largest, smallest, asymmetric, count = jax.jit(lambda G, S=S, init=init: (
-            chunk_math._diagonal_pieces(G, lambda r: lax.dynamic_slice_in_dim(G, r, 1), S,
-                                        piece_of, init)))(G)
+        init = (jnp.zeros((C, C, M)), jnp.float32(0), jnp.float32(0), jnp.float32(1),
+                jnp.bool_(False), jnp.int32(0))
+        total, largest, largest_key, smallest, asymmetric, count = jax.jit(
+            lambda G, S=S, init=init: chunk_math._diagonal_pieces(
+                G, lambda r: lax.dynamic_slice_in_dim(G, r, 1), S, piece_of, init))(G)
         one = pieces == "one" or S == 1  # a sub-chunk of one row decays by nothing
         assert int(count) == (1 if one else S.bit_length()), f"S {S}"
         limit = np.exp(chunk_math.FAST_PATH_LIMIT) if one else 1.0
         assert float(largest) <= limit and float(smallest) >= 0.0 and not bool(asymmetric)
+        assert float(largest_key) <= 1.0, f"S {S}: a key factor above 1"
         pairs = ((t >= j) & (t // S == j // S))[..., None]
         G64 = np.asarray(G, np.float64)
         want = np.exp(np.where(pairs, G64[:, None] - G64[None, :], -np.inf))
