@@ -36,10 +36,9 @@ def reverse_cumsum(x: jax.Array) -> jax.Array:
 
 
 def masked_exp(x: jax.Array, keep: jax.Array | None) -> jax.Array:
-    """e^x where `keep` (None: everywhere), else 0 (masked before `exp`: no overflow)."""
-    if keep is None:
-        return exp(x)
-    return jnp.where(keep, exp(jnp.where(keep, x, 0.0)), 0.0)
+    """e^x where `keep` (None: everywhere), else 0: e^{−inf}, masked before `exp` (one select,
+    no overflow)."""
+    return exp(x if keep is None else jnp.where(keep, x, -jnp.inf))
 
 
 @dataclasses.dataclass(frozen=True)
