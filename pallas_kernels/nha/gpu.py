@@ -212,12 +212,11 @@ def _window_attention_kernel(*refs, st: Static, length: int):
         qw = qw_ref[...]
         positions = st.offset + rows
         query_ids = None if qid_ref is None else qid_ref[...]
-        scale2 = LOG2E * st.scale
 
         def visit(kb, carry, mask):
             m, l, acc = carry
             span = pl.ds(kb * BK, BK)
-            logits = scale2 * mm_nt(qw, kw_ref[span, :])
+            logits = st.scale2 * mm_nt(qw, kw_ref[span, :])
             if mask:
                 inside = _in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
                                     None if kid_ref is None else kid_ref[span])
@@ -295,12 +294,11 @@ def _window_backward_queries_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delt
     positions = st.offset + start + iota((BQ, 1), 0)
     qw, do, lse, delta = qw_ref[...], do_ref[...], LOG2E * lse_ref[...], delta_ref[...]
     query_ids = None if qid_ref is None else qid_ref[...]
-    scale2 = LOG2E * st.scale
 
     def visit(kb, dqw, mask):
         span = pl.ds(kb * BK, BK)
         keys = kw_ref[span, :]
-        p = jnp.exp2(scale2 * mm_nt(qw, keys) - lse[:, None])
+        p = jnp.exp2(st.scale2 * mm_nt(qw, keys) - lse[:, None])
         if mask:
             p = jnp.where(_in_window(st, positions, kb * BK + iota((1, BK), 1), query_ids,
                                      None if kid_ref is None else kid_ref[span]), p, 0.0)
@@ -346,7 +344,6 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
     keys, values = kw_ref[...], v_ref[...]
     key_ids = None if kid_ref is None else kid_ref[...]
     dtype = keys.dtype
-    scale2 = LOG2E * st.scale
     dk = jnp.zeros(dkw_ref.shape, F32)
     dv = jnp.zeros(dv_ref.shape, F32)
     # The scores query-major `[BQ, BK]`, or key-major `[BK, BQ]` (`window_keys_transposed`:
@@ -373,7 +370,7 @@ def _backward_keys_kernel(qw_ref, kw_ref, v_ref, do_ref, lse_ref, delta_ref, *re
             span = pl.ds(qb * BQ, BQ)
             qw, do = qw_ref[span, r, :], do_ref[span, r, :]
             lse, delta = LOG2E * lse_ref[r, span], delta_ref[r, span]
-            p = jnp.exp2(scale2 * scores(qw, keys) - along(lse))
+            p = jnp.exp2(st.scale2 * scores(qw, keys) - along(lse))
             if mask:
                 p = jnp.where(inside(qb), p, 0.0)
             dv = dv + to_keys(p.astype(dtype), do)

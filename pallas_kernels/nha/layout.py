@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.base2 import LOG2E
 from pallas_kernels.nha.block_sizes import BlockSizes
 from pallas_kernels.nha.chunk_math import F32, Products, Rows, iota
 
@@ -54,6 +55,11 @@ class Static:
     offset: int = 0
     documents: bool = False
     document_bounds: bool = False
+
+    @property
+    def scale2(self) -> float:
+        """The logit scale in base 2 (the GPU window kernels): exp(scale·s) = exp2(scale2·s)."""
+        return LOG2E * self.scale
 
 
 class SlotProducts(NamedTuple):
