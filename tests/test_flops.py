@@ -24,6 +24,10 @@ def test_transformer_by_hand():
     assert flops.attention == 2 * 4 * d * (length + 1) / 2  # 2 layers, H·D = d, causal half
     assert flops.training_per_token() == 3 * (2 * matmuls + flops.attention)
     assert flops.six_n == 6 * matmuls
+    untied = ModelConfig(layers=("attention",), vocab_size=256, d_model=64, num_heads=4,
+                         tie_embeddings=False)
+    # The input embedding is a lookup, not a product: only the head counts.
+    assert matmul_params(untied) == 4 * d * d + 3 * d * untied.resolved_ffn_dim + d * vocab
 
 
 def test_window_counts_its_band():
@@ -52,6 +56,7 @@ def test_recurrences_and_uncounted():
     assert mamba.attention == 0 and mamba.recurrence > 0 and not mamba.uncounted
     gss = step_flops(presets.get("gss-tiny"), 64)  # DSS width 16, 32 modes, chunks of 64
     assert gss.recurrence == 2 * (2 * 64 * 16 + 8 * 16 * 32) and not gss.uncounted
+    assert gss.training_per_token() == 3 * (gss.matmul + gss.recurrence)
     mamba1 = ModelConfig(layers=(layer("mamba1"),), d_model=32, num_heads=2)
     assert step_flops(mamba1, 64).uncounted == ("mamba1",)
 

@@ -173,6 +173,44 @@ def test_windows_keep_documents_apart():
     assert np.array_equal(covered, tokens[1:])  # every token after the first, scored once
 
 
+@pytest.mark.parametrize("length, seq_len, whole, padded", [
+    (9, 4, 2, 2),  # 8 targets: two whole windows, nothing left over
+    (10, 4, 2, 3),  # 9 targets: one left over for the padded window
+    (8, 4, 1, 2),  # 7 targets: the second window is short by one
+    (5, 4, 1, 1), (4, 4, None, 1),  # one target short of a window: only padded
+    (3, 1, 2, 2),  # seq_len 1: a window a target
+    (1, 1, None, None),  # one token: nothing to predict
+])
+def test_window_counts_at_the_boundaries(length, seq_len, whole, padded):
+    """len() is ⌊(N−1)/L⌋ (⌈(N−1)/L⌉ padded) for N tokens; every window index reads, the one
+    past the end raises; a stream too short for one window is refused by name."""
+    stream = TokenStream(np.arange(length, dtype=np.int32), np.array([0]))
+    for pad_last, count in ((False, whole), (True, padded)):
+        if count is None:
+            with pytest.raises(ValueError, match=f"the data has {length} tokens"):
+                PackedWindows(stream, seq_len, pad_last=pad_last)
+            continue
+        windows = PackedWindows(stream, seq_len, pad_last=pad_last)
+        assert len(windows) == count
+        rows = [windows[i] for i in range(count)]
+        assert all(len(r["inputs"]) == seq_len for r in rows)
+        scored = np.concatenate([r["targets"][r["mask"]] for r in rows])
+        assert scored.tolist() == list(range(1, 1 + len(scored)))
+        assert len(scored) == (length - 1 if pad_last else count * seq_len)
+        with pytest.raises(IndexError, match=f"window {count} out of range"):
+            windows[count]
+
+
+def test_windows_refuse_bad_streams_and_lengths():
+    tokens = np.arange(10, dtype=np.int32)
+    with pytest.raises(ValueError, match="start a document at offset 0"):
+        PackedWindows(TokenStream(tokens, np.array([2, 5])), 4)
+    with pytest.raises(ValueError, match="start a document at offset 0"):
+        PackedWindows(TokenStream(tokens, np.array([], np.int64)), 4)
+    with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
+        PackedWindows(TokenStream(tokens, np.array([0])), 0)
+
+
 def test_eval_batches_count_every_byte(corpus):
     data = TextConfig(path=str(corpus / "train-0.txt"), eval_path=str(corpus / "valid.txt"),
                       seq_len=16, document_regex=ARTICLE, word_perplexity=True).bind(None)
