@@ -42,6 +42,11 @@ def test_greedy_equals_argmax_of_full_forwards_ragged():
         assert out[row].tolist() == argmax_continuation(model, prompt, 6)
 
 
+def test_a_one_token_prompt_continues(model):
+    out = np.asarray(generate(model, jnp.asarray([[7]]), 4))
+    assert out[0].tolist() == argmax_continuation(model, [7], 4)
+
+
 def test_sampling_is_reproducible_from_the_seed(model):
     prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
     kw = dict(temperature=1.0, top_k=50, top_p=0.9)
@@ -60,6 +65,25 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     draws = {int(sample_token(logits, jax.random.key(k), temperature=1.0, top_k=None,
                               top_p=0.7)[0]) for k in range(64)}
     assert draws == {0, 1}
+
+
+@pytest.mark.parametrize("options, expected", [
+    (dict(temperature=1.0, top_k=2), [[0, 4, 0, 3], [0, 0, 5, 3]]),  # the k-th kept
+    (dict(temperature=1.0, top_k=None, top_p=0.45), [[0, 4, 0, 3], [0, 0, 1, 0]]),
+    (dict(temperature=0.5, top_k=None), [[1, 16, 4, 9], [0.25, 2.25, 25, 9]]),  # p²
+])
+def test_sample_token_draws_from_the_restricted_tempered_softmax(options, expected):
+    """Frequencies of 4,000 draws against the distribution by hand (unnormalised rows of
+    `expected`), for two rows in different orders (top-p sorts each row on its own)."""
+    p = np.array([[0.1, 0.4, 0.2, 0.3], [0.05, 0.15, 0.5, 0.3]])
+    logits = jnp.log(jnp.asarray(p, jnp.float32))
+    keys = jax.random.split(jax.random.key(0), 4000)
+    draws = np.asarray(jax.vmap(lambda k: sample_token(logits, k, **options))(keys))
+    freqs = np.stack([np.bincount(draws[:, r], minlength=4) for r in range(2)]) / len(keys)
+    expected = np.asarray(expected, float)
+    expected /= expected.sum(axis=1, keepdims=True)
+    np.testing.assert_array_equal(freqs == 0, expected == 0)
+    np.testing.assert_allclose(freqs, expected, atol=0.04)  # ≈ 5 standard deviations
 
 
 def test_eos_ends_a_row(model):
