@@ -64,7 +64,21 @@ MODEL_CASES = [
      r"layers\[0\] \('attention'\): AttentionOptions.window='8': expected an integer or None"),
     (dict(layers=(layer("gdn", chunk_size=2.5),)),
      r"layers\[0\] \('gdn'\): GatedDeltaNetOptions.chunk_size=2.5: expected an integer"),
+    (dict(rope_scaling=(8.0, 1.0, 4.0)), r"ModelConfig.rope_scaling=\(8.0, 1.0, 4.0\): expected "
+     r"None or \(factor, low_freq_factor, high_freq_factor, original_max_positions\)"),
+    (dict(num_heads=4, num_kv_heads=3), r"ModelConfig.num_kv_heads=3 does not divide num_heads=4"),
+    (dict(num_heads=4, num_kv_heads=0), r"ModelConfig.num_kv_heads=0 does not divide"),
+    (dict(window=-1), r"ModelConfig.window=-1: expected None \(full causal\) or an integer >= 0"),
 ]
+
+
+def test_model_config_takes_the_smallest_legal_values():
+    """Each bound is inclusive: one of everything, multi-query heads, window 0 (NHA's slots
+    alone, i.e. GSA), no FFN."""
+    config = ModelConfig(layers=("nha",), vocab_size=1, d_model=1, num_heads=1,
+                         num_kv_heads=1, head_dim=1, window=0, ffn_dim=0, rope_fraction=0.0,
+                         rope_scaling=[8.0, 1.0, 4.0, 8192])
+    assert (config.kv_heads, config.window, config.rope_scaling) == (1, 0, (8.0, 1.0, 4.0, 8192))
 
 
 @pytest.mark.parametrize("kwargs, message", MODEL_CASES)
