@@ -96,6 +96,9 @@ def test_overrides_parse_by_type():
     # a block option that is not a ModelConfig field goes to every layer that has it
     cosine = apply_overrides(experiment, ["model.cosine=true"])
     assert all(dict(s.options)["cosine"] for s in cosine.model.layers)
+    for text, value in (("1", True), ("0", False), ("yes", True), ("no", False)):
+        assert apply_overrides(experiment, [f"model.tie_embeddings={text}"]).model \
+            .tie_embeddings is value
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,24 @@ def test_sampling_is_reproducible_from_the_seed(model):
     assert _generate._cache_size() == compiled
 
 
+def test_a_tiny_temperature_samples_the_greedy_tokens(model):
+    """The temperature reaches the sampler: at 1e-4 every draw is the argmax."""
+    prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
+    greedy = np.asarray(generate(model, prompt, 6))
+    cold = np.asarray(generate(model, prompt, 6, temperature=1e-4, top_k=None, seed=5))
+    np.testing.assert_array_equal(cold, greedy)
+
+
+def test_the_position_limit_counts_the_longest_prompt(model):
+    """prompt + new tokens may fill the positions exactly; the longest ragged row counts."""
+    batch = jnp.asarray([[5, 9, 12, 40], [7, 3, 0, 0]])
+    out = generate(model, batch, 6, lengths=[4, 2], max_positions=10)
+    assert out.shape == (2, 6)
+    with pytest.raises(ValueError, match="prompt of 4 tokens \\+ 7 new tokens is longer than "
+                                         "the model's 10 positions"):
+        generate(model, batch, 7, lengths=[4, 2], max_positions=10)
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
     draws = {int(sample_token(logits, jax.random.key(k), temperature=1.0, top_k=None,

@@ -5,7 +5,7 @@ on any number of processes."""
 import numpy as np
 import pytest
 
-from hybrid_jax.data.pipeline import process_rows, train_iterator
+from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 
 BATCH = 8
 
@@ -71,3 +71,20 @@ def test_process_rows():
     assert process_rows(batch)["inputs"].shape == (8, 1)  # one process: the whole batch
     with pytest.raises(ValueError, match="batch_size=8 is not divisible by the 3"):
         process_rows(batch, shard_index=0, shard_count=3)
+
+
+@pytest.mark.parametrize("size, num_batches, expected", [
+    (43, 2, 2), (43, 0, 5), (43, 100, 5),  # 0: all; more than there are: all; whole batches
+    (8, 0, 1),  # exactly one batch
+])
+def test_eval_batches_are_the_first_whole_batches_in_order(size, num_batches, expected):
+    batches = eval_batches(RecordingData(size), batch_size=BATCH, num_batches=num_batches,
+                           seed=0)
+    assert [b["inputs"][:, 0].tolist() for b in batches] == [
+        list(range(i * BATCH, (i + 1) * BATCH)) for i in range(expected)]
+
+
+def test_eval_batches_refuse_a_split_shorter_than_a_batch():
+    with pytest.raises(ValueError, match="the eval split has 7 examples, fewer than one batch "
+                                         "of 8"):
+        eval_batches(RecordingData(7), batch_size=BATCH, num_batches=0, seed=0)

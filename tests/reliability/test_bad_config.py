@@ -72,6 +72,16 @@ MODEL_CASES = [
 ]
 
 
+def test_the_other_configs_take_their_smallest_legal_values():
+    train = TrainConfig(steps=1, warmup_steps=0, batch_size=1, grad_accum=1, prefetch=0,
+                        min_lr_ratio=0.0, weight_decay=0.0, eval_batches=0)
+    assert (train.prefetch, train.grad_accum) == (0, 1)
+    assert MeshConfig(data=-1, fsdp=1, seq=1, tensor=1).sizes() == (-1, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"MeshConfig\(data=-2, .*expected positive sizes"):
+        MeshConfig(data=-2)
+    assert MQARConfig(num_train_examples=1, num_eval_examples=1).num_train_examples == 1
+
+
 def test_model_config_takes_the_smallest_legal_values():
     """Each bound is inclusive: one of everything, multi-query heads, window 0 (NHA's slots
     alone, i.e. GSA), no FFN."""
