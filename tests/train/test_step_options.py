@@ -1,6 +1,9 @@
 """Gradient accumulation equals the whole-batch step; the device prefetcher keeps the iterator
 state of the batches handed out, not of those queued ahead."""
 
+import threading
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +63,25 @@ def test_prefetcher_state_is_of_the_batches_handed_out(depth):
     prefetcher.set_state(1)
     assert [int(next(prefetcher)) for _ in range(2)] == [10, 20]
     assert prefetcher.get_state() == 3
+    prefetcher.close()
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_prefetcher_reads_at_most_depth_ahead_in_its_thread(depth):
+    """depth 0: every batch placed in the caller's thread, nothing read ahead; depth d: placed
+    by the prefetch thread, at most d queued plus the one in its hands."""
+    threads = set()
+
+    def put(x):
+        threads.add(threading.current_thread().name)
+        return x
+
+    counter = Counter()
+    prefetcher = DevicePrefetcher(counter, put, depth=depth)
+    assert next(prefetcher) == 0
+    time.sleep(0.3)  # the thread fills its queue
+    assert counter.position <= (1 if depth == 0 else 1 + depth + 1)
+    assert threads == {threading.current_thread().name if depth == 0 else "device-prefetch"}
     prefetcher.close()
 
 
