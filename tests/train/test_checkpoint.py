@@ -15,7 +15,7 @@ from hybrid_jax.config import MeshConfig
 from hybrid_jax.data.pipeline import train_iterator
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train import loss as loss_module
-from hybrid_jax.train.checkpoint import CheckpointError
+from hybrid_jax.train.checkpoint import CheckpointError, leaf_name
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import (
     NonFiniteLossError,
@@ -158,3 +158,11 @@ def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path
     train_losses = {r["step"]: r["loss"] for r in records if "loss" in r}
     assert sorted(train_losses) == list(range(1, 13))
     assert all(np.isfinite(v) for v in train_losses.values()) and results["steps"] == 12
+
+
+def test_leaf_names_say_model_or_optimizer():
+    """The names errors and `freeze` patterns use: the state pair's index as its name, nnx's
+    trailing `value` dropped."""
+    state = ({"blocks": [{"ffn": {"up": {"kernel": {"value": 1}}}}]}, {"mu": {"embed": 2}})
+    names = [leaf_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    assert names == ["model/blocks/0/ffn/up/kernel", "optimizer/mu/embed"]
