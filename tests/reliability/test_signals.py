@@ -51,12 +51,12 @@ def wait_until_stuck(run: Path, process: subprocess.Popen) -> None:
 def test_a_stuck_run_exits_within_seconds(corpus, tmp_path, signals, grace):
     run = tmp_path / "run"
     process = start_stuck_run(corpus, run, grace)
-    wait_until_stuck(run, process)
-    sent = time.monotonic()
-    for sig in signals:
-        process.send_signal(sig)
-        time.sleep(0.3)
-    try:
+    try:  # killed whatever fails: a run that never got stuck must not outlive the test
+        wait_until_stuck(run, process)
+        sent = time.monotonic()
+        for sig in signals:
+            process.send_signal(sig)
+            time.sleep(0.3)
         code = process.wait(timeout=30)
     finally:
         process.kill()

@@ -30,12 +30,25 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
 
 
-def start(experiment, run_dir: Path, delay: float) -> subprocess.Popen:
-    config = run_dir.parent / f"{run_dir.name}.json"
-    config.write_text(json.dumps(to_dict(experiment)))
-    return subprocess.Popen([sys.executable, "-m", "tests.train.run_driver", str(config),
-                             str(run_dir), str(delay)], cwd=ROOT, env=os.environ.copy(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+@pytest.fixture
+def start():
+    """`start(experiment, run_dir, delay)` runs `run_driver` in a process of its own; each is
+    killed at teardown, so a failed assertion leaves no training run behind."""
+    started = []
+
+    def start_run(experiment, run_dir: Path, delay: float) -> subprocess.Popen:
+        config = run_dir.parent / f"{run_dir.name}.json"
+        config.write_text(json.dumps(to_dict(experiment)))
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.train.run_driver", str(config), str(run_dir),
+             str(delay)], cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE))
+        return started[-1]
+
+    yield start_run
+    for process in started:
+        process.kill()
+        process.wait()
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -74,7 +87,8 @@ def reference(corpus, tmp_path_factory):
     return run, train(tiny_text_experiment(corpus, steps=STEPS), run, progress=False)
 
 
-def test_sigterm_then_resume_gives_the_uninterrupted_losses(corpus, reference, tmp_path):
+def test_sigterm_then_resume_gives_the_uninterrupted_losses(corpus, reference, tmp_path,
+                                                            start):
     experiment = tiny_text_experiment(corpus, steps=STEPS, checkpoint_every=100)
     reference_dir, reference = reference
     run = tmp_path / "run"
@@ -108,7 +122,7 @@ def test_time_limit_stops_checkpoints_and_resumes(corpus, reference, tmp_path):
 
 
 def test_sigkill_during_saves_resumes_from_the_last_complete_checkpoint(corpus, reference,
-                                                                        tmp_path):
+                                                                        tmp_path, start):
     experiment = tiny_text_experiment(corpus, steps=STEPS, checkpoint_every=1,
                                       keep_checkpoints=2)
     run, rng, expected_start = tmp_path / "run", np.random.default_rng(0), None
