@@ -288,6 +288,9 @@ NHA_VARIANTS = {
     # chunks of 32: a window of 32 (nha-340m's) is then one chunk, so the slot kernels read
     # k, v, s, g in place instead of copies delayed by w (nha/NOTES.md, session 22)
     "chunk 32": dict(chunk=32),
+    # chunks of 128 (nha/NOTES.md, session 29: half the bytes of states and deltas), the slot
+    # kernels at 8 warps (a 64-row band per warpgroup)
+    "chunk 128 w8": dict(chunk=128, slot_num_warps=8, slot_backward_num_warps=8),
 }
 VARIANT_LABELS = (*SSD_VARIANTS, "sweep best", *(label for label, _ in GDN_VARIANTS),
                   *NHA_VARIANTS)

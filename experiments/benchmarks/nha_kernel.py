@@ -375,7 +375,12 @@ VARIANT_CHANGES = {
     "slot_inputs_tiled": dict(slot_input_block=64),  # the slot-input kernels' feature loop (v8)
     "slot_features_whole": dict(slot_feature_block=None),  # whole-chunk tiles (session 18)
     "split_slot_w8": dict(slot_precision="split", slot_num_warps=8),
+    # chunks of 128: half the float32 states and deltas between the slot kernels (NOTES.md,
+    # session 29: they are bound by those bytes); at 8 warps a 128-row tile is one 64-row band
+    # per warpgroup. The forward slot kernels at 8 warps, then the backward ones too, then 4.
     "chunk128": dict(chunk=128, slot_num_warps=8),
+    "chunk128_bwd_w8": dict(chunk=128, slot_num_warps=8, slot_backward_num_warps=8),
+    "chunk128_w4": dict(chunk=128),
     "scan8": dict(state_group=8),
     "scan32": dict(state_group=32),
     # the head dim 256 defaults' window tiles and warps, at 128
