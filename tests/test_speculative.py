@@ -112,6 +112,40 @@ def test_rows_accept_different_numbers_of_drafts():
     assert len(set(accepted.tolist())) > 1, accepted
 
 
+def test_drafts_inside_a_prompt_are_its_tokens():
+    """A row still inside its prompt drafts the prompt's tokens, not the linear mode's guesses,
+    and its verified tokens are the prompt's too, so it accepts every draft; a row whose prompt
+    ends inside the round drafts its prompt up to the end (the output alone cannot show this:
+    the verification would correct a wrong draft, at the cost of the round)."""
+    model = model_of("gdn")
+    prompt = jnp.asarray(np.random.default_rng(5).integers(0, 32, (2, 12)), jnp.int32)
+    lengths, k = jnp.asarray([12, 6]), 5
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def round_at_3(state):
+        model = nnx.merge(graphdef, state)
+        _, cache = model.decode(prompt[:, :3], model.init_cache(2, 16),
+                                extras=attention_modes((2, 3)))
+        block, targets, logits, _ = draft_and_verify(
+            model, cache, jnp.pad(prompt, ((0, 0), (0, k))), lengths, jnp.int32(3),
+            prompt[:, 3], k)
+        return block, targets, logits, accepted_drafts(block, targets)
+
+    block, targets, logits, accepted = (np.asarray(x) for x in round_at_3(state))
+    tokens = np.asarray(prompt)
+    np.testing.assert_array_equal(block[0], tokens[0, 3:9])
+    np.testing.assert_array_equal(targets[0, :k], tokens[0, 4:9])
+    assert accepted[0] == k
+    np.testing.assert_array_equal(block[1, :3], tokens[1, 3:6])  # positions 3, 4, 5 < 6
+    np.testing.assert_array_equal(targets[1, :2], tokens[1, 4:6])
+    # from position 6 on, row 1 is generated: the verified tokens are attention-mode greedy
+    np.testing.assert_array_equal(targets[1, 2:], logits[1, 2:].argmax(-1))
+    # (the prompt array's columns past row 1's length, which it must not read, differ)
+    assert (targets[1, 2:] != tokens[1, 6:10]).any()
+    assert accepted[1] >= 2
+
+
 def test_accepted_drafts_counts_the_leading_matches():
     block = jnp.asarray([[9, 1, 2, 3], [9, 1, 5, 3], [9, 4, 2, 3]])
     targets = jnp.asarray([[1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 3, 7]])
