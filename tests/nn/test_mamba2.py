@@ -171,3 +171,21 @@ def test_init_ranges(mixer):
     assert bool(jnp.all((dt >= 0.001 * 0.999) & (dt <= 0.1 * 1.001)))
     assert bool(jnp.all((-mixer.A_log[...] <= 0) & (mixer.A_log[...] <= np.log(16))))
     assert bool(jnp.all(mixer.D[...] == 1))
+
+
+def test_init_follows_its_options():
+    """The init draws from the options' ranges: a one-point A range gives A_log = log of it;
+    a dt range below `dt_init_floor` is raised to the floor."""
+    options = dict(ssm_head_dim=4, state_size=8, n_groups=2, chunk_size=4)
+    pinned = first_mixer(small_config(layer("mamba2", **options, a_init_min=3.0, a_init_max=3.0,
+                                            dt_min=1e-6, dt_max=1e-5, dt_init_floor=2e-4)))
+    assert_close(pinned.A_log[...], np.full(8, np.log(3.0)), 1e-6, "A_log")
+    assert_close(jax.nn.softplus(pinned.dt_bias[...]), np.full(8, 2e-4), 1e-3, "dt floored")
+    # The defaults are mamba_ssm's: A ~ U[1, 16], dt log-uniform in [0.001, 0.1]; 64 heads
+    # reach near both ends of each range.
+    wide = first_mixer(ModelConfig(layers=(layer("mamba2", ssm_head_dim=2, state_size=8),),
+                                   vocab_size=32, d_model=64, num_heads=2))
+    a, dt = np.exp(np.asarray(wide.A_log[...])), np.asarray(jax.nn.softplus(wide.dt_bias[...]))
+    assert a.shape == dt.shape == (64,)
+    assert 1 <= a.min() < 2 and 15 < a.max() <= 16, (a.min(), a.max())
+    assert 1e-3 * 0.999 <= dt.min() < 1.5e-3 and 0.07 < dt.max() <= 0.1 * 1.001, dt
