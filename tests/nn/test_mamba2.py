@@ -139,6 +139,9 @@ def test_packed_document_equals_document_alone():
     (dict(ssm_head_dim=4, n_groups=3), r"n_groups=3 does not divide the number of heads"),
     (dict(state_size=0), r"Mamba2Options.state_size=0: expected a positive integer"),
     (dict(dt_min=0.5, dt_max=0.1), r"expected 0 < dt_min <= dt_max"),
+    (dict(dt_min=0.0), r"expected 0 < dt_min <= dt_max, got dt_min=0.0"),
+    (dict(a_init_min=0.0), r"expected 0 < a_init_min <= a_init_max, got a_init_min=0.0"),
+    (dict(a_init_min=4.0, a_init_max=2.0), r"expected 0 < a_init_min <= a_init_max"),
     (dict(head_dim=4), r"unknown option\(s\) \['head_dim'\]"),
 ])
 def test_bad_options_are_named(options, message):
@@ -175,10 +178,10 @@ def test_init_ranges(mixer):
 
 def test_init_follows_its_options():
     """The init draws from the options' ranges: a one-point A range gives A_log = log of it;
-    a dt range below `dt_init_floor` is raised to the floor."""
+    a (one-point) dt range below `dt_init_floor` is raised to the floor."""
     options = dict(ssm_head_dim=4, state_size=8, n_groups=2, chunk_size=4)
     pinned = first_mixer(small_config(layer("mamba2", **options, a_init_min=3.0, a_init_max=3.0,
-                                            dt_min=1e-6, dt_max=1e-5, dt_init_floor=2e-4)))
+                                            dt_min=1e-5, dt_max=1e-5, dt_init_floor=2e-4)))
     assert_close(pinned.A_log[...], np.full(8, np.log(3.0)), 1e-6, "A_log")
     assert_close(jax.nn.softplus(pinned.dt_bias[...]), np.full(8, 2e-4), 1e-3, "dt floored")
     # The defaults are mamba_ssm's: A ~ U[1, 16], dt log-uniform in [0.001, 0.1]; 64 heads
