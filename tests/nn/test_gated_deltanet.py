@@ -61,16 +61,17 @@ def check_documents_isolated(config: ModelConfig, first=6, second=6, tol=1e-5):
     assert_close(packed[:, first:], forward(x[:, first:], None), tol, "second document")
 
 
+def short_conv(u, conv) -> np.ndarray:
+    """`silu(Σ_i w_i ⊙ u_{t−i})` over the flattened heads of `u` `[B, T, ...]` (one document)."""
+    weight, flat, T = param(conv.weight), u.reshape(*u.shape[:2], -1), u.shape[1]
+    y = sum(weight[i] * np.pad(flat, ((0, 0), (i, 0), (0, 0)))[:, :T]
+            for i in range(weight.shape[0]))
+    return silu(y).reshape(u.shape)
+
+
 def gdn_reference(mixer, x, eps) -> np.ndarray:
     """The Gated DeltaNet layer (module docstring) token by token in float64 numpy."""
     T = x.shape[1]
-
-    def short_conv(u, conv):  # silu(Σ_i w_i ⊙ u_{t−i}) over the flattened heads
-        weight, flat = param(conv.weight), u.reshape(*u.shape[:2], -1)
-        y = sum(weight[i] * np.pad(flat, ((0, 0), (i, 0), (0, 0)))[:, :T]
-                for i in range(weight.shape[0]))
-        return silu(y).reshape(u.shape)
-
     q, k, v = (short_conv(project(x, proj), conv) for proj, conv in (
         (mixer.q_proj, mixer.q_conv), (mixer.k_proj, mixer.k_conv), (mixer.v_proj, mixer.v_conv)))
     q, k = (u / np.sqrt(np.sum(u * u, axis=-1, keepdims=True) + 1e-6) for u in (q, k))

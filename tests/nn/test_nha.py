@@ -1,4 +1,5 @@
-"""NHA block: decode equals the parallel pass, packed documents stay apart, with_window."""
+"""NHA block: the layer against a numpy per-token loop of its equations, decode equals the
+parallel pass, packed documents stay apart, with_window."""
 
 import jax
 import jax.numpy as jnp
@@ -8,10 +9,48 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
-from tests.helpers import assert_close
+from tests.helpers import assert_close, normals
+from tests.nn.test_gated_deltanet import jitted_mixer, param, project, rms, short_conv, silu
 from tests.nn.test_lm import check_decode_matches
+from tests.ops.test_attention import numpy_rope
+from tests.ops.test_nha import numpy_nha
 
 SMALL = dict(vocab_size=32, d_model=16, num_heads=2)
+
+
+def nha_reference(mixer, x, eps, *, window, tau, theta, fraction, segment_ids=None):
+    """The NHA layer (module docstring) in float64 numpy: projections, SiLU short convs,
+    swish slot features, RoPE on the window branch, silu values, gates logsigmoid(W_f x)/τ and
+    s = 1 − e^g, the op's per-token loop (`tests/ops/test_nha.numpy_nha`), W_o·RMSNorm(silu(o)).
+    One document a row when `segment_ids` is None (the convs here do not restart)."""
+    q, k, v = (short_conv(project(x, proj), conv) for proj, conv in (
+        (mixer.q_proj, mixer.q_conv), (mixer.k_proj, mixer.k_conv), (mixer.v_proj, mixer.v_conv)))
+    g = -np.logaddexp(0.0, -project(x, mixer.f_proj)) / tau  # logsigmoid / τ, [B, T, G, M]
+    positions = np.arange(x.shape[1])  # the window logits see relative positions only
+    out, _ = numpy_nha(silu(q), silu(k), silu(v), 1.0 - np.exp(g), g, window,
+                       q.shape[-1] ** -0.5, q_window=numpy_rope(q, positions, theta, fraction),
+                       k_window=numpy_rope(k, positions, theta, fraction),
+                       segment_ids=segment_ids)
+    normed = rms(silu(out).reshape(*out.shape[:2], -1), eps) * param(mixer.o_norm.scale)
+    return np.tensordot(normed.reshape(out.shape), param(mixer.o_proj.kernel), axes=2)
+
+
+@pytest.mark.parametrize("window", [3, 0, 20])
+def test_layer_matches_numpy_per_token_loop(window):
+    """Chunked forward (chunk 4, T = 11) against the equations: grouped kv heads, short convs,
+    half-rotary RoPE at a non-default base, a non-default gate normaliser; windows shorter
+    than a chunk, 0 (slots only) and past T (causal attention, the slots never written).
+    Projections of std 0.5, so that the logits are O(1) and every input moves the softmax."""
+    cfg = ModelConfig(layers=(layer("nha", num_heads=4, num_kv_heads=2, num_slots=3,
+                                    window=window, short_conv=True, chunk_size=4,
+                                    gate_logit_normalizer=4.0, rope_theta=500.0,
+                                    rope_fraction=0.5),),
+                      vocab_size=8, d_model=16, num_heads=2, init_std=0.5)
+    mixer, forward = jitted_mixer(cfg)
+    x = normals(0, (2, 11, 16), dtype=np.float32)
+    expected = nha_reference(mixer, np.asarray(x, np.float64), cfg.norm_eps, window=window,
+                             tau=4.0, theta=500.0, fraction=0.5)
+    assert_close(forward(x, None), expected, 2e-6)
 
 
 def test_decode_matches_parallel_past_the_window():
