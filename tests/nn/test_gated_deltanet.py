@@ -62,11 +62,12 @@ def check_documents_isolated(config: ModelConfig, first=6, second=6, tol=1e-5):
 
 
 def short_conv(u, conv) -> np.ndarray:
-    """`silu(Σ_i w_i ⊙ u_{t−i})` over the flattened heads of `u` `[B, T, ...]` (one document)."""
+    """`silu(Σ_i w_i ⊙ u_{t−i} (+ b))` over the flattened heads of `u` `[B, T, ...]` (one
+    document)."""
     weight, flat, T = param(conv.weight), u.reshape(*u.shape[:2], -1), u.shape[1]
     y = sum(weight[i] * np.pad(flat, ((0, 0), (i, 0), (0, 0)))[:, :T]
             for i in range(weight.shape[0]))
-    return silu(y).reshape(u.shape)
+    return silu(y if conv.bias is None else y + param(conv.bias)).reshape(u.shape)
 
 
 def gdn_reference(mixer, x, eps) -> np.ndarray:
