@@ -121,6 +121,13 @@ def test_with_window_errors_name_the_problem():
     (dict(empty_slots="zero"), "empty_slots='zero': expected one of"),
     (dict(chunk_size=24), "chunk_size=24: expected a power of two"),
     (dict(num_kv_heads=3), "num_kv_heads=3 does not divide num_heads=2"),
+    (dict(num_slots=0), r"num_slots=0: expected a positive integer"),
+    (dict(num_kv_heads=0), r"num_kv_heads=0: expected a positive integer or None"),
+    (dict(head_dim=0), r"head_dim=0: expected a positive integer or None"),
+    (dict(gate_logit_normalizer=0.0), r"gate_logit_normalizer=0.0: expected a positive number"),
+    (dict(value_activation="gelu"), r"value_activation='gelu': expected one of \['identity', "
+                                    r"'silu'\]"),
+    (dict(feature_map="relu"), r"expected one of \['identity', 'swish'\]"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
