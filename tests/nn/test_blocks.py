@@ -22,6 +22,7 @@ from hybrid_jax.nn.layers import Linear
 from hybrid_jax.ops.segments import document_starts, reset_state
 from tests.helpers import assert_close
 from tests.nn.test_lm import check_decode_matches
+from tests.test_context_parallel_models import CONFIG as EVERY_BLOCK
 
 # --- a toy mixer: the op, the module, the registration ---------------------------------------
 
@@ -236,3 +237,20 @@ def test_conv_implementation_reaches_every_short_conv(spec):
     model = hj.create_model(config)
     with pytest.raises(ValueError, match="short_conv: implementation='fused' is not available"):
         model(jnp.zeros((1, 8), jnp.int32))
+
+
+def test_deepnorm_scaled_names_are_linears_of_every_mixer():
+    """Each mixer's and FFN's `deepnorm_scaled` paths (DeepNet's β-scaled value and output
+    projections) name `Linear`s of it, in every block type of the whole stack (a misspelt
+    name would raise only when a DeepNorm model with that mixer is built)."""
+    model = nnx.eval_shape(lambda: hj.create_model(EVERY_BLOCK, seed=0))
+    owners = [m for _, m in nnx.iter_graph(model) if getattr(m, "deepnorm_scaled", None)]
+    assert {type(m).__name__ for m in owners} >= {
+        "AttentionMixer", "Mamba2Mixer", "GatedDeltaNetMixer", "GSAMixer", "NHAMixer",
+        "GSSMixer", "Mamba1Mixer", "OryxMixer"}, {type(m).__name__ for m in owners}
+    for owner in owners:
+        for path in owner.deepnorm_scaled:
+            target = owner
+            for name in path.split("."):
+                target = getattr(target, name)
+            assert isinstance(target, Linear), (type(owner).__name__, path, type(target))
