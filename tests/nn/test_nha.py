@@ -35,21 +35,29 @@ def nha_reference(mixer, x, eps, *, window, tau, theta, fraction, segment_ids=No
     return np.tensordot(normed.reshape(out.shape), param(mixer.o_proj.kernel), axes=2)
 
 
-@pytest.mark.parametrize("window", [3, 0, 20])
-def test_layer_matches_numpy_per_token_loop(window):
+@pytest.mark.parametrize("window, options", [
+    (3, {}), (0, {}), (20, {}),
+    (2, dict(num_heads=1, num_kv_heads=1, num_slots=1, chunk_size=1, conv_size=1,
+             gate_logit_normalizer=0.5, head_dim=6)),
+], ids=["w3", "w0", "w20", "smallest"])
+def test_layer_matches_numpy_per_token_loop(window, options):
     """Chunked forward (chunk 4, T = 11) against the equations: grouped kv heads, short convs,
     half-rotary RoPE at a non-default base, a non-default gate normaliser; windows shorter
-    than a chunk, 0 (slots only) and past T (causal attention, the slots never written).
-    Projections of std 0.5, so that the logits are O(1) and every input moves the softmax."""
-    cfg = ModelConfig(layers=(layer("nha", num_heads=4, num_kv_heads=2, num_slots=3,
-                                    window=window, short_conv=True, chunk_size=4,
-                                    gate_logit_normalizer=4.0, rope_theta=500.0,
-                                    rope_fraction=0.5),),
+    than a chunk, 0 (slots only) and past T (causal attention, the slots never written); and
+    the smallest legal sizes (one head, one slot, chunks and convs of 1, τ < 1, a head dim
+    of its own). Projections of std 0.5, so that the logits are O(1) and every input moves
+    the softmax."""
+    options = {"num_heads": 4, "num_kv_heads": 2, "num_slots": 3, "chunk_size": 4,
+               "gate_logit_normalizer": 4.0, **options}
+    cfg = ModelConfig(layers=(layer("nha", window=window, short_conv=True, rope_theta=500.0,
+                                    rope_fraction=0.5, **options),),
                       vocab_size=8, d_model=16, num_heads=2, init_std=0.5)
     mixer, forward = jitted_mixer(cfg)
+    heads, dim = options["num_heads"], options.get("head_dim", 16 // options["num_heads"])
+    assert mixer.q_proj.kernel.shape == (16, heads, dim)
     x = normals(0, (2, 11, 16), dtype=np.float32)
     expected = nha_reference(mixer, np.asarray(x, np.float64), cfg.norm_eps, window=window,
-                             tau=4.0, theta=500.0, fraction=0.5)
+                             tau=options["gate_logit_normalizer"], theta=500.0, fraction=0.5)
     assert_close(forward(x, None), expected, 2e-6)
 
 
@@ -121,6 +129,7 @@ def test_with_window_errors_name_the_problem():
     (dict(empty_slots="zero"), "empty_slots='zero': expected one of"),
     (dict(chunk_size=24), "chunk_size=24: expected a power of two"),
     (dict(num_kv_heads=3), "num_kv_heads=3 does not divide num_heads=2"),
+    (dict(num_heads=3), r"num_heads=3 does not divide d_model=16 \(set head_dim\)"),
     (dict(num_slots=0), r"num_slots=0: expected a positive integer"),
     (dict(num_kv_heads=0), r"num_kv_heads=0: expected a positive integer or None"),
     (dict(head_dim=0), r"head_dim=0: expected a positive integer or None"),
