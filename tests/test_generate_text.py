@@ -47,6 +47,15 @@ def test_a_one_token_prompt_continues(model):
     assert out[0].tolist() == argmax_continuation(model, [7], 4)
 
 
+def test_one_new_token_is_the_first_of_more(model):
+    """The smallest request (max_new_tokens=1) gives a [B, 1] array: the greedy next token."""
+    prompt = jnp.asarray([[5, 9, 12], [7, 3, 1]])
+    one, four = (np.asarray(generate(model, prompt, n)) for n in (1, 4))
+    assert one.shape == (2, 1)
+    np.testing.assert_array_equal(one[:, 0], four[:, 0])
+    assert one[1].tolist() == argmax_continuation(model, [7, 3, 1], 1)
+
+
 def test_sampling_is_reproducible_from_the_seed(model):
     prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
     kw = dict(temperature=1.0, top_k=50, top_p=0.9)
