@@ -15,7 +15,9 @@ spread of web-text documents), packed back to back. Parts:
             against the default's. Per shape, stops starting variants after --sweep-seconds;
             with --rounds R, every variant compiled is timed R times, in turns with the
             others (the default's among them), and keeps the median (one-shot times of
-            ≈ 0.5 ms kernels spread ≈ 10 %: BENCHMARKS.md, session 26).
+            ≈ 0.5 ms kernels spread ≈ 10 %: BENCHMARKS.md, session 26). Each time is of
+            `timing.CALLS` back-to-back calls, as the tables' are (single calls, with their
+            dispatch and sync, spread 10–30 % over five rounds: session 29).
             On packed documents, or with --documents causal on one document per row (the
             causal triangle: long documents).
   table     fwd and fwd+bwd ms, TFLOP/s (useful pairs only) and temp memory: cuDNN causal and
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmarks.timing import (
+    CALLS,
     cudnn_op,
     device_name,
     measure,
@@ -321,7 +324,7 @@ def part_sweep(args):
                 if kernel == "dkv" and blocks.dq_atomic:
                     want = (expected["dq"], *expected["dkv"])
                 row["max_rel_diff"] = _max_rel(fn(*kernels[kernel][1]), want)
-                row["ms_rounds"] = [time_compiled(fn, *kernels[kernel][1])]
+                row["ms_rounds"] = [time_compiled(fn, *kernels[kernel][1], calls=CALLS)]
                 if row["max_rel_diff"] < 2e-2:
                     compiled.append((row, fn, kernels[kernel][1], (kernel, blocks)))
                 else:
@@ -331,7 +334,7 @@ def part_sweep(args):
             print(row, flush=True)
         for _ in range(args.rounds - 1):  # the later rounds, in turns
             for row, fn, arrays, _ in compiled:
-                row["ms_rounds"].append(time_compiled(fn, *arrays))
+                row["ms_rounds"].append(time_compiled(fn, *arrays, calls=CALLS))
         for row, _, _, key in compiled:
             row["ms"] = times[key] = statistics.median(row["ms_rounds"])
         best[name] = _assemble(base, times)

@@ -13,8 +13,13 @@ from experiments.benchmarks import flash_attention as bench
 
 
 def test_sweep_rounds_take_turns_and_keep_each_variants_median(monkeypatch):
-    calls = itertools.count()
-    monkeypatch.setattr(bench, "time_compiled", lambda fn, *args: float(next(calls)))
+    counter, batched = itertools.count(), []
+
+    def time_compiled(fn, *args, calls=1):
+        batched.append(calls)
+        return float(next(counter))
+
+    monkeypatch.setattr(bench, "time_compiled", time_compiled)
     kernel = lambda blocks, x: x * 2.0
     monkeypatch.setattr(bench, "_sweep_kernels", lambda q, *rest: {
         name: (kernel, (jnp.ones(3),)) for name in ("forward", "dq", "dkv")})
@@ -32,5 +37,6 @@ def test_sweep_rounds_take_turns_and_keep_each_variants_median(monkeypatch):
                                                    [2.0, 6.0, 10.0], [3.0, 7.0, 11.0]]
     assert [row["ms"] for row in timed] == [4.0, 5.0, 6.0, 7.0]
     assert all(row["max_rel_diff"] < 2e-2 for row in timed)
+    assert batched == [bench.CALLS] * 12  # back-to-back calls per time, as the tables take
     ms = out["best"]["tiny"]["ms"]
     assert ms["forward"] == 4.0 and ms["default"] == {"forward": 4.0, "dq": 5.0, "dkv": 6.0}
