@@ -56,14 +56,15 @@ def test_one_new_token_is_the_first_of_more(model):
     assert one[1].tolist() == argmax_continuation(model, [7, 3, 1], 1)
 
 
-def test_top_k_at_its_bounds(model):
-    """top_k = 1 samples the greedy tokens at any temperature; top_k = the vocabulary size
-    restricts nothing: the same draws as without top_k."""
+def test_top_k_and_top_p_at_their_bounds(model):
+    """top_k = 1 samples the greedy tokens at any temperature; top_k = the vocabulary size and
+    top_p = 1 restrict nothing: the same draws as without them."""
     prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
     sampled = lambda **kw: np.asarray(generate(model, prompt, 6, temperature=2.0, seed=3, **kw))
     np.testing.assert_array_equal(sampled(top_k=1), np.asarray(generate(model, prompt, 6)))
     unrestricted = sampled()
     np.testing.assert_array_equal(sampled(top_k=CONFIG.vocab_size), unrestricted)
+    np.testing.assert_array_equal(sampled(top_p=1.0), unrestricted)
     assert (unrestricted != sampled(top_k=1)).any()  # (temperature 2 leaves the greedy path)
 
 
