@@ -82,7 +82,9 @@ def test_greedy_speculative_equals_attention_mode_greedy(kind, ks, eos):
         got = np.asarray(generate(model, prompt, 14, lengths=lengths, speculative=k,
                                   stats=stats))
         assert (got == want).all(), (k, got, want)
-        assert 0 <= stats["acceptance_rate"] <= 1 and stats["tokens_per_round"] >= 1, stats
+        assert 0 <= stats["acceptance_rate"] <= 1 and 1 <= stats["tokens_per_round"] <= k + 1
+        # the rounds' kept tokens cover the positions from the common prefix (3) to the end
+        assert stats["rounds"] * stats["tokens_per_round"] >= 7 + 14 - 3 - 1e-9, stats
     if eos:
         eos_id = int(want[1, 4])
         assert (np.asarray(generate(model, prompt, 14, lengths=lengths, speculative=3,
