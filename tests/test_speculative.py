@@ -93,24 +93,34 @@ def test_greedy_speculative_equals_attention_mode_greedy(kind, ks, eos):
                                        eos_id=eos_id))).all()
 
 
-def test_rows_accept_different_numbers_of_drafts():
-    """The setting above exercises lockstep acceptance: after a common prefill, the first
-    round's accepted drafts differ between rows."""
-    model = model_of("mamba2")
-    prompt = jnp.asarray(np.random.default_rng(4).integers(0, 32, (3, 3)), jnp.int32)
+def round_after_prefill(model, prompt, lengths, k, prefix=3):
+    """One round (`draft_and_verify`, k drafts) at position `prefix`, after an attention-mode
+    prefill of the prompt's first `prefix` tokens; the round's token is the row's prompt token
+    there, else the prefill's greedy one (as `generate` feeds it). Returns the block, the
+    verified tokens, their logits and the accepted drafts, as numpy."""
+    batch = prompt.shape[0]
+    padded = jnp.pad(prompt, ((0, 0), (0, k + 1)))  # the round reads up to prefix + k + 1
     graphdef, state = nnx.split(model)
 
     @jax.jit
-    def first_round(state):
+    def run(state):
         model = nnx.merge(graphdef, state)
-        logits, cache = model.decode(prompt, model.init_cache(3, 16),
-                                     extras=attention_modes((3, 3)))
-        next_token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-        block, targets, _, _ = draft_and_verify(model, cache, jnp.pad(prompt, ((0, 0), (0, 10))),
-                                                jnp.full((3,), 3), jnp.int32(3), next_token, 5)
-        return accepted_drafts(block, targets)
+        logits, cache = model.decode(prompt[:, :prefix], model.init_cache(batch, 16),
+                                     extras=attention_modes((batch, prefix)))
+        greedy = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        next_B = jnp.where(prefix < lengths, padded[:, prefix], greedy)
+        block, targets, logits, _ = draft_and_verify(model, cache, padded, lengths,
+                                                     jnp.int32(prefix), next_B, k)
+        return block, targets, logits, accepted_drafts(block, targets)
 
-    accepted = np.asarray(first_round(state))
+    return (np.asarray(x) for x in run(state))
+
+
+def test_rows_accept_different_numbers_of_drafts():
+    """The setting above exercises lockstep acceptance: after a common prefill, the first
+    round's accepted drafts differ between rows."""
+    prompt = jnp.asarray(np.random.default_rng(4).integers(0, 32, (3, 3)), jnp.int32)
+    *_, accepted = round_after_prefill(model_of("mamba2"), prompt, jnp.full((3,), 3), 5)
     assert len(set(accepted.tolist())) > 1, accepted
 
 
@@ -119,22 +129,10 @@ def test_drafts_inside_a_prompt_are_its_tokens():
     and its verified tokens are the prompt's too, so it accepts every draft; a row whose prompt
     ends inside the round drafts its prompt up to the end (the output alone cannot show this:
     the verification would correct a wrong draft, at the cost of the round)."""
-    model = model_of("gdn")
     prompt = jnp.asarray(np.random.default_rng(5).integers(0, 32, (2, 12)), jnp.int32)
-    lengths, k = jnp.asarray([12, 6]), 5
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def round_at_3(state):
-        model = nnx.merge(graphdef, state)
-        _, cache = model.decode(prompt[:, :3], model.init_cache(2, 16),
-                                extras=attention_modes((2, 3)))
-        block, targets, logits, _ = draft_and_verify(
-            model, cache, jnp.pad(prompt, ((0, 0), (0, k))), lengths, jnp.int32(3),
-            prompt[:, 3], k)
-        return block, targets, logits, accepted_drafts(block, targets)
-
-    block, targets, logits, accepted = (np.asarray(x) for x in round_at_3(state))
+    k = 5
+    block, targets, logits, accepted = round_after_prefill(model_of("gdn"), prompt,
+                                                           jnp.asarray([12, 6]), k)
     tokens = np.asarray(prompt)
     np.testing.assert_array_equal(block[0], tokens[0, 3:9])
     np.testing.assert_array_equal(targets[0, :k], tokens[0, 4:9])

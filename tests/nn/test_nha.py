@@ -18,19 +18,18 @@ from tests.ops.test_nha import numpy_nha
 SMALL = dict(vocab_size=32, d_model=16, num_heads=2)
 
 
-def nha_reference(mixer, x, eps, *, window, tau, theta, fraction, segment_ids=None):
-    """The NHA layer (module docstring) in float64 numpy: projections, SiLU short convs,
-    swish slot features, RoPE on the window branch, silu values, gates logsigmoid(W_f x)/τ and
-    s = 1 − e^g, the op's per-token loop (`tests/ops/test_nha.numpy_nha`), W_o·RMSNorm(silu(o)).
-    One document a row when `segment_ids` is None (the convs here do not restart)."""
+def nha_reference(mixer, x, eps, *, window, tau, theta, fraction):
+    """The NHA layer (module docstring) in float64 numpy, one document a row: projections, SiLU
+    short convs, swish slot features, RoPE on the window branch, silu values, gates
+    logsigmoid(W_f x)/τ and s = 1 − e^g, the op's per-token loop
+    (`tests/ops/test_nha.numpy_nha`), W_o·RMSNorm(silu(o))."""
     q, k, v = (short_conv(project(x, proj), conv) for proj, conv in (
         (mixer.q_proj, mixer.q_conv), (mixer.k_proj, mixer.k_conv), (mixer.v_proj, mixer.v_conv)))
     g = -np.logaddexp(0.0, -project(x, mixer.f_proj)) / tau  # logsigmoid / τ, [B, T, G, M]
     positions = np.arange(x.shape[1])  # the window logits see relative positions only
     out, _ = numpy_nha(silu(q), silu(k), silu(v), 1.0 - np.exp(g), g, window,
                        q.shape[-1] ** -0.5, q_window=numpy_rope(q, positions, theta, fraction),
-                       k_window=numpy_rope(k, positions, theta, fraction),
-                       segment_ids=segment_ids)
+                       k_window=numpy_rope(k, positions, theta, fraction))
     normed = rms(silu(out).reshape(*out.shape[:2], -1), eps) * param(mixer.o_norm.scale)
     return np.tensordot(normed.reshape(out.shape), param(mixer.o_proj.kernel), axes=2)
 
