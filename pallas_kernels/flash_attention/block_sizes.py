@@ -63,9 +63,10 @@ def default_block_sizes(head_dim: int) -> BlockSizes:
     H16, D256 B4 T8192 H4; NOTES.md). The comments give each kernel's ms there, forward / dq /
     dk,dv, against the run-B tiles these replaced. Wider heads take smaller tiles so the
     float32 accumulators fit the registers."""
-    if head_dim <= 64:  # 0.513 / 0.442 / 0.654 ms (run B: 0.518 / 0.577 / 0.684)
-        return BlockSizes(block_k=32, num_stages=4, dq_num_stages=3, block_q_dkv=32,
-                          block_k_dkv=128, dkv_num_stages=3)
+    if head_dim <= 64:  # H100, CALLS timing (s30a): 0.305 / 0.309 / 0.443 ms, against the
+        # 0.345 / 0.323 / 0.471 of the tiles before (H200 2026-12-01: 0.513 / 0.442 / 0.654)
+        return BlockSizes(dq_num_stages=3, block_k_dq=32, block_q_dkv=32, dkv_num_stages=3,
+                          forward_one_select=True, diagonal_causal_only=True)
     if head_dim <= 128:  # 1.33 / 1.27 / 1.69 ms (run B: 1.46 / 1.42 / 2.10)
         return BlockSizes(block_k=32, num_stages=4, block_q_dq=128, block_k_dq=32,
                           dq_num_stages=3, block_q_dkv=32)
