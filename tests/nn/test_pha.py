@@ -143,6 +143,12 @@ def test_presets_have_the_papers_sizes():
         model = nnx.eval_shape(lambda name=name: hj.LanguageModel(presets.get(name),
                                                                    rngs=nnx.Rngs(0)))
         assert abs(hj.count_params(model) / paper - 1) < 0.02, name
+        if name.startswith("pha"):  # the module docstring's branch sizes, finer than the count
+            block, d = model.blocks[0], presets.get(name).d_model
+            assert block.gss.lambda_log_im.shape == (64,), "64 complex modes"
+            assert block.gss.v_proj.kernel.shape == (d, 2 * d), "gate width 2·d_model"
+            assert block.gss.u_proj.kernel.shape == (d, d // 4), "DSS width d_model/4"
+            assert block.attention.cosine, "scaled-cosine attention"
 
 
 @pytest.mark.parametrize("depth", [1, 3])
