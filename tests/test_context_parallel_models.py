@@ -94,11 +94,14 @@ def _mesh_id(m: MeshConfig) -> str:
 
 def test_every_activation_axis_name_has_a_rule():
     """Traced (not compiled) under a mesh, every logical axis name that the stack's layers
-    constrain their activations to resolves in the rules table: a misspelt name raises here,
-    in the default suite (the compiled comparisons below are `slow`)."""
+    constrain their activations to, and every parameter's, resolves in the rules table: a
+    misspelt name raises here, in the default suite (the compiled comparisons below are
+    `slow`)."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: hj.create_model(CONFIG, seed=0)))
     batch = {name: jax.ShapeDtypeStruct(x.shape, x.dtype) for name, x in _batch().items()}
-    with jax.set_mesh(make_mesh(MeshConfig(data=1, fsdp=2, seq=2, tensor=2))):
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2, seq=2, tensor=2))
+    state_shardings(state, mesh)
+    with jax.set_mesh(mesh):
         loss, grads = jax.eval_shape(_value_and_grad(graphdef), state, batch)
     assert loss.shape == () and jax.tree.structure(grads) == jax.tree.structure(state)
 
