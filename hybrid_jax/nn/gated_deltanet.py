@@ -75,8 +75,8 @@ class GatedDeltaNetOptions:
             raise ValueError(f"num_heads={self.num_heads} does not divide d_model="
                              f"{model.d_model} (set head_dim)")
         key_dim = self.key_dim(model)
-        if not math.isclose(self.expand_v * key_dim, self.value_dim(model)) or (
-                self.value_dim(model) < 1):
+        # expand_v > 0, so a product close to an integer is close to one ≥ 1.
+        if not math.isclose(self.expand_v * key_dim, self.value_dim(model)):
             raise ValueError(f"expand_v={self.expand_v} times head_dim={key_dim} is not a "
                              "positive integer value head size")
 

@@ -11,6 +11,7 @@ import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
+from hybrid_jax.nn.gated_deltanet import _a_log_init, _dt_bias_init
 from hybrid_jax.registry import block_names
 from tests.helpers import assert_close, normals
 from tests.nn.test_lm import check_decode_matches
@@ -123,6 +124,14 @@ def test_initialisation_follows_fla():
     assert np.all((a > 0) & (a <= 16)) and a.max() > 8 and a.min() < 8
     assert np.all((dt >= 1e-3 * 0.999) & (dt <= 0.1 * 1.001))
     assert np.all(param(mixer.o_norm.scale) == 1.0)
+    # The distributions, from many draws of the initialisers: A uniform over (0, 16), log dt
+    # uniform over [log 0.001, log 0.1] (32 heads cannot tell their ends from a shifted range).
+    keys = jax.random.split(jax.random.key(0))
+    a = np.exp(np.asarray(_a_log_init(keys[0], (8192,), jnp.float32), np.float64))
+    assert a.min() < 0.01 and a.max() > 15.99 and abs(a.mean() - 8) < 0.2
+    log_dt = np.log(softplus(np.asarray(_dt_bias_init(keys[1], (8192,), jnp.float32))))
+    assert abs(log_dt.min() - np.log(1e-3)) < 0.01 and abs(log_dt.max() - np.log(0.1)) < 0.01
+    assert abs(log_dt.mean() - np.log(1e-2)) < 0.06
 
 
 def test_parameter_count_follows_the_equations():
@@ -137,6 +146,7 @@ def test_parameter_count_follows_the_equations():
 @pytest.mark.parametrize("options, message", [
     (dict(expand_v=0.3), r"expand_v=0.3 times head_dim=8 is not a positive integer"),
     (dict(expand_v=-1), "expand_v=-1: expected a positive number"),
+    (dict(expand_v=0), "expand_v=0: expected a positive number"),
     (dict(num_heads=3), "num_heads=3 does not divide d_model=16"),
     (dict(chunk_size=0), "chunk_size=0: expected a positive integer"),
     (dict(conv_size=0), "conv_size=0: expected a positive integer"),
@@ -146,6 +156,16 @@ def test_parameter_count_follows_the_equations():
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(layers=(layer("gdn", **options),), d_model=16, num_heads=2)
+
+
+def test_smallest_options_are_accepted():
+    """Sizes of 1 everywhere (head and value size 1, one-token chunks and convs) build a layer
+    whose output is finite."""
+    cfg = ModelConfig(layers=(layer("gdn", num_heads=16, expand_v=1, chunk_size=1, conv_size=1),),
+                      vocab_size=8, d_model=16, num_heads=2, ffn_dim=0)
+    model = hj.create_model(cfg)
+    assert model.blocks[0].mixer.v_proj.kernel.shape == (16, 16, 1)
+    assert np.all(np.isfinite(model(jnp.zeros((1, 3), jnp.int32))))
 
 
 def test_block_types_and_presets_are_registered():
