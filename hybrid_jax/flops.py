@@ -30,6 +30,7 @@ usual accelerators (None for others: then the trainer logs no MFU unless given a
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -37,16 +38,18 @@ from flax import nnx
 
 from hybrid_jax.config import ModelConfig
 
-# Dense bf16 peaks (FLOP/s) by device_kind substring, most specific first.
-PEAK_BF16 = (("H200", 989e12), ("H100", 989e12), ("GH200", 989e12), ("A100", 312e12),
-             ("L4", 121e12), ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12),
-             ("TPU v4", 275e12))
+# Dense bf16 peaks (FLOP/s) by a whole-word part of device_kind, most specific first (the
+# PCIe H100 runs at lower clocks than the SXM one; "L4" is not the L40S).
+PEAK_BF16 = (("H100 PCIe", 756e12), ("H200", 989e12), ("H100", 989e12), ("GH200", 989e12),
+             ("A100", 312e12), ("L4", 121e12), ("TPU v6", 918e12), ("TPU v5p", 459e12),
+             ("TPU v5", 197e12), ("TPU v4", 275e12))
 
 
 def device_peak_flops(device_kind: str | None = None) -> float | None:
     """Dense bf16 FLOP/s of a device kind (default: the first device's), None if unknown."""
     kind = jax.devices()[0].device_kind if device_kind is None else device_kind
-    return next((peak for name, peak in PEAK_BF16 if name.lower() in kind.lower()), None)
+    return next((peak for name, peak in PEAK_BF16
+                 if re.search(rf"\b{re.escape(name)}\b", kind, re.IGNORECASE)), None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,10 @@ def test_parallel_blocks_count_their_branches():
     assert (sequential.attention, sequential.recurrence) == (pha.attention, pha.recurrence)
 
 
-@pytest.mark.parametrize("kind, peak", [("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12),
-                                         ("TPU v5 lite", 197e12), ("cpu", None)])
+@pytest.mark.parametrize("kind, peak", [
+    ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA GH200 480GB", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L4", 121e12),
+    ("NVIDIA L40S", None), ("TPU v6 lite", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12),
+    ("TPU v4", 275e12), ("cpu", None)])
 def test_peaks(kind, peak):
     assert device_peak_flops(kind) == peak
