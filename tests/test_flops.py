@@ -77,3 +77,33 @@ def test_parallel_blocks_count_their_branches():
     ("TPU v4", 275e12), ("cpu", None)])
 def test_peaks(kind, peak):
     assert device_peak_flops(kind) == peak
+
+
+def test_linear_mixers_by_hand():
+    """Each mixer's chunked work per token (module docstring), counted by hand: chunk C, state
+    N or slots M, head sizes K, V (P)."""
+    def recurrence(spec, length=64, **model):
+        config = ModelConfig(layers=(spec,), **{"d_model": 32, "num_heads": 2, **model})
+        flops = step_flops(config, length)
+        assert not flops.uncounted
+        return flops.recurrence, flops.attention
+
+    # Mamba-2, d 64, expand 2, P 16: 8 heads, N 8, C 4; per group C·B 2CN, per head the
+    # scores·x 2CP and the state in and out 4NP.
+    mamba2 = layer("mamba2", ssm_head_dim=16, state_size=8, chunk_size=4)
+    assert recurrence(mamba2, d_model=64) == (2 * 4 * 8 + 8 * (2 * 4 * 16 + 4 * 8 * 16), 0)
+    mamba2_g2 = layer("mamba2", ssm_head_dim=16, state_size=8, chunk_size=4, n_groups=2)
+    assert recurrence(mamba2_g2, d_model=64)[0] == 2 * 2 * 4 * 8 + 8 * (2 * 4 * 16 + 4 * 8 * 16)
+    # Gated DeltaNet, 2 heads, K 16, V 32 (expand_v 2), C 4.
+    gdn = 2 * (2 * 4 * (3 * 16 + 2 * 32) + 4 * 4 / 3 + 6 * 16 * 32)
+    assert recurrence(layer("gdn", chunk_size=4)) == pytest.approx((gdn, 0))
+    gdn_k8 = 2 * (2 * 4 * (3 * 8 + 2 * 16) + 4 * 4 / 3 + 6 * 8 * 16)  # K 8 from head_dim
+    assert recurrence(layer("gdn", chunk_size=4, head_dim=8)) == pytest.approx((gdn_k8, 0))
+    # GSA: two gated linear-attention passes, 2 heads, K 16, M 4, C 4.
+    slots = 2 * (4 * 4 * (16 + 4) + 8 * 16 * 4)
+    assert recurrence(layer("gsa", num_slots=4, chunk_size=4)) == (slots, 0)
+    # NHA adds its window's band (4·K·H per pair); with the window past T the slots stay
+    # empty: causal attention alone.
+    nha = layer("nha", num_slots=4, window=6, chunk_size=4)
+    assert recurrence(nha) == (slots, 4 * 16 * 2 * mean_keys(64, 6))
+    assert recurrence(nha, length=6) == (0, 4 * 16 * 2 * mean_keys(6, None))
