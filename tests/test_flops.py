@@ -107,3 +107,13 @@ def test_linear_mixers_by_hand():
     nha = layer("nha", num_slots=4, window=6, chunk_size=4)
     assert recurrence(nha) == (slots, 4 * 16 * 2 * mean_keys(64, 6))
     assert recurrence(nha, length=6) == (0, 4 * 16 * 2 * mean_keys(6, None))
+
+
+def test_matmul_params_skip_convs_and_the_position_table():
+    """Short-conv taps `[K, C]` and a learned position table `[P, D]` are 2-D but multiply
+    nothing: GDN (d 32, 2 heads, K 16, V 32, no FFN) counts its seven projections alone."""
+    gdn = ModelConfig(layers=(layer("gdn"),), vocab_size=10, d_model=32, num_heads=2, ffn_dim=0)
+    projections = 2 * 32 * 32 + 3 * 32 * 64 + 2 * 32 * 2  # q, k; v, g, o; β, decay
+    assert matmul_params(gdn) == projections + 32 * 10
+    learned = gdn.replace(position_embedding="learned", max_positions=16)
+    assert matmul_params(learned) == matmul_params(gdn)
