@@ -197,6 +197,20 @@ def test_parallel_tail_in_one_recomputed_function_keeps_values_and_gradients(res
     assert_close(fused[1], unfused[1], 1e-5, "gradients")
 
 
+@pytest.mark.parametrize("mixing,expected", [("sum", [1.0, 1.0, 1.0]),
+                                              ("fixed", [1 / 3, 1 / 3, 1 / 3]),
+                                              ("learned", [0.2, 0.3, 0.5])])
+def test_mixing_rules_weigh_the_branches(mixing, expected):
+    """"sum": w_i = 1; "fixed": 1/n; "learned": softplus(p_i) / Σ softplus(p_j), here with
+    p = softplus⁻¹(2, 3, 5)."""
+    config = ModelConfig(layers=(layer("parallel", branches=("toy", "attention", "ffn"),
+                                       mixing=mixing),), **SMALL)
+    block = hj.create_model(config).blocks[0]
+    if mixing == "learned":
+        block.mixing_logits[...] = jnp.log(jnp.expm1(jnp.asarray([2.0, 3.0, 5.0])))
+    assert_close(block.weights(), jnp.asarray(expected), 1e-6, mixing)
+
+
 def test_bad_block_options_are_named():
     with pytest.raises(ValueError, match="BlockOptions.residual='deep'"):
         ModelConfig(layers=(layer("parallel", residual="deep"),), **SMALL)
