@@ -231,16 +231,11 @@ class Block(nnx.Module):
         return jnp.full((n,), 1.0 / n if self.mixing == "fixed" else 1.0, jnp.float32)
 
     def report_weights(self, weights: jax.Array) -> None:
-        """Reports learned branch weights as diagnostics `mixing_<branch>` (`[n]`, or `[G, n]`
-        from a stacked block after `nnx.scan`, which drops what is reported inside it)."""
+        """Reports learned branch weights as diagnostics `mixing_<branch>` (`[n]`; in a scanned
+        stack `nnx.scan` stacks them over the groups, `[G]` a branch)."""
         if self.mixing == "learned":
             for i, name in enumerate(self.names):
-                report(self, f"mixing_{name}", weights[..., i])
-
-    def report_stacked_weights(self) -> None:
-        """`report_weights` of a block whose parameters are stacked over scanned groups."""
-        if self.mixing == "learned":
-            self.report_weights(jax.vmap(mixing_weights)(self.mixing_logits[...]))
+                report(self, f"mixing_{name}", weights[i])
 
     def _residual(self, x: jax.Array, y: jax.Array, out_norm: nnx.Module | None) -> jax.Array:
         if self.residual == "pre_norm":

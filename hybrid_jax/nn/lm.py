@@ -248,11 +248,7 @@ def _run_blocks(config: ModelConfig, blocks: nnx.List, x: jax.Array, context: To
         return x
     scanned = nnx.scan(lambda x, group: run(group, x), in_axes=(nnx.Carry, 0),
                        out_axes=nnx.Carry)
-    x = scanned(x, blocks)
-    for block in blocks:  # diagnostics reported inside the scan are dropped
-        if hasattr(block, "report_stacked_weights"):
-            block.report_stacked_weights()
-    return x
+    return scanned(x, blocks)
 
 
 def _check_unscanned(config: ModelConfig, what: str) -> None:
