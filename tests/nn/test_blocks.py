@@ -197,6 +197,28 @@ def test_parallel_tail_in_one_recomputed_function_keeps_values_and_gradients(res
     assert_close(fused[1], unfused[1], 1e-5, "gradients")
 
 
+@pytest.mark.parametrize("residual", ["pre_norm", "post_norm"])
+def test_parallel_branches_read_the_normalised_input_only_in_pre_norm(residual):
+    """Pre-norm: every branch reads h = x / rms(x) · γ and the block returns x + Σ_i f_i(h);
+    post-norm: h = x, out = RMSNorm(x + Σ_i f_i(x)) (γs set away from 1; numpy norms)."""
+    config = ModelConfig(layers=(layer("parallel", branches=("toy", "ffn"),
+                                       residual=residual),), **SMALL)
+    block = hj.create_model(config, seed=2).blocks[0]
+    norm = block.input_norm if residual == "pre_norm" else block.output_norm
+    gamma = np.linspace(0.5, 2.0, SMALL["d_model"])
+    norm.scale[...] = jnp.asarray(gamma, jnp.float32)
+    x = np.random.default_rng(0).normal(size=(2, 5, SMALL["d_model"])).astype(np.float32)
+    ctx = TokenContext.create((2, 5))
+
+    def rms_norm(a):
+        return a / np.sqrt(np.mean(a * a, -1, keepdims=True) + 1e-6) * gamma
+
+    h = rms_norm(x) if residual == "pre_norm" else x
+    mixed = sum(np.asarray(getattr(block, name)(jnp.asarray(h), ctx)) for name in block.names)
+    want = x + mixed if residual == "pre_norm" else rms_norm(x + mixed)
+    assert_close(block(jnp.asarray(x), ctx), want, 1e-5, residual)
+
+
 @pytest.mark.parametrize("mixing,expected", [("sum", [1.0, 1.0, 1.0]),
                                               ("fixed", [1 / 3, 1 / 3, 1 / 3]),
                                               ("learned", [0.2, 0.3, 0.5])])
