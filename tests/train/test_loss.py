@@ -52,6 +52,15 @@ def test_values_and_gradients_equal_the_plain_loss_exactly():
     assert not np.any(np.asarray(grads[0])[~np.asarray(mask)])  # unscored rows get nothing
 
 
+@pytest.mark.parametrize("loss_sum,count,mean", [(6.0, 4.0, 1.5), (2.5, 1.0, 2.5),
+                                                  (0.0, 0.0, 0.0)])
+def test_mean_loss_is_the_sum_over_the_scored_count(loss_sum, count, mean):
+    """The logged loss: Σ over scored tokens / their count; a batch with none scores 0, not
+    NaN."""
+    stats = {"loss_sum": jnp.float32(loss_sum), "count": jnp.float32(count)}
+    assert float(mean_loss(stats)) == mean
+
+
 def test_correct_count_gradient_reaches_the_weights_only():
     logits, targets, mask = _batch()
     weights = mask.astype(jnp.float32)
