@@ -134,6 +134,27 @@ def test_eos_ends_a_row(model):
     assert (stopped[first:] == free[2]).all()
 
 
+def test_streaming_marks_each_rows_own_new_tokens_and_prompts_never_stop(model):
+    """Ragged prompts, the EOS id inside the longer prompt past the shorter one: `on_tokens`
+    sees every position from the shorter prompt's end, `new` only on generated tokens (each
+    row exactly `max_new_tokens` of them, the returned ones in order), and the prompt's EOS
+    ends nothing."""
+    eos = 200
+    batch = np.asarray([[5, 9, 12, eos, 41], [7, 3, 0, 0, 0]], np.int32)
+    free = np.asarray(generate(model, batch, 4, lengths=[5, 2]))
+    assert eos not in free  # so only the prompt holds it
+    seen = []
+    out = np.asarray(generate(model, batch, 4, lengths=[5, 2], eos_id=eos,
+                              on_tokens=lambda p, t, n: seen.append((int(p), t.copy(), n.copy()))
+                              or np.zeros(2, bool)))
+    np.testing.assert_array_equal(out, free)
+    assert [p for p, _, _ in seen] == list(range(2, 9))
+    for row, length in enumerate((5, 2)):
+        new = [p for p, _, n in seen if n[row]]
+        assert new == list(range(length, length + 4)), row
+        assert [int(t[row]) for p, t, n in seen if n[row]] == free[row].tolist()
+
+
 def test_generate_text_stop_strings_and_streaming(model):
     tokenizer = ByteTokenizer()
     full = hj.generate_text(model, tokenizer, ["ab", "hello"], max_new_tokens=8)
