@@ -153,6 +153,11 @@ def test_streaming_marks_each_rows_own_new_tokens_and_prompts_never_stop(model):
         new = [p for p, _, n in seen if n[row]]
         assert new == list(range(length, length + 4)), row
         assert [int(t[row]) for p, t, n in seen if n[row]] == free[row].tolist()
+    # A callback that stops row 1 at its first token: the rest of it reads as stopped (-1
+    # without an EOS id); row 0 goes on.
+    stop_row_1 = lambda p, t, n: np.asarray([False, p == 2])
+    out = np.asarray(generate(model, batch, 4, lengths=[5, 2], on_tokens=stop_row_1))
+    assert out[0].tolist() == free[0].tolist() and out[1].tolist() == [free[1, 0], -1, -1, -1]
 
 
 def test_generate_text_stop_strings_and_streaming(model):
