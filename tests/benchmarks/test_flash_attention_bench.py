@@ -23,7 +23,7 @@ def test_sweep_rounds_take_turns_and_keep_each_variants_median(monkeypatch):
     kernel = lambda blocks, x: x * 2.0
     monkeypatch.setattr(bench, "_sweep_kernels", lambda q, *rest: {
         name: (kernel, (jnp.ones(3),)) for name in ("forward", "dq", "dkv")})
-    one_forward = (64, 64, 4, 3, True, True)
+    one_forward = (64, 32, 4, 4, False, False)  # not the D 64 default
     monkeypatch.setitem(bench.SWEEP_VARIANTS, 64,
                         {"forward": [one_forward], "dq": [], "dkv": []})
     args = argparse.Namespace(shapes=["tiny"], documents="packed", doc_median=100.0,
