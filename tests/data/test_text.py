@@ -221,6 +221,18 @@ def test_eval_batches_count_every_byte(corpus):
     assert data.eval_words(batches) == sum(len(line.split()) + 1
                                            for line in text.splitlines())
     assert data.eval_words(batches[:1]) is None  # only a part was evaluated
+    # Every batch holds batch_size rows: the windows in order, then unscored zero rows.
+    windows = data.source("eval")
+    assert all(len(b["inputs"]) == 4 for b in batches)
+    assert len(batches) == -(-len(windows) // 4) > 1 and len(windows) % 4
+    last = batches[-1]
+    for i in range(4):
+        index = (len(batches) - 1) * 4 + i
+        want = windows[index]["inputs"] if index < len(windows) else np.zeros_like(
+            last["inputs"][0])
+        assert last["inputs"][i].tolist() == want.tolist() and (
+            index < len(windows) or not last["mask"][i].any())
+    assert len(data.eval_batches(batch_size=4, num_batches=1)) == 1
 
 
 def test_packed_documents_do_not_leak():
