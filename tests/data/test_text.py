@@ -2,6 +2,7 @@
 with document boundaries, the grain iterator state, and the WikiText checks (skipped without
 ../shared/data)."""
 
+import dataclasses
 import gzip
 import lzma
 from pathlib import Path
@@ -221,6 +222,8 @@ def test_eval_batches_count_every_byte(corpus):
     assert data.eval_words(batches) == sum(len(line.split()) + 1
                                            for line in text.splitlines())
     assert data.eval_words(batches[:1]) is None  # only a part was evaluated
+    assert dataclasses.replace(data.config, word_perplexity=False).bind(None).eval_words(
+        batches) is None  # not asked for
     # Every batch holds batch_size rows: the windows in order, then unscored zero rows.
     windows = data.source("eval")
     assert all(len(b["inputs"]) == 4 for b in batches)
