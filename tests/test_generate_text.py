@@ -144,9 +144,12 @@ def test_streaming_marks_each_rows_own_new_tokens_and_prompts_never_stop(model):
     free = np.asarray(generate(model, batch, 4, lengths=[5, 2]))
     assert eos not in free  # so only the prompt holds it
     seen = []
-    out = np.asarray(generate(model, batch, 4, lengths=[5, 2], eos_id=eos,
-                              on_tokens=lambda p, t, n: seen.append((int(p), t.copy(), n.copy()))
-                              or np.zeros(2, bool)))
+
+    def record(position, tokens, new):
+        seen.append((int(position), tokens.copy(), new.copy()))
+        return np.zeros(2, bool)  # stop no row
+
+    out = np.asarray(generate(model, batch, 4, lengths=[5, 2], eos_id=eos, on_tokens=record))
     np.testing.assert_array_equal(out, free)
     assert [p for p, _, _ in seen] == list(range(2, 9))
     for row, length in enumerate((5, 2)):

@@ -158,14 +158,20 @@ def test_bad_options_are_named(options, message):
         ModelConfig(layers=(layer("gdn", **options),), d_model=16, num_heads=2)
 
 
+def finite_mixer(spec):
+    """The mixer of a one-layer model of `spec` (d_model 16, no FFN), after checking that the
+    model's logits on a few tokens are finite."""
+    model = hj.create_model(ModelConfig(layers=(spec,), vocab_size=8, d_model=16, num_heads=2,
+                                        ffn_dim=0))
+    assert np.all(np.isfinite(model(jnp.zeros((1, 3), jnp.int32))))
+    return model.blocks[0].mixer
+
+
 def test_smallest_options_are_accepted():
     """Sizes of 1 everywhere (head and value size 1, one-token chunks and convs) build a layer
     whose output is finite."""
-    cfg = ModelConfig(layers=(layer("gdn", num_heads=16, expand_v=1, chunk_size=1, conv_size=1),),
-                      vocab_size=8, d_model=16, num_heads=2, ffn_dim=0)
-    model = hj.create_model(cfg)
-    assert model.blocks[0].mixer.v_proj.kernel.shape == (16, 16, 1)
-    assert np.all(np.isfinite(model(jnp.zeros((1, 3), jnp.int32))))
+    mixer = finite_mixer(layer("gdn", num_heads=16, expand_v=1, chunk_size=1, conv_size=1))
+    assert mixer.v_proj.kernel.shape == (16, 16, 1)
 
 
 def test_block_types_and_presets_are_registered():

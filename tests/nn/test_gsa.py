@@ -1,7 +1,6 @@
 """Gated Slot Attention block: the layer against a numpy per-token loop of its equations, decode
 equals the parallel pass, packed documents are isolated, options are checked."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -12,6 +11,7 @@ from hybrid_jax.nn.gsa import GSAOptions
 from tests.helpers import assert_close, normals
 from tests.nn.test_gated_deltanet import (
     check_documents_isolated,
+    finite_mixer,
     jitted_mixer,
     param,
     project,
@@ -90,11 +90,7 @@ def test_bad_options_are_named(options, message):
 def test_smallest_options_are_accepted_and_defaults_are_fla():
     """Sizes of 1 (an explicit head size, one slot, one-token chunks) build a layer whose
     output is finite; the defaults are fla's layer's (64 slots, τ 8, logit scale 1)."""
-    cfg = ModelConfig(layers=(layer("gsa", num_heads=16, head_dim=1, num_slots=1,
-                                    chunk_size=1),),
-                      vocab_size=8, d_model=16, num_heads=2, ffn_dim=0)
-    model = hj.create_model(cfg)
-    assert model.blocks[0].mixer.f_proj.kernel.shape == (16, 16, 1)
-    assert np.all(np.isfinite(model(jnp.zeros((1, 3), jnp.int32))))
+    mixer = finite_mixer(layer("gsa", num_heads=16, head_dim=1, num_slots=1, chunk_size=1))
+    assert mixer.f_proj.kernel.shape == (16, 16, 1)
     defaults = GSAOptions()
     assert (defaults.num_slots, defaults.gate_logit_normalizer, defaults.scale) == (64, 8.0, 1.0)
