@@ -7,7 +7,7 @@ temporary directories are removed when the next run opens the directory. Once a 
 committed, `checksums.json` in its step directory records the size and CRC-32 of every file;
 `restore` verifies them first, so flipped bytes or a truncated file raise
 `DamagedCheckpointError` naming the file instead of restoring wrong numbers (a step killed
-between its commit and its checksums is restored unverified). Saves are asynchronous
+between its commit and its checksums is restored unverified, with a warning). Saves are asynchronous
 (the arrays are copied to host memory, then written in the background); `keep` bounds how many
 stay on disk. Restoring takes an abstract target state with shardings, so a run can resume on
 another mesh; a checkpoint whose arrays do not match the target raises `CheckpointError` naming
@@ -17,6 +17,7 @@ the directory and each mismatched array.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import zlib
 from pathlib import Path
@@ -26,6 +27,8 @@ import jax
 import orbax.checkpoint as ocp
 
 CHECKSUMS = "checksums.json"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -161,7 +164,9 @@ class Checkpointer:
         if step not in self.manager.all_steps():
             raise FileNotFoundError(f"checkpoint {where} not found; available steps: "
                                     f"{sorted(self.manager.all_steps())}")
-        verify_checksums(where)
+        if not verify_checksums(where):
+            log.warning("checkpoint %s has no %s (its run stopped between the save and its "
+                        "checksums): restoring it unverified", where, CHECKSUMS)
         meta = self._read_json(where / "meta" / "metadata")
         self._check_matches(where, target, step)
         try:

@@ -20,6 +20,7 @@ from hybrid_jax.train.metrics import MetricsLog, read_metrics
 from hybrid_jax.train.run_dir import RunLock
 from hybrid_jax.train.trainer import nonfinite_message, restore_train_state, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+from tests.train.damage import flip_byte, largest_array_file, truncate
 from tests.train.test_text_cli import tiny as text_cli_run
 
 NAME = "lm-wikitext2-transformer-tiny"
@@ -57,23 +58,7 @@ def one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
-def largest_array_file(step_dir: Path) -> Path:
-    files = [p for p in (step_dir / "state").rglob("*") if p.is_file()
-             and "METADATA" not in p.name and p.suffix != ".json"]
-    return max(files, key=lambda p: p.stat().st_size)
-
-
 # --- checkpoints -------------------------------------------------------------------------------
-
-def flip_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
 
 @pytest.mark.parametrize("damage, problem", [
     (flip_byte, "changed since it was saved"),
@@ -325,21 +310,3 @@ def test_a_failing_background_thread_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err == ("hybrid-jax list: error in thread tensorboard-writer: I/O error (disk full): "
                    "No space left on device: events.out")
-
-
-@pytest.mark.parametrize("async_save", [True, False])
-def test_saves_are_checksummed_and_verified(tmp_path, async_save):
-    import jax
-    import jax.numpy as jnp
-
-    from hybrid_jax.train.checkpoint import Checkpointer, DamagedCheckpointError
-
-    checkpointer = Checkpointer(tmp_path, async_save=async_save)
-    checkpointer.save(1, {"w": jnp.arange(64.0)}, {"step": 1})
-    checkpointer.close()
-    step_dir = tmp_path.absolute() / "checkpoints" / "1"
-    assert (step_dir / "checksums.json").is_file()
-    flip_byte(largest_array_file(step_dir))
-    target = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
-    with pytest.raises(DamagedCheckpointError, match=f"checkpoint {step_dir} is damaged: "):
-        Checkpointer(tmp_path).restore(target)

@@ -1,0 +1,118 @@
+"""The Checkpointer on a tiny state: every save sealed with checksums (a synchronous one before
+`save` returns), damage found on restore and never sealed over by a later save, unsealed steps
+restored with a warning, unreadable array data named, torn saves removed."""
+
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.train.checkpoint import (
+    CHECKSUMS,
+    Checkpointer,
+    DamagedCheckpointError,
+    saved_steps,
+)
+from tests.train.damage import flip_byte, largest_array_file, truncate
+
+STATE = {"w": jnp.arange(4096.0), "b": jnp.full((3,), 0.5)}
+TARGET = {name: jax.ShapeDtypeStruct(a.shape, a.dtype) for name, a in STATE.items()}
+
+
+def step_dir(run: Path, step: int) -> Path:
+    return run.absolute() / "checkpoints" / str(step)
+
+
+def saved(run: Path, steps=(1,), async_save: bool = True) -> Path:
+    checkpointer = Checkpointer(run, async_save=async_save)
+    for step in steps:
+        checkpointer.save(step, STATE, {"step": step})
+    checkpointer.close()
+    return run
+
+
+def restore(run: Path, step: int | None = None):
+    checkpointer = Checkpointer(run)
+    try:
+        return checkpointer.restore(TARGET, step)
+    finally:
+        checkpointer.close()
+
+
+def assert_is_state(restored) -> None:
+    assert jax.tree.all(jax.tree.map(np.array_equal, restored, STATE))
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_saves_are_checksummed_and_verified(tmp_path, async_save):
+    saved(tmp_path, async_save=async_save)
+    assert (step_dir(tmp_path, 1) / CHECKSUMS).is_file()
+    flip_byte(largest_array_file(step_dir(tmp_path, 1)))
+    with pytest.raises(DamagedCheckpointError,
+                       match=f"checkpoint {step_dir(tmp_path, 1)} is damaged: "):
+        restore(tmp_path)
+
+
+def test_a_synchronous_save_is_sealed_before_it_returns(tmp_path):
+    checkpointer = Checkpointer(tmp_path, async_save=False)
+    checkpointer.save(1, STATE, {"step": 1})
+    assert (step_dir(tmp_path, 1) / CHECKSUMS).is_file()
+    checkpointer.close()
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_later_save_does_not_seal_over_damage(tmp_path, async_save):
+    """Sealing writes checksums only for steps that have none: damage to a sealed step after
+    its save stays detectable however many saves follow."""
+    checkpointer = Checkpointer(tmp_path, async_save=async_save)
+    checkpointer.save(1, STATE, {"step": 1})
+    checkpointer.wait()
+    flip_byte(largest_array_file(step_dir(tmp_path, 1)))
+    checkpointer.save(2, STATE, {"step": 2})
+    checkpointer.close()
+    with pytest.raises(DamagedCheckpointError, match="checkpoints/1 is damaged: .* changed since"):
+        restore(tmp_path, step=1)
+    restored, meta, step = restore(tmp_path)
+    assert (step, meta) == (2, {"step": 2})
+    assert_is_state(restored)
+
+
+def test_an_unsealed_step_is_restored_with_a_warning(tmp_path, caplog):
+    saved(tmp_path, steps=(1, 2))
+    with caplog.at_level(logging.WARNING, logger="hybrid_jax.train.checkpoint"):
+        assert_is_state(restore(tmp_path, step=1)[0])
+    assert not caplog.records  # a sealed step restores silently
+    (step_dir(tmp_path, 2) / CHECKSUMS).unlink()
+    with caplog.at_level(logging.WARNING, logger="hybrid_jax.train.checkpoint"):
+        restored, meta, step = restore(tmp_path)
+    assert (step, meta) == (2, {"step": 2})
+    assert_is_state(restored)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"checkpoint {step_dir(tmp_path, 2)} has no {CHECKSUMS} (its run stopped between the "
+        "save and its checksums): restoring it unverified"]
+
+
+def test_unreadable_array_data_of_an_unsealed_step_is_named(tmp_path):
+    saved(tmp_path)
+    (step_dir(tmp_path, 1) / CHECKSUMS).unlink()
+    truncate(largest_array_file(step_dir(tmp_path, 1)))
+    with pytest.raises(DamagedCheckpointError,
+                       match=f"checkpoint {step_dir(tmp_path, 1)}/state is corrupt or unreadable"):
+        restore(tmp_path)
+
+
+def test_a_torn_save_is_removed_by_the_next_run(tmp_path):
+    """A save killed before its commit leaves orbax's temporary directory, never a step; the
+    next run's Checkpointer removes it (in the background, finished before its first save)."""
+    saved(tmp_path)
+    torn = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp-1700000000000000"
+    (torn / "state").mkdir(parents=True)
+    (torn / "state" / "partial").write_bytes(b"\0" * 16)
+    checkpointer = Checkpointer(tmp_path)
+    assert checkpointer.steps() == [1]
+    checkpointer.save(2, STATE, {"step": 2})
+    checkpointer.close()
+    assert not torn.exists() and saved_steps(tmp_path) == [1, 2]
