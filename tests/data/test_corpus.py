@@ -1,0 +1,96 @@
+"""Corpus files to token streams, at their edges: file kinds and lists, where text is cut into
+pieces, the token dtype at the uint16 limit, empty files, and pre-tokenized arrays (document
+starts across files, refused shapes, dtypes and ids)."""
+
+import numpy as np
+import pytest
+
+from hybrid_jax.data import corpus
+from hybrid_jax.data.corpus import (
+    file_kind,
+    load_stream,
+    resolve_files,
+    text_pieces,
+    tokenize_documents,
+)
+from hybrid_jax.data.tokenizer import WORD_EOS, WORD_UNK, ByteTokenizer, WordTokenizer
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("a.npy", "tokens"), ("a.NPY", "tokens"), ("a.bin", "tokens"),
+    ("a.arrayrecord", "arrayrecord"), ("a.array_record", "arrayrecord"),
+    ("a.txt", "text"), ("a.raw.gz", "text"), ("wiki.train.tokens", "text"),
+])
+def test_file_kind_by_extension(name, kind, tmp_path):
+    assert file_kind(tmp_path / name) == kind
+
+
+def test_paths_and_globs_comma_separated_in_order(tmp_path):
+    for name in ("a.txt", "b.txt", "c.txt", "z.txt"):
+        (tmp_path / name).write_text("x\n")
+    spec = f"{tmp_path}/z.txt, {tmp_path}/[ab].txt,,{tmp_path}/c.txt "
+    assert resolve_files(spec, "data.path") == [tmp_path / n for n in ("z.txt", "a.txt",
+                                                                         "b.txt", "c.txt")]
+
+
+def test_pieces_end_at_the_line_that_reaches_the_size(tmp_path, monkeypatch):
+    """A piece ends after the line that brings it to PIECE_CHARS, and at each document start;
+    only a piece that starts a document says so."""
+    monkeypatch.setattr(corpus, "PIECE_CHARS", 10)
+    path = tmp_path / "docs.txt"
+    path.write_text("= a\n" + "bbbb\n" * 5 + "= c\n" + "dddd\n" * 2)
+    assert list(text_pieces(path, "^= ")) == [
+        (True, "= a\nbbbb\nbbbb\n"),   # 4, 9, 14 characters
+        (False, "bbbb\nbbbb\n"),       # 5, 10
+        (False, "bbbb\n"),             # cut by the next document
+        (True, "= c\ndddd\ndddd\n"),
+    ]
+
+
+@pytest.mark.parametrize("vocab_size, dtype", [(65536, np.uint16), (65537, np.uint32)])
+def test_token_dtype_holds_every_id(vocab_size, dtype, tmp_path):
+    words = [WORD_EOS, WORD_UNK] + [f"w{i}" for i in range(2, vocab_size)]
+    path = tmp_path / "top.txt"
+    path.write_text(f"w2 w{vocab_size - 1}\n")
+    stream = tokenize_documents([path], WordTokenizer(words))
+    assert stream.tokens.dtype == dtype
+    assert stream.tokens.tolist() == [0, 2, vocab_size - 1, 0]
+
+
+def test_an_empty_file_is_an_empty_stream(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("")
+    cache = tmp_path / "cache" / "nested"  # created with its parents
+    for cache_dir in (None, cache, cache):  # in memory, written to the cache, read from it
+        stream = tokenize_documents([path], ByteTokenizer(), cache_dir=cache_dir)
+        assert len(stream) == 0 and stream.tokens.dtype == np.uint16
+        assert stream.doc_starts.tolist() == [] and stream.num_words == 0
+
+
+def test_token_files_start_documents_at_eos_across_files(tmp_path):
+    """A file that does not start with the end-of-document id starts a document anyway; the
+    starts of later files are offset by the tokens before them. Words are unknown (-1)."""
+    np.save(tmp_path / "a.npy", np.array([5, 256, 6, 7], np.uint16))
+    np.save(tmp_path / "b.npy", np.array([8, 9], np.uint16))  # no end-of-document id
+    np.save(tmp_path / "c.npy", np.array([256, 1, 256], np.uint16))
+    stream = load_stream([tmp_path / f"{n}.npy" for n in "abc"], ByteTokenizer())
+    assert stream.tokens.tolist() == [5, 256, 6, 7, 8, 9, 256, 1, 256]
+    assert stream.doc_starts.tolist() == [0, 1, 4, 6, 8] and stream.num_words == -1
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.zeros((2, 3), np.uint16), r"expected a 1-D integer array, found shape \(2, 3\)"),
+    (np.zeros(4, np.float32), "expected a 1-D integer array, found shape .4,. dtype float32"),
+    (np.array([1, 257], np.uint16), "holds id 257, outside the vocabulary of 257"),
+])
+def test_token_files_refuse_shapes_dtypes_and_ids(array, message, tmp_path):
+    np.save(tmp_path / "bad.npy", array)
+    with pytest.raises(ValueError, match=message):
+        load_stream([tmp_path / "bad.npy"], ByteTokenizer())
+
+
+def test_token_arrays_and_text_do_not_mix(tmp_path):
+    np.save(tmp_path / "a.npy", np.array([256, 1], np.uint16))
+    (tmp_path / "b.txt").write_text("x\n")
+    with pytest.raises(ValueError, match="cannot mix token arrays"):
+        load_stream([tmp_path / "a.npy", tmp_path / "b.txt"], ByteTokenizer())
