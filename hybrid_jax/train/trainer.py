@@ -374,6 +374,10 @@ class _Run:
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
         check_process_rows(self.mesh, cfg.batch_size)
+        # Rates per device count the mesh's devices, which may be fewer than the host's.
+        self.devices = self.mesh.devices.size
+        self.local_devices = sum(d.process_index == jax.process_index()
+                                 for d in self.mesh.devices.flat)
         # The one trace of the model's initialisation: FLOPs, restore and init start from it.
         self.abstract = _abstract_train_state(experiment, self.mesh)
         seq_len = int(getattr(self.data, "seq_len", 0))
@@ -478,14 +482,14 @@ class _Run:
         cfg = self.cfg
         if step % max(cfg.log_every, 1) == 0 or step == cfg.steps:
             now = time.perf_counter()
-            seconds, devices = max(now - self.last_time, 1e-9), jax.device_count()
+            seconds = max(now - self.last_time, 1e-9)
             values["tokens_per_s"] = self.tokens_per_step * (step - self.last_step) / seconds
-            values["tokens_per_s_per_device"] = values["tokens_per_s"] / devices
+            values["tokens_per_s_per_device"] = values["tokens_per_s"] / self.devices
             if self.flops is not None:
                 # mfu: 6N (the MFU of record); tflops_per_device and mfu_model: the model count.
                 # The FLOPs of this process's rows, on its own devices.
                 values["tflops_per_device"] = (self.model_flops / seconds
-                                               / jax.local_device_count() / 1e12)
+                                               / self.local_devices / 1e12)
                 if self.peak_flops:
                     values["mfu"] = (self.flops.six_n * values["tokens_per_s_per_device"]
                                      / self.peak_flops)
