@@ -38,7 +38,8 @@ def test_model_call_refuses_float_tokens(model):
 
 
 def test_traced_ids_outside_the_vocabulary_give_nan_not_a_wrapped_row(model):
-    logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray([[1, 2, 3], [1, -1, 3], [4, 5, 99]]))
+    tokens = jnp.asarray([[1, 2, 3], [1, -1, 3], [4, 5, VOCAB]])  # VOCAB: the first id past it
+    logits = nnx.jit(lambda m, t: m(t))(model, tokens)
     finite = np.isfinite(np.asarray(logits)).all(axis=-1)
     assert finite[0].all()
     assert not finite[1, 1:].any() and not finite[2, 2]  # the bad id and what follows it
