@@ -9,6 +9,7 @@ from flax import nnx
 import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
 from tests.helpers import assert_close
 
 
@@ -89,6 +90,16 @@ def test_bad_tokens_are_named():
         model.init_cache(0, 8)
 
 
+@pytest.mark.parametrize("part", ["positions_BT", "segment_ids_BT", "extras"])
+def test_a_context_and_its_parts_are_refused_together(part):
+    model = hj.create_model(presets.get("transformer-tiny"))
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    value = {} if part == "extras" else jnp.zeros((1, 4), jnp.int32)
+    with pytest.raises(ValueError, match="pass either context= or positions_BT / "
+                                         "segment_ids_BT / extras, not both"):
+        model(tokens, TokenContext.create((1, 4)), **{part: value})
+
+
 def test_segment_ids_isolate_documents():
     """Logits of a packed second document equal those of the document alone."""
     cfg = presets.get("transformer-tiny")
@@ -123,6 +134,9 @@ def test_learned_positions_are_counted_used_and_decode_exactly():
     model.position_table[...] = 0.5 * jax.random.normal(jax.random.key(2), (12, 8))
     logits = model(tokens)
     assert float(jnp.max(jnp.abs(logits - logits[:, :1]))) > 1e-4  # positions tell them apart
+    positions = jnp.asarray([[3, 0, 11, 5, 5, 1]])  # packed documents restart them
+    expected = model.embed.table[...][tokens] + model.position_table[...][positions]
+    assert_close(model._embed(tokens, positions), expected, 1e-7)
     check_decode_matches(cfg, T=12, splits=(0, 5))
 
 
