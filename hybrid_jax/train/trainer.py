@@ -522,8 +522,10 @@ class _Run:
             raise NonFiniteLossError(f"{error} ({why})", error.step) from error
         self.rollbacks += 1
         self.checkpointer.wait()
+        # Every skip found since that checkpoint stands: its replay hands out the same batches.
+        skipped = self.skipped | {error.step}
         self.ts = self._restore()
-        self.skipped.add(error.step)
+        self.skipped |= skipped
         self.log.truncate(self.step)
         self.log.write({"step": error.step, "event": "rollback", "to_step": self.step,
                         "message": str(error)})

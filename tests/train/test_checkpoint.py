@@ -18,6 +18,7 @@ from hybrid_jax.train import loss as loss_module
 from hybrid_jax.train.checkpoint import CheckpointError, leaf_name
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import (
+    MAX_ROLLBACKS,
     NonFiniteLossError,
     bind_data,
     restore_train_state,
@@ -107,29 +108,42 @@ def test_missing_data_path_is_named(corpus, tmp_path):
         train(experiment, None, progress=False)
 
 
-def poison_for(experiment, after: int) -> tuple[int, int]:
-    """A (step, token) pair: the first target of the step's batch is that token, and no other
-    batch of the run (nor the one after, used once a batch is skipped) starts with it."""
+SIGNATURE = 4  # targets that tell a poisoned batch from the others
+
+
+def poisons_for(experiment, after: int, count: int = 1) -> list[tuple[int, int]]:
+    """`count` (step, token) pairs, steps after `after` and two apart: the step's batch is the
+    only one of the run (and of the `count` after it, used once batches are skipped) whose
+    first row starts with the targets `token` (a tuple of SIGNATURE ids)."""
     data = bind_data(experiment.data, None)
     batches = train_iterator(data, batch_size=experiment.train.batch_size,
                              seed=experiment.train.seed)
-    firsts = [int(next(batches)["targets"][0, 0]) for _ in range(experiment.train.steps + 1)]
+    firsts = [tuple(next(batches)["targets"][0, :SIGNATURE].tolist())
+              for _ in range(experiment.train.steps + count)]
+    pairs: list[tuple[int, tuple]] = []
     for step in range(after + 1, experiment.train.steps + 1):
-        if firsts.count(firsts[step - 1]) == 1:
-            return step, firsts[step - 1]
-    raise AssertionError(f"no batch of {firsts} starts with a token of its own")
+        if firsts.count(firsts[step - 1]) == 1 and (not pairs or step > pairs[-1][0] + 1):
+            pairs.append((step, firsts[step - 1]))
+            if len(pairs) == count:
+                return pairs
+    raise AssertionError(f"not {count} batches of {firsts} start with a token of their own")
+
+
+def poison_for(experiment, after: int) -> tuple[int, tuple]:
+    return poisons_for(experiment, after)[0]
 
 
 @pytest.fixture
 def poison(monkeypatch):
-    """`poison(token)`: from now on the loss is NaN on a batch whose first target is `token`."""
+    """`poison(*tokens)`: from now on the loss is NaN on a batch whose first row starts with
+    one of `tokens` (`poisons_for`)."""
     token_stats = loss_module.token_stats
 
-    def arm(token: int) -> None:
+    def arm(*tokens: tuple) -> None:
         def poisoned(logits, targets, mask):
             stats = token_stats(logits, targets, mask)
-            return {**stats, "loss_sum": jnp.where(targets[0, 0] == token, jnp.nan,
-                                                   stats["loss_sum"])}
+            bad = jnp.any(jnp.all(targets[0, :SIGNATURE] == jnp.asarray(tokens), axis=-1))
+            return {**stats, "loss_sum": jnp.where(bad, jnp.nan, stats["loss_sum"])}
 
         monkeypatch.setattr("hybrid_jax.train.trainer.token_stats", poisoned)
 
@@ -158,6 +172,25 @@ def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path
     train_losses = {r["step"]: r["loss"] for r in records if "loss" in r}
     assert sorted(train_losses) == list(range(1, 13))
     assert all(np.isfinite(v) for v in train_losses.values()) and results["steps"] == 12
+
+
+def test_rollbacks_stop_after_max_rollbacks(corpus, poison, tmp_path):
+    """MAX_ROLLBACKS diverging batches are each rolled back and skipped, the first two back to
+    the same checkpoint (the second rollback keeps the first one's skip); one more diverging
+    batch stops the run naming the limit."""
+    experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=2,
+                                      on_nonfinite="rollback")
+    pairs = poisons_for(experiment, after=2, count=MAX_ROLLBACKS + 1)
+    poison(*[token for _, token in pairs[:MAX_ROLLBACKS]])
+    assert train(experiment, tmp_path / "limit", progress=False)["steps"] == 12
+    records = read_metrics(tmp_path / "limit")
+    events = [(r["step"], r["to_step"]) for r in records if r.get("event") == "rollback"]
+    assert [step for step, _ in pairs] == [3, 5, 7, 9]  # batches; each skip shifts the rest
+    assert events == [(3, 2), (4, 2), (5, 4)]
+    assert sorted(r["step"] for r in records if "loss" in r) == list(range(1, 13))
+    poison(*[token for _, token in pairs])
+    with pytest.raises(NonFiniteLossError, match=f"\\({MAX_ROLLBACKS} rollbacks already\\)$"):
+        train(experiment, tmp_path / "past", progress=False)
 
 
 def test_leaf_names_say_model_or_optimizer():
