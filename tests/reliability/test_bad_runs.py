@@ -92,6 +92,18 @@ def test_resume_falls_back_past_a_damaged_checkpoint(run, corpus, capsys):
     assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4, 6]
 
 
+def test_resume_moves_every_damaged_checkpoint_then_starts_over(run, corpus, capsys):
+    for step in (2, 4):
+        flip_byte(largest_array_file(run / "checkpoints" / str(step)))
+    assert main(["train", NAME, "--out", str(run), "--resume", *tiny(corpus, steps=6)]) == 0
+    out = capsys.readouterr().out
+    assert "no intact checkpoint left: starting from step 0" in out
+    assert sorted(p.name for p in (run / "damaged_checkpoints").iterdir()) == ["2", "4"]
+    events = [(e["event"], e["step"]) for e in read_metrics(run) if "event" in e]
+    assert events == [("damaged_checkpoint", 4), ("damaged_checkpoint", 2)]
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4, 6]
+
+
 def test_eval_names_its_checkpoint_step(trained, capsys):
     assert main(["eval", str(trained), "--step", "2"]) == 0
     captured = capsys.readouterr()
