@@ -90,6 +90,19 @@ def test_bad_tokens_are_named():
         model.init_cache(0, 8)
 
 
+def test_cache_dtype_defaults_to_the_compute_dtype_and_one_position_is_enough():
+    model = hj.create_model(presets.get("transformer-tiny").replace(dtype="bfloat16"))
+
+    def float_dtypes(cache):
+        return {leaf.dtype.name for leaf in jax.tree.leaves(cache.layers)
+                if jnp.issubdtype(leaf.dtype, jnp.floating)}
+
+    assert float_dtypes(model.init_cache(1, 1)) == {"bfloat16"}
+    assert float_dtypes(model.init_cache(1, 1, jnp.float32)) == {"float32"}
+    logits, cache = model.decode(jnp.asarray([[3]]), model.init_cache(1, 1))
+    assert int(cache.index) == 1 and np.isfinite(np.asarray(logits)).all()
+
+
 @pytest.mark.parametrize("part", ["positions_BT", "segment_ids_BT", "extras"])
 def test_a_context_and_its_parts_are_refused_together(part):
     model = hj.create_model(presets.get("transformer-tiny"))
