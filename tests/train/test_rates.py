@@ -1,0 +1,29 @@
+"""The rates a text run logs: FLOPs per token of each packed batch as `hybrid_jax.flops`
+counts them (attention within each document), per device of the mesh, and MFU by 6N."""
+
+import pytest
+
+from hybrid_jax.data.pipeline import train_iterator
+from hybrid_jax.flops import step_flops
+from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.trainer import bind_data, train
+from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
+
+STEPS = 3
+
+
+def test_logged_flops_count_attention_within_each_packed_document(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    experiment = tiny_text_experiment(corpus, steps=STEPS, peak_tflops=1.0)  # log_every 1
+    train(experiment, tmp_path / "run", progress=False)
+    logged = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    batches = train_iterator(bind_data(experiment.data, None), batch_size=4,
+                             seed=experiment.train.seed)
+    flops = step_flops(experiment.model, experiment.data.seq_len)
+    expected = [flops.training_per_token(next(batches)["segment_ids"]) for _ in range(STEPS)]
+    assert min(expected) < flops.training_per_token()  # a batch of several documents a row
+    assert [r["tflops_per_device"] * 1e12 / r["tokens_per_s_per_device"] for r in logged] == \
+        pytest.approx(expected, rel=1e-6)
+    for r in logged:  # mesh.data=1: one device of the host's eight
+        assert r["tokens_per_s_per_device"] == r["tokens_per_s"]
+        assert r["mfu"] * 1e12 == pytest.approx(flops.six_n * r["tokens_per_s"])
