@@ -495,7 +495,7 @@ class _Run:
                                      / self.peak_flops)
                     values["mfu_model"] = values["tflops_per_device"] * 1e12 / self.peak_flops
             self.model_flops = 0.0
-            values["lr"] = float(self.schedule(step))
+            values["lr"] = float(self.schedule(step - 1))  # this step's: optax counts from 0
             self.last_time, self.last_step = now, step
             self.log.write({"step": step, **values})
             shown = {"loss": values["loss"], "acc": values["accuracy"],

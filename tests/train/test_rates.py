@@ -1,11 +1,13 @@
 """The rates a text run logs: FLOPs per token of each packed batch as `hybrid_jax.flops`
-counts them (attention within each document), per device of the mesh, and MFU by 6N."""
+counts them (attention within each document), per device of the mesh, MFU by 6N and by the
+model count, and the step's learning rate."""
 
 import pytest
 
 from hybrid_jax.data.pipeline import train_iterator
 from hybrid_jax.flops import step_flops
 from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.optimizer import learning_rate_schedule
 from hybrid_jax.train.trainer import bind_data, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 
@@ -27,3 +29,8 @@ def test_logged_flops_count_attention_within_each_packed_document(tmp_path):
     for r in logged:  # mesh.data=1: one device of the host's eight
         assert r["tokens_per_s_per_device"] == r["tokens_per_s"]
         assert r["mfu"] * 1e12 == pytest.approx(flops.six_n * r["tokens_per_s"])
+        assert r["mfu_model"] == pytest.approx(r["tflops_per_device"])  # peak 1 TFLOP/s
+    schedule = learning_rate_schedule(experiment.train)
+    # The rate each step applied: warmup from 0 at step 1 to the peak at step 3.
+    assert [r["lr"] for r in logged] == pytest.approx([float(schedule(s)) for s in range(3)])
+    assert [r["lr"] for r in logged] == pytest.approx([0.0, 0.005, 0.01])
