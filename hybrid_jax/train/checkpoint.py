@@ -7,11 +7,11 @@ temporary directories are removed when the next run opens the directory. Once a 
 committed, `checksums.json` in its step directory records the size and CRC-32 of every file;
 `restore` verifies them first, so flipped bytes or a truncated file raise
 `DamagedCheckpointError` naming the file instead of restoring wrong numbers (a step killed
-between its commit and its checksums is restored unverified, with a warning). Saves are asynchronous
-(the arrays are copied to host memory, then written in the background); `keep` bounds how many
-stay on disk. Restoring takes an abstract target state with shardings, so a run can resume on
-another mesh; a checkpoint whose arrays do not match the target raises `CheckpointError` naming
-the directory and each mismatched array.
+between its commit and its checksums is restored unverified, with a warning). Saves are
+asynchronous (the arrays are copied to host memory, then written in the background); `keep`
+bounds how many stay on disk. Restoring takes an abstract target state with shardings, so a
+run can resume on another mesh; a checkpoint whose arrays do not match the target raises
+`CheckpointError` naming the directory and each mismatched array.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_missing_data_path_is_named(corpus, tmp_path):
 SIGNATURE = 4  # targets that tell a poisoned batch from the others
 
 
-def poisons_for(experiment, after: int, count: int = 1) -> list[tuple[int, int]]:
+def poisons_for(experiment, after: int, count: int = 1) -> list[tuple[int, tuple]]:
     """`count` (step, token) pairs, steps after `after` and two apart: the step's batch is the
     only one of the run (and of the `count` after it, used once batches are skipped) whose
     first row starts with the targets `token` (a tuple of SIGNATURE ids)."""
