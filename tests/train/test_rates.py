@@ -19,8 +19,8 @@ def test_logged_flops_count_attention_within_each_packed_document(tmp_path):
     experiment = tiny_text_experiment(corpus, steps=STEPS, peak_tflops=1.0)  # log_every 1
     train(experiment, tmp_path / "run", progress=False)
     logged = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
-    batches = train_iterator(bind_data(experiment.data, None), batch_size=4,
-                             seed=experiment.train.seed)
+    batches = train_iterator(bind_data(experiment.data, None),
+                             batch_size=experiment.train.batch_size, seed=experiment.train.seed)
     flops = step_flops(experiment.model, experiment.data.seq_len)
     expected = [flops.training_per_token(next(batches)["segment_ids"]) for _ in range(STEPS)]
     assert min(expected) < flops.training_per_token()  # a batch of several documents a row
