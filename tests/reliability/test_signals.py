@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from hybrid_jax.config import to_dict
 from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.trainer import _Run
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 from tests.reliability.stuck_driver import STUCK_STEP
 
@@ -71,3 +73,26 @@ def test_a_stuck_run_exits_within_seconds(corpus, tmp_path, signals, grace):
     logged = [r["step"] for r in read_metrics(run) if "loss" in r]
     assert logged == list(range(1, STUCK_STEP))
     assert list((run / "tensorboard").iterdir())  # event file written, not lost in a buffer
+
+
+def test_force_exit_message_says_what_is_on_disk(tmp_path):
+    """The three answers of the watchdog's message: no run directory, a run directory without
+    checkpoints, and the last complete checkpoint (a torn save's temporary name is not one)."""
+    class Log:
+        flushed = 0
+
+        def flush(self):
+            self.flushed += 1
+
+    checkpointer = SimpleNamespace(directory=tmp_path / "checkpoints")
+    run = SimpleNamespace(log=Log(), out=None, checkpointer=checkpointer)
+    assert _Run.on_force_exit(run, "SIGTERM") == "Nothing was saved (no run directory)."
+    run.out = tmp_path
+    flushed = f"{tmp_path / 'metrics.jsonl'} and tensorboard/ are flushed; "
+    assert _Run.on_force_exit(run, "SIGTERM") == flushed + "no checkpoint was saved."
+    for name in ("2", "4", "6.orbax-checkpoint-tmp-1"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    assert _Run.on_force_exit(run, "SIGTERM") == (
+        flushed + f"the last complete checkpoint is step 4 ({tmp_path}/checkpoints/4); "
+        "resume with --resume.")
+    assert run.log.flushed == 3

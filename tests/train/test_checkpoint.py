@@ -156,6 +156,10 @@ def test_non_finite_loss_stops_naming_the_step(corpus, poison):
     poison(token)
     with pytest.raises(NonFiniteLossError, match=f"^non-finite loss nan at step {bad} "):
         train(experiment, None, progress=False)
+    rollback = dataclasses.replace(experiment, train=dataclasses.replace(
+        experiment.train, on_nonfinite="rollback"))
+    with pytest.raises(NonFiniteLossError, match=r"\(no checkpoint to roll back to\)$"):
+        train(rollback, None, progress=False)
 
 
 def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path):
