@@ -109,15 +109,16 @@ def test_sigterm_then_resume_gives_the_uninterrupted_losses(corpus, reference, t
 
 def test_time_limit_stops_checkpoints_and_resumes(corpus, reference, tmp_path):
     """A spent `train.time_limit_s` ends the loop at the first step boundary (here before step
-    1): checkpoint, final eval, `time_limit_reached`; resuming without it gives the
-    uninterrupted losses."""
+    1): checkpoint, final eval, `time_limit_reached`; resuming under a limit it does not reach
+    gives the uninterrupted losses."""
     experiment = tiny_text_experiment(corpus, steps=STEPS, time_limit_s=1e-9)
     limited = train(experiment, tmp_path, progress=False)
     assert limited["time_limit_reached"] and limited["steps"] == 0
     assert np.isfinite(limited["eval_loss"]) and saved_steps(tmp_path) == [0]
-    assert [r["event"] for r in records(tmp_path) if "event" in r] == ["time_limit"]
-    resumed = train(tiny_text_experiment(corpus, steps=STEPS), tmp_path, progress=False,
-                    resume=True)
+    assert [r for r in records(tmp_path) if "event" in r] == [
+        {"step": 0, "event": "time_limit", "seconds": 1e-9}]
+    unspent = tiny_text_experiment(corpus, steps=STEPS, time_limit_s=3600.0)
+    resumed = train(unspent, tmp_path, progress=False, resume=True)
     assert losses(tmp_path) == losses(reference[0]) and not resumed["time_limit_reached"]
 
 
