@@ -167,8 +167,9 @@ def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path
                                       on_nonfinite="rollback")
     bad, token = poison_for(experiment, after=2)  # after the first checkpoint
     poison(token)
-    results = train(experiment, tmp_path, progress=False)
-    records = read_metrics(tmp_path)
+    run = tmp_path / "runs" / "first"  # a run directory's missing parents are made
+    results = train(experiment, run, progress=False)
+    records = read_metrics(run)
     rollback = [r for r in records if r.get("event") == "rollback"]
     assert len(rollback) == 1 and rollback[0]["step"] == bad
     assert rollback[0]["to_step"] == (bad - 1) // 2 * 2  # the last checkpoint before it
