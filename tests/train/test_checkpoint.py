@@ -177,7 +177,7 @@ def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path
     train_losses = {r["step"]: r["loss"] for r in records if "loss" in r}
     assert sorted(train_losses) == list(range(1, 13))
     assert all(np.isfinite(v) for v in train_losses.values()) and results["steps"] == 12
-    assert results["train_loss"] == train_losses[12] and results["wall_time_s"] > 0
+    assert results["train_loss"] == train_losses[12] and 0 < results["wall_time_s"] < 600
 
 
 def test_rollbacks_stop_after_max_rollbacks(corpus, poison, tmp_path):
