@@ -30,6 +30,8 @@ from hybrid_jax.data.corpus import (
 )
 from hybrid_jax.data.packing import PackedWindows
 from hybrid_jax.data.tokenizer import (
+    EOS,
+    MIN_BPE_VOCAB,
     ByteTokenizer,
     HFTokenizer,
     Tokenizer,
@@ -86,9 +88,15 @@ def _bpe_vocab(spec: str) -> int | None:
     """The vocabulary size of a "bpe:N" spec (None for other specs); checks the spec's form."""
     if spec.startswith("bpe:"):
         try:
-            return int(spec[4:])
+            vocab = int(spec[4:])
         except ValueError:
             pass
+        else:
+            if vocab < MIN_BPE_VOCAB:
+                raise ValueError(f"TextConfig.tokenizer={spec!r}: a byte-level BPE needs a "
+                                 f"vocabulary of at least {MIN_BPE_VOCAB} (256 bytes, {EOS} "
+                                 "and a merge)")
+            return vocab
     elif spec in ("byte", "word") or spec.endswith(".json"):
         return None
     raise ValueError(f"TextConfig.tokenizer={spec!r}: expected 'byte', 'bpe:VOCAB_SIZE' "

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 EOS = "<|endoftext|>"
+MIN_BPE_VOCAB = 258  # 256 byte tokens, EOS and at least one merge
 WORD_EOS, WORD_UNK = "<eos>", "<unk>"
 # Our own tokenizer.json files say which kind they are under this key; others are HF files.
 KIND_KEY = "hybrid_jax_tokenizer"
@@ -204,9 +205,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) 
     from tokenizers import Tokenizer as HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 257 + 1:
-        raise ValueError(f"a byte-level BPE needs vocab_size > 257 (256 bytes + {EOS}), "
-                         f"got {vocab_size}")
+    if vocab_size < MIN_BPE_VOCAB:
+        raise ValueError(f"a byte-level BPE needs vocab_size >= {MIN_BPE_VOCAB} (256 bytes, "
+                         f"{EOS} and a merge), got {vocab_size}")
     tokenizer = HF(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

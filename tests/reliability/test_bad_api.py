@@ -111,8 +111,9 @@ def test_tokenizer_decode_checks_ids(tokenizer, bad):
 
 
 def test_bpe_vocabulary_too_small():
-    with pytest.raises(ValueError, match="a byte-level BPE needs vocab_size > 257"):
-        train_bpe(["some text"], 100)
+    with pytest.raises(ValueError, match="a byte-level BPE needs vocab_size >= 258 .*got 257"):
+        train_bpe(["some text"], 257)
+    assert train_bpe(["some text"] * 4, 258).vocab_size <= 258
 
 
 def test_eval_with_nothing_to_score_is_an_error():

@@ -106,6 +106,8 @@ DATA_CASES = [
     (MQARConfig, dict(num_train_examples=0), r"MQARConfig.num_train_examples=0"),
     (TextConfig, dict(seq_len=0), r"TextConfig.seq_len=0: expected a positive integer"),
     (TextConfig, dict(tokenizer="bpe:lots"), r"TextConfig.tokenizer='bpe:lots': expected"),
+    (TextConfig, dict(tokenizer="bpe:257"), r"TextConfig.tokenizer='bpe:257': a byte-level "
+                                            r"BPE needs a vocabulary of at least 258"),
     (TextConfig, dict(encoding="klingon"), r"TextConfig.encoding='klingon': not a known"),
     (TextConfig, dict(token_dtype="float32"), r"TextConfig.token_dtype='float32'"),
     (TextConfig, dict(document_regex="(unclosed"), r"TextConfig.document_regex='\(unclosed'"),
