@@ -50,7 +50,7 @@ TOKEN_DTYPES = ("uint16", "uint32", "int32")
 class TextConfig:
     path: str = ""  # training files: paths or globs, comma-separated
     eval_path: str = ""  # held-out files (loss, perplexity, bits-per-byte)
-    tokenizer: str = "byte"  # byte | bpe:VOCAB (trained on `path`) | word | a tokenizer.json
+    tokenizer: str = "byte"  # byte | bpe:VOCAB (>= 258, trained on `path`) | word | tokenizer.json
     seq_len: int = 256
     document_regex: str = ""  # a line matching this starts a document; "": one per file
     token_dtype: str = "uint16"  # element type of raw .bin token files
