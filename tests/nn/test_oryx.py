@@ -1,6 +1,7 @@
 """Oryx: all-attention / all-linear equal the single mixers with the same weights, mixed modes
 decode exactly like the parallel pass (values and gradients), both modes' parameters learn."""
 
+import dataclasses
 import functools
 
 import jax
@@ -13,8 +14,9 @@ import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
-from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer
-from hybrid_jax.nn.mamba2 import Mamba2Mixer
+from hybrid_jax.nn.attention import AttentionOptions
+from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer, GatedDeltaNetOptions
+from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options
 from hybrid_jax.nn.oryx import MODE, OryxMixer, OryxOptions, shared_fraction
 from tests.helpers import assert_close, normals
 
@@ -51,6 +53,15 @@ def test_all_linear_equals_the_linear_mixer(kind):
     nnx.update(single, nnx.state(mixer.linear))
     ctx = ctx_with(np.zeros((2, T)))
     assert_close(mixer(x, ctx), single(x, TokenContext.create((2, T))), 1e-6, "all-linear")
+
+
+def test_defaults_are_the_linear_mixers_and_attentions_own():
+    """An Oryx layer's modes are its mixers as they default, except GDN's value width: Oryx keeps
+    attention-sized values (`expand_v` 1, module docstring) where GDN's default is its paper's 2."""
+    assert OryxOptions(linear_mixer="mamba2").linear_options() == Mamba2Options()
+    assert OryxOptions().linear_options() == dataclasses.replace(GatedDeltaNetOptions(),
+                                                                 expand_v=1)
+    assert OryxOptions().attention_options() == AttentionOptions()
 
 
 def causal_softmax_attention(q, k, v):
