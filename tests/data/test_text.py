@@ -222,6 +222,10 @@ def test_eval_batches_count_every_byte(corpus):
     assert data.eval_words(batches) == sum(len(line.split()) + 1
                                            for line in text.splitlines())
     assert data.eval_words(batches[:1]) is None  # only a part was evaluated
+    one_short = [dict(b) for b in batches]
+    one_short[0]["mask"] = one_short[0]["mask"].copy()
+    one_short[0]["mask"][0, 0] = 0
+    assert data.eval_words(one_short) is None  # every scored target but one
     assert dataclasses.replace(data.config, word_perplexity=False).bind(None).eval_words(
         batches) is None  # not asked for
     # Every batch holds batch_size rows: the windows in order, then unscored zero rows.
@@ -270,6 +274,29 @@ def test_iterator_state_restores_the_same_batches(corpus):
         assert all(np.array_equal(got[k], want[k]) for k in want)
     other_seed = next(train_iterator(data, batch_size=4, seed=4))
     assert not np.array_equal(other_seed["inputs"], expected[0]["inputs"])
+
+
+def test_tokenizer_spec_reuses_a_recorded_tokenizer_only_when_it_fits(corpus, bpe, tmp_path):
+    """A run directory's tokenizer.json (e.g. from `hybrid-jax tokenizer train --out`) is used by
+    a "bpe:N" of its vocabulary and by a resume whatever the spec; another vocabulary, "word"
+    and "byte" replace it. Each bound tokenizer is recorded."""
+    recorded = tmp_path / "tokenizer.json"
+    bpe.save(recorded)  # trained on every train file: a retrain on train-0 alone differs
+    text = (corpus / "valid.txt").read_text()
+
+    def bound(spec: str, resume: bool = False):
+        config = TextConfig(path=str(corpus / "train-0.txt"), tokenizer=spec)
+        return config.bind(tmp_path, resume=resume).tokenizer
+
+    retrained = train_bpe([(corpus / "train-0.txt").read_text()], bpe.vocab_size)
+    assert not np.array_equal(retrained.encode(text), bpe.encode(text))
+    np.testing.assert_array_equal(bound(f"bpe:{bpe.vocab_size}").encode(text), bpe.encode(text))
+    smaller = bound("bpe:300")
+    assert smaller.vocab_size <= 300 and load_tokenizer(recorded).vocab_size == smaller.vocab_size
+    assert isinstance(bound("word"), WordTokenizer)
+    assert isinstance(bound("byte", resume=True), WordTokenizer)  # a resume keeps the record
+    assert isinstance(bound("byte"), ByteTokenizer)
+    assert isinstance(load_tokenizer(recorded), ByteTokenizer)
 
 
 def test_text_config_validates_options():
