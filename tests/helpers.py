@@ -41,6 +41,28 @@ def normals(seed: int, *shapes, dtype=np.float64):
     return arrays[0] if len(arrays) == 1 else arrays
 
 
+def assert_directional_derivatives(grads: dict, numpy_loss, point, seed: int,
+                                   eps: float = 1e-6, tol: float = 1e-6) -> None:
+    """Autodiff gradients of one loss at `point` (a tuple of arrays or pytrees; `grads` maps a
+    name, e.g. the rung, to a pytree like `point`) against central differences of its float64
+    numpy definition `numpy_loss(*point)`, along one random direction per leaf, each leaf
+    moved alone (so errors in two inputs cannot cancel)."""
+    leaves, tree = jax.tree.flatten(point)
+    rng = np.random.default_rng(seed)
+    for i, leaf in enumerate(leaves):
+        direction = rng.standard_normal(np.shape(leaf))
+
+        def moved(sign: float, i=i, direction=direction):
+            return tree.unflatten([np.asarray(x) + (sign * eps * direction if j == i else 0)
+                                   for j, x in enumerate(leaves)])
+
+        numeric = (numpy_loss(*moved(1.0)) - numpy_loss(*moved(-1.0))) / (2 * eps)
+        for name, grad in grads.items():
+            analytic = float(np.sum(np.asarray(jax.tree.leaves(grad)[i]) * direction))
+            assert abs(analytic - numeric) < tol * max(1.0, abs(numeric)), \
+                f"{name}, input {i}: autodiff {analytic:.9g}, numeric {numeric:.9g}"
+
+
 def tpu_mesh(device_kind: str = "TPU v5 lite") -> jax.sharding.AbstractMesh:
     """An abstract mesh without axes whose device is a TPU of `device_kind`: traced under it,
     the library picks its TPU kernels (`pallas_kernels.target.platform`) and Pallas's

@@ -13,7 +13,7 @@ import pytest
 from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
 from pallas_kernels.delta_rule import api as pallas_delta_rule
-from tests.helpers import assert_close, lower_for_tpu, normals
+from tests.helpers import assert_close, assert_directional_derivatives, lower_for_tpu, normals
 
 
 def numpy_delta_rule(q, k, v, g, beta, scale, initial_state=None):
@@ -102,14 +102,8 @@ def test_gradients_match_reference_and_numpy(x64, T, chunk_size):
     grads = {impl: jax.jit(jax.grad(functools.partial(loss, impl), argnums=tuple(range(6))))(*args)
              for impl in ("reference", "xla")}
     assert_close(grads["xla"], grads["reference"], 1e-10, "xla vs reference")
-    directions = normals(5, *(a.shape for a in args))
-    eps = 1e-6
-    plus = _numpy_loss(weights, 0.5, *(a + eps * d for a, d in zip(args, directions, strict=True)))
-    minus = _numpy_loss(weights, 0.5, *(a - eps * d for a, d in zip(args, directions, strict=True)))
-    numeric = (plus - minus) / (2 * eps)
-    for impl, grad in grads.items():
-        analytic = sum(float(jnp.sum(gr * d)) for gr, d in zip(grad, directions, strict=True))
-        assert abs(analytic - numeric) < 1e-6 * max(1.0, abs(numeric)), (impl, analytic, numeric)
+    assert_directional_derivatives(grads, functools.partial(_numpy_loss, weights, 0.5), args,
+                                   seed=5)
 
 
 def test_no_lapack_triangular_solve_in_training_graph():

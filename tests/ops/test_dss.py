@@ -20,7 +20,7 @@ from hybrid_jax.ops.dss import (
 from hybrid_jax.ops.scan import to_chunks
 from hybrid_jax.ops.segments import document_starts
 from tests.helpers import assert_close as assert_close_real
-from tests.helpers import normals
+from tests.helpers import assert_directional_derivatives, normals
 
 H, N = 3, 4
 RUNGS = ("reference", "xla", "scan", "fft")
@@ -269,16 +269,7 @@ def test_reference_gradients_match_numpy_finite_differences(x64):
         return (np.sum(np.sin(y) * np.cos(y[:, ::-1])) + 0.3 * np.sum(np.abs(final) ** 2)
                 + np.sum(0.7 * final.real - 0.2 * final.imag))
 
-    directions = normals(9, *[a.shape for a in flat])
-    eps = 1e-6
-    for i, (grad, direction) in enumerate(zip(grads, directions, strict=True)):
-        plus = [np.asarray(a) for a in flat]
-        minus = [np.asarray(a) for a in flat]
-        plus[i] = plus[i] + eps * np.asarray(direction)
-        minus[i] = minus[i] - eps * np.asarray(direction)
-        numeric = (numpy_loss(*plus) - numpy_loss(*minus)) / (2 * eps)
-        analytic = float(jnp.sum(grad * direction))
-        assert abs(numeric - analytic) < 1e-6 * max(1.0, abs(analytic)), f"input {i}"
+    assert_directional_derivatives({"reference": grads}, numpy_loss, flat, seed=9)
 
 
 def test_chaining_and_token_steps_equal_full_sequence(x64):

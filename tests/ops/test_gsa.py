@@ -13,7 +13,7 @@ from hybrid_jax.ops.gsa import (
     gsa_slot_logits,
     gsa_slot_readout,
 )
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, assert_directional_derivatives, normals
 
 
 def numpy_gsa(q, k, v, s, g, scale, initial_state=None, *, delay=0, p=None):
@@ -135,16 +135,7 @@ def test_gradients_match_reference_and_numpy(x64):
         return (np.sum(weights[0] * result["out"]) + np.sum(weights[1] * result["state"][0])
                 + np.sum(weights[2] * result["state"][1]))
 
-    point = (*args, state)
-    leaves, tree = jax.tree.flatten(point)
-    directions = tree.unflatten(normals(5, *(x.shape for x in leaves)))
-    eps = 1e-6
-    numeric = (numpy_loss(*jax.tree.map(lambda x, d: x + eps * d, point, directions))
-               - numpy_loss(*jax.tree.map(lambda x, d: x - eps * d, point, directions))) / (2 * eps)
-    for impl, grad in grads.items():
-        analytic = sum(float(jnp.sum(a * b)) for a, b in zip(
-            jax.tree.leaves(grad), jax.tree.leaves(directions), strict=True))
-        assert abs(analytic - numeric) < 1e-6 * max(1.0, abs(numeric)), (impl, analytic, numeric)
+    assert_directional_derivatives(grads, numpy_loss, (*args, state), seed=5)
 
 
 def test_passes_with_delay_match_numpy(x64):

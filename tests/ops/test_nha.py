@@ -21,7 +21,7 @@ from hybrid_jax.ops.nha import (
     nha_slot_stream,
 )
 from hybrid_jax.ops.segments import RESET_LOG_DECAY
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, assert_directional_derivatives, normals
 
 attention_module = importlib.import_module("hybrid_jax.ops.attention")  # not ops.attention()
 
@@ -349,16 +349,7 @@ def test_gradients_match_numpy_and_reference(x64, window):
         return (np.sum(weights[0] * out) + np.sum(weights[1] * slot_keys)
                 + np.sum(weights[2] * slot_values))
 
-    leaves, tree = jax.tree.flatten(point)
-    directions = tree.unflatten(normals(11, *(x.shape for x in leaves)))
-    eps = 1e-6
-    numeric = (numpy_loss(*jax.tree.map(lambda x, d: x + eps * d, point, directions))
-               - numpy_loss(*jax.tree.map(lambda x, d: x - eps * d, point, directions))
-               ) / (2 * eps)
-    for impl, grad in grads.items():
-        analytic = sum(float(jnp.sum(a * b)) for a, b in zip(
-            jax.tree.leaves(grad), jax.tree.leaves(directions), strict=True))
-        assert abs(analytic - numeric) < 1e-6 * max(1.0, abs(numeric)), (impl, analytic, numeric)
+    assert_directional_derivatives(grads, numpy_loss, point, seed=11)
 
 
 def test_slot_stream_and_chunk_states(x64):

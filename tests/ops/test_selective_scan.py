@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.ops.selective_scan import selective_scan, selective_scan_step
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, assert_directional_derivatives, normals
 
 H, P, G, N = 4, 3, 2, 5
 
@@ -92,16 +92,7 @@ def test_reference_gradients_match_numpy_finite_differences(x64):
         y, final = numpy_selective_scan(x, dt, A, B, C, s0)
         return np.sum(np.sin(y) * np.cos(y[..., ::-1])) + np.sum(final ** 2 * 0.3)
 
-    directions = normals(3, *[a.shape for a in inputs])
-    eps = 1e-6
-    for i, (grad, direction) in enumerate(zip(grads, directions, strict=True)):
-        plus = [np.asarray(a) for a in inputs]
-        minus = [np.asarray(a) for a in inputs]
-        plus[i] = plus[i] + eps * np.asarray(direction)
-        minus[i] = minus[i] - eps * np.asarray(direction)
-        numeric = (numpy_loss(*plus) - numpy_loss(*minus)) / (2 * eps)
-        analytic = float(jnp.sum(grad * direction))
-        assert abs(numeric - analytic) < 1e-6 * max(1.0, abs(analytic)), f"input {i}"
+    assert_directional_derivatives({"reference": grads}, numpy_loss, inputs, seed=3)
 
 
 def test_chaining_and_token_steps_equal_full_sequence(x64):
