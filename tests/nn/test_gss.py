@@ -1,18 +1,16 @@
 """GSS mixer: decode = parallel, an independent numpy per-token forward, packed documents,
 Skew-HiPPO initialisation, option errors, presets."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.nn.gss import skew_hippo_imag
 from hybrid_jax.registry import block_names
-from tests.helpers import assert_close
+from tests.helpers import assert_close, assert_packed_documents_isolated
 from tests.nn.test_lm import check_decode_matches
 from tests.nn.test_mamba2 import first_mixer, mixer_forward, numpy_params, starts_of
 
@@ -73,16 +71,8 @@ def test_decode_matches_parallel():
 
 
 def test_packed_document_equals_document_alone():
-    model = hj.create_model(small_config())
-    rng = np.random.default_rng(3)
-    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 9))
-    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
-    seg = jnp.asarray([[0] * 5 + [1] * 9])
-    pos = jnp.asarray([list(range(5)) + list(range(9))])
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw))
-    out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
-    assert_close(out[:, 5:], forward(state, jnp.asarray(b, jnp.int32)), 1e-5)
+    """Logits of packed documents equal those of each document alone."""
+    assert_packed_documents_isolated(hj.create_model(small_config()), lengths=(5, 9))
 
 
 def test_skew_hippo_init_is_the_normal_hippo_spectrum():

@@ -1,15 +1,13 @@
 """Mamba-1 block: the mixer against a numpy per-token loop of its equations, decode equals the
 parallel pass, packing resets the state, options are checked."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, assert_packed_documents_isolated, normals
 from tests.nn.test_gated_deltanet import jitted_mixer, param, project, short_conv, silu, softplus
 from tests.nn.test_lm import check_decode_matches
 
@@ -52,20 +50,10 @@ def test_hybrid_with_windowed_attention_decodes():
 
 
 def test_segment_ids_reset_the_state():
-    """Logits of a packed second document equal those of the document alone."""
+    """Logits of packed documents equal those of each document alone."""
     cfg = ModelConfig(layers=(layer("mamba1", state_size=4, chunk_size=4),), vocab_size=32,
                       d_model=16, num_heads=2, ffn_dim=0)
-    model = hj.create_model(cfg)
-    rng = np.random.default_rng(3)
-    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 7))
-    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
-    seg = jnp.asarray([[0] * 5 + [1] * 7])
-    pos = jnp.asarray([list(range(5)) + list(range(7))])
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw))
-    out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
-    alone = forward(state, jnp.asarray(b, jnp.int32))
-    assert_close(out[:, 5:], alone, 1e-5)
+    assert_packed_documents_isolated(hj.create_model(cfg))
 
 
 def test_parameter_count_follows_the_equations():

@@ -12,7 +12,7 @@ from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.registry import block_names
-from tests.helpers import assert_close
+from tests.helpers import assert_close, assert_packed_documents_isolated
 from tests.nn.test_lm import check_decode_matches
 
 SMALL = layer("mamba2", ssm_head_dim=4, state_size=8, n_groups=2, chunk_size=4)
@@ -122,16 +122,8 @@ def test_decode_matches_parallel_across_chunks():
 
 
 def test_packed_document_equals_document_alone():
-    model = hj.create_model(small_config())
-    rng = np.random.default_rng(3)
-    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 9))
-    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
-    seg = jnp.asarray([[0] * 5 + [1] * 9])
-    pos = jnp.asarray([list(range(5)) + list(range(9))])
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, t, **kw: nnx.merge(graphdef, s)(t, **kw))
-    out = forward(state, packed, positions_BT=pos, segment_ids_BT=seg)
-    assert_close(out[:, 5:], forward(state, jnp.asarray(b, jnp.int32)), 1e-5)
+    """Logits of packed documents equal those of each document alone."""
+    assert_packed_documents_isolated(hj.create_model(small_config()), lengths=(5, 9))
 
 
 @pytest.mark.parametrize("options, message", [

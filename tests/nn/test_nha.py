@@ -9,7 +9,7 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, assert_packed_documents_isolated, normals
 from tests.nn.test_gated_deltanet import jitted_mixer, param, project, rms, short_conv, silu
 from tests.nn.test_lm import check_decode_matches
 from tests.ops.test_attention import numpy_rope
@@ -81,15 +81,7 @@ def test_packed_documents_do_not_leak():
     starts at the document and its slots start empty (window 2 < document length)."""
     config = ModelConfig(layers=(layer("nha", num_slots=4, window=2, short_conv=True),) * 2,
                          **SMALL)
-    forward, state = _forward(hj.create_model(config, seed=2))
-    rng = np.random.default_rng(3)
-    a, b = rng.integers(0, 32, (1, 5)), rng.integers(0, 32, (1, 7))
-    packed = jnp.asarray(np.concatenate([a, b], axis=1), jnp.int32)
-    segment_ids = jnp.asarray([[0] * 5 + [1] * 7])
-    positions = jnp.asarray([list(range(5)) + list(range(7))])
-    out = forward(state, packed, positions_BT=positions, segment_ids_BT=segment_ids)
-    assert_close(out[:, 5:], forward(state, jnp.asarray(b, jnp.int32)), 1e-5, "document b")
-    assert_close(out[:, :5], forward(state, jnp.asarray(a, jnp.int32)), 1e-5, "document a")
+    assert_packed_documents_isolated(hj.create_model(config, seed=2))
 
 
 def test_with_window_shares_parameters_and_matches_a_model_built_with_it():
