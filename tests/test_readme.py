@@ -6,6 +6,7 @@ config field fails here instead of in a user's terminal."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import re
 import shlex
@@ -92,6 +93,20 @@ def documented_commands() -> list[tuple[str, str]]:
 COMMANDS = documented_commands()
 
 
+def inline_commands() -> list[tuple[str, str]]:
+    """(document, text) of the `hybrid-jax ...` spans in the prose: synopses with
+    placeholders and optional groups, so only their flags are checked."""
+    found = []
+    for name in DOCUMENTS:
+        prose = re.sub(r"^```.*?^```", "", (ROOT / name).read_text(), flags=re.S | re.M)
+        found += [(name, " ".join(span.split())) for span in re.findall(r"`(hybrid-jax [^`]*)`",
+                                                                         prose)]
+    return found
+
+
+INLINE = inline_commands()
+
+
 def argv_of(command: str) -> tuple[str, list[str]]:
     """The program (`cli` or `run`) and its arguments: optional `[--flag ...]` groups taken,
     NAME replaced by a registered experiment."""
@@ -105,7 +120,7 @@ def argv_of(command: str) -> tuple[str, list[str]]:
 
 
 def test_the_documents_hold_the_commands_this_test_checks():
-    assert len(COMMANDS) >= 50, COMMANDS
+    assert len(COMMANDS) >= 50 and len(INLINE) >= 10, (COMMANDS, INLINE)
     lines = {command.split()[1] for _, command in COMMANDS if command.startswith("hybrid-jax")}
     assert {"train", "eval", "generate", "import", "export", "convert", "tokenizer", "plot",
             "inspect", "list"} <= lines
@@ -152,6 +167,17 @@ def experiment_of(args, where: str) -> ExperimentConfig:
         return registry.get(args.name)
     assert args.resume and args.name.startswith("hf-"), f"{where}: no experiment {args.name!r}"
     return pretrained_experiment(args.name, ModelConfig(), args.out, description="")
+
+
+@pytest.mark.parametrize("where,span", INLINE, ids=[f"{w}:{s[:40]}" for w, s in INLINE])
+def test_inline_command_flags_exist(where, span):
+    subcommands = next(action for action in build_parser()._actions
+                       if isinstance(action, argparse._SubParsersAction)).choices
+    command = span.split()[1]
+    assert command in subcommands, f"{where}: no subcommand {command!r} in `{span}`"
+    flags = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", span))
+    unknown = flags - set(subcommands[command]._option_string_actions)
+    assert not unknown, f"{where}: `{span}` names flags {command} does not take: {unknown}"
 
 
 def test_a_bad_documented_override_would_fail():
