@@ -1,12 +1,14 @@
 """The READMEs' code runs as written: the tour's Python executes (and its decode prefill equals
 the parallel forward), and every documented `hybrid-jax ...`, `python -m experiments.run ...`
 and `python -m experiments.cli ...` line parses with the CLI, names a registered experiment or
-sweep, and its `--set` overrides apply to that experiment's config. A renamed flag, preset or
+sweep, and its `--set` overrides apply to that experiment's config; in the prose, the flags of
+`hybrid-jax` synopses and the config paths named (`train.steps`) exist. A renamed flag, preset or
 config field fails here instead of in a user's terminal."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import re
 import shlex
@@ -20,6 +22,7 @@ from experiments.cli import build_parser
 from experiments.expressivity.command import build_parser as build_sweep_parser
 from hybrid_jax.config import ExperimentConfig, ModelConfig, apply_overrides
 from hybrid_jax.convert.run_dir import pretrained_experiment
+from hybrid_jax.registry import block_names, block_type
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "experiments/README.md")
@@ -105,6 +108,25 @@ def inline_commands() -> list[tuple[str, str]]:
 
 
 INLINE = inline_commands()
+# Spans that look like config paths and are not: methods and Hugging Face file names.
+NOT_CONFIG = {"model.decode", "model.init_cache", "model.safetensors",
+              "model.safetensors.index.json"}
+
+
+def config_mentions() -> list[tuple[str, str]]:
+    """(document, `section.field[.field]`) of each config path the prose names (`train.steps`,
+    `--set data.seq_len=128`, ...)."""
+    found = []
+    for name in DOCUMENTS:
+        prose = re.sub(r"^```.*?^```", "", (ROOT / name).read_text(), flags=re.S | re.M)
+        for span in re.findall(r"`([^`]*)`", prose):
+            found += [(name, path) for path in re.findall(
+                r"(?:^|--set '?|\s)((?:model|train|data|family)\.[\w.]+)", span)
+                if path not in NOT_CONFIG]
+    return found
+
+
+MENTIONS = config_mentions()
 
 
 def argv_of(command: str) -> tuple[str, list[str]]:
@@ -120,7 +142,7 @@ def argv_of(command: str) -> tuple[str, list[str]]:
 
 
 def test_the_documents_hold_the_commands_this_test_checks():
-    assert len(COMMANDS) >= 50 and len(INLINE) >= 10, (COMMANDS, INLINE)
+    assert len(COMMANDS) >= 50 and len(INLINE) >= 10 and len(MENTIONS) >= 40
     lines = {command.split()[1] for _, command in COMMANDS if command.startswith("hybrid-jax")}
     assert {"train", "eval", "generate", "import", "export", "convert", "tokenizer", "plot",
             "inspect", "list"} <= lines
@@ -178,6 +200,25 @@ def test_inline_command_flags_exist(where, span):
     flags = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", span))
     unknown = flags - set(subcommands[command]._option_string_actions)
     assert not unknown, f"{where}: `{span}` names flags {command} does not take: {unknown}"
+
+
+@pytest.mark.parametrize("where,path", MENTIONS, ids=[f"{w}:{p}" for w, p in MENTIONS])
+def test_config_paths_in_the_prose_exist(where, path):
+    """A field named in the prose exists: `model.*` / `train.*` on every experiment, `data.*`
+    on one of the data configs, `family.*` on a sweep's model family."""
+    section, *fields = path.rstrip(".").split(".")  # `train.mesh.*`: the section itself
+    if section == "family":
+        roots = [registry.get_sweep(name).family for name in registry.sweep_names()]
+    else:
+        roots = [getattr(registry.get(name), section) for name in registry.names()]
+    if section == "model" and len(fields) == 1:  # a block option set on every layer having it
+        roots += [block_type(name).options for name in block_names()]
+
+    def has(config, fields) -> bool:
+        return not fields or (dataclasses.is_dataclass(config) and fields[0] in {
+            f.name for f in dataclasses.fields(config)} and has(getattr(config, fields[0], None),
+                                                              fields[1:]))
+    assert any(has(root, fields) for root in roots), f"{where}: no config field {path}"
 
 
 def test_a_bad_documented_override_would_fail():
