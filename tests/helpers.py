@@ -6,6 +6,7 @@ import functools
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 import hybrid_jax as hj
@@ -61,6 +62,19 @@ def assert_directional_derivatives(grads: dict, numpy_loss, point, seed: int,
             analytic = float(np.sum(np.asarray(jax.tree.leaves(grad)[i]) * direction))
             assert abs(analytic - numeric) < tol * max(1.0, abs(numeric)), \
                 f"{name}, input {i}: autodiff {analytic:.9g}, numeric {numeric:.9g}"
+
+
+def assert_refused(op, arrays: dict, change: dict, message: str) -> None:
+    """`op(**arrays)` with `change` applied raises a ValueError matching `message`: each entry
+    of `change` is a function of the named array (a bad input) or a keyword's value."""
+    arrays, kwargs = dict(arrays), {}
+    for name, value in change.items():
+        if callable(value):
+            arrays[name] = value(arrays[name])
+        else:
+            kwargs[name] = value
+    with pytest.raises(ValueError, match=message):
+        op(**arrays, **kwargs)
 
 
 def tpu_mesh(device_kind: str = "TPU v5 lite") -> jax.sharding.AbstractMesh:

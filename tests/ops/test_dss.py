@@ -20,7 +20,7 @@ from hybrid_jax.ops.dss import (
 from hybrid_jax.ops.scan import to_chunks
 from hybrid_jax.ops.segments import document_starts
 from tests.helpers import assert_close as assert_close_real
-from tests.helpers import assert_directional_derivatives, normals
+from tests.helpers import assert_directional_derivatives, assert_refused, normals
 
 H, N = 3, 4
 RUNGS = ("reference", "xla", "scan", "fft")
@@ -329,14 +329,7 @@ def test_bad_inputs_are_named(change, message):
     u, raw, s0 = _inputs(4, dtype=jnp.float32)
     log_decay, coeff = dss_discretize(*raw)
     arrays = dict(u=u, log_decay=log_decay, coeff=coeff, initial_state=s0)
-    kwargs = {}
-    for name, value in change.items():
-        if callable(value):
-            arrays[name] = value(arrays[name])
-        else:
-            kwargs[name] = value
-    with pytest.raises(ValueError, match=message):
-        dss(**arrays, **kwargs)
+    assert_refused(dss, arrays, change, message)
 
 
 def test_bad_raw_parameters_and_step_are_named():

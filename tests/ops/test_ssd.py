@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax.ops.ssd import ssd, ssd_step
-from tests.helpers import assert_close, assert_directional_derivatives, normals
+from tests.helpers import assert_close, assert_directional_derivatives, assert_refused, normals
 
 H, P, G, N = 4, 3, 2, 5
 
@@ -186,14 +186,7 @@ def test_memory_is_linear_in_length_without_per_token_states():
 def test_bad_inputs_are_named(change, message):
     (x, dt, A, B, C), s0 = _inputs(4, dtype=jnp.float32)
     arrays = dict(x=x, dt=dt, A=A, B=B, C=C, initial_state=s0)
-    kwargs = {}
-    for name, value in change.items():
-        if callable(value):
-            arrays[name] = value(arrays[name])
-        else:
-            kwargs[name] = value
-    with pytest.raises(ValueError, match=message):
-        ssd(**arrays, **kwargs)
+    assert_refused(ssd, arrays, change, message)
 
 
 def test_step_bad_state_shape():
