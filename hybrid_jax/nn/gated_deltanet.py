@@ -30,7 +30,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
-from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param, run_convs
+from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, dt_bias_init, param, run_convs
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.attention import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule, gated_delta_rule_step
@@ -85,11 +85,7 @@ def _a_log_init(key, shape, dtype):
     return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.0, 16.0)).astype(dtype)
 
 
-def _dt_bias_init(key, shape, dtype):
-    """softplus⁻¹(dt), dt log-uniform in [0.001, 0.1] and floored at 1e-4 (fla's constants)."""
-    dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, math.log(1e-3), math.log(1e-1)))
-    dt = jnp.maximum(dt, 1e-4)
-    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+_dt_bias_init = dt_bias_init(1e-3, 1e-1, floor=1e-4)  # fla's constants
 
 
 @register_mixer_block("gdn", GatedDeltaNetOptions,

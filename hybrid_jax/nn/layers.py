@@ -6,6 +6,7 @@ Parameters are created in `param_dtype` with a `logical_axes` name per dimension
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
@@ -26,6 +27,18 @@ def _tuple(shape: Shape) -> tuple[int, ...]:
 def symmetric_uniform(bound: float):
     """Initializer drawing from U(−bound, bound)."""
     return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def dt_bias_init(dt_min: float, dt_max: float, floor: float):
+    """Initializer of a step-size bias: softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max],
+    floored at `floor` (Mamba's and fla's), so that softplus(bias) starts at dt."""
+
+    def init(key, shape, dtype):
+        log_dt = jax.random.uniform(key, shape, jnp.float32, math.log(dt_min), math.log(dt_max))
+        dt = jnp.maximum(jnp.exp(log_dt), floor)
+        return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+    return init
 
 
 def param(rngs: nnx.Rngs, init, shape: Shape, dtype, axes: Sequence[str | None]) -> nnx.Param:

@@ -29,7 +29,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
-from hybrid_jax.nn.layers import Linear, ShortConv, param, symmetric_uniform
+from hybrid_jax.nn.layers import Linear, ShortConv, dt_bias_init, param, symmetric_uniform
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.selective_scan import selective_scan, selective_scan_step
 
@@ -63,18 +63,6 @@ class Mamba1Options:
 
     def rank(self, model: ModelConfig) -> int:
         return self.dt_rank or math.ceil(model.d_model / 16)
-
-
-def _dt_bias_init(options: Mamba1Options):
-    """softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max], floored at dt_init_floor."""
-
-    def init(key, shape, dtype):
-        log_lo, log_hi = math.log(options.dt_min), math.log(options.dt_max)
-        dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, log_lo, log_hi))
-        dt = jnp.maximum(dt, options.dt_init_floor)
-        return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
-
-    return init
 
 
 def _a_log_init(key, shape, dtype):
@@ -111,7 +99,8 @@ class Mamba1Mixer(nnx.Module):
         self.b_proj = Linear(e, n, axes=("mlp", "state"), **kw)
         self.c_proj = Linear(e, n, axes=("mlp", "state"), **kw)
         self.dt_proj = param(rngs, symmetric_uniform(r ** -0.5), (r, e), pdtype, (None, "mlp"))
-        self.dt_bias = param(rngs, _dt_bias_init(options), e, jnp.float32, ("mlp",))
+        dt_init = dt_bias_init(options.dt_min, options.dt_max, options.dt_init_floor)
+        self.dt_bias = param(rngs, dt_init, e, jnp.float32, ("mlp",))
         self.A_log = param(rngs, _a_log_init, (e, n), jnp.float32, ("mlp", "state"))
         self.D = param(rngs, nnx.initializers.ones, e, jnp.float32, ("mlp",))
         self.out_proj = Linear(e, d, axes=("mlp", "embed"), **{**kw, "std": output_std(config)})

@@ -17,7 +17,6 @@ the same map), so that Oryx can share B (its keys) and x (its values) without C.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -29,7 +28,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
-from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, param, run_convs
+from hybrid_jax.nn.layers import GatedRMSNorm, Linear, ShortConv, dt_bias_init, param, run_convs
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.ops.ssd import ssd, ssd_step
 from hybrid_jax.sharding import constrain
@@ -90,18 +89,6 @@ class Mamba2Options:
                              f"d_inner/ssm_head_dim={heads}")
 
 
-def _dt_bias_init(options: Mamba2Options):
-    """softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max], floored at dt_init_floor."""
-
-    def init(key, shape, dtype):
-        log_lo, log_hi = math.log(options.dt_min), math.log(options.dt_max)
-        dt = jnp.exp(jax.random.uniform(key, shape, jnp.float32, log_lo, log_hi))
-        dt = jnp.maximum(dt, options.dt_init_floor)
-        return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
-
-    return init
-
-
 def _a_log_init(options: Mamba2Options):
     def init(key, shape, dtype):
         a = jax.random.uniform(key, shape, jnp.float32, options.a_init_min, options.a_init_max)
@@ -145,7 +132,8 @@ class Mamba2Mixer(nnx.Module):
         self.x_conv = ShortConv(h * p, options.conv_size, axis="heads", **conv_kw)
         self.b_conv = ShortConv(g * n, options.conv_size, **conv_kw)
         self.c_conv = ShortConv(g * n, options.conv_size, **conv_kw)
-        self.dt_bias = param(rngs, _dt_bias_init(options), h, jnp.float32, ("heads",))
+        dt_init = dt_bias_init(options.dt_min, options.dt_max, options.dt_init_floor)
+        self.dt_bias = param(rngs, dt_init, h, jnp.float32, ("heads",))
         self.A_log = param(rngs, _a_log_init(options), h, jnp.float32, ("heads",))
         self.D = param(rngs, nnx.initializers.ones, h, jnp.float32, ("heads",))
         self.norm = (GatedRMSNorm(h * p, group_size=h * p // g, norm_before_gate=False,
