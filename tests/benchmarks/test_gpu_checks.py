@@ -1,0 +1,66 @@
+"""`experiments/benchmarks/gpu_checks.sh`: it names every kernel package of `pallas_kernels/`, each
+of its commands parses with its benchmark's own argument parser, and an unknown kernel is
+refused. (The checks themselves need a GPU: not run here.)"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "experiments" / "benchmarks" / "gpu_checks.sh"
+CASE = re.compile(r"^\s+(\w+)\) check \"\$kernel\" (\d+) (\d+) python3 -m "
+                  r"experiments\.benchmarks\.(\w+) (.*?) ;;$", re.M)
+
+
+def cases() -> dict[str, tuple[str, list[str]]]:
+    """kernel → (benchmark module, its arguments) of the script's case statement."""
+    text = re.sub(r" \\\n\s*", " ", SCRIPT.read_text())
+    return {m[1]: (m[4], shlex.split(m[5])) for m in CASE.finditer(text)}
+
+
+def default_kernels() -> list[str]:
+    text = re.sub(r"\n\s+", " ", SCRIPT.read_text())
+    return re.search(r"KERNELS=\(([\w ]+)\)", text)[1].split()
+
+
+class _Parsed(Exception):
+    pass
+
+
+def test_every_kernel_package_has_a_check_and_runs_by_default():
+    packages = sorted(p.parent.name for p in (ROOT / "pallas_kernels").glob("*/__init__.py"))
+    assert sorted(cases()) == packages
+    assert sorted(default_kernels()) == packages
+
+
+@pytest.mark.parametrize("kernel", sorted(cases()))
+def test_check_command_parses(kernel):
+    module_name, args = cases()[kernel]
+    module = importlib.import_module(f"experiments.benchmarks.{module_name}")
+    parse = argparse.ArgumentParser.parse_args
+    seen = {}
+
+    def parse_then_stop(parser, argv=None, namespace=None):
+        seen["args"] = parse(parser, argv, namespace)
+        raise _Parsed
+
+    argv = [module_name, *args, "--out", "/nonexistent/x.json"]
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
+            mock.patch.object(sys, "argv", argv), pytest.raises(_Parsed):
+        module.main() if not module.main.__code__.co_argcount else module.main(argv[1:])
+    assert vars(seen["args"]).get("out") is not None
+
+
+def test_an_unknown_kernel_is_refused():
+    result = subprocess.run(["bash", str(SCRIPT), "flash"], capture_output=True, text=True,
+                            env={"OUT": "/tmp/gpu_checks_test", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and "unknown kernel flash" in result.stdout
