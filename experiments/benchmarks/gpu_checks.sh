@@ -9,7 +9,8 @@
 # Criteria: logit_stats, rms_norm, short_conv, ssd and delta_rule print "check: PASS" (every
 # error < 1e-2); flash_attention's rows end in ok = True; nha prints its errors (the gate
 # gradients of strong gates reach 0.03–0.09 by design: pallas_kernels/nha/NOTES.md, v6).
-# With the device tool: pip-install the carried wheels first (see .library/device/README.md).
+# ARCHIVE=1 packs the logs and JSONs into $OUT/gpu_checks.tgz instead (the device tool returns
+# at most 8 files); with that tool, pip-install the carried wheels first (.library/device).
 set -u
 OUT=${OUT:-runs/gpu_checks}
 mkdir -p "$OUT"
@@ -49,3 +50,10 @@ for kernel in "${KERNELS[@]}"; do
                 "nha flash_attention"; exit 2 ;;
     esac
 done
+
+if [ "${ARCHIVE:-0}" = 1 ]; then
+    cd "$OUT" || exit 1
+    shopt -s nullglob
+    files=(*.log *.json)
+    tar czf gpu_checks.tgz "${files[@]}" && rm -f "${files[@]}"
+fi

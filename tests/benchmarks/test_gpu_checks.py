@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from unittest import mock
 
@@ -58,6 +59,24 @@ def test_check_command_parses(kernel):
             mock.patch.object(sys, "argv", argv), pytest.raises(_Parsed):
         module.main() if not module.main.__code__.co_argcount else module.main(argv[1:])
     assert vars(seen["args"]).get("out") is not None
+
+
+def test_a_failing_check_is_reported_and_archived(tmp_path):
+    """A check whose command fails prints its exit status; ARCHIVE=1 packs what was written."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\necho 'Traceback: no GPU'\nexit 3\n")
+    (bin_dir / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "logit_stats", "ssd"], capture_output=True, text=True,
+        env={"OUT": str(out), "ARCHIVE": "1", "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert "== logit_stats: rc=3" in result.stdout and "== ssd: rc=3" in result.stdout
+    assert "Traceback: no GPU" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_checks.tgz"]
+    with tarfile.open(out / "gpu_checks.tgz") as archive:
+        assert sorted(archive.getnames()) == ["logit_stats.log", "ssd.log"]
 
 
 def test_an_unknown_kernel_is_refused():
