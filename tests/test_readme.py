@@ -96,15 +96,17 @@ def documented_commands() -> list[tuple[str, str]]:
 COMMANDS = documented_commands()
 
 
+def prose_spans(name: str) -> list[str]:
+    """The inline code spans of a document, outside its fenced blocks."""
+    prose = re.sub(r"^```.*?^```", "", (ROOT / name).read_text(), flags=re.S | re.M)
+    return [" ".join(span.split()) for span in re.findall(r"`([^`]*)`", prose)]
+
+
 def inline_commands() -> list[tuple[str, str]]:
     """(document, text) of the `hybrid-jax ...` spans in the prose: synopses with
     placeholders and optional groups, so only their flags are checked."""
-    found = []
-    for name in DOCUMENTS:
-        prose = re.sub(r"^```.*?^```", "", (ROOT / name).read_text(), flags=re.S | re.M)
-        found += [(name, " ".join(span.split())) for span in re.findall(r"`(hybrid-jax [^`]*)`",
-                                                                         prose)]
-    return found
+    return [(name, span) for name in DOCUMENTS for span in prose_spans(name)
+            if span.startswith("hybrid-jax ")]
 
 
 INLINE = inline_commands()
@@ -116,22 +118,17 @@ NOT_CONFIG = {"model.decode", "model.init_cache", "model.safetensors",
 def config_mentions() -> list[tuple[str, str]]:
     """(document, `section.field[.field]`) of each config path the prose names (`train.steps`,
     `--set data.seq_len=128`, ...)."""
-    found = []
-    for name in DOCUMENTS:
-        prose = re.sub(r"^```.*?^```", "", (ROOT / name).read_text(), flags=re.S | re.M)
-        for span in re.findall(r"`([^`]*)`", prose):
-            found += [(name, path) for path in re.findall(
-                r"(?:^|--set '?|\s)((?:model|train|data|family)\.[\w.]+)", span)
-                if path not in NOT_CONFIG]
-    return found
+    return [(name, path) for name in DOCUMENTS for span in prose_spans(name)
+            for path in re.findall(r"(?:^|--set '?|\s)((?:model|train|data|family)\.[\w.]+)", span)
+            if path not in NOT_CONFIG]
 
 
 MENTIONS = config_mentions()
 
 
 def argv_of(command: str) -> tuple[str, list[str]]:
-    """The program (`cli` or `run`) and its arguments: optional `[--flag ...]` groups taken,
-    NAME replaced by a registered experiment."""
+    """The parser (`cli`: hybrid-jax's, `sweep`: a sweep's) and its arguments: optional
+    `[--flag ...]` groups taken, NAME replaced by a registered experiment."""
     command = re.sub(r"(^|\s)\[(--[^\]]*)\]", r"\1\2", command)
     words = shlex.split(command, comments=True)
     program, args = ("cli", words[1:]) if words[0] == "hybrid-jax" else (words[2][12:], words[3:])
