@@ -100,7 +100,7 @@ def test_packed_document_equals_document_alone(x64, name):
     assert float(jnp.max(jnp.abs(packed[0, CUT:] - whole[0, CUT:]))) > 1e-6, name
 
 
-def test_document_starts_convention_and_errors():
+def test_document_starts_convention_and_errors(x64):
     starts = document_starts("op", jnp.asarray([[4, 4, 7, 7, 4]]), 1, 5)
     assert starts.tolist() == [[False, False, True, False, True]]  # the first token continues
     with pytest.raises(ValueError, match="segment_ids must be integers"):
