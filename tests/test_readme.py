@@ -2,8 +2,8 @@
 the parallel forward), and every documented `hybrid-jax ...`, `python -m experiments.run ...`
 and `python -m experiments.cli ...` line parses with the CLI, names a registered experiment or
 sweep, and its `--set` overrides apply to that experiment's config; in the prose, the flags of
-`hybrid-jax` synopses and the config paths named (`train.steps`) exist. A renamed flag, preset or
-config field fails here instead of in a user's terminal."""
+`hybrid-jax` synopses, the config paths (`train.steps`) and the files and links named exist.
+A renamed flag, preset, config field or file fails here instead of in a user's terminal."""
 
 from __future__ import annotations
 
@@ -126,6 +126,28 @@ def config_mentions() -> list[tuple[str, str]]:
 MENTIONS = config_mentions()
 
 
+# Repository paths in the prose: from the root, or (nn/, ops/, ...) from hybrid_jax/.
+TOP_DIRS = (".ci/", "colab/", "experiments/", "hybrid_jax/", "pallas_kernels/", "tests/")
+PACKAGE_DIRS = ("convert/", "data/", "nn/", "ops/", "train/")
+
+
+def named_paths() -> list[tuple[str, str]]:
+    """(document, path) of each repository path in the prose of the READMEs (code spans) and
+    of each relative Markdown link."""
+    found = []
+    for name in (*DOCUMENTS, "colab/README.md"):
+        for span in prose_spans(name):
+            found += [(name, token.rstrip(".,:;")) for token in re.findall(r"[\w./*-]+", span)
+                      if token.startswith(TOP_DIRS + PACKAGE_DIRS)]
+        links = re.findall(r"\]\(([^)#\s]+)[^)]*\)", (ROOT / name).read_text())
+        found += [(name, str(Path(name).parent / link)) for link in links
+                  if not link.startswith(("http:", "https:"))]
+    return found
+
+
+PATHS = named_paths()
+
+
 def argv_of(command: str) -> tuple[str, list[str]]:
     """The parser (`cli`: hybrid-jax's, `sweep`: a sweep's) and its arguments: optional
     `[--flag ...]` groups taken, NAME replaced by a registered experiment."""
@@ -216,6 +238,13 @@ def test_config_paths_in_the_prose_exist(where, path):
             f.name for f in dataclasses.fields(config)} and has(getattr(config, fields[0], None),
                                                               fields[1:]))
     assert any(has(root, fields) for root in roots), f"{where}: no config field {path}"
+
+
+def test_paths_in_the_prose_exist():
+    missing = [(where, path) for where, path in PATHS
+               if not any(list(ROOT.glob(candidate)) for candidate in (
+                   [path, f"hybrid_jax/{path}"] if path.startswith(PACKAGE_DIRS) else [path]))]
+    assert len(PATHS) >= 100 and not missing, missing
 
 
 def test_a_bad_documented_override_would_fail():
