@@ -1,24 +1,27 @@
 """Module diagnostics: named values a module reports and the trainer logs, unseen by either.
 
 A module calls `report(self, "name", value)` in its forward pass (e.g. the parallel block's
-mixing weights). Outside `recording()` this does nothing, so ordinary calls, eval, decode and
-generation never change the model's state. The train step runs the forward pass inside
-`recording()` and then `collect(model)` pops every reported value as `{"blocks.3.mixing_gss":
-array}` (module path + name); `scalars` flattens arrays to one scalar per element for
-`metrics.jsonl` and TensorBoard (logged as `diag/<name>`).
+mixing weights). Outside `recorded` this does nothing, so ordinary calls, eval, decode and
+generation never change the model's state. The train step runs its forward pass through
+`recorded(forward, model)`, which returns every reported value beside the output as
+`{"blocks.3.mixing_gss": array}` (module path + name; through `nnx.capture`, nothing is stored
+on the model); `scalars` flattens arrays to one scalar per element for `metrics.jsonl` and
+TensorBoard (logged as `diag/<name>`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 PREFIX = "diag/"
+M = TypeVar("M", bound=nnx.Module)
+R = TypeVar("R")
 
 
 class Diagnostic(nnx.Intermediate):
@@ -28,15 +31,16 @@ class Diagnostic(nnx.Intermediate):
 _state = threading.local()
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[None]:
-    """Within this context (at trace time), `report` stores values for `collect`."""
+def recorded(forward: Callable[[M], R], model: M) -> tuple[R, dict[str, jax.Array]]:
+    """`forward(model)` and the values its modules reported during it, by dotted path."""
     previous = getattr(_state, "on", False)
-    _state.on = True
+    _state.on = True  # report() sows only here: flax deprecates a sow outside nnx.capture
     try:
-        yield
+        out, captured = nnx.capture(forward, Diagnostic)(model)
     finally:
         _state.on = previous
+    return out, {".".join(str(p) for p in path): value.get_value()
+                 for path, value in nnx.to_flat_state(captured)}
 
 
 def report(module: nnx.Module, name: str, value: jax.Array) -> None:
@@ -44,15 +48,6 @@ def report(module: nnx.Module, name: str, value: jax.Array) -> None:
     if getattr(_state, "on", False):
         module.sow(Diagnostic, name, jnp.asarray(value), reduce_fn=lambda _, new: new,
                    init_fn=lambda: None)
-
-
-def collect(model: nnx.Module) -> dict[str, jax.Array]:
-    """Removes the reported values from `model` and returns them by dotted path."""
-    popped = nnx.pop(model, Diagnostic)
-    out = {}
-    for path, value in nnx.to_flat_state(popped):
-        out[".".join(str(p) for p in path)] = value.get_value()
-    return out
 
 
 def scalars(values: dict[str, jax.Array]) -> dict[str, jax.Array]:

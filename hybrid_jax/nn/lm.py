@@ -248,7 +248,8 @@ def _run_blocks(config: ModelConfig, blocks: nnx.List, x: jax.Array, context: To
         return x
     scanned = nnx.scan(lambda x, group: run(group, x), in_axes=(nnx.Carry, 0),
                        out_axes=nnx.Carry)
-    return scanned(x, blocks)
+    # A tuple, not the nnx.List: flax 0.12.8's nnx.capture (diagnostics) fails on a scanned List.
+    return scanned(x, tuple(blocks))
 
 
 def _check_unscanned(config: ModelConfig, what: str) -> None:

@@ -194,10 +194,9 @@ def make_train_step(ts: TrainState, grad_accum: int = 1,
         batch = with_modes(batch, modes or ModeSchedule(), seed, optimizer.step[...])
         if grad_accum == 1:
             def loss_fn(model):
-                with diagnostics.recording():
-                    logits = _batch_inputs(model, batch)
+                logits, reported = diagnostics.recorded(lambda m: _batch_inputs(m, batch), model)
                 stats = token_stats(logits, batch["targets"], batch["mask"])
-                return mean_loss(stats), (stats, diagnostics.collect(model))
+                return mean_loss(stats), (stats, reported)
 
             (loss, (stats, reported)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         else:
@@ -216,10 +215,9 @@ def _accumulated_grads(model: LanguageModel, batch: dict[str, jax.Array], parts:
     def micro_grads(carry, micro):
         def loss_sum(params):
             model = nnx.merge(graphdef, params, rest)
-            with diagnostics.recording():
-                logits = _batch_inputs(model, micro)
+            logits, reported = diagnostics.recorded(lambda m: _batch_inputs(m, micro), model)
             stats = token_stats(logits, micro["targets"], micro["mask"])
-            return stats["loss_sum"], (stats, diagnostics.collect(model))
+            return stats["loss_sum"], (stats, reported)
 
         grads, (stats, reported) = jax.grad(loss_sum, has_aux=True)(params)
         return jax.tree.map(jnp.add, carry, (grads, stats)), reported

@@ -18,8 +18,11 @@ from hybrid_jax.train.trainer import init_train_state, make_train_step, to_devic
 from tests.helpers import assert_close
 
 
-def test_grad_accumulation_matches_one_batch():
-    experiment = ExperimentConfig(name="accum", model=presets.get("transformer-tiny"),
+@pytest.mark.parametrize("preset", ["transformer-tiny", "pha-tiny"])
+def test_grad_accumulation_matches_one_batch(preset):
+    """Also the diagnostics (pha's learned mixing weights: their mean over micro-batches)."""
+    model = presets.get(preset).replace(vocab_size=256)
+    experiment = ExperimentConfig(name="accum", model=model,
                                   data=MQARConfig(vocab_size=64, seq_len=12, num_kv_pairs=2),
                                   train=TrainConfig(batch_size=4))
     mesh = make_mesh(MeshConfig(data=1))
@@ -35,6 +38,7 @@ def test_grad_accumulation_matches_one_batch():
             states.append(jax.tree.leaves(state))
             metrics.append(m)
     assert_close(metrics[1], metrics[0], 1e-5, "metrics")
+    assert any(key.startswith("diag/") for key in metrics[0]) == (preset == "pha-tiny")
     assert_close(states[1], states[0], 1e-5, "state after one step")
 
 
