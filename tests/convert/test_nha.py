@@ -34,8 +34,8 @@ def test_small_window_differs_and_only_slot_gates_are_new():
     model, ref = load("llama")
     converted = convert_to_nha(model, window=4, num_slots=4, layers=[1])
     assert [spec.type for spec in converted.config.layers] == ["attention", "nha"]
-    old = nnx.state(model, nnx.Param).flat_state()
-    new = nnx.state(converted, nnx.Param).flat_state()
+    old = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    new = nnx.to_flat_state(nnx.state(converted, nnx.Param))
     added = {"/".join(map(str, p)) for p, _ in new} - {"/".join(map(str, p)) for p, _ in old}
     assert added == {f"blocks/1/{NEW_PARAMETER}"}
     assert np.abs(np.asarray(converted(ref["ids"])) - np.asarray(model(ref["ids"]))).max() > 1e-2

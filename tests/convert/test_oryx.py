@@ -36,8 +36,8 @@ def test_all_attention_oryx_equals_original_and_only_the_linear_mode_is_new():
     assert np.abs(decode_all(converted, ids, 5, attention) - original).max() <= 1e-5 * scale
     linear = np.asarray(converted(ids, extras={MODE: np.zeros(ids.shape, np.int32)}))
     assert np.isfinite(linear).all() and np.abs(linear - original).max() > 1e-3 * scale
-    old = {"/".join(map(str, p)) for p, _ in nnx.state(model, nnx.Param).flat_state()}
-    new = {"/".join(map(str, p)) for p, _ in nnx.state(converted, nnx.Param).flat_state()}
+    old = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    new = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(converted, nnx.Param))}
     added = {name.split("/mixer/")[1] for name in new - old}
     assert added == {*(f"attention/{x}_proj/kernel" for x in "qkvo"), "linear/c_proj/kernel", *NEW,
                      *(f"linear/{c}_conv/{p}" for c in "xbc" for p in ("weight", "bias"))}
