@@ -1,18 +1,21 @@
 """The READMEs' code runs as written: the tour's Python executes (and its decode prefill equals
-the parallel forward), and every documented `hybrid-jax ...`, `python -m experiments.run ...`
-and `python -m experiments.cli ...` line parses with the CLI, names a registered experiment or
-sweep, and its `--set` overrides apply to that experiment's config; in the prose, the flags of
-`hybrid-jax` synopses, the config paths (`train.steps`) and the files and links named exist.
-A renamed flag, preset, config field or file fails here instead of in a user's terminal."""
+the parallel forward), and every documented `hybrid-jax ...` and `python -m experiments....`
+line parses (with the CLI, a sweep's parser or the module's own), names a registered
+experiment or sweep, and its `--set` overrides apply to that experiment's config; in the
+prose, the flags of `hybrid-jax` synopses, the config paths (`train.steps`) and the files and
+links named exist. A renamed flag, preset, config field or file fails here instead of in a
+user's terminal."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import itertools
 import re
 import shlex
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -28,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "experiments/README.md")
 # The placeholder experiment of generic lines ("hybrid-jax train NAME --set data.tokenizer=...").
 PLACEHOLDER_NAME = "lm-wikitext2-transformer-tiny"
-COMMAND = re.compile(r"(hybrid-jax|python3? -m experiments\.(run|cli)) ")
+COMMAND = re.compile(r"(hybrid-jax|python3? -m experiments\.[\w.]+) ")
+# Variables a documented block may use without setting them: the device tool's output folder.
+EXTERNAL = {"OUT": "out"}
 FOR_LOOP = re.compile(r"for (\w+) in ([^;]+); do$")
 ASSIGNMENT = re.compile(r"(\w+)=(.*)$")
 
@@ -53,7 +58,7 @@ def shell_commands(lines: list[str], first: int) -> list[tuple[int, str]]:
     """(line number, command) of the documented commands in one shell block: continuations
     joined, shell variables set in the block substituted, and a line inside `for` loops once
     per loop value."""
-    variables: dict[str, str] = {}
+    variables = dict(EXTERNAL)
     loops: dict[str, list[str]] = {}
     logical: list[tuple[int, str]] = []
     for offset, line in enumerate(lines):
@@ -149,15 +154,38 @@ PATHS = named_paths()
 
 
 def argv_of(command: str) -> tuple[str, list[str]]:
-    """The parser (`cli`: hybrid-jax's, `sweep`: a sweep's) and its arguments: optional
-    `[--flag ...]` groups taken, NAME replaced by a registered experiment."""
+    """The parser (`cli`: hybrid-jax's, `sweep`: a sweep's, else the module whose `main` parses)
+    and its arguments: optional `[--flag ...]` groups taken, NAME replaced by a registered
+    experiment."""
     command = re.sub(r"(^|\s)\[(--[^\]]*)\]", r"\1\2", command)
     words = shlex.split(command, comments=True)
-    program, args = ("cli", words[1:]) if words[0] == "hybrid-jax" else (words[2][12:], words[3:])
-    if program == "run":  # `python -m experiments.run X` is `hybrid-jax train X` or a sweep
+    program, args = ("cli", words[1:]) if words[0] == "hybrid-jax" else (words[2], words[3:])
+    if program == "experiments.cli":
+        program = "cli"
+    elif program == "experiments.run":  # `hybrid-jax train X`, or a sweep
         program, args = ("sweep", args) if args[0] in registry.sweep_names() \
             else ("cli", ["train", *args])
     return program, [PLACEHOLDER_NAME if a == "NAME" else a for a in args]
+
+
+class _Parsed(Exception):
+    """Raised by `parsed_by_main` once the module's own parser has read the arguments."""
+
+
+def parsed_by_main(module: str, argv: list[str]) -> argparse.Namespace:
+    """`module.main(argv)` stopped right after its argument parser succeeded."""
+    parse, seen = argparse.ArgumentParser.parse_args, {}
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        seen["args"] = parse(parser, args, namespace)
+        raise _Parsed
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
+        try:
+            importlib.import_module(module).main(argv)
+        except _Parsed:
+            return seen["args"]
+    raise AssertionError(f"{module}.main returned without parsing its arguments")
 
 
 def test_the_documents_hold_the_commands_this_test_checks():
@@ -189,9 +217,11 @@ def test_optional_groups_loops_and_variables_expand():
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[where for where, _ in COMMANDS])
 def test_documented_command_parses_and_its_overrides_apply(where, command):
     program, argv = argv_of(command)
-    parser = build_sweep_parser() if program == "sweep" else build_parser()
     try:
-        args = parser.parse_args(argv)
+        if program not in ("cli", "sweep"):
+            parsed_by_main(program, argv)
+            return
+        args = (build_sweep_parser() if program == "sweep" else build_parser()).parse_args(argv)
     except SystemExit:
         pytest.fail(f"{where}: the CLI refuses `{command}`")
     if program == "sweep":
