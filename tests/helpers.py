@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
+import importlib
+import sys
+from unittest import mock
 
 import jax
 import numpy as np
@@ -75,6 +79,30 @@ def assert_refused(op, arrays: dict, change: dict, message: str) -> None:
             kwargs[name] = value
     with pytest.raises(ValueError, match=message):
         op(**arrays, **kwargs)
+
+
+class _Parsed(Exception):
+    """Raised by `parsed_by_main` once a module's own parser has read its arguments."""
+
+
+def parsed_by_main(module: str, argv: list[str]):
+    """The `argparse.Namespace` that `module.main` (given `argv`, or with them as `sys.argv`
+    when it takes none) parses, stopped right after its parser succeeded: a documented
+    command's flags checked without running it. A bad flag raises SystemExit."""
+    parse, seen = argparse.ArgumentParser.parse_args, {}
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        seen["args"] = parse(parser, args, namespace)
+        raise _Parsed
+
+    main = importlib.import_module(module).main
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
+            mock.patch.object(sys, "argv", [module, *argv]):
+        try:
+            main(argv) if main.__code__.co_argcount else main()
+        except _Parsed:
+            return seen["args"]
+    raise AssertionError(f"{module}.main returned without parsing its arguments")
 
 
 def tpu_mesh(device_kind: str = "TPU v5 lite") -> jax.sharding.AbstractMesh:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import itertools
 import re
 import shlex
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from experiments.expressivity.command import build_parser as build_sweep_parser
 from hybrid_jax.config import ExperimentConfig, ModelConfig, apply_overrides
 from hybrid_jax.convert.run_dir import pretrained_experiment
 from hybrid_jax.registry import block_names, block_type
+from tests.helpers import parsed_by_main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = ("README.md", "experiments/README.md")
@@ -166,26 +165,6 @@ def argv_of(command: str) -> tuple[str, list[str]]:
         program, args = ("sweep", args) if args[0] in registry.sweep_names() \
             else ("cli", ["train", *args])
     return program, [PLACEHOLDER_NAME if a == "NAME" else a for a in args]
-
-
-class _Parsed(Exception):
-    """Raised by `parsed_by_main` once the module's own parser has read the arguments."""
-
-
-def parsed_by_main(module: str, argv: list[str]) -> argparse.Namespace:
-    """`module.main(argv)` stopped right after its argument parser succeeded."""
-    parse, seen = argparse.ArgumentParser.parse_args, {}
-
-    def parse_then_stop(parser, args=None, namespace=None):
-        seen["args"] = parse(parser, args, namespace)
-        raise _Parsed
-
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
-        try:
-            importlib.import_module(module).main(argv)
-        except _Parsed:
-            return seen["args"]
-    raise AssertionError(f"{module}.main returned without parsing its arguments")
 
 
 def test_the_documents_hold_the_commands_this_test_checks():

@@ -4,17 +4,15 @@ refused. (The checks themselves need a GPU: not run here.)"""
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import re
 import shlex
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
-from unittest import mock
 
 import pytest
+
+from tests.helpers import parsed_by_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "benchmarks" / "gpu_checks.sh"
@@ -33,10 +31,6 @@ def default_kernels() -> list[str]:
     return re.search(r"KERNELS=\(([\w ]+)\)", text)[1].split()
 
 
-class _Parsed(Exception):
-    pass
-
-
 def test_every_kernel_package_has_a_check_and_runs_by_default():
     packages = sorted(p.parent.name for p in (ROOT / "pallas_kernels").glob("*/__init__.py"))
     assert sorted(cases()) == packages
@@ -46,19 +40,9 @@ def test_every_kernel_package_has_a_check_and_runs_by_default():
 @pytest.mark.parametrize("kernel", sorted(cases()))
 def test_check_command_parses(kernel):
     module_name, args = cases()[kernel]
-    module = importlib.import_module(f"experiments.benchmarks.{module_name}")
-    parse = argparse.ArgumentParser.parse_args
-    seen = {}
-
-    def parse_then_stop(parser, argv=None, namespace=None):
-        seen["args"] = parse(parser, argv, namespace)
-        raise _Parsed
-
-    argv = [module_name, *args, "--out", "/nonexistent/x.json"]
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
-            mock.patch.object(sys, "argv", argv), pytest.raises(_Parsed):
-        module.main() if not module.main.__code__.co_argcount else module.main(argv[1:])
-    assert vars(seen["args"]).get("out") is not None
+    parsed = parsed_by_main(f"experiments.benchmarks.{module_name}",
+                            [*args, "--out", "/nonexistent/x.json"])
+    assert parsed.out is not None
 
 
 def test_a_failing_check_is_reported_and_archived(tmp_path):
