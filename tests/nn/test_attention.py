@@ -4,6 +4,7 @@ non-default base), a sliding window, scaled-cosine attention with per-head tempe
 import numpy as np
 import pytest
 
+import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
 from tests.helpers import assert_close, normals
 from tests.nn.test_gated_deltanet import jitted_mixer, param, project
@@ -51,3 +52,19 @@ def test_mixer_matches_numpy_per_token_loop(options):
         theta=options.get("rope_theta", 10000.0), fraction=options.get("rope_fraction", 1.0),
         cosine=options.get("cosine", False))
     assert_close(forward(x, None), expected, 2e-6)
+
+
+@pytest.mark.parametrize("head_dim, temperature_init, expected", [
+    (16, None, 4.0),  # √head_dim: cos(q, k)·√D has the std of q·k/√D at init
+    (9, None, 3.0),
+    (16, 2.5, 2.5),
+])
+def test_cosine_temperature_starts_at_ordinary_attention_scale(head_dim, temperature_init,
+                                                                expected):
+    cfg = ModelConfig(layers=(layer("attention", num_heads=2, head_dim=head_dim, cosine=True,
+                                    temperature_init=temperature_init),),
+                      vocab_size=8, d_model=16, num_heads=2)
+    mixer = hj.create_model(cfg).blocks[0].mixer
+    np.testing.assert_allclose(np.exp(np.asarray(mixer.log_temperature[...])),
+                               [expected] * 2, rtol=1e-6)
+

@@ -74,8 +74,9 @@ def short_conv(u, conv) -> np.ndarray:
 def gdn_reference(mixer, x, eps) -> np.ndarray:
     """The Gated DeltaNet layer (module docstring) token by token in float64 numpy."""
     T = x.shape[1]
-    q, k, v = (short_conv(project(x, proj), conv) for proj, conv in (
-        (mixer.q_proj, mixer.q_conv), (mixer.k_proj, mixer.k_conv), (mixer.v_proj, mixer.v_conv)))
+    q, k, v = (silu(project(x, proj)) if conv is None else short_conv(project(x, proj), conv)
+               for proj, conv in ((mixer.q_proj, mixer.q_conv), (mixer.k_proj, mixer.k_conv),
+                                  (mixer.v_proj, mixer.v_conv)))
     q, k = (u / np.sqrt(np.sum(u * u, axis=-1, keepdims=True) + 1e-6) for u in (q, k))
     beta = 1.0 / (1.0 + np.exp(-project(x, mixer.b_proj)))
     g = -np.exp(param(mixer.A_log)) * softplus(project(x, mixer.a_proj) + param(mixer.dt_bias))
@@ -90,10 +91,13 @@ def gdn_reference(mixer, x, eps) -> np.ndarray:
     return np.tensordot(gated, param(mixer.o_proj.kernel), axes=2)
 
 
-def test_layer_matches_numpy_per_token_loop():
-    """Chunked forward (chunk 4, T = 11: a partial last chunk) against the equations."""
-    cfg = ModelConfig(layers=(layer("gdn", chunk_size=4, expand_v=1.5),), vocab_size=8,
-                      d_model=8, num_heads=2, head_dim=4)
+@pytest.mark.parametrize("use_short_conv", [True, False])
+def test_layer_matches_numpy_per_token_loop(use_short_conv):
+    """Chunked forward (chunk 4, T = 11: a partial last chunk) against the equations (without
+    short convs q, k, v get a plain SiLU)."""
+    cfg = ModelConfig(layers=(layer("gdn", chunk_size=4, expand_v=1.5,
+                                    use_short_conv=use_short_conv),),
+                      vocab_size=8, d_model=8, num_heads=2, head_dim=4)
     mixer, forward = jitted_mixer(cfg)
     x = normals(0, (2, 11, 8), dtype=np.float32)
     expected = gdn_reference(mixer, np.asarray(x, np.float64), cfg.norm_eps)

@@ -96,6 +96,18 @@ def test_init(mixer):
     assert mixer.log_dt.shape == (4,) and np.all((step >= 0.3 * 0.999) & (step <= 1.001))
 
 
+def test_init_of_the_output_weights():
+    """W ~ CN(0, 1): real and imaginary parts each of std √½ (DSS); 2048 draws each, so a std
+    off by 10 % is many standard errors out."""
+    wide = first_mixer(small_config(layer("gss", expansion=1, ssm_dim=32, state_size=64)))
+    for name in ("w_re", "w_im"):
+        values = np.asarray(getattr(wide, name)[...])
+        assert values.shape == (32, 64) and abs(values.std() - np.sqrt(0.5)) < 0.04, name
+        assert abs(values.mean()) < 0.05, name
+    w = np.asarray(wide.w_re[...]) + 1j * np.asarray(wide.w_im[...])
+    assert abs(np.mean(np.abs(w) ** 2) - 1.0) < 0.1
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(ssm_dim=0), r"GSSOptions.ssm_dim=0: expected a positive integer or None"),
     (dict(expansion=0), r"GSSOptions.expansion=0: expected a positive integer"),

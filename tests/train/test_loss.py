@@ -20,14 +20,16 @@ def plain_token_stats(logits_BTV, targets_BT, mask_BT):
 
 
 def _batch(batch=3, length=19, vocab=101):
-    """Logits with a tie for the maximum and a -inf column, targets (some predicted), and the
-    mask of packed rows: no target across a document boundary, padding at the end."""
+    """Logits with a tie for the maximum and a -inf column, targets (some predicted, one of
+    them at an unscored position), and the mask of packed rows: no target across a document
+    boundary, padding at the end."""
     rng = np.random.default_rng(0)
     logits = 4 * rng.standard_normal((batch, length, vocab)).astype(np.float32)
     logits[0, 3, [7, 9]] = logits[0, 3].max() + 1
     logits[:, :, 5] = -np.inf
     targets = rng.integers(6, vocab, (batch, length)).astype(np.int32)  # never the -inf one
     targets[1, :4] = logits[1, :4].argmax(-1)
+    targets[1, 5] = logits[1, 5].argmax()  # a document's last token: not scored
     segments = np.arange(length) // 6
     mask = np.tile(np.append(segments[1:] == segments[:-1], False), (batch, 1))
     mask[-1, -3:] = False
@@ -45,6 +47,8 @@ def test_values_and_gradients_equal_the_plain_loss_exactly():
     stats, grads = _stats_and_grads(token_stats, logits, targets, mask)
     plain_stats, plain_grads = _stats_and_grads(plain_token_stats, logits, targets, mask)
     assert 0 < float(stats["correct"]) < float(stats["count"]) < mask.size
+    predicted = np.asarray(jnp.argmax(logits, -1) == targets)
+    assert np.any(predicted & ~np.asarray(mask))  # so a count that ignored the mask would show
     for key in stats:
         assert float(stats[key]) == float(plain_stats[key]), key
     for got, want in zip(grads, plain_grads, strict=True):  # logits, then the weights
