@@ -91,6 +91,35 @@ def test_export_reimport_is_exact(tmp_path, name, dtype):
     assert model_config_from_hf(exported, dtype=dtype) == model.config
 
 
+def test_config_defaults_and_windows_as_transformers_reads_them():
+    """Keys a config.json may leave out take the model classes' defaults (Llama, Qwen2 and
+    Mistral untie the head); a Qwen2 config without `layer_types` slides its window on the
+    layers from `max_window_layers` on (transformers' Qwen2Config)."""
+    for name in MODELS:
+        hf = json.loads((FIXTURES / name / "config.json").read_text())
+        hf.pop("tie_word_embeddings")
+        assert not model_config_from_hf(hf).tie_embeddings, name
+    qwen = json.loads((FIXTURES / "qwen2" / "config.json").read_text())
+    qwen.pop("layer_types")
+    qwen.update(num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
+                max_window_layers=1)
+    windows = [model_config_from_hf(qwen).block_options(i).window for i in range(3)]
+    assert windows == [None, 4, 4]
+    assert [model_config_from_hf({**qwen, "use_sliding_window": False}).block_options(i).window
+            for i in range(3)] == [None] * 3
+
+
+def test_tensors_the_model_does_not_use_are_refused(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(FIXTURES / "llama" / "model.safetensors")
+    tensors["model.layers.2.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    config = model_config_from_hf(json.loads((FIXTURES / "llama" / "config.json").read_text()))
+    with pytest.raises(ValueError, match=r"1 tensors are not part of the model.*layers\.2"):
+        load_hf_model(tmp_path, config)
+
+
 def test_import_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="Hugging Face model directory"):
         import_hf(tmp_path, tmp_path / "run")
