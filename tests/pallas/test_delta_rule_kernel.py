@@ -251,7 +251,8 @@ def _platform_gpu(monkeypatch):
                           reverse_state_key_block=128)),
     (128, 128, False, dict(reverse_in_flight=True, state_num_stages=2)),
     (128, 128, True, dict(tf32_merges=True, prepare_loads_first=True)),
-    (256, 512, True, dict(prepare_loads_first=True))])
+    (256, 512, True, dict(prepare_loads_first=True)),
+    (256, 512, True, dict(value_block=32, forward_value_block=32))])  # s34f: B 1's programs
 def test_gpu_kernels_lower_to_triton(monkeypatch, key_dim, value_dim, documents, changes):
     """Forward and backward lower for the GPU (Triton IR; compiling needs a GPU) at real head
     dims with the default tiles (the split per-chunk gradients) and the variants, bf16."""
