@@ -5,6 +5,7 @@ with document boundaries, the grain iterator state, and the WikiText checks (ski
 import dataclasses
 import gzip
 import lzma
+import os
 from pathlib import Path
 
 import jax
@@ -150,6 +151,27 @@ def test_tokenized_cache_is_reused_and_invalidated(corpus, tmp_path):
     copy.write_text("xy\n")
     assert len(tokenize_documents([copy], ByteTokenizer(), cache_dir=tmp_path)) == \
         len(changed) + 1
+
+
+def test_tokenized_cache_is_keyed_by_content_regex_tokenizer_and_encoding(tmp_path):
+    """Each input of the token stream changes the key: a file rewritten at the same size (its
+    modification time), the document regex, the tokenizer and the encoding."""
+    text = tmp_path / "a.txt"
+    text.write_text("= A =\nab\n= B =\ncd\n")
+    cache = tmp_path / "cache"
+
+    def stream(tokenizer=None, **kw):
+        return tokenize_documents([text], tokenizer or ByteTokenizer(), cache_dir=cache, **kw)
+
+    first = np.asarray(stream().tokens)
+    text.write_text("= A =\nab\n= B =\ncz\n")  # the same size
+    os.utime(text, ns=(text.stat().st_atime_ns, text.stat().st_mtime_ns + 10**9))
+    assert not np.array_equal(np.asarray(stream().tokens), first)
+    assert len(stream(document_regex=r"^= [AB] =").doc_starts) == 2 != len(stream().doc_starts)
+    words = build_word_vocab(["= A = ab = B = cz"])
+    assert len(stream(words).tokens) < len(stream().tokens)
+    text.write_bytes(b"= A =\nab\n= B =\nc\x80\n")  # U+0080 in latin-1, the euro in cp1252
+    assert len(stream(encoding="cp1252").tokens) == len(stream(encoding="latin-1").tokens) + 1
 
 
 def test_windows_keep_documents_apart():

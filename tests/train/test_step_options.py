@@ -42,6 +42,31 @@ def test_grad_accumulation_matches_one_batch(preset):
     assert_close(states[1], states[0], 1e-5, "state after one step")
 
 
+def test_step_metrics_are_the_batch_loss_and_accuracy():
+    """The logged loss and accuracy of a step are the pre-update model's mean cross entropy and
+    share of correct argmax predictions over the scored positions (numpy from its logits)."""
+    model = presets.get("transformer-tiny").replace(vocab_size=16)
+    experiment = ExperimentConfig(name="metrics", model=model,
+                                  data=MQARConfig(vocab_size=16, seq_len=12, num_kv_pairs=2),
+                                  train=TrainConfig(batch_size=4))
+    mesh = make_mesh(MeshConfig(data=1))
+    rng = np.random.default_rng(1)
+    batch = {"inputs": rng.integers(0, 16, (4, 12)), "targets": rng.integers(0, 16, (4, 12)),
+             "mask": rng.random((4, 12)) < 0.7}
+    with jax.set_mesh(mesh):
+        ts = init_train_state(experiment, mesh)
+        logits = np.asarray(ts.model()(jnp.asarray(batch["inputs"], jnp.int32)), np.float64)
+        _, metrics = make_train_step(ts)(ts.state, to_device(batch, mesh))
+    mask = batch["mask"]
+    shifted = logits - logits.max(-1, keepdims=True)
+    nll = np.log(np.exp(shifted).sum(-1)) - np.take_along_axis(
+        shifted, batch["targets"][..., None], -1)[..., 0]
+    correct = logits.argmax(-1) == batch["targets"]
+    assert 0 < correct[mask].sum() < mask.sum()  # so a changed denominator would show
+    np.testing.assert_allclose(float(metrics["loss"]), nll[mask].mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["accuracy"]), correct[mask].mean(), rtol=1e-6)
+
+
 class Counter:
     """A checkpointable iterator over 0, 1, 2, ..."""
 
