@@ -233,6 +233,10 @@ def test_schedules_for_training_and_inference():
     assert (a == np.asarray(training_modes(schedule, (4, 8), 0, 7))).all()
     assert (a[:, :3] == a[:, :1]).all() and (a[:, 3:6] == a[:, 3:4]).all()
     assert 0 < a.mean() < 1
+    # A fresh draw each step and seed (12 chunks: equal draws by chance have odds 2^-12).
+    draws = [np.asarray(training_modes(schedule, (4, 9), seed, step)) for seed, step in
+             ((0, 7), (0, 8), (1, 7))]
+    assert not (draws[0] == draws[1]).all() and not (draws[0] == draws[2]).all()
     assert (np.asarray(training_modes(ModeSchedule(pattern="linear"), (1, 3), 0, 0)) == 0).all()
     assert training_modes(ModeSchedule(), (1, 3), 0, 0) is None
     modes = inference_modes("prefill=linear,decode=attention", [2, 3], 5)

@@ -56,6 +56,21 @@ def test_saves_are_checksummed_and_verified(tmp_path, async_save):
         restore(tmp_path)
 
 
+@pytest.mark.parametrize("damage, problem", [
+    (flip_byte, "changed since it was saved"),
+    (truncate, r"has \d+ bytes, \d+ were saved \(truncated\?\)"),
+    (Path.unlink, "is missing"),
+])
+def test_damage_is_named_by_the_checksums(tmp_path, damage, problem):
+    """Before orbax reads anything: the damaged file and what happened to it."""
+    saved(tmp_path, async_save=False)
+    damaged = largest_array_file(step_dir(tmp_path, 1))
+    damage(damaged)
+    name = damaged.relative_to(step_dir(tmp_path, 1))
+    with pytest.raises(DamagedCheckpointError, match=f"is damaged: {name} {problem}"):
+        restore(tmp_path)
+
+
 def test_a_synchronous_save_is_sealed_before_it_returns(tmp_path):
     checkpointer = Checkpointer(tmp_path, async_save=False)
     checkpointer.save(1, STATE, {"step": 1})
