@@ -10,6 +10,7 @@ from flax import nnx
 import hybrid_jax as hj
 from hybrid_jax.data.tokenizer import ByteTokenizer
 from hybrid_jax.generate import _generate, generate, sample_token
+from hybrid_jax.generate_text import _Streamer, cut_at_stop
 
 CONFIG = hj.ModelConfig(layers=("gdn", "attention"), d_model=32, num_heads=2, vocab_size=257,
                         init_std=0.3)
@@ -194,3 +195,27 @@ def test_generate_text_errors(model):
         hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=6, max_positions=10)
     with pytest.raises(ValueError, match="non-empty list"):
         hj.generate_text(model, tokenizer, "hello")
+
+
+@pytest.mark.parametrize("text, stop, expected", [
+    ("a\n\nb\n\nc", ["\n\n"], "a"),  # the first occurrence, not the last
+    ("xAyBz", ["B", "A"], "x"),  # the earliest of several stop strings
+    ("xAyBz", ["", "C"], "xAyBz"),  # empty and absent stop strings cut nothing
+])
+def test_text_is_cut_at_the_earliest_stop_string(text, stop, expected):
+    assert cut_at_stop(text, stop) == expected
+
+
+def test_streamer_shows_whole_characters_and_stops_rows_at_any_eos():
+    """Host side of streaming, token by token: a UTF-8 character split over two byte tokens
+    is shown once whole (never U+FFFD), and any of the EOS ids stops its row without being
+    shown (the compiled loop knows one EOS id; the others are the streamer's)."""
+    shown = []
+    streamer = _Streamer(ByteTokenizer(), 2, stop=(), eos=(256, 7),
+                         on_text=lambda row, text: shown.append((row, text)))
+    both = np.ones(2, bool)
+    for first, second in ((ord("a"), ord("b")), (0xC3, 7), (0xA9, ord("c"))):
+        stopped = streamer(0, np.array([first, second]), both & ~streamer.stopped)
+    assert shown == [(0, "a"), (1, "b"), (0, "é")]
+    assert stopped.tolist() == [False, True]
+
