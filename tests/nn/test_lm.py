@@ -142,6 +142,20 @@ def test_learned_positions_are_counted_used_and_decode_exactly():
     check_decode_matches(cfg, T=12, splits=(0, 5))
 
 
+def test_a_packed_training_batch_gives_each_document_its_own_logits():
+    """`TokenContext.from_batch` takes the batch's positions and segment ids: with learned
+    positions (RoPE alone is blind to a shift of every position) each packed document's
+    logits are those of the document alone."""
+    model = hj.create_model(learned_position_config(), seed=1)
+    model.position_table[...] = 0.5 * jax.random.normal(jax.random.key(3), (12, 8))
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 16, (1, 9)), jnp.int32)
+    batch = {"inputs": tokens, "segment_ids": jnp.asarray([[1] * 4 + [2] * 5]),
+             "positions": jnp.asarray([[0, 1, 2, 3, 0, 1, 2, 3, 4]])}
+    packed = model(tokens, TokenContext.from_batch(batch))
+    assert_close(packed[:, :4], model(tokens[:, :4]), 1e-5, "first document")
+    assert_close(packed[:, 4:], model(tokens[:, 4:]), 1e-5, "second document")
+
+
 def test_learned_positions_past_the_table_are_errors():
     model = hj.create_model(learned_position_config())
     with pytest.raises(ValueError, match=r"sequence of 13 positions, expected at most "
