@@ -109,6 +109,15 @@ def test_config_defaults_and_windows_as_transformers_reads_them():
             for i in range(3)] == [None] * 3
 
 
+def test_training_text_gets_no_special_tokens_and_prompts_get_the_template():
+    """A Llama tokenizer's BOS starts a generation prompt (as transformers encodes it) but is
+    not inserted into training text, piece by piece (`encode`, `encode_batch`)."""
+    tokenizer = load_tokenizer(FIXTURES / "llama" / "tokenizer.json")
+    plain = tokenizer.encode("hello world").tolist()
+    assert tokenizer.encode_batch(["hello world"])[0].tolist() == plain
+    assert tokenizer.encode_prompt("hello world").tolist() == [1] + plain  # <s>
+
+
 def test_tensors_the_model_does_not_use_are_refused(tmp_path):
     from safetensors.numpy import load_file, save_file
 

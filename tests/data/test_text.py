@@ -56,6 +56,7 @@ def test_byte_tokenizer_round_trips_and_counts_bytes():
     ids = tok.encode(text)
     assert tok.decode(ids) == text and ids.max() < 256 and tok.vocab_size == 257
     assert tok.token_bytes()[ids].sum() == len(text.encode()) and tok.token_bytes()[256] == 0
+    assert tok.decode([104, tok.eos_id, 105]) == "hi"  # the document separator is no text
 
 
 def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
