@@ -18,18 +18,24 @@ from hybrid_jax.train.trainer import init_train_state, make_train_step, to_devic
 from tests.helpers import assert_close
 
 
+def step_setup(preset: str, vocab_size: int, seed: int, scored: float):
+    """An MQAR experiment of `preset` at `vocab_size`, a one-device mesh, and a random batch of
+    4 × 12 tokens with about `scored` of its positions in the mask."""
+    experiment = ExperimentConfig(name="step", model=presets.get(preset).replace(
+        vocab_size=vocab_size), data=MQARConfig(vocab_size=min(vocab_size, 64), seq_len=12,
+                                                num_kv_pairs=2),
+                                  train=TrainConfig(batch_size=4))
+    rng = np.random.default_rng(seed)
+    batch = {"inputs": rng.integers(0, vocab_size, (4, 12)),
+             "targets": rng.integers(0, vocab_size, (4, 12)), "mask": rng.random((4, 12)) < scored}
+    return experiment, make_mesh(MeshConfig(data=1)), batch
+
+
 @pytest.mark.parametrize("preset", ["transformer-tiny", "pha-tiny"])
 def test_grad_accumulation_matches_one_batch(preset):
     """Also the diagnostics (pha's learned mixing weights: their mean over micro-batches)."""
-    model = presets.get(preset).replace(vocab_size=256)
-    experiment = ExperimentConfig(name="accum", model=model,
-                                  data=MQARConfig(vocab_size=64, seq_len=12, num_kv_pairs=2),
-                                  train=TrainConfig(batch_size=4))
-    mesh = make_mesh(MeshConfig(data=1))
-    rng = np.random.default_rng(0)
-    batch = {"inputs": rng.integers(0, 256, (4, 12)), "targets": rng.integers(0, 256, (4, 12)),
-             "mask": rng.random((4, 12)) < 0.8,
-             "segment_ids": np.repeat([[1] * 5 + [2] * 7], 4, 0)}
+    experiment, mesh, batch = step_setup(preset, 256, seed=0, scored=0.8)
+    batch["segment_ids"] = np.repeat([[1] * 5 + [2] * 7], 4, 0)
     states, metrics = [], []
     with jax.set_mesh(mesh):
         for parts in (1, 2):
@@ -45,14 +51,7 @@ def test_grad_accumulation_matches_one_batch(preset):
 def test_step_metrics_are_the_batch_loss_and_accuracy():
     """The logged loss and accuracy of a step are the pre-update model's mean cross entropy and
     share of correct argmax predictions over the scored positions (numpy from its logits)."""
-    model = presets.get("transformer-tiny").replace(vocab_size=16)
-    experiment = ExperimentConfig(name="metrics", model=model,
-                                  data=MQARConfig(vocab_size=16, seq_len=12, num_kv_pairs=2),
-                                  train=TrainConfig(batch_size=4))
-    mesh = make_mesh(MeshConfig(data=1))
-    rng = np.random.default_rng(1)
-    batch = {"inputs": rng.integers(0, 16, (4, 12)), "targets": rng.integers(0, 16, (4, 12)),
-             "mask": rng.random((4, 12)) < 0.7}
+    experiment, mesh, batch = step_setup("transformer-tiny", 16, seed=1, scored=0.7)
     with jax.set_mesh(mesh):
         ts = init_train_state(experiment, mesh)
         logits = np.asarray(ts.model()(jnp.asarray(batch["inputs"], jnp.int32)), np.float64)
