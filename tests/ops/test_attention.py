@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax import ops
+from hybrid_jax.ops.attention import masked_softmax
 from tests.helpers import assert_close, normals
 
 
@@ -185,3 +186,16 @@ def test_scaled_cosine_attention(x64):
     assert_close(out, ref, 1e-6)  # l2_normalize's eps (1e-6 under the root) moves the 7th digit
     with pytest.raises(ValueError, match="do not pass scale"):
         ops.scaled_cosine_attention(q, k, v, tau, scale=1.0)
+
+
+def test_masked_softmax_gives_rows_without_keys_zeros():
+    """A query with no visible key (an empty cache slot row, a fully masked row) gets zero
+    weights and a zero gradient, never NaN; the other rows are softmaxes over their keys."""
+    logits = jnp.asarray(normals(5, (2, 3, 4), dtype=np.float32))
+    mask = jnp.asarray(np.array([[1, 1, 0, 1], [0, 0, 0, 0], [1, 0, 0, 0]], bool))[None]
+    weights = np.asarray(masked_softmax(logits, mask))
+    assert (weights[:, 1] == 0).all() and (weights[:, 2] == [1, 0, 0, 0]).all()
+    np.testing.assert_allclose(weights[:, 0].sum(-1), 1.0, rtol=1e-6)
+    grad = jax.grad(lambda l: jnp.sum(masked_softmax(l, mask) * jnp.arange(4.0)))(logits)
+    assert np.isfinite(np.asarray(grad)).all() and not np.asarray(grad)[:, 1].any()
+
