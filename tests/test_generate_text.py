@@ -218,4 +218,3 @@ def test_streamer_shows_whole_characters_and_stops_rows_at_any_eos():
         stopped = streamer(0, np.array([first, second]), both & ~streamer.stopped)
     assert shown == [(0, "a"), (1, "b"), (0, "é")]
     assert stopped.tolist() == [False, True]
-

@@ -67,4 +67,3 @@ def test_cosine_temperature_starts_at_ordinary_attention_scale(head_dim, tempera
     mixer = hj.create_model(cfg).blocks[0].mixer
     np.testing.assert_allclose(np.exp(np.asarray(mixer.log_temperature[...])),
                                [expected] * 2, rtol=1e-6)
-

@@ -13,6 +13,7 @@ from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.registry import block_names
 from tests.helpers import assert_close, assert_packed_documents_isolated
+from tests.nn.test_gated_deltanet import silu
 from tests.nn.test_lm import check_decode_matches
 
 SMALL = layer("mamba2", ssm_head_dim=4, state_size=8, n_groups=2, chunk_size=4)
@@ -54,10 +55,6 @@ def starts_of(segment_ids, shape):
         return starts
     seg = np.asarray(segment_ids)
     return np.concatenate([np.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-
-
-def silu(x):
-    return x / (1 + np.exp(-x))
 
 
 def numpy_conv(x, weight, bias, starts):

@@ -198,4 +198,3 @@ def test_masked_softmax_gives_rows_without_keys_zeros():
     np.testing.assert_allclose(weights[:, 0].sum(-1), 1.0, rtol=1e-6)
     grad = jax.grad(lambda l: jnp.sum(masked_softmax(l, mask) * jnp.arange(4.0)))(logits)
     assert np.isfinite(np.asarray(grad)).all() and not np.asarray(grad)[:, 1].any()
-

@@ -20,6 +20,7 @@ from hybrid_jax.nn.layers import GatedRMSNorm, RMSNorm
 from hybrid_jax.ops import dispatch, norms
 from pallas_kernels.rms_norm import api
 from tests.helpers import assert_close, normals
+from tests.nn.test_gated_deltanet import rms, silu
 
 SPEC = jax.ShapeDtypeStruct
 KW = dict(group_size=512, norm_before_gate=True, eps=1e-6, dtype="bfloat16")
@@ -47,13 +48,11 @@ def test_eps_sits_inside_the_root():
     """Inputs of RMS 1e-3, where ε = 1e-6 is as large as mean(x²): its place and size show
     (at O(1) inputs a tenfold ε moves the output by 5e-6, inside the other tests' tolerances)."""
     x, z = (1e-3 * a for a in normals(3, (2, 5, 8), (2, 5, 8), dtype=np.float32))
-    x64, z64 = np.asarray(x, np.float64), np.asarray(z, np.float64)
-    expected = x64 / np.sqrt(np.mean(x64 ** 2, -1, keepdims=True) + 1e-6)
+    expected = rms(np.asarray(x, np.float64), 1e-6)
     ones = jnp.ones((8,), jnp.float32)
     assert_close(ops.rms_norm(x, ones, eps=1e-6, dtype=jnp.float32), expected, 1e-5)
-    gate = z64 / (1 + np.exp(-z64))
     gated = ops.gated_rms_norm(x, z, ones, eps=1e-6, dtype=jnp.float32, implementation="xla")
-    assert_close(gated, expected * gate, 1e-5, "gated")
+    assert_close(gated, expected * silu(np.asarray(z, np.float64)), 1e-5, "gated")
 
 
 def test_auto_takes_the_kernels_on_a_gpu_and_logs_a_fallback(monkeypatch, caplog):
