@@ -53,7 +53,8 @@ CHECK_CASES = (  # (B, T, H, K, V, dtype, documents)
     (1, 777, 2, 64, 256, jnp.bfloat16, False),
     (1, 700, 2, 64, 64, jnp.bfloat16, True),  # oryx-gdn-340m's heads
     (1, 500, 2, 256, 64, jnp.bfloat16, True),
-    (1, 300, 2, 256, 512, jnp.bfloat16, True),  # two V slices sharing q and k
+    (1, 300, 2, 256, 512, jnp.bfloat16, True),  # two V slices sharing q and k, V tiles of 32
+    (4, 200, 16, 256, 128, jnp.bfloat16, True),  # 128 programs of 64 columns: V tiles of 64
     (1, 300, 2, 128, 128, jnp.float32, True),
 )
 TOLERANCE = 1e-2

@@ -77,8 +77,9 @@ def gated_delta_rule(
       starts: `[B, T]` bool, True where a document starts (after the first token: the first
         token continues `initial_state`), or None.
       block_sizes: tiles and launch parameters of every kernel (default on the GPU
-        `default_block_sizes(K, V)`, with `training=False` for a forward that is not
-        differentiated; on a TPU `tpu.DEFAULT_BLOCKS`, whose kernels read only its chunk).
+        `default_block_sizes(K, V, sequences=B·H)`, H counting each V slice as a head, with
+        `training=False` for a forward that is not differentiated; on a TPU
+        `tpu.DEFAULT_BLOCKS`, whose kernels read only its chunk).
       backend: "gpu" or "tpu" kernels; default: the platform, or "gpu" when interpreting on
         the CPU.
       interpret: run the kernels in Pallas interpret mode (CPU tests; the TPU kernels in TPU
@@ -108,7 +109,7 @@ def _run(q, k, v, g, beta, *, scale, initial_state, starts, block_sizes, backend
     if block_sizes is None and backend == "tpu":
         block_sizes = tpu.DEFAULT_BLOCKS
     defaults = functools.partial(default_block_sizes, key_dim, value_dim,
-                                 itemsize=jnp.dtype(q.dtype).itemsize)
+                                 itemsize=jnp.dtype(q.dtype).itemsize, sequences=batch * heads)
     blocks = _fitted(block_sizes or defaults(), key_dim, value_dim)
     st = Static(scale=float(key_dim ** -0.5 if scale is None else scale), blocks=blocks,
                 documents=starts is not None, interpret=interpret, key_group=key_group)

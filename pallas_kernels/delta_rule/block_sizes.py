@@ -170,10 +170,17 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{name} must be >= 1, got {getattr(self, name)}")
 
 
+# Below this many programs of 64 value columns (batch × heads × V / 64) the two sequential
+# state passes leave most of a GPU's 132 SMs idle; above K 128 they then train in V tiles of 32
+# (`default_block_sizes`, NOTES.md "Session 35").
+FEW_PROGRAMS = 64
+
+
 def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
-                        itemsize: int = 2) -> BlockSizes:
+                        itemsize: int = 2, sequences: int | None = None) -> BlockSizes:
     """GPU defaults (NOTES.md) for the training forward and backward (`training`) or for a
-    forward that is not differentiated, of inputs of `itemsize` bytes (bf16: 2).
+    forward that is not differentiated, of inputs of `itemsize` bytes (bf16: 2), over
+    `sequences` recurrences (batch × heads of the call; None: many).
 
     Both invert T block by block (forward 1.16 → 0.99 ms, fwd+bwd 3.90 → 3.59, H200 B4 T8192
     H16 K = V = 128 bf16, NOTES.md Round 4). The outputs are split from the sequential pass
@@ -181,9 +188,10 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     in V tiles of 32: fwd+bwd 3.07 ms against 3.59 fused. At K = 256 (gdn-340m: B4 T8192 H3,
     V 512 as two slices) the fused state [K, V tile] is too large and the split pass wins both
     ways: forward 1.52 ms against 1.98 fused V32, fwd+bwd 6.10 against 8.15 split V16 (Round
-    6); its reverse pass at 8 warps: fwd+bwd 4.81 against 5.17 at 4. Tiles do not narrow for
-    small batch × heads: where that rule acted (V16 at gdn-340m's 12 sequences) it cost 2 ms
-    of 8.
+    6); its reverse pass at 8 warps: fwd+bwd 4.81 against 5.17 at 4. A rule narrowing tiles
+    to V16 at gdn-340m's 12 sequences cost 2 ms of 8 (session 7); session 35 measured where V
+    32 pays in training above K 128 (`FEW_PROGRAMS`): gdn-340m at B 1 × T 32768, 24
+    programs of 64 columns, 110,441 → 119,478 tokens/s with both state passes at V 32 (H100).
 
     Round 10 (session 12, same run as fla's forward): the forward state pass has its own
     launch and the reverse pass its row scales on the small side at one stage.
@@ -233,9 +241,14 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     # `chunk_state_gradients` 937 → 811 µs a call; not measured at K 128
     reverse = (dict(reverse_in_flight=True, state_num_stages=2, reverse_state_key_block=128)
                if training and key_dim > 128 else dict(state_num_stages=1))
-    return dataclasses.replace(base, reverse_small_scales=True,
-                               state_num_warps=8 if training and key_dim > 128 else 4,
-                               **reverse, **from_k128, **by_key_dim)
+    blocks = dataclasses.replace(base, reverse_small_scales=True,
+                                 state_num_warps=8 if training and key_dim > 128 else 4,
+                                 **reverse, **from_k128, **by_key_dim)
+    few = sequences is not None and sequences * -(-value_dim // 64) < FEW_PROGRAMS
+    if training and key_dim > 128 and few:
+        narrow = min(value_dim, 32)
+        blocks = dataclasses.replace(blocks, value_block=narrow, forward_value_block=narrow)
+    return blocks
 
 
 def _measured_before_round_10(key_dim: int, value_dim: int, training: bool) -> BlockSizes:

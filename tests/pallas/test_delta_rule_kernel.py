@@ -322,6 +322,35 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
     assert blocks.state_num_warps == (8 if training and key_dim > 128 else 4)
 
 
+@pytest.mark.parametrize("key_dim,value_dim,sequences,tiles", [
+    (256, 256, 6, (32, 32)), (256, 256, 15, (32, 32)), (256, 256, 16, (64, 64)),
+    (256, 256, None, (64, 64)), (256, 16, 6, (16, 16)), (128, 128, 1, (32, 64))])
+def test_few_sequences_train_in_narrow_value_tiles(key_dim, value_dim, sequences, tiles):
+    """Session 35: above K 128, training over fewer than `FEW_PROGRAMS` programs of 64 value
+    columns runs both state passes in V tiles of 32 (gdn-340m at B 1: 6 sequences of V 256,
+    24 programs); a forward alone, K 128 and many sequences keep their tiles."""
+    blocks = default_block_sizes(key_dim, value_dim, sequences=sequences)
+    assert (blocks.value_block, blocks.forward_value_block) == tiles
+    alone = default_block_sizes(key_dim, value_dim, sequences=sequences, training=False)
+    assert alone == default_block_sizes(key_dim, value_dim, training=False)
+
+
+def test_the_defaults_count_batch_heads_and_value_slices(monkeypatch):
+    """`sequences` is B × H with each V slice a head: the tile rule sees the programs the
+    sequential kernels launch."""
+    seen = []
+    defaults = api.default_block_sizes
+    monkeypatch.setattr(api, "default_block_sizes",
+                        lambda *a, **kw: seen.append(kw["sequences"]) or defaults(*a, **kw))
+    for value_dim, sequences in ((128, 3 * 5), (512, 3 * 5 * 2)):
+        rows = (3, 64, 5)
+        arrays = [jax.ShapeDtypeStruct(rows + (dim,), jnp.float32)
+                  for dim in (16, 16, value_dim)] + [jax.ShapeDtypeStruct(rows, jnp.float32)] * 2
+        seen.clear()
+        jax.eval_shape(lambda *a: api.gated_delta_rule(*a, interpret=True), *arrays)
+        assert set(seen) == {sequences}
+
+
 @pytest.mark.parametrize("key_dim,value_dim,forward", [
     (128, 128, (64, None, 4)), (128, 32, (32, None, 4)), (256, 512, (64, 4, 2)),
     (64, 64, (None, None, None))])
