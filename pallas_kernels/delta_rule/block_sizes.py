@@ -171,7 +171,7 @@ class BlockSizes:
 
 
 # Below this many programs of 64 value columns (batch × heads × V / 64) the two sequential
-# state passes leave most of a GPU's 132 SMs idle; above K 128 they then train in V tiles of 32
+# state passes leave most of a GPU's 132 SMs idle; above K 128 they then run in V tiles of 32
 # (`default_block_sizes`, NOTES.md "Session 35").
 FEW_PROGRAMS = 64
 
@@ -190,8 +190,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     ways: forward 1.52 ms against 1.98 fused V32, fwd+bwd 6.10 against 8.15 split V16 (Round
     6); its reverse pass at 8 warps: fwd+bwd 4.81 against 5.17 at 4. A rule narrowing tiles
     to V16 at gdn-340m's 12 sequences cost 2 ms of 8 (session 7); session 35 measured where V
-    32 pays in training above K 128 (`FEW_PROGRAMS`): gdn-340m at B 1 × T 32768, 24
-    programs of 64 columns, 110,441 → 119,478 tokens/s with both state passes at V 32 (H100).
+    32 pays above K 128 (`FEW_PROGRAMS`): gdn-340m at B 1 × T 32768, 24 programs of 64
+    columns, 110,441 → 119,478 tokens/s training with both state passes at V 32, and a
+    forward alone (prefill) of its mixer 2.37 → 1.89 ms (H100).
 
     Round 10 (session 12, same run as fla's forward): the forward state pass has its own
     launch and the reverse pass its row scales on the small side at one stage.
@@ -245,7 +246,7 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
                                  state_num_warps=8 if training and key_dim > 128 else 4,
                                  **reverse, **from_k128, **by_key_dim)
     few = sequences is not None and sequences * -(-value_dim // 64) < FEW_PROGRAMS
-    if training and key_dim > 128 and few:
+    if key_dim > 128 and few:
         narrow = min(value_dim, 32)
         blocks = dataclasses.replace(blocks, value_block=narrow, forward_value_block=narrow)
     return blocks
