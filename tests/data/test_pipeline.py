@@ -30,13 +30,29 @@ class RecordingData:
         return Source()
 
 
-def batches(count, steps, index=None, data=None, state=None):
+def batches(count, steps, index=None, data=None, state=None, seed=0):
     data = RecordingData() if data is None else data
-    it = train_iterator(data, batch_size=BATCH, seed=0, shard_index=index, shard_count=count,
+    it = train_iterator(data, batch_size=BATCH, seed=seed, shard_index=index, shard_count=count,
                         prefetch=1)
     if state is not None:
         it.set_state(state)
     return [next(it)["inputs"][:, 0] for _ in range(steps)], it
+
+
+def test_the_seed_shuffles_and_each_epoch_is_a_fresh_shuffle():
+    """Every epoch of 32 examples is a permutation of them, in an order the seed sets: another
+    seed, or the next epoch, gives another order; the same seed the same batches."""
+    def epochs(seed):
+        steps, _ = batches(1, 8, data=RecordingData(32), seed=seed)
+        flat = np.concatenate(steps)
+        return flat[:32], flat[32:]
+
+    first, second = epochs(0)
+    for epoch in (first, second):
+        assert sorted(epoch.tolist()) == list(range(32))
+    assert list(first) != list(second)
+    assert list(first) != list(epochs(1)[0])
+    assert [list(e) for e in epochs(0)] == [list(first), list(second)]
 
 
 @pytest.mark.parametrize("count", [2, 4])
