@@ -82,6 +82,17 @@ def test_sampling_is_reproducible_from_the_seed(model):
     assert _generate._cache_size() == compiled
 
 
+def test_each_position_draws_with_its_own_key(model):
+    """Sampling folds the position into the key: with every logit equal (the final norm's
+    scale zeroed), 16 draws are not one token repeated, as one key for every step gives."""
+    flat = nnx.clone(model)
+    nnx.update(flat.final_norm, jax.tree.map(jnp.zeros_like, nnx.state(flat.final_norm)))
+    prompt = jnp.asarray([[5, 9, 12]])
+    assert float(jnp.abs(flat(prompt)).max()) == 0.0
+    out = np.asarray(generate(flat, prompt, 16, temperature=1.0, seed=0))
+    assert len(set(out[0].tolist())) > 8, out
+
+
 def test_a_tiny_temperature_samples_the_greedy_tokens(model):
     """The temperature reaches the sampler: at 1e-4 every draw is the argmax."""
     prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
@@ -162,6 +173,11 @@ def test_streaming_marks_each_rows_own_new_tokens_and_prompts_never_stop(model):
     stop_row_1 = lambda p, t, n: np.asarray([False, p == 2])
     out = np.asarray(generate(model, batch, 4, lengths=[5, 2], on_tokens=stop_row_1))
     assert out[0].tolist() == free[0].tolist() and out[1].tolist() == [free[1, 0], -1, -1, -1]
+    # A callback that stops every row at every position: a row in its prompt goes on, so each
+    # row keeps its first generated token.
+    out = np.asarray(generate(model, batch, 4, lengths=[5, 2],
+                              on_tokens=lambda p, t, n: np.ones(2, bool)))
+    assert out.tolist() == [[free[0, 0], -1, -1, -1], [free[1, 0], -1, -1, -1]]
 
 
 def test_generate_text_stop_strings_and_streaming(model):
