@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.flops import (
@@ -28,6 +29,16 @@ def test_transformer_by_hand():
                          tie_embeddings=False)
     # The input embedding is a lookup, not a product: only the head counts.
     assert matmul_params(untied) == 4 * d * d + 3 * d * untied.resolved_ffn_dim + d * vocab
+
+
+def test_a_layers_own_head_dim_counts_over_the_models():
+    """The model's head_dim fills each layer's unless the layer sets its own: attention's
+    terms are 4·H·D with that layer's D, as its projections are."""
+    config = ModelConfig(layers=(layer("attention", head_dim=32), "attention"), d_model=64,
+                         num_heads=4, head_dim=8)
+    assert step_flops(config, 10).attention == 4 * 4 * (32 + 8) * mean_keys(10, None)
+    model = hj.create_model(config)
+    assert [block.mixer.head_dim for block in model.blocks] == [32, 8]
 
 
 def test_window_counts_its_band():
