@@ -234,6 +234,17 @@ def test_mixing_rules_weigh_the_branches(mixing, expected):
     assert_close(block.weights(), jnp.asarray(expected), 1e-6, mixing)
 
 
+def test_repeated_branch_types_are_numbered_and_kept_apart():
+    """Branches of one type get the names `attention`, `attention_2`, ...: each is its own
+    module with its own parameters (one name for both would run one of them twice)."""
+    branches = ("attention", "ffn", "attention")
+    model = hj.create_model(ModelConfig(layers=(layer("parallel", branches=branches),), **SMALL))
+    block = model.blocks[0]
+    assert block.names == ("attention", "ffn", "attention_2")
+    first, second = block.attention.q_proj.kernel[...], block.attention_2.q_proj.kernel[...]
+    assert first.shape == second.shape and not np.allclose(first, second)
+
+
 def test_bad_block_options_are_named():
     with pytest.raises(ValueError, match="BlockOptions.residual='deep'"):
         ModelConfig(layers=(layer("parallel", residual="deep"),), **SMALL)

@@ -151,6 +151,23 @@ def test_presets_have_the_papers_sizes():
             assert block.attention.cosine, "scaled-cosine attention"
 
 
+def test_explicit_deepnorm_constants_replace_the_formulas():
+    """`deepnorm_alpha` / `deepnorm_beta` set the residual's α and the init gain β of the
+    value projection (against a pre-norm model of the same seed)."""
+    base = presets.get("pha-tiny")
+    spec = base.layers[0]
+    specs = [layer(spec.type, **{**dict(spec.options), **changes}) for changes in (
+        dict(deepnorm_alpha=0.7, deepnorm_beta=0.3), dict(residual="pre_norm"))]
+    block, plain = (hj.LanguageModel(base.replace(layers=(s,)), rngs=nnx.Rngs(3)).blocks[0]
+                    for s in specs)
+    assert (block.alpha, block.beta) == (0.7, 0.3)
+    v, v_plain = block.attention.v_proj, plain.attention.v_proj
+    fan = np.prod(v.in_shape) + np.prod(v.out_shape)
+    ratio = v.kernel[...] / v_plain.kernel[...]
+    assert_close(ratio, jnp.full_like(ratio, 0.3 * np.sqrt(2 / fan) / v_plain.init_std), 1e-5,
+                 "attention.v_proj")
+
+
 @pytest.mark.parametrize("depth", [1, 3])
 def test_deepnorm_counts_the_sublayers_of_a_serial_stack(depth):
     """pha-sequential has 3 post-norm residuals per layer: DeepNet's α = (3L)^¼ and
