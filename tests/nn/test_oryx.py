@@ -55,6 +55,18 @@ def test_all_linear_equals_the_linear_mixer(kind):
     assert_close(mixer(x, ctx), single(x, TokenContext.create((2, T))), 1e-6, "all-linear")
 
 
+@pytest.mark.parametrize("default_mode,modes", [("attention", np.ones((2, T))),
+                                                ("linear", np.zeros((2, T)))])
+def test_a_context_without_modes_runs_the_default_mode(default_mode, modes):
+    """No "mode" extra: every token in `default_mode` (attention unless set)."""
+    options = dataclasses.replace(CONFIG.block_options(0), default_mode=default_mode)
+    mixer = OryxMixer(CONFIG, options, rngs=nnx.Rngs(0))
+    x = normals(0, (2, T, 16), dtype=np.float32)
+    plain = mixer(x, TokenContext.create((2, T)))
+    assert_close(plain, mixer(x, ctx_with(modes)), 1e-6, default_mode)
+    assert not np.allclose(plain, mixer(x, ctx_with(1 - modes)), atol=1e-3)
+
+
 def test_defaults_are_the_linear_mixers_and_attentions_own():
     """An Oryx layer's modes are its mixers as they default, except GDN's value width: Oryx keeps
     attention-sized values (`expand_v` 1, module docstring) where GDN's default is its paper's 2."""
