@@ -30,15 +30,9 @@ class DevicePrefetcher:
         try:
             while not stop.is_set():
                 batch = self.put(next(self.iterator))
-                item = (batch, self.iterator.get_state(), None)
-                while not stop.is_set():
-                    try:
-                        out.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                _offer(out, stop, (batch, self.iterator.get_state(), None))
         except BaseException as error:  # noqa: BLE001  (handed to the consumer, raised there)
-            out.put((None, None, error))
+            _offer(out, stop, (None, None, error))
 
     def _start(self) -> None:
         self._stop = threading.Event()
@@ -77,3 +71,14 @@ class DevicePrefetcher:
             self._stop.set()
             self._thread.join()
             self._thread = None
+
+
+def _offer(out: queue.Queue, stop: threading.Event, item: Any) -> None:
+    """Queues `item` unless `stop` is set first: a full queue whose consumer has stopped
+    reading (`close`, `set_state`) must not block the thread, or their `join` would hang."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue

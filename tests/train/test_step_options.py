@@ -120,3 +120,41 @@ def test_prefetcher_raises_the_readers_error():
 
     with pytest.raises(OSError, match="disk gone"):
         next(DevicePrefetcher(Broken(), lambda x: x, depth=2))
+
+
+def test_a_reader_error_behind_a_full_queue_does_not_hang_a_restore():
+    """The thread fails reading while its queue is full (depth 1: batch 1 queued, batch 2
+    raises): `set_state` and `close` still return, and the restored prefetcher reads on."""
+    class TwoThenBroken(Counter):
+        def __next__(self):
+            if self.position >= 2:
+                raise OSError("disk gone")
+            return super().__next__()
+
+    prefetcher = DevicePrefetcher(TwoThenBroken(), lambda x: x, depth=1)
+    assert next(prefetcher) == 0
+    time.sleep(0.3)  # batch 1 queued, the read of batch 2 failed
+    restore = threading.Thread(target=prefetcher.set_state, args=(0,), daemon=True)
+    restore.start()
+    restore.join(5.0)
+    assert not restore.is_alive(), "set_state hangs behind the failed thread"
+    assert [next(prefetcher) for _ in range(2)] == [0, 1]
+    with pytest.raises(OSError, match="disk gone"):
+        next(prefetcher)
+    prefetcher.close()
+
+
+@pytest.mark.parametrize("depth", [0, 3])
+def test_prefetcher_state_before_any_batch_is_the_iterators(depth):
+    """A checkpoint saved before the first batch, or right after a restore and before the next
+    batch, records the iterator's position at that moment (a resume starts there), not None
+    or the position before the restore."""
+    counter = Counter()
+    counter.position = 5
+    prefetcher = DevicePrefetcher(counter, lambda x: x, depth=depth)
+    assert prefetcher.get_state() == 5
+    assert next(prefetcher) == 5
+    prefetcher.set_state(2)
+    assert prefetcher.get_state() == 2
+    assert [next(prefetcher) for _ in range(2)] == [2, 3]
+    prefetcher.close()
