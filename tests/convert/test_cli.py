@@ -2,10 +2,19 @@
 one-line errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from experiments.cli import main
+from hybrid_jax.config import MeshConfig, ModelConfig
+from hybrid_jax.convert.params import write_conversion
+from hybrid_jax.convert.run_dir import pretrained_experiment, write_run
+from hybrid_jax.data.tokenizer import ByteTokenizer, build_word_vocab, tokenizer_fingerprint
+from hybrid_jax.nn.lm import create_model
+from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train.checkpoint import CheckpointError, saved_steps
+from hybrid_jax.train.trainer import restore_train_state
 from tests.convert.test_hf import FIXTURES
 
 
@@ -67,3 +76,65 @@ def test_unknown_tokenizer_is_one_line(run_dir, tmp_path, capsys):
     (bad / "tokenizer.json").write_text('{"hybrid_jax_tokenizer": "sentencepiece"}')
     assert main(["generate", str(bad), "--prompt", "x"]) == 2
     assert "unknown hybrid_jax_tokenizer 'sentencepiece'" in capsys.readouterr().err
+
+
+def test_write_run_names_its_tokenizer_absolutely_and_never_overwrites(tmp_path, monkeypatch):
+    """A run directory given relative to the working directory records its tokenizer by an
+    absolute path (so eval / train --resume from elsewhere find it), and a write into a
+    directory that holds a run's outputs (another conversion's, a trained run's) is refused."""
+    monkeypatch.chdir(tmp_path)
+    model = create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
+                                     num_heads=2, ffn_dim=32))
+    experiment = pretrained_experiment("tiny", model.config, Path("run"), description="tiny")
+    assert experiment.data.tokenizer == str(tmp_path / "run" / "tokenizer.json")
+    write_run("run", experiment, model)
+    assert saved_steps(tmp_path / "run") == [0]
+    with pytest.raises(ValueError, match=r"run already holds a run \(config.json, checkpoints\):"
+                                         " choose another --out"):
+        write_run("run", experiment, model)
+    # Another run's results alone: they would read as this model's.
+    (tmp_path / "trained").mkdir()
+    (tmp_path / "trained" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match=r"trained already holds a run \(metrics.jsonl\)"):
+        write_run("trained", experiment, model)
+    assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == ["metrics.jsonl"]
+
+
+def test_write_run_records_its_tokenizer_and_a_swapped_one_is_refused(tmp_path):
+    """The step-0 checkpoint records the copied tokenizer.json's fingerprint, as a trained
+    run's do: restoring with another tokenizer.json in its place is refused."""
+    model = create_model(ModelConfig(layers=("attention",), vocab_size=300, d_model=16,
+                                     num_heads=2, ffn_dim=32))
+    run = tmp_path / "run"
+    experiment = pretrained_experiment("tiny", model.config, run, description="tiny")
+    source = tmp_path / "tokenizer.json"
+    ByteTokenizer().save(source)
+    write_run(run, experiment, model, files=(source,))
+    mesh = make_mesh(MeshConfig(data=1))
+    _, meta = restore_train_state(experiment, run, mesh)
+    assert meta["tokenizer_sha256"] == tokenizer_fingerprint(ByteTokenizer())
+    build_word_vocab(["a b c"]).save(run / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="is not the tokenizer checkpoint step 0 was "
+                                              "trained with"):
+        restore_train_state(experiment, run, mesh)
+
+
+def test_a_conversion_takes_the_sources_files_but_not_its_results(tmp_path):
+    """`write_conversion`: the source's tokenizer and Hugging Face JSON files come along, its
+    config.json, results.json and metrics (they describe the source model) do not; the new
+    experiment is `<name>-<suffix>`, described as a conversion."""
+    model = create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
+                                     num_heads=2, ffn_dim=32))
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("config.json", "results.json", "generation_config.json", "metrics.jsonl"):
+        (source / name).write_text(f'{{"file": "{name}"}}')
+    ByteTokenizer().save(source / "tokenizer.json")  # loaded: the checkpoint records it
+    experiment = pretrained_experiment("tiny", model.config, source, description="tiny")
+    converted = write_conversion(experiment, model, source, tmp_path / "out", suffix="nha",
+                                 description="NHA (test)")
+    assert (converted.name, converted.description) == ("tiny-nha", "tiny converted to NHA (test)")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "checkpoints", "config.json", "generation_config.json", "tokenizer.json"]
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == ByteTokenizer().to_json()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["name"] == "tiny-nha"
