@@ -15,9 +15,11 @@ from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.sharding import (
     LOGICAL_AXIS_RULES,
     axis_rules,
+    batch_sharding,
     logical_to_spec,
     make_mesh,
     use_rules,
+    variable_sharding,
 )
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.trainer import init_train_state, to_device
@@ -116,3 +118,28 @@ def test_rule_set_chosen_by_config():
         axis_rules(MeshConfig(axis_rule_overrides=("embd=fsdp",)))
     with pytest.raises(ValueError, match="mesh axis 'model' is not one of"):
         axis_rules(MeshConfig(axis_rule_overrides=("embed=model",)))
+
+
+def test_replicated_rule_set_keeps_the_batch_split():
+    """The "replicated" set replicates every parameter dimension but still splits the batch
+    over both data-parallel axes (FSDP devices then act as plain data parallelism): on a
+    data × fsdp mesh the batch is split 8 ways, and a kernel is whole on every device."""
+    rules = axis_rules(MeshConfig(axis_rules="replicated"))
+    assert rules == {**{name: None for name in LOGICAL_AXIS_RULES}, "batch": ("data", "fsdp")}
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4))
+    with use_rules(rules):
+        assert batch_sharding(mesh).spec == P(("data", "fsdp"), None)
+        assert logical_to_spec(("embed", "mlp"), (32, 64), mesh) == P(None, None)
+
+
+def test_variable_logical_axes_must_name_every_dimension():
+    """`logical_axes` one short of the shape would leave the last dimension silently
+    replicated (a missed `mlp`/`embed` name in a new module): refused, naming the variable;
+    a variable without `logical_axes` is replicated."""
+    mesh = make_mesh(MeshConfig(data=1, tensor=8))
+    named = nnx.Param(jnp.zeros((8, 4)), logical_axes=("mlp", None))
+    assert variable_sharding(named, mesh).spec == P("tensor", None)
+    assert variable_sharding(nnx.Param(jnp.zeros((8, 4))), mesh).spec == P(None, None)
+    with pytest.raises(ValueError, match=r"logical_axes \('mlp',\) do not match the shape "
+                                         r"\(8, 4\) of a Param"):
+        variable_sharding(nnx.Param(jnp.zeros((8, 4)), logical_axes=("mlp",)), mesh)

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hybrid_jax.convert.nha import NEW_PARAMETER, convert_to_nha
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.convert.nha import NEW_PARAMETER, convert_to_nha, nha_config
+from hybrid_jax.convert.params import named_values, transplant
 from tests.convert.test_hf import load
 
 
@@ -45,3 +47,60 @@ def test_convert_refuses_non_attention_layers():
     model, _ = load("llama")
     with pytest.raises(ValueError, match="layer 5 is not an attention layer"):
         convert_to_nha(model, window=4, num_slots=4, layers=[5])
+
+
+def test_seed_draws_the_slot_gates_and_nothing_else():
+    """`seed` draws the new W_f (the same seed, the same W_f; another seed, another W_f) and
+    every transplanted parameter is the original's whatever the seed."""
+    model, _ = load("llama")
+    values = named_values(model)
+    gates = {}
+    for seed in (0, 0, 1):
+        converted = named_values(convert_to_nha(model, window=4, num_slots=4, seed=seed))
+        assert all(np.array_equal(converted[k], v) for k, v in values.items())
+        gates.setdefault(seed, []).append(np.asarray(converted[f"blocks/0/{NEW_PARAMETER}"]))
+    np.testing.assert_array_equal(*gates[0])
+    assert not np.allclose(gates[0][0], gates[1][0])
+
+
+def test_transplant_refuses_parameters_left_out_or_unknown():
+    """Every variable of the new model is given or new, and every given value lands somewhere:
+    a conversion that forgot a parameter, or one whose name no longer matches, is an error,
+    not a freshly initialised or silently dropped weight."""
+    model, _ = load("llama")
+    values = named_values(model)
+    with pytest.raises(ValueError, match="left out: \\['blocks/0/mixer/bogus/kernel'\\]"):
+        transplant(model.config, {**values, "blocks/0/mixer/bogus/kernel": values[
+            "blocks/0/mixer/q_proj/kernel"]}, lambda name, value: None)
+    del values["blocks/1/mixer/q_proj/kernel"]
+    with pytest.raises(ValueError, match="blocks/1/mixer/q_proj/kernel is neither in the "):
+        transplant(model.config, values, lambda name, value: None)
+
+
+# Layer 0's own attention options, all unlike the model-level defaults (which the fixtures'
+# layers use, so a converter that dropped one would still match them).
+OWN_OPTIONS = dict(num_heads=2, num_kv_heads=1, head_dim=8, rope_theta=500.0,
+                   rope_fraction=0.5, rope_scaling=(8.0, 1.0, 4.0, 64.0), qkv_bias=True)
+
+
+def _own_options_config(**layer0) -> ModelConfig:
+    return ModelConfig(layers=(layer("attention", **OWN_OPTIONS, **layer0), "attention"),
+                       vocab_size=32, d_model=16, num_heads=4, ffn_dim=32)
+
+
+def test_nha_layers_keep_their_attention_layers_own_options():
+    """Each NHA layer takes its attention layer's heads, head size, RoPE and q/k/v biases,
+    layer 0's own values included."""
+    config = _own_options_config()
+    converted = nha_config(config, window=8, num_slots=2)
+    assert [spec.type for spec in converted.layers] == ["nha", "nha"]
+    for i in (0, 1):  # (named here, not by SHARED_OPTIONS, which a bug could shorten)
+        before, after = config.block_options(i), converted.block_options(i)
+        assert {n: getattr(after, n) for n in OWN_OPTIONS} == {
+            n: getattr(before, n) for n in OWN_OPTIONS}
+    assert {n: getattr(converted.block_options(0), n) for n in OWN_OPTIONS} == OWN_OPTIONS
+
+
+def test_convert_refuses_cosine_attention():
+    with pytest.raises(ValueError, match="layer 0 uses cosine attention"):
+        nha_config(_own_options_config(cosine=True), window=8, num_slots=2)

@@ -14,10 +14,11 @@ from flax import nnx
 import hybrid_jax as hj
 from experiments.cli import main as cli_main
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig, layer
+from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig, layer, to_dict
 from hybrid_jax.context import TokenContext
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.nn.blocks import deepnorm_constants, mixing_weights
+from hybrid_jax.train.mixing import mixing_weights as inspect_mixing
 from hybrid_jax.train.trainer import train
 from tests.helpers import assert_close, shared_model
 
@@ -135,6 +136,27 @@ def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys, scan):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
     assert cli_main(["inspect", "mixing", str(tmp_path)]) == 2
     assert "no mixing weights" in capsys.readouterr().err
+
+
+def test_scanned_mixing_keys_are_numbered_by_the_runs_layer_period(tmp_path):
+    """Layers `attention, gss` twice, scanned: period 2, so block i of group g is layer 2g + i
+    (the trained test above has period 1, where any numbering of (i, g) agrees). The latest
+    record is read, and a branch a layer does not log is NaN, not 0."""
+    experiment = ExperimentConfig(
+        name="mixing-period", model=ModelConfig(
+            layers=("attention", "gss") * 2, vocab_size=32, d_model=16, num_heads=2, ffn_dim=32,
+            scan_layers=True),
+        data=MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2), train=TrainConfig())
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(experiment)))
+    weights = {0: (0.0, 1.0), 1: (0.1, 0.9), 2: (0.2, 0.8), 3: (0.3, None)}  # (attention, gss)
+    latest = {f"diag/blocks.{index % 2}.mixing_{branch}/{index // 2}": w
+              for index, pair in weights.items()
+              for branch, w in zip(("attention", "gss"), pair, strict=True) if w is not None}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 4, **{k: 0.5 for k in latest}}, {"step": 8, "loss": 1.0, **latest})))
+    step, layers, branches, table = inspect_mixing(tmp_path)
+    assert (step, layers, branches) == (8, [0, 1, 2, 3], ["attention", "gss"])
+    np.testing.assert_array_equal(table, [[0.0, 1.0], [0.1, 0.9], [0.2, 0.8], [0.3, np.nan]])
 
 
 def test_presets_have_the_papers_sizes():

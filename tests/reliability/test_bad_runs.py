@@ -17,7 +17,7 @@ from hybrid_jax.config import MeshConfig
 from hybrid_jax.data.tokenizer import WordTokenizer
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.metrics import MetricsLog, read_metrics
-from hybrid_jax.train.run_dir import RunLock
+from hybrid_jax.train.run_dir import RunDirError, RunLock, prepare_run_dir, recorded_experiment
 from hybrid_jax.train.trainer import nonfinite_message, restore_train_state, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 from tests.train.damage import flip_byte, largest_array_file, truncate
@@ -202,6 +202,38 @@ def test_force_starts_afresh(run, corpus, capsys):
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2]
 
 
+def test_prepare_run_dir_decides_resume_and_what_force_removes(tmp_path):
+    """Each case of `prepare_run_dir` (the CLI tests above only reach the refusals): an empty
+    directory resumes (nothing to resume from, nothing to refuse); a resume in another
+    experiment's directory with --force starts afresh there; starting afresh removes every
+    run output, damaged checkpoints included, and keeps a tokenizer put there for the run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert prepare_run_dir(run, NAME, resume=True, force=False) is True
+    assert prepare_run_dir(run, NAME, resume=False, force=False) is False
+    (run / "config.json").write_text(json.dumps({"name": "other"}))
+    (run / "damaged_checkpoints" / "4").mkdir(parents=True)
+    (run / "tokenizer.json").write_text("{}")
+    assert prepare_run_dir(run, "other", resume=True, force=False) is True
+    with pytest.raises(RunDirError, match=f"holds a run of 'other', not '{NAME}'"):
+        prepare_run_dir(run, NAME, resume=True, force=False)
+    assert prepare_run_dir(run, NAME, resume=True, force=True) is False
+    assert sorted(p.name for p in run.iterdir()) == ["tokenizer.json"]
+    (run / "damaged_checkpoints").mkdir()  # all that is left of an earlier run
+    with pytest.raises(RunDirError, match=r"already holds run outputs \(damaged_checkpoints\)"):
+        prepare_run_dir(run, NAME, resume=False, force=False)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, None), ('{"name": "a"}', "a"), ("{}", "?"), ("[1, 2]", "?"), ('{"name": ', "?")])
+def test_recorded_experiment_of_any_config_json(tmp_path, content, expected):
+    """The experiment a directory holds: None without config.json, '?' for one that is not an
+    object naming it (a list, a torn file) rather than an exception."""
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    assert recorded_experiment(tmp_path) == expected
+
+
 def test_rollback_and_resume_events_all_stay_in_the_metrics(tmp_path):
     log = MetricsLog(tmp_path, tensorboard=False)
     for step in range(1, 7):
@@ -212,6 +244,21 @@ def test_rollback_and_resume_events_all_stay_in_the_metrics(tmp_path):
     kept = read_metrics(tmp_path)
     assert [r["step"] for r in kept if "loss" in r] == [1, 2]
     assert [r["step"] for r in kept if r.get("event") == "rollback"] == [3, 5]
+
+
+def test_truncate_without_a_file_and_a_torn_line_midway(tmp_path):
+    """`truncate` drops the records after the step from the history of a log that writes no
+    file, too (events stay); a torn line midway (a run killed mid-write, then resumed, appends
+    after it) is skipped and the records after it are read."""
+    log = MetricsLog(None)
+    for step in range(1, 5):
+        log.write({"step": step, "loss": 1.0})
+    log.write({"step": 4, "event": "interrupted"})
+    log.truncate(2)
+    assert [(r["step"], "event" in r) for r in log.history] == [(1, False), (2, False),
+                                                                 (4, True)]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 3}]
 
 
 def test_nonfinite_message_says_loss_or_gradient():

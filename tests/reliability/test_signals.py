@@ -96,3 +96,35 @@ def test_force_exit_message_says_what_is_on_disk(tmp_path):
         flushed + f"the last complete checkpoint is step 4 ({tmp_path}/checkpoints/4); "
         "resume with --resume.")
     assert run.log.flushed == 3
+
+
+# Enters StopSignals(grace_s=0.2), signals itself, acknowledges the stop when asked, then stays
+# "busy" five grace periods before leaving the context and printing what it received.
+ACKNOWLEDGING = """
+import os, signal, sys, time
+from hybrid_jax.train.preemption import StopSignals
+with StopSignals(grace_s=0.2) as stop:
+    os.kill(os.getpid(), signal.SIGTERM)
+    while stop.received is None:
+        time.sleep(0.01)
+    if sys.argv[1] == "acknowledge":
+        stop.acknowledge()
+    time.sleep(1.0)
+print(stop.received)
+"""
+
+
+@pytest.mark.parametrize("acknowledge", [True, False])
+def test_an_acknowledged_stop_is_not_forced_after_the_grace_period(acknowledge):
+    """A loop that acknowledges the stop (it is checkpointing) may take longer than `grace_s`
+    and leaves normally; without the acknowledgement the watchdog ends the process with
+    128 + SIGTERM once `grace_s` has passed. (The stuck-run test above never acknowledges,
+    so it cannot tell an acknowledgement that works from one that is ignored.)"""
+    process = subprocess.run(
+        [sys.executable, "-c", ACKNOWLEDGING, "acknowledge" if acknowledge else "no"], cwd=ROOT,
+        env=os.environ.copy(), capture_output=True, text=True, timeout=60)
+    if acknowledge:
+        assert (process.returncode, process.stdout) == (0, "SIGTERM\n"), process.stderr[-3000:]
+    else:
+        assert process.returncode == 128 + signal.SIGTERM, process.stderr[-3000:]
+        assert "did not stop within 0.2 s of SIGTERM" in process.stderr

@@ -23,6 +23,7 @@ import pytest
 
 from experiments import registry
 from hybrid_jax.config import MeshConfig, apply_overrides, to_dict
+from hybrid_jax.distributed import ENVIRONMENT, initialize
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import check_process_rows
@@ -119,6 +120,46 @@ def test_a_mesh_that_does_not_split_the_batch_across_processes_is_refused(monkey
     with pytest.raises(ValueError, match=r"process 1 of 2: its devices hold batch rows "
                                          r"\[0, 1, 2, 3, 4, 5, 6, 7\]\.\.\., not its own 4\.\.7"):
         check_process_rows(mesh, 8)
+
+
+@pytest.fixture
+def joined(monkeypatch):
+    """The keyword arguments of every `jax.distributed.initialize` call (stubbed: nothing
+    joins a job), with none of the HYBRID_JAX_* variables set."""
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+    for name in ENVIRONMENT.values():
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def test_initialize_takes_the_flags_then_the_environment(joined, monkeypatch):
+    """Nothing set: one process, JAX not told anything. A flag wins over its variable, even
+    process 0 (falsy); the variables fill in the rest, device ids as a list of integers."""
+    assert initialize() is False and joined == []
+    for name, value in (("coordinator", "host0:1234"), ("num_processes", "4"),
+                        ("process_id", "3"), ("local_device_ids", "0, 2")):
+        monkeypatch.setenv(ENVIRONMENT[name], value)
+    assert initialize(process_id=0) is True
+    assert joined == [dict(coordinator_address="host0:1234", num_processes=4, process_id=0,
+                           local_device_ids=[0, 2])]
+    monkeypatch.setenv(ENVIRONMENT["num_processes"], "four")
+    with pytest.raises(ValueError, match="HYBRID_JAX_NUM_PROCESSES='four': expected an integer"):
+        initialize()
+
+
+def test_initialize_refuses_incomplete_settings_unless_auto(joined):
+    """A partial description of the job, or a process id outside [0, num_processes), is an
+    error before JAX is called; with `auto`, JAX detects the cluster and fills in the rest."""
+    with pytest.raises(ValueError, match="missing: process_id"):
+        initialize("host0:1234", 2)
+    with pytest.raises(ValueError, match=r"process_id=2 is not in \[0, num_processes=2\)"):
+        initialize("host0:1234", 2, 2)
+    assert joined == []
+    assert initialize(auto=True) is True
+    assert initialize(num_processes=2, auto=True) is True
+    assert joined == [dict(coordinator_address=None, num_processes=n, process_id=None,
+                           local_device_ids=None) for n in (None, 2)]
 
 
 def test_two_processes_train_like_one_and_resume_on_one(runs, tmp_path):

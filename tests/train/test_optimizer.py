@@ -56,6 +56,17 @@ def test_global_norm_of_sharded_leaves(axis_type):
                                rtol=1e-6)
 
 
+def test_global_norm_counts_a_leaf_of_exactly_small_leaf_elements():
+    """A leaf of exactly `SMALL_LEAF` elements is counted once (in the shared reduction), next
+    to leaves either side of the boundary; `_tree` has none exactly at it."""
+    tree = {"edge": jnp.full((SMALL_LEAF,), 2.0), "big": jnp.ones(SMALL_LEAF + 1),
+            "small": jnp.ones(3)}
+    np.testing.assert_allclose(float(global_norm(tree)),
+                               np.sqrt(4 * SMALL_LEAF + SMALL_LEAF + 1 + 3), rtol=1e-6)
+    np.testing.assert_allclose(float(global_norm({"edge": tree["edge"]})),
+                               2 * np.sqrt(SMALL_LEAF), rtol=1e-6)
+
+
 @pytest.mark.parametrize("max_norm", [1e-3, 1e4])  # clipped, and left alone
 def test_clip_matches_optax(max_norm):
     tree = {k: v for k, v in _tree(2).items() if k != "half"}

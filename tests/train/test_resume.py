@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -157,3 +158,22 @@ def test_stop_signals_are_caught_then_restored():
         time.sleep(0.01)
         assert stop.received == "SIGINT"
     assert signal.getsignal(signal.SIGINT) is previous
+
+
+@pytest.mark.parametrize("received, codes, expected", [
+    (None, [0, 0, 0], None),  # nobody: run on
+    (None, [0, signal.SIGTERM, signal.SIGINT], "SIGTERM"),  # the first process's signal
+    ("SIGINT", [signal.SIGINT, signal.SIGTERM, 0], "SIGINT"),  # its own signal stays
+])
+def test_every_process_stops_when_any_received_a_signal(monkeypatch, received, codes, expected):
+    """`everywhere()` in a 3-process job (the all-gather stubbed with what each process
+    received): one signal anywhere stops them all, naming the first process's signal."""
+    from jax.experimental import multihost_utils
+
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    monkeypatch.setattr(multihost_utils, "process_allgather",
+                        lambda x: np.asarray([int(c) for c in codes], np.int32))
+    stop = StopSignals()  # not entered: no handlers, only the flag
+    stop.received = received
+    assert stop.everywhere() is (expected is not None)
+    assert stop.received == expected
