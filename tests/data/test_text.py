@@ -154,6 +154,17 @@ def test_tokenized_cache_is_reused_and_invalidated(corpus, tmp_path):
         len(changed) + 1
 
 
+def test_a_runs_token_cache_lives_in_its_directory(corpus, tmp_path):
+    """Bound to a run directory without `cache_dir`, the token streams are cached under
+    RUN_DIR/data_cache (memory-mapped by the next bind); without a run directory, nowhere."""
+    config = TextConfig(path=str(corpus / "train-0.txt"), seq_len=16)
+    first = config.bind(tmp_path).stream("train")
+    assert any((tmp_path / "data_cache").iterdir())
+    again = config.bind(tmp_path).stream("train")
+    assert isinstance(again.tokens, np.memmap) and np.array_equal(again.tokens, first.tokens)
+    assert config.bind(None).cache_dir is None
+
+
 def test_tokenized_cache_is_keyed_by_content_regex_tokenizer_and_encoding(tmp_path):
     """Each input of the token stream changes the key: a file rewritten at the same size (its
     modification time), the document regex, the tokenizer and the encoding."""
@@ -262,6 +273,7 @@ def test_eval_batches_count_every_byte(corpus):
                                                                                 len(windows))]))
     assert not last["inputs"][real:].any() and not last["mask"][real:].any()
     assert len(data.eval_batches(batch_size=4, num_batches=1)) == 1
+    assert len(data.eval_batches(batch_size=4, num_batches=10**6)) == len(batches)  # all there are
 
 
 def test_packed_documents_do_not_leak():
@@ -317,6 +329,9 @@ def test_tokenizer_spec_reuses_a_recorded_tokenizer_only_when_it_fits(corpus, bp
     smaller = bound("bpe:300")
     assert smaller.vocab_size <= 300 and load_tokenizer(recorded).vocab_size == smaller.vocab_size
     assert isinstance(bound("word"), WordTokenizer)
+    small = build_word_vocab(["zebra quagga"])  # recorded: "word" reuses it, not the corpus's
+    small.save(recorded)
+    assert bound("word").to_json() == small.to_json()
     assert isinstance(bound("byte", resume=True), WordTokenizer)  # a resume keeps the record
     assert isinstance(bound("byte"), ByteTokenizer)
     assert isinstance(load_tokenizer(recorded), ByteTokenizer)
@@ -325,6 +340,9 @@ def test_tokenizer_spec_reuses_a_recorded_tokenizer_only_when_it_fits(corpus, bp
 def test_text_config_validates_options():
     with pytest.raises(ValueError, match="TextConfig.tokenizer='bpe:x'"):
         TextConfig(tokenizer="bpe:x")
+    with pytest.raises(ValueError, match=r"'bpe:257': a byte-level BPE needs a vocabulary of "
+                                         "at least 258"):
+        TextConfig(tokenizer="bpe:257")
     with pytest.raises(ValueError, match="TextConfig.document_regex"):
         TextConfig(document_regex="(")
     with pytest.raises(ValueError, match="TextConfig.seq_len=0"):
