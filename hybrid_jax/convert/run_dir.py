@@ -19,7 +19,7 @@ from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.optimizer import make_optimizer
-from hybrid_jax.train.run_dir import RUN_OUTPUTS
+from hybrid_jax.train.run_dir import RUN_OUTPUTS, RunLock
 
 # A short fine-tuning schedule at a small learning rate; override with --set train.*.
 FINETUNE = TrainConfig(steps=200, batch_size=8, learning_rate=2e-5, warmup_steps=20,
@@ -38,25 +38,26 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
               files: tuple[Path, ...] = (), source: str = "") -> Path:
     """Writes `experiment`'s config, a step-0 checkpoint of `model` (recording the fingerprint
     of a `tokenizer.json` among `files`) and copies of `files` into `run_dir`, which must hold
-    no run's outputs (checkpoints, metrics, results: they would read as this model's)."""
+    no run's outputs (checkpoints, metrics, results: they would read as this model's) and no
+    process writing there (`RunLock`)."""
     run_dir = Path(run_dir)
-    found = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-    if found:
-        raise ValueError(f"{run_dir} already holds a run ({', '.join(found)}): choose another "
-                         "--out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for file in files:
-        shutil.copyfile(file, run_dir / file.name)
-    optimizer = nnx.Optimizer(model, make_optimizer(experiment.train), wrt=nnx.Param)
-    meta = {"step": 0, "skipped_steps": [], "seed": experiment.train.seed,
-            "config": to_dict(experiment), "source": source}
-    tokenizer = run_dir / TOKENIZER_FILE
-    if tokenizer.is_file():  # as a trained run's checkpoints do: a swapped file is refused
-        meta["tokenizer_sha256"] = tokenizer_fingerprint(load_tokenizer(tokenizer))
-    checkpointer = Checkpointer(run_dir, keep=None, async_save=False)
-    try:
-        checkpointer.save(0, nnx.state((model, optimizer)), meta)
-    finally:
-        checkpointer.close()
-    (run_dir / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
+    with RunLock(run_dir):  # as a training run holds it: neither writes while the other does
+        found = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+        if found:
+            raise ValueError(f"{run_dir} already holds a run ({', '.join(found)}): choose "
+                             "another --out")
+        for file in files:
+            shutil.copyfile(file, run_dir / file.name)
+        optimizer = nnx.Optimizer(model, make_optimizer(experiment.train), wrt=nnx.Param)
+        meta = {"step": 0, "skipped_steps": [], "seed": experiment.train.seed,
+                "config": to_dict(experiment), "source": source}
+        tokenizer = run_dir / TOKENIZER_FILE
+        if tokenizer.is_file():  # as a trained run's checkpoints do: a swapped file is refused
+            meta["tokenizer_sha256"] = tokenizer_fingerprint(load_tokenizer(tokenizer))
+        checkpointer = Checkpointer(run_dir, keep=None, async_save=False)
+        try:
+            checkpointer.save(0, nnx.state((model, optimizer)), meta)
+        finally:
+            checkpointer.close()
+        (run_dir / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
     return run_dir

@@ -14,6 +14,7 @@ from hybrid_jax.data.tokenizer import ByteTokenizer, build_word_vocab, tokenizer
 from hybrid_jax.nn.lm import create_model
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.checkpoint import CheckpointError, saved_steps
+from hybrid_jax.train.run_dir import RunDirError, RunLock
 from hybrid_jax.train.trainer import restore_train_state
 from tests.convert.test_hf import FIXTURES
 
@@ -97,7 +98,13 @@ def test_write_run_names_its_tokenizer_absolutely_and_never_overwrites(tmp_path,
     (tmp_path / "trained" / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(ValueError, match=r"trained already holds a run \(metrics.jsonl\)"):
         write_run("trained", experiment, model)
-    assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == [".lock",
+                                                                         "metrics.jsonl"]
+    # A directory a training process holds (its lock): refused, naming the holder.
+    with RunLock(tmp_path / "busy"), pytest.raises(RunDirError, match="busy is in use by "
+                                                                     "another run"):
+        write_run("busy", experiment, model)
+    assert not (tmp_path / "busy" / "checkpoints").exists()
 
 
 def test_write_run_records_its_tokenizer_and_a_swapped_one_is_refused(tmp_path):
@@ -135,6 +142,6 @@ def test_a_conversion_takes_the_sources_files_but_not_its_results(tmp_path):
                                  description="NHA (test)")
     assert (converted.name, converted.description) == ("tiny-nha", "tiny converted to NHA (test)")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "checkpoints", "config.json", "generation_config.json", "tokenizer.json"]
+        ".lock", "checkpoints", "config.json", "generation_config.json", "tokenizer.json"]
     assert (tmp_path / "out" / "tokenizer.json").read_text() == ByteTokenizer().to_json()
     assert json.loads((tmp_path / "out" / "config.json").read_text())["name"] == "tiny-nha"
