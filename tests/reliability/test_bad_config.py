@@ -54,6 +54,7 @@ MODEL_CASES = [
     (dict(vocab_size=2.5), r"ModelConfig.vocab_size=2.5: expected an integer"),
     (dict(d_model=True), r"ModelConfig.d_model=True: expected an integer"),
     (dict(norm_eps=0.0), r"ModelConfig.norm_eps=0.0: expected a finite value in \(0"),
+    (dict(norm_eps=1.5), r"ModelConfig.norm_eps=1.5: expected a finite value in \(0"),
     (dict(init_std=-0.02), r"ModelConfig.init_std=-0.02"),
     (dict(rope_theta=0.0), r"ModelConfig.rope_theta=0.0"),
     (dict(layers="attention"), r"ModelConfig.layers='attention': expected a tuple"),
@@ -89,6 +90,7 @@ def test_model_config_takes_the_smallest_legal_values():
                          num_kv_heads=1, head_dim=1, window=0, ffn_dim=0, rope_fraction=0.0,
                          rope_scaling=[8.0, 1.0, 4.0, 8192])
     assert (config.kv_heads, config.window, config.rope_scaling) == (1, 0, (8.0, 1.0, 4.0, 8192))
+    assert config.resolved_ffn_dim == 0  # no FFN, not the default width
 
 
 @pytest.mark.parametrize("kwargs, message", MODEL_CASES)
