@@ -10,8 +10,10 @@ from hybrid_jax.config import (
     ExperimentConfig,
     MeshConfig,
     ModelConfig,
+    ModeSchedule,
     TrainConfig,
     apply_overrides,
+    from_dict,
     layer,
 )
 from hybrid_jax.data.mqar import MQARConfig
@@ -85,6 +87,31 @@ def test_the_other_configs_take_their_smallest_legal_values():
     with pytest.raises(ValueError, match=r"MeshConfig\(data=-2, .*expected positive sizes"):
         MeshConfig(data=-2)
     assert MQARConfig(num_train_examples=1, num_eval_examples=1).num_train_examples == 1
+
+
+def test_mesh_shapes_use_every_device_or_refuse():
+    """-1 takes the devices the other axes leave; a size that does not divide them, or more
+    devices than there are, is refused (never a mesh silently using fewer devices)."""
+    assert MeshConfig(fsdp=2).shape(8) == (4, 2, 1, 1)
+    with pytest.raises(ValueError, match="3 does not divide the 8 available devices"):
+        MeshConfig(fsdp=3).shape(8)
+    with pytest.raises(ValueError, match=r"needs 16 devices, only 8 are available"):
+        MeshConfig(data=4, fsdp=4).shape(8)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(pattern="chunks"), r"ModeSchedule.pattern='chunks': expected one of \['none'"),
+    (dict(chunk=0), r"ModeSchedule.chunk=0: expected a positive integer"),
+    (dict(attention_prob=1.5), r"ModeSchedule.attention_prob=1.5: expected a finite value")])
+def test_mode_schedule(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModeSchedule(**kwargs)
+
+
+def test_unknown_config_keys_are_named_with_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"TrainConfig: unknown key\(s\) \['stepz'\]; "
+                                         r"allowed: \['steps', 'batch_size'"):
+        from_dict(TrainConfig, {"stepz": 3})
 
 
 def test_model_config_takes_the_smallest_legal_values():
