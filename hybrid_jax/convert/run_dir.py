@@ -19,7 +19,7 @@ from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.optimizer import make_optimizer
-from hybrid_jax.train.run_dir import RUN_OUTPUTS, RunLock
+from hybrid_jax.train.run_dir import RunLock, run_outputs
 
 # A short fine-tuning schedule at a small learning rate; override with --set train.*.
 FINETUNE = TrainConfig(steps=200, batch_size=8, learning_rate=2e-5, warmup_steps=20,
@@ -42,7 +42,7 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
     process writing there (`RunLock`)."""
     run_dir = Path(run_dir)
     with RunLock(run_dir):  # as a training run holds it: neither writes while the other does
-        found = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+        found = run_outputs(run_dir)
         if found:
             raise ValueError(f"{run_dir} already holds a run ({', '.join(found)}): choose "
                              "another --out")

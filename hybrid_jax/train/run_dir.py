@@ -63,6 +63,11 @@ class RunLock:
         self.release()
 
 
+def run_outputs(run_dir: Path) -> list[str]:
+    """The `RUN_OUTPUTS` present in `run_dir`."""
+    return [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+
+
 def recorded_experiment(run_dir: Path) -> str | None:
     """The experiment name in `run_dir/config.json` (None without one; '?' if unreadable)."""
     path = run_dir / "config.json"
@@ -89,7 +94,7 @@ def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> b
                               "another --out (or --force to start over there)")
         if recorded is None or recorded == name:
             return True
-    present = [n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+    present = run_outputs(run_dir)
     if not present:
         return False
     if not force:
