@@ -55,15 +55,27 @@ def test_gradients_reach_every_branch_and_mixing_scalar():
             assert norm > 0, f"layer {i} branch {name}"
 
 
-def _deepnorm_and_pre_norm(preset: str, depth: int):
-    """`depth` layers of `preset` (DeepNorm) and the same with pre-norm residuals, same seed.
-    Built eagerly: the constructor's values (create_model jits the same constructor), without
-    compiling an initialisation for each of the two models."""
+def _deepnorm_and_pre_norm(preset: str, depth: int, **changes):
+    """`depth` layers of `preset` (DeepNorm, with the block options `changes`) and the same
+    with pre-norm residuals, same seed. Built eagerly: the constructor's values (create_model
+    jits the same constructor), without compiling an initialisation for each of the two
+    models."""
     base = presets.get(preset)
     spec = base.layers[0]
-    plain_spec = layer(spec.type, **{**dict(spec.options), "residual": "pre_norm"})
-    return tuple(hj.LanguageModel(base.replace(layers=layers), rngs=nnx.Rngs(3))
-                 for layers in (base.layers[:1] * depth, (plain_spec,) * depth))
+    specs = [layer(spec.type, **{**dict(spec.options), **options})
+             for options in (changes, {"residual": "pre_norm"})]
+    return tuple(hj.LanguageModel(base.replace(layers=(s,) * depth), rngs=nnx.Rngs(3))
+                 for s in specs)
+
+
+def _assert_init_gain(block, plain, path: str, gain: float) -> None:
+    """The `Linear` at `path` of a DeepNorm block is Xavier-normal times `gain`: its kernel
+    over the pre-norm block's (normal(init_std), same seed) is `gain·√(2/fan)/init_std`."""
+    linear, base_linear = (functools.reduce(getattr, path.split("."), b) for b in (block, plain))
+    fan = np.prod(linear.in_shape) + np.prod(linear.out_shape)
+    ratio = linear.kernel[...] / base_linear.kernel[...]
+    expected = gain * np.sqrt(2 / fan) / base_linear.init_std
+    assert_close(ratio, jnp.full_like(ratio, expected), 1e-5, f"{path} (gain {gain})")
 
 
 @pytest.mark.parametrize("depth", [1, 4])
@@ -74,24 +86,15 @@ def test_deepnorm_constants_follow_the_formulas(depth):
     model, pre_norm = _deepnorm_and_pre_norm("pha-tiny", depth)
     alpha, beta = (2 * depth) ** 0.25, (8 * depth) ** -0.25
     assert deepnorm_constants(depth) == pytest.approx((alpha, beta))
-
-    def check(block, plain, path, gain):
-        linear, base_linear = (functools.reduce(getattr, path.split("."), b)
-                               for b in (block, plain))
-        fan = np.prod(linear.in_shape) + np.prod(linear.out_shape)
-        ratio = linear.kernel[...] / base_linear.kernel[...]
-        expected = gain * np.sqrt(2 / fan) / base_linear.init_std
-        assert_close(ratio, jnp.full_like(ratio, expected), 1e-5, f"{path} (gain {gain})")
-
     for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
         assert block.alpha == pytest.approx(alpha) and plain.alpha == 1.0
         for path in ("attention.v_proj", "attention.o_proj", "gss.u_proj", "gss.uc_proj",
                      "gss.out_proj", "dual_ffn.primary.up", "dual_ffn.primary.down",
                      "dual_ffn.aux.up", "dual_ffn.aux.down"):
-            check(block, plain, path, beta)
+            _assert_init_gain(block, plain, path, beta)
         for path in ("attention.q_proj", "attention.k_proj", "gss.v_proj",
                      "dual_ffn.primary.gate", "dual_ffn.aux.gate"):
-            check(block, plain, path, 1.0)
+            _assert_init_gain(block, plain, path, 1.0)
 
 
 @pytest.mark.parametrize("index,branch", [(0, "gss"), (1, "attention"), (2, "dual_ffn")])
@@ -176,18 +179,11 @@ def test_presets_have_the_papers_sizes():
 def test_explicit_deepnorm_constants_replace_the_formulas():
     """`deepnorm_alpha` / `deepnorm_beta` set the residual's α and the init gain β of the
     value projection (against a pre-norm model of the same seed)."""
-    base = presets.get("pha-tiny")
-    spec = base.layers[0]
-    specs = [layer(spec.type, **{**dict(spec.options), **changes}) for changes in (
-        dict(deepnorm_alpha=0.7, deepnorm_beta=0.3), dict(residual="pre_norm"))]
-    block, plain = (hj.LanguageModel(base.replace(layers=(s,)), rngs=nnx.Rngs(3)).blocks[0]
-                    for s in specs)
+    model, pre_norm = _deepnorm_and_pre_norm("pha-tiny", 1, deepnorm_alpha=0.7,
+                                             deepnorm_beta=0.3)
+    block, plain = model.blocks[0], pre_norm.blocks[0]
     assert (block.alpha, block.beta) == (0.7, 0.3)
-    v, v_plain = block.attention.v_proj, plain.attention.v_proj
-    fan = np.prod(v.in_shape) + np.prod(v.out_shape)
-    ratio = v.kernel[...] / v_plain.kernel[...]
-    assert_close(ratio, jnp.full_like(ratio, 0.3 * np.sqrt(2 / fan) / v_plain.init_std), 1e-5,
-                 "attention.v_proj")
+    _assert_init_gain(block, plain, "attention.v_proj", 0.3)
 
 
 @pytest.mark.parametrize("depth", [1, 3])
@@ -200,8 +196,4 @@ def test_deepnorm_counts_the_sublayers_of_a_serial_stack(depth):
     assert deepnorm_constants(depth, 3) == pytest.approx((alpha, beta))
     for block, plain in zip(model.blocks, pre_norm.blocks, strict=True):
         assert block.alpha == pytest.approx(alpha) and block.beta == pytest.approx(beta)
-        v, v_plain = block.attention.v_proj, plain.attention.v_proj
-        fan = np.prod(v.in_shape) + np.prod(v.out_shape)
-        ratio = v.kernel[...] / v_plain.kernel[...]
-        assert_close(ratio, jnp.full_like(ratio, beta * np.sqrt(2 / fan) / v_plain.init_std),
-                     1e-5, "attention.v_proj")
+        _assert_init_gain(block, plain, "attention.v_proj", beta)
