@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.convert.nha import NEW_PARAMETER, convert_to_nha, nha_config
 from hybrid_jax.convert.params import named_values, transplant
 from tests.convert.test_hf import load
+from tests.convert.test_oryx import two_attention_layers
 
 
 def decode_all(model, ids, split):
@@ -83,15 +83,10 @@ OWN_OPTIONS = dict(num_heads=2, num_kv_heads=1, head_dim=8, rope_theta=500.0,
                    rope_fraction=0.5, rope_scaling=(8.0, 1.0, 4.0, 64.0), qkv_bias=True)
 
 
-def _own_options_config(**layer0) -> ModelConfig:
-    return ModelConfig(layers=(layer("attention", **OWN_OPTIONS, **layer0), "attention"),
-                       vocab_size=32, d_model=16, num_heads=4, ffn_dim=32)
-
-
 def test_nha_layers_keep_their_attention_layers_own_options():
     """Each NHA layer takes its attention layer's heads, head size, RoPE and q/k/v biases,
     layer 0's own values included."""
-    config = _own_options_config()
+    config = two_attention_layers(**OWN_OPTIONS)
     converted = nha_config(config, window=8, num_slots=2)
     assert [spec.type for spec in converted.layers] == ["nha", "nha"]
     for i in (0, 1):  # (named here, not by SHARED_OPTIONS, which a bug could shorten)
@@ -103,4 +98,4 @@ def test_nha_layers_keep_their_attention_layers_own_options():
 
 def test_convert_refuses_cosine_attention():
     with pytest.raises(ValueError, match="layer 0 uses cosine attention"):
-        nha_config(_own_options_config(cosine=True), window=8, num_slots=2)
+        nha_config(two_attention_layers(**OWN_OPTIONS, cosine=True), window=8, num_slots=2)

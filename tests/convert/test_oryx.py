@@ -73,7 +73,7 @@ def test_seed_draws_the_new_dt_projection():
     np.testing.assert_array_equal(c_1, q_proj)
 
 
-def _attention_config(**layer0) -> ModelConfig:
+def two_attention_layers(**layer0) -> ModelConfig:
     """Two attention layers; layer 0 with options of its own (unlike the model-level defaults,
     which the fixtures' layers use, so a dropped option would not show there)."""
     return ModelConfig(layers=(layer("attention", **layer0), "attention"), vocab_size=32,
@@ -85,7 +85,7 @@ def test_attention_mode_takes_each_layers_own_options():
     Oryx layer's attention mode has its attention layer's heads, head size and RoPE, and
     Mamba-2's expand is heads · head_dim / d_model."""
     rope = dict(rope_theta=500.0, rope_fraction=0.5, rope_scaling=(8.0, 1.0, 4.0, 64.0))
-    config = _attention_config(num_heads=2, num_kv_heads=1, head_dim=16, **rope)
+    config = two_attention_layers(num_heads=2, num_kv_heads=1, head_dim=16, **rope)
     converted = oryx_config(config)
     for i, expand in ((0, 2), (1, 1)):
         before = config.block_options(i)
@@ -104,4 +104,4 @@ def test_attention_mode_takes_each_layers_own_options():
 ])
 def test_convert_refuses_layers_mamba2_cannot_take(options, message):
     with pytest.raises(ValueError, match=message):
-        oryx_config(_attention_config(**options))
+        oryx_config(two_attention_layers(**options))
