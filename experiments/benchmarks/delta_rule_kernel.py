@@ -51,7 +51,8 @@ SWEEP_SHAPE = (4, 8192)
 CHECK_CASES = (  # (B, T, H, K, V, dtype, documents)
     (2, 1000, 4, 128, 128, jnp.bfloat16, True),
     (1, 777, 2, 64, 256, jnp.bfloat16, False),
-    (1, 700, 2, 64, 64, jnp.bfloat16, True),  # oryx-gdn-340m's heads
+    (1, 700, 2, 64, 64, jnp.bfloat16, True),  # oryx-gdn-340m's heads; 2 programs: V tiles of 16
+    (4, 200, 16, 64, 64, jnp.bfloat16, True),  # 64 programs of 64 columns: V tiles of 64 / 32
     (1, 500, 2, 256, 64, jnp.bfloat16, True),
     (1, 300, 2, 256, 512, jnp.bfloat16, True),  # two V slices sharing q and k, V tiles of 32
     (4, 200, 16, 256, 128, jnp.bfloat16, True),  # 128 programs of 64 columns: V tiles of 64

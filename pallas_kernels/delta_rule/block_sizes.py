@@ -174,6 +174,9 @@ class BlockSizes:
 # state passes leave most of a GPU's 132 SMs idle; above K 128 they then run in V tiles of 32
 # (`default_block_sizes`, NOTES.md "Session 35").
 FEW_PROGRAMS = 64
+# Below K 128 the state tile is small and narrow V tiles cost little: fewer than this many
+# programs of 64 columns train in V tiles of 16 (NOTES.md "Session 36").
+FEW_PROGRAMS_BELOW_K128 = 32
 
 
 def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
@@ -192,7 +195,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     to V16 at gdn-340m's 12 sequences cost 2 ms of 8 (session 7); session 35 measured where V
     32 pays above K 128 (`FEW_PROGRAMS`): gdn-340m at B 1 × T 32768, 24 programs of 64
     columns, 110,441 → 119,478 tokens/s training with both state passes at V 32, and a
-    forward alone (prefill) of its mixer 2.37 → 1.89 ms (H100).
+    forward alone (prefill) of its mixer 2.37 → 1.89 ms (H100); session 36, below K 128:
+    training at fewer than `FEW_PROGRAMS_BELOW_K128` programs runs both passes in V tiles of
+    16 (gdn-130m at B 1 × T 32768, 12 heads: +5.4 % tokens/s; a forward alone not measured).
 
     Round 10 (session 12, same run as fla's forward): the forward state pass has its own
     launch and the reverse pass its row scales on the small side at one stage.
@@ -226,8 +231,15 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
         # tiles of 64 at 4 stages, fwd+bwd 1.716 → 1.649 ms (session 17 call c; GPU check
         # PASS at K 64, session 18 call a)
         base = _measured_before_round_10(key_dim, value_dim, training)
-        return (dataclasses.replace(base, forward_value_block=min(value_dim, 64),
-                                    forward_state_num_stages=4) if training else base)
+        if not training:
+            return base
+        # gdn-130m (12 heads) at B 1 × T 32768: 12 and 24 programs of V 64 and 32, 332,738 →
+        # 350,541 tokens/s at V 16 in both passes; at B 4 × 8192 (48) V 16 loses 0.8 % (H100)
+        few = sequences is not None and (
+            sequences * -(-value_dim // 64) < FEW_PROGRAMS_BELOW_K128)
+        narrow = dict(value_block=min(value_dim, 16)) if few else {}
+        return dataclasses.replace(base, forward_value_block=min(value_dim, 16 if few else 64),
+                                   forward_state_num_stages=4, **narrow)
     base = _measured_before_round_10(key_dim, value_dim, True)
     from_k128 = dict(forward_value_block=min(value_dim, 64),
                      outputs_value_block=min(value_dim, 128), outputs_key_block=64,
