@@ -95,7 +95,8 @@ def combine(y_local: jax.Array, final_local: jax.Array, log_decay: jax.Array,
 @jax.checkpoint
 def _entering_readout(C_BSLGN, state_BSGRPN, weight_BSLH):
     """`w_t · S_in C_t` of segments 1..S−1, float32 `[B, S−1, L, G, H/G, P]`: operands in C's
-    dtype, float32 sums (the kernels' readout of their entering state); head h reads group
+    dtype, float32 sums rounded to C's dtype (the kernels' readout of their entering state,
+    which they store in the outputs' dtype), then weighted in float32; head h reads group
     h // (H/G). Recomputed in the backward: kept, the float32 product is the op's largest
     residual when S > 1 (192 MiB a layer for mamba2-340m at B1 T32768, S = 4: the model's
     memory grew 16 % from T 8192 to 32768 at the same tokens a step), and it costs one
@@ -112,11 +113,12 @@ def _product(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 @jax.custom_vjp
 def _readout(C_BSLGN, state_BSGRPN):
-    """`S_in C_t` `[B, S−1, L, G, H/G, P]` float32 from operands of one dtype. Its backward
-    takes the cotangent in that dtype too: autodiff's transposes multiplied the float32
-    cotangent with the operands promoted to float32, which the GPU ran as FFMA GEMMs without
-    tensor cores (mamba2-340m at B1 T32768: 15 ms a step, session 34)."""
-    return _product("bslgn,bsgrpn->bslgrp", C_BSLGN, state_BSGRPN)
+    """`S_in C_t` `[B, S−1, L, G, H/G, P]` in the operands' dtype (float32 sums; bf16 halves
+    the bytes of the largest array of the combine, session 36). Its backward takes the
+    cotangent in that dtype too: autodiff's transposes multiplied the float32 cotangent with
+    the operands promoted to float32, which the GPU ran as FFMA GEMMs without tensor cores
+    (mamba2-340m at B1 T32768: 15 ms a step, session 34)."""
+    return _product("bslgn,bsgrpn->bslgrp", C_BSLGN, state_BSGRPN).astype(C_BSLGN.dtype)
 
 
 def _readout_fwd(C_BSLGN, state_BSGRPN):

@@ -20,7 +20,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from hybrid_jax.ops.ssd import ssd as ssd_op
-from pallas_kernels.ssd import api
+from pallas_kernels.ssd import api, segments
 from pallas_kernels.ssd.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.ssd.segments import choose_segments
 from tests.helpers import assert_close, normals
@@ -253,6 +253,26 @@ def test_sequence_segments_keep_no_float32_per_token_product(capsys):
     from_combine = [(dims, why) for dims, why in kept if dims in readout_shapes]
     assert any("segments.py" in why for _, why in kept)  # the parse sees the combine's residuals
     assert not from_combine, from_combine
+
+
+def test_entering_readout_is_rounded_to_the_operands_dtype():
+    """Session 36: the segments' readout `S_in C_t` comes out of its product in the operands'
+    dtype (bf16 on the GPU: half the bytes of the combine's largest array), from float32 sums,
+    and its weight and add stay float32."""
+    bf16 = lambda seed, shape: jnp.asarray(normals(seed, shape, dtype=np.float32), jnp.bfloat16)
+    C = bf16(1, (1, 2, 5, 1, 8))  # [B, S−1, L, G, N]
+    state = bf16(2, (1, 2, 1, 2, 4, 8))  # [B, S−1, G, H/G, P, N]
+    weight = jnp.asarray(np.abs(normals(3, (1, 2, 5, 2), dtype=np.float32)))
+    exact = jnp.einsum("bslgn,bsgrpn->bslgrp", C.astype(jnp.float32), state.astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST)
+    readout = segments._readout(C, state)
+    assert readout.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(readout, np.float32),
+                                  np.asarray(exact.astype(jnp.bfloat16), np.float32))
+    term = segments._entering_readout(C, state, weight)
+    assert term.dtype == jnp.float32
+    np.testing.assert_allclose(term, weight.reshape(1, 2, 5, 1, 2, 1) * readout.astype(
+        jnp.float32), rtol=1e-6)
 
 
 def test_choose_segments_rule():
