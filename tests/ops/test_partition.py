@@ -322,6 +322,22 @@ def test_one_group_stays_whole_while_heads_split(pallas_on_cpu, name, caplog):
     assert _count(jaxpr, "shard_map") >= 2 and not caplog.records
 
 
+def test_one_group_an_output_carries_keeps_the_heads_whole(caplog):
+    """A single group that an output carries (e.g. NHA's final slots of one kv head) is not
+    kept whole beside split heads: each device's share of that output would be claimed
+    replicated. The heads then do not split (logged) and the batch still does."""
+    q, kv = jnp.ones((4, 3, 4, 2)), jnp.ones((4, 3, 1, 2))
+    kernel = lambda q, kv: (q * 2, kv + q.sum(axis=2, keepdims=True))
+    call = lambda q, kv: partition.shard_kernel("test", kernel, (q, kv), ("BTHD", "BTGD"),
+                                                ("BTHD", "BTGD"))
+    with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
+            make_mesh(MeshConfig(data=2, tensor=2))):
+        out, group = jax.jit(call)(q, kv)
+    assert_close(group, kv + 4.0, 1e-6, "the group's output from all four heads")
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+    assert "heads 4, groups 1 do not split over the 2 devices of mesh axis 'tensor'" in message
+
+
 @pytest.mark.slow
 def test_one_group_on_a_mesh_equals_one_device(pallas_on_cpu, vma_off, monkeypatch):
     monkeypatch.setitem(CASES, "ssd", ONE_GROUP["ssd"])

@@ -141,11 +141,6 @@ def halo(x: jax.Array, width: int, axis_name: str = SEQ_AXIS) -> jax.Array:
     return joined[:, joined.shape[1] - width:]
 
 
-def shard_start(axis_name: str = SEQ_AXIS, local_length: int = 0) -> jax.Array:
-    """The position of this shard's first token in the whole sequence."""
-    return jax.lax.axis_index(axis_name) * local_length
-
-
 def with_past(fn: Callable[..., jax.Array], width: int, seq_args: Any, replicated_args: Any = (),
               *, axis_name: str = SEQ_AXIS) -> jax.Array:
     """`fn(seq_args, replicated_args) -> [B, T, ...]` for a causal op that looks back at most
