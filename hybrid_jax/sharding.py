@@ -120,8 +120,9 @@ def logical_to_spec(
     mesh: Mesh | None = None,
     rules: Mapping[str, MeshAxes] | None = None,
 ) -> PartitionSpec:
-    """PartitionSpec for named dimensions; with `shape` and `mesh`, indivisible dims replicate.
-    `rules` default to the active table (`use_rules`)."""
+    """PartitionSpec for named dimensions; with `shape` and `mesh`, indivisible dims replicate,
+    and so do the axes that an enclosing `shard_map` made manual (each device holds its shard
+    there already). `rules` default to the active table (`use_rules`)."""
     rules = current_rules() if rules is None else rules
     spec, used = [], set()
     for dim, name in enumerate(logical_axes):
@@ -132,7 +133,8 @@ def logical_to_spec(
             raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(rules)}")
         axes = tuple(a for a in _as_tuple(rules[name]) if a not in used)
         if mesh is not None:
-            axes = tuple(a for a in axes if mesh.shape[a] > 1)
+            manual = getattr(mesh, "manual_axes", ())
+            axes = tuple(a for a in axes if mesh.shape[a] > 1 and a not in manual)
             if shape is not None and shape[dim] % int(np.prod([mesh.shape[a] for a in axes])):
                 axes = ()
         used.update(axes)
@@ -141,9 +143,10 @@ def logical_to_spec(
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
-    """`with_sharding_constraint` by logical names under the current mesh; a no-op without one."""
+    """`with_sharding_constraint` by logical names under the current mesh; a no-op without one
+    or inside a `shard_map` manual over all its axes."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    if mesh.empty or set(mesh.axis_names) <= set(mesh.manual_axes):
         return x
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
 

@@ -60,6 +60,7 @@ from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer, GatedDeltaNetOptions
 from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options
+from hybrid_jax.ops import vma
 
 MODE = "mode"  # the TokenContext extra holding the per-token modes
 LINEAR, ATTENTION = 0, 1
@@ -174,7 +175,8 @@ def modes_of(ctx: TokenContext, default: str) -> jax.Array:
 def _unless(skip: jax.Array, fn, *args) -> jax.Array:
     """`fn(*args)`, or zeros of its shape without evaluating it when the bool `skip` is True."""
     shape = jax.eval_shape(fn, *args)
-    return jax.lax.cond(skip, lambda *_: jnp.zeros(shape.shape, shape.dtype), fn, *args)
+    zeros = lambda *_: vma.like(jnp.zeros(shape.shape, shape.dtype), args)  # noqa: E731
+    return jax.lax.cond(skip, zeros, fn, *args)
 
 
 def _step_by_step(recurrence, features, state):

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from hybrid_jax.ops import vma
+
 
 def logits(x_BTD: jax.Array, weight: jax.Array, *, vocab_axis: int, dtype) -> jax.Array:
     """`[..., D] · W` as float32 `[..., V]`; `weight` is `[V, D]` (vocab_axis 0: a tied
@@ -54,7 +56,8 @@ def _logits_bwd(vocab_axis, dtype, residuals, g):
     tokens = tuple(range(g.ndim - 1))  # every axis but the last, summed over for dW
     pair = (g, xc) if vocab_axis == 0 else (xc, g)
     dw = lax.dot_general(*pair, ((tokens, tokens), ((), ())), preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype), dw.astype(weight.dtype)
+    return (vma.cotangent_for(dx.astype(x.dtype), x),
+            vma.cotangent_for(dw.astype(weight.dtype), weight))
 
 
 _logits.defvjp(_logits_fwd, _logits_bwd)

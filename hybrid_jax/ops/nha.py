@@ -72,6 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.ops import vma
 from hybrid_jax.ops.attention import attention, attention_rung, masked_softmax
 from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
@@ -492,7 +493,8 @@ def nha_reference(q, q_window, tokens, slots_visible, slot_keys, slot_values, *,
         q, q_window, *(x[:, :num_steps] for x in tokens[:4]), slots_visible,
         tokens.document[:, window:])]
     (slot_keys, slot_values), out = jax.lax.scan(
-        step, (slot_keys, slot_values), (jnp.arange(num_steps), *time_major))
+        step, vma.like((slot_keys, slot_values), time_major, tokens),
+        (jnp.arange(num_steps), *time_major))
     return jnp.moveaxis(out, 0, 1), slot_keys, slot_values
 
 

@@ -38,6 +38,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.ops.dispatch import log_once
+from hybrid_jax.ops.vma import varying_over
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
@@ -115,7 +116,7 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
         # An input whole over a manual axis (one group, SSD's A over the batch) varies from
         # here on: its gradient from the kernel's VJP is then summed over that axis.
         if check_vma:
-            shard_leaves = [_varying(x, manual) for x in shard_leaves]
+            shard_leaves = [varying_over(x, manual) for x in shard_leaves]
         return kernel(*jax.tree.unflatten(treedef, shard_leaves))
 
     return jax.shard_map(per_shard, in_specs=tuple(spec(layout) for layout in leaf_layouts),
@@ -127,12 +128,6 @@ def row_layout(ndim: int) -> str:
     """The layout of `ndim` leading axes of independent rows (`[B, T, ...]`): batch, the
     sequence split as rows (`S`), any further axes whole."""
     return "BS"[:ndim] + "T" * max(ndim - 2, 0)
-
-
-def _varying(x: jax.Array, axes: set[str]) -> jax.Array:
-    """`x` marked as varying over `axes` (those of them it does not vary over yet)."""
-    missing = tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _leaf_layouts(op: str, arg: Any, layout: Any) -> list[str]:

@@ -27,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.ops import vma
+
 
 def compute_dtype(*arrays: jax.Array | None) -> jnp.dtype:
     """The real dtype of recurrent math: float32, or float64 when an input is float64."""
@@ -90,7 +92,7 @@ def chunk_scan(
     def step(state, inputs_c):
         return update(state, inputs_c), state
 
-    final, entering = jax.lax.scan(step, initial_state, to_front)
+    final, entering = jax.lax.scan(step, vma.like(initial_state, inputs), to_front)
     return jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), entering), final
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.ops import vma
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks
@@ -116,7 +117,8 @@ def selective_scan_reference(x, dt, A, B, C, *, chunk_size, initial_state, start
         return state, y
 
     tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
-    final_state, y = jax.lax.scan(step, initial_state.astype(dtype), tokens)
+    final_state, y = jax.lax.scan(step, vma.like(initial_state.astype(dtype), tokens, A),
+                                  tokens)
     return jnp.moveaxis(y, 0, 1), final_state
 
 
@@ -145,8 +147,8 @@ def selective_scan_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
 
     if initial_state is None:
         initial_state = jnp.zeros((batch, H, P, N), dtype)
-    final_state, y = jax.lax.scan(chunk, initial_state.astype(dtype),
-                                  (x_c, dt_c, B_c, C_c, starts_c))
+    xs = (x_c, dt_c, B_c, C_c, starts_c)
+    final_state, y = jax.lax.scan(chunk, vma.like(initial_state.astype(dtype), xs, A), xs)
     y = jnp.moveaxis(y, 0, 1).reshape(batch, -1, H, P)[:, :T]
     return y.astype(x.dtype), final_state
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.ops import vma
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.partition import shard_kernel
@@ -140,7 +141,8 @@ def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts, D):
         return state, y
 
     tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
-    final_state, y = jax.lax.scan(step, initial_state.astype(dtype), tokens)
+    final_state, y = jax.lax.scan(step, vma.like(initial_state.astype(dtype), tokens, A, D),
+                                  tokens)
     return jnp.moveaxis(y, 0, 1), final_state
 
 

@@ -203,8 +203,10 @@ def test_native_hybrid_attention_without_segment_ids():
     check_matches_single_device(fn, (q, k, v, 1 - jnp.exp(g), g), shards=(4,))
 
 
-@pytest.mark.parametrize("width", [3, 6])
+@pytest.mark.parametrize("width", [3, 6, 29])
 def test_short_conv_halo(width):
+    """Halos within one shard, across shards, and (29) one token wider than the 28 before the
+    last of 8 shards of 4: the halo starts with zeros from before the sequence."""
     (x,) = _draw(16, (2, T, 3))
     weight = _draw(17, (width + 1, 3))[0]
 
@@ -226,3 +228,20 @@ def test_indivisible_time_is_an_error():
     with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=4), jax.devices()[:4])):
         with pytest.raises(ValueError, match="time axis divisible by 4, got shape"):
             jax.jit(cp.ssd)(x, dt, A, B, C)
+
+
+def test_inside_a_shard_map_over_seq_the_ops_run_on_the_local_tokens():
+    """A caller already manual over `seq` (its own shard_map) gets each device's tokens run as
+    their own sequence: the ops do not split time again."""
+    from jax.sharding import PartitionSpec as P
+
+    x, dt, A, B, C = ssd_args()
+    fn = functools.partial(cp.ssd, chunk_size=4)
+    halves = [fn(*(a[:, part] if a.ndim > 1 else a for a in (x, dt, A, B, C)))
+              for part in (slice(0, T // 2), slice(T // 2, T))]
+    time_split = P(None, "seq")
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=2), jax.devices()[:2])):
+        local = jax.jit(jax.shard_map(
+            fn, in_specs=(time_split, time_split, P(), time_split, time_split),
+            out_specs=time_split, axis_names={"seq"}))(x, dt, A, B, C)
+    assert_close(local, jnp.concatenate(halves, axis=1), 1e-5, "per-shard sequences")
