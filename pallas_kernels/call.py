@@ -16,17 +16,10 @@ import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.vma import varying_axes
+
 # (A JAX without it, an older one, keeps plain shapes: kernels then run outside shard_map only.)
 _MANUAL_AXIS_TYPE = getattr(jax.sharding, "ManualAxisType", None)
-
-
-def _varying(args: tuple) -> frozenset:
-    """The manual mesh axes any of `args` varies over (none outside `shard_map`)."""
-    axes: frozenset = frozenset()
-    for x in jax.tree.leaves(args):
-        mat = getattr(jax.typeof(x), "manual_axis_type", None) if isinstance(x, jax.Array) else None
-        axes |= frozenset() if mat is None else mat.varying
-    return axes
 
 
 def _varying_like(out_shape: Any, axes: frozenset) -> Any:
@@ -38,26 +31,12 @@ def _varying_like(out_shape: Any, axes: frozenset) -> Any:
         if isinstance(s, jax.ShapeDtypeStruct) else s, out_shape)
 
 
-def varying_like(tree: Any, *like: Any) -> Any:
-    """`tree` marked as varying over every manual mesh axis that the arrays of `like` vary
-    over (a weight shared by every time shard of context parallelism, before it enters a
-    kernel's custom VJP with a sharded input: its cotangent varies like that input, and the
-    VJP's types must match). Outside `shard_map` the tree itself."""
-    axes = _varying(like)
-
-    def cast(x):
-        missing = tuple(sorted(axes - _varying((x,))))
-        return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-    return jax.tree.map(cast, tree)
-
-
 def pallas_call(kernel: Callable, *, out_shape: Any, **kwargs: Any) -> Callable:
     """`pl.pallas_call(kernel, out_shape=out_shape, **kwargs)`, with the outputs varying over the
     manual mesh axes of the inputs it is called on (none outside `shard_map`)."""
 
     def call(*args):
-        shapes = _varying_like(out_shape, _varying(args))
+        shapes = _varying_like(out_shape, varying_axes(args))
         return pl.pallas_call(kernel, out_shape=shapes, **kwargs)(*args)
 
     return call

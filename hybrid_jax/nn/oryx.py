@@ -60,7 +60,7 @@ from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer, GatedDeltaNetOptions
 from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options
-from hybrid_jax.ops import vma
+from pallas_kernels import vma
 
 MODE = "mode"  # the TokenContext extra holding the per-token modes
 LINEAR, ATTENTION = 0, 1
@@ -175,7 +175,7 @@ def modes_of(ctx: TokenContext, default: str) -> jax.Array:
 def _unless(skip: jax.Array, fn, *args) -> jax.Array:
     """`fn(*args)`, or zeros of its shape without evaluating it when the bool `skip` is True."""
     shape = jax.eval_shape(fn, *args)
-    zeros = lambda *_: vma.like(jnp.zeros(shape.shape, shape.dtype), args)  # noqa: E731
+    zeros = lambda *_: vma.varying_like(jnp.zeros(shape.shape, shape.dtype), args)  # noqa: E731
     return jax.lax.cond(skip, zeros, fn, *args)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops import vma
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.partition import shard_kernel
@@ -43,6 +42,7 @@ from hybrid_jax.ops.scan import (
     unit_lower_triangular_inverse,
 )
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
+from pallas_kernels import vma
 from pallas_kernels.delta_rule import api as pallas_delta_rule
 
 _OP = "gated_delta_rule"
@@ -157,7 +157,7 @@ def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_s
     time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, g, beta)]
     final_state, out_TBHV = jax.lax.scan(
         lambda s, xs: _step(reset_state(s, xs[0]), *xs[1:], scale=scale),
-        vma.like(state, time_major, starts), [jnp.moveaxis(starts, 1, 0)] + time_major)
+        vma.varying_like(state, time_major, starts), [jnp.moveaxis(starts, 1, 0)] + time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
 
 
@@ -173,7 +173,7 @@ def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state, 
     log_decay = jnp.cumsum(g_c, axis=-1)  # [NC, B, H, C]
     w, u0 = _wy_terms(k_c, v_c, beta_c, log_decay)
     xs = (q_c, k_c, log_decay, w, u0)
-    final_state, out = jax.lax.scan(_chunk_step, vma.like(state, xs), xs)
+    final_state, out = jax.lax.scan(_chunk_step, vma.varying_like(state, xs), xs)
     return from_time_chunks(out, q.shape[1]).astype(q.dtype), final_state
 
 

@@ -90,11 +90,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops import vma
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks
 from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
+from pallas_kernels import vma
 
 _OP = "dss"
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -227,7 +227,7 @@ def dss_reference(u, log_decay, coeff, *, initial_state, return_final_state, sta
         return state, y_t
 
     final_state, y = jax.lax.scan(
-        step, vma.like(initial_state.astype(dtype), u, starts, log_decay, coeff),
+        step, vma.varying_like(initial_state.astype(dtype), u, starts, log_decay, coeff),
         (jnp.moveaxis(starts, 1, 0), jnp.moveaxis(u, 1, 0)))
     return jnp.moveaxis(y, 0, 1), final_state
 

@@ -61,12 +61,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.ops import vma
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
+from pallas_kernels import vma
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "gated_slot_attention"
@@ -189,7 +189,7 @@ def gsa_slot_logits(
         initial_state = jnp.zeros((q.shape[0], q.shape[2], q.shape[3], s.shape[3]), dtype)
     inputs = [scale * q.astype(dtype)] + [_delayed(x, delay).astype(dtype) for x in (k, s, g)]
     final_state, logits = jax.lax.scan(
-        _logits_chunk, vma.like(initial_state.astype(dtype), inputs),
+        _logits_chunk, vma.varying_like(initial_state.astype(dtype), inputs),
         [time_chunks(x, chunk_size) for x in inputs])
     logits = from_time_chunks(logits, q.shape[1])
     return (logits, final_state) if return_final_state else logits
@@ -227,7 +227,7 @@ def gsa_slot_readout(
         initial_state = jnp.zeros((p.shape[0], p.shape[2], p.shape[3], v.shape[3]), dtype)
     inputs = [p.astype(dtype)] + [_delayed(x, delay).astype(dtype) for x in (v, s, g)]
     final_state, out = jax.lax.scan(
-        _readout_chunk, vma.like(initial_state.astype(dtype), inputs),
+        _readout_chunk, vma.varying_like(initial_state.astype(dtype), inputs),
         [time_chunks(x, chunk_size) for x in inputs])
     out = from_time_chunks(out, p.shape[1])
     return (out, final_state) if return_final_state else out
@@ -342,7 +342,7 @@ def gated_slot_attention_reference(q, k, v, s, g, *, scale, chunk_size, initial_
     time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, s, g)]
     final_state, out_TBHV = jax.lax.scan(
         lambda st, xs: _step(tuple(reset_state(x, xs[0]) for x in st), *xs[1:], scale=scale),
-        vma.like(state, time_major, starts), [jnp.moveaxis(starts, 1, 0)] + time_major)
+        vma.varying_like(state, time_major, starts), [jnp.moveaxis(starts, 1, 0)] + time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
 
 

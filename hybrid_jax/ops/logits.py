@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hybrid_jax.ops import vma
+from pallas_kernels import vma
 
 
 def logits(x_BTD: jax.Array, weight: jax.Array, *, vocab_axis: int, dtype) -> jax.Array:

@@ -72,7 +72,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.ops import vma
 from hybrid_jax.ops.attention import attention, attention_rung, masked_softmax
 from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
@@ -80,6 +79,7 @@ from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
 from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_starts, reset_log_decay
+from pallas_kernels import vma
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "native_hybrid_attention"
@@ -493,7 +493,7 @@ def nha_reference(q, q_window, tokens, slots_visible, slot_keys, slot_values, *,
         q, q_window, *(x[:, :num_steps] for x in tokens[:4]), slots_visible,
         tokens.document[:, window:])]
     (slot_keys, slot_values), out = jax.lax.scan(
-        step, vma.like((slot_keys, slot_values), time_major, tokens),
+        step, vma.varying_like((slot_keys, slot_values), time_major, tokens),
         (jnp.arange(num_steps), *time_major))
     return jnp.moveaxis(out, 0, 1), slot_keys, slot_values
 

@@ -38,7 +38,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.ops.dispatch import log_once
-from hybrid_jax.ops.vma import varying_over
+from pallas_kernels.vma import varying_over
 
 BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops import vma
+from pallas_kernels import vma
 
 
 def compute_dtype(*arrays: jax.Array | None) -> jnp.dtype:
@@ -92,7 +92,7 @@ def chunk_scan(
     def step(state, inputs_c):
         return update(state, inputs_c), state
 
-    final, entering = jax.lax.scan(step, vma.like(initial_state, inputs), to_front)
+    final, entering = jax.lax.scan(step, vma.varying_like(initial_state, inputs), to_front)
     return jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), entering), final
 
 

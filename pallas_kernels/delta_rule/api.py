@@ -41,6 +41,7 @@ from pallas_kernels.delta_rule.forward import (
 from pallas_kernels.delta_rule.gradients import chunk_gradients
 from pallas_kernels.delta_rule.static import Static
 from pallas_kernels.residuals import saved
+from pallas_kernels.vma import varying_like
 
 HEAD_DIMS = (64, 128, 256)
 # Wider values run as slices of this many columns: each column of S evolves on its own (on a
@@ -123,6 +124,7 @@ def _run(q, k, v, g, beta, *, scale, initial_state, starts, block_sizes, backend
     heads_first = lambda x: pad(x.astype(F32)).transpose(0, 2, 1)  # [B, T, H] → [B, H, Tp]
     state = (jnp.zeros((batch, heads, key_dim, value_dim), F32) if initial_state is None
              else initial_state.astype(F32))
+    state = varying_like(state, q, k, v, g, beta)  # a zero or replicated state, per-device rows
     args = (pad(q), pad(k), pad(v), heads_first(g), heads_first(beta),
             None if starts is None else pad(starts.astype(F32)), state)
     out, final_state = (_core(st, st_forward, *args) if backend == "gpu"

@@ -48,6 +48,7 @@ from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.layout import Static
 from pallas_kernels.nha.slot_kernels import SlotDocs
 from pallas_kernels.residuals import saved
+from pallas_kernels.vma import varying_like
 
 EMPTY_SLOTS = ("mask", "sink")
 # The GPU window kernels take document bounds from windows of this many tiles on: a packed
@@ -181,6 +182,8 @@ def native_hybrid_attention(
         batch, kv_heads, num_slots = k.shape[0], k.shape[2], s.shape[3]
         initial = (jnp.zeros((batch, kv_heads, k.shape[3], num_slots), jnp.float32),
                    jnp.zeros((batch, kv_heads, v.shape[3], num_slots), jnp.float32))
+    # A zero or replicated state, per-device rows.
+    initial = None if initial is None else varying_like(initial, q, k, v, s, g)
     docs = _slot_docs(documents, st, q.shape[0], ring, padded) if st.documents else None
     args = [pad(q), pad(q_window), kw, vw]
     head_major = _kernels(backend).LAYOUT.head_major

@@ -19,11 +19,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.call import varying_like
 from pallas_kernels.gpu_elementwise import DTYPES, unsupported_arrays
 from pallas_kernels.residuals import saved
 from pallas_kernels.rms_norm import gpu
 from pallas_kernels.rms_norm.block_sizes import BlockSizes, default_block_sizes, padded
+from pallas_kernels.vma import varying_like
 
 MAX_GROUP = 8192  # a program holds a whole group in registers
 

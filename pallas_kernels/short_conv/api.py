@@ -17,11 +17,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.call import varying_like
 from pallas_kernels.gpu_elementwise import unsupported_arrays
 from pallas_kernels.residuals import saved
 from pallas_kernels.short_conv import gpu
 from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
+from pallas_kernels.vma import varying_like
 
 MAX_SIZE = 8
 

@@ -26,6 +26,7 @@ from pallas_kernels import target
 from pallas_kernels.residuals import saved
 from pallas_kernels.ssd import gpu, segments, tpu
 from pallas_kernels.ssd.block_sizes import BlockSizes, Static, default_block_sizes
+from pallas_kernels.vma import varying_like
 
 DIMS = (64, 128, 256)
 _DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -103,6 +104,7 @@ def ssd(
         s0 = initial_state.astype(jnp.float32)[:, None]
         s0 = jnp.pad(s0, [(0, 0), (0, S - 1), (0, 0), (0, 0), (0, 0)]).reshape(
             (batch * S,) + s0.shape[2:])
+    s0 = varying_like(s0, x, dt, B, C)  # a zero or replicated state, per-device rows
     st = Static(blocks=blocks, group=heads // groups, documents=doc is not None,
                 interpret=interpret)
     C = pad(C.astype(x.dtype))

@@ -1,7 +1,7 @@
 """The tiny presets inside a caller's data-parallel `jax.shard_map` (its `check_vma` on, the
 default), as scaling studies write their steps: the logits and the parameters' gradients
 equal the model's under `jit` on one device (float32), packed documents included. The ops'
-loops start from states marked varying as their inputs are (`hybrid_jax.ops.vma`)."""
+loops start from states marked varying as their inputs are (`pallas_kernels.vma`)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,7 @@
 """Each recurrent op's XLA rungs inside a caller's data-parallel `jax.shard_map` (`check_vma`
 on, its default): outputs, final states and the gradients of every input equal one device's
 (float32). The loops start from zero states, or from an initial state replicated on every
-device, that their per-device inputs make vary (`hybrid_jax.ops.vma`); replicated parameters
+device, that their per-device inputs make vary (`pallas_kernels.vma`); replicated parameters
 (SSD's A, the DSS kernel's) get their gradients summed over the devices."""
 
 import functools

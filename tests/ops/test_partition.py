@@ -276,6 +276,36 @@ def test_rung_traces_with_check_vma(pallas_on_cpu, name):
     assert _count(jaxpr, "pallas_call") >= 2
 
 
+def _zero_state(case):
+    """`case` with its initial state left to the kernel (zeros it makes itself)."""
+    run, x, layouts = case()
+    return (lambda x, ids: run({**x, "initial_state": None}, ids),
+            {n: a for n, a in x.items() if n != "initial_state"}, layouts)
+
+
+CALLER_CASES = {name: CASES[name] for name in CASES if name != "native_hybrid_attention_state"}
+CALLER_CASES["gated_delta_rule_zero_state"] = functools.partial(_zero_state, delta_rule_case)
+
+
+@pytest.mark.parametrize("name", sorted(CALLER_CASES))
+def test_rung_traces_inside_a_callers_shard_map(pallas_on_cpu, name):
+    """A caller's data-parallel shard_map (`check_vma` on) around the rung: every mesh axis is
+    manual, so the kernel runs directly on the device's rows; forward and backward trace with
+    the types checked (a state the kernel starts from zeros varies as the rows do), and the
+    replicated inputs' gradients (SSD's A, the conv's weight and bias) come back invariant, as
+    their out specs `P()` require."""
+    run, x, layouts = CALLER_CASES[name]()
+    specs = {n: P("data") if layouts[n].startswith("B") else P() for n in x}
+
+    def grads(x, ids):
+        return jax.grad(lambda x: sum(jnp.sum(y) for y in jax.tree.leaves(run(x, ids))))(x)
+
+    with jax.set_mesh(make_mesh(MeshConfig(data=2), jax.devices()[:2])):
+        jaxpr = jax.make_jaxpr(jax.shard_map(grads, in_specs=(specs, P("data")),
+                                             out_specs=specs))(x, IDS).jaxpr
+    assert _count(jaxpr, "pallas_call") >= 2
+
+
 # Context-parallel attention passes the shard's gathered keys their own segment ids, which the
 # flash kernels do not take: it runs the XLA rung, so it is not here.
 CONTEXT_PARALLEL = ("gated_delta_rule", "gated_slot_attention", "native_hybrid_attention",
