@@ -13,6 +13,7 @@ import pytest
 from hybrid_jax.train.checkpoint import (
     CHECKSUMS,
     Checkpointer,
+    CheckpointError,
     DamagedCheckpointError,
     saved_steps,
 )
@@ -131,3 +132,27 @@ def test_a_torn_save_is_removed_by_the_next_run(tmp_path):
     checkpointer.save(2, STATE, {"step": 2})
     checkpointer.close()
     assert not torn.exists() and saved_steps(tmp_path) == [1, 2]
+
+
+def test_a_step_not_saved_is_refused_naming_the_saved_ones(tmp_path):
+    saved(tmp_path, steps=(1, 3))
+    with pytest.raises(FileNotFoundError, match=r"checkpoints/2 not found; available steps: "
+                                                r"\[1, 3\]"):
+        restore(tmp_path, step=2)
+
+
+def test_arrays_of_another_dtype_or_shape_are_refused_and_counted(tmp_path):
+    """Same shapes in bfloat16 are not restored as a silent cast: each array is named with
+    both descriptions; past six, the message counts the rest."""
+    saved(tmp_path)
+    checkpointer = Checkpointer(tmp_path)
+    bf16 = {name: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16) for name, s in TARGET.items()}
+    many = {**bf16, **{f"extra{i}": jax.ShapeDtypeStruct((2,), jnp.float32) for i in range(6)}}
+    try:
+        with pytest.raises(CheckpointError, match=r"w: checkpoint has \(4096,\) float32, the "
+                                                  r"config expects \(4096,\) bfloat16"):
+            checkpointer.restore(bf16)
+        with pytest.raises(CheckpointError, match=r"\(8 arrays differ\).*; \.\.\. 2 more$"):
+            checkpointer.restore(many)
+    finally:
+        checkpointer.close()
