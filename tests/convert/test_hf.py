@@ -154,6 +154,24 @@ def copy_tokenizer(tmp_path, special_eos=True, **beside):
     return tmp_path / "tokenizer.json"
 
 
+def test_eos_of_other_spellings_beside_the_tokenizer(tmp_path):
+    """`eos_token` given as an added-token object; an `eos_token_id` of `true` is no id, and a
+    JSON file beside that holds no object is ignored (both fall back to the special `</s>`);
+    two special tokens spelled as an EOS are refused, not guessed between."""
+    config = {"eos_token": {"content": "</s>", "special": True}}
+    assert load_tokenizer(copy_tokenizer(tmp_path, tokenizer_config=config)).eos_id == 2
+    (tmp_path / "tokenizer_config.json").unlink()
+    assert load_tokenizer(copy_tokenizer(tmp_path, config={"eos_token_id": True})).eos_id == 2
+    (tmp_path / "config.json").unlink()
+    assert load_tokenizer(copy_tokenizer(tmp_path, generation_config=[1])).eos_id == 2
+    path = copy_tokenizer(tmp_path)
+    data = json.loads(path.read_text())
+    data["added_tokens"][1]["content"] = "<eos>"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"hold several of"):
+        load_tokenizer(path)
+
+
 def test_eos_without_tokenizer_config(tmp_path, caplog):
     # An eos_token_id in config.json (or generation_config.json) names the EOS ...
     assert load_tokenizer(copy_tokenizer(tmp_path, config={"eos_token_id": [1, 2]})).eos_id == 1

@@ -57,10 +57,12 @@ def test_byte_tokenizer_round_trips_and_counts_bytes():
     assert tok.decode(ids) == text and ids.max() < 256 and tok.vocab_size == 257
     assert tok.token_bytes()[ids].sum() == len(text.encode()) and tok.token_bytes()[256] == 0
     assert tok.decode([104, tok.eos_id, 105]) == "hi"  # the document separator is no text
+    assert tok.decode(tok.encode("a\x00é")) == "a\x00é"  # byte 0 is text
 
 
 def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
-    text = (corpus / "valid.txt").read_text() + " <|endoftext|> \r\n\x00"
+    # Characters the merges never saw split into byte tokens that are not whole characters.
+    text = (corpus / "valid.txt").read_text() + " <|endoftext|> \r\n\x00 ñ中"
     ids = bpe.encode(text)
     assert bpe.decode(ids) == text and bpe.eos_id not in ids.tolist()
     assert len(ids) < len(text.encode())  # merges were learned
@@ -370,3 +372,14 @@ def test_bpe_trained_on_wikitext2_train_round_trips_test():
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == text
     assert len(ids) < 0.4 * len(text.encode())
+
+
+def test_word_tokenizer_counts_utf8_bytes_and_refuses_bad_ids_and_vocabularies():
+    tok = WordTokenizer(["<eos>", "<unk>", "é", "a"])
+    assert tok.encode("é a\nzz\n").tolist() == [2, 3, 0, 1, 0]
+    assert tok.token_bytes().tolist() == [1, 6, 3, 2]  # a word and its separator, in bytes
+    assert tok.decode([3]) == "a"
+    with pytest.raises(ValueError, match=r"cannot decode token id 4 .* ids in \[0, 4\)"):
+        tok.decode([3, 4])
+    with pytest.raises(ValueError, match="a word vocabulary starts with"):
+        WordTokenizer(["<eos>", "a"])
