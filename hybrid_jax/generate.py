@@ -76,8 +76,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     `speculative=k` (Oryx models, greedy): self-speculative decoding, k linear-mode drafts
     verified by one attention-mode call per round (`hybrid_jax.speculative`); the tokens are
     those of `modes="attention"` greedy decoding. A `stats` dict is filled with the rounds,
-    the drafts' acceptance rate (accepted / drafted over the rows generating) and the tokens
-    kept per round. `max_positions`: the model's position limit (e.g. a Hugging Face model's
+    the drafts' acceptance rate (accepted / drafted over the rows generating from a round's
+    start: a row inside its prompt verifies prompt tokens) and the tokens kept per round.
+    `max_positions`: the model's position limit (e.g. a Hugging Face model's
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
     `max_positions`, a negative or non-finite temperature, a `top_k` outside
@@ -234,7 +235,9 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, t
         cache = rollback(recorded, speculative + 1, n + 1)
         tokens_BW, done_B_after = jax.lax.fori_loop(
             0, n + 1, lambda i, c: emit(position + i, block[:, i], *c)[1:], (tokens_BW, done_B))
-        active = ~done_B
+        # Rows generating from the round's start: a row still inside its prompt verifies its
+        # prompt's tokens, not drafts, and would inflate the acceptance rate.
+        active = ~done_B & (position >= lengths_B)
         counts = counts + jnp.stack([1, jnp.sum(jnp.where(active, accepted_B, 0)),
                                      speculative * jnp.sum(active), n + 1]).astype(jnp.int32)
         return (position + n + 1, jax.lax.dynamic_index_in_dim(logits, n, 1, keepdims=False),

@@ -10,7 +10,7 @@ from flax import nnx
 import hybrid_jax as hj
 from hybrid_jax.data.tokenizer import ByteTokenizer
 from hybrid_jax.generate import _generate, generate, sample_token
-from hybrid_jax.generate_text import _Streamer, cut_at_stop
+from hybrid_jax.generate_text import TextGeneration, _Streamer, cut_at_stop
 
 CONFIG = hj.ModelConfig(layers=("gdn", "attention"), d_model=32, num_heads=2, vocab_size=257,
                         init_std=0.3)
@@ -190,6 +190,39 @@ def test_generate_text_stop_strings_and_streaming(model):
                            on_text=lambda row, text: pieces.append(text))
     assert cut.texts[0] == full.texts[1][:full.texts[1].find(stop)]
     assert "".join(pieces) == cut.texts[0]
+    assert tokenizer.decode(cut.tokens[0]) == cut.texts[0]  # the ids up to the stop string's
+
+
+def test_generate_text_passes_sampling_and_ragged_prompts_to_generate(model):
+    """The tokens are `generate`'s for the same sampling options and seed, each prompt at its
+    own length (the shorter one is not padded to the longer)."""
+    tokenizer = ByteTokenizer()
+    options = dict(temperature=1.5, top_k=100, top_p=0.5, seed=3)
+    result = hj.generate_text(model, tokenizer, ["ab", "hello"], max_new_tokens=6, **options)
+    batch = np.zeros((2, 5), np.int32)
+    batch[0, :2], batch[1] = tokenizer.encode("ab"), tokenizer.encode("hello")
+    want = np.asarray(generate(model, batch, 6, lengths=[2, 5], **options))
+    assert tokenizer.eos_id not in want
+    for row in range(2):
+        np.testing.assert_array_equal(result.tokens[row], want[row])
+
+
+def test_generate_text_ends_rows_at_the_first_eos(model):
+    """A row ends at the first of its EOS ids (by default the tokenizer's): its tokens and text
+    stop before it, with the EOS id in the compiled loop or only in the streamer (several)."""
+    tokenizer = ByteTokenizer()
+    free = hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8).tokens[0]
+    eos = int(free[2])
+    first = free.tolist().index(eos)
+
+    class EosTokenizer(ByteTokenizer):
+        eos_id = eos
+
+    for result in (hj.generate_text(model, EosTokenizer(), ["hello"], max_new_tokens=8),
+                   hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8,
+                                    eos_ids=[256, eos])):
+        assert result.tokens[0].tolist() == free[:first].tolist()
+        assert result.texts[0] == tokenizer.decode(free[:first])
 
 
 def test_callbacks_and_eos_compile_once(model):
@@ -211,7 +244,18 @@ def test_generate_text_errors(model):
         hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=6, max_positions=10)
     with pytest.raises(ValueError, match="non-empty list"):
         hj.generate_text(model, tokenizer, "hello")
+    with pytest.raises(ValueError, match="non-empty list"):
+        hj.generate_text(model, tokenizer, [])
+    small = hj.create_model(CONFIG.replace(layers=("attention",), vocab_size=100))
+    with pytest.raises(ValueError, match=r"tokenizer id 105 is outside the model's "
+                                         r"vocab_size=100: is it the run's tokenizer\?"):
+        hj.generate_text(small, tokenizer, ["ab", "hi"])  # the largest id of "hi" ("i")
 
+
+
+def test_tokens_per_second_counts_the_tokens_of_every_row():
+    result = TextGeneration(["abc", "hello"], [np.arange(3), np.arange(5)], seconds=2.0)
+    assert result.tokens_per_second == 4.0
 
 @pytest.mark.parametrize("text, stop, expected", [
     ("a\n\nb\n\nc", ["\n\n"], "a"),  # the first occurrence, not the last
@@ -234,3 +278,23 @@ def test_streamer_shows_whole_characters_and_stops_rows_at_any_eos():
         stopped = streamer(0, np.array([first, second]), both & ~streamer.stopped)
     assert shown == [(0, "a"), (1, "b"), (0, "é")]
     assert stopped.tolist() == [False, True]
+
+
+def test_streamer_holds_back_a_possible_stop_string_and_stops_at_it():
+    """Stop strings "cd" and "xyz": the last two characters wait (they may begin "xyz"); the
+    token completing "cd" stops its row and shows all the text before it; `flush` shows the
+    text held back in a row that did not stop."""
+    shown = ["", ""]
+
+    def on_text(row, text):
+        shown[row] += text
+
+    streamer = _Streamer(ByteTokenizer(), 2, stop=("cd", "xyz"), eos=(256,), on_text=on_text)
+    seen = []
+    for pair in ("aa", "bb", "cc", "de"):
+        stopped = streamer(0, np.array([ord(c) for c in pair]), ~streamer.stopped)
+        seen.append((*shown, *stopped.tolist()))
+    assert seen == [("", "", False, False), ("", "", False, False), ("a", "a", False, False),
+                    ("ab", "ab", True, False)]
+    streamer.flush(["ab", "abce"])
+    assert shown == ["ab", "abce"]

@@ -11,7 +11,8 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
-from hybrid_jax.generate import generate
+from hybrid_jax.data.tokenizer import WordTokenizer
+from hybrid_jax.generate import _generate, generate
 from hybrid_jax.nn.oryx import MODE
 from hybrid_jax.speculative import accepted_drafts, draft_and_verify, rollback
 from tests.helpers import assert_close, shared_model
@@ -93,6 +94,18 @@ def test_greedy_speculative_equals_attention_mode_greedy(kind, ks, eos):
                                        eos_id=eos_id))).all()
 
 
+def test_generate_text_decodes_speculatively():
+    """`generate_text(..., speculative=k)` gives the attention-mode texts and reports the
+    statistics (None without speculative decoding)."""
+    tokenizer = WordTokenizer(["<eos>", "<unk>"] + [f"w{i}" for i in range(2, 32)])
+    prompts = ["w5 w9 w12 w3", "w7"]
+    text = functools.partial(hj.generate_text, model_of("gdn"), tokenizer, prompts,
+                             max_new_tokens=6)
+    fast, plain = text(speculative=2), text(modes="attention")
+    assert fast.texts == plain.texts and plain.speculative is None
+    assert fast.speculative["rounds"] >= 1 and 0 <= fast.speculative["acceptance_rate"] <= 1
+
+
 def round_after_prefill(model, prompt, lengths, k, prefix=3):
     """One round (`draft_and_verify`, k drafts) at position `prefix`, after an attention-mode
     prefill of the prompt's first `prefix` tokens; the round's token is the row's prompt token
@@ -146,6 +159,42 @@ def test_drafts_inside_a_prompt_are_its_tokens():
     assert accepted[1] >= 2
 
 
+def test_statistics_leave_out_rows_already_done(monkeypatch):
+    """Acceptances forced to 2 (row 0) and 1 (row 1, whose first token is the EOS): round 1
+    keeps n + 1 = 2 tokens and counts both rows; then row 1 is done, so it neither holds the
+    lockstep back (rounds of 3) nor counts as drafted or accepted: 7 of 8, in 3 rounds."""
+    model = model_of("gdn")
+    prompt = np.random.default_rng(1).integers(0, 32, (2, 3)).astype(np.int32)
+    eos_id = int(np.asarray(generate(model, prompt, 1, speculative=2))[1, 0])
+    monkeypatch.setattr("hybrid_jax.generate.accepted_drafts",
+                        lambda block, targets: jnp.asarray([2, 1], jnp.int32))
+    _generate.clear_cache()  # trace the forced acceptances (and drop them afterwards)
+    stats = {}
+    try:
+        out = np.asarray(generate(model, prompt, 7, speculative=2, eos_id=eos_id, stats=stats))
+    finally:
+        _generate.clear_cache()
+    assert (out[1] == eos_id).all() and eos_id not in out[0], out
+    assert stats == {"rounds": 3, "acceptance_rate": 7 / 8, "tokens_per_round": 8 / 3}
+
+
+def test_statistics_leave_out_rows_inside_their_prompt(monkeypatch):
+    """Prompts of 3 and 5 tokens, acceptances forced to 2 and 1 (n = 1, two tokens a round):
+    in round 1 (position 3) row 1 verifies its own prompt, not drafts, so only row 0 counts;
+    rounds 2 and 3 count both rows and then row 1 alone: 6 of 8 accepted, not 7 of 10."""
+    model = model_of("gdn")
+    prompt = np.random.default_rng(2).integers(0, 32, (2, 5)).astype(np.int32)
+    monkeypatch.setattr("hybrid_jax.generate.accepted_drafts",
+                        lambda block, targets: jnp.asarray([2, 1], jnp.int32))
+    _generate.clear_cache()
+    stats = {}
+    try:
+        generate(model, prompt, 4, lengths=np.asarray([3, 5]), speculative=2, stats=stats)
+    finally:
+        _generate.clear_cache()
+    assert stats == {"rounds": 3, "acceptance_rate": 6 / 8, "tokens_per_round": 2.0}
+
+
 def test_accepted_drafts_counts_the_leading_matches():
     block = jnp.asarray([[9, 1, 2, 3], [9, 1, 5, 3], [9, 4, 2, 3]])
     targets = jnp.asarray([[1, 2, 3, 7], [1, 2, 3, 7], [1, 2, 3, 7]])
@@ -157,6 +206,8 @@ def test_bad_requests_are_refused():
     prompt = np.zeros((1, 3), np.int32)
     with pytest.raises(ValueError, match="greedy"):
         generate(model, prompt, 4, speculative=2, temperature=0.5)
+    with pytest.raises(ValueError, match="sets the modes itself"):
+        generate(model, prompt, 4, speculative=2, modes="attention")
     with pytest.raises(ValueError, match="speculative must be an integer >= 1"):
         generate(model, prompt, 4, speculative=0)
     plain = hj.create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
@@ -167,3 +218,7 @@ def test_bad_requests_are_refused():
                                       num_heads=2))
     with pytest.raises(ValueError, match=r"layer 1 \(gdn\) keeps a GatedDeltaNetCache"):
         generate(gdn, prompt, 4, speculative=2)
+    windowed = hj.create_model(ModelConfig(layers=(LAYERS["gdn"], layer("attention", window=4)),
+                                           vocab_size=32, d_model=16, num_heads=2))
+    with pytest.raises(ValueError, match="layer 1 is sliding-window attention"):
+        generate(windowed, prompt, 4, speculative=2)

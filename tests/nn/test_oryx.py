@@ -236,6 +236,16 @@ def test_decode_cache_bytes_of_a_scanned_model_are_its_unscanned_forms():
     assert sizes[0] == sizes[1] and sizes[0]["cache_kv_bytes"] > 0
 
 
+def test_cache_bytes_count_each_array_at_its_own_width():
+    """A bfloat16 KV cache (a model computing in bfloat16) counts 2 bytes a value, beside its
+    int32 positions' 4."""
+    from hybrid_jax.cache import AttentionCache, cache_nbytes
+
+    kv = np.zeros((2, 3, 1, 4), jnp.bfloat16)
+    cache = AttentionCache(keys=kv, values=kv, positions=np.zeros(3, np.int32))
+    assert cache_nbytes(cache) == 2 * (2 * 3 * 4) * 2 + 3 * 4
+
+
 def test_schedules_for_training_and_inference():
     from hybrid_jax.config import ModeSchedule
     from hybrid_jax.modes import batch_modes, inference_modes, training_modes
