@@ -47,6 +47,15 @@ def test_pieces_end_at_the_line_that_reaches_the_size(tmp_path, monkeypatch):
     ]
 
 
+def test_the_document_regex_matches_at_line_starts(tmp_path):
+    """`document_regex` is matched at the start of a line (as `re.match`), without its line
+    end (\\r\\n included): "Produced by" inside a line starts no document."""
+    path = tmp_path / "books.txt"
+    path.write_bytes(b"Produced by A\ntext. Produced by A\nProduced by C\r\nend\n")
+    assert list(text_pieces(path, "Produced by [AC]$")) == [
+        (True, "Produced by A\ntext. Produced by A\n"), (True, "Produced by C\r\nend\n")]
+
+
 @pytest.mark.parametrize("vocab_size, dtype", [(65536, np.uint16), (65537, np.uint32)])
 def test_token_dtype_holds_every_id(vocab_size, dtype, tmp_path):
     words = [WORD_EOS, WORD_UNK] + [f"w{i}" for i in range(2, vocab_size)]
