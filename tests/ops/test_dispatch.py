@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
 import pytest
 
 from hybrid_jax.ops import dispatch
@@ -67,3 +70,27 @@ def test_a_special_case_rung_is_no_candidate_where_its_case_does_not_arise(monke
     assert dispatch.choose("op", (special, XLA), None, 1) == (special, [])
     assert dispatch.choose("op", (special, XLA), None, 2) == (XLA, ["attention: two is refused"])
     assert dispatch.choose("op", (special, XLA), "attention", 0) == (special, [])
+
+
+def test_a_fallback_logs_once_by_level_and_never_on_a_cpu(monkeypatch, caplog):
+    """On an accelerator a fallback to the XLA rung is a warning and to another fast rung
+    information, once per op, rung and shapes; on a CPU, where the XLA rung is the natural
+    one, nothing is logged."""
+    refusing = Rung("pallas", lambda x: "kernel", unsupported=lambda x: "head dim 96")
+    middle = Rung("attention", lambda x: "attention")
+    x = np.zeros((2, 3), np.float32)
+    dispatch._LOGGED.clear()
+    with caplog.at_level(logging.INFO, logger=dispatch.logger.name):
+        monkeypatch.setattr(dispatch, "backend", lambda: "cpu")
+        assert dispatch.dispatch("op", (refusing, XLA), None, x) == "xla"
+        assert not caplog.records
+        monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+        for _ in range(2):
+            assert dispatch.dispatch("op", (refusing, XLA), None, x) == "xla"
+            assert dispatch.dispatch("op", (refusing, middle, XLA), None, x) == "attention"
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "op: ran the xla rung for 0[2, 3] float32; faster rungs could not: "
+                          "pallas: head dim 96"),
+        (logging.INFO, "op: ran the attention rung for 0[2, 3] float32; faster rungs could "
+                       "not: pallas: head dim 96")]
+    dispatch._LOGGED.clear()
