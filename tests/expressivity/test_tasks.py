@@ -149,6 +149,17 @@ def test_every_needle_is_queried_and_spread_over_the_depths():
     assert min(first) <= 2 and max(last) >= 64 - 5 - 2  # needles reach both ends
 
 
+def test_every_distance_is_drawn_and_the_shortest_body_has_its_word():
+    """Selective copying draws distances min..max inclusive; AR decoding at its shortest
+    length (a body of 2) plants the queried word where a token follows it, every time."""
+    c = SelectiveCopyingConfig(min_distance=2, max_distance=4, number_prob=0.5, seq_len=40)
+    seen = np.unique(np.concatenate([ex["inputs"] for ex in examples(c, count=50)]))
+    assert {c.number_token(d) for d in (2, 3, 4)} <= set(seen.tolist())
+    short = ARDecodingConfig(num_bits=5, seq_len=8)
+    for ex in examples(short, count=40):
+        check_ar_decoding(short, ex)
+
+
 def test_vocabulary_layouts():
     sc = SelectiveCopyingConfig(num_tokens=10, min_distance=2, max_distance=4)
     assert sc.vocab_size == 13 and sc.number_token(2) == 10 and sc.number_token(4) == 12
