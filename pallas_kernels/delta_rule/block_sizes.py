@@ -175,7 +175,7 @@ class BlockSizes:
 # (`default_block_sizes`, NOTES.md "Session 35").
 FEW_PROGRAMS = 64
 # Below K 128 the state tile is small and narrow V tiles cost little: fewer than this many
-# programs of 64 columns train in V tiles of 16 (NOTES.md "Session 36").
+# programs of 64 columns train in V tiles of 16, and a forward alone in 32 (NOTES.md "Session 36").
 FEW_PROGRAMS_BELOW_K128 = 32
 
 
@@ -197,7 +197,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     columns, 110,441 → 119,478 tokens/s training with both state passes at V 32, and a
     forward alone (prefill) of its mixer 2.37 → 1.89 ms (H100); session 36, below K 128:
     training at fewer than `FEW_PROGRAMS_BELOW_K128` programs runs both passes in V tiles of
-    16 (gdn-130m at B 1 × T 32768, 12 heads: +5.4 % tokens/s; a forward alone not measured).
+    16 (gdn-130m at B 1 × T 32768, 12 heads: +5.4 % tokens/s), a forward alone at V 32
+    (1.69 → 1.37 ms); at K 128 a forward alone at up to `FEW_PROGRAMS` runs its state pass
+    at V 32 (16 heads at B 1 × T 32768: 1.81 → 1.43 ms).
 
     Round 10 (session 12, same run as fla's forward): the forward state pass has its own
     launch and the reverse pass its row scales on the small side at one stage.
@@ -231,12 +233,14 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
         # tiles of 64 at 4 stages, fwd+bwd 1.716 → 1.649 ms (session 17 call c; GPU check
         # PASS at K 64, session 18 call a)
         base = _measured_before_round_10(key_dim, value_dim, training)
-        if not training:
-            return base
-        # gdn-130m (12 heads) at B 1 × T 32768: 12 and 24 programs of V 64 and 32, 332,738 →
-        # 350,541 tokens/s at V 16 in both passes; at B 4 × 8192 (48) V 16 loses 0.8 % (H100)
         few = sequences is not None and (
             sequences * -(-value_dim // 64) < FEW_PROGRAMS_BELOW_K128)
+        if not training:
+            # The fused forward alone (prefill), 12 heads at B 1 × T 32768: 1.69 → 1.37 ms at
+            # V 32 (V 16 1.60; session 36, H100)
+            return dataclasses.replace(base, value_block=min(value_dim, 32)) if few else base
+        # gdn-130m (12 heads) at B 1 × T 32768: 12 and 24 programs of V 64 and 32, 332,738 →
+        # 350,541 tokens/s at V 16 in both passes; at B 4 × 8192 (48) V 16 loses 0.8 % (H100)
         narrow = dict(value_block=min(value_dim, 16)) if few else {}
         return dataclasses.replace(base, forward_value_block=min(value_dim, 16 if few else 64),
                                    forward_state_num_stages=4, **narrow)
@@ -257,10 +261,14 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     blocks = dataclasses.replace(base, reverse_small_scales=True,
                                  state_num_warps=8 if training and key_dim > 128 else 4,
                                  **reverse, **from_k128, **by_key_dim)
-    few = sequences is not None and sequences * -(-value_dim // 64) < FEW_PROGRAMS
-    if key_dim > 128 and few:
+    programs = None if sequences is None else sequences * -(-value_dim // 64)
+    if key_dim > 128 and programs is not None and programs < FEW_PROGRAMS:
         narrow = min(value_dim, 32)
         blocks = dataclasses.replace(blocks, value_block=narrow, forward_value_block=narrow)
+    elif key_dim == 128 and not training and programs is not None and programs <= FEW_PROGRAMS:
+        # K 128, a forward alone (16 heads, session 36, H100): its state pass at V 32, B 1 ×
+        # 32768 (32 programs) 1.81 → 1.43 ms, B 2 × 16384 (64) 1.31 → 1.18; B 4 (128) +19 %
+        blocks = dataclasses.replace(blocks, forward_value_block=min(value_dim, 32))
     return blocks
 
 

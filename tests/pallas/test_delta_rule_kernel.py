@@ -322,25 +322,30 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
     assert blocks.state_num_warps == (8 if training and key_dim > 128 else 4)
 
 
-@pytest.mark.parametrize("key_dim,value_dim,sequences,tiles", [
-    (256, 256, 6, (32, 32)), (256, 256, 15, (32, 32)), (256, 256, 16, (64, 64)),
-    (256, 256, None, (64, 64)), (256, 16, 6, (16, 16)), (128, 128, 1, (32, 64)),
-    (64, 64, 12, (16, 16)), (64, 64, 31, (16, 16)), (64, 64, 32, (32, 64)),
-    (64, 128, 15, (16, 16)), (64, 128, 16, (32, 64)), (64, 64, None, (32, 64))])
-def test_few_sequences_run_in_narrow_value_tiles(key_dim, value_dim, sequences, tiles):
+@pytest.mark.parametrize("key_dim,value_dim,sequences,tiles,alone", [
+    (256, 256, 6, (32, 32), dict(value_block=32, forward_value_block=32)),
+    (256, 256, 15, (32, 32), dict(value_block=32, forward_value_block=32)),
+    (256, 256, 16, (64, 64), {}), (256, 256, None, (64, 64), {}),
+    (256, 16, 6, (16, 16), dict(value_block=16, forward_value_block=16)),
+    (128, 128, 1, (32, 64), dict(forward_value_block=32)),
+    (128, 128, 32, (32, 64), dict(forward_value_block=32)), (128, 128, 33, (32, 64), {}),
+    (64, 64, 12, (16, 16), dict(value_block=32)), (64, 64, 31, (16, 16), dict(value_block=32)),
+    (64, 64, 32, (32, 64), {}), (64, 128, 15, (16, 16), dict(value_block=32)),
+    (64, 128, 16, (32, 64), {}), (64, 64, None, (32, 64), {})])
+def test_few_sequences_run_in_narrow_value_tiles(key_dim, value_dim, sequences, tiles, alone):
     """Session 35: above K 128, fewer than `FEW_PROGRAMS` programs of 64 value columns run
     both state passes in V tiles of 32, training and a forward alone (gdn-340m at B 1: 6
-    sequences of V 256, 24 programs); K 128 and many sequences keep their tiles. Session 36:
-    below K 128, fewer than `FEW_PROGRAMS_BELOW_K128` train both passes in V tiles of 16
-    (gdn-130m at B 1: 12 sequences of V 64); a forward alone keeps its tiles."""
+    sequences of V 256, 24 programs); many sequences keep their tiles. Session 36: below K 128,
+    fewer than `FEW_PROGRAMS_BELOW_K128` train both passes in V tiles of 16 (gdn-130m at B 1:
+    12 sequences of V 64) and run a forward alone (fused) in 32; at K 128 a forward alone at
+    up to `FEW_PROGRAMS` runs its state pass in 32, training keeps its tiles."""
     blocks = default_block_sizes(key_dim, value_dim, sequences=sequences)
     assert (blocks.value_block, blocks.forward_value_block) == tiles
     assert blocks == dataclasses.replace(default_block_sizes(key_dim, value_dim),
                                          value_block=tiles[0], forward_value_block=tiles[1])
-    alone = default_block_sizes(key_dim, value_dim, sequences=sequences, training=False)
     wide = default_block_sizes(key_dim, value_dim, training=False)
-    assert alone == (wide if tiles[1] == 64 or key_dim <= 128 else dataclasses.replace(
-        wide, value_block=tiles[0], forward_value_block=tiles[1]))
+    assert default_block_sizes(key_dim, value_dim, sequences=sequences,
+                               training=False) == dataclasses.replace(wide, **alone)
 
 
 def test_the_defaults_count_batch_heads_and_value_slices(monkeypatch):
