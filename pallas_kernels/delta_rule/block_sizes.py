@@ -228,13 +228,13 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     (Round 22): `chunk_state_gradients` 937 → 811 µs, the op's kernels 2.81 → 2.69 ms."""
     if itemsize > 2:
         return _measured_before_round_10(key_dim, value_dim, training)
+    programs = None if sequences is None else sequences * -(-value_dim // 64)  # of 64 columns
     if key_dim < 128:
         # K = V = 64 (oryx-gdn-340m), training with documents: the forward state pass in V
         # tiles of 64 at 4 stages, fwd+bwd 1.716 → 1.649 ms (session 17 call c; GPU check
         # PASS at K 64, session 18 call a)
         base = _measured_before_round_10(key_dim, value_dim, training)
-        few = sequences is not None and (
-            sequences * -(-value_dim // 64) < FEW_PROGRAMS_BELOW_K128)
+        few = programs is not None and programs < FEW_PROGRAMS_BELOW_K128
         if not training:
             # The fused forward alone (prefill), 12 heads at B 1 × T 32768: 1.69 → 1.37 ms at
             # V 32 (V 16 1.60; session 36, H100)
@@ -261,7 +261,6 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     blocks = dataclasses.replace(base, reverse_small_scales=True,
                                  state_num_warps=8 if training and key_dim > 128 else 4,
                                  **reverse, **from_k128, **by_key_dim)
-    programs = None if sequences is None else sequences * -(-value_dim // 64)
     if key_dim > 128 and programs is not None and programs < FEW_PROGRAMS:
         narrow = min(value_dim, 32)
         blocks = dataclasses.replace(blocks, value_block=narrow, forward_value_block=narrow)

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from pallas_kernels.vma import varying_over
+
 SEQ_AXIS = "seq"
 COMBINES = ("all_gather", "ppermute")
 DEFAULT_COMBINE = "ppermute"
@@ -56,7 +58,7 @@ def shard_over_seq(fn: Callable[..., Any], seq_args: Any, replicated_args: Any, 
 
 def varying(tree: Any, axis_name: str = SEQ_AXIS) -> Any:
     """Marks values as differing per shard (e.g. a zero state that a scan will carry)."""
-    return jax.tree.map(lambda x: jax.lax.pcast(x, axis_name, to="varying"), tree)
+    return jax.tree.map(lambda x: varying_over(x, (axis_name,)), tree)
 
 
 def diagonal(m: jax.Array, h: jax.Array) -> jax.Array:
