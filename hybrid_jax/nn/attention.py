@@ -21,7 +21,7 @@ from hybrid_jax.cache import AttentionCache
 from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
-from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new
+from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new, unless
 from hybrid_jax.nn.layers import Linear, RoPE
 from hybrid_jax.ops import context_parallel
 from hybrid_jax.sharding import constrain
@@ -164,12 +164,7 @@ class AttentionMixer(nnx.Module):
             return self.mix(q, keys.astype(q.dtype), values.astype(q.dtype), **positions)
 
         args = (q, keys, values)
-        if skip is None:
-            out = attend(*args)
-        else:
-            shape = jax.eval_shape(attend, *args)
-            out = jax.lax.cond(skip, lambda *_: jnp.zeros(shape.shape, shape.dtype), attend,
-                               *args)
+        out = attend(*args) if skip is None else unless(skip, attend, *args)
         return out, _store(cache, k, v, new_positions)
 
 

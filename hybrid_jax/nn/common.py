@@ -1,15 +1,18 @@
-"""What every module of a model shares: dtypes, init scales and the RMSNorm of its width."""
+"""What every module of a model shares: dtypes, init scales, the RMSNorm of its width and the
+skipped-branch `unless`."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.config import ModelConfig
 from hybrid_jax.nn.layers import RMSNorm
+from pallas_kernels import vma
 
 
 def compute_dtype(config: ModelConfig):
@@ -42,3 +45,12 @@ def shared_or_new(shared: dict[str, nnx.Module] | None, name: str, build) -> nnx
     if shared and name in shared:
         return shared[name]
     return build()
+
+
+def unless(skip: jax.Array, fn, *args) -> jax.Array:
+    """`fn(*args)`, or zeros of its shape without evaluating it when the bool `skip` is True
+    (Oryx's mixer not in use for a call). The zeros vary over a caller's `shard_map` axes as
+    the arguments do, so both branches have one type there."""
+    shape = jax.eval_shape(fn, *args)
+    zeros = lambda *_: vma.varying_like(jnp.zeros(shape.shape, shape.dtype), args)  # noqa: E731
+    return jax.lax.cond(skip, zeros, fn, *args)

@@ -58,6 +58,7 @@ from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import register_mixer_block
+from hybrid_jax.nn.common import unless
 from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer, GatedDeltaNetOptions
 from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options
 from pallas_kernels import vma
@@ -172,13 +173,6 @@ def modes_of(ctx: TokenContext, default: str) -> jax.Array:
     return mode.astype(jnp.int32)
 
 
-def _unless(skip: jax.Array, fn, *args) -> jax.Array:
-    """`fn(*args)`, or zeros of its shape without evaluating it when the bool `skip` is True."""
-    shape = jax.eval_shape(fn, *args)
-    zeros = lambda *_: vma.varying_like(jnp.zeros(shape.shape, shape.dtype), args)  # noqa: E731
-    return jax.lax.cond(skip, zeros, fn, *args)
-
-
 def _step_by_step(recurrence, features, state):
     """`recurrence` one token at a time over the `[B, T, ...]` features from `state`: the
     outputs `[B, T, ...]` and the state after each token `[B, T, ...]`."""
@@ -186,6 +180,7 @@ def _step_by_step(recurrence, features, state):
         out, state = recurrence(*(f[:, None] for f in features_t), state=state)
         return state, (out[:, 0], state)
 
+    state = vma.varying_like(state, features)  # a fresh cache's zeros, in a caller's shard_map
     _, (out, states) = jax.lax.scan(step, state, [jnp.moveaxis(f, 1, 0) for f in features])
     return jnp.moveaxis(out, 0, 1), jnp.moveaxis(states, 0, 1)
 
@@ -239,8 +234,8 @@ class OryxMixer(nnx.Module):
             return self.attention.mix(q, k, v, segment_ids=segments,
                                       segment_extents=ctx.segment_extents)
 
-        o_lin = _unless(jnp.all(mode == ATTENTION), linear, *linear_in)
-        o_att = _unless(jnp.all(mode == LINEAR), attend, *attention_in)
+        o_lin = unless(jnp.all(mode == ATTENTION), linear, *linear_in)
+        o_att = unless(jnp.all(mode == LINEAR), attend, *attention_in)
         return self.linear.output(self._select(mode, o_att, o_lin), x_BTD)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> OryxCache:
