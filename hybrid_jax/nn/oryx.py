@@ -61,7 +61,7 @@ from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import unless
 from hybrid_jax.nn.gated_deltanet import GatedDeltaNetMixer, GatedDeltaNetOptions
 from hybrid_jax.nn.mamba2 import Mamba2Mixer, Mamba2Options
-from pallas_kernels import vma
+from hybrid_jax.ops.scan import varying_scan
 
 MODE = "mode"  # the TokenContext extra holding the per-token modes
 LINEAR, ATTENTION = 0, 1
@@ -180,8 +180,8 @@ def _step_by_step(recurrence, features, state):
         out, state = recurrence(*(f[:, None] for f in features_t), state=state)
         return state, (out[:, 0], state)
 
-    state = vma.varying_like(state, features)  # a fresh cache's zeros, in a caller's shard_map
-    _, (out, states) = jax.lax.scan(step, state, [jnp.moveaxis(f, 1, 0) for f in features])
+    # From a fresh cache's zeros too, in a caller's shard_map.
+    _, (out, states) = varying_scan(step, state, [jnp.moveaxis(f, 1, 0) for f in features])
     return jnp.moveaxis(out, 0, 1), jnp.moveaxis(states, 0, 1)
 
 

@@ -40,9 +40,9 @@ from hybrid_jax.ops.scan import (
     from_time_chunks,
     time_chunks,
     unit_lower_triangular_inverse,
+    varying_scan,
 )
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
-from pallas_kernels import vma
 from pallas_kernels.delta_rule import api as pallas_delta_rule
 
 _OP = "gated_delta_rule"
@@ -155,9 +155,9 @@ def gated_delta_rule_reference(q, k, v, g, beta, *, scale, chunk_size, initial_s
     state = _zero_state(q, v, dtype) if initial_state is None else initial_state.astype(dtype)
     starts = jnp.zeros(q.shape[:2], bool) if starts is None else starts
     time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, g, beta)]
-    final_state, out_TBHV = jax.lax.scan(
+    final_state, out_TBHV = varying_scan(
         lambda s, xs: _step(reset_state(s, xs[0]), *xs[1:], scale=scale),
-        vma.varying_like(state, time_major, starts), [jnp.moveaxis(starts, 1, 0)] + time_major)
+        state, [jnp.moveaxis(starts, 1, 0)] + time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
 
 
@@ -173,7 +173,7 @@ def gated_delta_rule_xla(q, k, v, g, beta, *, scale, chunk_size, initial_state, 
     log_decay = jnp.cumsum(g_c, axis=-1)  # [NC, B, H, C]
     w, u0 = _wy_terms(k_c, v_c, beta_c, log_decay)
     xs = (q_c, k_c, log_decay, w, u0)
-    final_state, out = jax.lax.scan(_chunk_step, vma.varying_like(state, xs), xs)
+    final_state, out = varying_scan(_chunk_step, state, xs)
     return from_time_chunks(out, q.shape[1]).astype(q.dtype), final_state
 
 

@@ -92,9 +92,8 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks
+from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
-from pallas_kernels import vma
 
 _OP = "dss"
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -226,9 +225,9 @@ def dss_reference(u, log_decay, coeff, *, initial_state, return_final_state, sta
         y_t, state = dss_step(reset_state(state, start), u_t, log_decay, coeff)
         return state, y_t
 
-    final_state, y = jax.lax.scan(
-        step, vma.varying_like(initial_state.astype(dtype), u, starts, log_decay, coeff),
-        (jnp.moveaxis(starts, 1, 0), jnp.moveaxis(u, 1, 0)))
+    final_state, y = varying_scan(
+        step, initial_state.astype(dtype), (jnp.moveaxis(starts, 1, 0), jnp.moveaxis(u, 1, 0)),
+        log_decay, coeff)
     return jnp.moveaxis(y, 0, 1), final_state
 
 

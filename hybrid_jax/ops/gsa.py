@@ -64,9 +64,8 @@ import numpy as np
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.partition import shard_kernel
-from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks
+from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
-from pallas_kernels import vma
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "gated_slot_attention"
@@ -188,9 +187,8 @@ def gsa_slot_logits(
     if initial_state is None:
         initial_state = jnp.zeros((q.shape[0], q.shape[2], q.shape[3], s.shape[3]), dtype)
     inputs = [scale * q.astype(dtype)] + [_delayed(x, delay).astype(dtype) for x in (k, s, g)]
-    final_state, logits = jax.lax.scan(
-        _logits_chunk, vma.varying_like(initial_state.astype(dtype), inputs),
-        [time_chunks(x, chunk_size) for x in inputs])
+    final_state, logits = varying_scan(
+        _logits_chunk, initial_state.astype(dtype), [time_chunks(x, chunk_size) for x in inputs])
     logits = from_time_chunks(logits, q.shape[1])
     return (logits, final_state) if return_final_state else logits
 
@@ -226,9 +224,8 @@ def gsa_slot_readout(
     if initial_state is None:
         initial_state = jnp.zeros((p.shape[0], p.shape[2], p.shape[3], v.shape[3]), dtype)
     inputs = [p.astype(dtype)] + [_delayed(x, delay).astype(dtype) for x in (v, s, g)]
-    final_state, out = jax.lax.scan(
-        _readout_chunk, vma.varying_like(initial_state.astype(dtype), inputs),
-        [time_chunks(x, chunk_size) for x in inputs])
+    final_state, out = varying_scan(
+        _readout_chunk, initial_state.astype(dtype), [time_chunks(x, chunk_size) for x in inputs])
     out = from_time_chunks(out, p.shape[1])
     return (out, final_state) if return_final_state else out
 
@@ -340,9 +337,9 @@ def gated_slot_attention_reference(q, k, v, s, g, *, scale, chunk_size, initial_
     state = tuple(x.astype(dtype) for x in initial_state)
     starts = jnp.zeros(q.shape[:2], bool) if starts is None else starts
     time_major = [jnp.moveaxis(x.astype(dtype), 1, 0) for x in (q, k, v, s, g)]
-    final_state, out_TBHV = jax.lax.scan(
+    final_state, out_TBHV = varying_scan(
         lambda st, xs: _step(tuple(reset_state(x, xs[0]) for x in st), *xs[1:], scale=scale),
-        vma.varying_like(state, time_major, starts), [jnp.moveaxis(starts, 1, 0)] + time_major)
+        state, [jnp.moveaxis(starts, 1, 0)] + time_major)
     return jnp.moveaxis(out_TBHV, 0, 1).astype(q.dtype), final_state
 
 

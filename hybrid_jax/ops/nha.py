@@ -77,9 +77,8 @@ from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.partition import shard_kernel
-from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks
+from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks, varying_scan
 from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_starts, reset_log_decay
-from pallas_kernels import vma
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "native_hybrid_attention"
@@ -492,9 +491,8 @@ def nha_reference(q, q_window, tokens, slots_visible, slot_keys, slot_values, *,
     time_major = [jnp.moveaxis(x, 1, 0) for x in (
         q, q_window, *(x[:, :num_steps] for x in tokens[:4]), slots_visible,
         tokens.document[:, window:])]
-    (slot_keys, slot_values), out = jax.lax.scan(
-        step, vma.varying_like((slot_keys, slot_values), time_major, tokens),
-        (jnp.arange(num_steps), *time_major))
+    (slot_keys, slot_values), out = varying_scan(
+        step, (slot_keys, slot_values), (jnp.arange(num_steps), *time_major), tokens)
     return jnp.moveaxis(out, 0, 1), slot_keys, slot_values
 
 

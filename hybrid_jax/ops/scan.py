@@ -68,6 +68,14 @@ def linear_scan(
     return jax.lax.associative_scan(combine, (a, b), axis=axis)[1]
 
 
+def varying_scan(step: Callable, initial_state: Any, xs: Any, *closed_over: Any
+                 ) -> tuple[Any, Any]:
+    """`jax.lax.scan(step, initial_state, xs)`, the state first marked varying over a caller's
+    `shard_map` axes as `xs` and the arrays that `step` closes over (`closed_over`) vary: the
+    carry leaves the first step as varying as they are, and a loop's carry keeps one type."""
+    return jax.lax.scan(step, vma.varying_like(initial_state, xs, *closed_over), xs)
+
+
 def chunk_scan(
     update: Callable[[Any, Any], Any], initial_state: Any, inputs: Any, *, axis: int = 1
 ) -> tuple[Any, Any]:
@@ -92,7 +100,7 @@ def chunk_scan(
     def step(state, inputs_c):
         return update(state, inputs_c), state
 
-    final, entering = jax.lax.scan(step, vma.varying_like(initial_state, inputs), to_front)
+    final, entering = varying_scan(step, initial_state, to_front)
     return jax.tree.map(lambda x: jnp.moveaxis(x, 0, axis), entering), final
 
 

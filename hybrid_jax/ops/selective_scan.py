@@ -21,9 +21,8 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, dispatch
-from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks
+from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
-from pallas_kernels import vma
 
 _OP = "selective_scan"
 
@@ -117,8 +116,7 @@ def selective_scan_reference(x, dt, A, B, C, *, chunk_size, initial_state, start
         return state, y
 
     tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
-    final_state, y = jax.lax.scan(step, vma.varying_like(initial_state.astype(dtype), tokens, A),
-                                  tokens)
+    final_state, y = varying_scan(step, initial_state.astype(dtype), tokens, A)
     return jnp.moveaxis(y, 0, 1), final_state
 
 
@@ -148,7 +146,7 @@ def selective_scan_xla(x, dt, A, B, C, *, chunk_size, initial_state, starts):
     if initial_state is None:
         initial_state = jnp.zeros((batch, H, P, N), dtype)
     xs = (x_c, dt_c, B_c, C_c, starts_c)
-    final_state, y = jax.lax.scan(chunk, vma.varying_like(initial_state.astype(dtype), xs, A), xs)
+    final_state, y = varying_scan(chunk, initial_state.astype(dtype), xs, A)
     y = jnp.moveaxis(y, 0, 1).reshape(batch, -1, H, P)[:, :T]
     return y.astype(x.dtype), final_state
 

@@ -20,9 +20,14 @@ import jax.numpy as jnp
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.partition import shard_kernel
-from hybrid_jax.ops.scan import causal_decay_matrix, chunk_state_scan, compute_dtype, to_chunks
+from hybrid_jax.ops.scan import (
+    causal_decay_matrix,
+    chunk_state_scan,
+    compute_dtype,
+    to_chunks,
+    varying_scan,
+)
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
-from pallas_kernels import vma
 from pallas_kernels.ssd import api as pallas_ssd
 
 _OP = "ssd"
@@ -141,8 +146,7 @@ def ssd_reference(x, dt, A, B, C, *, chunk_size, initial_state, starts, D):
         return state, y
 
     tokens = tuple(jnp.moveaxis(a, 1, 0) for a in (starts, x, dt, B, C))
-    final_state, y = jax.lax.scan(step, vma.varying_like(initial_state.astype(dtype), tokens, A, D),
-                                  tokens)
+    final_state, y = varying_scan(step, initial_state.astype(dtype), tokens, A, D)
     return jnp.moveaxis(y, 0, 1), final_state
 
 
