@@ -175,7 +175,8 @@ class BlockSizes:
 # (`default_block_sizes`, NOTES.md "Session 35").
 FEW_PROGRAMS = 64
 # Below K 128 the state tile is small and narrow V tiles cost little: fewer than this many
-# programs of 64 columns train in V tiles of 16, and a forward alone in 32 (NOTES.md "Session 36").
+# programs of 64 columns train and run a forward alone in V tiles of 16; a forward alone at up
+# to `FEW_PROGRAMS` runs in 32 (NOTES.md "Session 36", "Session 37").
 FEW_PROGRAMS_BELOW_K128 = 32
 
 
@@ -197,8 +198,9 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
     columns, 110,441 → 119,478 tokens/s training with both state passes at V 32, and a
     forward alone (prefill) of its mixer 2.37 → 1.89 ms (H100); session 36, below K 128:
     training at fewer than `FEW_PROGRAMS_BELOW_K128` programs runs both passes in V tiles of
-    16 (gdn-130m at B 1 × T 32768, 12 heads: +5.4 % tokens/s), a forward alone at V 32
-    (1.69 → 1.37 ms); at K 128 a forward alone at up to `FEW_PROGRAMS` runs its state pass
+    16 (gdn-130m at B 1 × T 32768, 12 heads: +5.4 % tokens/s), a forward alone too, and at up
+    to `FEW_PROGRAMS` in 32 (session 37: 12 heads B 1 × 32768 1.43 → 1.18 ms, B 4 × 8192
+    0.689 → 0.655); at K 128 a forward alone at up to `FEW_PROGRAMS` runs its state pass
     at V 32 (16 heads at B 1 × T 32768: 1.81 → 1.43 ms).
 
     Round 10 (session 12, same run as fla's forward): the forward state pass has its own
@@ -236,9 +238,12 @@ def default_block_sizes(key_dim: int, value_dim: int, *, training: bool = True,
         base = _measured_before_round_10(key_dim, value_dim, training)
         few = programs is not None and programs < FEW_PROGRAMS_BELOW_K128
         if not training:
-            # The fused forward alone (prefill), 12 heads at B 1 × T 32768: 1.69 → 1.37 ms at
-            # V 32 (V 16 1.60; session 36, H100)
-            return dataclasses.replace(base, value_block=min(value_dim, 32)) if few else base
+            # The fused forward alone (prefill), 12 heads (16 at 64 programs), V 64 / 32 / 16,
+            # ms (session 37, H100, three rounds in each order): 12 programs 1.43 / 1.25 /
+            # 1.18, 24 0.930 / 0.845 / 0.833, 48 0.689 / 0.655 / 0.659, 64 0.773 / 0.746 /
+            # 0.742, 128 0.674 / 0.680 / 0.822
+            tile = (64 if programs is None or programs > FEW_PROGRAMS else 16 if few else 32)
+            return dataclasses.replace(base, value_block=min(value_dim, tile))
         # gdn-130m (12 heads) at B 1 × T 32768: 12 and 24 programs of V 64 and 32, 332,738 →
         # 350,541 tokens/s at V 16 in both passes; at B 4 × 8192 (48) V 16 loses 0.8 % (H100)
         narrow = dict(value_block=min(value_dim, 16)) if few else {}

@@ -329,16 +329,18 @@ def test_default_tiles_follow_the_measurements(key_dim, value_dim, training, til
     (256, 16, 6, (16, 16), dict(value_block=16, forward_value_block=16)),
     (128, 128, 1, (32, 64), dict(forward_value_block=32)),
     (128, 128, 32, (32, 64), dict(forward_value_block=32)), (128, 128, 33, (32, 64), {}),
-    (64, 64, 12, (16, 16), dict(value_block=32)), (64, 64, 31, (16, 16), dict(value_block=32)),
-    (64, 64, 32, (32, 64), {}), (64, 128, 15, (16, 16), dict(value_block=32)),
-    (64, 128, 16, (32, 64), {}), (64, 64, None, (32, 64), {})])
+    (64, 64, 12, (16, 16), dict(value_block=16)), (64, 64, 31, (16, 16), dict(value_block=16)),
+    (64, 64, 32, (32, 64), dict(value_block=32)), (64, 64, 64, (32, 64), dict(value_block=32)),
+    (64, 64, 65, (32, 64), {}), (64, 128, 15, (16, 16), dict(value_block=16)),
+    (64, 128, 16, (32, 64), dict(value_block=32)), (64, 64, None, (32, 64), {})])
 def test_few_sequences_run_in_narrow_value_tiles(key_dim, value_dim, sequences, tiles, alone):
     """Session 35: above K 128, fewer than `FEW_PROGRAMS` programs of 64 value columns run
     both state passes in V tiles of 32, training and a forward alone (gdn-340m at B 1: 6
     sequences of V 256, 24 programs); many sequences keep their tiles. Session 36: below K 128,
     fewer than `FEW_PROGRAMS_BELOW_K128` train both passes in V tiles of 16 (gdn-130m at B 1:
-    12 sequences of V 64) and run a forward alone (fused) in 32; at K 128 a forward alone at
-    up to `FEW_PROGRAMS` runs its state pass in 32, training keeps its tiles."""
+    12 sequences of V 64) and run a forward alone (fused) in 16 too; session 37: a forward
+    alone there at up to `FEW_PROGRAMS` runs in 32; at K 128 a forward alone at up to
+    `FEW_PROGRAMS` runs its state pass in 32, training keeps its tiles."""
     blocks = default_block_sizes(key_dim, value_dim, sequences=sequences)
     assert (blocks.value_block, blocks.forward_value_block) == tiles
     assert blocks == dataclasses.replace(default_block_sizes(key_dim, value_dim),

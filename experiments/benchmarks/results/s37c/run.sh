@@ -1,0 +1,6 @@
+#!/bin/bash
+# Session 37, call c (carry .whl): gdn-130m's forward alone at three V tiles, reversed order (prefill.py).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 240 python3 experiments/benchmarks/results/s37c/prefill.py 2>&1 | grep -v "^[WIE]1"
