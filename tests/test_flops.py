@@ -55,6 +55,10 @@ def test_packed_rows_count_each_document_as_its_triangle():
     assert mean_document_keys(ids, None) == (6 + 28) / 10
     assert mean_document_keys(ids, 2) == (1 + 2 + 2 + 1 + 2 * 6) / 10
     assert mean_document_keys(np.zeros((2, 10), int), None) == mean_keys(10, None)
+    # Any change of id starts a document, a lower id (padding 0 after the documents) or one
+    # that comes back: documents of 2, 1, 2 tokens.
+    assert mean_document_keys(np.array([[1, 1, 2, 1, 1]]), None) == (1 + 2 + 1 + 1 + 2) / 5
+    assert mean_document_keys(np.array([[3, 3, 3, 0, 0]]), None) == (1 + 2 + 3 + 1 + 2) / 5
     base = ModelConfig(layers=(layer("attention", window=2), "attention"), d_model=32,
                        num_heads=2)
     flops = step_flops(base, 10)
@@ -70,6 +74,13 @@ def test_recurrences_and_uncounted():
     assert gss.training_per_token() == 3 * (gss.matmul + gss.recurrence)
     mamba1 = ModelConfig(layers=(layer("mamba1"),), d_model=32, num_heads=2)
     assert step_flops(mamba1, 64).uncounted == ("mamba1",)
+    # Each uncounted type named once; a composite block with an unmodelled branch is uncounted
+    # as a whole (its attention branch not counted alone).
+    mixed = mamba1.replace(layers=("mamba1", "attention", "mamba1",
+                                   layer("parallel", branches=("attention", "mamba1"))))
+    flops = step_flops(mixed, 64)
+    assert flops.uncounted == ("mamba1", "parallel")
+    assert flops.attention == 4 * 32 * mean_keys(64, None) and flops.recurrence == 0
 
 
 def test_parallel_blocks_count_their_branches():
@@ -85,7 +96,7 @@ def test_parallel_blocks_count_their_branches():
     ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
     ("NVIDIA GH200 480GB", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L4", 121e12),
     ("NVIDIA L40S", None), ("TPU v6 lite", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12),
-    ("TPU v4", 275e12), ("cpu", None)])
+    ("TPU v4", 275e12), ("cpu", None), ("nvidia h100 80gb hbm3", 989e12), ("tpu V5P", 459e12)])
 def test_peaks(kind, peak):
     assert device_peak_flops(kind) == peak
 
@@ -118,6 +129,10 @@ def test_linear_mixers_by_hand():
     nha = layer("nha", num_slots=4, window=6, chunk_size=4)
     assert recurrence(nha) == (slots, 4 * 16 * 2 * mean_keys(64, 6))
     assert recurrence(nha, length=6) == (0, 4 * 16 * 2 * mean_keys(6, None))
+    # window None: causal attention alone at any length; window 0: the slots alone (GSA).
+    full = layer("nha", num_slots=4, window=None, chunk_size=4)
+    assert recurrence(full) == (0, 4 * 16 * 2 * mean_keys(64, None))
+    assert recurrence(layer("nha", num_slots=4, window=0, chunk_size=4)) == (slots, 0)
 
 
 def test_matmul_params_skip_convs_and_the_position_table():
@@ -128,3 +143,17 @@ def test_matmul_params_skip_convs_and_the_position_table():
     assert matmul_params(gdn) == projections + 32 * 10
     learned = gdn.replace(position_embedding="learned", max_positions=16)
     assert matmul_params(learned) == matmul_params(gdn)
+
+
+def test_step_flops_counts_the_params_it_is_given():
+    """A caller's `nnx.Param` state (shapes suffice) is what is counted, not a rebuild of the
+    config: a twin config with a wider FFN gives its own matmuls."""
+    from flax import nnx
+
+    from hybrid_jax.nn.lm import LanguageModel
+
+    config = ModelConfig(layers=("attention",), vocab_size=10, d_model=32, num_heads=2)
+    wider = config.replace(ffn_dim=2 * config.resolved_ffn_dim)
+    params = nnx.state(nnx.eval_shape(lambda: LanguageModel(wider, rngs=nnx.Rngs(0))), nnx.Param)
+    assert matmul_params(wider) > matmul_params(config)
+    assert step_flops(config, 8, params).matmul == 2 * matmul_params(wider)
