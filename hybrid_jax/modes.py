@@ -78,7 +78,8 @@ def inference_modes(schedule, lengths_B, total_len: int) -> np.ndarray:
         modes = np.asarray(schedule)
         if modes.shape != (batch, total_len) or not np.isin(modes, (LINEAR, ATTENTION)).all():
             raise ValueError(f"mode schedule array: expected [batch, prompt + new tokens] = "
-                             f"{[batch, total_len]} of 0/1, got shape {list(modes.shape)}")
+                             f"{[batch, total_len]} of 0/1, got shape {list(modes.shape)} of "
+                             f"{np.unique(modes).tolist()}")
         return modes.astype(np.int32)
     parts = _parts(schedule, ("prefill", "decode"))
     in_prompt = np.arange(total_len)[None, :] < lengths_B[:, None]

@@ -274,6 +274,48 @@ def test_schedules_for_training_and_inference():
         batch_modes("queries=attention", mask)
 
 
+def test_mode_schedules_exact_values_and_errors():
+    """Each schedule's exact modes, int32 and `[B, T]` with a short last chunk; the batch key
+    the blocks read; a bad part, mode or explicit array is named with what was expected."""
+    from hybrid_jax.config import ModeSchedule
+    from hybrid_jax.context import EXTRA_PREFIX
+    from hybrid_jax.modes import batch_modes, inference_modes, training_modes, with_modes
+
+    chunks = ModeSchedule(pattern="random_chunks", chunk=3, attention_prob=0.5)
+    a = np.asarray(training_modes(chunks, (4, 8), 0, 7))
+    assert a.shape == (4, 8) and a.dtype == np.int32
+    assert (a[:, 6:8] == a[:, 6:7]).all()  # the last chunk: 2 tokens, one draw
+    for prob in (0.0, 1.0):  # the schedule's probability, not a fixed one
+        drawn = training_modes(ModeSchedule(pattern="random_chunks", chunk=3,
+                                            attention_prob=prob), (4, 8), 0, 7)
+        assert np.asarray(drawn).tolist() == [[int(prob)] * 8] * 4
+    attention = np.asarray(training_modes(ModeSchedule(pattern="attention"), (2, 3), 0, 0))
+    assert attention.tolist() == [[1, 1, 1]] * 2
+    batch = {"inputs": np.zeros((2, 8), np.int32)}
+    moded, key = with_modes(batch, chunks, 0, 7), f"{EXTRA_PREFIX}{MODE}"  # the blocks' extra
+    assert sorted(moded) == sorted([key, "inputs"])
+    assert (np.asarray(moded[key]) == np.asarray(training_modes(chunks, (2, 8), 0, 7))).all()
+    assert with_modes(batch, ModeSchedule(), 0, 7) is batch
+
+    mask = np.array([[0, 1, 0, 1]], bool)
+    assert batch_modes("scored=attention,other=linear", mask).dtype == np.int32
+    assert batch_modes("attention", mask).tolist() == [[1, 1, 1, 1]]
+    with pytest.raises(ValueError, match=r"mode schedule 'sparse': scored mode 'sparse' is not "
+                                         r"one of \['linear', 'attention'\]"):
+        batch_modes("sparse", mask)
+    with pytest.raises(ValueError, match=r"decode mode 'fast' is not one of"):
+        inference_modes("prefill=linear,decode=fast", [2], 4)
+    with pytest.raises(ValueError, match="expected 'prefill=MODE,decode=MODE'"):
+        inference_modes("prefill=linear,decode=attention,draft=linear", [2], 4)
+    explicit = inference_modes(np.array([[0, 1, 1]], bool), [1], 3)
+    assert explicit.tolist() == [[0, 1, 1]] and explicit.dtype == np.int32
+    with pytest.raises(ValueError, match=r"expected \[batch, prompt \+ new tokens\] = \[1, 4\] "
+                                         r"of 0/1, got shape \[1, 3\] of \[0\]"):
+        inference_modes(np.zeros((1, 3), np.int32), [1], 4)
+    with pytest.raises(ValueError, match=r"= \[1, 3\] of 0/1, got shape \[1, 3\] of \[0, 1, 2\]"):
+        inference_modes(np.array([[0, 2, 1]]), [1], 3)
+
+
 def test_generate_takes_a_mode_schedule():
     from hybrid_jax.generate import generate
 
