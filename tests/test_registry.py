@@ -1,0 +1,121 @@
+"""The generic `Registry`: lookups that list the known names, descriptions, registering a name
+again, load hooks; block and mixer registration checks its options and tolerates a re-import."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from hybrid_jax.registry import (
+    Registry,
+    block_type,
+    mixer_type,
+    register_block,
+    register_mixer,
+)
+
+
+def test_lookups_name_the_known_entries():
+    widgets = Registry("widget")
+    widgets.register("b", 2, "the second")
+    widgets.register("a", 1, "the first")
+    assert widgets.get("a") == 1 and "b" in widgets and "c" not in widgets
+    assert widgets.names() == ["a", "b"]  # sorted, not in registration order
+    assert widgets.describe("b") == "the second"
+    with pytest.raises(ValueError, match=r"unknown widget 'c'; available widgets: \['a', 'b'\]"):
+        widgets.get("c")
+    with pytest.raises(ValueError, match=r"unknown widget 'c'; available widgets"):
+        widgets.describe("c")
+
+
+def test_descriptions_default_to_the_values_own():
+    """Without a description: the value's `description` attribute, else its docstring's first
+    line, else ""; the decorator passes its description and returns the function."""
+    widgets = Registry("widget")
+
+    def documented():
+        """First line.
+
+        More."""
+
+    class Described:
+        """Not this."""
+
+        description = "its own description"
+
+    widgets.register("documented", documented)
+    widgets.register("described", Described)
+    widgets.register("bare", lambda: None)
+
+    @widgets.decorator("decorated", "given")
+    def decorated():
+        """Not this either."""
+
+    assert widgets.get("decorated") is decorated
+    assert {name: widgets.describe(name) for name in widgets.names()} == {
+        "bare": "", "decorated": "given", "described": "its own description",
+        "documented": "First line."}
+
+
+def test_registering_a_name_again():
+    """The same value again (by `identity`) replaces the entry, a module imported twice; another
+    value under a taken name is an error naming the one registered."""
+    widgets = Registry("widget")
+    widgets.register("w", ("build", 1), identity=lambda entry: entry[0])
+    widgets.register("w", ("build", 2), "again", identity=lambda entry: entry[0])
+    assert widgets.get("w") == ("build", 2) and widgets.describe("w") == "again"
+    with pytest.raises(ValueError, match=r"widget 'w' is already registered \(build\)"):
+        widgets.register("w", ("other", 3), identity=lambda entry: entry[0])
+    widgets.register("v", [1])
+    with pytest.raises(ValueError, match=r"widget 'v' is already registered \(\[1\]\)"):
+        widgets.register("v", [1])  # equal, but not the same object
+    assert widgets.get("w") == ("build", 2)
+
+
+_modules = itertools.count()
+
+
+@pytest.mark.parametrize("lookup", [lambda r: r.get("w"), lambda r: "w" in r,
+                                    lambda r: r.names(), lambda r: r.describe("w")],
+                         ids=["get", "in", "names", "describe"])
+def test_every_lookup_runs_the_load_hook(lookup, tmp_path, monkeypatch):
+    """A lookup imports the `load` modules first, so their entries are there whatever the
+    caller imported."""
+    host, entries = f"widget_host_{next(_modules)}", f"widget_entries_{next(_modules)}"
+    (tmp_path / f"{host}.py").write_text(
+        f"from hybrid_jax.registry import Registry\nWIDGETS = Registry('widget', "
+        f"load=({entries!r},))\n")
+    (tmp_path / f"{entries}.py").write_text(
+        f"import {host}\n{host}.WIDGETS.register('w', 1, 'loaded')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    widgets = __import__(host).WIDGETS
+    assert widgets._entries == {}
+    assert lookup(widgets) in (1, True, ["w"], "loaded")
+
+
+def test_blocks_and_mixers_check_their_options_and_tolerate_a_reimport():
+    """Options must be a frozen dataclass (checked before anything is registered); registering
+    a block's builder or a mixer's module again under its name is a no-op, another one an
+    error."""
+    @dataclasses.dataclass
+    class Mutable:
+        size: int = 1
+
+    for register, kind in ((register_block, "block type"), (register_mixer, "mixer")):
+        for options in (Mutable, dict):
+            with pytest.raises(TypeError, match=f"options of {kind} 'widget' must be a frozen "
+                                                "dataclass"):
+                register("widget", options)(lambda *a, **k: None)
+    attention = block_type("attention")
+    register_block("attention", attention.options, attention.description,
+                   defaults=dict(attention.defaults))(attention.build)
+    assert block_type("attention") == attention
+    with pytest.raises(ValueError, match="block type 'attention' is already registered"):
+        register_block("attention", attention.options)(lambda *a, **k: None)
+    mixer = mixer_type("attention")
+    register_mixer("attention", mixer.options, mixer.description)(mixer.module)
+    assert mixer_type("attention") == mixer and mixer.description
+    with pytest.raises(ValueError, match="mixer 'attention' is already registered"):
+        register_mixer("attention", mixer.options)(type("Other", (), {}))
+    # A block type's defaults are kept as sorted pairs: "parallel" presets the generic block.
+    assert block_type("parallel").defaults == (("layout", "parallel"),)
