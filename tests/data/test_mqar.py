@@ -30,6 +30,29 @@ def test_every_target_is_the_value_of_its_key(config):
             assert np.all(inputs[context:][~mask[context:]] == 0)
 
 
+def test_every_key_value_offset_and_filler_token_is_drawn():
+    """vocab 8, one pair, 8 tokens, uniform gaps (power_a 1): keys 1..3, values 4..7, the query
+    at each of 2, 4, 6 (up to the last even place), filler over the whole vocabulary; every
+    example its own."""
+    config = MQARConfig(vocab_size=8, seq_len=8, num_kv_pairs=1, power_a=1.0)
+    source = config.source("train", 0)
+    exs = [source[i] for i in range(100)]
+    assert {int(ex["inputs"][0]) for ex in exs} == {1, 2, 3}
+    assert {int(ex["inputs"][1]) for ex in exs} == {4, 5, 6, 7}
+    assert {int(np.flatnonzero(ex["mask"])[0]) for ex in exs} == {2, 4, 6}
+    filler = np.concatenate([ex["inputs"][2:][~ex["mask"][2:]] for ex in exs])
+    assert set(filler.tolist()) == set(range(8))
+    assert len({ex["inputs"].tobytes() for ex in exs}) > 50
+
+
+def test_the_tightest_configs_are_valid():
+    """4·num_kv_pairs == seq_len and keys exactly filling 1..vocab/2−1 are allowed."""
+    for config in (MQARConfig(seq_len=16, num_kv_pairs=4),
+                   MQARConfig(vocab_size=18, seq_len=32, num_kv_pairs=8)):
+        ex = config.source("train", 0)[0]
+        assert ex["mask"].sum() == config.num_kv_pairs
+
+
 def test_examples_are_deterministic_and_splits_differ():
     config = MQARConfig()
     a, b = config.source("train", 0), config.source("train", 0)
@@ -77,3 +100,16 @@ def test_eval_batches_and_bad_configs():
         MQARConfig(seq_len=63)
     with pytest.raises(ValueError, match="vocab_size=16 is too small"):
         MQARConfig(vocab_size=16, num_kv_pairs=8)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(seq_len=2), r"MQARConfig.seq_len=2: expected an even length >= 4"),
+    (dict(num_kv_pairs=0), r"MQARConfig.num_kv_pairs=0: expected 1 <= 4·num_kv_pairs <= "
+                           r"seq_len=64"),
+    (dict(seq_len=16, num_kv_pairs=5), r"num_kv_pairs=5: .* <= seq_len=16"),
+    (dict(power_a=0.0), r"MQARConfig.power_a=0.0: expected a value in \(0, 1\]"),
+    (dict(power_a=1.5), r"MQARConfig.power_a=1.5: expected a value in \(0, 1\]"),
+])
+def test_bad_configs_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MQARConfig(**kwargs)
