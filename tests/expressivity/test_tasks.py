@@ -160,11 +160,23 @@ def test_every_distance_is_drawn_and_the_shortest_body_has_its_word():
         check_ar_decoding(short, ex)
 
 
+def test_mkar_at_its_shortest_and_smallest():
+    """seq_len = key_len + 2 and a vocabulary of 2 are valid, with brute-force-correct targets."""
+    for config in (MKARConfig(key_len=3, seq_len=5), MKARConfig(vocab_size=2, key_len=1,
+                                                                seq_len=3)):
+        for ex in examples(config, count=20):
+            check_mkar(config, ex)
+
+
 def test_vocabulary_layouts():
     sc = SelectiveCopyingConfig(num_tokens=10, min_distance=2, max_distance=4)
     assert sc.vocab_size == 13 and sc.number_token(2) == 10 and sc.number_token(4) == 12
     ar = ARDecodingConfig(num_bits=3)
     assert (ar.num_words, ar.bit_tokens, ar.query_token, ar.vocab_size) == (8, (8, 9), 10, 11)
+    mkar = MKARConfig()  # 8 tokens, keys of 2: the 64 keys of the module docstring
+    assert (mkar.vocab_size, mkar.key_len) == (8, 2)
+    skewed = MKARConfig(vocab_size=3, token_skew=1.0).token_probs()  # ∝ 1, 1/2, 1/3
+    np.testing.assert_allclose(skewed, np.array([6, 3, 2]) / 11, rtol=1e-12)
     nd = NeedleConfig(num_filler=4, num_keys=2, num_values=3)
     assert (nd.needle_token, nd.query_token, nd.vocab_size) == (9, 10, 11)
 
@@ -175,6 +187,11 @@ def test_vocabulary_layouts():
     (dict(kind=SelectiveCopyingConfig, eval_seq_len=1),
      r"eval split \(eval_\* fields\) is invalid: .*seq_len=1"),
     (dict(kind=MKARConfig, seq_len=3), "seq_len=3"),
+    (dict(kind=MKARConfig, vocab_size=1), "MKARConfig.vocab_size=1: expected a value >= 2"),
+    (dict(kind=MKARConfig, key_len=0), "MKARConfig.key_len=0: expected a value >= 1"),
+    (dict(kind=MKARConfig, token_skew=-0.5), r"MKARConfig.token_skew=-0.5: expected a value >= 0"),
+    (dict(kind=MKARConfig, eval_seq_len=3),
+     r"eval split \(eval_\* fields\) is invalid: MKARConfig.seq_len=3"),
     (dict(kind=ARDecodingConfig, seq_len=7), "seq_len=7"),
     (dict(kind=NeedleConfig, min_depth=0.9, max_depth=0.5), "max_depth=0.5"),
     (dict(kind=NeedleConfig, num_needles=9, num_keys=8), r"num_needles=9: .* <= 8"),
