@@ -220,6 +220,33 @@ def test_parallel_branches_read_the_normalised_input_only_in_pre_norm(residual):
     assert_close(block(jnp.asarray(x), ctx), want, 1e-5, residual)
 
 
+@pytest.mark.parametrize("residual", ["pre_norm", "deepnorm"])
+def test_sequential_branches_each_take_their_residual(residual):
+    """Sequential, branch by branch: pre-norm x ← x + f_i(RMSNorm_i(x)); DeepNorm (post-norm)
+    x ← RMSNorm_i(α·x + f_i(x)), the branch reading x itself (γs set away from 1; numpy
+    norms; α = (2L)^{1/4} of one layer of two sublayers)."""
+    config = ModelConfig(layers=(layer("sequential", branches=("toy", "ffn"),
+                                       residual=residual),), **SMALL)
+    block = hj.create_model(config, seed=2).blocks[0]
+    gammas = {}
+    for i, name in enumerate(block.names):
+        gammas[name] = np.linspace(0.5, 2.0, SMALL["d_model"]) * (i + 1)
+        getattr(block, f"{name}_norm").scale[...] = jnp.asarray(gammas[name], jnp.float32)
+    x = np.random.default_rng(0).normal(size=(2, 5, SMALL["d_model"])).astype(np.float32)
+    ctx = TokenContext.create((2, 5))
+
+    def rms_norm(a, gamma):
+        return a / np.sqrt(np.mean(a * a, -1, keepdims=True) + 1e-6) * gamma
+
+    want, alpha = x, 2 ** 0.25
+    assert block.alpha == (alpha if residual == "deepnorm" else 1.0)
+    for name in block.names:
+        f = lambda h, name=name: np.asarray(getattr(block, name)(jnp.asarray(h), ctx))  # noqa: E731
+        want = (want + f(rms_norm(want, gammas[name])) if residual == "pre_norm" else
+                rms_norm(alpha * want + f(want), gammas[name]))
+    assert_close(block(jnp.asarray(x), ctx), want, 1e-5, residual)
+
+
 @pytest.mark.parametrize("mixing,expected", [("sum", [1.0, 1.0, 1.0]),
                                               ("fixed", [1 / 3, 1 / 3, 1 / 3]),
                                               ("learned", [0.2, 0.3, 0.5])])
