@@ -238,14 +238,20 @@ def test_window_counts_at_the_boundaries(length, seq_len, whole, padded):
             windows[count]
 
 
-def test_windows_refuse_bad_streams_and_lengths():
+def test_windows_refuse_bad_streams_lengths_and_indices():
+    """A stream whose first document starts anywhere but offset 0 (1 too), none, seq_len 0;
+    a negative window index is out of range like one past the end, not counted from it."""
     tokens = np.arange(10, dtype=np.int32)
-    with pytest.raises(ValueError, match="start a document at offset 0"):
-        PackedWindows(TokenStream(tokens, np.array([2, 5])), 4)
+    for starts in ([2, 5], [1, 5]):
+        with pytest.raises(ValueError, match="start a document at offset 0"):
+            PackedWindows(TokenStream(tokens, np.array(starts)), 4)
     with pytest.raises(ValueError, match="start a document at offset 0"):
         PackedWindows(TokenStream(tokens, np.array([], np.int64)), 4)
     with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
         PackedWindows(TokenStream(tokens, np.array([0])), 0)
+    windows = PackedWindows(TokenStream(tokens, np.array([0])), 4)
+    with pytest.raises(IndexError, match=r"window -1 out of range for 2 windows"):
+        windows[-1]
 
 
 def test_eval_batches_count_every_byte(corpus):
