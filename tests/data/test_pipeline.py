@@ -2,6 +2,7 @@
 batch, the rows of all processes make the one-process batch, and an iterator's state resumes
 on any number of processes."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -11,12 +12,14 @@ BATCH = 8
 
 
 class RecordingData:
-    """A data config whose train source is example i = [i] and records what is read."""
+    """A data config whose sources are example i = [i]; it records the examples read and the
+    (split, seed) of every source asked for."""
 
     def __init__(self, size: int = 1000):
-        self.size, self.reads = size, set()
+        self.size, self.reads, self.sources = size, set(), []
 
     def source(self, split, seed):
+        self.sources.append((split, seed))
         data = self
 
         class Source:
@@ -78,6 +81,29 @@ def test_state_resumes_on_another_process_count():
         parts = [batches(count, 2, index, state=state)[0] for index in range(count)]
         assert [list(np.concatenate(step)) for step in zip(*parts, strict=True)] == \
             [list(b) for b in full[3:]]
+
+
+def test_each_split_is_read_with_the_runs_seed():
+    """Training reads the train split and evaluation the eval split, each source built with
+    the seed it is given (synthetic tasks draw their examples from it)."""
+    data = RecordingData()
+    batches(1, 1, data=data, seed=5)
+    eval_batches(data, batch_size=BATCH, num_batches=1, seed=7)
+    assert data.sources == [("train", 5), ("eval", 7)]
+
+
+def test_the_default_process_is_this_jax_process(monkeypatch):
+    """Without shard_index / shard_count, process 1 of 4 (as JAX reports) reads and keeps the
+    rows process 1 of 4 reads when named."""
+    full, _ = batches(1, 2, index=0)
+    named, _ = batches(4, 2, index=1)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    assert [list(b) for b in batches(None, 2)[0]] == [list(b) for b in named] == [
+        list(b[2:4]) for b in full]
+    assert process_rows({"inputs": np.arange(8)})["inputs"].tolist() == [2, 3]
+    with pytest.raises(ValueError, match="batch_size=6 is not divisible by the 4"):
+        process_rows({"inputs": np.arange(6)})
 
 
 def test_process_rows():
