@@ -56,6 +56,20 @@ def test_values_and_gradients_equal_the_plain_loss_exactly():
     assert not np.any(np.asarray(grads[0])[~np.asarray(mask)])  # unscored rows get nothing
 
 
+def test_bfloat16_logits_are_upcast_like_the_plain_loss():
+    """bf16 logits (a model's compute dtype) are upcast before the sums: values and the bf16
+    logit gradient equal the plain loss's on the same logits, bit for bit."""
+    logits, targets, mask = _batch()
+    logits = logits.astype(jnp.bfloat16)
+    stats, grads = _stats_and_grads(token_stats, logits, targets, mask)
+    plain_stats, plain_grads = _stats_and_grads(plain_token_stats, logits, targets, mask)
+    for key in stats:
+        assert float(stats[key]) == float(plain_stats[key]), key
+    assert grads[0].dtype == jnp.bfloat16
+    for got, want in zip(grads, plain_grads, strict=True):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 @pytest.mark.parametrize("loss_sum,count,mean", [(6.0, 4.0, 1.5), (2.5, 1.0, 2.5),
                                                   (0.0, 0.0, 0.0)])
 def test_mean_loss_is_the_sum_over_the_scored_count(loss_sum, count, mean):
