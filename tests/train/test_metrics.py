@@ -1,0 +1,56 @@
+"""Run outputs: which values of a record become TensorBoard scalars, under which tag and step;
+`tensorboard=False` makes no writer; a directory without `metrics.jsonl` is named."""
+
+import math
+
+import pytest
+
+from hybrid_jax.train.metrics import MetricsLog, read_metrics
+
+
+class Scalars:
+    """Stands in for tensorboardX's writer: records each `add_scalar` as (tag, value, step)."""
+
+    def __init__(self):
+        self.added, self.flushes = [], 0
+
+    def add_scalar(self, tag, value, step=None):
+        self.added.append((tag, value, step))
+
+    def flush(self):
+        self.flushes += 1
+
+    def close(self):
+        pass
+
+
+def test_finite_numbers_become_train_or_eval_scalars_at_the_records_step(tmp_path):
+    """Floats and ints are logged at the record's step, `eval_X` as `eval/X` and the rest as
+    `train/X`; the step itself, strings and non-finite values are not (the JSON line keeps
+    them all), and each write is flushed."""
+    log = MetricsLog(tmp_path)
+    assert log.writer is not None
+    log.writer.close()
+    log.writer = Scalars()
+    record = {"step": 7, "loss": 2.5, "tokens": 4096, "eval_loss": 3.0, "evals_run": 1,
+              "grad_norm": math.inf, "eval_accuracy": math.nan, "event": "resumed"}
+    log.write(record)
+    assert log.writer.added == [("train/loss", 2.5, 7), ("train/tokens", 4096, 7),
+                                ("eval/loss", 3.0, 7), ("train/evals_run", 1, 7)]
+    assert log.writer.flushes == 1
+    assert read_metrics(tmp_path) == [{**record, "eval_accuracy": pytest.approx(math.nan,
+                                                                                nan_ok=True)}]
+    assert log.history == [record]
+
+
+def test_tensorboard_off_makes_no_writer(tmp_path):
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.write({"step": 1, "loss": 1.0})
+    assert log.writer is None and not (tmp_path / "tensorboard").exists()
+    assert read_metrics(tmp_path) == [{"step": 1, "loss": 1.0}]
+
+
+def test_a_directory_without_metrics_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"metrics.jsonl not found: is .* a run "
+                                                r"directory\?"):
+        read_metrics(tmp_path)
