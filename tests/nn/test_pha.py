@@ -162,6 +162,20 @@ def test_scanned_mixing_keys_are_numbered_by_the_runs_layer_period(tmp_path):
     np.testing.assert_array_equal(table, [[0.0, 1.0], [0.1, 0.9], [0.2, 0.8], [0.3, np.nan]])
 
 
+def test_scanned_mixing_keys_need_the_runs_config_and_look_alike_keys_are_not_weights(
+        tmp_path):
+    """A scanned key (`/g`) without the run's config.json is refused, naming the file; a key
+    that only begins like a mixing weight (`.../0/norm`) is not one."""
+    write = lambda record: (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    write({"step": 3, "diag/blocks.0.mixing_gss/1": 0.5})
+    with pytest.raises(ValueError, match="layer numbers need the run's config.json, which is "
+                                         "missing"):
+        inspect_mixing(tmp_path)
+    write({"step": 3, "diag/blocks.0.mixing_gss": 0.5, "diag/blocks.1.mixing_gss/0/norm": 9.0})
+    step, layers, branches, table = inspect_mixing(tmp_path)
+    assert (step, layers, branches, table.tolist()) == (3, [0], ["gss"], [[0.5]])
+
+
 def test_presets_have_the_papers_sizes():
     for name, paper in (("pha-90m", 90e6), ("pha-125m", 125e6), ("pha-180m", 180e6),
                         ("attention-only-180m", 180e6)):
