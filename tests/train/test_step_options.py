@@ -94,10 +94,10 @@ def test_prefetcher_state_is_of_the_batches_handed_out(depth):
     prefetcher.close()
 
 
-@pytest.mark.parametrize("depth", [0, 3])
+@pytest.mark.parametrize("depth", [0, 1, 3])
 def test_prefetcher_reads_at_most_depth_ahead_in_its_thread(depth):
-    """depth 0: every batch placed in the caller's thread, nothing read ahead; depth d: placed
-    by the prefetch thread, at most d queued plus the one in its hands."""
+    """depth 0: every batch placed in the caller's thread, nothing read ahead; depth d (1
+    too): placed by the prefetch thread, at most d queued plus the one in its hands."""
     threads = set()
 
     def put(x):
@@ -113,6 +113,11 @@ def test_prefetcher_reads_at_most_depth_ahead_in_its_thread(depth):
     prefetcher.close()
 
 
+def test_prefetcher_refuses_a_negative_depth():
+    with pytest.raises(ValueError, match="prefetch depth must be >= 0, got -1"):
+        DevicePrefetcher(Counter(), lambda x: x, depth=-1)
+
+
 def test_prefetcher_raises_the_readers_error():
     class Broken(Counter):
         def __next__(self):
@@ -120,6 +125,29 @@ def test_prefetcher_raises_the_readers_error():
 
     with pytest.raises(OSError, match="disk gone"):
         next(DevicePrefetcher(Broken(), lambda x: x, depth=2))
+
+
+def test_prefetcher_hands_on_a_base_exception_too():
+    """A reader raising a BaseException that is no Exception (SystemExit) still reaches the
+    consumer: it does not end the thread silently and leave `next` waiting forever."""
+    class Exiting(Counter):
+        def __next__(self):
+            raise SystemExit("reader quit")
+
+    prefetcher = DevicePrefetcher(Exiting(), lambda x: x, depth=2)
+    raised = []
+
+    def consume():
+        try:
+            next(prefetcher)
+        except SystemExit as error:
+            raised.append(str(error))
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(5.0)
+    assert raised == ["reader quit"]
+    prefetcher.close()
 
 
 def test_a_reader_error_behind_a_full_queue_does_not_hang_a_restore():
