@@ -33,7 +33,9 @@ class PackedWindows:
             raise ValueError(f"the data has {len(stream)} tokens, too few for one sequence of "
                              f"seq_len={seq_len} (+1 for the targets)")
         if len(stream.doc_starts) == 0 or stream.doc_starts[0] != 0:
-            raise ValueError("a token stream must start a document at offset 0")
+            first = (f"its first at offset {int(stream.doc_starts[0])}" if len(stream.doc_starts)
+                     else "no document starts")
+            raise ValueError(f"a token stream must start a document at offset 0, got {first}")
 
     def __len__(self) -> int:
         return self._length

@@ -243,9 +243,10 @@ def test_windows_refuse_bad_streams_lengths_and_indices():
     a negative window index is out of range like one past the end, not counted from it."""
     tokens = np.arange(10, dtype=np.int32)
     for starts in ([2, 5], [1, 5]):
-        with pytest.raises(ValueError, match="start a document at offset 0"):
+        with pytest.raises(ValueError, match=f"start a document at offset 0, got its first at "
+                                             f"offset {starts[0]}$"):
             PackedWindows(TokenStream(tokens, np.array(starts)), 4)
-    with pytest.raises(ValueError, match="start a document at offset 0"):
+    with pytest.raises(ValueError, match="start a document at offset 0, got no document starts"):
         PackedWindows(TokenStream(tokens, np.array([], np.int64)), 4)
     with pytest.raises(ValueError, match="seq_len must be >= 1, got 0"):
         PackedWindows(TokenStream(tokens, np.array([0])), 0)
