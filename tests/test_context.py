@@ -1,0 +1,70 @@
+"""`TokenContext` on its own: default positions from `start`, the leading-shape check of every
+per-token array (naming it, what was expected and what was found), the segment extents made
+once, the decode flags kept, a batch dict's fields and `extra.` entries taken (and nothing
+else), and a missing extra named with those the context has."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.context import TokenContext
+from hybrid_jax.ops.attention import segment_extents
+
+
+def test_positions_default_to_start_plus_time():
+    ctx = TokenContext.create((2, 4), start=3)
+    assert ctx.positions.dtype == jnp.int32
+    np.testing.assert_array_equal(ctx.positions, [[3, 4, 5, 6]] * 2)
+    assert ctx.segment_ids is None and ctx.segment_extents is None and ctx.extras == {}
+    assert not ctx.record_steps and not ctx.fresh_cache
+    flagged = TokenContext.create((2, 4), record_steps=True, fresh_cache=True)
+    assert flagged.record_steps and flagged.fresh_cache
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("positions", jnp.zeros((2, 5), jnp.int32), r"TokenContext.positions: expected leading "
+     r"shape \[batch, time\] = \[2, 4\] \(the tokens'\), got \[2, 5\]"),
+    ("positions", jnp.zeros((4,), jnp.int32), r"TokenContext.positions: .* got \[4\]"),
+    ("segment_ids", jnp.zeros((2, 3), jnp.int32), r"TokenContext.segment_ids: .* = \[2, 4\] "
+     r"\(the tokens'\), got \[2, 3\]"),
+    ("extras", {"mode": jnp.zeros((1, 4, 3))}, r"TokenContext.extras\['mode'\]: .* got "
+     r"\[1, 4, 3\]"),
+], ids=["positions-time", "positions-1d", "segment_ids", "extras"])
+def test_every_per_token_array_is_checked(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TokenContext.create((2, 4), **{field: value})
+
+
+def test_segment_extents_are_made_once_from_the_ids():
+    ids = jnp.asarray([[1, 1, 2, 2, 2], [0, 3, 3, 3, 4]], jnp.int32)
+    ctx = TokenContext.create((2, 5), segment_ids=ids)
+    expected = segment_extents(ids)
+    assert len(ctx.segment_extents) == len(expected) == 4
+    for got, want in zip(ctx.segment_extents, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_from_batch_takes_positions_segment_ids_and_extra_entries_only():
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    positions = jnp.asarray([[0, 1, 0, 1]], jnp.int32)
+    ids = jnp.asarray([[1, 1, 2, 2]], jnp.int32)
+    mode = jnp.asarray([[0.0, 1.0, 2.0, 0.0]])
+    ctx = TokenContext.from_batch({"inputs": tokens, "targets": tokens, "mask": tokens,
+                                   "positions": positions, "segment_ids": ids,
+                                   "extra.mode": mode})
+    np.testing.assert_array_equal(ctx.positions, positions)
+    np.testing.assert_array_equal(ctx.segment_ids, ids)
+    assert ctx.segment_extents is not None
+    assert list(ctx.extras) == ["mode"]
+    np.testing.assert_array_equal(ctx.extra("mode"), mode)
+    plain = TokenContext.from_batch({"inputs": tokens})
+    np.testing.assert_array_equal(plain.positions, [[0, 1, 2, 3]])
+    assert plain.segment_ids is None and plain.extras == {}
+
+
+def test_a_missing_extra_names_the_batch_key_and_the_extras_there_are():
+    ctx = TokenContext.create((1, 2), extras={"other": jnp.zeros((1, 2))})
+    with pytest.raises(ValueError, match=r"needs the per-token array 'mode' in the context "
+                                         r"\(batch key 'extra.mode', .*the context has "
+                                         r"\['other'\]"):
+        ctx.extra("mode")
