@@ -16,6 +16,7 @@ from hybrid_jax.sharding import (
     LOGICAL_AXIS_RULES,
     axis_rules,
     batch_sharding,
+    constrain,
     logical_to_spec,
     make_mesh,
     use_rules,
@@ -143,3 +144,79 @@ def test_variable_logical_axes_must_name_every_dimension():
     with pytest.raises(ValueError, match=r"logical_axes \('mlp',\) do not match the shape "
                                          r"\(8, 4\) of a Param"):
         variable_sharding(nnx.Param(jnp.zeros((8, 4)), logical_axes=("mlp",)), mesh)
+
+
+def test_the_default_table_places_each_activation_and_kv_axis():
+    """Without a mesh the spec is the table's: the batch over both data-parallel axes, time
+    over `seq` (context parallelism), KV heads and MLP units over `tensor`, head dims
+    replicated."""
+    assert logical_to_spec(("batch", "seq", "kv_heads", "head_dim")) == P(
+        ("data", "fsdp"), "seq", "tensor", None)
+    assert logical_to_spec(("embed", "mlp")) == P("fsdp", "tensor")
+
+
+def test_a_mesh_axis_shards_one_dimension_at_most():
+    """Two names mapped to the same mesh axis: the first dimension takes it, the second stays
+    replicated (a mesh axis cannot split two dimensions of one array); size-1 mesh axes are
+    left out of the spec."""
+    rules = axis_rules(MeshConfig(axis_rule_overrides=("mlp=fsdp+tensor",)))
+    assert rules["mlp"] == ("fsdp", "tensor")
+    assert logical_to_spec(("embed", "mlp"), rules=rules) == P("fsdp", "tensor")
+    assert logical_to_spec(("batch", "embed"), rules=rules) == P(("data", "fsdp"), None)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
+    assert logical_to_spec(("batch", "embed", "mlp"), (8, 8, 8), mesh, rules) == P(
+        "fsdp", None, "tensor")
+
+
+def test_overrides_take_one_axis_as_a_name_and_an_empty_one_as_none():
+    rules = axis_rules(MeshConfig(axis_rule_overrides=("mlp=fsdp", "vocab=", "heads= none")))
+    assert rules["mlp"] == "fsdp" and rules["vocab"] is None and rules["heads"] is None
+
+
+def test_batch_sharding_follows_the_active_rules():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4))
+    with use_rules({**LOGICAL_AXIS_RULES, "batch": "fsdp"}):
+        assert batch_sharding(mesh, 3).spec == P("fsdp", None, None)
+    assert batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
+
+
+def test_mesh_takes_the_first_devices():
+    mesh = make_mesh(MeshConfig(data=2, fsdp=1))
+    assert mesh.shape == {"data": 2, "fsdp": 1, "seq": 1, "tensor": 1}
+    assert list(mesh.devices.flat) == jax.devices()[:2]
+
+
+def test_constrain_lays_out_activations_by_their_names():
+    """Under a mesh, `constrain` pins a jitted value's layout by logical names (an array
+    placed replicated comes out split as the rules say); inside a `shard_map` manual over
+    every axis it is a no-op, the value already per device."""
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    x = jnp.arange(64.0).reshape(8, 8)
+    with jax.set_mesh(mesh):
+        y = jax.jit(lambda x: constrain(x * 2, ("batch", "mlp")))(x)
+        assert y.sharding.spec == P(("data", "fsdp"), "tensor")
+        inside = jax.jit(jax.shard_map(lambda x: constrain(x * 2, ("batch", "mlp")),
+                                       in_specs=P(), out_specs=P(), check_vma=False))(x)
+    np.testing.assert_array_equal(y, 2 * x)
+    np.testing.assert_array_equal(inside, 2 * x)
+
+
+def test_axes_made_manual_by_a_shard_map_are_left_out():
+    """Inside a `shard_map` manual over `tensor` only, a constraint names the other axes but
+    not `tensor` (each device holds its tensor shard already)."""
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    seen = []
+
+    def body(x):
+        seen.append(logical_to_spec(("batch", "mlp"), x.shape, jax.sharding.get_abstract_mesh()))
+        return constrain(x, ("batch", "mlp"))
+
+    with jax.set_mesh(mesh):
+        jax.jit(jax.shard_map(body, in_specs=P(None, "tensor"), out_specs=P(None, "tensor"),
+                              axis_names={"tensor"}))(jnp.ones((8, 8)))
+    assert seen == [P(("data", "fsdp"), None)]
+
+
+def test_a_variable_without_logical_axes_is_replicated_on_every_axis():
+    mesh = make_mesh(MeshConfig(data=1, fsdp=8))
+    assert variable_sharding(nnx.Param(jnp.zeros((8, 8))), mesh).spec == P(None, None)
