@@ -31,6 +31,9 @@ class FFNOptions:
 
     ffn_dim: int | None = None
 
+    def __post_init__(self) -> None:
+        _check_width("FFNOptions", "ffn_dim", self.ffn_dim)
+
     def check(self, model: ModelConfig) -> None:
         if self.width(model) < 1:
             raise ValueError("an 'ffn' branch needs ffn_dim >= 1 (the model's ffn_dim is 0)")

@@ -48,6 +48,13 @@ def test_bad_dual_ffn_widths_are_named(options, message):
         DualFFNOptions(**options)
 
 
+@pytest.mark.parametrize("width", [0, -4, 2.5])
+def test_bad_ffn_width_is_named_not_blamed_on_the_model(width):
+    with pytest.raises(ValueError, match=rf"FFNOptions.ffn_dim={width!r}: expected a positive "
+                                         r"integer or None"):
+        FFNOptions(ffn_dim=width)
+
+
 def test_branches_refuse_a_model_without_ffn_width():
     """A model with `ffn_dim=0` (no FFN sublayers) has no width for an FFN branch that takes
     the model's: both branch types say so at construction."""
