@@ -1,8 +1,13 @@
-"""Session 37, call b: gdn-130m's forward alone (prefill; K = V = 64, 12 heads, the fused
-forward) at its `value_block` 64 / 32 / 16, three rounds interleaved (session 36's one call at
-B 4 × 8192 was not monotonic in the tile: 0.83 / 0.97 / 0.71 ms), at B 1, 2, 4, 8 (12 to 96
-programs of 64 columns). Prints ms per round and the median, writes prefill.json."""
+"""Session 37, calls b, c and g: the gated delta rule's forward alone (prefill) at several V
+tiles of one `BlockSizes` field, each tile timed `--rounds` times, interleaved in the given
+order; outputs compared across tiles. Prints ms per round and the median, writes prefill.json.
 
+    python3 experiments/benchmarks/results/s37b/prefill.py --dim 64 --field value_block \\
+        --tiles 64,32,16 --shapes 12x1x32768,12x2x16384,12x4x8192,12x8x4096
+
+(`run.sh` of each call holds its arguments; call b's JSON predates the `H` column.)"""
+
+import argparse
 import dataclasses
 import json
 import os
@@ -16,31 +21,38 @@ from hybrid_jax.ops import l2_normalize
 from pallas_kernels.delta_rule import api
 from pallas_kernels.delta_rule.block_sizes import default_block_sizes
 
-HEADS, DIM, TILES, ROUNDS = 12, 64, (64, 32, 16), 3
-SHAPES = ((1, 32768), (2, 16384), (4, 8192), (8, 4096))
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--dim", type=int, required=True, help="K = V")
+parser.add_argument("--field", required=True, help="value_block or forward_value_block")
+parser.add_argument("--tiles", type=lambda s: [int(t) for t in s.split(",")], required=True)
+parser.add_argument("--shapes", required=True, help="HEADSxBxT,...")
+parser.add_argument("--rounds", type=int, default=3)
+args = parser.parse_args()
+dim, tiles_order = args.dim, args.tiles
 rows = []
-for batch, length in SHAPES:
+for shape in args.shapes.split(","):
+    heads, batch, length = map(int, shape.split("x"))
     keys = iter(jax.random.split(jax.random.key(0), 5))
     normal = lambda *s, keys=keys: jax.random.normal(next(keys), s, jnp.float32)  # noqa: E731
-    q, k = (l2_normalize(normal(batch, length, HEADS, DIM)).astype(jnp.bfloat16) for _ in range(2))
-    v = normal(batch, length, HEADS, DIM).astype(jnp.bfloat16)
-    g = -jax.nn.softplus(normal(batch, length, HEADS))
-    beta = jax.nn.sigmoid(normal(batch, length, HEADS))
-    default = default_block_sizes(DIM, DIM, training=False, sequences=batch * HEADS)
-    base = default_block_sizes(DIM, DIM, training=False)
-    tiles = {tile: dataclasses.replace(base, value_block=tile) for tile in TILES}
+    q, k = (l2_normalize(normal(batch, length, heads, dim)).astype(jnp.bfloat16) for _ in range(2))
+    v = normal(batch, length, heads, dim).astype(jnp.bfloat16)
+    g = -jax.nn.softplus(normal(batch, length, heads))
+    beta = jax.nn.sigmoid(normal(batch, length, heads))
+    default = default_block_sizes(dim, dim, training=False, sequences=batch * heads)
+    base = default_block_sizes(dim, dim, training=False)
+    blocks = {tile: dataclasses.replace(base, **{args.field: tile}) for tile in tiles_order}
     fns = {tile: jax.jit(lambda *a, b=b: api.gated_delta_rule(*a, block_sizes=b)[0])
-           for tile, b in tiles.items()}
+           for tile, b in blocks.items()}
     outs = {tile: fn(q, k, v, g, beta).astype(jnp.float32) for tile, fn in fns.items()}
-    times = {tile: [] for tile in TILES}
-    for _ in range(ROUNDS):
+    times = {tile: [] for tile in tiles_order}
+    for _ in range(args.rounds):
         for tile, fn in fns.items():
             times[tile].append(time_compiled(fn, q, k, v, g, beta))
-    diff = max(float(jnp.max(jnp.abs(o - outs[TILES[0]]))) for o in outs.values())
-    for tile in TILES:
-        row = dict(B=batch, T=length, programs=batch * HEADS * DIM // 64, tile=tile,
-                   default=default.value_block == tile, ms=statistics.median(times[tile]),
-                   rounds=times[tile], max_diff=diff)
+    diff = max(float(jnp.max(jnp.abs(o - outs[tiles_order[0]]))) for o in outs.values())
+    for tile in tiles_order:
+        row = dict(H=heads, B=batch, T=length, programs=batch * heads * dim // 64, tile=tile,
+                   default=getattr(default, args.field) == tile,
+                   ms=statistics.median(times[tile]), rounds=times[tile], max_diff=diff)
         rows.append(row)
         print(row, flush=True)
 with open(os.path.join(os.environ.get("OUT", "."), "prefill.json"), "w") as f:
