@@ -1,5 +1,5 @@
 """Test-suite setup: 8 fake CPU devices (set before jax is imported), cheaper compiles,
-garbage collection by test module and float64 helpers."""
+garbage collection by test module, a time limit per fast test and float64 helpers."""
 
 import gc
 import os
@@ -24,6 +24,18 @@ import pytest  # noqa: E402
 from tests.unrolled_threefry import use_unrolled_threefry  # noqa: E402
 
 use_unrolled_threefry()
+
+
+# A fast test that hangs (a lost wake-up in a thread, a subprocess that never exits) fails with
+# its stack after this long instead of holding CI to its 90-minute limit (the whole fast suite
+# takes about 14 minutes on a 2-core machine). `slow` tests keep no limit.
+FAST_TEST_LIMIT_S = 600
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(FAST_TEST_LIMIT_S))
 
 
 @pytest.hookimpl(hookwrapper=True)
