@@ -22,6 +22,7 @@ from hybrid_jax.nn.common import dense_kwargs
 from hybrid_jax.nn.layers import Linear
 from hybrid_jax.ops.segments import document_starts, reset_state
 from tests.helpers import assert_close
+from tests.nn.test_gated_deltanet import rms
 from tests.nn.test_lm import check_decode_matches
 from tests.test_context_parallel_models import CONFIG as EVERY_BLOCK
 
@@ -211,12 +212,9 @@ def test_parallel_branches_read_the_normalised_input_only_in_pre_norm(residual):
     x = np.random.default_rng(0).normal(size=(2, 5, SMALL["d_model"])).astype(np.float32)
     ctx = TokenContext.create((2, 5))
 
-    def rms_norm(a):
-        return a / np.sqrt(np.mean(a * a, -1, keepdims=True) + 1e-6) * gamma
-
-    h = rms_norm(x) if residual == "pre_norm" else x
+    h = rms(x, config.norm_eps) * gamma if residual == "pre_norm" else x
     mixed = sum(np.asarray(getattr(block, name)(jnp.asarray(h), ctx)) for name in block.names)
-    want = x + mixed if residual == "pre_norm" else rms_norm(x + mixed)
+    want = x + mixed if residual == "pre_norm" else rms(x + mixed, config.norm_eps) * gamma
     assert_close(block(jnp.asarray(x), ctx), want, 1e-5, residual)
 
 
@@ -235,15 +233,12 @@ def test_sequential_branches_each_take_their_residual(residual):
     x = np.random.default_rng(0).normal(size=(2, 5, SMALL["d_model"])).astype(np.float32)
     ctx = TokenContext.create((2, 5))
 
-    def rms_norm(a, gamma):
-        return a / np.sqrt(np.mean(a * a, -1, keepdims=True) + 1e-6) * gamma
-
     want, alpha = x, 2 ** 0.25
     assert block.alpha == (alpha if residual == "deepnorm" else 1.0)
     for name in block.names:
         f = lambda h, name=name: np.asarray(getattr(block, name)(jnp.asarray(h), ctx))  # noqa: E731
-        want = (want + f(rms_norm(want, gammas[name])) if residual == "pre_norm" else
-                rms_norm(alpha * want + f(want), gammas[name]))
+        want = (want + f(rms(want, config.norm_eps) * gammas[name]) if residual == "pre_norm" else
+                rms(alpha * want + f(want), config.norm_eps) * gammas[name])
     assert_close(block(jnp.asarray(x), ctx), want, 1e-5, residual)
 
 
