@@ -10,7 +10,7 @@ import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
-from tests.helpers import assert_close, assert_packed_documents_isolated
+from tests.helpers import assert_close
 
 
 def decode_logits(model, tokens, split, max_len, fresh=False):
@@ -111,11 +111,6 @@ def test_a_context_and_its_parts_are_refused_together(part):
     with pytest.raises(ValueError, match="pass either context= or positions_BT / "
                                          "segment_ids_BT / extras, not both"):
         model(tokens, TokenContext.create((1, 4)), **{part: value})
-
-
-def test_segment_ids_isolate_documents():
-    """Logits of packed documents equal those of each document alone."""
-    assert_packed_documents_isolated(hj.create_model(presets.get("transformer-tiny")))
 
 
 def learned_position_config(**changes):
