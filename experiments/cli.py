@@ -1,5 +1,4 @@
-"""The `hybrid-jax` command: train / eval / generate / list / tokenizer / plot / import / export
-/ convert.
+"""The `hybrid-jax` command: train, eval, generate, import, export, convert, scale and tools.
 
     hybrid-jax train NAME [--out DIR] [--resume] [--set key=value ...]
     hybrid-jax eval RUN_DIR [--set key=value ...] [--step N] [--batches N] [--modes SCHEDULE]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybrid_jax.config import ExperimentConfig, ModelConfig, layer
-from hybrid_jax.convert.params import named_values, transplant, write_conversion
+from hybrid_jax.convert.params import attention_layers, named_values, transplant, write_conversion
 from hybrid_jax.nn.lm import LanguageModel
 
 # Attention options an NHA layer takes over unchanged.
@@ -33,13 +33,8 @@ NEW_PARAMETER = "mixer/f_proj/kernel"
 def nha_config(config: ModelConfig, *, window: int | None, num_slots: int,
                layers: Sequence[int] | None = None) -> ModelConfig:
     """`config` with attention layers `layers` (default: all) turned into NHA layers."""
-    attention = [i for i, spec in enumerate(config.layers) if spec.type == "attention"]
-    chosen = attention if layers is None else list(layers)
     specs = list(config.layers)
-    for i in chosen:
-        if i not in attention:
-            raise ValueError(f"convert: layer {i} is not an attention layer; attention layers: "
-                             f"{attention}")
+    for i in attention_layers(config, layers):
         options = config.block_options(i)
         if options.cosine:
             raise ValueError(f"convert: layer {i} uses cosine attention, which NHA's window "

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax.config import ExperimentConfig, ModelConfig, layer
-from hybrid_jax.convert.params import named_values, transplant, write_conversion
+from hybrid_jax.convert.params import attention_layers, named_values, transplant, write_conversion
 from hybrid_jax.nn.lm import LanguageModel
 
 # Attention kernels → the Oryx mixer's; REPEATED ones repeat key/value heads for GQA. The
@@ -49,12 +49,8 @@ NEW = ("linear/dt_proj/kernel", "linear/dt_bias", "linear/A_log", "linear/D")
 
 def oryx_config(config: ModelConfig, layers: Sequence[int] | None = None) -> ModelConfig:
     """`config` with attention layers `layers` (default: all) turned into Oryx layers."""
-    attention = [i for i, spec in enumerate(config.layers) if spec.type == "attention"]
     specs = list(config.layers)
-    for i in attention if layers is None else list(layers):
-        if i not in attention:
-            raise ValueError(f"convert: layer {i} is not an attention layer; attention layers: "
-                             f"{attention}")
+    for i in attention_layers(config, layers):
         options = config.block_options(i)
         for name, why in (("window", "Oryx's attention mode is full causal attention"),
                           ("cosine", "Oryx's attention mode is softmax attention"),

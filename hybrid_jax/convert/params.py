@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -13,6 +13,23 @@ from hybrid_jax.config import ExperimentConfig, ModelConfig
 from hybrid_jax.convert.run_dir import write_run
 from hybrid_jax.nn.lm import LanguageModel, create_model
 from hybrid_jax.train.checkpoint import leaf_name
+
+
+def attention_layers(config: ModelConfig, layers: Sequence[int] | None) -> list[int]:
+    """The attention layers a conversion turns into another type: `layers`, or all of them if
+    None; an empty choice, or a layer that is not attention, is refused by name."""
+    attention = [i for i, spec in enumerate(config.layers) if spec.type == "attention"]
+    chosen = attention if layers is None else list(layers)
+    if not chosen:
+        raise ValueError("convert: no layer to convert: "
+                         + ("the model has no attention layer (its layers: "
+                            f"{[spec.type for spec in config.layers]})" if layers is None
+                            else "the chosen layers are empty"))
+    for i in chosen:
+        if i not in attention:
+            raise ValueError(f"convert: layer {i} is not an attention layer; attention layers: "
+                             f"{attention}")
+    return chosen
 
 
 def named_values(model: nnx.Module) -> dict[str, jax.Array]:

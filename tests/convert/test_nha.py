@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from hybrid_jax import presets
 from hybrid_jax.convert.nha import NEW_PARAMETER, convert_to_nha, nha_config
+from hybrid_jax.convert.oryx import oryx_config
 from hybrid_jax.convert.params import named_values, transplant
 from tests.convert.test_hf import load
 from tests.convert.test_oryx import two_attention_layers
@@ -99,3 +101,18 @@ def test_nha_layers_keep_their_attention_layers_own_options():
 def test_convert_refuses_cosine_attention():
     with pytest.raises(ValueError, match="layer 0 uses cosine attention"):
         nha_config(two_attention_layers(**OWN_OPTIONS, cosine=True), window=8, num_slots=2)
+
+
+@pytest.mark.parametrize("to", [
+    lambda config, layers: nha_config(config, window=4, num_slots=4, layers=layers),
+    oryx_config,
+], ids=["nha", "oryx"])
+@pytest.mark.parametrize("preset, layers, message", [
+    ("gdn-tiny", None, r"no attention layer \(its layers: \['gdn', 'gdn'\]\)"),
+    ("transformer-tiny", [], "the chosen layers are empty"),
+])
+def test_convert_refuses_a_choice_of_no_layers(to, preset, layers, message):
+    """A conversion that would change nothing (a model without attention, or an empty list)
+    is refused instead of writing a copy of the run as a converted one."""
+    with pytest.raises(ValueError, match=f"convert: no layer to convert: .*{message}"):
+        to(presets.get(preset), layers)
