@@ -18,7 +18,7 @@ from flax import nnx
 from jax.experimental import io_callback
 
 from hybrid_jax.cache import check_token_ids
-from hybrid_jax.modes import inference_modes
+from hybrid_jax.modes import check_reads_modes, inference_modes
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.nn.oryx import MODE
 from hybrid_jax.speculative import accepted_drafts, check_speculative, draft_and_verify, rollback
@@ -82,7 +82,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
     `max_positions`, a negative or non-finite temperature, a `top_k` outside
-    `[1, vocab_size]` and a `top_p` outside (0, 1] raise ValueError.
+    `[1, vocab_size]`, a `top_p` outside (0, 1] and `modes` for a model without Oryx layers
+    raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
@@ -132,6 +133,7 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     extras = dict(extras or {})
     width = prompt_BT.shape[1] + max_new_tokens
     if modes is not None:
+        check_reads_modes(model, "modes")
         extras[MODE] = jnp.asarray(inference_modes(modes, lengths, width))
     for name, array in extras.items():
         if tuple(array.shape[:2]) != (prompt_BT.shape[0], width):

@@ -21,10 +21,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from hybrid_jax.config import ModeSchedule
 from hybrid_jax.context import EXTRA_PREFIX
-from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE, MODE_NAMES
+from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE, MODE_NAMES, OryxMixer
+
+
+def check_reads_modes(model: nnx.Module, what: str) -> None:
+    """Raises ValueError unless `model` has an Oryx mixer, the only reader of per-token modes:
+    given to another model, a schedule would be ignored (`what` names the schedule)."""
+    if not any(isinstance(node, OryxMixer) for _, node in nnx.iter_graph(model)):
+        types = sorted({spec.type for spec in model.config.layers})
+        raise ValueError(f"{what}: a mode schedule drives Oryx layers, and the model has none "
+                         f"(its layer types: {types}); leave the schedule out")
 
 
 def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,

@@ -43,7 +43,7 @@ from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
 from hybrid_jax.flops import device_peak_flops, step_flops
-from hybrid_jax.modes import batch_modes, with_modes
+from hybrid_jax.modes import batch_modes, check_reads_modes, with_modes
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.lm import LanguageModel, count_params
@@ -283,6 +283,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
     schedule (`hybrid_jax.modes.batch_modes`, e.g. "linear" or "scored=attention,other=linear")
     for every batch, adding `attention_fraction` (of all tokens).
     """
+    if modes is not None:
+        check_reads_modes(ts.model(), "eval modes")
     eval_step = make_eval_step(ts) if eval_step is None else eval_step
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     num_bytes, in_attention, num_tokens = 0, 0, 0
@@ -378,6 +380,9 @@ class _Run:
                                  for d in self.mesh.devices.flat)
         # The one trace of the model's initialisation: FLOPs, restore and init start from it.
         self.abstract = _abstract_train_state(experiment, self.mesh)
+        if cfg.mode_schedule.pattern != "none":
+            check_reads_modes(nnx.merge(self.abstract.graphdef, self.abstract.state)[0],
+                              "train.mode_schedule")
         seq_len = int(getattr(self.data, "seq_len", 0))
         self.flops = (step_flops(experiment.model, seq_len, self.abstract.params) if seq_len
                       else None)

@@ -83,6 +83,8 @@ def test_decode_checks_ids(model):
     (dict(top_k=2.5), r"top_k must be an integer"),
     (dict(seed=1.5), r"seed must be an integer, got 1.5"),
     (dict(max_len=3), r"max_len=3 is shorter than prompt \+ new tokens = 5"),
+    (dict(modes="attention"), r"modes: a mode schedule drives Oryx layers, and the model has "
+                              r"none \(its layer types: \['attention'\]\)"),
 ])
 def test_generate_arguments(model, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -131,3 +133,27 @@ def test_eval_with_nothing_to_score_is_an_error():
              "mask": np.zeros((2, 16), bool)}
     with pytest.raises(ValueError, match="the held-out set of 1 batches has no scored tokens"):
         evaluate(ts, [batch])
+    batch["mask"][:, -1] = True
+    assert evaluate(ts, [batch])["tokens"] == 2
+    with pytest.raises(ValueError, match="eval modes: a mode schedule drives Oryx layers, and "
+                                         "the model has none"):
+        evaluate(ts, [batch], modes="linear")
+
+
+def test_a_mode_schedule_for_a_model_without_oryx_is_refused(tmp_path):
+    """A training mode schedule would be ignored by a model without Oryx layers: refused before
+    anything compiles or is saved."""
+    from hybrid_jax.config import ExperimentConfig, MeshConfig, ModeSchedule, TrainConfig
+    from hybrid_jax.data.mqar import MQARConfig
+    from hybrid_jax.train.trainer import train
+
+    experiment = ExperimentConfig(
+        name="x", model=ModelConfig(layers=("gdn", "attention"), d_model=16, num_heads=2,
+                                    ffn_dim=0),
+        data=MQARConfig(seq_len=16, num_kv_pairs=2),
+        train=TrainConfig(steps=2, warmup_steps=1, mesh=MeshConfig(data=1),
+                          mode_schedule=ModeSchedule(pattern="random_chunks")))
+    with pytest.raises(ValueError, match=r"train.mode_schedule: .* the model has none \(its "
+                                         r"layer types: \['attention', 'gdn'\]\)"):
+        train(experiment, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists()
