@@ -12,6 +12,7 @@ from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.gated_deltanet import _a_log_init, _dt_bias_init
+from hybrid_jax.ops import context_parallel
 from hybrid_jax.registry import block_names
 from tests.helpers import assert_close, normals
 from tests.nn.test_lm import check_decode_matches
@@ -62,6 +63,29 @@ def check_documents_isolated(config: ModelConfig, first=6, second=6, tol=1e-5):
     assert_close(packed[:, first:], forward(x[:, first:], None), tol, "second document")
 
 
+def check_prefill_in_pieces(config: ModelConfig, T=11, pieces=(3, 8), tol=1e-5):
+    """Decoding T tokens in multi-token pieces `[0, 3) [3, 8) [8, 11)` equals the parallel
+    pass: the later pieces continue a non-empty cache through the chunked form (a chunked
+    prefill, speculative verification), which `check_decode_matches` never reaches (its
+    prefills start empty, its steps are single tokens)."""
+    model = hj.create_model(config, seed=1)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, T)),
+                         jnp.int32)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def in_pieces(state, tokens):
+        model_ = nnx.merge(graphdef, state)
+        cache, outs = model_.init_cache(tokens.shape[0], T), []
+        for start, end in zip((0, *pieces), (*pieces, T), strict=True):
+            logits, cache = model_.decode(tokens[:, start:end], cache)
+            outs.append(logits)
+        return jnp.concatenate(outs, axis=1)
+
+    parallel = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, tokens)
+    assert_close(in_pieces(state, tokens), parallel, tol, f"{config.layers[0].type} pieces")
+
+
 def short_conv(u, conv) -> np.ndarray:
     """`silu(Σ_i w_i ⊙ u_{t−i} (+ b))` over the flattened heads of `u` `[B, T, ...]` (one
     document)."""
@@ -104,6 +128,36 @@ def test_layer_matches_numpy_per_token_loop(use_short_conv):
     assert_close(forward(x, None), expected, 2e-6)
 
 
+def test_head_dim_conv_size_and_norm_eps_of_their_own():
+    """An explicit head size frees num_heads from d_model (3 heads of K = 3, V = 6 on d_model
+    8), `conv_size` sets the taps of the three short convs, and the output norm takes the
+    model's `norm_eps` (1e-2: large enough to move the output)."""
+    cfg = ModelConfig(layers=(layer("gdn", num_heads=3, head_dim=3, expand_v=2, conv_size=2,
+                                    chunk_size=4),),
+                      vocab_size=8, d_model=8, num_heads=2, norm_eps=1e-2)
+    mixer, forward = jitted_mixer(cfg)
+    assert mixer.q_proj.kernel.shape == (8, 3, 3) and mixer.v_proj.kernel.shape == (8, 3, 6)
+    assert [conv.weight.shape for conv in (mixer.q_conv, mixer.k_conv, mixer.v_conv)] == [
+        (2, 9), (2, 9), (2, 18)]
+    x = normals(1, (2, 9, 8), dtype=np.float32)
+    expected = gdn_reference(mixer, np.asarray(x, np.float64), 1e-2)
+    assert_close(forward(x, None), expected, 2e-6)
+
+
+def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
+    """Every input projection at `init_std`; W_o, which writes into the residual stream, at
+    init_std / √(2·num_layers) (GPT-2): here 0.4 / √4 with two layers."""
+    cfg = ModelConfig(layers=("gdn",) * 2, vocab_size=8, d_model=64, num_heads=2,
+                      init_std=0.4)
+    mixer = hj.create_model(cfg).blocks[0].mixer
+    stds = dict.fromkeys(("q_proj", "k_proj", "v_proj", "g_proj", "a_proj", "b_proj"), 0.4)
+    for name, std in {**stds, "o_proj": 0.2}.items():
+        proj = getattr(mixer, name)
+        assert proj.init_std == pytest.approx(std), name
+        drawn = np.asarray(proj.kernel[...]).std()  # ≥ 128 draws
+        assert abs(drawn / std - 1) < 0.2, (name, drawn, std)
+
+
 def test_decode_matches_parallel_across_chunks():
     """A prefill ending mid-chunk, then token-by-token decoding, equals the parallel pass (with
     and without short convs)."""
@@ -111,6 +165,48 @@ def test_decode_matches_parallel_across_chunks():
                               layer("gdn", chunk_size=4, use_short_conv=False)),
                       vocab_size=32, d_model=16, num_heads=2)
     check_decode_matches(cfg, T=11, splits=(0, 6))
+
+
+def test_cache_keeps_a_float32_state_whatever_its_dtype():
+    """A bfloat16 cache: the short convs' last conv_size − 1 inputs in bfloat16, the
+    `[B, H, K, V]` delta-rule state in float32 (none of the convs without short convs)."""
+    cfg = ModelConfig(layers=(layer("gdn", conv_size=3), layer("gdn", use_short_conv=False)),
+                      vocab_size=8, d_model=16, num_heads=2)
+    model = hj.create_model(cfg)
+    cache = model.blocks[0].mixer.init_cache(2, 9, jnp.bfloat16)
+    assert (cache.state.shape, cache.state.dtype) == ((2, 2, 8, 16), jnp.float32)
+    assert [c.inputs.shape for c in cache.convs] == [(2, 2, 16), (2, 2, 16), (2, 2, 32)]
+    assert {c.inputs.dtype.name for c in cache.convs} == {"bfloat16"}
+    assert model.blocks[1].mixer.init_cache(2, 9, jnp.bfloat16).convs == [None] * 3
+
+
+def test_prefill_in_pieces_continues_the_state():
+    """A second prefill of 5 tokens (across a chunk boundary) starts from the first's state
+    (with and without short convs)."""
+    cfg = ModelConfig(layers=(layer("gdn", chunk_size=4),
+                              layer("gdn", chunk_size=4, use_short_conv=False)),
+                      vocab_size=32, d_model=16, num_heads=2)
+    check_prefill_in_pieces(cfg)
+
+
+def test_the_op_gets_the_options_and_the_documents(monkeypatch):
+    """The parallel pass hands the op the layer's chunk size and implementation and the
+    context's segment ids."""
+    cfg = ModelConfig(layers=(layer("gdn", chunk_size=2, implementation="reference"),),
+                      vocab_size=8, d_model=16, num_heads=2)
+    mixer = hj.create_model(cfg).blocks[0].mixer
+    calls, op = [], context_parallel.gated_delta_rule
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(context_parallel, "gated_delta_rule", spy)
+    ctx = TokenContext.create((1, 5), segment_ids=jnp.asarray([[0, 0, 1, 1, 1]]))
+    mixer(normals(0, (1, 5, 16), dtype=np.float32), ctx)
+    [kwargs] = calls
+    assert (kwargs["chunk_size"], kwargs["implementation"]) == (2, "reference")
+    assert kwargs["segment_ids"] is ctx.segment_ids
 
 
 def test_packed_documents_are_isolated():
