@@ -13,7 +13,7 @@ from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.registry import block_names
 from tests.helpers import assert_close, assert_packed_documents_isolated
-from tests.nn.test_gated_deltanet import silu
+from tests.nn.test_gated_deltanet import check_prefill_in_pieces, silu
 from tests.nn.test_lm import check_decode_matches
 
 SMALL = layer("mamba2", ssm_head_dim=4, state_size=8, n_groups=2, chunk_size=4)
@@ -57,8 +57,9 @@ def starts_of(segment_ids, shape):
     return np.concatenate([np.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
 
 
-def numpy_conv(x, weight, bias, starts):
-    """Causal depthwise conv `y_t = Σ_i w_i x_{t−i} + b` within each document, then SiLU."""
+def numpy_conv(x, weight, bias, starts, activation=True):
+    """Causal depthwise conv `y_t = Σ_i w_i x_{t−i} + b` within each document, then SiLU
+    (unless `activation` is False)."""
     batch, T, _ = x.shape
     y = np.zeros_like(x)
     for b in range(batch):
@@ -67,23 +68,24 @@ def numpy_conv(x, weight, bias, starts):
             doc_start = t if starts[b, t] else doc_start
             for lag in range(min(len(weight), t - doc_start + 1)):
                 y[b, t] += weight[lag] * x[b, t - lag]
-    return silu(y + bias)
+    return silu(y + bias) if activation else y + bias
 
 
-def mamba2_numpy(p, x, starts, *, groups, eps):
-    """Mamba-2 mixer from the equations, one token at a time, in float64."""
+def mamba2_numpy(p, x, starts, *, groups, eps, conv_activation=True, gated_norm=True):
+    """Mamba-2 mixer from the equations, one token at a time, in float64 (the options of the
+    same names drop the convs' SiLU and the gated norm)."""
     x = np.asarray(x, np.float64)
     batch, T, _ = x.shape
-    z = np.einsum("btd,dhp->bthp", x, p["z_proj.kernel"])
     xs = np.einsum("btd,dhp->bthp", x, p["x_proj.kernel"])
     H, P = xs.shape[2:]
     B, C = (np.einsum("btd,dgn->btgn", x, p[f"{name}_proj.kernel"]) for name in "bc")
     N = B.shape[-1]
     dt = np.log1p(np.exp(x @ p["dt_proj.kernel"] + p["dt_bias"]))  # softplus
     xs = numpy_conv(xs.reshape(batch, T, -1), p["x_conv.weight"], p["x_conv.bias"],
-                    starts).reshape(batch, T, H, P)
+                    starts, conv_activation).reshape(batch, T, H, P)
     B, C = (numpy_conv(y.reshape(batch, T, -1), p[f"{name}_conv.weight"],
-                       p[f"{name}_conv.bias"], starts).reshape(batch, T, groups, N)
+                       p[f"{name}_conv.bias"], starts, conv_activation
+                       ).reshape(batch, T, groups, N)
             for name, y in (("b", B), ("c", C)))
     A = -np.exp(p["A_log"])
     y = np.zeros_like(xs)
@@ -95,6 +97,9 @@ def mamba2_numpy(p, x, starts, *, groups, eps):
                 decay = 0.0 if starts[b, t] else np.exp(dt[b, t, h] * A[h])
                 state = decay * state + dt[b, t, h] * np.outer(xs[b, t, h], B[b, t, g])
                 y[b, t, h] = state @ C[b, t, g] + p["D"][h] * xs[b, t, h]
+    if not gated_norm:
+        return np.einsum("bthp,hpd->btd", y, p["out_proj.kernel"])
+    z = np.einsum("btd,dhp->bthp", x, p["z_proj.kernel"])
     gated = (y * silu(z)).reshape(batch, T, groups, -1)
     normed = gated / np.sqrt(np.mean(gated ** 2, axis=-1, keepdims=True) + eps)
     normed = normed.reshape(batch, T, H, P) * p["norm.scale"].reshape(H, P)
@@ -113,9 +118,54 @@ def test_mixer_matches_numpy_per_token(mixer, packed):
     assert_close(got, want, 1e-5)
 
 
+def test_attention_compatible_parts_and_options_of_their_own():
+    """`conv_activation=False, gated_norm=False` (Oryx's converted attention): plain convs and
+    out = W_out·y, without z_proj or norm; with them, `conv_size` 2 and the model's norm_eps
+    (1e-2, large enough to move the output) reach the convs and the gated norm."""
+    x = np.random.default_rng(1).standard_normal((2, 9, 16))
+    seg = jnp.asarray([[0] * 4 + [1] * 5, [0] * 9])
+    for options in (dict(conv_activation=False, gated_norm=False), dict(conv_size=2)):
+        mixer = first_mixer(small_config(layer("mamba2", ssm_head_dim=4, state_size=8,
+                                               n_groups=2, chunk_size=4, **options),
+                                         norm_eps=1e-2))
+        assert mixer.x_conv.weight.shape[0] == options.get("conv_size", 4)
+        assert (mixer.norm is None) == (mixer.z_proj is None) == ("gated_norm" in options)
+        want = mamba2_numpy(numpy_params(mixer), x, starts_of(seg, x.shape[:2]), groups=2,
+                            eps=1e-2, **{k: v for k, v in options.items() if k != "conv_size"})
+        assert_close(mixer_forward(mixer, jnp.asarray(x, jnp.float32), seg), want, 1e-5,
+                     str(options))
+
+
+def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
+    """Every input projection at `init_std`; W_out, which writes into the residual stream, at
+    init_std / √(2·num_layers) (GPT-2): here 0.4 / √4 with two layers."""
+    mixer = first_mixer(small_config(SMALL, SMALL).replace(init_std=0.4))
+    stds = dict.fromkeys(("z_proj", "x_proj", "b_proj", "c_proj", "dt_proj"), 0.4)
+    for name, std in {**stds, "out_proj": 0.2}.items():
+        proj = getattr(mixer, name)
+        assert proj.init_std == pytest.approx(std), name
+        drawn = np.asarray(proj.kernel[...]).std()  # ≥ 128 draws
+        assert abs(drawn / std - 1) < 0.2, (name, drawn, std)
+
+
+def test_cache_keeps_a_float32_state_whatever_its_dtype():
+    """A bfloat16 cache: the convs' last conv_size − 1 inputs (x: H·P = 32, B and C: G·N =
+    16 channels) in bfloat16, the `[B, H, P, N]` SSM state in float32."""
+    cache = first_mixer(small_config()).init_cache(2, 9, jnp.bfloat16)
+    assert (cache.state.shape, cache.state.dtype) == ((2, 8, 4, 8), jnp.float32)
+    assert [c.inputs.shape for c in cache.convs] == [(2, 3, 32), (2, 3, 16), (2, 3, 16)]
+    assert {c.inputs.dtype.name for c in cache.convs} == {"bfloat16"}
+
+
 def test_decode_matches_parallel_across_chunks():
     """Prefills longer than a chunk carry the state into the chunked form; then single steps."""
     check_decode_matches(small_config(), T=11, splits=(0, 6))
+
+
+def test_prefill_in_pieces_continues_the_state():
+    """Later multi-token prefills continue the conv inputs and the SSM state (chunked SSD
+    with an initial state)."""
+    check_prefill_in_pieces(small_config(SMALL, SMALL))
 
 
 def test_packed_document_equals_document_alone():
