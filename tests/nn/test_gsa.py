@@ -1,6 +1,7 @@
 """Gated Slot Attention block: the layer against a numpy per-token loop of its equations, decode
 equals the parallel pass, packed documents are isolated, options are checked."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -11,6 +12,7 @@ from hybrid_jax.nn.gsa import GSAOptions
 from tests.helpers import assert_close, normals
 from tests.nn.test_gated_deltanet import (
     check_documents_isolated,
+    check_prefill_in_pieces,
     finite_mixer,
     jitted_mixer,
     param,
@@ -42,10 +44,12 @@ def gsa_reference(mixer, x, eps, scale, tau) -> np.ndarray:
 
 def test_layer_matches_numpy_per_token_loop():
     """Chunked forward (chunk 4, T = 11: a partial last chunk) against the equations, with a
-    non-default logit scale and gate normaliser."""
+    non-default logit scale and gate normaliser. Projections of std 0.5: at the default
+    0.02 the slot logits are ~1e-4, the softmax uniform, and a scale of 1 instead of 0.5
+    moved the output by 4e-8 (a mutation passed)."""
     cfg = ModelConfig(layers=(layer("gsa", chunk_size=4, num_slots=6, scale=0.5,
                                     gate_logit_normalizer=4.0),),
-                      vocab_size=8, d_model=8, num_heads=2)
+                      vocab_size=8, d_model=8, num_heads=2, init_std=0.5)
     mixer, forward = jitted_mixer(cfg)
     x = normals(0, (2, 11, 8), dtype=np.float32)
     expected = gsa_reference(mixer, np.asarray(x, np.float64), cfg.norm_eps, 0.5, 4.0)
@@ -57,6 +61,47 @@ def test_decode_matches_parallel_across_chunks():
     cfg = ModelConfig(layers=(layer("gsa", chunk_size=4, num_slots=4), "gsa"), vocab_size=32,
                       d_model=16, num_heads=2)
     check_decode_matches(cfg, T=11, splits=(0, 6))
+
+
+def test_decode_keeps_the_options_of_the_parallel_pass():
+    """Single steps and prefills in pieces (the later ones continuing the slots through the
+    chunked form) at a logit scale and gate normaliser of their own, as the parallel pass."""
+    cfg = ModelConfig(layers=(layer("gsa", chunk_size=4, num_slots=4, scale=0.5,
+                                    gate_logit_normalizer=2.0),) * 2,
+                      vocab_size=32, d_model=16, num_heads=2, init_std=0.5)
+    check_decode_matches(cfg, T=9, splits=(0, 5))
+    check_prefill_in_pieces(cfg)
+
+
+def test_head_dim_and_norm_eps_of_their_own():
+    """An explicit head size frees num_heads from d_model (3 heads of 4 on d_model 8); the
+    output norm takes the model's `norm_eps` (1e-1: large enough to move the output)."""
+    cfg = ModelConfig(layers=(layer("gsa", num_heads=3, head_dim=4, chunk_size=4,
+                                    num_slots=3),),
+                      vocab_size=8, d_model=8, num_heads=2, norm_eps=1e-1)
+    mixer, forward = jitted_mixer(cfg)
+    assert mixer.q_proj.kernel.shape == (8, 3, 4) and mixer.o_norm.scale.shape == (12,)
+    x = normals(2, (2, 7, 8), dtype=np.float32)
+    expected = gsa_reference(mixer, np.asarray(x, np.float64), 1e-1, 1.0, 8.0)
+    assert_close(forward(x, None), expected, 2e-6)
+
+
+def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
+    """q, k, v, f at `init_std`; W_o, which writes into the residual stream, at
+    init_std / √(2·num_layers) (GPT-2): here 0.4 / √4 with two layers. The slot cache stays
+    float32 whatever the cache dtype."""
+    cfg = ModelConfig(layers=(layer("gsa", num_slots=8),) * 2, vocab_size=8, d_model=64,
+                      num_heads=2, init_std=0.4)
+    mixer = hj.create_model(cfg).blocks[0].mixer
+    stds = dict.fromkeys(("q_proj", "k_proj", "v_proj", "f_proj"), 0.4)
+    for name, std in {**stds, "o_proj": 0.2}.items():
+        proj = getattr(mixer, name)
+        assert proj.init_std == pytest.approx(std), name
+        drawn = np.asarray(proj.kernel[...]).std()  # ≥ 1024 draws
+        assert abs(drawn / std - 1) < 0.1, (name, drawn, std)
+    cache = mixer.init_cache(2, 9, jnp.bfloat16)
+    assert (cache.slot_keys.shape, cache.slot_values.shape) == ((2, 2, 32, 8), (2, 2, 8, 32))
+    assert cache.slot_keys.dtype == cache.slot_values.dtype == jnp.float32
 
 
 def test_packed_documents_are_isolated():
