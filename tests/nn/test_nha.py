@@ -9,8 +9,18 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.context import TokenContext
 from tests.helpers import assert_close, assert_packed_documents_isolated, normals
-from tests.nn.test_gated_deltanet import jitted_mixer, param, project, rms, short_conv, silu
+from tests.nn.test_attention import project_biased
+from tests.nn.test_gated_deltanet import (
+    check_prefill_in_pieces,
+    jitted_mixer,
+    param,
+    project,
+    rms,
+    short_conv,
+    silu,
+)
 from tests.nn.test_lm import check_decode_matches
 from tests.ops.test_attention import numpy_rope
 from tests.ops.test_nha import numpy_nha
@@ -23,7 +33,7 @@ def nha_reference(mixer, x, eps, *, window, tau, theta, fraction):
     short convs, swish slot features, RoPE on the window branch, silu values, gates
     logsigmoid(W_f x)/τ and s = 1 − e^g, the op's per-token loop
     (`tests/ops/test_nha.numpy_nha`), W_o·RMSNorm(silu(o))."""
-    q, k, v = (short_conv(project(x, proj), conv) for proj, conv in (
+    q, k, v = (short_conv(project_biased(x, proj), conv) for proj, conv in (
         (mixer.q_proj, mixer.q_conv), (mixer.k_proj, mixer.k_conv), (mixer.v_proj, mixer.v_conv)))
     g = -np.logaddexp(0.0, -project(x, mixer.f_proj)) / tau  # logsigmoid / τ, [B, T, G, M]
     positions = np.arange(x.shape[1])  # the window logits see relative positions only
@@ -60,6 +70,52 @@ def test_layer_matches_numpy_per_token_loop(window, options):
     assert_close(forward(x, None), expected, 2e-6)
 
 
+def test_head_dim_biases_conv_size_and_norm_eps_of_their_own():
+    """An explicit head size frees num_heads from d_model (3 query heads of 4 on d_model 16,
+    one kv head), q, k, v biases (set to random values here: they start at zero; the slot
+    gates have none) enter both branches, `conv_size` 2 sets the short convs' taps and the
+    output norm takes the model's `norm_eps` (1e-1: large enough to move the output)."""
+    cfg = ModelConfig(layers=(layer("nha", num_heads=3, num_kv_heads=1, head_dim=4, window=2,
+                                    num_slots=3, chunk_size=4, short_conv=True, conv_size=2,
+                                    qkv_bias=True, rope_fraction=0.5),),
+                      vocab_size=8, d_model=16, num_heads=2, init_std=0.5, norm_eps=1e-1)
+    mixer = hj.create_model(cfg).blocks[0].mixer
+    assert mixer.q_proj.kernel.shape == (16, 3, 4) and mixer.f_proj.bias is None
+    assert [c.weight.shape for c in (mixer.q_conv, mixer.k_conv, mixer.v_conv)] == [
+        (2, 12), (2, 4), (2, 4)]
+    for seed, proj in enumerate((mixer.q_proj, mixer.k_proj, mixer.v_proj)):
+        proj.bias[...] = jnp.asarray(normals(10 + seed, proj.bias.shape, dtype=np.float32))
+    x = normals(0, (2, 9, 16), dtype=np.float32)
+    expected = nha_reference(mixer, np.asarray(x, np.float64), 1e-1, window=2, tau=8.0,
+                             theta=10000.0, fraction=0.5)
+    assert_close(mixer(x, TokenContext.create(x.shape[:2])), expected, 2e-6)
+
+
+@pytest.mark.parametrize("window, max_len, ring", [(3, 9, 3), (12, 5, 5), (None, 7, 7)])
+def test_cache_rings_the_window_in_the_cache_dtype_and_keeps_float32_slots(window, max_len,
+                                                                           ring):
+    cfg = ModelConfig(layers=(layer("nha", num_slots=4, window=window, num_kv_heads=1),),
+                      **SMALL)
+    state = hj.create_model(cfg).blocks[0].mixer.init_cache(2, max_len, jnp.bfloat16).state
+    assert state.keys.shape == state.values.shape == (2, ring, 1, 8)
+    assert state.keys.dtype == state.values.dtype == jnp.bfloat16
+    assert state.slot_keys.shape == (2, 1, 8, 4) and state.slot_keys.dtype == jnp.float32
+
+
+def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
+    """q, k, v, f at `init_std`; W_o, which writes into the residual stream, at
+    init_std / √(2·num_layers) (GPT-2): here 0.4 / √4 with two layers."""
+    cfg = ModelConfig(layers=(layer("nha", num_slots=16),) * 2, vocab_size=8, d_model=64,
+                      num_heads=2, init_std=0.4)
+    mixer = hj.create_model(cfg).blocks[0].mixer
+    stds = dict.fromkeys(("q_proj", "k_proj", "v_proj", "f_proj"), 0.4)
+    for name, std in {**stds, "o_proj": 0.2}.items():
+        proj = getattr(mixer, name)
+        assert proj.init_std == pytest.approx(std), name
+        drawn = np.asarray(proj.kernel[...]).std()  # ≥ 2048 draws
+        assert abs(drawn / std - 1) < 0.1, (name, drawn, std)
+
+
 def test_decode_matches_parallel_past_the_window():
     """Window 3 with short convs and grouped kv heads (the ring wraps, tokens move into the
     slots, before and after a prefill), window 0 (slots only) and a full window with sinks."""
@@ -69,6 +125,16 @@ def test_decode_matches_parallel_past_the_window():
         layer("nha", num_slots=4, window=None, empty_slots="sink"),
     ), **SMALL)
     check_decode_matches(config, T=11, splits=(0, 7))
+
+
+def test_prefill_in_pieces_continues_the_slots_and_the_ring():
+    """Later multi-token prefills continue the slots and the window's ring through the chunked
+    form (window 3 with short convs and sinks, window 0)."""
+    config = ModelConfig(layers=(
+        layer("nha", num_slots=4, window=3, short_conv=True, empty_slots="sink"),
+        layer("nha", num_slots=4, window=0),
+    ), init_std=0.5, **SMALL)
+    check_prefill_in_pieces(config)
 
 
 def _forward(model):
@@ -128,6 +194,7 @@ def test_with_window_errors_name_the_problem():
     (dict(value_activation="gelu"), r"value_activation='gelu': expected one of \['identity', "
                                     r"'silu'\]"),
     (dict(feature_map="relu"), r"expected one of \['identity', 'swish'\]"),
+    (dict(rope_fraction=1.5), r"rope fraction must be in \[0, 1\], got 1.5"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
