@@ -98,6 +98,26 @@ def test_force_exit_message_says_what_is_on_disk(tmp_path):
     assert run.log.flushed == 3
 
 
+@pytest.mark.parametrize("step", [3, 10])
+def test_a_loop_that_stops_on_a_signal_acknowledges_it(step):
+    """Once the loop sees the signal (midway, or on the last step) it acknowledges the stop:
+    the checkpoint saved next may take longer than `stop_grace_s` without a forced exit."""
+    class Stop:
+        received, acknowledged = "SIGTERM", 0
+
+        def everywhere(self):
+            return True
+
+        def acknowledge(self):
+            self.acknowledged += 1
+
+    stop = Stop()
+    run = SimpleNamespace(cfg=SimpleNamespace(steps=10, time_limit_s=0.0), step=step,
+                          out_of_time=lambda deadline: False)
+    _Run.loop(run, stop)
+    assert stop.acknowledged == 1
+
+
 # Enters StopSignals(grace_s=0.2), signals itself, acknowledges the stop when asked, then stays
 # "busy" five grace periods before leaving the context and printing what it received.
 ACKNOWLEDGING = """

@@ -1,7 +1,8 @@
 """Checkpoints: restoring onto another mesh, errors that name the file and the mismatch, and
-non-finite losses (stop naming the step, or roll back and skip the batch)."""
+non-finite losses or gradients (stop naming the step, or roll back and skip the batch)."""
 
 import dataclasses
+import json
 import shutil
 
 import jax
@@ -13,13 +14,15 @@ from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.config import MeshConfig
 from hybrid_jax.data.pipeline import train_iterator
+from hybrid_jax.flops import step_flops
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train import loss as loss_module
-from hybrid_jax.train.checkpoint import CheckpointError, leaf_name
-from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.checkpoint import CheckpointError, leaf_name, saved_steps
+from hybrid_jax.train.metrics import Progress, read_metrics
 from hybrid_jax.train.trainer import (
     MAX_ROLLBACKS,
     NonFiniteLossError,
+    _Run,
     bind_data,
     restore_train_state,
     train,
@@ -100,6 +103,30 @@ def test_a_new_run_refuses_a_directory_with_checkpoints(run8):
         train(experiment, run, progress=False)
 
 
+def test_resuming_a_finished_run_saves_nothing_again(run8, tmp_path, monkeypatch):
+    """The restored step counts as saved: a run resumed at its last step evaluates and ends
+    without saving that step a second time (orbax refuses an existing step). Its progress bar
+    (and so its ETA) starts at that step."""
+    bars = []
+
+    class Bar(Progress):
+        def __init__(self, total, initial=0, **kwargs):
+            bars.append((total, initial))
+            super().__init__(total, initial, **kwargs)
+
+    monkeypatch.setattr("hybrid_jax.train.trainer.Progress", Bar)
+    experiment, run = run8
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    results = train(experiment, copy, progress=False, resume=True)
+    assert bars == [(4, 4)]
+    first = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 4 and results["eval_loss"] == first["eval_loss"]
+    assert saved_steps(copy) == [2, 4]
+    assert [(r["step"], r["event"]) for r in read_metrics(copy) if "event" in r] == [
+        (4, "resumed")]
+
+
 def test_missing_data_path_is_named(corpus, tmp_path):
     experiment = tiny_text_experiment(corpus)
     experiment = dataclasses.replace(experiment, data=dataclasses.replace(
@@ -136,13 +163,17 @@ def poison_for(experiment, after: int) -> tuple[int, tuple]:
 @pytest.fixture
 def poison(monkeypatch):
     """`poison(*tokens)`: from now on the loss is NaN on a batch whose first row starts with
-    one of `tokens` (`poisons_for`)."""
+    one of `tokens` (`poisons_for`); with `gradient=True` the loss stays finite and its
+    gradient is NaN (0 · sqrt'(0) = 0 · inf)."""
     token_stats = loss_module.token_stats
 
-    def arm(*tokens: tuple) -> None:
+    def arm(*tokens: tuple, gradient: bool = False) -> None:
         def poisoned(logits, targets, mask):
             stats = token_stats(logits, targets, mask)
             bad = jnp.any(jnp.all(targets[0, :SIGNATURE] == jnp.asarray(tokens), axis=-1))
+            if gradient:
+                root = jnp.sqrt(jnp.where(bad, 0.0, 1.0) * (1.0 + 0.0 * logits.sum()))
+                return {**stats, "loss_sum": stats["loss_sum"] + 0.0 * root}
             return {**stats, "loss_sum": jnp.where(bad, jnp.nan, stats["loss_sum"])}
 
         monkeypatch.setattr("hybrid_jax.train.trainer.token_stats", poisoned)
@@ -162,6 +193,15 @@ def test_non_finite_loss_stops_naming_the_step(corpus, poison):
         train(rollback, None, progress=False)
 
 
+def test_non_finite_gradient_of_a_finite_loss_stops_naming_the_step(corpus, poison):
+    experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=100)
+    bad, token = poison_for(experiment, after=0)
+    poison(token, gradient=True)
+    with pytest.raises(NonFiniteLossError, match=rf"^non-finite gradient \(norm nan\) at step "
+                                                 rf"{bad}; the loss [0-9.]+ is finite$"):
+        train(experiment, None, progress=False)
+
+
 def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path):
     experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=2,
                                       on_nonfinite="rollback")
@@ -178,12 +218,29 @@ def test_non_finite_loss_rolls_back_and_skips_the_batch(corpus, poison, tmp_path
     assert sorted(train_losses) == list(range(1, 13))
     assert all(np.isfinite(v) for v in train_losses.values()) and results["steps"] == 12
     assert results["train_loss"] == train_losses[12] and 0 < results["wall_time_s"] < 600
+    # The skip is saved with the checkpoints and read back on resume: a checkpoint saved on an
+    # interrupt between the rollback's step and the skipped one must skip that batch too.
+    resumed = _Run(experiment, run, progress=False, resume=True)
+    try:
+        assert (resumed.step, resumed.skipped) == (12, {bad})
+    finally:
+        resumed.close()
 
 
-def test_rollbacks_stop_after_max_rollbacks(corpus, poison, tmp_path):
+def test_rollbacks_stop_after_max_rollbacks(corpus, poison, tmp_path, monkeypatch):
     """MAX_ROLLBACKS diverging batches are each rolled back and skipped, the first two back to
     the same checkpoint (the second rollback keeps the first one's skip); one more diverging
-    batch stops the run naming the limit."""
+    batch stops the run naming the limit. The rates after a rollback count the replayed steps
+    only (tokens since the step rolled back to, FLOPs of the batch each step ran), and the
+    progress bar moves back with the step."""
+    bar_steps = []
+
+    class Bar(Progress):
+        def set(self, step):
+            bar_steps.append(step)
+            super().set(step)
+
+    monkeypatch.setattr("hybrid_jax.train.trainer.Progress", Bar)
     experiment = tiny_text_experiment(corpus, steps=12, checkpoint_every=2,
                                       on_nonfinite="rollback")
     pairs = poisons_for(experiment, after=2, count=MAX_ROLLBACKS + 1)
@@ -192,8 +249,16 @@ def test_rollbacks_stop_after_max_rollbacks(corpus, poison, tmp_path):
     records = read_metrics(tmp_path / "limit")
     events = [(r["step"], r["to_step"]) for r in records if r.get("event") == "rollback"]
     assert [step for step, _ in pairs] == [3, 5, 7, 9]  # batches; each skip shifts the rest
-    assert events == [(3, 2), (4, 2), (5, 4)]
-    assert sorted(r["step"] for r in records if "loss" in r) == list(range(1, 13))
+    assert events == [(3, 2), (4, 2), (5, 4)] and bar_steps == [2, 2, 4]
+    logged = sorted((r for r in records if "loss" in r), key=lambda r: r["step"])
+    assert [r["step"] for r in logged] == list(range(1, 13))
+    assert all(r["tokens_per_s"] > 0 for r in logged)
+    batches = train_iterator(bind_data(experiment.data, None),
+                             batch_size=experiment.train.batch_size, seed=experiment.train.seed)
+    ran = [b for i, b in enumerate(next(batches) for _ in range(15)) if i + 1 not in (3, 5, 7)]
+    flops = step_flops(experiment.model, experiment.data.seq_len)
+    assert [r["tflops_per_device"] * 1e12 / r["tokens_per_s_per_device"] for r in logged] == \
+        pytest.approx([flops.training_per_token(b["segment_ids"]) for b in ran[:12]], rel=1e-6)
     poison(*[token for _, token in pairs])
     with pytest.raises(NonFiniteLossError, match=f"\\({MAX_ROLLBACKS} rollbacks already\\)$"):
         train(experiment, tmp_path / "past", progress=False)

@@ -1,5 +1,7 @@
-"""Gradient accumulation equals the whole-batch step; the device prefetcher keeps the iterator
-state of the batches handed out, not of those queued ahead."""
+"""Gradient accumulation equals the whole-batch step; a step's metrics (loss, accuracy, gradient
+norm; zeros for a batch with nothing scored); Oryx modes drawn from the seed and step count, in
+the step and in a run's steps; the device prefetcher keeps the iterator state of the batches
+handed out, not of those queued ahead."""
 
 import threading
 import time
@@ -8,13 +10,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from hybrid_jax import presets
-from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
+from hybrid_jax.config import ExperimentConfig, MeshConfig, ModeSchedule, TrainConfig
+from hybrid_jax.context import EXTRA_PREFIX, TokenContext
 from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.data.pipeline import train_iterator
+from hybrid_jax.modes import training_modes
+from hybrid_jax.nn import diagnostics
+from hybrid_jax.nn.oryx import MODE
 from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train import trainer
+from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.prefetch import DevicePrefetcher
-from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
+from hybrid_jax.train.trainer import (
+    _accumulated_grads,
+    evaluate,
+    held_out_set,
+    init_train_state,
+    make_eval_step,
+    make_train_step,
+    restore_train_state,
+    to_device,
+    train,
+)
 from tests.helpers import assert_close
 
 
@@ -54,7 +74,12 @@ def test_step_metrics_are_the_batch_loss_and_accuracy():
     experiment, mesh, batch = step_setup("transformer-tiny", 16, seed=1, scored=0.7)
     with jax.set_mesh(mesh):
         ts = init_train_state(experiment, mesh)
-        logits = np.asarray(ts.model()(jnp.asarray(batch["inputs"], jnp.int32)), np.float64)
+        model = ts.model()
+        logits = np.asarray(model(jnp.asarray(batch["inputs"], jnp.int32)), np.float64)
+        grads = nnx.jit(nnx.grad(lambda m: mean_loss(token_stats(
+            m(jnp.asarray(batch["inputs"], jnp.int32)), batch["targets"], batch["mask"]))))(model)
+        grad_norm = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2)
+                                for g in jax.tree.leaves(grads)))
         _, metrics = make_train_step(ts)(ts.state, to_device(batch, mesh))
     mask = batch["mask"]
     shifted = logits - logits.max(-1, keepdims=True)
@@ -64,6 +89,102 @@ def test_step_metrics_are_the_batch_loss_and_accuracy():
     assert 0 < correct[mask].sum() < mask.sum()  # so a changed denominator would show
     np.testing.assert_allclose(float(metrics["loss"]), nll[mask].mean(), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["accuracy"]), correct[mask].mean(), rtol=1e-6)
+    # grad_norm: the global norm of that loss's gradient (not of the parameters, nor updates)
+    np.testing.assert_allclose(float(metrics["grad_norm"]), grad_norm, rtol=1e-4)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_batch_with_nothing_scored_is_a_zero_step(parts):
+    """No scored position: loss, accuracy and gradient 0 (not 0/0 = NaN, which would stop the
+    run), whole-batch or accumulated; the parameters stay finite."""
+    experiment, mesh, batch = step_setup("transformer-tiny", 16, seed=2, scored=0.0)
+    assert not batch["mask"].any()
+    with jax.set_mesh(mesh):
+        ts = init_train_state(experiment, mesh)
+        state, metrics = make_train_step(ts, parts)(ts.state, to_device(batch, mesh))
+    assert {k: float(v) for k, v in metrics.items()} == {"loss": 0.0, "accuracy": 0.0,
+                                                         "grad_norm": 0.0}
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(state)))
+
+
+def loss_under_modes(ts, state, batch, modes):
+    """The mean loss on `batch` of the model in `state` under the per-token `modes`."""
+    context = TokenContext.from_batch({**batch, f"{EXTRA_PREFIX}{MODE}": modes})
+    logits = nnx.merge(ts.graphdef, state)[0](jnp.asarray(batch["inputs"]), context)
+    return mean_loss(token_stats(logits, batch["targets"], batch["mask"]))
+
+
+def test_oryx_modes_are_drawn_from_the_seed_and_step_count():
+    """Training step n runs the model under `training_modes(schedule, shape, seed, n - 1)`
+    (its loss is the model's under those modes); every eval step under those of step 0."""
+    schedule, seed = ModeSchedule(pattern="random_chunks", chunk=4), 3
+    experiment, mesh, batch = step_setup("oryx-gdn-tiny", 32, seed=3, scored=0.8)
+    draws = [np.asarray(training_modes(schedule, (4, 12), s, n)) for s, n in
+             ((seed, 0), (seed, 1), (0, 0))]
+    assert not np.array_equal(draws[0], draws[1]) and not np.array_equal(draws[0], draws[2])
+
+    with jax.set_mesh(mesh):
+        ts = init_train_state(experiment, mesh)
+        loss_under = jax.jit(lambda state, modes: loss_under_modes(ts, state, batch, modes))
+        step = make_train_step(ts, modes=schedule, seed=seed)
+        eval_step = make_eval_step(ts, schedule, seed)
+        state, expected = ts.state, []
+        for _ in range(2):
+            expected.append([float(loss_under(state, draw)) for draw in draws])
+            stats = jax.device_get(eval_step(state, to_device(batch, mesh)))
+            assert stats["loss_sum"] / stats["count"] == pytest.approx(expected[-1][0], rel=1e-5)
+            state, metrics = step(state, to_device(batch, mesh))
+            assert float(metrics["loss"]) == pytest.approx(expected[-1][len(expected) - 1],
+                                                           rel=1e-5)
+    assert len({round(loss, 5) for loss in expected[1]}) == 3  # each draw shows in the loss
+
+
+def test_a_run_steps_and_evaluates_under_its_options(tmp_path, monkeypatch):
+    """`train.grad_accum`, `mode_schedule` and `seed` reach the run's steps: its one step
+    (logged as the last, though 1 is no multiple of log_every) accumulates 2 micro-batches and
+    its loss is the initial model's on the first batch under the modes of (seed, step 0); its
+    eval is the final model's on `eval_batches` held-out batches under those modes too."""
+    schedule = ModeSchedule(pattern="random_chunks", chunk=4)
+    experiment = ExperimentConfig(
+        name="options", model=presets.get("oryx-gdn-tiny").replace(vocab_size=32),
+        data=MQARConfig(vocab_size=32, seq_len=12, num_kv_pairs=2),
+        train=TrainConfig(steps=1, batch_size=4, grad_accum=2, seed=3, warmup_steps=0,
+                          log_every=2, eval_batches=2, mode_schedule=schedule,
+                          mesh=MeshConfig(data=1)))
+    parts, accumulate = [], trainer._accumulated_grads
+    monkeypatch.setattr(trainer, "_accumulated_grads",
+                        lambda model, batch, n: parts.append(n) or accumulate(model, batch, n))
+    results = train(experiment, tmp_path, progress=False)
+    assert parts == [2]  # traced once
+    batch = next(train_iterator(experiment.data, batch_size=4, seed=3))
+    modes = training_modes(schedule, (4, 12), 3, 0)
+    mesh = make_mesh(MeshConfig(data=1))
+    with jax.set_mesh(mesh):
+        initial = init_train_state(experiment, mesh)
+        loss = float(jax.jit(lambda s: loss_under_modes(initial, s, batch, modes))(initial.state))
+        final, _ = restore_train_state(experiment, tmp_path, mesh)
+        held_out, _ = held_out_set(experiment.data, 4, 2, 3)
+        final_eval = evaluate(final, held_out, make_eval_step(final, schedule, 3))
+    assert results["train_loss"] == pytest.approx(loss, rel=1e-5)
+    assert results["eval_loss"] == pytest.approx(final_eval["loss"], rel=1e-6)
+
+
+class InputMean(nnx.Module):
+    """A one-table model that reports the mean input id of each call as a diagnostic."""
+
+    def __init__(self):
+        self.table = nnx.Param(jnp.zeros((8, 8)))
+
+    def __call__(self, tokens, context):
+        diagnostics.report(self, "input_mean", jnp.mean(tokens.astype(jnp.float32)))
+        return self.table[...][tokens]
+
+
+def test_accumulated_diagnostics_are_the_mean_over_micro_batches():
+    batch = {"inputs": jnp.asarray([[1, 1], [5, 7]]), "targets": jnp.zeros((2, 2), jnp.int32),
+             "mask": jnp.ones((2, 2), bool)}
+    *_, reported = _accumulated_grads(InputMean(), batch, 2)
+    assert {k: float(v) for k, v in reported.items()} == {"input_mean": (1 + 6) / 2}
 
 
 class Counter:
