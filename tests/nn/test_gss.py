@@ -8,9 +8,10 @@ import pytest
 import hybrid_jax as hj
 from hybrid_jax import presets
 from hybrid_jax.config import ModelConfig, layer
-from hybrid_jax.nn.gss import skew_hippo_imag
+from hybrid_jax.nn.gss import GSSOptions, skew_hippo_imag
 from hybrid_jax.registry import block_names
 from tests.helpers import assert_close, assert_packed_documents_isolated
+from tests.nn.test_gated_deltanet import check_prefill_in_pieces
 from tests.nn.test_lm import check_decode_matches
 from tests.nn.test_mamba2 import first_mixer, mixer_forward, numpy_params, starts_of
 
@@ -70,6 +71,26 @@ def test_decode_matches_parallel():
     check_decode_matches(small_config(), T=11, splits=(0, 6))
 
 
+def test_prefill_in_pieces_continues_the_state():
+    """Later multi-token prefills continue the DSS state (an initial state of the FFT form)."""
+    check_prefill_in_pieces(small_config(SMALL, layer("gss", expansion=2, ssm_dim=4,
+                                                      state_size=6, dt_min=0.3, dt_max=1.0)))
+
+
+def test_defaults_and_norm_eps():
+    """The paper's proportions (F = 4·d_model, H = d_model / 4, N = 512), and the DSS input
+    norm at the model's `norm_eps` (1e-1: large enough to move the output)."""
+    assert (GSSOptions().expansion, GSSOptions().ssm_dim, GSSOptions().state_size) == (4, None,
+                                                                                       512)
+    mixer = first_mixer(ModelConfig(layers=(layer("gss", state_size=2),), vocab_size=8,
+                                    d_model=16, num_heads=2))
+    assert (mixer.v_proj.kernel.shape, mixer.u_proj.kernel.shape) == ((16, 64), (16, 4))
+    noisy = first_mixer(small_config(SMALL, norm_eps=1e-1))
+    x = np.random.default_rng(0).standard_normal((1, 5, 16))
+    want = gss_numpy(numpy_params(noisy), x, starts_of(None, x.shape[:2]), eps=1e-1)
+    assert_close(mixer_forward(noisy, jnp.asarray(x, jnp.float32)), want, 1e-5)
+
+
 def test_packed_document_equals_document_alone():
     """Logits of packed documents equal those of each document alone."""
     assert_packed_documents_isolated(hj.create_model(small_config()), lengths=(5, 9))
@@ -108,10 +129,25 @@ def test_init_of_the_output_weights():
     assert abs(np.mean(np.abs(w) ** 2) - 1.0) < 0.1
 
 
+def test_init_draws_steps_log_uniformly_d_normally_and_scales_the_output():
+    """log Δ ~ U[log dt_min, log dt_max] (256 channels reach near both ends), D ~ N(0, 1),
+    W_v, W_u, W_uc at init_std and W_o at init_std / √(2·num_layers)."""
+    wide = first_mixer(small_config(layer("gss", expansion=1, ssm_dim=256, state_size=2),
+                                    SMALL))
+    step = np.exp(np.asarray(wide.log_dt[...]))
+    assert 1e-3 * 0.999 <= step.min() < 1.2e-3 and 0.08 < step.max() <= 0.1 * 1.001
+    d = np.asarray(wide.D[...])
+    assert abs(d.mean()) < 0.2 and abs(d.std() - 1) < 0.15, (d.mean(), d.std())
+    for name, std in (("v_proj", 0.5), ("u_proj", 0.5), ("uc_proj", 0.5), ("out_proj", 0.25)):
+        assert getattr(wide, name).init_std == pytest.approx(std), name
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(ssm_dim=0), r"GSSOptions.ssm_dim=0: expected a positive integer or None"),
     (dict(expansion=0), r"GSSOptions.expansion=0: expected a positive integer"),
     (dict(dt_min=0.0), r"expected 0 < dt_min <= dt_max"),
+    (dict(dt_min=0.2, dt_max=0.1), r"expected 0 < dt_min <= dt_max, got dt_min=0.2, "
+                                   r"dt_max=0.1"),
     (dict(window=4), r"unknown option\(s\) \['window'\]"),
 ])
 def test_bad_options_are_named(options, message):
