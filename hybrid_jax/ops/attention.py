@@ -316,7 +316,7 @@ def attention_rung(q, k, v, *, causal: bool = True, window: int | None = None,
 def rotary_dim(head_dim: int, fraction: float) -> int:
     """Number of leading channels that RoPE rotates: `fraction·head_dim` rounded down to even."""
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"rope fraction must be in [0, 1], got {fraction}")
+        raise ValueError(f"rope_fraction must be in [0, 1], got {fraction}")
     return int(head_dim * fraction) // 2 * 2
 
 

@@ -113,7 +113,7 @@ def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
     (dict(window=-2), r"window=-2: attention needs window >= 1 or None"),
     (dict(num_heads=4, num_kv_heads=3), r"num_kv_heads=3 does not divide num_heads=4"),
     (dict(num_heads=3), r"num_heads=3 does not divide d_model=16"),
-    (dict(rope_fraction=1.5), r"rope fraction must be in \[0, 1\], got 1.5"),
+    (dict(rope_fraction=1.5), r"rope_fraction must be in \[0, 1\], got 1.5"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=r"layers\[0\] \('attention'\): " + message):

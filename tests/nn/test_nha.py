@@ -194,7 +194,7 @@ def test_with_window_errors_name_the_problem():
     (dict(value_activation="gelu"), r"value_activation='gelu': expected one of \['identity', "
                                     r"'silu'\]"),
     (dict(feature_map="relu"), r"expected one of \['identity', 'swish'\]"),
-    (dict(rope_fraction=1.5), r"rope fraction must be in \[0, 1\], got 1.5"),
+    (dict(rope_fraction=1.5), r"rope_fraction must be in \[0, 1\], got 1.5"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
