@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -196,10 +197,8 @@ class ModelConfig:
         object.__setattr__(self, "layers", tuple(LayerSpec.parse(s) for s in self.layers))
         check_types(self)
         if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling)
             object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
-            if len(self.rope_scaling) != 4:
-                _fail(own, "rope_scaling", self.rope_scaling, "expected None or (factor, "
-                      "low_freq_factor, high_freq_factor, original_max_positions)")
         for name in ("vocab_size", "d_model", "num_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
@@ -271,6 +270,19 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _check_rope_scaling(scaling: Any) -> None:
+    """Four finite numbers with factor > 0, 0 < low_freq_factor < high_freq_factor and
+    original_max_positions > 0 (`rope_frequencies` divides by each of them)."""
+    sequence = isinstance(scaling, Sequence) and not isinstance(scaling, str)
+    numbers = sequence and len(scaling) == 4 and all(
+        _is_instance(s, float) and math.isfinite(s) for s in scaling)
+    if not (numbers and scaling[0] > 0 and 0 < scaling[1] < scaling[2] and scaling[3] > 0):
+        _fail("ModelConfig", "rope_scaling", tuple(scaling) if sequence else scaling,
+              "expected None or (factor, low_freq_factor, high_freq_factor, "
+              "original_max_positions): finite numbers with factor > 0, 0 < low_freq_factor < "
+              "high_freq_factor and original_max_positions > 0")
+
+
 _MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"layers"}
 
 
@@ -325,6 +337,12 @@ class MeshConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
+        overrides = self.axis_rule_overrides
+        if (isinstance(overrides, str) or not isinstance(overrides, Sequence)
+                or not all(isinstance(o, str) for o in overrides)):
+            _fail("MeshConfig", "axis_rule_overrides", overrides,
+                  "expected a tuple of 'logical=mesh axes' strings")
+        object.__setattr__(self, "axis_rule_overrides", tuple(overrides))
         sizes = self.sizes()
         if sum(s == -1 for s in sizes) > 1 or any(s == 0 or s < -1 for s in sizes):
             raise ValueError(
@@ -414,9 +432,9 @@ class TrainConfig:
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             _fail(own, "grad_accum", self.grad_accum,
                   f"expected a divisor of batch_size={self.batch_size}")
-        if self.prefetch < 0 or self.peak_tflops < 0:
-            _fail(own, "prefetch" if self.prefetch < 0 else "peak_tflops",
-                  min(self.prefetch, self.peak_tflops), "expected >= 0")
+        if self.prefetch < 0:
+            _fail(own, "prefetch", self.prefetch, "expected >= 0")
+        check_finite(own, "peak_tflops", self.peak_tflops, 0.0)
         if self.warmup_steps > self.steps:
             _fail(own, "warmup_steps", self.warmup_steps,
                   f"expected <= steps={self.steps} (the learning rate would never reach its "
@@ -436,6 +454,10 @@ class TrainConfig:
             _fail(own, "keep_checkpoints", self.keep_checkpoints, "expected >= 1")
         if self.on_nonfinite not in ("stop", "rollback"):
             _fail(own, "on_nonfinite", self.on_nonfinite, "expected 'stop' or 'rollback'")
+        try:
+            re.compile(self.freeze)
+        except re.error as e:
+            _fail(own, "freeze", self.freeze, f"expected a regular expression ({e})")
 
 
 # Data configs register here by kind so experiment configs can name and deserialise them.
@@ -515,9 +537,12 @@ def from_dict(cls: type, values: Mapping[str, Any]) -> Any:
         cls = data_config_class(values.pop("kind", None))
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(names) - {"kind"})
+    kind = getattr(cls, "kind", None)  # data configs only
+    unknown = sorted(set(values) - set(names) - ({"kind"} if kind is not None else set()))
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; allowed: {names}")
+    if values.get("kind", kind) != kind:
+        raise ValueError(f"{cls.__name__}: kind={values['kind']!r}, expected {kind!r}")
     kwargs = {}
     for name, value in values.items():
         if name == "kind":

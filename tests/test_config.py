@@ -1,6 +1,7 @@
 """Config validation, presets, overrides and JSON round trips."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -14,12 +15,15 @@ from hybrid_jax.config import (
     LayerSpec,
     MeshConfig,
     ModelConfig,
+    ModeSchedule,
     TrainConfig,
     apply_overrides,
     from_dict,
     layer,
+    replace_path,
     to_dict,
 )
+from hybrid_jax.data.mqar import MQARConfig
 
 
 @pytest.mark.parametrize(
@@ -114,6 +118,99 @@ def test_overrides_parse_by_type():
 def test_bad_overrides_are_named(override, message):
     with pytest.raises(ValueError, match=message):
         apply_overrides(registry.get(registry.names()[0]), [override])
+
+
+def test_override_values_parse_by_type_exactly():
+    model = ModelConfig(window=8)
+    for text in ("none", "None", "NULL", "null"):
+        assert apply_overrides(model, [f"window={text}"]).window is None
+    for text, value in (("TRUE", True), ("False", False)):
+        assert apply_overrides(model, [f"tie_embeddings={text}"]).tie_embeddings is value
+    # "none" is a string where the field takes no None
+    modes = TrainConfig(mode_schedule=ModeSchedule(pattern="linear"))
+    assert apply_overrides(modes, ["mode_schedule.pattern=none"]).mode_schedule.pattern == "none"
+    # spaces around the key and the value go; a value may itself hold "="
+    assert apply_overrides(model, [" tie_embeddings = false "]).tie_embeddings is False
+    mesh = apply_overrides(TrainConfig(), ['mesh.axis_rule_overrides=["embed=none"]']).mesh
+    assert mesh.axis_rule_overrides == ("embed=none",)
+    # a dataclass from JSON, then a nested key on top of it, in either order
+    for order in (1, -1):
+        train = apply_overrides(TrainConfig(), ['mesh={"data": 2}', "mesh.fsdp=2"][::order])
+        assert train.mesh == MeshConfig(data=2, fsdp=2)
+    # new layers, then a block option set on each of them; a layer's other options stay
+    attention = apply_overrides(ModelConfig(layers=("mamba2",) * 3),
+                                ['layers=["attention", {"type": "attention", "window": 4}]',
+                                 "cosine=true"])
+    assert attention.layers == (layer("attention", cosine=True),
+                                layer("attention", cosine=True, window=4))
+    # a value that is not a string is taken as given
+    layers = (layer("attention", window=4),)
+    assert replace_path(ExperimentConfig("x", ModelConfig(), MQARConfig()), "model.layers",
+                        layers).model.layers == layers
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("steps=7.5", r"cannot parse steps='7.5' as <class 'int'>: invalid literal for int\(\)"),
+        ("learning_rate=none", r"cannot parse learning_rate='none' as <class 'float'>"),
+        ("async_checkpoint=maybe",
+         r"cannot parse async_checkpoint='maybe' as <class 'bool'>: expected true/false, "
+         r"got 'maybe'"),
+        ('mesh.axis_rule_overrides="embed=none"',
+         r"cannot parse axis_rule_overrides=.*: expected a JSON list, got"),
+        ('mesh={"dta": 2}', r"MeshConfig: unknown key\(s\) \['dta'\]"),
+        ("steps.x=1", r"cannot set \['x'\]: int has no fields"),
+        ("=5", r"override '=5' must have the form key=value"),
+    ],
+)
+def test_bad_train_overrides_are_named(override, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(TrainConfig(), [override])
+
+
+def test_block_options_are_set_only_by_their_own_key():
+    with pytest.raises(ValueError, match=r"unknown config key 'cosine' in ModelConfig"):
+        apply_overrides(ModelConfig(), ["cosine.x=true"])
+
+
+def test_layer_specs_are_order_free_and_json_ready():
+    assert layer("attention", window=4, num_heads=2) == layer("attention", num_heads=2, window=4)
+    assert layer("attention", window=4, num_heads=2).options == (("num_heads", 2), ("window", 4))
+    nested = ModelConfig(layers=(layer("parallel", branches=(layer("attention", window=4),
+                                                             "ffn")),))
+    as_json = json.loads(json.dumps(to_dict(nested)))
+    assert as_json["layers"] == [{"type": "parallel",
+                                  "branches": [{"type": "attention", "window": 4}, "ffn"]}]
+    assert from_dict(ModelConfig, as_json) == nested
+    # registered defaults (parallel's layout), then the layer's own options
+    assert nested.block_options(0).layout == "parallel"
+    sequential = layer("parallel", branches=("attention", "ffn"), layout="sequential")
+    assert ModelConfig(layers=(sequential,)).block_options(0).layout == "sequential"
+
+
+def test_data_configs_round_trip_with_their_own_kind_only():
+    data = MQARConfig(num_kv_pairs=2)
+    assert from_dict(MQARConfig, to_dict(data)) == data
+    with pytest.raises(ValueError, match=r"MQARConfig: kind='text', expected 'mqar'"):
+        from_dict(MQARConfig, {**to_dict(data), "kind": "text"})
+    with pytest.raises(ValueError, match=r"TrainConfig: unknown key\(s\) \['kind'\]"):
+        from_dict(TrainConfig, {"kind": "mqar", "steps": 3})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tuples:
+    values: tuple[int, ...] = ()
+
+
+def test_from_dict_turns_json_lists_back_into_tuples():
+    assert from_dict(_Tuples, to_dict(_Tuples((1, 2)))) == _Tuples((1, 2))
+
+
+def test_resolved_sizes():
+    assert ModelConfig(head_dim=32).resolved_head_dim == 32
+    assert ModelConfig().resolved_head_dim == 16
+    assert ModelConfig(d_model=100).resolved_ffn_dim == 288  # 8·100/3 = 266, rounded up to 32
 
 
 def test_configs_are_frozen():

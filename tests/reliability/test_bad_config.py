@@ -36,8 +36,23 @@ TRAIN_CASES = [
     (dict(keep_checkpoints=0), r"TrainConfig.keep_checkpoints=0: expected >= 1"),
     (dict(batch_size=12, grad_accum=5),
      r"TrainConfig.grad_accum=5: expected a divisor of batch_size=12"),
-    (dict(peak_tflops=-1.0), r"TrainConfig.peak_tflops=-1.0: expected >= 0"),
+    (dict(peak_tflops=-1.0), r"TrainConfig.peak_tflops=-1.0: expected a finite value in \[0"),
+    (dict(peak_tflops=math.nan), r"TrainConfig.peak_tflops=nan: expected a finite value in \[0"),
     (dict(prefetch=-1), r"TrainConfig.prefetch=-1: expected >= 0"),
+    # each field named with its own value (this said prefetch=-2.0)
+    (dict(prefetch=-1, peak_tflops=-2.0), r"TrainConfig.prefetch=-1: expected >= 0"),
+    (dict(learning_rate=True), r"TrainConfig.learning_rate=True: expected a number"),
+    (dict(learning_rate=math.inf), r"TrainConfig.learning_rate=inf: expected a finite value"),
+    (dict(grad_clip=math.inf), r"TrainConfig.grad_clip=inf: expected None \(no clipping\) or"),
+    (dict(grad_accum=0), r"TrainConfig.grad_accum=0: expected a positive integer"),
+    (dict(warmup_steps=-1), r"TrainConfig.warmup_steps=-1: expected an integer >= 0"),
+    (dict(log_every=-1), r"TrainConfig.log_every=-1: expected an integer >= 0"),
+    (dict(eval_every=-1), r"TrainConfig.eval_every=-1: expected an integer >= 0"),
+    (dict(checkpoint_every=-1), r"TrainConfig.checkpoint_every=-1: expected an integer >= 0"),
+    (dict(freeze=3), r"TrainConfig.freeze=3: expected a string"),
+    (dict(freeze="(ffn"), r"TrainConfig.freeze='\(ffn': expected a regular expression \(missing"),
+    (dict(mode_schedule="linear"),
+     r"TrainConfig.mode_schedule='linear': expected a ModeSchedule"),
     (dict(on_nonfinite="ignore"), r"TrainConfig.on_nonfinite='ignore': expected 'stop' or"),
     (dict(seed=-1), r"TrainConfig.seed=-1: expected an integer >= 0"),
     (dict(eval_batches=-1), r"TrainConfig.eval_batches=-1: expected an integer >= 0"),
@@ -76,6 +91,26 @@ MODEL_CASES = [
     (dict(num_heads=4, num_kv_heads=3), r"ModelConfig.num_kv_heads=3 does not divide num_heads=4"),
     (dict(num_heads=4, num_kv_heads=0), r"ModelConfig.num_kv_heads=0 does not divide"),
     (dict(window=-1), r"ModelConfig.window=-1: expected None \(full causal\) or an integer >= 0"),
+    (dict(num_heads=0), r"ModelConfig.num_heads=0: expected a positive integer"),
+    (dict(position_embedding="learned", max_positions=0),
+     r"ModelConfig.max_positions=0: expected a positive integer with position_embedding="),
+    (dict(init_std=0.0), r"ModelConfig.init_std=0.0: expected a finite value in \(0"),
+    (dict(param_dtype="int8"), r"ModelConfig.param_dtype='int8': expected one of \['float32'"),
+    (dict(remat="all"),
+     r"ModelConfig.remat='all': expected one of \['none', 'full', 'dots_saveable', 'kernels'\]"),
+    # rope_frequencies divides by each of these: refused here, not traced into NaNs
+    (dict(rope_scaling=5), r"ModelConfig.rope_scaling=5: expected None or \(factor, "),
+    (dict(rope_scaling="abcd"), r"ModelConfig.rope_scaling='abcd': expected None or"),
+    (dict(rope_scaling=(8.0, 4.0, 1.0, 8192)), r"ModelConfig.rope_scaling=\(8.0, 4.0, 1.0, 8192\): "
+     r"expected None or \(.*\): finite numbers with factor > 0, 0 < low_freq_factor < "
+     r"high_freq_factor and original_max_positions > 0"),
+    (dict(rope_scaling=(8.0, 2.0, 2.0, 8192)), r"ModelConfig.rope_scaling=\(8.0, 2.0, 2.0, 8192\)"),
+    (dict(rope_scaling=(0.0, 1.0, 4.0, 8192)), r"ModelConfig.rope_scaling=\(0.0, 1.0, 4.0, 8192\)"),
+    (dict(rope_scaling=(8.0, 0.0, 4.0, 8192)), r"ModelConfig.rope_scaling=\(8.0, 0.0, 4.0, 8192\)"),
+    (dict(rope_scaling=(8.0, 1.0, 4.0, 0)), r"ModelConfig.rope_scaling=\(8.0, 1.0, 4.0, 0\)"),
+    (dict(rope_scaling=[8.0, 1.0, math.inf, 8192]),
+     r"ModelConfig.rope_scaling=\(8.0, 1.0, inf, 8192\)"),
+    (dict(rope_scaling=(8.0, "1", 4.0, 8192)), r"ModelConfig.rope_scaling=\(8.0, '1', 4.0, 8192\)"),
 ]
 
 
@@ -97,15 +132,26 @@ def test_mesh_shapes_use_every_device_or_refuse():
         MeshConfig(fsdp=3).shape(8)
     with pytest.raises(ValueError, match=r"needs 16 devices, only 8 are available"):
         MeshConfig(data=4, fsdp=4).shape(8)
+    assert MeshConfig(data=2, fsdp=2).shape(4) == (2, 2, 1, 1)
+    with pytest.raises(ValueError, match=r"MeshConfig \[2, 2, 1, 1\] needs 4 devices, only 3"):
+        MeshConfig(data=2, fsdp=2).shape(3)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(pattern="chunks"), r"ModeSchedule.pattern='chunks': expected one of \['none'"),
     (dict(chunk=0), r"ModeSchedule.chunk=0: expected a positive integer"),
-    (dict(attention_prob=1.5), r"ModeSchedule.attention_prob=1.5: expected a finite value")])
+    (dict(attention_prob=1.5), r"ModeSchedule.attention_prob=1.5: expected a finite value"),
+    (dict(chunk=2.5), r"ModeSchedule.chunk=2.5: expected an integer")])
 def test_mode_schedule(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModeSchedule(**kwargs)
+
+
+def test_closed_upper_bounds_take_their_largest_values():
+    assert ModeSchedule(pattern="random_chunks", attention_prob=1.0).attention_prob == 1.0
+    assert ModelConfig(norm_eps=1.0, rope_fraction=1.0).norm_eps == 1.0
+    train = TrainConfig(min_lr_ratio=1.0, warmup_steps=1000, steps=1000)
+    assert (train.min_lr_ratio, train.warmup_steps) == (1.0, 1000)
 
 
 def test_unknown_config_keys_are_named_with_the_allowed_ones():
@@ -137,6 +183,8 @@ DATA_CASES = [
     (MQARConfig, dict(num_kv_pairs=0), r"MQARConfig.num_kv_pairs=0"),
     (MQARConfig, dict(power_a=2.0), r"MQARConfig.power_a=2.0: expected a value in \(0, 1\]"),
     (MQARConfig, dict(num_train_examples=0), r"MQARConfig.num_train_examples=0"),
+    (MQARConfig, dict(num_eval_examples=0),
+     r"MQARConfig.num_eval_examples=0: expected a positive integer"),
     (TextConfig, dict(seq_len=0), r"TextConfig.seq_len=0: expected a positive integer"),
     (TextConfig, dict(tokenizer="bpe:lots"), r"TextConfig.tokenizer='bpe:lots': expected"),
     (TextConfig, dict(tokenizer="bpe:257"), r"TextConfig.tokenizer='bpe:257': a byte-level "
@@ -161,6 +209,20 @@ def test_mesh_and_experiment_configs():
         ExperimentConfig(name="x", model={}, data=MQARConfig())
     with pytest.raises(ValueError, match=r"ExperimentConfig.data=.*expected a registered data"):
         ExperimentConfig(name="x", model=ModelConfig(), data={"kind": "mqar"})
+    with pytest.raises(ValueError, match=r"ExperimentConfig.train=\{\}: expected a TrainConfig"):
+        ExperimentConfig(name="x", model=ModelConfig(), data=MQARConfig(), train={})
+    with pytest.raises(ValueError, match=r"ExperimentConfig.name=3: expected a string"):
+        ExperimentConfig(name=3, model=ModelConfig(), data=MQARConfig())
+    with pytest.raises(ValueError, match=r"MeshConfig\(data=-1, fsdp=1, seq=1, tensor=0\): "
+                                         r"expected positive sizes"):
+        MeshConfig(tensor=0)
+    # a string is one override, not one per character
+    with pytest.raises(ValueError, match=r"MeshConfig.axis_rule_overrides='embed=none': "
+                                         r"expected a tuple of 'logical=mesh axes' strings"):
+        MeshConfig(axis_rule_overrides="embed=none")
+    with pytest.raises(ValueError, match=r"MeshConfig.axis_rule_overrides=\(1,\): expected"):
+        MeshConfig(axis_rule_overrides=(1,))
+    assert MeshConfig(axis_rule_overrides=["embed=none"]).axis_rule_overrides == ("embed=none",)
 
 
 OVERRIDE_CASES = [
