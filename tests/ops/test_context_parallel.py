@@ -4,15 +4,20 @@ gradients (float32, 1e-5), with packed documents starting on and off shard bound
 windows narrower and wider than a shard (T = 32: shards of 16, 8 and 4 tokens)."""
 
 import functools
+import importlib
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hybrid_jax import ops
 from hybrid_jax.config import MeshConfig
 from hybrid_jax.ops import context_parallel as cp
+from hybrid_jax.ops.scan import linear_scan
 from hybrid_jax.ops.segments import RESET_LOG_DECAY
+from hybrid_jax.ops.selective_scan import selective_scan
 from hybrid_jax.sharding import make_mesh
 from tests.helpers import assert_close
 
@@ -22,6 +27,10 @@ SHARDS = (2, 4, 8)
 SEGMENT_IDS = jnp.asarray([[0] * 8 + [1] * 5 + [2] * 3 + [3] * 16, [0] * T], jnp.int32)
 STARTS = np.asarray(SEGMENT_IDS[:, 1:] != SEGMENT_IDS[:, :-1])
 STARTS = jnp.asarray(np.pad(STARTS, ((0, 0), (1, 0))))
+OPS = types.SimpleNamespace(  # the single-device ops that `cp`'s are checked against
+    ssd=ops.ssd, selective_scan=selective_scan, dss=ops.dss, linear_scan=linear_scan,
+    gated_delta_rule=ops.gated_delta_rule, gated_slot_attention=ops.gated_slot_attention,
+    short_conv=ops.short_conv)
 
 
 def _draw(seed, *shapes):
@@ -53,8 +62,10 @@ def _value_and_grads(fn, args, shards):
         return step(args)
 
 
-def check_matches_single_device(fn, args, shards=SHARDS):
-    (_, expected), expected_grads = _value_and_grads(fn, args, 1)
+def check_matches_single_device(fn, args, shards=SHARDS, reference=None):
+    """`fn` on each count of `shards` against `reference` (default: `fn` itself) on one
+    device."""
+    (_, expected), expected_grads = _value_and_grads(reference or fn, args, 1)
     for n in shards:
         (_, out), grads = _value_and_grads(fn, args, n)
         assert_close(out, expected, 1e-5, f"outputs, {n} shards")
@@ -132,29 +143,30 @@ def test_gated_slot_attention():
     check_matches_single_device(fn, (q, k, v, 1 - jnp.exp(g), g))
 
 
-def _with_segment_ids(name):
-    """An op's call with `segment_ids` (the production input; resets by the op, gates plain)."""
+def _with_segment_ids(name, segment_ids=SEGMENT_IDS, module=cp, **extra):
+    """An op's call with `segment_ids` (the production input; resets by the op, gates plain);
+    the function from `module` (`cp`, or `OPS`: the single-device ops), `extra` keywords to it."""
     x, B, C = _draw(13, (2, T, 2, 3), (2, T, 1, 4), (2, T, 1, 4))
     q, k, v = _draw(14, (2, T, 2, 4), (2, T, 2, 4), (2, T, 2, 3))
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
     g = -jnp.asarray(np.random.default_rng(15).uniform(0.01, 1.0, (2, T, 2, 3)), jnp.float32)
-    kwargs = dict(segment_ids=SEGMENT_IDS, return_final_state=True)
+    kwargs = dict(segment_ids=segment_ids, return_final_state=True, **extra)
     if name == "ssd":
-        return (functools.partial(cp.ssd, chunk_size=4, **kwargs),
+        return (functools.partial(module.ssd, chunk_size=4, **kwargs),
                 (x, jnp.exp(g[..., 0]), -jnp.asarray([0.5, 1.0]), B, C))
     if name == "selective_scan":
-        return (functools.partial(cp.selective_scan, chunk_size=4, **kwargs),
+        return (functools.partial(module.selective_scan, chunk_size=4, **kwargs),
                 (x, jnp.exp(g), -jnp.exp(_draw(16, (2, 3, 4))[0]), B, C))
     if name == "dss":
         log_decay = jax.lax.complex(-jnp.asarray([[0.1, 0.5], [0.3, 1.0]]),
                                     jnp.asarray([[0.3, 1.0], [2.0, 0.1]]))
         coeff = jax.lax.complex(*_draw(17, (2, 2), (2, 2)))
-        fn = functools.partial(cp.dss, implementation="xla", **kwargs)
-        return (lambda u: fn(u, log_decay, coeff)), (x[..., 0],)
+        fn = functools.partial(module.dss, implementation="xla", **kwargs)
+        return (lambda u, **state: fn(u, log_decay, coeff, **state)), (x[..., 0],)
     if name == "gated_delta_rule":
-        return (functools.partial(cp.gated_delta_rule, chunk_size=4, **kwargs),
+        return (functools.partial(module.gated_delta_rule, chunk_size=4, **kwargs),
                 (q, k, v, g[..., 0], jax.nn.sigmoid(x[..., 0])))
-    return (functools.partial(cp.gated_slot_attention, chunk_size=4, **kwargs),
+    return (functools.partial(module.gated_slot_attention, chunk_size=4, **kwargs),
             (q, k, v, 1 - jnp.exp(g), g))
 
 
@@ -164,6 +176,45 @@ def test_recurrences_with_segment_ids(name):
     # 4 shards of 8: documents start on the boundaries 8 and 16 and inside shard 1 (13).
     fn, args = _with_segment_ids(name)
     check_matches_single_device(fn, args, shards=(4,))
+
+
+# Documents 5 and 4 continue the initial state (no reset at token 0, though the ids are not 0);
+# row 0's next documents start inside shard 0 (3) and on the boundary 24 of 4 shards of 8.
+CONTINUING_IDS = jnp.asarray([[5] * 3 + [6] * 21 + [7] * 8, [4] * T], jnp.int32)
+INITIAL_STATE_SHAPES = {"ssd": (2, 2, 3, 4), "selective_scan": (2, 2, 3, 4),
+                        "gated_delta_rule": (2, 2, 4, 3)}
+
+
+def _initial_state(name):
+    if name == "dss":
+        return jax.lax.complex(*_draw(20, (2, 2, 2), (2, 2, 2)))
+    if name == "gated_slot_attention":  # (K̃ [B, H, K, M], Ṽ [B, H, M, V])
+        return tuple(_draw(20, (2, 2, 4, 3), (2, 2, 3, 3)))
+    return _draw(20, INITIAL_STATE_SHAPES[name])[0]
+
+
+@pytest.mark.parametrize("combine", cp.COMBINES)
+@pytest.mark.parametrize("name", ["ssd", "selective_scan", "dss", "gated_delta_rule",
+                                  "gated_slot_attention"])
+def test_recurrences_continue_an_initial_state(name, combine):
+    """Every recurrence's `initial_state` (values and gradients) reaches the first document
+    through shard 0, and through every shard where that document spans the sequence, with
+    either combine (the all-gather fold composes the delta rule's dense maps too): as the
+    single-device op."""
+    fn, args = _with_segment_ids(name, CONTINUING_IDS, combine=combine)
+    op, _ = _with_segment_ids(name, CONTINUING_IDS, module=OPS)
+    check_matches_single_device(lambda *a: fn(*a[:-1], initial_state=a[-1]),
+                                args + (_initial_state(name),), shards=(4,),
+                                reference=lambda *a: op(*a[:-1], initial_state=a[-1]))
+
+
+@pytest.mark.parametrize("combine", cp.COMBINES)
+def test_linear_scan_continues_an_initial_state(combine):
+    (b, h0) = _draw(21, (2, T, 3, 2), (2, 3, 2))
+    a = jnp.exp(_log_gates(22, (2, T, 3, 2), -jnp.inf))  # decay 0 at document starts
+    fn = functools.partial(cp.linear_scan, combine=combine)
+    check_matches_single_device(fn, (a, b, h0), shards=(4,),
+                                reference=functools.partial(OPS.linear_scan, axis=1))
 
 
 @pytest.mark.parametrize("window", [None, 3, 9, 20])
@@ -178,6 +229,21 @@ def test_attention_without_segment_ids(window):
     q, k, v = _draw(13, (2, T, 4, 4), (2, T, 2, 4), (2, T, 2, 3))
     check_matches_single_device(functools.partial(cp.attention, window=window), (q, k, v),
                                 shards=(4,))
+
+
+def test_attention_non_causal_window():
+    """A band on both sides (|t − s| < w) needs the keys after the shard too: all-gathered K/V,
+    not the causal halo; documents on both sides of the band."""
+    q, k, v = _draw(13, (2, T, 4, 4), (2, T, 2, 4), (2, T, 2, 3))
+    fn = functools.partial(cp.attention, causal=False, window=3, segment_ids=SEGMENT_IDS)
+    check_matches_single_device(fn, (q, k, v), shards=(4,))
+
+
+def test_cross_attention_is_an_error():
+    q, k, v = _draw(13, (2, T, 4, 4), (2, T // 2, 2, 4), (2, T // 2, 2, 3))
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=4), jax.devices()[:4])):
+        with pytest.raises(ValueError, match="self-attention without explicit positions"):
+            jax.jit(cp.attention)(q, k, v)
 
 
 # Window 0 on 8 shards (one 4-token chunk each) once gave NaN gradients under the conftest's
@@ -221,6 +287,36 @@ def test_short_conv_halo(width):
 
     check_matches_single_device(
         lambda x, w: cp.with_past(conv, width, (x, SEGMENT_IDS), w), (x, weight))
+
+
+@pytest.mark.parametrize("taps", [4, 10])
+def test_short_conv(taps):
+    """`cp.short_conv` is the op (bias, SiLU, documents starting on and off shard boundaries):
+    a halo of K − 1 = 3 tokens, and of 9, wider than 8 shards' 4 tokens (two predecessors)."""
+    x, weight, bias = _draw(23, (2, T, 3), (taps, 3), (3,))
+    kwargs = dict(segment_ids=SEGMENT_IDS, activation=True)
+    check_matches_single_device(functools.partial(cp.short_conv, **kwargs), (x, weight, bias),
+                                reference=functools.partial(OPS.short_conv, **kwargs))
+
+
+def test_short_conv_passes_its_options_to_the_op(monkeypatch):
+    """Each shard's call gets the options (`head_channels` picks how the Pallas rung splits
+    channels on a GPU; the XLA rung ignores it)."""
+    module = importlib.import_module("hybrid_jax.ops.context_parallel.short_conv")
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    real = module._short_conv
+    monkeypatch.setattr(module, "_short_conv", spy)
+    x, weight = _draw(24, (2, T, 3), (3, 3))
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=2), jax.devices()[:2])):
+        jax.jit(functools.partial(cp.short_conv, activation=True, head_channels=True,
+                                  implementation="xla"))(x, weight)
+    assert [{k: c[k] for k in ("activation", "head_channels", "implementation")}
+            for c in calls] == [dict(activation=True, head_channels=True, implementation="xla")]
 
 
 def test_indivisible_time_is_an_error():
