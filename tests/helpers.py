@@ -68,6 +68,16 @@ def assert_directional_derivatives(grads: dict, numpy_loss, point, seed: int,
                 f"{name}, input {i}: autodiff {analytic:.9g}, numeric {numeric:.9g}"
 
 
+def assert_init_stds(module, stds: dict[str, float], rtol: float) -> None:
+    """Each named projection of `module` has `init_std` `stds[name]` and a kernel drawn at it
+    (its sample std within `rtol`: a few percent for thousands of draws)."""
+    for name, std in stds.items():
+        proj = getattr(module, name)
+        assert proj.init_std == pytest.approx(std), name
+        drawn = np.asarray(proj.kernel[...]).std()
+        assert abs(drawn / std - 1) < rtol, (name, drawn, std)
+
+
 def assert_refused(op, arrays: dict, change: dict, message: str) -> None:
     """`op(**arrays)` with `change` applied raises a ValueError matching `message`: each entry
     of `change` is a function of the named array (a bad input) or a keyword's value."""

@@ -10,7 +10,7 @@ from flax import nnx
 import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
-from tests.helpers import assert_close, assert_packed_documents_isolated, normals
+from tests.helpers import assert_close, assert_init_stds, assert_packed_documents_isolated, normals
 from tests.nn.test_attention import project_biased
 from tests.nn.test_gated_deltanet import (
     check_prefill_in_pieces,
@@ -109,11 +109,7 @@ def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
                       num_heads=2, init_std=0.4)
     mixer = hj.create_model(cfg).blocks[0].mixer
     stds = dict.fromkeys(("q_proj", "k_proj", "v_proj", "f_proj"), 0.4)
-    for name, std in {**stds, "o_proj": 0.2}.items():
-        proj = getattr(mixer, name)
-        assert proj.init_std == pytest.approx(std), name
-        drawn = np.asarray(proj.kernel[...]).std()  # ≥ 2048 draws
-        assert abs(drawn / std - 1) < 0.1, (name, drawn, std)
+    assert_init_stds(mixer, {**stds, "o_proj": 0.2}, rtol=0.1)  # ≥ 2048 draws
 
 
 def test_decode_matches_parallel_past_the_window():
