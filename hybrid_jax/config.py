@@ -197,7 +197,7 @@ class ModelConfig:
         object.__setattr__(self, "layers", tuple(LayerSpec.parse(s) for s in self.layers))
         check_types(self)
         if self.rope_scaling is not None:
-            _check_rope_scaling(self.rope_scaling)
+            check_rope_scaling(own, self.rope_scaling)
             object.__setattr__(self, "rope_scaling", tuple(self.rope_scaling))
         for name in ("vocab_size", "d_model", "num_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
@@ -270,14 +270,15 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _check_rope_scaling(scaling: Any) -> None:
-    """Four finite numbers with factor > 0, 0 < low_freq_factor < high_freq_factor and
-    original_max_positions > 0 (`rope_frequencies` divides by each of them)."""
+def check_rope_scaling(owner: str, scaling: Any) -> None:
+    """Raises ValueError naming `owner.rope_scaling` unless `scaling` is four finite numbers
+    with factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_positions > 0
+    (`rope_frequencies` divides by each of them). ModelConfig's and each block's own."""
     sequence = isinstance(scaling, Sequence) and not isinstance(scaling, str)
     numbers = sequence and len(scaling) == 4 and all(
         _is_instance(s, float) and math.isfinite(s) for s in scaling)
     if not (numbers and scaling[0] > 0 and 0 < scaling[1] < scaling[2] and scaling[3] > 0):
-        _fail("ModelConfig", "rope_scaling", tuple(scaling) if sequence else scaling,
+        _fail(owner, "rope_scaling", tuple(scaling) if sequence else scaling,
               "expected None or (factor, low_freq_factor, high_freq_factor, "
               "original_max_positions): finite numbers with factor > 0, 0 < low_freq_factor < "
               "high_freq_factor and original_max_positions > 0")

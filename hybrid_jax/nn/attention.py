@@ -18,7 +18,7 @@ from flax import nnx
 
 from hybrid_jax import ops
 from hybrid_jax.cache import AttentionCache
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, check_rope_scaling
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new, unless
@@ -47,6 +47,8 @@ class AttentionOptions:
         if self.window is not None and self.window < 1:
             raise ValueError(f"window={self.window}: attention needs window >= 1 or None")
         ops.rotary_dim(8, self.rope_fraction)  # validates the fraction
+        if self.rope_scaling is not None:
+            check_rope_scaling("AttentionOptions", self.rope_scaling)
 
     def check(self, model: ModelConfig) -> None:
         heads, kv = self.num_heads, self.num_kv_heads or self.num_heads

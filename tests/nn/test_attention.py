@@ -110,6 +110,8 @@ def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
     (dict(num_heads=4, num_kv_heads=3), r"num_kv_heads=3 does not divide num_heads=4"),
     (dict(num_heads=3), r"num_heads=3 does not divide d_model=16"),
     (dict(rope_fraction=1.5), r"rope_fraction must be in \[0, 1\], got 1.5"),
+    (dict(rope_scaling=(8.0, 4.0, 1.0, 8192)),
+     r"AttentionOptions.rope_scaling=\(8.0, 4.0, 1.0, 8192\): expected None or \(factor, "),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=r"layers\[0\] \('attention'\): " + message):

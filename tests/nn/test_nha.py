@@ -191,6 +191,8 @@ def test_with_window_errors_name_the_problem():
                                     r"'silu'\]"),
     (dict(feature_map="relu"), r"expected one of \['identity', 'swish'\]"),
     (dict(rope_fraction=1.5), r"rope_fraction must be in \[0, 1\], got 1.5"),
+    (dict(rope_scaling=(0.0, 1.0, 4.0, 8192)),
+     r"NHAOptions.rope_scaling=\(0.0, 1.0, 4.0, 8192\): .* factor > 0"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):

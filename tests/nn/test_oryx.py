@@ -199,6 +199,9 @@ def test_modes_and_options_are_checked():
         OryxOptions(state_size=16)
     with pytest.raises(ValueError, match=r"\['expand_v'\] do not apply to linear_mixer='mamba2'"):
         OryxOptions(linear_mixer="mamba2", expand_v=2)
+    with pytest.raises(ValueError, match=r"AttentionOptions.rope_scaling=\(8.0, 1.0, 4.0, -1\)"):
+        ModelConfig(layers=(layer("oryx", rope_scaling=(8.0, 1.0, 4.0, -1)),), vocab_size=8,
+                    d_model=16, num_heads=2)
 
 
 @pytest.mark.parametrize("name, block, model", [("oryx-gdn-tiny", 0.857, 0.874),
