@@ -17,16 +17,24 @@ def check_rank(op: str, name: str, x: jax.Array, layout: str) -> None:
         )
 
 
+class _Sizes(dict):
+    """Axis sizes by letter, with the array each came from (`origin`, for errors)."""
+
+    origin: dict[str, str]
+
+
 def check_dims(
     op: str, expected: dict[str, int], **arrays_with_layout: tuple[jax.Array, str]
 ) -> dict[str, int]:
     """Checks named axis sizes agree across arrays.
 
     `arrays_with_layout` maps an argument name to (array, layout), e.g. q=(q, 'BTHK').
-    `expected` holds sizes already known. Returns the dict of all sizes.
+    `expected` holds sizes already known: a dict returned by an earlier call (its errors then
+    name the array each size came from) or plain numbers ("given"). Returns the dict of all
+    sizes.
     """
-    sizes = dict(expected)
-    origin: dict[str, str] = {letter: "given" for letter in sizes}
+    sizes = _Sizes(expected)
+    origin = sizes.origin = {letter: "given" for letter in sizes} | getattr(expected, "origin", {})
     for name, (x, layout) in arrays_with_layout.items():
         check_rank(op, name, x, layout)
         for letter, size in zip(layout, x.shape, strict=True):

@@ -75,7 +75,7 @@ def shard_kernel(op: str, kernel: Callable[..., Any], args: Sequence[Any],
                     for layout in _leaf_layouts(op, arg, layout)]
     sizes = _sizes(op, leaves, leaf_layouts)
     free = [a for a in mesh.axis_names if a not in mesh.manual_axes and mesh.shape[a] > 1]
-    batch_axes = tuple(a for a in BATCH_AXES if a in free)
+    batch_axes = tuple(a for a in BATCH_AXES if a in free and sizes["B"])
     head_axis = HEAD_AXIS if HEAD_AXIS in free else None
     seq_axis = SEQ_AXIS if SEQ_AXIS in free and sizes["S"] else None
     reasons = []

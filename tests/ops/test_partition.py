@@ -422,6 +422,22 @@ def test_trivial_mesh_and_manual_axes_leave_the_call_alone():
     assert seen == [(4, 4), (4, 4), (2, 2)]
 
 
+def test_inputs_without_a_batch_axis_split_their_heads_without_a_warning(caplog):
+    seen = []
+
+    def kernel(x):
+        seen.append(x.shape)
+        return x * 2
+
+    dispatch._LOGGED.clear()
+    call = lambda x: partition.shard_kernel("no batch", kernel, (x,), ("H",), "H")
+    with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
+            make_mesh(MeshConfig(data=2, tensor=2))):
+        got = jax.jit(call)(jnp.arange(4.0))
+    assert seen == [(2,)] and not caplog.records, caplog.text
+    np.testing.assert_array_equal(got, 2 * np.arange(4.0))
+
+
 def test_layouts_are_checked():
     x = jnp.ones((4, 4))
     with jax.set_mesh(make_mesh(MeshConfig(data=2))):
@@ -478,6 +494,23 @@ def test_row_kernels_split_the_sequence(row_kernels_on_cpu, vma_off, name):
         got = fn(placed)
     assert "all-gather" not in text
     assert_close(got, expected, 1e-6, name)
+
+
+def test_norm_of_heads_splits_the_heads(row_kernels_on_cpu, vma_off):
+    """A `[B, T, H, C]` norm (GDN's output norm) runs on each device's heads under `tensor`:
+    no all-gather of the heads, the single-device values."""
+    run, _ = ROW_CASES["gated_rms_norm heads"]
+    inputs = normals(23, (B, T, 4, 8), (8,), (B, T, 4, 8), dtype=np.float32)
+    expected = run(inputs)
+    mesh = make_mesh(MeshConfig(data=2, tensor=4))
+    spec = lambda x: P("data", None, "tensor") if x.ndim == 4 else P()
+    placed = [jax.device_put(x, NamedSharding(mesh, spec(x))) for x in inputs]
+    with jax.set_mesh(mesh):
+        fn = jax.jit(run)
+        text = fn.lower(placed).compile().as_text()
+        got = fn(placed)
+    assert "all-gather" not in text
+    assert_close(got, expected, 1e-6)
 
 
 def test_row_kernels_lower_with_the_sequence_split(monkeypatch, caplog):

@@ -4,16 +4,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
+from hybrid_jax.config import MeshConfig
 from hybrid_jax.ops.scan import (
     causal_decay_matrix,
     chunk_scan,
     chunk_state_scan,
     compute_dtype,
+    from_time_chunks,
     linear_scan,
+    time_chunks,
     to_chunks,
     unit_lower_triangular_inverse,
+    varying_scan,
 )
+from hybrid_jax.sharding import make_mesh
 from tests.helpers import assert_close, normals
 
 
@@ -129,3 +135,42 @@ def test_unit_lower_triangular_inverse(x64, n):
     grad = jax.grad(lambda x: jnp.sum(w * unit_lower_triangular_inverse(x)))(a)
     closed = -np.swapaxes(expected @ np.swapaxes(np.asarray(w), -1, -2) @ expected, -1, -2)
     assert_close(grad, np.tril(closed, -1), 1e-11, "gradient")
+
+
+def test_time_chunks_round_trip_drops_the_padding():
+    x = jnp.arange(2 * 7 * 3, dtype=jnp.float32).reshape(2, 7, 3)
+    chunks = time_chunks(x, 3)  # [NC, B, H, C]
+    assert chunks.shape == (3, 2, 3, 3)
+    np.testing.assert_array_equal(chunks[1, :, :, 0], x[:, 3])
+    np.testing.assert_array_equal(chunks[2, :, :, 1:], 0)
+    np.testing.assert_array_equal(from_time_chunks(chunks, 7), x)
+
+
+def test_varying_scan_carry_varies_like_closed_over_arrays():
+    """Inside a shard_map, a step reading a per-device array (closed over, not in `xs`) makes
+    the carry vary over the mesh axis; the initial state is marked so from the start."""
+    mesh = make_mesh(MeshConfig(data=2))
+
+    def run(w, xs):
+        return varying_scan(lambda c, x: (c + w * x, c), jnp.zeros(1), xs, w)[0]
+
+    fn = jax.shard_map(run, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
+    got = jax.jit(fn)(jnp.asarray([1.0, 10.0]), jnp.ones(3))
+    np.testing.assert_array_equal(got, [3.0, 30.0])
+
+
+def test_chunk_state_scan_keeps_the_increments_dtype():
+    """A float32 decay over bf16 increments: states in bf16, as documented."""
+    decay = jnp.full((1, 3, 1, 1), 0.5, jnp.float32)
+    increment = jnp.ones((1, 3, 2, 2), jnp.bfloat16)
+    entering, final = chunk_state_scan(decay, increment, jnp.ones((1, 2, 2), jnp.float32))
+    assert entering.dtype == final.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(entering, np.float32)[0, :, 0, 0], [1, 1.5, 1.75])
+    np.testing.assert_array_equal(np.asarray(final, np.float32), 1.875)
+
+
+def test_chunk_state_scan_negative_chunk_axis_without_initial_state():
+    increment = jnp.ones((2, 1, 3))  # chunks last
+    entering, final = chunk_state_scan(jnp.full((1, 1, 3), 0.5), increment, axis=-1)
+    np.testing.assert_array_equal(entering[0, 0], [0, 1, 1.5])
+    np.testing.assert_array_equal(final, jnp.full((2, 1), 1.75))
