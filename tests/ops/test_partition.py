@@ -478,6 +478,19 @@ ROW_CASES = {
 }
 
 
+def run_without_all_gather(run, inputs, mesh_config: MeshConfig, spec):
+    """`run(inputs)` jitted with each input placed by `spec(x)` on the mesh; its compiled
+    program holds no all-gather."""
+    mesh = make_mesh(mesh_config)
+    placed = [jax.device_put(x, NamedSharding(mesh, spec(x))) for x in inputs]
+    with jax.set_mesh(mesh):
+        fn = jax.jit(run)
+        text = fn.lower(placed).compile().as_text()
+        got = fn(placed)
+    assert "all-gather" not in text
+    return got
+
+
 @pytest.mark.parametrize("name", list(ROW_CASES))
 def test_row_kernels_split_the_sequence(row_kernels_on_cpu, vma_off, name):
     """Under context parallelism's `data=2 × seq=4` the row-wise kernels run on each device's
@@ -485,14 +498,8 @@ def test_row_kernels_split_the_sequence(row_kernels_on_cpu, vma_off, name):
     run, make = ROW_CASES[name]
     inputs = make()
     expected = run(inputs)
-    mesh = make_mesh(MeshConfig(data=2, seq=4))
-    spec = lambda x: P("data", "seq") if x.ndim >= 2 else P()
-    placed = [jax.device_put(x, NamedSharding(mesh, spec(x))) for x in inputs]
-    with jax.set_mesh(mesh):
-        fn = jax.jit(run)
-        text = fn.lower(placed).compile().as_text()
-        got = fn(placed)
-    assert "all-gather" not in text
+    got = run_without_all_gather(run, inputs, MeshConfig(data=2, seq=4),
+                                 lambda x: P("data", "seq") if x.ndim >= 2 else P())
     assert_close(got, expected, 1e-6, name)
 
 
@@ -502,14 +509,8 @@ def test_norm_of_heads_splits_the_heads(row_kernels_on_cpu, vma_off):
     run, _ = ROW_CASES["gated_rms_norm heads"]
     inputs = normals(23, (B, T, 4, 8), (8,), (B, T, 4, 8), dtype=np.float32)
     expected = run(inputs)
-    mesh = make_mesh(MeshConfig(data=2, tensor=4))
-    spec = lambda x: P("data", None, "tensor") if x.ndim == 4 else P()
-    placed = [jax.device_put(x, NamedSharding(mesh, spec(x))) for x in inputs]
-    with jax.set_mesh(mesh):
-        fn = jax.jit(run)
-        text = fn.lower(placed).compile().as_text()
-        got = fn(placed)
-    assert "all-gather" not in text
+    got = run_without_all_gather(run, inputs, MeshConfig(data=2, tensor=4),
+                                 lambda x: P("data", None, "tensor") if x.ndim == 4 else P())
     assert_close(got, expected, 1e-6)
 
 
