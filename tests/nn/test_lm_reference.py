@@ -14,6 +14,7 @@ import hybrid_jax as hj
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from tests.helpers import assert_close
+from tests.nn.test_gated_deltanet import rms
 
 
 def small_config(**changes):
@@ -40,9 +41,8 @@ def test_logits_are_the_normed_blocks_output_through_the_head(tied):
     assert_close(model._embed(tokens, positions), x, 1e-7, "embedding")
     for block in model.blocks:
         x = block(x, context)
-    h = np.asarray(x, np.float64)
-    h = h / np.sqrt(np.mean(h ** 2, axis=-1, keepdims=True) + 0.5)
-    h = h * np.asarray(model.final_norm.scale[...])
+    gamma = np.asarray(model.final_norm.scale[...])
+    h = rms(np.asarray(x, np.float64), model.config.norm_eps) * gamma
     head = table.T if tied else np.asarray(model.lm_head.kernel[...])
     assert (model.lm_head is None) == tied and head.shape == (8, 16)
     logits = model(tokens, context)
