@@ -88,7 +88,7 @@ def _peak_mb(compiled) -> float | None:
 
 
 def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
-            model: str = "experiment") -> dict[str, Any]:
+            model: str) -> dict[str, Any]:
     """One row of the table: the timed train and forward steps of one setting."""
     import jax
     import numpy as np
@@ -167,7 +167,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
         own = sorted((r for r in rows if (r["model"], r["strategy"]) == key),
                      key=lambda r: r["devices"])
         devices = [r["devices"] for r in own]
-        label = key[1] if key[0] == "experiment" else f"{key[0]} {key[1]}"
+        label = f"{key[0]} {key[1]}"
         left.plot(devices, [r["tokens_per_s"] for r in own], marker="o", label=label)
         right.plot(devices, [r["efficiency"] for r in own], marker="o", label=label)
     for ax, label in ((left, "train tokens/s"), (right, "scaling efficiency")):
@@ -186,15 +186,15 @@ COLUMNS = ("model", "strategy", "devices", "batch", "seq_len", "tokens_per_s",
 
 
 def experiments_to_run(name: str, models: Sequence[str], overrides: Sequence[str]):
-    """`(model label, experiment)` pairs: the experiment, or one per preset in its place; the
-    overrides apply last (so `model.remat=full` reaches a preset too)."""
+    """`(model label, experiment)` pairs: the experiment (labelled by its name), or one per preset
+    in its place; the overrides apply last (so `model.remat=full` reaches a preset too)."""
     from experiments import registry
     from hybrid_jax import presets
     from hybrid_jax.config import apply_overrides
 
     experiment = registry.get(name)
     if not models:
-        return [("experiment", apply_overrides(experiment, overrides))]
+        return [(name, apply_overrides(experiment, overrides))]
     return [(preset, apply_overrides(dataclasses.replace(experiment, model=presets.get(preset)),
                                      overrides)) for preset in models]
 

@@ -21,6 +21,7 @@ def test_scale_writes_table_and_plot(tmp_path, capsys):
     record = json.loads((tmp_path / "scale.json").read_text())
     rows = {(r["strategy"], r["devices"]): r for r in record["rows"]}
     assert sorted(rows) == [("seq", 1), ("seq", 2)]
+    assert {r["model"] for r in record["rows"]} == {"mqar-hybrid-tiny"}  # its name, not a word
     assert record["mode"] == "weak"
     assert rows[("seq", 2)]["seq_len"] == 64 and rows[("seq", 2)]["batch"] == 2
     model = registry.get("mqar-hybrid-tiny").model
