@@ -17,6 +17,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hybrid_jax.ops.attention import ROPE_SCALING_RULE, is_rope_scaling
 from hybrid_jax.registry import Registry, block_type
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -271,17 +272,11 @@ class ModelConfig:
 
 
 def check_rope_scaling(owner: str, scaling: Any) -> None:
-    """Raises ValueError naming `owner.rope_scaling` unless `scaling` is four finite numbers
-    with factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_positions > 0
-    (`rope_frequencies` divides by each of them). ModelConfig's and each block's own."""
-    sequence = isinstance(scaling, Sequence) and not isinstance(scaling, str)
-    numbers = sequence and len(scaling) == 4 and all(
-        _is_instance(s, float) and math.isfinite(s) for s in scaling)
-    if not (numbers and scaling[0] > 0 and 0 < scaling[1] < scaling[2] and scaling[3] > 0):
-        _fail(owner, "rope_scaling", tuple(scaling) if sequence else scaling,
-              "expected None or (factor, low_freq_factor, high_freq_factor, "
-              "original_max_positions): finite numbers with factor > 0, 0 < low_freq_factor < "
-              "high_freq_factor and original_max_positions > 0")
+    """Raises ValueError naming `owner.rope_scaling` unless `rope_frequencies` can take
+    `scaling` (`ops.attention.ROPE_SCALING_RULE`). ModelConfig's and each block's own."""
+    if not is_rope_scaling(scaling):
+        sequence = isinstance(scaling, Sequence) and not isinstance(scaling, str)
+        _fail(owner, "rope_scaling", tuple(scaling) if sequence else scaling, ROPE_SCALING_RULE)
 
 
 _MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"layers"}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -320,6 +321,24 @@ def rotary_dim(head_dim: int, fraction: float) -> int:
     return int(head_dim * fraction) // 2 * 2
 
 
+ROPE_SCALING_RULE = (
+    "expected None or (factor, low_freq_factor, high_freq_factor, original_max_positions): "
+    "finite numbers with factor > 0, 0 < low_freq_factor < high_freq_factor and "
+    "original_max_positions > 0")
+
+
+def is_rope_scaling(scaling: Any) -> bool:
+    """Whether `scaling` is four numbers that `rope_frequencies` can divide by
+    (`ROPE_SCALING_RULE`); a bool is not a number here."""
+    if not isinstance(scaling, Sequence) or isinstance(scaling, str) or len(scaling) != 4:
+        return False
+    if not all(isinstance(s, int | float) and not isinstance(s, bool) and math.isfinite(s)
+               for s in scaling):
+        return False
+    factor, low, high, original = scaling
+    return factor > 0 and 0 < low < high and original > 0
+
+
 def rope_frequencies(rot: int, theta: float, scaling: tuple[float, ...] | None = None
                      ) -> jax.Array:
     """The `rot/2` angular frequencies `theta^(−2i/rot)`, optionally rescaled Llama-3 style.
@@ -331,9 +350,8 @@ def rope_frequencies(rot: int, theta: float, scaling: tuple[float, ...] | None =
     inv_freq = theta ** (-jnp.arange(rot // 2, dtype=jnp.float32) * 2 / rot)
     if scaling is None:
         return inv_freq
-    if len(scaling) != 4 or not scaling[2] > scaling[1]:
-        raise ValueError("rope scaling must be (factor, low_freq_factor, high_freq_factor, "
-                         f"original_max_positions) with high > low, got {scaling}")
+    if not is_rope_scaling(scaling):
+        raise ValueError(f"rope scaling {scaling!r}: {ROPE_SCALING_RULE}")
     factor, low, high, original = (float(s) for s in scaling)
     wavelength = 2 * math.pi / inv_freq
     smooth = (original / wavelength - low) / (high - low)

@@ -165,6 +165,16 @@ def test_rope_gradient_is_the_inverse_rotation(fraction, dtype):
                  1e-5 if dtype == jnp.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("scaling", [(8.0, 1.0, 4.0), (0.0, 1.0, 4.0, 8192), (8.0, 0.0, 4.0, 8192),
+                                     (8.0, 4.0, 1.0, 8192), (8.0, 1.0, 4.0, -1),
+                                     (8.0, 1.0, float("nan"), 8192), (8.0, True, 4.0, 8192)])
+def test_rope_refuses_a_scaling_it_cannot_divide_by(scaling):
+    """The op's own check is the config's rule: every value it divides by, not only high > low
+    (a zero factor gave infinite frequencies)."""
+    with pytest.raises(ValueError, match=r"rope scaling .*: expected None or \(factor, "):
+        ops.apply_rope(jnp.ones((1, 2, 1, 8)), jnp.arange(2), scaling=scaling)
+
+
 def test_rope_is_relative():
     """Rotated dot products depend only on position differences."""
     q, k = normals(2, (1, 1, 1, 8), (1, 1, 1, 8), dtype=jnp.float32)
