@@ -64,7 +64,7 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
     from hybrid_jax.distributed import initialize
 
     ids = (None if args.local_device_ids is None
-           else [int(i) for i in args.local_device_ids.split(",")])
+           else [_int_arg("--local-device-ids", i) for i in args.local_device_ids.split(",")])
     initialize(args.coordinator, args.num_processes, args.process_id, ids,
                auto=args.distributed_auto)
 
@@ -552,9 +552,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_scale(args: argparse.Namespace) -> int:
     from experiments import scale
 
-    devices = [int(n) for n in scale.parse_list(args.devices, "devices")]
+    devices = [_int_arg("--devices", n) for n in scale.parse_list(args.devices, "devices")]
     if min(devices) < 1:
         raise ValueError(f"--devices: expected positive counts, got {args.devices!r}")
+    _at_least(args.steps, 1, "--steps")  # timed steps: none has no median
+    _at_least(args.time_limit, 0, "--time-limit")
     scale.request_cpu_devices(max(devices))  # fake CPU devices, where no accelerator has them
     strategies = scale.parse_list(args.strategy, "strategy", scale.STRATEGIES)
     from hybrid_jax import presets  # jax loads here, after the device request

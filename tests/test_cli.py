@@ -88,6 +88,14 @@ def test_list_shows_presets_blocks_experiments(capsys):
         (["eval", "/nonexistent/run"], "config.json not found"),
         (["train", "mqar-transformer-tiny", "--set", "data.vocab_size=512"],
          "data.vocab_size=512 exceeds model.vocab_size=256"),
+        (["train", "mqar-transformer-tiny", "--local-device-ids", "0,x"],
+         "--local-device-ids expects integers, got 'x'"),
+        (["scale", "mqar-transformer-tiny", "--devices", "1,x"],
+         "--devices expects integers, got 'x'"),
+        (["scale", "mqar-transformer-tiny", "--devices", "1", "--steps", "0"],
+         "--steps=0: expected a finite value >= 1"),  # it compiled, then had no median
+        (["scale", "mqar-transformer-tiny", "--devices", "1", "--time-limit", "-1"],
+         "--time-limit=-1.0: expected a finite value >= 0"),
     ],
 )
 def test_errors_are_one_line(argv, message, capsys):
