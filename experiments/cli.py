@@ -552,11 +552,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_scale(args: argparse.Namespace) -> int:
     from experiments import scale
 
+    _at_least(args.steps, 1, "--steps")  # timed steps: none has no median
+    _at_least(args.time_limit, 0, "--time-limit")
     devices = [_int_arg("--devices", n) for n in scale.parse_list(args.devices, "devices")]
     if min(devices) < 1:
         raise ValueError(f"--devices: expected positive counts, got {args.devices!r}")
-    _at_least(args.steps, 1, "--steps")  # timed steps: none has no median
-    _at_least(args.time_limit, 0, "--time-limit")
     scale.request_cpu_devices(max(devices))  # fake CPU devices, where no accelerator has them
     strategies = scale.parse_list(args.strategy, "strategy", scale.STRATEGIES)
     from hybrid_jax import presets  # jax loads here, after the device request

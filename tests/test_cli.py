@@ -92,9 +92,9 @@ def test_list_shows_presets_blocks_experiments(capsys):
          "--local-device-ids expects integers, got 'x'"),
         (["scale", "mqar-transformer-tiny", "--devices", "1,x"],
          "--devices expects integers, got 'x'"),
-        (["scale", "mqar-transformer-tiny", "--devices", "1", "--steps", "0"],
+        (["scale", "mqar-transformer-tiny", "--steps", "0"],
          "--steps=0: expected a finite value >= 1"),  # it compiled, then had no median
-        (["scale", "mqar-transformer-tiny", "--devices", "1", "--time-limit", "-1"],
+        (["scale", "mqar-transformer-tiny", "--time-limit", "-1"],
          "--time-limit=-1.0: expected a finite value >= 0"),
     ],
 )
