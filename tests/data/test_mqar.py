@@ -16,6 +16,7 @@ def test_every_target_is_the_value_of_its_key(config):
         ex = source[i]
         inputs, targets, mask = ex["inputs"], ex["targets"], ex["mask"]
         assert inputs.shape == targets.shape == mask.shape == (config.seq_len,)
+        assert inputs.dtype == targets.dtype == np.int32 and mask.dtype == bool
         context = 2 * config.num_kv_pairs
         keys, values = inputs[0:context:2], inputs[1:context:2]
         assert len(set(keys)) == len(keys) and len(set(values)) == len(values)

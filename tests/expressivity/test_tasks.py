@@ -87,9 +87,11 @@ CHECKS = {SelectiveCopyingConfig: check_selective_copying, MKARConfig: check_mka
 def test_every_target_is_brute_force_correct(config):
     for ex in examples(config):
         assert ex["inputs"].shape == ex["targets"].shape == ex["mask"].shape == (config.seq_len,)
-        assert ex["inputs"].dtype == np.int32 and ex["mask"].dtype == bool
+        assert ex["inputs"].dtype == ex["targets"].dtype == np.int32
+        assert ex["mask"].dtype == bool
         assert 0 <= ex["inputs"].min() and ex["inputs"].max() < config.vocab_size
-        assert ex["targets"].max() < config.vocab_size and ex["mask"].any()
+        assert 0 <= ex["targets"].min() and ex["targets"].max() < config.vocab_size
+        assert ex["mask"].any()
         CHECKS[type(config)](config, ex)
 
 
@@ -160,6 +162,36 @@ def test_every_distance_is_drawn_and_the_shortest_body_has_its_word():
         check_ar_decoding(short, ex)
 
 
+@pytest.mark.parametrize("config", [
+    SelectiveCopyingConfig(num_tokens=4, min_distance=1, max_distance=3, seq_len=20),
+    MKARConfig(vocab_size=5, seq_len=20),
+    ARDecodingConfig(num_bits=2, seq_len=20),
+    NeedleConfig(num_filler=3, num_keys=3, num_values=3, num_needles=2, seq_len=20),
+], ids=lambda c: type(c).kind)
+def test_the_whole_vocabulary_is_drawn(config):
+    """Every id below vocab_size occurs (none left out of its range), and in AR decoding every
+    word occurs in bodies whose query is another word, so not only where it is planted."""
+    exs = examples(config, count=60)
+    assert set(np.concatenate([ex["inputs"] for ex in exs]).tolist()) == set(
+        range(config.vocab_size))
+    if isinstance(config, ARDecodingConfig):
+        for word in range(config.num_words):
+            code = [config.bit_tokens[int(b)] for b in f"{word:0{config.num_bits}b}"]
+            bodies = [ex["inputs"][:-config.num_bits - 1] for ex in exs
+                      if ex["inputs"][-config.num_bits:].tolist() != code]
+            assert any(word in body for body in bodies), word
+
+
+def test_mkar_keys_over_a_large_vocabulary_stay_distinct():
+    """vocab 2^16, keys of 5 tokens: 2^80 keys, more than an int64 holds. Skewed tokens make
+    keys that differ only in their first token (3,0,0,0,0 and 0,0,0,0,0); they are different
+    keys. (Keys once were numbers in base vocab_size: the first token overflowed away and such
+    keys were recalled as one.)"""
+    config = MKARConfig(vocab_size=2**16, key_len=5, seq_len=12, token_skew=4.0)
+    for ex in examples(config, count=50):
+        check_mkar(config, ex)
+
+
 def test_mkar_at_its_shortest_and_smallest():
     """seq_len = key_len + 2 and a vocabulary of 2 are valid, with brute-force-correct targets."""
     for config in (MKARConfig(key_len=3, seq_len=5), MKARConfig(vocab_size=2, key_len=1,
@@ -193,6 +225,17 @@ def test_vocabulary_layouts():
     (dict(kind=MKARConfig, eval_seq_len=3),
      r"eval split \(eval_\* fields\) is invalid: MKARConfig.seq_len=3"),
     (dict(kind=ARDecodingConfig, seq_len=7), "seq_len=7"),
+    (dict(kind=ARDecodingConfig, num_bits=0),
+     "ARDecodingConfig.num_bits=0: expected a value >= 1 and <= 16"),
+    (dict(kind=ARDecodingConfig, num_bits=17, seq_len=30), "num_bits=17: .* <= 16"),
+    (dict(kind=ARDecodingConfig, ones_prob=1.5),
+     r"ARDecodingConfig.ones_prob=1.5: expected a value >= 0.0 and <= 1.0"),
+    (dict(kind=ARDecodingConfig, eval_ones_prob=-0.1),
+     r"eval split \(eval_\* fields\) is invalid: ARDecodingConfig.ones_prob=-0.1"),
+    (dict(kind=NeedleConfig, min_depth=-0.1),
+     "NeedleConfig.min_depth=-0.1: expected a value >= 0.0 and <= 1.0"),
+    (dict(kind=SelectiveCopyingConfig, min_distance=0, max_distance=3),
+     "SelectiveCopyingConfig.min_distance=0: expected a value >= 1"),  # d = 0 copies x_t itself
     (dict(kind=NeedleConfig, min_depth=0.9, max_depth=0.5), "max_depth=0.5"),
     (dict(kind=NeedleConfig, num_needles=9, num_keys=8), r"num_needles=9: .* <= 8"),
     (dict(kind=NeedleConfig, num_needles=4, seq_len=13), r"seq_len=13: expected a value >= 14"),

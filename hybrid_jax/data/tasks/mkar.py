@@ -57,16 +57,15 @@ class MKARSource(TaskSource):
         rng = example_rng(self.seed, self.split, index)
         T, k = c.seq_len, c.key_len
         inputs = rng.choice(c.vocab_size, T, p=c.token_probs()).astype(np.int32)
-        # keys[t] encodes the key ending at t (defined for t >= k − 1).
-        keys = np.zeros(T, np.int64)
-        for i in range(k):
-            keys[k - 1:] = keys[k - 1:] * c.vocab_size + inputs[i:T - k + 1 + i]
         targets = np.zeros(T, np.int32)
         mask = np.zeros(T, bool)
-        last_end: dict[int, int] = {}  # key -> end position of its latest occurrence before t
+        # A key is the bytes of its k tokens: exact for any vocabulary and key length (a number
+        # in base vocab_size overflows int64 once vocab_size^k > 2^63 and merges keys).
+        last_end: dict[bytes, int] = {}  # key -> end position of its latest occurrence before t
         for t in range(k - 1, T):
-            j = last_end.get(int(keys[t]))
+            key = inputs[t - k + 1:t + 1].tobytes()
+            j = last_end.get(key)
             if j is not None:
                 targets[t], mask[t] = inputs[j + 1], True
-            last_end[int(keys[t])] = t
+            last_end[key] = t
         return {"inputs": inputs, "targets": targets, "mask": mask}
