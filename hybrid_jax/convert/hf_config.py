@@ -15,6 +15,7 @@ from typing import Any
 from hybrid_jax.config import ModelConfig, layer
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
+QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default: layers from here on slide
 LLAMA3_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                        "original_max_position_embeddings")
 
@@ -52,8 +53,8 @@ def _windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:
             _refuse("layer_types", types, f"{num_layers} of 'full_attention' / "
                     "'sliding_attention'")
         return [window if t == "sliding_attention" else None for t in types]
-    if hf["model_type"] == "qwen2":
-        first = hf.get("max_window_layers", num_layers)
+    if hf["model_type"] == "qwen2":  # transformers' Qwen2Config defaults
+        first = hf.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
         use = hf.get("use_sliding_window", False)
         return [window if use and i >= first else None for i in range(num_layers)]
     return [window] * num_layers
