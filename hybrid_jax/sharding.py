@@ -15,6 +15,7 @@ its mesh axis does not divide stays replicated.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -174,3 +175,16 @@ def state_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding of a `[batch, ...]` input array: batch over the data-parallel axes."""
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1)))
+
+
+def check_batch_split(mesh: Mesh, batch_size: int, what: str = "train.batch_size") -> None:
+    """Refuses a global batch that the mesh's batch axes (`batch_sharding`) do not split into
+    equal shards; JAX's own error names a NamedSharding and a tiling, not the setting."""
+    axes = batch_sharding(mesh).spec[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    shards = math.prod(mesh.shape[a] for a in axes)
+    if batch_size % shards:
+        sizes = " x ".join(f"{a} {mesh.shape[a]}" for a in axes)
+        raise ValueError(f"{what}={batch_size} does not split over the mesh's batch axes "
+                         f"({sizes} = {shards} shards): use a multiple of {shards}, or a mesh "
+                         "with fewer data / fsdp devices (train.mesh.*)")

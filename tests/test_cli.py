@@ -88,6 +88,10 @@ def test_list_shows_presets_blocks_experiments(capsys):
         (["eval", "/nonexistent/run"], "config.json not found"),
         (["train", "mqar-transformer-tiny", "--set", "data.vocab_size=512"],
          "data.vocab_size=512 exceeds model.vocab_size=256"),
+        (["train", "mqar-transformer-tiny", "--set", "train.batch_size=4", "--set",
+          "train.mesh.data=2", "--set", "train.mesh.fsdp=4"],
+         "train.batch_size=4 does not split over the mesh's batch axes (data 2 x fsdp 4 = 8 "
+         "shards)"),
         (["train", "mqar-transformer-tiny", "--local-device-ids", "0,x"],
          "--local-device-ids expects integers, got 'x'"),
         (["scale", "mqar-transformer-tiny", "--devices", "1,x"],

@@ -48,7 +48,14 @@ from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.lm import LanguageModel, count_params
 from hybrid_jax.nn.oryx import ATTENTION, MODE
-from hybrid_jax.sharding import axis_rules, batch_sharding, make_mesh, state_shardings, use_rules
+from hybrid_jax.sharding import (
+    axis_rules,
+    batch_sharding,
+    check_batch_split,
+    make_mesh,
+    state_shardings,
+    use_rules,
+)
 from hybrid_jax.train.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -285,6 +292,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
     """
     if modes is not None:
         check_reads_modes(ts.model(), "eval modes")
+    if batches:  # held-out batches have the run's batch size; the mesh may be another's
+        check_batch_split(ts.mesh, len(batches[0]["inputs"]) * jax.process_count())
     eval_step = make_eval_step(ts) if eval_step is None else eval_step
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     num_bytes, in_attention, num_tokens = 0, 0, 0
@@ -373,6 +382,7 @@ class _Run:
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
+        check_batch_split(self.mesh, cfg.batch_size)
         check_process_rows(self.mesh, cfg.batch_size)
         # Rates per device count the mesh's devices, which may be fewer than the host's.
         self.devices = self.mesh.devices.size

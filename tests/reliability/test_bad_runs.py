@@ -18,7 +18,7 @@ from hybrid_jax.data.tokenizer import WordTokenizer
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.metrics import MetricsLog, read_metrics
 from hybrid_jax.train.run_dir import RunDirError, RunLock, prepare_run_dir, recorded_experiment
-from hybrid_jax.train.trainer import nonfinite_message, restore_train_state, train
+from hybrid_jax.train.trainer import evaluate, nonfinite_message, restore_train_state, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 from tests.train.damage import flip_byte, largest_array_file, truncate
 from tests.train.test_text_cli import tiny as text_cli_run
@@ -133,6 +133,10 @@ def test_eval_names_its_checkpoint_step(trained, capsys):
      "--max-new-tokens=0: expected a finite value >= 1"),
     (["eval", "{run}", "--set", "train.grad_clip=-2"], "TrainConfig.grad_clip=-2.0"),
     (["eval", "{run}", "--set", "model.d_model=32"], "does not match the experiment config"),
+    # Batch 4 on 8 data devices: JAX's error named a NamedSharding's tiling, not the setting.
+    (["eval", "{run}", "--set", "train.mesh.data=8"],
+     "train.batch_size=4 does not split over the mesh's batch axes (data 8 x fsdp 1 = 8 "
+     "shards): use a multiple of 8"),
 ])
 def test_bad_eval_and_generate_arguments(trained, capsys, argv, message):
     err = one_line_error(capsys, [a.format(run=trained) for a in argv])
@@ -344,6 +348,17 @@ def test_restore_api_names_a_bad_step(trained):
     with pytest.raises(FileNotFoundError, match=r"checkpoints/99 not found; available steps: "
                                                 r"\[2, 4\]"):
         restore_train_state(experiment, trained, make_mesh(MeshConfig(data=1)), step=99)
+
+
+def test_evaluate_api_names_a_batch_the_mesh_cannot_split(trained):
+    import numpy as np
+
+    experiment = read_experiment(trained / "config.json")
+    ts, _ = restore_train_state(experiment, trained, make_mesh(MeshConfig(data=8)))
+    batch = {k: np.zeros((4, 16), np.int32) for k in ("inputs", "targets", "mask")}
+    with pytest.raises(ValueError, match=r"train.batch_size=4 does not split over the mesh's "
+                                         r"batch axes \(data 8 x fsdp 1 = 8 shards\)"):
+        evaluate(ts, [batch])
 
 
 def test_train_api_refuses_a_locked_directory(trained, tmp_path):
