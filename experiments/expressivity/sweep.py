@@ -9,6 +9,8 @@ cell's summary lacks, so sweeps that train the same models (e.g. selective copyi
 length-generalisation and OOD evaluations) can share one output directory; a cell trained with
 a different configuration is an error, not silently reused. Cells run in `jobs` worker
 processes; `report.write_report` turns the summaries into a CSV, Markdown tables and a plot.
+A SIGINT / SIGTERM stops the whole sweep (`CellInterrupted`), not only the cell it reached: that
+cell keeps its checkpoint and continues on the next run, no other cell starts.
 """
 
 from __future__ import annotations
@@ -148,9 +150,21 @@ def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
                          f"{changed}); use another --out directory")
 
 
+class CellInterrupted(Exception):
+    """A cell's training stopped on a signal (its checkpoint is saved): the sweep stops."""
+
+    def __init__(self, cell_id: str, signal_name: str, step: int):
+        super().__init__(cell_id, signal_name, step)  # its args: it pickles from a worker
+        self.cell_id, self.signal_name, self.step = cell_id, signal_name, step
+
+    def __str__(self) -> str:
+        return f"{self.signal_name} in cell {self.cell_id} at step {self.step}"
+
+
 def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     """Trains one cell (unless already trained), evaluates the variants its summary lacks and
-    writes `cell.json`; returns the summary."""
+    writes `cell.json`; returns the summary. Raises `CellInterrupted` if a signal stopped the
+    training."""
     from hybrid_jax.data.pipeline import eval_batches
     from hybrid_jax.sharding import make_mesh
     from hybrid_jax.train import evaluate, train
@@ -166,6 +180,8 @@ def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
         summary = json.loads(path.read_text())
     else:  # resume=True: an interrupted cell continues from its last checkpoint
         results = train(experiment, run_dir, progress=False, resume=True)
+        if results.get("interrupted"):
+            raise CellInterrupted(cell.id, results["interrupted"], results["step"])
         if results.get("accuracy") is None:
             raise RuntimeError(f"cell {cell.id} did not finish training: {results}")
         summary = {**dataclasses.asdict(cell), "params": params,
@@ -200,8 +216,12 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
     """Runs the cells without a `cell.json` (in `jobs` processes; 1: in this process).
 
     Returns `(summaries of all finished cells, ids of the cells that failed)`. A failed cell
-    is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run.
+    is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run. A
+    signal (`CellInterrupted` from a cell, KeyboardInterrupt here) cancels the cells not yet
+    started, waits for the running ones and propagates.
     """
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs={jobs!r}: expected an integer >= 1 (worker processes)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{sweep.short_name}.sweep.json").write_text(
@@ -231,22 +251,41 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
             log(f"[{done}/{len(sweep.cells())}] {cell.id}: params {summary['params']} "
                 f"accuracy {summary['accuracy']:.4f}{variants} ({summary['wall_time_s']} s)")
 
-    if jobs <= 1:
+    if jobs == 1:
         for cell in todo:
             try:
                 finished(cell, run_cell(sweep, cell, out_dir), None)
+            except CellInterrupted:
+                raise
             except Exception:  # noqa: BLE001 (recorded; the other cells go on)
                 finished(cell, None, traceback.format_exc())
     else:
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context,
                                                     initializer=_worker_init) as pool:
-            futures = {pool.submit(run_cell, sweep, c, out_dir): c for c in todo}
-            for future in concurrent.futures.as_completed(futures):
-                try:
-                    finished(futures[future], future.result(), None)
-                except Exception:  # noqa: BLE001
-                    finished(futures[future], None, traceback.format_exc())
+            # At most `jobs` cells submitted (all running): after a signal none is queued, and
+            # leaving the pool waits only for the running ones.
+            waiting, running = iter(todo), {}
+
+            def submit_next() -> None:
+                cell = next(waiting, None)
+                if cell is not None:
+                    running[pool.submit(run_cell, sweep, cell, out_dir)] = cell
+
+            for _ in range(jobs):
+                submit_next()
+            while running:
+                done_now, _ = concurrent.futures.wait(
+                    running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done_now:
+                    cell = running.pop(future)
+                    try:
+                        finished(cell, future.result(), None)
+                    except CellInterrupted:
+                        raise
+                    except Exception:  # noqa: BLE001
+                        finished(cell, None, traceback.format_exc())
+                    submit_next()
     return collect(sweep, out_dir), failed
 
 

@@ -1,5 +1,6 @@
 """Model sizing and a 2-cell sweep end to end: training, variants, resumption, CSV/MD/PNG."""
 
+import concurrent.futures
 import csv
 import dataclasses
 import json
@@ -141,3 +142,58 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     assert "0 already finished, running 2" in capsys.readouterr().out
     assert (cells[0].parent / "metrics.jsonl").read_text() == trained
     assert 0 <= json.loads(cells[0].read_text())["accuracy[dense]"] <= 1
+
+
+class _ThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """The sweep's process pool in threads of this process (where the fake `train` is)."""
+
+    def __init__(self, jobs, mp_context=None, initializer=None):
+        super().__init__(jobs)
+
+
+@pytest.mark.parametrize(("jobs", "stop"), [(1, "signal"), (2, "signal"), (1, "keyboard")])
+def test_a_signal_stops_the_whole_sweep(tmp_path, monkeypatch, capsys, jobs, stop):
+    """A cell stopped by a signal (or Ctrl-C outside training) ends the sweep with 128 + signal:
+    no further cell starts (with 2 jobs the 2 running cells stop). The sweep used to record the
+    cell as failed and train the next."""
+    import hybrid_jax.train
+
+    started = []
+
+    def train(experiment, run_dir, **kwargs):
+        started.append(run_dir.name)
+        if stop == "keyboard":
+            raise KeyboardInterrupt
+        return {"interrupted": "SIGTERM", "step": 2, "accuracy": None}
+
+    monkeypatch.setattr(hybrid_jax.train, "train", train)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _ThreadPool)
+    argv = ["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", str(jobs),
+            "--set", 'architectures=["transformer","ssm"]', "--set", "budgets=[400]",
+            "--set", "learning_rates=[0.01,0.003]"]
+    assert run_main(argv) == (130 if stop == "keyboard" else 143)
+    assert len(started) == jobs and not list(tmp_path.glob("cells/*/cell.json"))
+    err = capsys.readouterr().err
+    assert "run the same command again to continue" in err
+    if stop == "signal":
+        assert "interrupted (SIGTERM in cell " in err and " at step 2)" in err
+
+
+def test_jobs_below_one_are_refused(tmp_path, capsys):
+    """`--jobs 0` (or -3) ran the cells in this process as if 1."""
+    assert run_main(["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "0"]) == 2
+    assert "jobs=0: expected an integer >= 1" in capsys.readouterr().err
+    assert not list(tmp_path.glob("cells/*"))
+
+
+def test_two_worker_processes_run_every_cell(tmp_path):
+    """The process pool for real (spawned workers, at most 2 cells submitted at a time): all
+    4 cells finish."""
+    argv = ["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "2",
+            "--set", 'architectures=["transformer","ssm"]', "--set", "budgets=[400]",
+            "--set", "learning_rates=[0.01,0.003]", "--set", "train.steps=2",
+            "--set", "train.warmup_steps=1", "--set", "train.batch_size=4",
+            "--set", "train.eval_batches=1", "--set", "data.seq_len=24",
+            "--set", "eval_variants=[]"]
+    assert run_main(argv) == 0
+    assert len(list(tmp_path.glob("cells/*/cell.json"))) == 4
