@@ -193,7 +193,7 @@ def test_two_worker_processes_run_every_cell(tmp_path):
             "--set", 'architectures=["transformer","ssm"]', "--set", "budgets=[400]",
             "--set", "learning_rates=[0.01,0.003]", "--set", "train.steps=2",
             "--set", "train.warmup_steps=1", "--set", "train.batch_size=4",
-            "--set", "train.eval_batches=1", "--set", "data.seq_len=24",
-            "--set", "eval_variants=[]"]
+            "--set", "train.eval_batches=1", "--set", "train.mesh.data=1",
+            "--set", "data.seq_len=24", "--set", "eval_variants=[]"]
     assert run_main(argv) == 0
     assert len(list(tmp_path.glob("cells/*/cell.json"))) == 4
