@@ -78,6 +78,22 @@ def scaled_experiment(experiment, strategy: str, devices: int, weak: bool):
     return dataclasses.replace(experiment, train=train, data=data)
 
 
+def check_setting(experiment, strategy: str, devices: int, weak: bool) -> None:
+    """Refuses a setting whose work the mesh cannot split (before any setting is timed): the
+    batch over data / fsdp, the sequence over seq."""
+    import jax
+
+    from hybrid_jax.sharding import check_batch_split, make_mesh
+
+    experiment = scaled_experiment(experiment, strategy, devices, weak)
+    where = f"{strategy} x{devices}"
+    check_batch_split(make_mesh(experiment.train.mesh, jax.devices()[:devices]),
+                      experiment.train.batch_size, f"{where}: train.batch_size")
+    if strategy == "seq" and experiment.data.seq_len % devices:
+        raise ValueError(f"{where}: data.seq_len={experiment.data.seq_len} does not split over "
+                         f"{devices} seq devices: use a multiple of {devices}")
+
+
 def _peak_mb(compiled) -> float | None:
     """The compiled step's peak memory per device (XLA's memory analysis), MiB."""
     analysis = compiled.memory_analysis()
@@ -212,6 +228,8 @@ def run(name: str, devices: Sequence[int], strategies: Sequence[str], *, weak: b
     settings = [(label, experiment, strategy, n)
                 for label, experiment in experiments_to_run(name, models, overrides)
                 for strategy in strategies for n in devices]
+    for _, experiment, strategy, n in settings:
+        check_setting(experiment, strategy, n, weak)
     out.mkdir(parents=True, exist_ok=True)
     mode = "weak" if weak else "strong"
     record = dict(experiment=name, mode=mode, device=device_name(), overrides=list(overrides),

@@ -186,5 +186,5 @@ def check_batch_split(mesh: Mesh, batch_size: int, what: str = "train.batch_size
     if batch_size % shards:
         sizes = " x ".join(f"{a} {mesh.shape[a]}" for a in axes)
         raise ValueError(f"{what}={batch_size} does not split over the mesh's batch axes "
-                         f"({sizes} = {shards} shards): use a multiple of {shards}, or a mesh "
-                         "with fewer data / fsdp devices (train.mesh.*)")
+                         f"({sizes} = {shards} shards): use a multiple of {shards}, or fewer "
+                         "data / fsdp devices")

@@ -56,6 +56,20 @@ def test_presets_in_place_of_the_model_and_the_time_limit(tmp_path, capsys):
     assert main(["scale", "mqar-hybrid-tiny", "--model", "no-such-model"]) == 2
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--devices", "1,3"], "data x3: train.batch_size=4 does not split over the mesh's batch "
+                           "axes (data 3 x fsdp 1 = 3 shards)"),
+    (["--devices", "3", "--strategy", "seq"], "seq x3: data.seq_len=32 does not split over 3 "
+                                              "seq devices"),
+])
+def test_settings_the_mesh_cannot_split_are_refused_before_any_is_timed(tmp_path, capsys, argv,
+                                                                         message):
+    assert main(["scale", "mqar-hybrid-tiny", *argv, "--out", str(tmp_path / "out"),
+                 "--set", "train.batch_size=4", "--set", "data.seq_len=32"]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # no row of the 1-device setting either
+
+
 def test_scale_names_bad_arguments(capsys):
     assert main(["scale", "mqar-hybrid-tiny", "--strategy", "pipeline"]) == 2
     assert "--strategy: ['pipeline'] not in" in capsys.readouterr().err
