@@ -3,18 +3,30 @@ count with positive throughput, efficiency 1 at one device, FLOPs from `hybrid_j
 JSON and a Markdown table and a plot; presets in place of the experiment's model and the time
 limit."""
 
+import dataclasses
 import json
+import types
 
 import pytest
 
-from experiments import registry
+from experiments import registry, scale
 from experiments.cli import main
-from experiments.scale import experiments_to_run
+from experiments.scale import (
+    STRATEGIES,
+    _peak_mb,
+    add_efficiency,
+    experiments_to_run,
+    scaled_experiment,
+)
 from hybrid_jax import presets
 from hybrid_jax.flops import step_flops
 
 
-def test_scale_writes_table_and_plot(tmp_path, capsys):
+def test_scale_writes_table_and_plot(tmp_path, capsys, monkeypatch):
+    import hybrid_jax.flops
+
+    peak = 1e12  # a known peak (CPU has none): MFU by 6N and by the model count
+    monkeypatch.setattr(hybrid_jax.flops, "device_peak_flops", lambda: peak)
     assert main(["scale", "mqar-hybrid-tiny", "--devices", "1,2", "--strategy", "seq",
                  "--steps", "1", "--weak", "--out", str(tmp_path),
                  "--set", "train.batch_size=2", "--set", "data.seq_len=32"]) == 0
@@ -34,6 +46,11 @@ def test_scale_writes_table_and_plot(tmp_path, capsys):
             flops.training_per_token() * tokens / (row["train_ms"] / 1e3) / devices / 1e12)
         assert row["forward_tflops_per_device"] == pytest.approx(
             flops.training_per_token() / 3 * tokens / (row["forward_ms"] / 1e3) / devices / 1e12)
+        assert row["tokens_per_s"] == pytest.approx(tokens / (row["train_ms"] / 1e3))
+        assert row["forward_tokens_per_s"] == pytest.approx(tokens / (row["forward_ms"] / 1e3))
+        assert row["mfu"] == pytest.approx(
+            flops.six_n * tokens / (row["train_ms"] / 1e3) / devices / peak)
+        assert row["mfu_model"] == pytest.approx(row["tflops_per_device"] * 1e12 / peak)
         if devices == 1:
             assert row["efficiency"] == pytest.approx(1.0)
     assert (tmp_path / "scale.png").stat().st_size > 0
@@ -73,3 +90,57 @@ def test_settings_the_mesh_cannot_split_are_refused_before_any_is_timed(tmp_path
 def test_scale_names_bad_arguments(capsys):
     assert main(["scale", "mqar-hybrid-tiny", "--strategy", "pipeline"]) == 2
     assert "--strategy: ['pipeline'] not in" in capsys.readouterr().err
+    assert main(["scale", "mqar-hybrid-tiny", "--devices", " , "]) == 2
+    assert "--devices: expected a comma-separated list, got ' , '" in capsys.readouterr().err
+    assert main(["scale", "mqar-hybrid-tiny", "--devices", "1,16"]) == 2
+    assert "--devices 16 but only 8 devices are available" in capsys.readouterr().err
+
+
+def test_weak_scaling_multiplies_the_split_work():
+    """Weak: the batch grows with data / fsdp / tensor devices, the sequence with seq ones;
+    strong keeps both. The mesh puts every device on the strategy's axis."""
+    experiment = registry.get("mqar-hybrid-tiny")
+    batch, length = experiment.train.batch_size, experiment.data.seq_len
+    for strategy in STRATEGIES:
+        weak = scaled_experiment(experiment, strategy, 4, weak=True)
+        strong = scaled_experiment(experiment, strategy, 4, weak=False)
+        assert (weak.train.batch_size, weak.data.seq_len) == (
+            (batch, 4 * length) if strategy == "seq" else (4 * batch, length))
+        assert (strong.train.batch_size, strong.data.seq_len) == (batch, length)
+        for scaled in (weak, strong):
+            sizes = dataclasses.asdict(scaled.train.mesh)
+            assert {a: sizes[a] for a in STRATEGIES} == {a: 4 if a == strategy else 1
+                                                         for a in STRATEGIES}
+
+
+def test_efficiency_is_per_model_and_strategy():
+    rows = [dict(model=m, strategy=s, devices=n, tflops_per_device=t)
+            for m, s, n, t in [("a", "data", 1, 2.0), ("a", "data", 4, 1.0), ("b", "data", 2, 8.0),
+                               ("b", "data", 4, 6.0), ("a", "seq", 2, 3.0), ("a", "seq", 8, 1.5)]]
+    add_efficiency(rows)
+    assert [r["efficiency"] for r in rows] == [1.0, 0.5, 1.0, 0.75, 1.0, 0.5]
+
+
+def test_peak_memory_counts_donated_buffers_once():
+    analysis = types.SimpleNamespace(argument_size_in_bytes=3 * 2**20,
+                                     output_size_in_bytes=2 * 2**20,
+                                     temp_size_in_bytes=2**19, alias_size_in_bytes=2**20)
+    assert _peak_mb(types.SimpleNamespace(memory_analysis=lambda: analysis)) == 4.5
+    assert _peak_mb(types.SimpleNamespace(memory_analysis=lambda: None)) is None
+
+
+def test_the_json_holds_every_row_measured_before_a_failure(tmp_path, monkeypatch):
+    """`scale.json` is rewritten after every row: a crash in the second setting keeps the
+    first."""
+    def measure(experiment, strategy, devices, **kwargs):
+        if devices == 2:
+            raise RuntimeError("out of memory")
+        return dict(model=kwargs["model"], strategy=strategy, devices=devices,
+                    tflops_per_device=1.0)
+
+    monkeypatch.setattr(scale, "measure", measure)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        scale.run("mqar-hybrid-tiny", [1, 2], ["data"], weak=False, steps=1, out=tmp_path)
+    rows = json.loads((tmp_path / "scale.json").read_text())["rows"]
+    assert [(r["model"], r["devices"], r["efficiency"]) for r in rows] == [
+        ("mqar-hybrid-tiny", 1, 1.0)]
