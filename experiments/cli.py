@@ -145,10 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="convert a run's transformer into a hybrid")
     conv.add_argument("run_dir", type=Path)
     conv.add_argument("--to", required=True, choices=("nha", "oryx"),
-                      help="nha, or oryx (Mamba-2 linear mode; --window/--slots unused)")
+                      help="nha, or oryx (Mamba-2 linear mode; takes no --window/--slots)")
     conv.add_argument("--out", type=Path, required=True, help="the new run directory")
-    conv.add_argument("--window", default="512", help="NHA window W, or 'full'")
-    conv.add_argument("--slots", type=int, default=64, help="NHA slots M per kv head")
+    conv.add_argument("--window", default=None, help="NHA window W, or 'full' (default 512)")
+    conv.add_argument("--slots", type=int, default=None,
+                      help="NHA slots M per kv head (default 64)")
     conv.add_argument("--layers", default=None, metavar="I,J,...",
                       help="the attention layers to convert (default: all)")
     conv.add_argument("--seed", type=int, default=0, help="seed of the new parameters")
@@ -280,6 +281,11 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | No
 
 def cmd_eval(args: argparse.Namespace) -> int:
     _at_least(args.batches, 0, "--batches")
+    _refuse_without("--windows", args.windows, ("--layers", args.layers),
+                    ("--sweep-out", args.sweep_out))
+    if args.windows is not None and args.modes is not None:
+        raise ValueError("--modes and --windows: the window sweep runs the model's own modes; "
+                         "give one of them")
     if args.windows is not None:
         from experiments.window_sweep import run
 
@@ -294,6 +300,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
     _print_cache(metrics, "one held-out batch")
     return 0
+
+
+def _refuse_without(needed: str, value, *options: tuple[str, object]) -> None:
+    """Refuses options that take effect only with `needed` when it is not given (they would
+    be ignored)."""
+    given = [flag for flag, option in options if option not in (None, [], False)]
+    if value is None and given:
+        raise ValueError(f"{' and '.join(given)} only apply with {needed}")
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -356,6 +370,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.top_k is not None and args.top_k > vocab:
         raise ValueError(f"--top-k={args.top_k}: expected at most the vocabulary size {vocab}")
     if args.prompt_ids is not None:
+        if args.stop:  # stop strings match text; this path never decodes any
+            raise ValueError("--stop only applies with text prompts (--prompt / --prompt-file), "
+                             "not --prompt-ids")
         try:
             prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
         except ValueError:
@@ -447,13 +464,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from hybrid_jax.convert import nha, oryx
 
-    window = None if args.window == "full" else _int_arg("--window", args.window)
+    if args.to == "oryx":
+        given = [flag for flag, value in (("--window", args.window), ("--slots", args.slots))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)}: NHA options; --to oryx takes none")
+    window_text = "512" if args.window is None else args.window
+    window = None if window_text == "full" else _int_arg("--window", window_text)
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
     ts, _ = _load_run(args.run_dir, experiment, None, "convert")
     converter = oryx.convert_run if args.to == "oryx" else functools.partial(
-        nha.convert_run, window=window, num_slots=args.slots)
+        nha.convert_run, window=window, num_slots=64 if args.slots is None else args.slots)
     converter(experiment, ts.model(), args.run_dir, args.out, layers=layers, seed=args.seed,
               scan_layers=args.scan_layers)
     print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}")

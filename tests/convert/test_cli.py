@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
+from experiments.run import read_experiment
 from hybrid_jax.config import MeshConfig, ModelConfig
 from hybrid_jax.convert.params import write_conversion
 from hybrid_jax.convert.run_dir import pretrained_experiment, write_run
@@ -41,9 +42,22 @@ def test_export_and_convert(run_dir, tmp_path, capsys):
     assert (tmp_path / "nha" / "tokenizer.json").is_file()
     assert json.loads((tmp_path / "nha" / "config.json").read_text())["model"]["scan_layers"]
     assert main(["convert", str(run_dir), "--to", "oryx", "--out", str(tmp_path / "oryx")]) == 0
+    defaults = tmp_path / "nha-defaults"  # window 512, 64 slots
+    assert main(["convert", str(run_dir), "--to", "nha", "--out", str(defaults)]) == 0
+    options = read_experiment(defaults / "config.json").model.block_options(0)
+    assert (options.window, options.num_slots) == (512, 64)
     assert main(["generate", str(tmp_path / "oryx"), "--prompt-ids", "3 4 5",
                  "--max-new-tokens", "4", "--speculative", "2"]) == 0
     assert "acceptance rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--window", "8"], ["--slots", "4"]])
+def test_convert_to_oryx_refuses_nha_options(run_dir, tmp_path, capsys, args):
+    """They were ignored (the help said "unused")."""
+    assert main(["convert", str(run_dir), "--to", "oryx", "--out", str(tmp_path / "o"),
+                 *args]) == 2
+    assert f"{args[0]}: NHA options; --to oryx takes none" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("args,message", [

@@ -122,6 +122,8 @@ def test_eval_names_its_checkpoint_step(trained, capsys):
     (["generate", "{run}", "--prompt-ids", "5,-3"],
      "prompt token id -3 at index [0, 1] is outside the vocabulary"),
     (["generate", "{run}", "--prompt-ids", "1 two"], "--prompt-ids must be integers"),
+    (["generate", "{run}", "--prompt-ids", "1", "--stop", "."],
+     "--stop only applies with text prompts (--prompt / --prompt-file), not --prompt-ids"),
     (["generate", "{run}", "--prompt-ids", " "], "--prompt-ids is empty"),
     (["generate", "{run}", "--prompt-ids", "1", "--temperature", "-0.5"],
      "--temperature=-0.5: expected a finite value >= 0"),
