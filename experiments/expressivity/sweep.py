@@ -71,8 +71,17 @@ class Sweep:
             raise ValueError(f"Sweep {self.name!r}: unknown architecture(s) {unknown}; "
                              f"expected some of {sorted(ARCHITECTURES)}")
         for field in ("architectures", "budgets", "learning_rates", "seeds"):
-            if not getattr(self, field):
+            values = getattr(self, field)
+            if not values:
                 raise ValueError(f"Sweep {self.name!r}: {field} is empty")
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:  # the grid would hold the same cell twice
+                raise ValueError(f"Sweep {self.name!r}: {field}={list(values)} repeats "
+                                 f"{repeated}; expected distinct values")
+        unknown = sorted({a for _, row in self.paper for a, _ in row} - set(ARCHITECTURES))
+        if unknown:  # the report, written after every cell has trained, could not label them
+            raise ValueError(f"Sweep {self.name!r}: paper names unknown architecture(s) "
+                             f"{unknown}; expected some of {sorted(ARCHITECTURES)}")
         # Values parsed from --set JSON arrive as lists; keep them hashable.
         variants = tuple((label, tuple(tuple(pair) for pair in changes))
                          for label, changes in self.eval_variants)

@@ -1,6 +1,10 @@
 """Report aggregation over learning rates and seeds, on hand-written cell summaries."""
 
-from experiments.expressivity.report import aggregate, markdown
+import csv
+import math
+
+from experiments.expressivity.models import ModelFamily
+from experiments.expressivity.report import aggregate, markdown, write_csv
 from experiments.expressivity.sweep import Sweep
 from hybrid_jax.data.tasks import SelectiveCopyingConfig
 
@@ -33,3 +37,71 @@ def test_markdown_shows_mean_and_range_over_seeds():
     assert "| SSM | 0.500 |" in text  # one seed: no range
     assert "| 2k | Transformer | 0.800 (0.650–0.950, 3 seeds) | 0.352 |" in text
     assert "Positions: RoPE." in text
+
+
+def test_the_mean_over_seeds_not_the_median():
+    rows = [row(0.01, 0, 0.9), row(0.01, 1, 0.3), row(0.01, 2, 0.3)]
+    entry = aggregate(SWEEP, rows)[("transformer", 2000)]
+    assert abs(entry["accuracy"] - 0.5) < 1e-12 and entry["seeds"] == 3
+
+
+def test_a_variant_a_seed_lacks_is_left_out_not_zero():
+    sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(2000,),
+                  eval_variants=(("long", (("seq_len", 200),)), ("dense", (("number_prob", 0.4),))))
+    rows = [{**row(0.01, 0, 0.9), "accuracy[long]": 0.4}, row(0.01, 1, 0.7)]
+    entry = aggregate(sweep, rows)[("transformer", 2000)]
+    assert entry["accuracy[long]"] == entry["accuracy[long] min"] == 0.4
+    assert math.isnan(entry["accuracy[dense]"]) and abs(entry["accuracy"] - 0.8) < 1e-12
+
+
+# Two budgets, two rates (one seed), an eval variant and a paper number: every table by hand.
+TWO = Sweep(name="expressivity/copy", data=SelectiveCopyingConfig(), budgets=(1000, 6000),
+            architectures=("ssm", "transformer"), learning_rates=(0.003, 0.01),
+            family=ModelFamily(rope_fraction=0.25), eval_variants=(("long", (("seq_len", 200),)),),
+            paper=((6000, (("ssm", 0.485),)),))
+
+
+def summary(architecture, budget, lr, accuracy, long, params, d_model):
+    return {"architecture": architecture, "budget": budget, "learning_rate": lr, "seed": 0,
+            "params": params, "d_model": d_model, "steps": 10, "accuracy": accuracy,
+            "loss": 1.5, "accuracy[long]": long, "layers": ["mamba1", "mamba1"],
+            "train_time_s": 3, "wall_time_s": 4.5}
+
+
+TWO_ROWS = [summary("ssm", 1000, 0.003, 0.4, 0.3, 820, 4),
+            summary("ssm", 1000, 0.01, 0.3, 0.9, 820, 4),  # better long, worse accuracy
+            summary("ssm", 6000, 0.003, 0.6, 0.5, 5584, 16),
+            summary("ssm", 6000, 0.01, 0.7, 0.2, 5584, 16),
+            summary("transformer", 1000, 0.01, 0.2, 0.1, 1050, 10)]
+
+
+def test_markdown_tables_by_hand():
+    text = markdown(TWO, TWO_ROWS)
+    main, params = text.split("Actual parameter counts")
+    params, evaluations = params.split("Evaluations at budget 1k")
+    at_1k, at_6k = evaluations.split("Evaluations at budget 6k")
+    at_6k, paper = at_6k.split("Side by side with the paper")
+    assert "| architecture | 1k | 6k |\n|---|---|---|\n| SSM | 0.400 | 0.700 |\n" \
+           "| Transformer | 0.200 | – |\n" in main
+    assert "Positions: RoPE on 0.25 of channels." in main
+    assert "| SSM | 820 (4) | 5,584 (16) |\n| Transformer | 1,050 (10) | – |\n" in params
+    head = "| architecture | train distribution | long |\n|---|---|---|\n"
+    assert head + "| SSM | 0.400 | 0.300 |\n| Transformer | 0.200 | 0.100 |\n" in at_1k
+    assert head + "| SSM | 0.700 | 0.200 |\n| Transformer | – | – |\n" in at_6k
+    assert "| budget | architecture | ours | paper |\n|---|---|---|---|\n" \
+           "| 6k | SSM | 0.700 | 0.485 |\n" in paper
+
+
+def test_csv_columns_and_cells(tmp_path):
+    path = tmp_path / "copy.csv"
+    write_csv(TWO, TWO_ROWS, path)
+    with path.open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == ["architecture", "budget", "params", "d_model", "learning_rate",
+                                 "seed", "steps", "accuracy", "loss", "accuracy[long]",
+                                 "wall_time_s", "layers"]
+    assert len(rows) == 5 and rows[3] == {
+        "architecture": "ssm", "budget": "6000", "params": "5584", "d_model": "16",
+        "learning_rate": "0.01", "seed": "0", "steps": "10", "accuracy": "0.7", "loss": "1.5",
+        "accuracy[long]": "0.2", "wall_time_s": "4.5", "layers": "mamba1+mamba1"}

@@ -15,7 +15,7 @@ from experiments.expressivity.models import (
     parameter_count,
     size_model,
 )
-from experiments.expressivity.sweep import Sweep
+from experiments.expressivity.sweep import DEFAULT_TRAIN, Sweep
 from experiments.run import main as run_main
 from hybrid_jax.data.tasks import SelectiveCopyingConfig
 
@@ -197,3 +197,169 @@ def test_two_worker_processes_run_every_cell(tmp_path):
             "--set", "data.seq_len=24", "--set", "eval_variants=[]"]
     assert run_main(argv) == 0
     assert len(list(tmp_path.glob("cells/*/cell.json"))) == 4
+
+
+# --- pinned by hand (a mutation sweep of models.py, tables.py and the Sweep logic) -----------
+
+def _attention_only_count(d, vocab, layers):
+    """Tied embedding [vocab, d]; per layer q, k, v, o (4·d², no bias) and its norm; final norm."""
+    return vocab * d + layers * (4 * d * d + d) + d
+
+
+def test_architectures_are_the_papers_layer_orders():
+    family = ModelFamily()
+    kinds = {a: [s.type for s in family.config(a, 8, 10).layers] for a in ARCHITECTURES}
+    assert kinds == {"transformer": ["attention", "attention"], "ssm": ["mamba1", "mamba1"],
+                     "ssm-attention": ["mamba1", "attention"],
+                     "attention-ssm": ["attention", "mamba1"],
+                     "transformer-1layer": ["attention"]}
+    # Positions reach the layers: RoPE on the family's fraction of each head.
+    assert ModelFamily(rope_fraction=0.25).config("ssm", 8, 10).rope_fraction == 0.25
+
+
+def test_parameter_counts_by_hand():
+    """Embeddings included (tied), no FFN: d_model 8 and 12 over a vocabulary of 10."""
+    family = ModelFamily()
+    for d in (8, 12):
+        assert parameter_count(family.config("transformer-1layer", d, 10)) == \
+            _attention_only_count(d, 10, 1)
+        assert parameter_count(family.config("transformer", d, 10)) == \
+            _attention_only_count(d, 10, 2)
+    assert _attention_only_count(8, 10, 1) == 352  # 80 + 264 + 8
+
+
+def test_size_model_is_closest_in_ratio_not_in_difference():
+    """transformer-1layer, vocabulary 10: d_model 4 has 112 parameters, d_model 8 has 352.
+    210 is nearer 112 in difference (98 < 142) but nearer 352 in ratio (352/210 < 210/112);
+    190 is nearer 112 in both."""
+    family = ModelFamily()
+    assert _attention_only_count(4, 10, 1) == 112
+    config, params = size_model(family, "transformer-1layer", 210, vocab_size=10)
+    assert (config.d_model, params) == (8, 352)
+    config, params = size_model(family, "transformer-1layer", 190, vocab_size=10)
+    assert (config.d_model, params) == (4, 112)
+
+
+def test_size_model_at_the_ends_of_the_width_range():
+    """The smallest width (2·num_heads) for a budget below it; max_d_model itself for a budget
+    above every width; a budget that is not positive is refused."""
+    family = ModelFamily(max_d_model=12)
+    config, params = size_model(family, "transformer-1layer", 1, vocab_size=10)
+    assert (config.d_model, params) == (4, _attention_only_count(4, 10, 1))
+    config, params = size_model(family, "transformer-1layer", 10**6, vocab_size=10)
+    assert (config.d_model, params) == (12, _attention_only_count(12, 10, 1))
+    with pytest.raises(ValueError, match="budget=0: expected a positive number"):
+        size_model(family, "transformer", 0, vocab_size=10)
+
+
+PAPER = {  # experiments/README.md, as the reproduction harness quotes the paper's figures
+    "selective-copying": {2000: {"ssm-attention": 0.999, "transformer": 0.352, "ssm": 0.305},
+                          6000: {"ssm-attention": 1.000, "transformer": 0.727, "ssm": 0.485},
+                          12000: {"transformer": 0.923, "ssm": 0.931}},
+    "mkar": {6000: {"ssm-attention": 0.990, "transformer": 0.230, "ssm": 0.356,
+                    "attention-ssm": 0.286}},
+}
+
+
+def test_registered_sweeps_match_the_readme():
+    """The grids of experiments/README.md's sweep table and the paper's numbers by cell."""
+    sweeps = {name.split("/")[1]: registry.get_sweep(name) for name in registry.sweep_names()}
+    for name, sweep in sweeps.items():
+        assert sweep.learning_rates == (0.003, 0.01) and sweep.seeds == (0,), name
+    for name in ("selective-copying", "mkar"):
+        assert {b: dict(row) for b, row in sweeps[name].paper} == PAPER[name]
+        assert sweeps[name].architectures == STUDY_ARCHITECTURES + ("transformer-1layer",)
+    assert sweeps["selective-copying"].budgets == (2000, 6000)
+    assert sweeps["mkar"].budgets == (6000,) and sweeps["mkar"].train.steps == 1500
+    for name in ("length-generalisation", "ood"):  # the selective-copying 6k models
+        assert sweeps[name].data == sweeps["selective-copying"].data
+        assert sweeps[name].family == sweeps["selective-copying"].family
+        assert sweeps[name].budgets == (6000,)
+    same_cells = ("data", "family", "architectures", "budgets", "learning_rates", "seeds",
+                  "train", "paper")
+    for field in same_cells:  # the MKAR models
+        assert getattr(sweeps["mkar-length-generalisation"], field) == \
+            getattr(sweeps["mkar"], field), field
+    variants = {name: {label: dict(changes) for label, changes in s.eval_variants}
+                for name, s in sweeps.items() if s.eval_variants}
+    assert variants == {
+        "length-generalisation": {"length 200": {"seq_len": 200}, "length 400": {"seq_len": 400}},
+        "mkar-length-generalisation": {"length 200": {"seq_len": 200},
+                                       "length 400": {"seq_len": 400}},
+        "ood": {"number prob 0.1": {"number_prob": 0.1}, "number prob 0.4": {"number_prob": 0.4}},
+        "needle": {"depth 0-0.1": {"min_depth": 0.0, "max_depth": 0.1},
+                   "depth 0.9-1": {"min_depth": 0.9, "max_depth": 1.0},
+                   "length 200": {"seq_len": 200}}}
+
+
+def test_cells_are_the_whole_grid_in_order():
+    sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(),
+                  architectures=("ssm", "transformer"), budgets=(400, 800),
+                  learning_rates=(0.01, 0.003), seeds=(0, 1))
+    ids = [c.id for c in sweep.cells()]
+    assert len(ids) == len(set(ids)) == 16
+    assert ids[:3] == ["ssm-p400-lr0.01-s0", "ssm-p400-lr0.01-s1", "ssm-p400-lr0.003-s0"]
+    assert ids[-1] == "transformer-p800-lr0.003-s1"
+    cell = sweep.cells()[-1]
+    experiment, params = sweep.experiment(cell)
+    assert (experiment.train.learning_rate, experiment.train.seed) == (0.003, 1)
+    assert experiment.name == "expressivity/x/transformer-p800-lr0.003-s1"
+    assert params == parameter_count(experiment.model) and sweep.short_name == "x"
+    with pytest.raises(ValueError, match="'expressivity/x': seeds is empty"):
+        dataclasses.replace(sweep, seeds=())
+    with pytest.raises(ValueError, match="learning_rates is empty"):
+        dataclasses.replace(sweep, learning_rates=())
+    # Repeated grid values made cells with the same id (trained or evaluated twice, counted
+    # twice); a paper row of an unknown architecture broke the report after the whole sweep.
+    with pytest.raises(ValueError, match=r"budgets=\[400, 800, 400\] repeats \[400\]; expected"):
+        dataclasses.replace(sweep, budgets=(400, 800, 400))
+    with pytest.raises(ValueError, match=r"learning_rates=\[0.01, 0.01\] repeats \[0.01\]"):
+        dataclasses.replace(sweep, learning_rates=(0.01, 1e-2))
+    with pytest.raises(ValueError, match=r"paper names unknown architecture\(s\) \['mamba'\]"):
+        dataclasses.replace(sweep, paper=((2000, (("ssm", 0.3), ("mamba", 0.5))),))
+    # Eval variants parsed from --set JSON (lists) become tuples: the sweep stays hashable.
+    listed = dataclasses.replace(sweep, eval_variants=[["long", [["seq_len", 200]]]])
+    assert listed.eval_variants == (("long", (("seq_len", 200),)),) and hash(listed)
+    assert listed.variant_data("long").seq_len == 200
+
+
+def test_missing_variants_and_collect(tmp_path):
+    """`collect` reads only this sweep's cells, in grid order (a shared --out directory holds
+    other sweeps' cells too); `missing_variants` names the variants a summary lacks."""
+    from experiments.expressivity.sweep import cell_summary_path, collect, missing_variants
+
+    sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(400,),
+                  architectures=("transformer", "ssm"),
+                  eval_variants=(("long", (("seq_len", 200),)), ("dense", (("number_prob", 0.4),))))
+    assert missing_variants(sweep, {"accuracy": 0.5, "accuracy[long]": 0.4}) == ["dense"]
+    assert missing_variants(sweep, {"accuracy[dense]": 0.1, "accuracy[long]": 0.4}) == []
+    other = Sweep(name="expressivity/y", data=SelectiveCopyingConfig(), budgets=(400, 800),
+                  architectures=("ssm", "transformer", "attention-ssm"))
+    for i, cell in enumerate(other.cells()):
+        path = cell_summary_path(tmp_path, cell)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"id": cell.id, "i": i}))
+    assert [s["id"] for s in collect(sweep, tmp_path)] == ["transformer-p400-lr0.003-s0",
+                                                           "ssm-p400-lr0.003-s0"]
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (dict(data=SelectiveCopyingConfig(seq_len=30)), "data"),
+    (dict(family=ModelFamily(window=8)), "model"),
+    (dict(train=dataclasses.replace(DEFAULT_TRAIN, steps=700)), "train"),
+])
+def test_a_cell_trained_otherwise_is_refused(tmp_path, change, field):
+    """A cell directory's config.json that differs in data, model or training is another
+    run; the name and description may differ (sweeps share cells)."""
+    from experiments.expressivity.sweep import _check_same_run
+    from hybrid_jax.config import to_dict
+
+    sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(400,))
+    cell = sweep.cells()[0]
+    experiment, _ = sweep.experiment(cell)
+    renamed = dataclasses.replace(experiment, name="other", description="other")
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(renamed)))
+    _check_same_run(experiment, tmp_path)
+    changed, _ = dataclasses.replace(sweep, **change).experiment(cell)
+    with pytest.raises(ValueError, match=rf"differs in \['{field}'\]"):
+        _check_same_run(changed, tmp_path)
