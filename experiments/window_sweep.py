@@ -40,17 +40,26 @@ def parse_windows(text: str) -> list[int | None]:
                              f"commas, got {item!r} in {text!r}")
     if not windows:
         raise ValueError("--windows: no window given")
+    _refuse_repeats("--windows", windows, text)
     return windows
+
+
+def _refuse_repeats(flag: str, items: Sequence[int | None], text: str) -> None:
+    repeated = sorted({FULL if i is None else i for i in items if items.count(i) > 1}, key=str)
+    if repeated:
+        raise ValueError(f"{flag}: {repeated} given more than once in {text!r}")
 
 
 def parse_layers(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(x) for x in text.replace(" ", "").split(",")]
+        layers = [int(x) for x in text.replace(" ", "").split(",")]
     except ValueError:
         raise ValueError(f"--layers: expected layer indices separated by commas, got {text!r}"
                          ) from None
+    _refuse_repeats("--layers", layers, text)
+    return layers
 
 
 def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from experiments.cli import main
-from experiments.window_sweep import parse_windows
+from experiments.window_sweep import parse_layers, parse_windows
 
 TINY_RUN = ["--set", "train.steps=4", "--set", "train.warmup_steps=2",
             "--set", "train.batch_size=4", "--set", "train.log_every=2",
@@ -36,6 +36,13 @@ def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys):
 
 
 def test_bad_window_lists_are_named():
-    assert parse_windows("0, 4,full,None") == [0, 4, None, None]
+    assert parse_windows("0, 4,None") == parse_windows("0,4,full") == [0, 4, None]
+    # A repeat measured the same window twice: two equal rows in the table.
+    with pytest.raises(ValueError, match=r"--windows: \['full'\] given more than once"):
+        parse_windows("4,full,none")
+    with pytest.raises(ValueError, match=r"--windows: \[4\] given more than once"):
+        parse_windows("4,8,4")
+    with pytest.raises(ValueError, match=r"--layers: \[1\] given more than once in '1,0,1'"):
+        parse_layers("1,0,1")
     with pytest.raises(ValueError, match="expected integers >= 0 or 'full'"):
         parse_windows("0,-2")
