@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train = tokenizer_sub.add_parser(
         "train", help="train a byte-level BPE (or word vocabulary) on text files")
     tok_train.add_argument("files", nargs="+", help="text / .gz / .xz / ArrayRecord files or globs")
-    tok_train.add_argument("--vocab-size", type=int, default=8192)
+    tok_train.add_argument("--vocab-size", type=int, default=None,
+                           help="bpe: default 8192; word: the most frequent words (default all)")
     tok_train.add_argument("--kind", choices=("bpe", "word"), default="bpe")
     tok_train.add_argument("--encoding", default="utf-8", help="of the text files")
     tok_train.add_argument("--out", type=Path, required=True,
@@ -549,8 +550,10 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
         raise ValueError(f"--encoding={args.encoding!r}: not a known text encoding") from None
     files = [f for spec in args.files for f in resolve_files(spec, "files")]
     texts = corpus_texts(files, encoding=args.encoding)
-    tokenizer = build_word_vocab(texts) if args.kind == "word" else train_bpe(texts,
-                                                                              args.vocab_size)
+    if args.kind == "word":
+        tokenizer = build_word_vocab(texts, args.vocab_size)
+    else:
+        tokenizer = train_bpe(texts, 8192 if args.vocab_size is None else args.vocab_size)
     out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
     tokenizer.save(out)
     print(f"{args.kind} tokenizer with {tokenizer.vocab_size} tokens written to {out}; use it "

@@ -218,14 +218,20 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) 
     return HFTokenizer(tokenizer)
 
 
-def build_word_vocab(texts: Iterable[str]) -> WordTokenizer:
-    """All whitespace-separated words of `texts`, most frequent first (ties by first use)."""
+def build_word_vocab(texts: Iterable[str], vocab_size: int | None = None) -> WordTokenizer:
+    """The whitespace-separated words of `texts`, most frequent first (ties by first use):
+    all of them, or the `vocab_size − 2` most frequent (the others read as `<unk>`)."""
+    specials = (WORD_EOS, WORD_UNK)
+    if vocab_size is not None and not (isinstance(vocab_size, int) and vocab_size > len(specials)):
+        raise ValueError(f"a word vocabulary needs vocab_size > {len(specials)} ({WORD_EOS}, "
+                         f"{WORD_UNK} and a word), got {vocab_size!r}")
     counts: collections.Counter[str] = collections.Counter()
     for text in texts:
         counts.update(text.split())
-    counts.pop(WORD_EOS, None)
-    counts.pop(WORD_UNK, None)
-    return WordTokenizer([WORD_EOS, WORD_UNK, *(w for w, _ in counts.most_common())])
+    for special in specials:
+        counts.pop(special, None)
+    top = None if vocab_size is None else vocab_size - len(specials)
+    return WordTokenizer([*specials, *(w for w, _ in counts.most_common(top))])
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

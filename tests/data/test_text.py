@@ -80,6 +80,20 @@ def test_word_tokenizer_one_eos_per_line():
     assert tok.decode(ids) == "a b <unk>\n\nc\n"
 
 
+def test_word_vocabulary_keeps_the_most_frequent_words():
+    """`vocab_size` keeps the vocab_size − 2 most frequent words (ties by first use), the rest
+    read as <unk>; too small a size is named."""
+    text = "b c c a a a d b"
+    assert build_word_vocab([text], 4).vocab == ["<eos>", "<unk>", "a", "b"]
+    assert build_word_vocab([text], 100).vocab == build_word_vocab([text]).vocab
+    assert build_word_vocab([text], 4).decode(build_word_vocab([text], 4).encode("a c")) == (
+        "a <unk>")
+    for bad in (2, 0, 3.5):
+        with pytest.raises(ValueError, match=rf"vocab_size > 2 \(<eos>, <unk> and a word\), "
+                                             rf"got {bad}"):
+            build_word_vocab([text], bad)
+
+
 def test_load_tokenizer_errors_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.json"):
         load_tokenizer(tmp_path / "nope.json")

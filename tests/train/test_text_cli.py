@@ -52,6 +52,17 @@ def test_tokenizer_train_writes_a_round_tripping_bpe(corpus, tokenizer_file, cap
     assert tokenizer.vocab_size == 300 and tokenizer.decode(tokenizer.encode(text)) == text
 
 
+def test_tokenizer_train_word_kind_takes_the_vocab_size(corpus, tmp_path, capsys):
+    """`--kind word --vocab-size N` keeps the N − 2 most frequent words (it kept all)."""
+    argv = ["tokenizer", "train", str(corpus / "valid.txt"), "--kind", "word"]
+    assert main([*argv, "--out", str(tmp_path / "all")]) == 0
+    assert main([*argv, "--vocab-size", "5", "--out", str(tmp_path / "five")]) == 0
+    every = load_tokenizer(tmp_path / "all" / "tokenizer.json").vocab
+    assert len(every) > 5
+    assert load_tokenizer(tmp_path / "five" / "tokenizer.json").vocab == every[:5]
+    assert "word tokenizer with 5 tokens" in capsys.readouterr().out
+
+
 def test_run_records_tokenizer_metrics_and_tensorboard(run_dir, tokenizer_file):
     assert (run_dir / "tokenizer.json").read_text() == tokenizer_file.read_text()
     records = read_metrics(run_dir)
