@@ -13,27 +13,39 @@ PANELS = (("loss", "train loss"), ("eval_loss", "eval loss (nats/token)"),
           ("eval_perplexity", "eval perplexity"), ("eval_bits_per_byte", "eval bits per byte"))
 
 
-def _label(run_dir: Path) -> str:
-    config = run_dir / "config.json"
-    name = json.loads(config.read_text()).get("name") if config.is_file() else None
-    return run_dir.name if not name or name == run_dir.name else f"{run_dir.name} ({name})"
+def run_labels(run_dirs: Sequence[Path]) -> list[str]:
+    """Legend labels: each run's folder name and its experiment's name where it differs; runs
+    whose folders share a name are told apart by their paths as given."""
+    def label(run_dir: Path, where: str) -> str:
+        config = run_dir / "config.json"
+        name = json.loads(config.read_text()).get("name") if config.is_file() else None
+        return where if not name or name == run_dir.name else f"{where} ({name})"
+
+    names = [d.name for d in run_dirs]
+    return [label(d, str(d) if names.count(d.name) > 1 else d.name) for d in run_dirs]
 
 
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = False) -> Path:
     """Draws each metric of `PANELS` against the step, one line per run; returns `out`."""
-    runs = [(Path(d), read_metrics(d)) for d in run_dirs]
+    paths = [Path(d) for d in run_dirs]
+    resolved = [d.resolve() for d in paths]
+    repeated = sorted({str(d) for d, r in zip(paths, resolved, strict=True)
+                       if resolved.count(r) > 1})
+    if repeated:
+        raise ValueError(f"run directories given more than once: {repeated}")
+    runs = [(d, read_metrics(d)) for d in paths]
     panels = [(key, title) for key, title in PANELS
               if any(key in r for _, records in runs for r in records)]
     if not panels:
         raise ValueError(f"no loss or eval records in {[str(d) for d in run_dirs]}")
     fig, axes = new_figure(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
-        for run_dir, records in runs:
+        for (_, records), label in zip(runs, run_labels(paths), strict=True):
             points = sorted({r["step"]: r[key] for r in records if key in r}.items())
             if points:
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, marker="o" if len(points) < 20 else None, markersize=3,
-                        label=_label(run_dir))
+                        label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
         if log_y:
