@@ -19,18 +19,18 @@ class PackedWindows:
 
     `pad_last`: also emit the final partial window, padded (mask 0), so evaluation covers the
     whole stream. `token_bytes[vocab]`: adds `target_bytes`, the UTF-8 bytes of each scored
-    target (for bits-per-byte).
+    target (for bits-per-byte). `where` names the stream's source in errors.
     """
 
     def __init__(self, stream: TokenStream, seq_len: int, *, pad_last: bool = False,
-                 token_bytes: np.ndarray | None = None):
+                 token_bytes: np.ndarray | None = None, where: str = "the data"):
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         self.stream, self.seq_len, self.token_bytes = stream, seq_len, token_bytes
         targets = max(len(stream) - 1, 0)
         self._length = (-(-targets // seq_len)) if pad_last else targets // seq_len
         if self._length < 1:
-            raise ValueError(f"the data has {len(stream)} tokens, too few for one sequence of "
+            raise ValueError(f"{where} has {len(stream)} tokens, too few for one sequence of "
                              f"seq_len={seq_len} (+1 for the targets)")
         if len(stream.doc_starts) == 0 or stream.doc_starts[0] != 0:
             first = (f"its first at offset {int(stream.doc_starts[0])}" if len(stream.doc_starts)

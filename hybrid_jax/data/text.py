@@ -180,9 +180,11 @@ class TextData:
     def source(self, split: str, seed: int = 0) -> PackedWindows:
         """Training windows (whole ones), or eval windows (the last one padded, with bytes)."""
         if split == "train":
-            return PackedWindows(self.stream(split), self.seq_len)
+            return PackedWindows(self.stream(split), self.seq_len,
+                                 where=f"data.path={self.config.path!r}")
         return PackedWindows(self.stream(split), self.seq_len, pad_last=True,
-                             token_bytes=self.tokenizer.token_bytes())
+                             token_bytes=self.tokenizer.token_bytes(),
+                             where=f"data.eval_path={self.config.eval_path!r}")
 
     def eval_batches(self, batch_size: int, num_batches: int = 0) -> list[dict[str, np.ndarray]]:
         """The first `num_batches` batches of held-out windows in order (0: all of them); the

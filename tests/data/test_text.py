@@ -269,6 +269,22 @@ def test_windows_refuse_bad_streams_lengths_and_indices():
         windows[-1]
 
 
+def test_too_short_data_names_its_setting(tmp_path):
+    """Too few tokens for one window: the message says which files (train or held-out) and
+    the counts; it said "the data" for both."""
+    (tmp_path / "train.txt").write_text("abcdefghij")  # 10 byte tokens + <eos>
+    (tmp_path / "valid.txt").write_text("")
+    data = TextConfig(path=str(tmp_path / "train.txt"), eval_path=str(tmp_path / "valid.txt"),
+                      tokenizer="byte", seq_len=16).bind(None)
+    with pytest.raises(ValueError, match=rf"^data.path='{tmp_path}/train.txt' has 11 tokens, "
+                                         r"too few for one sequence of seq_len=16 \(\+1 "):
+        data.source("train")
+    with pytest.raises(ValueError, match=rf"^data.eval_path='{tmp_path}/valid.txt' has 0 "
+                                         "tokens"):
+        data.source("eval")
+    assert len(dataclasses.replace(data.config, seq_len=10).bind(None).source("train")) == 1
+
+
 def test_eval_batches_count_every_byte(corpus):
     data = TextConfig(path=str(corpus / "train-0.txt"), eval_path=str(corpus / "valid.txt"),
                       seq_len=16, document_regex=ARTICLE, word_perplexity=True).bind(None)
