@@ -80,13 +80,14 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
 
 def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[str], *,
                   max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-                  top_p: float | None = None, seed: int = 0, stop: Sequence[str] = (),
+                  top_p: float | None = None, seed: int = 0, stop: str | Sequence[str] = (),
                   eos_ids: Sequence[int] | None = None, max_positions: int | None = None,
                   on_text: Callable[[int, str], None] | None = None,
                   modes: Any = None, speculative: int | None = None) -> TextGeneration:
     """Continues each prompt (see the module docstring).
 
-    `eos_ids`: the ids that end a row (default: the tokenizer's EOS). `max_positions`: the
+    `stop`: a stop string or several. `eos_ids`: the ids that end a row (default: the
+    tokenizer's EOS). `max_positions`: the
     model's position limit (e.g. a Hugging Face model's max_position_embeddings); a prompt
     that leaves no room for `max_new_tokens` is an error. `on_text(row, text)` receives each
     row's text as it is generated (streaming). `modes`: an Oryx mode schedule; `speculative`:
@@ -95,6 +96,9 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     """
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
+    stop = [stop] if isinstance(stop, str) else list(stop)  # one string is one stop string
+    if not all(isinstance(s, str) and s for s in stop):
+        raise ValueError(f"stop strings must be non-empty strings, got {stop!r}")
     ids = [tokenizer.encode_prompt(p) for p in prompts]
     empty = [i for i, x in enumerate(ids) if len(x) == 0]
     if empty:

@@ -191,6 +191,12 @@ def test_generate_text_stop_strings_and_streaming(model):
     assert cut.texts[0] == full.texts[1][:full.texts[1].find(stop)]
     assert "".join(pieces) == cut.texts[0]
     assert tokenizer.decode(cut.tokens[0]) == cut.texts[0]  # the ids up to the stop string's
+    # One string is one stop string, not one per character (a two-character stop given as a
+    # string stopped at either character).
+    two = full.texts[1][0] + "\x07"
+    assert two not in full.texts[1]
+    assert hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8,
+                            stop=two).texts == full.texts[1:]
 
 
 def test_generate_text_passes_sampling_and_ragged_prompts_to_generate(model):
@@ -246,6 +252,9 @@ def test_generate_text_errors(model):
         hj.generate_text(model, tokenizer, "hello")
     with pytest.raises(ValueError, match="non-empty list"):
         hj.generate_text(model, tokenizer, [])
+    for stop in ([""], ["a", 5]):  # an empty stop string matched nothing, silently
+        with pytest.raises(ValueError, match=r"stop strings must be non-empty strings, got "):
+            hj.generate_text(model, tokenizer, ["hello"], stop=stop)
     small = hj.create_model(CONFIG.replace(layers=("attention",), vocab_size=100))
     with pytest.raises(ValueError, match=r"tokenizer id 105 is outside the model's "
                                          r"vocab_size=100: is it the run's tokenizer\?"):
