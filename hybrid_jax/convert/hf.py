@@ -78,8 +78,13 @@ def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
     `eos_token_id` its EOS, no BOS, and a `tokenizer_config.json` naming the EOS for
     transformers' `PreTrainedTokenizerFast` (byte and word tokenizers are ours only: their
     tokenizer.json is copied for a re-import, transformers cannot read it). A model with
-    scanned (stacked) layers is written per layer."""
+    scanned (stacked) layers is written per layer. `out` must be new or an empty directory:
+    files of another model there (its shards, its index) would mix with these."""
     run_dir, out = Path(run_dir), Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        found = sorted(p.name for p in out.iterdir())[:4] if out.is_dir() else "a file"
+        raise ValueError(f"export: {out} is not an empty directory (it holds {found}): choose a "
+                         "new --out")
     model = model.with_scan_layers(False)
     base = (read_hf_config(run_dir / HF_CONFIG) if (run_dir / HF_CONFIG).is_file() else None)
     hf = hf_config_from_model(model.config, base)

@@ -222,6 +222,23 @@ def test_export_of_a_model_trained_here_names_its_eos(tmp_path):
     assert load_tokenizer(tmp_path / "hf" / "tokenizer.json").eos_id == tokenizer.eos_id
 
 
+def test_export_refuses_a_directory_that_holds_files(tmp_path):
+    """Exporting over another model's folder (e.g. the imported checkpoint's, with its shards
+    and index) left its files mixed with ours; an empty or new folder is fine."""
+    model, _ = load("llama")
+    (tmp_path / "empty").mkdir()
+    assert export_hf(model, FIXTURES / "llama", tmp_path / "empty") == tmp_path / "empty"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "model.safetensors.index.json").write_text("{}")
+    (tmp_path / "a-file").write_text("")
+    for out, found in [("empty", "'config.json', 'generation_config.json'"),
+                       ("old", "'model.safetensors.index.json'"), ("a-file", "a file")]:
+        with pytest.raises(ValueError, match=rf"export: {tmp_path / out} is not an empty "
+                                             rf"directory \(it holds \[?{found}"):
+            export_hf(model, FIXTURES / "llama", tmp_path / out)
+    assert (tmp_path / "old" / "model.safetensors.index.json").read_text() == "{}"
+
+
 def test_export_of_scanned_layers_is_per_layer(tmp_path):
     model, _ = load("llama")
     export_hf(model.with_scan_layers(True), FIXTURES / "llama", tmp_path / "hf")
