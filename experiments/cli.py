@@ -543,18 +543,23 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     from hybrid_jax.data.corpus import resolve_files
     from hybrid_jax.data.text import TOKENIZER_FILE, corpus_texts
     from hybrid_jax.data.tokenizer import build_word_vocab, train_bpe
+    from hybrid_jax.train.run_dir import run_outputs
 
     try:
         codecs.lookup(args.encoding)
     except LookupError:
         raise ValueError(f"--encoding={args.encoding!r}: not a known text encoding") from None
+    out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
+    trained = run_outputs(out.parent)
+    if trained:  # that run's checkpoints were made with the tokenizer there
+        raise ValueError(f"{out.parent} holds a run ({', '.join(trained)}): its "
+                         f"{out.name} belongs to that run; choose another --out")
     files = [f for spec in args.files for f in resolve_files(spec, "files")]
     texts = corpus_texts(files, encoding=args.encoding)
     if args.kind == "word":
         tokenizer = build_word_vocab(texts, args.vocab_size)
     else:
         tokenizer = train_bpe(texts, 8192 if args.vocab_size is None else args.vocab_size)
-    out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
     tokenizer.save(out)
     print(f"{args.kind} tokenizer with {tokenizer.vocab_size} tokens written to {out}; use it "
           f"with --set data.tokenizer={out} --set model.vocab_size={tokenizer.vocab_size}")

@@ -165,6 +165,16 @@ def test_swapped_tokenizer_is_refused_on_resume(run, corpus, capsys):
     assert "is not the tokenizer checkpoint step 4 was trained with" in err
 
 
+@pytest.mark.parametrize("out", ["{run}", "{run}/tokenizer.json"])
+def test_tokenizer_train_keeps_off_a_trained_run(run, corpus, capsys, out):
+    """Its checkpoints were made with the tokenizer.json there: a new one overwrote it."""
+    before = (run / "tokenizer.json").read_bytes()
+    err = one_line_error(capsys, ["tokenizer", "train", str(corpus / "valid.txt"), "--out",
+                                  out.format(run=run), "--vocab-size", "260"])
+    assert f"{run} holds a run (" in err and "its tokenizer.json belongs to that run" in err
+    assert (run / "tokenizer.json").read_bytes() == before
+
+
 def test_missing_tokenizer_is_named(run, capsys):
     (run / "tokenizer.json").unlink()
     err = one_line_error(capsys, ["eval", str(run)])
