@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     from experiments import registry
     from experiments.expressivity.report import write_report
-    from experiments.expressivity.sweep import CellInterrupted, collect, run_sweep
+    from experiments.expressivity.sweep import SweepStopped, collect, run_sweep
     from hybrid_jax.config import apply_overrides
 
     args = build_parser().parse_args(argv)
@@ -50,12 +50,12 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as e:  # bad overrides, or an output directory trained differently
         print(f"experiments.run {args.name}: error: {e}", file=sys.stderr)
         return 2
-    except (CellInterrupted, KeyboardInterrupt) as e:
-        name = e.signal_name if isinstance(e, CellInterrupted) else "SIGINT"
-        where = f" ({e})" if isinstance(e, CellInterrupted) else ""
+    except (SweepStopped, KeyboardInterrupt) as e:
+        name = e.signal_name if isinstance(e, SweepStopped) else "SIGINT"
+        where = f" ({e})" if isinstance(e, SweepStopped) else ""
         print(f"experiments.run {args.name}: interrupted{where}; finished cells and the "
-              f"interrupted cell's checkpoint are kept in {out}: run the same command again to "
-              "continue", file=sys.stderr)
+              f"checkpoints of interrupted ones are kept in {out}: run the same command again "
+              "to continue", file=sys.stderr)
         return 128 + signal.Signals[name].value
     if rows:
         paths = write_report(sweep, rows, out)

@@ -16,13 +16,16 @@ cell keeps its checkpoint and continues on the next run, no other cell starts.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import multiprocessing
 import os
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,15 +162,46 @@ def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
                          f"{changed}); use another --out directory")
 
 
-class CellInterrupted(Exception):
+class SweepStopped(Exception):
+    """A signal stopped the sweep (`signal_name`); the same command continues it."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+    def __str__(self) -> str:
+        return self.signal_name
+
+
+class CellInterrupted(SweepStopped):
     """A cell's training stopped on a signal (its checkpoint is saved): the sweep stops."""
 
     def __init__(self, cell_id: str, signal_name: str, step: int):
-        super().__init__(cell_id, signal_name, step)  # its args: it pickles from a worker
+        Exception.__init__(self, cell_id, signal_name, step)  # its args: it pickles from a worker
         self.cell_id, self.signal_name, self.step = cell_id, signal_name, step
 
     def __str__(self) -> str:
         return f"{self.signal_name} in cell {self.cell_id} at step {self.step}"
+
+
+@contextlib.contextmanager
+def _sigterm_stops_the_sweep() -> Iterator[None]:
+    """While worker processes run cells: SIGTERM to this process alone (a container's PID 1, a
+    `kill`) raises `SweepStopped` here instead of killing it and orphaning the workers. It is
+    not forwarded: a scheduler that signals every process reaches the workers itself, and a
+    second signal would make their trainers exit without a checkpoint."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SweepStopped(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
@@ -226,8 +260,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
 
     Returns `(summaries of all finished cells, ids of the cells that failed)`. A failed cell
     is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run. A
-    signal (`CellInterrupted` from a cell, KeyboardInterrupt here) cancels the cells not yet
-    started, waits for the running ones and propagates.
+    signal (`CellInterrupted` from a cell; KeyboardInterrupt or, with workers, `SweepStopped`
+    here) starts no other cell, waits for the running ones and propagates.
     """
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs={jobs!r}: expected an integer >= 1 (worker processes)")
@@ -270,8 +304,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
                 finished(cell, None, traceback.format_exc())
     else:
         context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context,
-                                                    initializer=_worker_init) as pool:
+        with _sigterm_stops_the_sweep(), concurrent.futures.ProcessPoolExecutor(
+                jobs, mp_context=context, initializer=_worker_init) as pool:
             # At most `jobs` cells submitted (all running): after a signal none is queued, and
             # leaving the pool waits only for the running ones.
             waiting, running = iter(todo), {}

@@ -179,6 +179,37 @@ def test_a_signal_stops_the_whole_sweep(tmp_path, monkeypatch, capsys, jobs, sto
         assert "interrupted (SIGTERM in cell " in err and " at step 2)" in err
 
 
+def test_sigterm_to_the_sweep_alone_waits_for_its_running_cells(tmp_path, monkeypatch, capsys):
+    """With worker processes, SIGTERM to the sweep's own process only (a container's PID 1):
+    no new cell starts, the running ones finish, exit 143. It used to kill the sweep at once
+    and leave the workers training, orphaned."""
+    import os
+    import signal
+    import time
+
+    import hybrid_jax.train
+
+    started = []
+
+    def train(experiment, run_dir, **kwargs):
+        started.append(run_dir.name)
+        if len(started) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # to the process, not to these "workers"
+        time.sleep(0.5)
+        run_dir.mkdir(parents=True)
+        return {"accuracy": 0.5, "eval_loss": 1.0, "wall_time_s": 1.0}
+
+    monkeypatch.setattr(hybrid_jax.train, "train", train)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _ThreadPool)
+    argv = ["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "2",
+            "--set", 'architectures=["transformer","ssm"]', "--set", "budgets=[400]",
+            "--set", "learning_rates=[0.01,0.003]", "--set", "eval_variants=[]"]
+    assert run_main(argv) == 143
+    assert len(started) == 2 and len(list(tmp_path.glob("cells/*/cell.json"))) == 2
+    assert "interrupted (SIGTERM); finished cells" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
+
+
 def test_jobs_below_one_are_refused(tmp_path, capsys):
     """`--jobs 0` (or -3) ran the cells in this process as if 1."""
     assert run_main(["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "0"]) == 2
