@@ -62,6 +62,23 @@ def run_name(arm: str, learning_rate: float) -> str:
     return f"{arm}-lr{learning_rate:g}"
 
 
+def parse_learning_rates(text: str) -> list[float]:
+    """"1e-3,3e-3" → [0.001, 0.003]; each rate > 0 and given once (its run directory is
+    named by it: a rate given twice was trained twice into one directory, concurrently)."""
+    try:
+        rates = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--learning-rates: expected numbers separated by commas, got "
+                         f"{text!r}") from None
+    if not all(rate > 0 and math.isfinite(rate) for rate in rates):
+        raise ValueError(f"--learning-rates: expected rates > 0, got {text!r}")
+    names = [f"{rate:g}" for rate in rates]
+    repeated = sorted({float(n) for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--learning-rates: {repeated} given more than once in {text!r}")
+    return rates
+
+
 def run_one(out: Path, arm: str, learning_rate: float, *, layers: int, steps: int,
             data_dir: str) -> dict:
     """One (arm, learning rate) run; its row of the table, also written to `RUN/row.json`
@@ -177,6 +194,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=DATA, help="folder holding wikitext-2-raw/")
     parser.add_argument("--only", default="", help="(a worker) 'arm,lr;arm,lr' runs to make")
     args = parser.parse_args(argv)
+    learning_rates = parse_learning_rates(args.learning_rates)
+    if args.workers < 1:
+        raise ValueError(f"--workers: expected an integer >= 1, got {args.workers}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only:
         for item in args.only.split(";"):
@@ -184,7 +204,6 @@ def main(argv=None) -> int:
             run_one(args.out, arm, float(lr), layers=args.layers, steps=args.steps,
                     data_dir=args.data)
         return 0
-    learning_rates = [float(x) for x in args.learning_rates.split(",")]
     summary = run_grid(args.out, layers=args.layers, steps=args.steps,
                        learning_rates=learning_rates, data_dir=args.data, workers=args.workers)
     print(markdown_table(summary["results"], learning_rates))

@@ -253,9 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="persistent compilation cache (default OUT/jax_cache; 'none': off)")
     args = parser.parse_args(argv)
     plan = PLANS[args.size]
-    windows = [int(w) for w in (plan.windows if args.windows is None else args.windows
-                                ).split(",") if w]
-    slots = args.slots or plan.slots
+    windows = parse_windows(plan.windows if args.windows is None else args.windows)
+    slots = plan.slots if args.slots is None else args.slots
+    if slots < 1:
+        raise ValueError(f"--slots: expected an integer >= 1, got {slots}")
     deadline = time.perf_counter() + (args.budget_s or plan.budget_s)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -332,6 +333,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.stage(key, result, started)
     print(report.table(), end="")
     return 0
+
+
+def parse_windows(text: str) -> list[int]:
+    """"64,512" → [64, 512] ('': none); each window ≥ 1 and given once (one run directory
+    and one row per window)."""
+    items = [w for w in text.replace(" ", "").split(",") if w]
+    if not all(w.isdigit() and int(w) >= 1 for w in items):
+        raise ValueError(f"--windows: expected integers >= 1 separated by commas, got {text!r}")
+    windows = [int(w) for w in items]
+    repeated = sorted({w for w in windows if windows.count(w) > 1})
+    if repeated:
+        raise ValueError(f"--windows: {repeated} given more than once in {text!r}")
+    return windows
 
 
 def _read_last(overrides: Sequence[str], key: str) -> str:

@@ -38,12 +38,17 @@ def run_modes(run_dir: Path, batches: int, overrides=()) -> dict[str, dict[str, 
     """{schedule: {recall, attention_fraction, loss}} of the run's latest checkpoint (one
     schedule, SINGLE_MIXER, for a model without Oryx layers)."""
     experiment = apply_overrides(read_experiment(run_dir / "config.json"), overrides)
+    types = sorted({spec.type for spec in experiment.model.layers})
+    if not is_oryx(experiment.model) and len(types) > 1:
+        raise ValueError(f"{run_dir}: a model without Oryx layers is evaluated as a single "
+                         f"mixer (its attention fraction 1 or 0); expected one layer type, "
+                         f"found {types}")
     ts, _ = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh))
     data = bind_data(experiment.data, run_dir, resume=True)
     held_out, _ = held_out_set(data, experiment.train.batch_size, batches, experiment.train.seed)
     if not is_oryx(experiment.model):
         stats = evaluate(ts, held_out)
-        attention = all(spec.type == "attention" for spec in experiment.model.layers)
+        attention = types == ["attention"]
         return {SINGLE_MIXER: {"recall": stats["accuracy"], "loss": stats["loss"],
                                "attention_fraction": float(attention)}}
     results = {}

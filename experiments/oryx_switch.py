@@ -17,6 +17,7 @@ and to the segment means, named by their run directories.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -34,8 +35,21 @@ from hybrid_jax.train.trainer import bind_data, held_out_set, restore_train_stat
 SETTLE = 8  # tokens after a switch reported on their own
 
 
+def check_switches(T: int, switches: list[int]) -> None:
+    """Switch positions are strictly increasing, each inside the row (1 … T−1): unsorted ones
+    undid each other (all-attention rows under the name "switching"), one at or past T made
+    a segment of no tokens."""
+    if any(b <= a for a, b in itertools.pairwise(switches)):
+        raise ValueError(f"--switch: expected strictly increasing positions, got {switches}")
+    outside = [s for s in switches if not 0 < s < T]
+    if outside:
+        raise ValueError(f"--switch: expected positions between 1 and {T - 1} (rows of {T} "
+                         f"tokens), got {outside} in {switches}")
+
+
 def switch_modes(T: int, switches: list[int]) -> np.ndarray:
     """`[T]` modes: attention, then linear from `switches[0]`, attention from `switches[1]` …"""
+    check_switches(T, switches)
     modes = np.full(T, ATTENTION, np.int32)
     for i, start in enumerate(switches):
         modes[start:] = LINEAR if i % 2 == 0 else ATTENTION
@@ -69,6 +83,7 @@ def position_losses(model, batches, modes_T: np.ndarray | None) -> np.ndarray:
 def segments(curves: dict[str, np.ndarray], switches: list[int]) -> list[dict]:
     """Mean loss per schedule over the first SETTLE tokens after each boundary and the rest."""
     T = len(next(iter(curves.values())))
+    check_switches(T, switches)
     edges = [0, *switches, T]
     rows = []
     for start, end in zip(edges[:-1], edges[1:], strict=True):

@@ -129,7 +129,18 @@ def export(out: Path, to: Path) -> None:
             shutil.copyfile(run_dir / name, to / run_dir.name / name)
 
 
+def check_variants(variants: list[str]) -> None:
+    """Each variant known and given once, checked before the first one trains."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")
+    repeated = sorted({v for v in variants if variants.count(v) > 1})
+    if repeated:
+        raise ValueError(f"--variants: {repeated} given more than once in {variants}")
+
+
 def run(data: Path, out: Path, *, variants: list[str], tiny: bool, time_limit: float) -> list:
+    check_variants(variants)
     start, rows = time.perf_counter(), []
     out.mkdir(parents=True, exist_ok=True)
     for variant in variants:

@@ -68,6 +68,32 @@ def experiment(arm: str, *, d_model: int, steps: int, learning_rate: float, warm
                             train=train_config)
 
 
+def parse_runs(text: str) -> list[tuple[str, float]]:
+    """"prenorm,2e-3;post-ln,1e-3" → [("prenorm", 0.002), ("post-ln", 0.001)], checked before
+    the first run trains: arms known, rates > 0, each run (its directory) named once."""
+    runs = []
+    for item in text.split(";"):
+        arm, _, lr = item.partition(",")
+        try:
+            rate = float(lr)
+        except ValueError:
+            rate = math.nan
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"--runs: expected 'arm,learning rate' items (rate > 0) separated "
+                             f"by ';', got {item!r} in {text!r}")
+        if arm not in ARMS:
+            raise ValueError(f"--runs: unknown arm {arm!r} in {item!r}; expected one of "
+                             f"{list(ARMS)}")
+        runs.append((arm, rate))
+    names = [run_name(arm, rate) for arm, rate in runs]
+    repeated = sorted({run for run, name in zip(runs, names, strict=True)
+                       if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"--runs: {', '.join(map(str, repeated))} given more than once in "
+                         f"{text!r}")
+    return runs
+
+
 def run_one(out: Path, arm: str, learning_rate: float, **kwargs) -> dict:
     """One run, its summary row (also `RUN/row.json`; a run that has one is not made again)."""
     run_dir = out / run_name(arm, learning_rate)
@@ -122,11 +148,11 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="folder holding gutenberg/ (default: the "
                         "configs' DATA)")
     args = parser.parse_args(argv)
+    runs = parse_runs(args.runs)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for item in args.runs.split(";"):
-        arm, lr = item.split(",")
-        rows.append(run_one(args.out, arm, float(lr), d_model=args.d_model, steps=args.steps,
+    for arm, lr in runs:
+        rows.append(run_one(args.out, arm, lr, d_model=args.d_model, steps=args.steps,
                             warmup=args.warmup, seq_len=args.seq_len,
                             batch_size=args.batch_size, data_dir=args.data))
     summary_path = args.out / "summary.json"

@@ -4,10 +4,13 @@
 import dataclasses
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from experiments import registry
+from experiments import oryx_modes, oryx_switch, registry
 from experiments.benchmarks import oryx_speculative
 from experiments.cli import main as cli_main
 from experiments.configs.oryx import BASELINES
@@ -15,7 +18,8 @@ from experiments.oryx_modes import SINGLE_MIXER, is_oryx
 from experiments.oryx_modes import main as modes_main
 from experiments.oryx_switch import main as switch_main
 from experiments.oryx_switch import segments, switch_modes
-from hybrid_jax.nn.oryx import ATTENTION, LINEAR
+from hybrid_jax.config import layer
+from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE
 from tests.test_cli import TINY_RUN
 
 
@@ -75,3 +79,154 @@ def test_scripts_on_a_tiny_oryx_run(tmp_path, capsys):
     assert [(r["decoding"], r["k"]) for r in rows] == [("attention", 0), ("speculative", 2)] * 2
     assert all(r["identical"] for r in rows) and 0 <= rows[1]["acceptance"] <= 1
     capsys.readouterr()
+
+
+class _PositionLogits(nnx.Module):
+    """Logits that depend on the position, the row's token and (when given) the mode: a model
+    whose per-position losses numpy can compute."""
+
+    def __init__(self, T, V, uses_modes=True):
+        self.table = nnx.Param(jax.random.normal(jax.random.key(0), (2, T, V)))
+        self.uses_modes = uses_modes
+
+    def __call__(self, inputs, ctx):
+        mode = ctx.extra(MODE) if self.uses_modes else jnp.zeros_like(inputs)
+        return self.table[mode, jnp.arange(inputs.shape[1])] + 0.1 * inputs[..., None]
+
+
+def _numpy_position_losses(table, batches, modes_T):
+    total, count = 0.0, 0.0
+    for batch in batches:
+        logits = table[modes_T, np.arange(len(modes_T))] + 0.1 * batch["inputs"][..., None]
+        nll = (np.log(np.exp(logits).sum(-1))
+               - np.take_along_axis(logits, batch["targets"][..., None], -1)[..., 0])
+        total, count = total + (nll * batch["mask"]).sum(0), count + batch["mask"].sum(0)
+    return total / np.maximum(count, 1)
+
+
+def _batches(T, V):
+    rng = np.random.default_rng(0)
+    batches = []
+    for rows in (3, 2):  # two batches of different sizes; each masks different positions
+        batches.append({"inputs": rng.integers(0, V, (rows, T)).astype(np.int32),
+                        "targets": rng.integers(0, V, (rows, T)).astype(np.int32),
+                        "mask": (rng.random((rows, T)) < 0.7).astype(np.int32),
+                        "target_bytes": np.ones((rows, T), np.int32)})
+    batches[0]["mask"][:, 0] = 0  # position 0 is scored in the second batch only
+    batches[1]["mask"][:, -1] = 0
+    batches[0]["mask"][:, -1] = 0  # the last position is never scored: loss 0, not NaN
+    return batches
+
+
+def test_position_losses_are_masked_means_over_rows_and_batches():
+    T, V = 12, 7
+    model, batches = _PositionLogits(T, V), _batches(T, V)
+    modes = switch_modes(T, [4, 9])
+    got = oryx_switch.position_losses(model, batches, modes)
+    want = _numpy_position_losses(np.asarray(model.table[...]), batches, modes)
+    assert got.shape == (T,) and got[-1] == 0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_switch_main_writes_each_schedule_under_its_own_name(tmp_path, monkeypatch):
+    """The curves of "linear" are those of the all-linear modes (and so on), and the
+    baselines' curves (a model without modes) join every run's segments."""
+    T, V = 12, 7
+    model, baseline, batches = _PositionLogits(T, V), _PositionLogits(T, V, False), _batches(T, V)
+    models = {"run": model, "base": baseline}
+    monkeypatch.setattr(oryx_switch, "_model_and_batches",
+                        lambda run_dir, num: (models[run_dir.name], batches))
+    monkeypatch.setattr(oryx_switch, "plot", lambda *args: None)
+    assert switch_main([str(tmp_path / "run"), "--switch", "3,7", "--baselines",
+                        str(tmp_path / "base"), "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "switch.json").read_text())
+    table = np.asarray(model.table[...])
+    expected = {"attention": np.full(T, ATTENTION), "linear": np.full(T, LINEAR),
+                "switching": switch_modes(T, [3, 7])}
+    for name, modes in expected.items():
+        np.testing.assert_allclose(written["run"]["curves"][name],
+                                   _numpy_position_losses(table, batches, modes), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(written["baselines"]["base"], _numpy_position_losses(
+        np.asarray(baseline.table[...]), batches, np.zeros(T, np.int32)), rtol=1e-5, atol=1e-6)
+    segments_ = written["run"]["segments"]
+    assert [row["positions"] for row in segments_] == [[0, 3], [3, 7], [7, 12]]
+    assert segments_[0]["base"] == pytest.approx(np.mean(written["baselines"]["base"][:3]))
+    assert written["switches"] == [3, 7]
+
+
+def test_segments_shorter_than_the_settling_window():
+    """A segment of fewer than SETTLE tokens is one row, cut at the next switch."""
+    rows = segments({"a": np.arange(30.0)}, [5, 20])  # [0, 5) [5, 13) [13, 20) [20, 28) [28, 30)
+    assert [r["positions"] for r in rows] == [[0, 5], [5, 13], [13, 20], [20, 28], [28, 30]]
+    assert [r["a"] for r in rows] == [2.0, 8.5, 16.0, 23.5, 28.5]
+
+
+@pytest.mark.parametrize("switch, problem", [("176,96", "increasing"), ("5,5", "increasing"),
+                                             ("0,7", "between 1 and 11"),
+                                             ("5,12", "between 1 and 11")])
+def test_switch_positions_out_of_order_or_range_are_refused(switch, problem):
+    """Unsorted switches made all-attention rows silently (the later switch undid the
+    earlier one); one at T made a segment of no tokens (a NaN mean)."""
+    switches = [int(x) for x in switch.split(",")]
+    with pytest.raises(ValueError, match=problem):
+        switch_modes(12, switches)
+    with pytest.raises(ValueError, match=problem):
+        segments({"a": np.zeros(12)}, switches)
+
+
+def _stub_modes_run(monkeypatch, preset):
+    """run_modes on the registered `preset` with restoring and evaluating stubbed: the stub's
+    stats name the schedule they were asked for."""
+    calls = []
+
+    def evaluate(ts, held_out, modes=None):
+        calls.append(modes)
+        fraction = {None: -1.0, "linear": 0.0, "attention": 1.0}.get(modes, 0.25)
+        return {"accuracy": 0.5 + fraction / 4, "loss": 2.0 - fraction,
+                "attention_fraction": fraction}
+
+    monkeypatch.setattr(oryx_modes, "read_experiment", lambda path: registry.get(preset))
+    monkeypatch.setattr(oryx_modes, "restore_train_state", lambda *args: (None, None))
+    monkeypatch.setattr(oryx_modes, "make_mesh", lambda mesh: None)
+    monkeypatch.setattr(oryx_modes, "bind_data", lambda *args, **kwargs: None)
+    monkeypatch.setattr(oryx_modes, "held_out_set", lambda *args: ([], None))
+    monkeypatch.setattr(oryx_modes, "evaluate", evaluate)
+    return calls
+
+
+def test_modes_rows_are_the_schedules_they_name(tmp_path, monkeypatch, capsys):
+    calls = _stub_modes_run(monkeypatch, "mqar-oryx-gdn-tiny")
+    assert modes_main([str(tmp_path), "--out", str(tmp_path / "all.json")]) == 0
+    assert calls == ["linear", "attention", "scored=attention,other=linear"]
+    written = json.loads((tmp_path / "modes.json").read_text())
+    assert written == {
+        "linear": {"recall": 0.5, "loss": 2.0, "attention_fraction": 0.0},
+        "attention": {"recall": 0.75, "loss": 1.0, "attention_fraction": 1.0},
+        "linear + attention on the queries": {"recall": 0.5625, "loss": 1.75,
+                                              "attention_fraction": 0.25}}
+    assert json.loads((tmp_path / "all.json").read_text()) == {str(tmp_path): written}
+    (tmp_path / "modes.json").unlink()  # with --set (other data): not the run's modes.json
+    assert modes_main([str(tmp_path), "--set", "data.seq_len=64"]) == 0
+    assert not (tmp_path / "modes.json").exists()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("preset, fraction", [("mqar4-baseline-transformer-tiny", 1.0),
+                                              ("mqar4-baseline-gdn-tiny", 0.0)])
+def test_single_mixer_row(tmp_path, monkeypatch, preset, fraction):
+    calls = _stub_modes_run(monkeypatch, preset)
+    assert oryx_modes.run_modes(tmp_path, 1) == {
+        SINGLE_MIXER: {"recall": 0.25, "loss": 3.0, "attention_fraction": fraction}}
+    assert calls == [None]
+
+
+def test_a_hybrid_without_oryx_layers_is_refused(tmp_path, monkeypatch):
+    """It was reported as a single mixer with attention fraction 0."""
+    _stub_modes_run(monkeypatch, "mqar4-baseline-gdn-tiny")
+    hybrid = registry.get("mqar4-baseline-gdn-tiny")
+    hybrid = dataclasses.replace(hybrid, model=hybrid.model.replace(
+        layers=(layer("gdn"), layer("attention"))))
+    monkeypatch.setattr(oryx_modes, "read_experiment", lambda path: hybrid)
+    with pytest.raises(ValueError, match=r"expected one layer type, found \['attention', 'gdn'\]"):
+        oryx_modes.run_modes(tmp_path, 1)

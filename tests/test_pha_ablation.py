@@ -9,6 +9,8 @@ import pytest
 
 from experiments import pha_ablation
 from experiments.configs.pha import VARIANTS, ablation_experiment
+from hybrid_jax.data.text import corpus_texts
+from hybrid_jax.data.tokenizer import train_bpe
 
 WORDS = ("the river ran past the mill and the miller sang of bread and of rain while the "
          "children counted boats").split()
@@ -73,3 +75,54 @@ def test_registered_experiments_share_data_tokens_and_seed():
     assert tokens >= 50e6 and experiments[0].data.seq_len == 1024
     assert {(e.model.d_model, len(e.model.layers), e.model.vocab_size) for e in experiments} == {
         (384, 10, 8192)}
+
+
+def test_row_reads_each_column_from_its_source(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({
+        "params": 2_500_000, "eval_perplexity": 30.5, "eval_bits_per_byte": 1.25,
+        "eval_loss": 3.4, "train_loss": 3.1, "wall_time_s": 420.0}))
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in [{"step": 1, "tokens_per_s": 5.0}, {"step": 1},
+                                       {"step": 2, "tokens_per_s": 300.0},
+                                       {"step": 3, "tokens_per_s": 100.0},
+                                       {"step": 4, "tokens_per_s": 200.0}]))
+    experiment = ablation_experiment("pha")
+    train = experiment.train
+    assert pha_ablation.row("pha", tmp_path, experiment) == {
+        "variant": "pha", "experiment": "lm-gutenberg-pha", "params_M": 2.5,
+        "eval_perplexity": 30.5, "eval_bits_per_byte": 1.25, "eval_loss": 3.4,
+        "train_loss": 3.1, "tokens_per_s": 200.0,  # the first (compiling) record left out
+        "tokens_M": train.steps * train.batch_size * 1024 / 1e6, "wall_s": 420.0}
+
+
+def test_markdown_cells():
+    rows = [{"variant": "pha", "params_M": 24.0, "eval_perplexity": 123.456,
+             "eval_bits_per_byte": float("nan"), "eval_loss": 4.5, "train_loss": None,
+             "tokens_per_s": 12345.6, "tokens_M": 52.4288, "wall_s": 99.99},
+            {"variant": "pha-no-gss", "skipped": "time limit 420 s"}]
+    assert pha_ablation.markdown(rows).splitlines()[2:] == [
+        "| pha | 24.000 | 123 | – | 4.500 | – | 12,346 | 52.429 | 99.990 |",
+        "| pha-no-gss | – | – | – | – | – | – | – | – |"]
+
+
+def test_prepare_refuses_too_few_shards_and_trains_the_bpe_on_the_first(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    with pytest.raises(FileNotFoundError, match="expected ≥ 3 train"):
+        pha_ablation.prepare(corpus, tmp_path / "three", shards=3, vocab=300)
+    manifest = pha_ablation.prepare(corpus, tmp_path / "out", shards=2, vocab=300)
+    assert manifest["tokenizer_trained_on"] == "train-00.txt.xz"
+    train_bpe(corpus_texts([corpus / "train-00.txt.xz"]), 300).save(tmp_path / "first.json")
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == (
+        tmp_path / "first.json").read_text()
+
+
+@pytest.mark.parametrize("variants, message", [
+    ("pha,attention-only,pha", r"--variants: \['pha'\] given more than once"),
+    ("pha,transformer", r"--variants: unknown \['transformer'\]; expected some of")])
+def test_unknown_or_repeated_variants_are_refused_before_training(tmp_path, variants, message):
+    """An unknown variant failed only when its turn came (after hours of the others); a
+    repeated one was a second row of the same run."""
+    with pytest.raises(ValueError, match=message):
+        pha_ablation.main(["run", "--data", str(tmp_path), "--out", str(tmp_path / "out"),
+                           "--variants", variants])
+    assert not (tmp_path / "out").exists()
