@@ -177,3 +177,22 @@ def shared_model(config, seed: int = 0):
     """`hj.create_model(config, seed=seed)` as a fresh module per call, initialised (compiled)
     once per (config, seed) in this process: tests that change a module's values do not leak."""
     return nnx.merge(*_model_parts(config, seed))
+
+
+def stub_train(monkeypatch, module, losses, *, nonfinite_at=None, eval_loss=3.25, every=10):
+    """Replaces `module.train` (an experiment's trainer) by one that writes `losses`, a record
+    every `every` steps, to the run's metrics.jsonl, then raises NonFiniteLossError at step
+    `nonfinite_at` or returns `eval_loss`."""
+    import json
+
+    from hybrid_jax.train.trainer import NonFiniteLossError
+
+    def train(config, run_dir, **kwargs):
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": every * i, "loss": loss}) + "\n" for i, loss in enumerate(losses)))
+        if nonfinite_at is not None:
+            raise NonFiniteLossError("loss is nan", nonfinite_at)
+        return {"eval_loss": eval_loss}
+
+    monkeypatch.setattr(module, "train", train)

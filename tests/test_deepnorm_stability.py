@@ -8,7 +8,7 @@ import json
 import pytest
 
 from experiments import deepnorm_stability as ds
-from hybrid_jax.train.trainer import NonFiniteLossError
+from tests.helpers import stub_train
 
 
 def test_arms_differ_only_in_the_residual_scheme():
@@ -26,20 +26,8 @@ def test_arms_differ_only_in_the_residual_scheme():
     assert len({(c.data, c.train) for c in configs.values()}) == 1
 
 
-def _stub_train(monkeypatch, losses, *, nonfinite_at=None, eval_loss=2.5):
-    def train(config, run_dir, **kwargs):
-        run_dir.mkdir(parents=True)
-        (run_dir / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": 5 * i, "loss": loss}) + "\n" for i, loss in enumerate(losses)))
-        if nonfinite_at is not None:
-            raise NonFiniteLossError("loss is nan", nonfinite_at)
-        return {"eval_loss": eval_loss}
-
-    monkeypatch.setattr(ds, "train", train)
-
-
 def test_run_one_row(tmp_path, monkeypatch):
-    _stub_train(monkeypatch, [5.0, 6.0, 3.0, 2.0])
+    stub_train(monkeypatch, ds, [5.0, 6.0, 3.0, 2.0], eval_loss=2.5, every=5)
     row = ds.run_one(tmp_path, "deepnorm", 3e-3, layers=2, steps=20, data_dir="data")
     assert row == {"arm": "deepnorm", "learning_rate": 3e-3, "diverged_at_step": None,
                    "first_train_loss": 5.0, "max_train_loss": 6.0, "final_train_loss": 2.0,
@@ -50,7 +38,7 @@ def test_run_one_row(tmp_path, monkeypatch):
 
 
 def test_run_one_records_the_divergence_step(tmp_path, monkeypatch):
-    _stub_train(monkeypatch, [5.0, 9.0], nonfinite_at=12)
+    stub_train(monkeypatch, ds, [5.0, 9.0], nonfinite_at=12, every=5)
     row = ds.run_one(tmp_path, "post_norm", 0.1, layers=2, steps=20, data_dir="data")
     assert row["diverged_at_step"] == 12 and row["eval_loss"] is None
     assert (row["max_train_loss"], row["final_train_loss"]) == (9.0, 9.0)

@@ -10,7 +10,7 @@ import pytest
 
 from experiments import pha_serial_deepnorm
 from hybrid_jax.nn.blocks import deepnorm_constants
-from hybrid_jax.train.trainer import NonFiniteLossError
+from tests.helpers import stub_train
 
 
 @pytest.mark.slow
@@ -45,18 +45,6 @@ def test_arms_constants_are_deepnets():
     assert got["post-ln"] == (1.0, 1.0) and got["prenorm"] == (None, None)
 
 
-def _stub_train(monkeypatch, losses, nonfinite_at=None):
-    def train(config, run_dir, **kwargs):
-        run_dir.mkdir(parents=True)
-        (run_dir / "metrics.jsonl").write_text("".join(
-            json.dumps({"step": 10 * i, "loss": loss}) + "\n" for i, loss in enumerate(losses)))
-        if nonfinite_at is not None:
-            raise NonFiniteLossError("loss is nan", nonfinite_at)
-        return {"eval_loss": 3.25}
-
-    monkeypatch.setattr(pha_serial_deepnorm, "train", train)
-
-
 KWARGS = dict(d_model=64, steps=30, warmup=1, seq_len=16, batch_size=2, data_dir=None)
 
 
@@ -65,7 +53,7 @@ KWARGS = dict(d_model=64, steps=30, warmup=1, seq_len=16, batch_size=2, data_dir
     ([5.0, 3.0, 3.6], None, True),    # 0.6 above: diverged (the ablation's collapse)
     ([5.0, 4.0], 20, True)])          # a non-finite loss
 def test_run_one_row_and_divergence(tmp_path, monkeypatch, losses, nonfinite_at, diverged):
-    _stub_train(monkeypatch, losses, nonfinite_at)
+    stub_train(monkeypatch, pha_serial_deepnorm, losses, nonfinite_at=nonfinite_at)
     row = pha_serial_deepnorm.run_one(tmp_path, "post-ln", 2e-3, **KWARGS)
     assert row == {"arm": "post-ln", "learning_rate": 2e-3, "alpha": 1.0, "beta": 1.0,
                    "nonfinite_at_step": nonfinite_at, "min_train_loss": min(losses),
