@@ -1,12 +1,21 @@
 """The `hybrid-jax` command end to end on a tiny run: train, eval, generate, list, errors."""
 
+import errno
 import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from flax import nnx
 
+import experiments.cli as cli
 from experiments.cli import main
 from experiments.run import read_experiment
+from hybrid_jax import presets
+from hybrid_jax.cache import decode_cache_bytes
 from hybrid_jax.flops import step_flops
+from hybrid_jax.nn.lm import LanguageModel, count_params
 
 TINY_RUN = ["--set", "train.steps=6", "--set", "train.warmup_steps=2",
             "--set", "train.batch_size=8", "--set", "train.log_every=2",
@@ -60,6 +69,11 @@ def test_eval_with_oryx_modes_reports_attention_tokens_and_cache(tmp_path, capsy
     metrics = json.loads(captured.out.splitlines()[0])
     assert metrics["attention_fraction"] == pytest.approx(2 / 16)
     assert 0 < metrics["cache_kv_bytes"] < metrics["cache_bytes"]
+    # The cache of one held-out batch: 8 rows of 16 tokens (train.batch_size, data.seq_len).
+    config = read_experiment(out / "config.json").model
+    model = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+    assert {k: metrics[k] for k in ("cache_bytes", "cache_kv_bytes", "cache_state_bytes")} == \
+        decode_cache_bytes(model, 8, 16)
     assert "decode cache for one held-out batch" in captured.err
 
 
@@ -77,6 +91,30 @@ def test_list_shows_presets_blocks_experiments(capsys):
     for word in ("presets:", "transformer-125m", "block types:", "attention", "experiments:",
                  "mqar-transformer-tiny"):
         assert word in out
+    # A deep stack of two layer kinds (NHA and full-attention NHA, 24 layers) is counted from
+    # stacks of one and two of each: the count of the whole model, built abstractly.
+    name = "nha-hybrid-340m"
+    config = presets.get(name)
+    assert 3 * len(set(config.layers)) < len(config.layers)  # the shortcut applies
+    full = count_params(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
+    assert cli._param_count(name) == full
+    assert f"  {name:32s} {full / 1e6:8.2f}M  {presets.describe(name)}" in out.splitlines()
+
+
+def test_param_count_of_a_deep_stack_of_two_layer_kinds(monkeypatch):
+    """Mamba-2 and attention layers (of different sizes) alternating, 8 deep: the shortcut's
+    count is the whole model's."""
+    tiny = presets.get("mamba2-hybrid-tiny")
+    deep = tiny.replace(layers=tiny.layers * 4)
+    original = presets.get
+    monkeypatch.setattr(presets, "get", lambda name: deep if name == "deep" else original(name))
+
+    def abstract_count(config) -> int:
+        return count_params(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
+
+    mamba2, attention = (abstract_count(tiny.replace(layers=(spec,))) for spec in tiny.layers)
+    assert mamba2 != attention and 3 * len(set(deep.layers)) < len(deep.layers)
+    assert cli._param_count.__wrapped__("deep") == abstract_count(deep)
 
 
 @pytest.mark.parametrize(
@@ -104,9 +142,94 @@ def test_list_shows_presets_blocks_experiments(capsys):
          "--steps=0: expected a finite value >= 1"),  # it compiled, then had no median
         (["scale", "mqar-transformer-tiny", "--time-limit", "-1"],
          "--time-limit=-1.0: expected a finite value >= 0"),
+        (["scale", "mqar-transformer-tiny", "--time-limit", "inf"],
+         "--time-limit=inf: expected a finite value >= 0"),
+        (["scale", "mqar-transformer-tiny", "--devices", "2,0"],
+         "--devices: expected positive counts, got '2,0'"),
     ],
 )
 def test_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_an_interrupted_train_exits_128_plus_the_signal(monkeypatch, capsys):
+    """The checkpoint is saved; the exit status says which signal stopped it (SIGTERM: 143),
+    and the line names the default run directory runs/NAME to resume in."""
+    calls = []
+
+    def stopped(name, *, out_dir, **kwargs):
+        calls.append(out_dir)
+        return {"interrupted": "SIGTERM", "step": 3}
+
+    monkeypatch.setattr("experiments.run.run_experiment", stopped)
+    assert main(["train", "mqar-transformer-tiny", "--quiet"]) == 143
+    assert calls == [Path("runs") / "mqar-transformer-tiny"]
+    assert capsys.readouterr().out == (
+        "SIGTERM at step 3: checkpoint saved in runs/mqar-transformer-tiny; continue with: "
+        "hybrid-jax train mqar-transformer-tiny --out runs/mqar-transformer-tiny --resume\n")
+
+
+def test_ctrl_c_exits_130_and_the_thread_hook_is_restored(monkeypatch, capsys):
+    hooks = []
+
+    def interrupted(args):
+        hooks.append(threading.excepthook)
+        raise KeyboardInterrupt
+
+    before = threading.excepthook
+    monkeypatch.setitem(cli.COMMANDS, "list", interrupted)
+    assert main(["list"]) == 130
+    assert capsys.readouterr().err == "hybrid-jax list: interrupted\n"
+    assert hooks[0] is not before and threading.excepthook is before
+    monkeypatch.setitem(cli.COMMANDS, "list", lambda args: 0)
+    assert main(["list"]) == 0 and threading.excepthook is before
+    # Debugging: tracebacks everywhere, so neither the thread hook nor Ctrl-C is touched.
+    monkeypatch.setenv("HYBRID_JAX_DEBUG", "1")
+    monkeypatch.setitem(cli.COMMANDS, "list", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["list"])
+    assert hooks[1] is before and threading.excepthook is before
+
+
+@pytest.mark.parametrize("error, line", [
+    # Ours: multi-line text (a listing) is kept whole, on one line.
+    (ValueError("two problems:\nfirst\nsecond"), "two problems: first second"),
+    (FileNotFoundError("runs/x/config.json not found"), "runs/x/config.json not found"),
+    (OSError(errno.ENOSPC, "No space left on device"), "I/O error (disk full): No space left on "
+                                                       "device"),
+    (PermissionError(errno.EACCES, "Permission denied", "/ro/metrics.jsonl"),
+     "I/O error: Permission denied: /ro/metrics.jsonl"),
+    (OSError("tensorstore: write failed\ndump"), "tensorstore: write failed dump"),  # no errno
+    (KeyError("k"), "unexpected KeyError: 'k' (set HYBRID_JAX_DEBUG=1 for the traceback)"),
+    (RuntimeError(), "unexpected RuntimeError:  (set HYBRID_JAX_DEBUG=1 for the traceback)"),
+])
+def test_error_line(error, line):
+    assert cli.error_line(error) == line
+
+
+def test_prompt_file_skips_blank_lines(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("the cat\n\n   \nsat on\n", encoding="utf-8")
+    assert cli._prompts(SimpleNamespace(prompt=None, prompt_file=path)) == ["the cat", "sat on"]
+    path.write_text("\n \n")
+    with pytest.raises(ValueError, match="prompts.txt has no non-empty line"):
+        cli._prompts(SimpleNamespace(prompt=None, prompt_file=path))
+
+
+@pytest.mark.parametrize("hf, gen, limits", [
+    # generation_config.json's eos ids replace config.json's (as in transformers); the
+    # tokenizer's EOS always ends a row too.
+    ({"eos_token_id": 2, "max_position_embeddings": 64}, {"eos_token_id": [7, 5]},
+     (64, [5, 7, 9])),
+    ({"eos_token_id": 2}, None, (None, [2, 9])),
+    ({"eos_token_id": [3, 4]}, {"bos_token_id": 1}, (None, [3, 4, 9])),
+    ({"eos_token_id": 9}, {"eos_token_id": 9}, (None, [9])),
+    (None, None, (None, [9])),  # a trained run: neither file
+])
+def test_generation_limits_of_an_imported_run(tmp_path, hf, gen, limits):
+    for name, content in (("hf_config.json", hf), ("generation_config.json", gen)):
+        if content is not None:
+            (tmp_path / name).write_text(json.dumps(content))
+    assert cli._generation_limits(tmp_path, SimpleNamespace(eos_id=9)) == limits

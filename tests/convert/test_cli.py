@@ -11,7 +11,12 @@ from experiments.run import read_experiment
 from hybrid_jax.config import MeshConfig, ModelConfig
 from hybrid_jax.convert.params import write_conversion
 from hybrid_jax.convert.run_dir import pretrained_experiment, write_run
-from hybrid_jax.data.tokenizer import ByteTokenizer, build_word_vocab, tokenizer_fingerprint
+from hybrid_jax.data.tokenizer import (
+    ByteTokenizer,
+    build_word_vocab,
+    load_tokenizer,
+    tokenizer_fingerprint,
+)
 from hybrid_jax.nn.lm import create_model
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.checkpoint import CheckpointError, saved_steps
@@ -48,7 +53,36 @@ def test_export_and_convert(run_dir, tmp_path, capsys):
     assert (options.window, options.num_slots) == (512, 64)
     assert main(["generate", str(tmp_path / "oryx"), "--prompt-ids", "3 4 5",
                  "--max-new-tokens", "4", "--speculative", "2"]) == 0
-    assert "acceptance rate" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "acceptance rate" in err
+    # 3 prompt tokens + 4 new + room for the 2 drafts of the last round
+    assert "decode cache for 1 x 9 tokens: " in err
+
+
+def test_streaming_prints_what_the_batch_path_prints(run_dir, capsys):
+    """One prompt streams: the prompt once, then each piece as it comes; the output is the
+    --no-stream output. A batch never streams: each prompt and its text on one line. The
+    decode-cache line names the batch and the longest prompt plus the new tokens. (--top-p 1
+    and --top-k at the vocabulary size are the widest allowed values.)"""
+    sampling = ["--temperature", "1", "--top-p", "1", "--top-k", "128", "--seed", "1"]
+    runs = {}
+    for name, prompts, extra in (("stream", ["the cat"], sampling),
+                                 ("plain", ["the cat"], [*sampling, "--no-stream"]),
+                                 ("batch", ["the cat", "a dog sat on it"], []),
+                                 ("batch-plain", ["the cat", "a dog sat on it"],
+                                  ["--no-stream"])):
+        assert main(["generate", str(run_dir), *(a for p in prompts for a in ("--prompt", p)),
+                     "--max-new-tokens", "6", *extra]) == 0
+        runs[name] = capsys.readouterr()
+    assert runs["stream"].out == runs["plain"].out
+    assert runs["stream"].out.startswith("the cat") and runs["stream"].out.endswith("\n")
+    assert runs["batch"].out == runs["batch-plain"].out
+    assert runs["batch"].out.startswith("the cat") and "\na dog sat on it" in runs["batch"].out
+    tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+    one, longest = (len(tokenizer.encode_prompt(p)) for p in ("the cat", "a dog sat on it"))
+    assert one < longest
+    assert f"decode cache for 1 x {one + 6} tokens: " in runs["stream"].err
+    assert f"decode cache for 2 x {longest + 6} tokens: " in runs["batch"].err
 
 
 @pytest.mark.parametrize("args", [["--window", "8"], ["--slots", "4"]])

@@ -63,6 +63,23 @@ def test_tokenizer_train_word_kind_takes_the_vocab_size(corpus, tmp_path, capsys
     assert "word tokenizer with 5 tokens" in capsys.readouterr().out
 
 
+def test_tokenizer_train_reads_the_encoding_and_writes_a_json_path(tmp_path, capsys):
+    """--out ending in .json is the file itself (a folder gets tokenizer.json); --encoding
+    reads the text files; an unknown encoding is refused before any file is read."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9 na\u00efve caf\u00e9\n".encode("latin-1"))
+    out = tmp_path / "words.json"
+    argv = ["tokenizer", "train", str(latin), "--kind", "word", "--out", str(out)]
+    assert main([*argv, "--encoding", "latin-1"]) == 0
+    assert load_tokenizer(out).vocab == ["<eos>", "<unk>", "caf\u00e9", "na\u00efve"]
+    assert capsys.readouterr().out == (
+        f"word tokenizer with 4 tokens written to {out}; use it with --set data.tokenizer={out} "
+        "--set model.vocab_size=4\n")
+    assert main([*argv, "--encoding", "klingon"]) == 2
+    assert capsys.readouterr().err == ("hybrid-jax tokenizer: error: --encoding='klingon': not a "
+                                       "known text encoding\n")
+
+
 def test_run_records_tokenizer_metrics_and_tensorboard(run_dir, tokenizer_file):
     assert (run_dir / "tokenizer.json").read_text() == tokenizer_file.read_text()
     records = read_metrics(run_dir)
