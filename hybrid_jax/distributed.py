@@ -45,6 +45,16 @@ def _from_env(name: str, value):
         raise ValueError(f"{ENVIRONMENT[name]}={text!r}: expected {expected}") from None
 
 
+def _check_coordinator(address: str | None) -> None:
+    """HOST:PORT (JAX's own parse of a port-less address is an IndexError)."""
+    if address is None:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise ValueError(f"coordinator={address!r}: expected HOST:PORT of process 0, e.g. "
+                         "10.0.0.1:1234")
+
+
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, local_device_ids: Sequence[int] | None = None,
                *, auto: bool = False) -> bool:
@@ -64,6 +74,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         raise ValueError(f"a multi-process run needs {', '.join(required)} (flags or "
                          f"{', '.join(ENVIRONMENT[n] for n in required)}); missing: "
                          f"{', '.join(missing)}")
+    _check_coordinator(settings["coordinator"])
+    if settings["num_processes"] is not None and settings["num_processes"] < 1:
+        raise ValueError(f"num_processes={settings['num_processes']}: expected at least 1")
     if settings["num_processes"] is not None and not (
             settings["process_id"] is None or 0 <= settings["process_id"] < settings[
                 "num_processes"]):

@@ -155,7 +155,14 @@ def test_initialize_refuses_incomplete_settings_unless_auto(joined):
         initialize("host0:1234", 2)
     with pytest.raises(ValueError, match=r"process_id=2 is not in \[0, num_processes=2\)"):
         initialize("host0:1234", 2, 2)
+    for address in ("host0", "host0:", ":1234", "host0:http", "host0:70000"):
+        with pytest.raises(ValueError, match=rf"coordinator='{address}': expected HOST:PORT"):
+            initialize(address, 2, 0)  # "host0" was an IndexError inside JAX
+    with pytest.raises(ValueError, match=r"num_processes=0: expected at least 1"):
+        initialize("host0:1234", 0, 0)
     assert joined == []
+    assert initialize("[::1]:1234", 2, 1) is True
+    assert joined.pop()["coordinator_address"] == "[::1]:1234"
     assert initialize(auto=True) is True
     assert initialize(num_processes=2, auto=True) is True
     assert joined == [dict(coordinator_address=None, num_processes=n, process_id=None,
