@@ -75,6 +75,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                          f"{', '.join(ENVIRONMENT[n] for n in required)}); missing: "
                          f"{', '.join(missing)}")
     _check_coordinator(settings["coordinator"])
+    ids = settings["local_device_ids"]
+    if ids is not None and (not ids or min(ids) < 0 or len(set(ids)) < len(ids)):
+        raise ValueError(f"local_device_ids={list(ids)}: expected distinct device indices >= 0")
     if settings["num_processes"] is not None and settings["num_processes"] < 1:
         raise ValueError(f"num_processes={settings['num_processes']}: expected at least 1")
     if settings["num_processes"] is not None and not (

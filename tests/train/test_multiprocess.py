@@ -160,6 +160,9 @@ def test_initialize_refuses_incomplete_settings_unless_auto(joined):
             initialize(address, 2, 0)  # "host0" was an IndexError inside JAX
     with pytest.raises(ValueError, match=r"num_processes=0: expected at least 1"):
         initialize("host0:1234", 0, 0)
+    for ids in ([0, 0], [-1], []):
+        with pytest.raises(ValueError, match=rf"local_device_ids=\{ids}: expected distinct "):
+            initialize("host0:1234", 2, 0, ids)
     assert joined == []
     assert initialize("[::1]:1234", 2, 1) is True
     assert joined.pop()["coordinator_address"] == "[::1]:1234"
