@@ -45,6 +45,8 @@ def main(argv: Sequence[str]) -> int:
         sweep = apply_overrides(registry.get_sweep(args.name), args.overrides)
         if args.report_only:
             rows = collect(sweep, out)
+            if not rows:  # a mistyped --out reported nothing and succeeded
+                raise ValueError(f"--report-only: no finished cell of {args.name} in {out}")
         else:
             rows, failed = run_sweep(sweep, out, jobs=args.jobs)
     except ValueError as e:  # bad overrides, or an output directory trained differently

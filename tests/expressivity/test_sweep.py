@@ -210,6 +210,12 @@ def test_sigterm_to_the_sweep_alone_waits_for_its_running_cells(tmp_path, monkey
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
 
 
+def test_report_only_without_finished_cells_is_an_error(tmp_path, capsys):
+    assert run_main(["expressivity/mqar", "--report-only", "--out", str(tmp_path / "x")]) == 2
+    assert f"--report-only: no finished cell of expressivity/mqar in {tmp_path / 'x'}" in \
+        capsys.readouterr().err
+
+
 def test_jobs_below_one_are_refused(tmp_path, capsys):
     """`--jobs 0` (or -3) ran the cells in this process as if 1."""
     assert run_main(["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "0"]) == 2
