@@ -36,7 +36,7 @@ from flax import nnx
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from jax.sharding import Mesh
 
-from hybrid_jax.config import ExperimentConfig, ModeSchedule, to_dict
+from hybrid_jax.config import ExperimentConfig, ModeSchedule, from_dict, to_dict
 from hybrid_jax.context import EXTRA_PREFIX, TokenContext
 from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
@@ -157,6 +157,23 @@ def check_tokenizer(meta: dict[str, Any], tokenizer: Any, where: Path) -> None:
             f"{where} is not the tokenizer checkpoint step {meta['step']} was trained with "
             f"(fingerprint {found[:12]}, the checkpoint recorded {saved[:12]}): restore the "
             "run's own tokenizer.json")
+
+
+def changed_data_settings(saved: dict[str, Any] | None, experiment: ExperimentConfig
+                          ) -> list[str]:
+    """The settings that decide what a saved data position reads (every `data.*`,
+    `train.batch_size`, `train.seed`) which differ between checkpoint config `saved` and
+    `experiment`: a resume keeps the position (a count of global batches), so after such a
+    change it reads other examples than the run would have read next."""
+    if saved is None:
+        return []
+    as_json = lambda config: json.loads(json.dumps(to_dict(config)))
+    # Parsed first: fields added since the checkpoint was written read as their defaults.
+    saved, now = as_json(from_dict(ExperimentConfig, saved)), as_json(experiment)
+    changed = [f"data.{k}" for k in sorted(set(now["data"]) | set(saved["data"]))
+               if now["data"].get(k) != saved["data"].get(k)]
+    return changed + [f"train.{k}" for k in ("batch_size", "seed")
+                      if now["train"][k] != saved["train"][k]]
 
 
 def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh: Mesh, *,
@@ -402,6 +419,7 @@ class _Run:
         self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
                                                       cfg.eval_batches, cfg.seed)
         self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
+        self.data_changes: list[str] = []
         self.time_limited = False
         self.checkpointer = None if out is None else Checkpointer(
             out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
@@ -433,6 +451,12 @@ class _Run:
         if latest is not None:
             self.log.write({"step": self.step, "event": "resumed"})
             self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
+        if self.data_changes:
+            self.log.write({"step": self.step, "event": "data_changed",
+                            "settings": self.data_changes})
+            self.bar.message(f"note: {', '.join(self.data_changes)} changed since the "
+                             "checkpoint; its data position counts batches of the old "
+                             "settings, so some examples may repeat or be skipped")
         elif damaged:
             self.bar.message("no intact checkpoint left: starting from step 0")
 
@@ -470,6 +494,7 @@ class _Run:
         self.skipped = set(meta.get("skipped_steps", []))
         if "data_state" in meta:  # an imported or converted model has not read data yet
             self.batches.set_state(meta["data_state"])
+            self.data_changes = changed_data_settings(meta.get("config"), self.experiment)
         return ts
 
     def save(self) -> None:

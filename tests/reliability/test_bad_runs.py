@@ -18,7 +18,13 @@ from hybrid_jax.data.tokenizer import WordTokenizer
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.metrics import MetricsLog, read_metrics
 from hybrid_jax.train.run_dir import RunDirError, RunLock, prepare_run_dir, recorded_experiment
-from hybrid_jax.train.trainer import evaluate, nonfinite_message, restore_train_state, train
+from hybrid_jax.train.trainer import (
+    changed_data_settings,
+    evaluate,
+    nonfinite_message,
+    restore_train_state,
+    train,
+)
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 from tests.train.damage import flip_byte, largest_array_file, truncate
 from tests.train.test_text_cli import tiny as text_cli_run
@@ -92,6 +98,33 @@ def test_resume_falls_back_past_a_damaged_checkpoint(run, corpus, capsys):
     # steps 3 and 4 of the first run are logged again: their first records are dropped
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
     assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4, 6]
+
+
+def test_resume_with_other_data_settings_says_the_position_moved(run, corpus, capsys):
+    """The data position is a count of global batches: after a change of data.* or the
+    batch size it reads other examples. The resume says which settings changed (it was
+    silent); a resume without a change says nothing."""
+    def resume(steps: int) -> str:
+        assert main(["train", NAME, "--out", str(run), "--resume", *tiny(corpus, steps=steps),
+                     "--set", "data.seq_len=8", "--set", "train.batch_size=2"]) == 0
+        return capsys.readouterr().out
+
+    assert ("note: data.seq_len, train.batch_size changed since the checkpoint; its data "
+            "position counts batches of the old settings") in resume(6)
+    assert [(r["step"], r["settings"]) for r in read_metrics(run)
+            if r.get("event") == "data_changed"] == [(4, ["data.seq_len", "train.batch_size"])]
+    assert "note:" not in resume(8)
+
+
+def test_changed_data_settings_reads_an_older_config_with_its_defaults(trained):
+    experiment = read_experiment(trained / "config.json")
+    saved = json.loads((trained / "config.json").read_text())
+    del saved["data"]["encoding"]  # as a config written before the field existed
+    assert changed_data_settings(saved, experiment) == []
+    saved["train"]["seed"] = 7
+    saved["data"]["eval_path"] = "other.txt"
+    assert changed_data_settings(saved, experiment) == ["data.eval_path", "train.seed"]
+    assert changed_data_settings(None, experiment) == []
 
 
 def test_resume_moves_every_damaged_checkpoint_then_starts_over(run, corpus, capsys):
