@@ -9,8 +9,8 @@ cell's summary lacks, so sweeps that train the same models (e.g. selective copyi
 length-generalisation and OOD evaluations) can share one output directory; a cell trained with
 a different configuration is an error, not silently reused. Cells run in `jobs` worker
 processes; `report.write_report` turns the summaries into a CSV, Markdown tables and a plot.
-A SIGINT / SIGTERM stops the whole sweep (`CellInterrupted`), not only the cell it reached: that
-cell keeps its checkpoint and continues on the next run, no other cell starts.
+A SIGINT / SIGTERM stops the whole sweep (`SweepStopped`), not only the cell it reached: no
+other cell starts, an interrupted cell keeps its checkpoint and continues on the next run.
 """
 
 from __future__ import annotations
