@@ -55,7 +55,10 @@ def parse_list(text: str, what: str, allowed: Sequence[str] | None = None) -> li
         raise ValueError(f"--{what}: expected a comma-separated list, got {text!r}")
     bad = [item for item in items if allowed is not None and item not in allowed]
     if bad:
-        raise ValueError(f"--{what}: {bad} not in {list(allowed)}")
+        from hybrid_jax.registry import did_you_mean
+
+        raise ValueError(f"--{what}: {bad}{did_you_mean(bad[0], allowed)} not in "
+                         f"{list(allowed)}")
     return items
 
 

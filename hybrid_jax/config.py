@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hybrid_jax.ops.attention import ROPE_SCALING_RULE, is_rope_scaling
-from hybrid_jax.registry import Registry, block_type
+from hybrid_jax.registry import Registry, block_type, did_you_mean
 
 DTYPES = ("float32", "bfloat16", "float16")
 POSITION_EMBEDDINGS = ("none", "learned")
@@ -583,8 +583,8 @@ def _replace_all(config: Any, changes: Mapping[str, Any]) -> Any:
             if isinstance(config, ModelConfig) and not rest:
                 layer_options[head] = value
                 continue
-            raise ValueError(f"unknown config key {head!r} in {type(config).__name__}; "
-                             f"allowed: {names}")
+            raise ValueError(f"unknown config key {head!r} in {type(config).__name__}"
+                             f"{did_you_mean(head, names)}; allowed: {names}")
         if rest:
             nested.setdefault(head, {})[rest] = value
         else:

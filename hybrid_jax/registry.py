@@ -13,9 +13,17 @@ against the block registry.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+
+def did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """The suffix ` (did you mean 'x'?)` naming the choice closest to a mistyped `name`, or ""
+    when none is close: what an error should say before its long list of names."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class Registry:
@@ -49,8 +57,8 @@ class Registry:
     def get(self, name: str) -> Any:
         self._load()
         if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; available {self.kind}s: "
-                             f"{self.names()}")
+            raise ValueError(f"unknown {self.kind} {name!r}{did_you_mean(name, self.names())}; "
+                             f"available {self.kind}s: {self.names()}")
         return self._entries[name]
 
     def __contains__(self, name: str) -> bool:

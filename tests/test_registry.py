@@ -6,9 +6,12 @@ import itertools
 
 import pytest
 
+from experiments.scale import parse_list
+from hybrid_jax.config import TrainConfig, apply_overrides
 from hybrid_jax.registry import (
     Registry,
     block_type,
+    did_you_mean,
     mixer_type,
     register_block,
     register_mixer,
@@ -26,6 +29,23 @@ def test_lookups_name_the_known_entries():
         widgets.get("c")
     with pytest.raises(ValueError, match=r"unknown widget 'c'; available widgets"):
         widgets.describe("c")
+
+
+def test_a_mistyped_name_gets_the_closest_one():
+    """The first thing a long list of names should say: which one was meant."""
+    widgets = Registry("widget")
+    for name in ("gdn-tiny", "gsa-tiny", "mamba2-tiny"):
+        widgets.register(name, 0)
+    with pytest.raises(ValueError, match=r"^unknown widget 'mamba-tiny' \(did you mean "
+                                         r"'mamba2-tiny'\?\); available widgets: \["):
+        widgets.get("mamba-tiny")
+    assert did_you_mean("zzz", widgets.names()) == ""
+    with pytest.raises(ValueError, match=r"unknown config key 'stepz' in TrainConfig \(did you "
+                                         r"mean 'steps'\?\); allowed: \['steps'"):
+        apply_overrides(TrainConfig(), ["stepz=3"])
+    with pytest.raises(ValueError, match=r"--model: \['gdn-tinny'\] \(did you mean 'gdn-tiny'"
+                                         r"\?\) not in \["):
+        parse_list("gdn-tinny", "model", widgets.names())
 
 
 def test_descriptions_default_to_the_values_own():
