@@ -290,7 +290,8 @@ def resolve_options(options_cls: type, model: ModelConfig, overrides: Sequence[t
     overrides = dict(overrides)
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"{where}: unknown option(s) {unknown}; allowed: {sorted(fields)}")
+        raise ValueError(f"{where}: unknown option(s) {unknown}"
+                         f"{did_you_mean(unknown[0], fields)}; allowed: {sorted(fields)}")
     values = {name: getattr(model, name) for name in fields if name in _MODEL_FIELDS}
     values.update(defaults)
     values.update(overrides)
