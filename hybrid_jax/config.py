@@ -397,7 +397,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float | None = 1.0  # global-norm clipping; None disables
     seed: int = 0
-    log_every: int = 50
+    log_every: int = 50  # a metrics line every this many steps, and at the last step
     eval_every: int = 0  # 0: evaluate only at the end
     eval_batches: int = 8  # 0: the whole eval split (text data)
     checkpoint_every: int = 0  # 0: checkpoint only at the end and when interrupted
@@ -419,10 +419,10 @@ class TrainConfig:
         own = "TrainConfig"
         check_types(self)
         _check_nested(self, own, mesh=MeshConfig, mode_schedule=ModeSchedule)
-        for name in ("steps", "batch_size", "grad_accum"):
+        for name in ("steps", "batch_size", "grad_accum", "log_every"):
             if getattr(self, name) < 1:
                 _fail(own, name, getattr(self, name), "expected a positive integer")
-        for name in ("warmup_steps", "log_every", "eval_every", "eval_batches",
+        for name in ("warmup_steps", "eval_every", "eval_batches",
                      "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
                 _fail(own, name, getattr(self, name), "expected an integer >= 0")

@@ -518,7 +518,7 @@ class _Run:
             raise NonFiniteLossError(nonfinite_message(step, values["loss"],
                                                        values["grad_norm"]), step)
         cfg = self.cfg
-        if step % max(cfg.log_every, 1) == 0 or step == cfg.steps:
+        if step % cfg.log_every == 0 or step == cfg.steps:
             now = time.perf_counter()
             seconds = max(now - self.last_time, 1e-9)
             values["tokens_per_s"] = self.tokens_per_step * (step - self.last_step) / seconds

@@ -46,7 +46,9 @@ TRAIN_CASES = [
     (dict(grad_clip=math.inf), r"TrainConfig.grad_clip=inf: expected None \(no clipping\) or"),
     (dict(grad_accum=0), r"TrainConfig.grad_accum=0: expected a positive integer"),
     (dict(warmup_steps=-1), r"TrainConfig.warmup_steps=-1: expected an integer >= 0"),
-    (dict(log_every=-1), r"TrainConfig.log_every=-1: expected an integer >= 0"),
+    (dict(log_every=-1), r"TrainConfig.log_every=-1: expected a positive integer"),
+    # 0 logged every step (it reads like eval_every=0, "only at the end")
+    (dict(log_every=0), r"TrainConfig.log_every=0: expected a positive integer"),
     (dict(eval_every=-1), r"TrainConfig.eval_every=-1: expected an integer >= 0"),
     (dict(checkpoint_every=-1), r"TrainConfig.checkpoint_every=-1: expected an integer >= 0"),
     (dict(freeze=3), r"TrainConfig.freeze=3: expected a string"),
