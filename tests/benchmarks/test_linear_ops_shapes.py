@@ -1,5 +1,6 @@
 """linear_ops at several head layouts: rows of ours, fla's and cuDNN's pair only at one shape,
-and the GDN kernel variants start from each shape's own default tiles."""
+and the GDN kernel variants start from each shape's own default tiles; the ratio columns, fla's
+fastest of several runs and the issue's targets by hand."""
 
 from __future__ import annotations
 
@@ -99,3 +100,65 @@ def test_bad_shapes_stop_the_run_before_the_peer(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         linear_ops.main()
     assert "got 3 numbers" in capsys.readouterr().err
+
+
+def test_ratio_columns_by_hand():
+    """Each ratio is ours / the peer's, of the time its column names (fwd, fwd+bwd)."""
+    row = {"fwd_ms": 2.0, "fwd_bwd_ms": 9.0}
+    linear_ops._ratios(row, {"fwd_ms": 4.0, "fwd_bwd_ms": 3.0}, {"fwd_ms": 1.0,
+                                                                 "fwd_bwd_ms": 6.0})
+    assert row == {"fwd_ms": 2.0, "fwd_bwd_ms": 9.0, "vs_fla_fwd": 0.5, "vs_fla_fwd_bwd": 3.0,
+                   "vs_cudnn_fwd_bwd": 1.5}
+    row = {"fwd_ms": 2.0, "error": "fwd+bwd failed"}
+    linear_ops._ratios(row, None, {"fwd_ms": 1.0, "fwd_bwd_ms": 6.0})
+    assert row == {"fwd_ms": 2.0, "error": "fwd+bwd failed"}
+
+
+def test_several_fla_runs_keep_each_fastest_time(monkeypatch):
+    row = lambda fwd, fwd_bwd: {"op": GDN, "impl": "fla", **SMALL.fields(GDN),  # noqa: E731
+                                "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd}
+    runs = iter([[row(1.0, 3.0)], [row(0.8, 3.5)]])
+    monkeypatch.setattr(linear_ops, "run_json_lines", lambda *a, **k: (next(runs), ""))
+    [peer] = linear_ops.fla_rows("2x32", GDN, timeout=100, runs=2)
+    assert (peer["fwd_ms"], peer["fwd_bwd_ms"]) == (0.8, 3.0)
+    assert (peer["fwd_ms_runs"], peer["fwd_bwd_ms_runs"]) == ([1.0, 0.8], [3.0, 3.5])
+
+
+def test_ops_of_one_shape_share_the_cudnn_row_and_keep_fla_rows(monkeypatch):
+    """SSD and the gated delta rule at one [B, T, H, K]: cuDNN is timed once, and both ops'
+    rows have their ratio to it; the peer's rows are in the table."""
+    monkeypatch.setattr(linear_ops, "measure", fake_measure)
+    peers = [{"op": op, "impl": "fla", **SMALL.fields(op), "fwd_ms": 4.0, "fwd_bwd_ms": 8.0}
+             for op in ("ssd", GDN)]
+    args = argparse.Namespace(shapes="2x32", ops=f"ssd,{GDN}", impls="xla", variants="none")
+    rows = linear_ops.part_table(args, peers, None, deadline=float("inf"), emit=lambda r: None)
+    ours = {r["op"]: r for r in rows if r["impl"] == "xla"}
+    assert set(ours) == {"ssd", GDN}
+    assert all(r["vs_cudnn_fwd_bwd"] == 10.0 and r["vs_fla_fwd"] == 40.0
+               for r in ours.values())
+    assert [r["impl"] for r in rows].count("cudnn causal") == 1
+    assert sorted(r["op"] for r in rows if r["impl"] == "fla") == [GDN, "ssd"]
+
+
+def test_targets_take_our_fastest_row_against_the_peer(capsys):
+    shape = MixerShape(2, 32)
+    at = lambda op, impl, fwd, fwd_bwd: {"op": op, "impl": impl, **shape.fields(op),  # noqa: E731
+                                         "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd}
+    rows = [at("attention", "cudnn causal", 1.0, 4.0), at("ssd", "xla", 2.0, 6.0),
+            at("ssd", "pallas", 1.0, 3.0), at("ssd", "fla", 1.25, 2.0)]
+    linear_ops.print_targets(rows, shape)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        "target ssd fwd_ms: ours (pallas) 1 ms = 0.80 x fla 1.25 ms; needs <= 0.83: met",
+        "target ssd fwd_bwd_ms: ours (pallas) 3 ms = 0.75 x cudnn 4 ms; needs <= 1.50: met"]
+    assert "target gated_delta_rule fwd_ms vs fla: not measured" in lines
+
+
+def test_ssd_inputs_read_k_as_the_state_size_and_v_as_the_head_dim():
+    import jax
+
+    x, dt, a, b, c = linear_ops.make_inputs("ssd", WIDE, jax.random.key(0))
+    assert x.shape == (2, 32, 3, 128) and b.shape == c.shape == (2, 32, 1, 64)
+    assert dt.shape == (2, 32, 3) and a.shape == (3,)
+    q, k, v = linear_ops.make_inputs("attention", WIDE, jax.random.key(0))
+    assert q.shape == k.shape == v.shape == (2, 32, 3, 64)

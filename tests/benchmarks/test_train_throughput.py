@@ -36,6 +36,18 @@ def test_ratios_against_the_baseline_and_the_torch_peer():
     assert rows[1]["vs_base"] == 1.0 and rows[2]["vs_base"] == pytest.approx(120 / 90)
 
 
+def test_ratios_pair_rows_of_the_same_data():
+    """Unpacked random-token rows are compared with the baseline's unpacked row, packed text
+    rows with its packed one."""
+    row = lambda model, tps, data: {"model": model, "T": 8, "data": data, "scan": False,  # noqa: E731
+                                    "remat": "none", "attn": "auto", "conv": "auto",
+                                    "impl": "jax", "tokens_per_s": tps}
+    rows = [row("t", 100.0, "text"), row("t", 200.0, "random, unpacked"),
+            row("g", 150.0, "text"), row("g", 50.0, "random, unpacked")]
+    add_ratios(rows, "t")
+    assert [r["vs_base"] for r in rows] == [1.0, 1.0, 1.5, 0.25]
+
+
 def test_only_full_window_nha_layers_are_forced():
     forced = with_full_window_nha(model_config("nha-hybrid-tiny"), "attention").layers
     assert [dict(spec.options).get("implementation") for spec in forced] == [None, "attention"]
@@ -106,3 +118,134 @@ def test_bad_kernel_changes_are_refused_with_what_was_expected(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="expected"):
         parse_kernel_changes(text)
+
+
+def test_flops_columns_by_hand():
+    """transformer-tiny (2 layers, 4 heads of 16): 4·64 FLOPs a visible (query, key) pair a
+    layer; two batches of 2 rows of 8 tokens, one document a row (36 pairs) and two of 4 (20
+    pairs): the model count is their mean; 6N is 3 × the matmul count; MFU against the peak
+    and the same-run matmul."""
+    import numpy as np
+
+    from experiments.benchmarks.train_throughput import flops_columns
+    from hybrid_jax.flops import step_flops
+
+    config = model_config("transformer-tiny")
+    matmul = step_flops(config, 8).matmul
+    one, two = np.zeros((2, 8), np.int32), np.repeat([[0, 1]], 4, axis=1).repeat(2, axis=0)
+    host = [{"inputs": one, "segment_ids": one}, {"inputs": one, "segment_ids": two}]
+    row = flops_columns(config, host, seconds=0.5, peak=1e15, matmul_tflops=4.0)
+    model = 3 * (matmul + 2 * 4 * 64 * (36 / 8 + 20 / 8) / 2)
+    per_s = 2 * 8 / 0.5
+    assert row["tflops"] == pytest.approx(model * per_s / 1e12, rel=1e-12)
+    assert row["tflops_6n"] == pytest.approx(3 * matmul * per_s / 1e12, rel=1e-12)
+    assert row["mfu_6n"] == pytest.approx(3 * matmul * per_s / 1e15, rel=1e-12)
+    assert row["mfu_model"] == pytest.approx(model * per_s / 1e15, rel=1e-12)
+    assert row["mfu_6n_matmul"] == pytest.approx(3 * matmul * per_s / 1e12 / 4.0, rel=1e-12)
+    assert row["mfu_model_matmul"] == pytest.approx(model * per_s / 1e12 / 4.0, rel=1e-12)
+    assert flops_columns(config, host, 0.5, None, 4.0)["mfu_6n"] is None
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_run_one_times_the_steps_after_the_warm_up_up_to_the_devices_wait(monkeypatch):
+    """Two warm-up steps (10 s each) outside the time; 4 timed steps of 0.25 s dispatch and
+    the device's 0.5 s still to wait when the last loss is read: 1.5 s / 4 steps. 100 tokens a
+    step at T 32 is a batch of 3 rows: 96 tokens."""
+    import argparse
+
+    import experiments.benchmarks.train_throughput as throughput
+
+    clock = _Clock()
+    monkeypatch.setattr(throughput, "time", clock)
+
+    class Loss:
+        def __float__(self):
+            clock.now += 0.5
+            return 2.0
+
+    durations = iter([10.0, 10.0] + [0.25] * 4)
+
+    def step(state, batch):
+        clock.now += next(durations)
+        return state, {"loss": Loss()}
+
+    built = throughput.Built(config=None, step=step, state=0, host=[], batches=[0, 1, 2, 3],
+                             info={"compile_s": 1.0, "mem_GiB": 0.5}, params=None)
+    monkeypatch.setattr(throughput, "build_step", lambda *a, **kw: built)
+    seen = []
+    monkeypatch.setattr(throughput, "flops_columns",
+                        lambda config, host, seconds, *a: seen.append(seconds) or {})
+    args = argparse.Namespace(scan=False, tokens=100, remat="none", conv=None, nha=None,
+                              data="", oryx_modes="random_chunks", steps=4, peak=None,
+                              matmul_tflops=1.0)
+    row = throughput.run_one("transformer-tiny", 32, args, packed=True)
+    assert seen == [0.375] and row["step_ms"] == 375.0
+    assert row["B"] == 3 and row["tokens_per_s"] == 96 / 0.375 and row["loss"] == 2.0
+    assert (row["compile_s"], row["mem_GiB"]) == (1.0, 0.5) and "error" not in row
+
+
+def test_torch_peer_runs_the_rows_shape_and_reads_its_numbers(monkeypatch):
+    import argparse
+    import types
+
+    import experiments.benchmarks.train_throughput as throughput
+
+    commands = []
+    line = json.dumps({"compile_s": 1.5, "step_ms": 2.5, "tokens_per_s": 3.5, "peak_GiB": 4.5})
+    monkeypatch.setattr(throughput.subprocess, "run", lambda command, **kw: commands.append(
+        command) or types.SimpleNamespace(stdout="torch 2.x\n" + line + "\n", stderr=""))
+    row = throughput.torch_peer("transformer-tiny", 32, argparse.Namespace(tokens=64, steps=5))
+    flag = lambda name: commands[0][commands[0].index(name) + 1]  # noqa: E731
+    config = model_config("transformer-tiny")
+    assert (flag("--batch"), flag("--length"), flag("--steps")) == ("2", "32", "5")
+    assert (flag("--layers"), flag("--d-model"), flag("--heads"), flag("--ffn")) == (
+        "2", "64", "4", str(config.resolved_ffn_dim))
+    assert row == {"model": "transformer-tiny", "T": 32, "B": 2, "data": "random (torch)",
+                   "impl": "torch", "compile_s": 1.5, "step_ms": 2.5, "tokens_per_s": 3.5,
+                   "mem_GiB": 4.5}
+
+
+def test_memory_is_arguments_and_temporaries():
+    import types
+
+    from experiments.benchmarks.train_throughput import _memory_gib
+
+    analysis = types.SimpleNamespace(argument_size_in_bytes=2**30, temp_size_in_bytes=2**29)
+    assert _memory_gib(types.SimpleNamespace(memory_analysis=lambda: analysis)) == 1.5
+
+
+def test_matmul_tflops_counts_two_flops_a_multiply_add(monkeypatch):
+    import types
+
+    import experiments.benchmarks.train_throughput as throughput
+
+    times = iter([0.0, 2.0])
+    monkeypatch.setattr(throughput, "time", types.SimpleNamespace(
+        perf_counter=lambda: next(times)))
+    # 20 products of 8 × 8 matrices in 2 s, 8 · 8 · 8 multiply-adds each
+    assert throughput.matmul_tflops(8) == 20 * 8 * 8 * 8 * 2 / 2.0 / 1e12
+
+
+def test_the_peak_and_the_matmul_reach_the_rows_and_the_json(tmp_path, monkeypatch):
+    import experiments.benchmarks.train_throughput as throughput
+
+    monkeypatch.setattr(throughput, "device_peak_flops", lambda: 1e15)
+    monkeypatch.setattr(throughput, "matmul_tflops", lambda size: 250.0)
+    out = tmp_path / "t.json"
+    assert main(["--models", "transformer-tiny", "--lengths", "32", "--tokens", "256",
+                 "--steps", "1", "--torch", "", "--unpacked", "", "--matmul-size", "128",
+                 "--out", str(out)]) == 0
+    record = json.loads(out.read_text())  # (batch 8: one row a CPU device)
+    assert (record["peak_tflops"], record["matmul_tflops"], record["matmul_size"]) == (
+        1000.0, 250.0, 128)
+    [row] = record["rows"]
+    assert row["mfu_6n"] == pytest.approx(row["tflops_6n"] / 1000.0)
+    assert row["mfu_model_matmul"] == pytest.approx(row["tflops"] / 250.0)
+    assert row["tokens_per_s"] == pytest.approx(256 / (row["step_ms"] / 1e3))
