@@ -196,3 +196,13 @@ def stub_train(monkeypatch, module, losses, *, nonfinite_at=None, eval_loss=3.25
         return {"eval_loss": eval_loss}
 
     monkeypatch.setattr(module, "train", train)
+
+
+class FakeClock:
+    """A `time` module stand-in whose `perf_counter` moves only when a test sets `now`."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now

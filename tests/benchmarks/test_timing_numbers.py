@@ -13,20 +13,11 @@ import jax.numpy as jnp
 import pytest
 
 from experiments.benchmarks import timing
-
-
-class Clock:
-    """A `time` stand-in whose `perf_counter` moves only when a fake op says so."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
+from tests.helpers import FakeClock
 
 
 def test_time_compiled_is_the_median_ms_per_call_after_the_warm_up(monkeypatch):
-    clock = Clock()
+    clock = FakeClock()
     monkeypatch.setattr(timing, "time", clock)
     monkeypatch.setattr(timing, "WARMUP_S", 1.0)
     # Two warm-up calls of 5 s, then 3 repeats of 2 calls of 0.25, 0.5 and 2 s each.

@@ -12,6 +12,7 @@ from experiments.benchmarks.train_throughput import (
     model_config,
     with_full_window_nha,
 )
+from tests.helpers import FakeClock
 
 
 def test_ratios_against_the_baseline_and_the_torch_peer():
@@ -146,14 +147,6 @@ def test_flops_columns_by_hand():
     assert flops_columns(config, host, 0.5, None, 4.0)["mfu_6n"] is None
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self):
-        return self.now
-
-
 def test_run_one_times_the_steps_after_the_warm_up_up_to_the_devices_wait(monkeypatch):
     """Two warm-up steps (10 s each) outside the time; 4 timed steps of 0.25 s dispatch and
     the device's 0.5 s still to wait when the last loss is read: 1.5 s / 4 steps. 100 tokens a
@@ -162,7 +155,7 @@ def test_run_one_times_the_steps_after_the_warm_up_up_to_the_devices_wait(monkey
 
     import experiments.benchmarks.train_throughput as throughput
 
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(throughput, "time", clock)
 
     class Loss:
