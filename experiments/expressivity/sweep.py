@@ -16,7 +16,6 @@ other cell starts, an interrupted cell keeps its checkpoint and continues on the
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -25,7 +24,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,24 +183,34 @@ class CellInterrupted(SweepStopped):
         return f"{self.signal_name} in cell {self.cell_id} at step {self.step}"
 
 
-@contextlib.contextmanager
-def _sigterm_stops_the_sweep() -> Iterator[None]:
-    """While worker processes run cells: SIGTERM to this process alone (a container's PID 1, a
-    `kill`) raises `SweepStopped` here instead of killing it and orphaning the workers. It is
-    not forwarded: a scheduler that signals every process reaches the workers itself, and a
-    second signal would make their trainers exit without a checkpoint."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _StopSignals:
+    """While worker processes run cells, in this (main) process: the first SIGINT / SIGTERM
+    only records its name (`received`), so the sweep starts no other cell and waits for the
+    running ones; a second raises `SweepStopped` at once. Nothing is raised inside the pool's
+    bookkeeping on the first, and nothing is forwarded: a terminal's Ctrl-C or a scheduler
+    that signals every process reaches the workers itself (their trainers checkpoint and stop),
+    and a second signal would make those exit without a checkpoint. SIGTERM to this process
+    alone (a container's PID 1, a `kill`) used to kill it and orphan the workers."""
 
-    def stop(signum: int, frame: Any) -> None:
-        raise SweepStopped(signal.Signals(signum).name)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            raise SweepStopped(signal.Signals(signum).name)
+        self.received = signal.Signals(signum).name
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
@@ -260,8 +269,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
 
     Returns `(summaries of all finished cells, ids of the cells that failed)`. A failed cell
     is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run. A
-    signal (`CellInterrupted` from a cell; KeyboardInterrupt or, with workers, `SweepStopped`
-    here) starts no other cell, waits for the running ones and propagates.
+    signal (`CellInterrupted` from a cell; here KeyboardInterrupt, or with workers
+    `_StopSignals`) starts no other cell, waits for the running ones and raises.
     """
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs={jobs!r}: expected an integer >= 1 (worker processes)")
@@ -304,22 +313,22 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
                 finished(cell, None, traceback.format_exc())
     else:
         context = multiprocessing.get_context("spawn")
-        with _sigterm_stops_the_sweep(), concurrent.futures.ProcessPoolExecutor(
+        with _StopSignals() as stop, concurrent.futures.ProcessPoolExecutor(
                 jobs, mp_context=context, initializer=_worker_init) as pool:
             # At most `jobs` cells submitted (all running): after a signal none is queued, and
             # leaving the pool waits only for the running ones.
             waiting, running = iter(todo), {}
 
             def submit_next() -> None:
-                cell = next(waiting, None)
+                cell = None if stop.received else next(waiting, None)
                 if cell is not None:
                     running[pool.submit(run_cell, sweep, cell, out_dir)] = cell
 
             for _ in range(jobs):
                 submit_next()
             while running:
-                done_now, _ = concurrent.futures.wait(
-                    running, return_when=concurrent.futures.FIRST_COMPLETED)
+                done_now, _ = concurrent.futures.wait(  # a timeout: a signal is seen soon
+                    running, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED)
                 for future in done_now:
                     cell = running.pop(future)
                     try:
@@ -329,6 +338,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
                     except Exception:  # noqa: BLE001
                         finished(cell, None, traceback.format_exc())
                     submit_next()
+            if stop.received:
+                raise SweepStopped(stop.received)
     return collect(sweep, out_dir), failed
 
 

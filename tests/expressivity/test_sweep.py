@@ -193,8 +193,11 @@ def test_sigterm_to_the_sweep_alone_waits_for_its_running_cells(tmp_path, monkey
 
     def train(experiment, run_dir, **kwargs):
         started.append(run_dir.name)
-        if len(started) == 1:
-            os.kill(os.getpid(), signal.SIGTERM)  # to the process, not to these "workers"
+        if len(started) == 1:  # once both cells run: to the process, not to these "workers"
+            for _ in range(100):
+                if len(started) < 2:
+                    time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
         run_dir.mkdir(parents=True)
         return {"accuracy": 0.5, "eval_loss": 1.0, "wall_time_s": 1.0}
@@ -204,16 +207,38 @@ def test_sigterm_to_the_sweep_alone_waits_for_its_running_cells(tmp_path, monkey
     argv = ["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "2",
             "--set", 'architectures=["transformer","ssm"]', "--set", "budgets=[400]",
             "--set", "learning_rates=[0.01,0.003]", "--set", "eval_variants=[]"]
+    before = signal.getsignal(signal.SIGTERM)
     assert run_main(argv) == 143
     assert len(started) == 2 and len(list(tmp_path.glob("cells/*/cell.json"))) == 2
     assert "interrupted (SIGTERM); finished cells" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
+    assert signal.getsignal(signal.SIGTERM) == before  # restored
 
 
 def test_report_only_without_finished_cells_is_an_error(tmp_path, capsys):
     assert run_main(["expressivity/mqar", "--report-only", "--out", str(tmp_path / "x")]) == 2
     assert f"--report-only: no finished cell of expressivity/mqar in {tmp_path / 'x'}" in \
         capsys.readouterr().err
+
+
+def test_a_second_signal_to_the_sweep_stops_it_at_once():
+    """The first SIGINT / SIGTERM is only recorded (nothing raised inside the pool's
+    bookkeeping); a second one raises; the handlers are restored after."""
+    import os
+    import signal
+    import time
+
+    from experiments.expressivity.sweep import SweepStopped, _StopSignals
+
+    def deliver(signum):
+        os.kill(os.getpid(), signum)
+        time.sleep(0.05)  # the handler runs in this thread at its next bytecode
+
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    with pytest.raises(SweepStopped, match="SIGINT"), _StopSignals() as stop:
+        deliver(signal.SIGTERM)
+        assert stop.received == "SIGTERM"
+        deliver(signal.SIGINT)
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
 
 
 def test_jobs_below_one_are_refused(tmp_path, capsys):
