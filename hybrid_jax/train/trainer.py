@@ -451,12 +451,12 @@ class _Run:
         if latest is not None:
             self.log.write({"step": self.step, "event": "resumed"})
             self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
-        if self.data_changes:
-            self.log.write({"step": self.step, "event": "data_changed",
-                            "settings": self.data_changes})
-            self.bar.message(f"note: {', '.join(self.data_changes)} changed since the "
-                             "checkpoint; its data position counts batches of the old "
-                             "settings, so some examples may repeat or be skipped")
+            if self.data_changes:
+                self.log.write({"step": self.step, "event": "data_changed",
+                                "settings": self.data_changes})
+                self.bar.message(f"note: {', '.join(self.data_changes)} changed since the "
+                                 "checkpoint; its data position counts batches of the old "
+                                 "settings, so some examples may repeat or be skipped")
         elif damaged:
             self.bar.message("no intact checkpoint left: starting from step 0")
 

@@ -91,6 +91,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint(run, corpus, capsys):
     out = capsys.readouterr().out
     assert "checkpoints/4 is damaged" in out and "damaged_checkpoints/4" in out
     assert "resumed from" in out and out.index("damaged") < out.index("resumed from")
+    assert "no intact checkpoint left" not in out  # it resumed from step 2
     assert (run / "damaged_checkpoints" / "4").is_dir()
     events = [r for r in read_metrics(run) if "event" in r]
     assert [(e["event"], e["step"]) for e in events] == [("damaged_checkpoint", 4),
