@@ -513,6 +513,12 @@ class ExperimentConfig:
 # --- overrides and JSON ------------------------------------------------------------------------
 
 
+def as_json(config: Any) -> Any:
+    """`to_dict(config)` as its JSON reads back (tuples as lists): the form in which a saved
+    config and a live one compare equal exactly when they would be saved alike."""
+    return json.loads(json.dumps(to_dict(config)))
+
+
 def to_dict(config: Any) -> Any:
     """A JSON-ready dict of a config dataclass (data configs carry their `kind`)."""
     if isinstance(config, LayerSpec):

@@ -149,11 +149,10 @@ _TRAINED_BY = ("model", "data", "train")
 
 
 def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
-    from hybrid_jax.config import from_dict, to_dict
+    from hybrid_jax.config import as_json, from_dict
 
     # Parsing the saved config fills fields added since it was written with their defaults.
     saved = from_dict(ExperimentConfig, json.loads((run_dir / "config.json").read_text()))
-    as_json = lambda config: json.loads(json.dumps(to_dict(config)))
     changed = [k for k in _TRAINED_BY
                if as_json(getattr(saved, k)) != as_json(getattr(experiment, k))]
     if changed:

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from jax.sharding import Mesh
 
-from hybrid_jax.config import ExperimentConfig, ModeSchedule, from_dict, to_dict
+from hybrid_jax.config import ExperimentConfig, ModeSchedule, as_json, from_dict, to_dict
 from hybrid_jax.context import EXTRA_PREFIX, TokenContext
 from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
@@ -167,7 +167,6 @@ def changed_data_settings(saved: dict[str, Any] | None, experiment: ExperimentCo
     change it reads other examples than the run would have read next."""
     if saved is None:
         return []
-    as_json = lambda config: json.loads(json.dumps(to_dict(config)))
     # Parsed first: fields added since the checkpoint was written read as their defaults.
     saved, now = as_json(from_dict(ExperimentConfig, saved)), as_json(experiment)
     changed = [f"data.{k}" for k in sorted(set(now["data"]) | set(saved["data"]))
