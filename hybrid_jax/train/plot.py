@@ -33,14 +33,14 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = 
                        if resolved.count(r) > 1})
     if repeated:
         raise ValueError(f"run directories given more than once: {repeated}")
-    runs = [(d, read_metrics(d)) for d in paths]
+    runs = list(zip(run_labels(paths), (read_metrics(d) for d in paths), strict=True))
     panels = [(key, title) for key, title in PANELS
               if any(key in r for _, records in runs for r in records)]
     if not panels:
         raise ValueError(f"no loss or eval records in {[str(d) for d in run_dirs]}")
     fig, axes = new_figure(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
-        for (_, records), label in zip(runs, run_labels(paths), strict=True):
+        for label, records in runs:
             points = sorted({r["step"]: r[key] for r in records if key in r}.items())
             if points:
                 steps, values = zip(*points, strict=True)
