@@ -303,12 +303,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _given(*options: tuple[str, object]) -> str:
+    """"--a and --b": the flags of `(flag, value)` pairs given (value not None), or ""."""
+    return " and ".join(flag for flag, value in options if value is not None)
+
+
 def _refuse_without(needed: str, value, *options: tuple[str, object]) -> None:
     """Refuses options that take effect only with `needed` when it is not given (they would
     be ignored)."""
-    given = [flag for flag, option in options if option not in (None, [], False)]
+    given = _given(*options)
     if value is None and given:
-        raise ValueError(f"{' and '.join(given)} only apply with {needed}")
+        raise ValueError(f"{given} only apply with {needed}")
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -465,11 +470,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from hybrid_jax.convert import nha, oryx
 
-    if args.to == "oryx":
-        given = [flag for flag, value in (("--window", args.window), ("--slots", args.slots))
-                 if value is not None]
-        if given:
-            raise ValueError(f"{' and '.join(given)}: NHA options; --to oryx takes none")
+    nha_options = _given(("--window", args.window), ("--slots", args.slots))
+    if args.to == "oryx" and nha_options:
+        raise ValueError(f"{nha_options}: NHA options; --to oryx takes none")
     window_text = "512" if args.window is None else args.window
     window = None if window_text == "full" else _int_arg("--window", window_text)
     layers = (None if args.layers is None else
