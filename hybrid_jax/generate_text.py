@@ -87,12 +87,11 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     """Continues each prompt (see the module docstring).
 
     `stop`: a stop string or several. `eos_ids`: the ids that end a row (default: the
-    tokenizer's EOS). `max_positions`: the
-    model's position limit (e.g. a Hugging Face model's max_position_embeddings); a prompt
-    that leaves no room for `max_new_tokens` is an error. `on_text(row, text)` receives each
-    row's text as it is generated (streaming). `modes`: an Oryx mode schedule; `speculative`:
-    Oryx self-speculative decoding with this many drafts (`generate`; its statistics in
-    `TextGeneration.speculative`).
+    tokenizer's EOS). `max_positions`: the model's position limit (e.g. a Hugging Face model's
+    max_position_embeddings); a prompt that leaves no room for `max_new_tokens` is an error.
+    `on_text(row, text)` receives each row's text as it is generated (streaming). `modes`: an
+    Oryx mode schedule; `speculative`: Oryx self-speculative decoding with this many drafts
+    (`generate`; its statistics in `TextGeneration.speculative`).
     """
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
