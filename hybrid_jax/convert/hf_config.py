@@ -16,6 +16,9 @@ from hybrid_jax.config import ModelConfig, layer
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default: layers from here on slide
+# MistralConfig's and Qwen2Config's `sliding_window` when the key is absent (an explicit null
+# is full attention).
+DEFAULT_SLIDING_WINDOW = 4096
 LLAMA3_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                        "original_max_position_embeddings")
 
@@ -46,14 +49,15 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[float, ...] | None]:
 
 def _windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:
     """Each layer's sliding window (None: full causal), as Hugging Face decides it."""
-    window = hf.get("sliding_window")
+    kind = hf["model_type"]
+    window = hf.get("sliding_window", None if kind == "llama" else DEFAULT_SLIDING_WINDOW)
     if "layer_types" in hf:
         types = hf["layer_types"]
         if len(types) != num_layers or set(types) - {"full_attention", "sliding_attention"}:
             _refuse("layer_types", types, f"{num_layers} of 'full_attention' / "
                     "'sliding_attention'")
         return [window if t == "sliding_attention" else None for t in types]
-    if hf["model_type"] == "qwen2":  # transformers' Qwen2Config defaults
+    if kind == "qwen2":  # transformers' Qwen2Config defaults
         first = hf.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
         use = hf.get("use_sliding_window", False)
         return [window if use and i >= first else None for i in range(num_layers)]

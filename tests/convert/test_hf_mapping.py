@@ -94,6 +94,17 @@ def test_qwen2_windows_as_transformers_reads_them():
     assert windows(deep) == [None] * 28 + [4, 4]
 
 
+def test_a_missing_sliding_window_is_transformers_default_and_null_is_full():
+    """MistralConfig and Qwen2Config default `sliding_window` to 4096 when the key is absent;
+    an explicit null is full attention. Llama has no such default."""
+    mistral = {**MINIMAL, "model_type": "mistral"}
+    assert windows(model_config_from_hf(mistral)) == [4096, 4096]
+    assert windows(model_config_from_hf({**mistral, "sliding_window": None})) == [None, None]
+    qwen = {**MINIMAL, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 1}
+    assert windows(model_config_from_hf(qwen)) == [None, 4096]
+    assert windows(model_config_from_hf(MINIMAL)) == [None, None]
+
+
 def test_export_writes_the_models_rope_over_the_imported_one():
     """The imported config.json (Llama-3 scaled `rope_parameters`, or the older top-level
     `rope_theta`) is the base; a model whose RoPE differs exports its own theta and no
