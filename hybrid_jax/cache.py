@@ -7,6 +7,7 @@ entries, not `max_len`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -224,3 +225,22 @@ def decode_cache_bytes(model: Any, batch: int, max_len: int) -> dict[str, int]:
         cache, is_leaf=lambda x: isinstance(x, AttentionCache)) if isinstance(c, AttentionCache))
     total = cache_nbytes(cache)
     return {"cache_bytes": total, "cache_kv_bytes": kv, "cache_state_bytes": total - kv}
+
+
+def device_memory_bytes(device: Any = None) -> int:
+    """Memory of `device` (default: the first local one): the allocator's limit on GPU/TPU, the
+    host's physical memory on CPU (where JAX reports no limit)."""
+    stats = (device or jax.local_devices()[0]).memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_cache_fits(model: Any, batch: int, max_len: int) -> None:
+    """Refuses a decode cache larger than the device's memory, before anything is allocated
+    (XLA would fail inside the compiled loop, naming a buffer, not the length asked for)."""
+    need, have = decode_cache_bytes(model, batch, max_len)["cache_bytes"], device_memory_bytes()
+    if need > have:
+        raise ValueError(f"the decode cache for batch {batch} x {max_len} positions needs "
+                         f"{need / 2**30:.1f} GiB; the device has {have / 2**30:.1f} GiB: ask "
+                         "for fewer new tokens or a smaller batch")

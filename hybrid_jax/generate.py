@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
 
-from hybrid_jax.cache import check_token_ids
+from hybrid_jax.cache import check_cache_fits, check_token_ids
 from hybrid_jax.modes import check_reads_modes, inference_modes
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.nn.oryx import MODE
@@ -82,8 +82,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
     `max_positions`, a negative or non-finite temperature, a `top_k` outside
-    `[1, vocab_size]`, a `top_p` outside (0, 1] and `modes` for a model without Oryx layers
-    raise ValueError.
+    `[1, vocab_size]`, a `top_p` outside (0, 1], `modes` for a model without Oryx layers and
+    a decode cache larger than the device's memory raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
@@ -130,6 +130,7 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                          + (" + speculative" if spare else "") + f" = {needed}")
     if speculative is not None:
         check_speculative(model, max_len)
+    check_cache_fits(model, prompt_BT.shape[0], max_len)
     extras = dict(extras or {})
     width = prompt_BT.shape[1] + max_new_tokens
     if modes is not None:

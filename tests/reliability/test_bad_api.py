@@ -2,11 +2,14 @@
 inside jit: NaN logits, never a wrapped-around embedding), decoding past the cache's max_len,
 sampling arguments, tokenizers, and an eval with nothing to score."""
 
+import os
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from hybrid_jax.cache import device_memory_bytes
 from hybrid_jax.config import ModelConfig
 from hybrid_jax.data.tokenizer import ByteTokenizer, WordTokenizer, train_bpe
 from hybrid_jax.generate import generate
@@ -98,10 +101,25 @@ def test_generate_arguments(model, kwargs, message):
     ([1, 2], 3, r"prompt must be an integer array \[batch, time\] with time >= 1, got shape "
                 r"\(2,\)"),
     (np.zeros((1, 2), np.float32), 3, r"prompt must be an integer array .* dtype float32"),
+    ([[1, 2]], 10**12, r"the decode cache for batch 1 x 1000000000002 positions needs "
+                       r"[0-9.]+ GiB; the device has [0-9.]+ GiB"),
 ])
 def test_generate_prompts(model, prompt, new, message):
     with pytest.raises(ValueError, match=message):
         generate(model, prompt, new)
+
+
+def test_device_memory_is_the_allocators_limit_else_the_hosts():
+    class Device:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    assert device_memory_bytes(Device({"bytes_limit": 5 * 2**30})) == 5 * 2**30
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert device_memory_bytes(Device(None)) == device_memory_bytes(Device({})) == host
 
 
 @pytest.mark.parametrize("tokenizer", [ByteTokenizer(), WordTokenizer(["<eos>", "<unk>", "a"])],
