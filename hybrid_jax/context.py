@@ -6,7 +6,11 @@ generation:
 
     positions    [B, T] int32   position of each token in its document (RoPE, learned tables)
     segment_ids  [B, T] int     packed-document ids, or None (one document per row); a token
-                                whose id differs from the previous token's starts a document
+                                whose id differs from the previous token's starts a document.
+                                `create` stores each token's document number (`document_index`),
+                                so an id that comes back later in a row ([1 1 2 2 1 1]) is a
+                                new document for attention too, as for the recurrences (the
+                                attention op alone joins equal ids wherever they are)
     extras       {name: [B, T, ...]}  any other per-token array a mixer reads by name (e.g.
                                 Oryx's mode array); blocks and the model pass it through untouched
     segment_extents  `ops.segment_extents(segment_ids)` (4 × [B, T] int32), made by `create`
@@ -30,6 +34,13 @@ from flax import struct
 from hybrid_jax.ops.attention import segment_extents
 
 EXTRA_PREFIX = "extra."
+
+
+def document_index(segment_ids_BT: jax.Array) -> jax.Array:
+    """Each token's document number in its row, `[B, T]` int32 from 0: a token whose id differs
+    from the previous token's starts the next document."""
+    starts = segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]
+    return jnp.pad(jnp.cumsum(starts, axis=1, dtype=jnp.int32), ((0, 0), (1, 0)))
 
 
 @struct.dataclass
@@ -62,6 +73,8 @@ class TokenContext:
             if array is not None and tuple(array.shape[:2]) != tuple(shape_BT):
                 raise ValueError(f"TokenContext.{name}: expected leading shape [batch, time] = "
                                  f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
+        if segment_ids is not None:
+            segment_ids = document_index(segment_ids)
         extents = None if segment_ids is None else segment_extents(segment_ids)
         return cls(positions=positions, segment_ids=segment_ids, extras=extras,
                    segment_extents=extents, record_steps=record_steps, fresh_cache=fresh_cache)

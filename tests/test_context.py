@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.context import TokenContext
+from hybrid_jax import presets
+from hybrid_jax.context import TokenContext, document_index
+from hybrid_jax.nn import create_model
 from hybrid_jax.ops.attention import segment_extents
 
 
@@ -53,13 +55,34 @@ def test_from_batch_takes_positions_segment_ids_and_extra_entries_only():
                                    "positions": positions, "segment_ids": ids,
                                    "extra.mode": mode})
     np.testing.assert_array_equal(ctx.positions, positions)
-    np.testing.assert_array_equal(ctx.segment_ids, ids)
+    np.testing.assert_array_equal(ctx.segment_ids, [[0, 0, 1, 1]])  # document numbers
     assert ctx.segment_extents is not None
     assert list(ctx.extras) == ["mode"]
     np.testing.assert_array_equal(ctx.extra("mode"), mode)
     plain = TokenContext.from_batch({"inputs": tokens})
     np.testing.assert_array_equal(plain.positions, [[0, 1, 2, 3]])
     assert plain.segment_ids is None and plain.extras == {}
+
+
+def test_documents_start_where_the_id_changes():
+    ids = jnp.asarray([[7, 7, 3, 3, 7, 0], [5, 5, 5, 5, 5, 5]], jnp.int32)
+    np.testing.assert_array_equal(document_index(ids), [[0, 0, 1, 1, 2, 3], [0] * 6])
+
+
+@pytest.mark.parametrize("preset", ["transformer-tiny", "oryx-gdn-tiny"])
+def test_an_id_that_comes_back_is_a_new_document_for_attention_too(preset):
+    """[1 1 1 2 2 2 1 1 1]: the third run is a document of its own, for attention as for the
+    recurrences (the attention op alone would let it see the first)."""
+    model = create_model(presets.get(preset))
+    tokens = jnp.arange(3, 12, dtype=jnp.int32)[None]
+    positions = jnp.asarray([[0, 1, 2] * 3], jnp.int32)
+    back = model(tokens, segment_ids_BT=jnp.asarray([[1, 1, 1, 2, 2, 2, 1, 1, 1]]),
+                 positions_BT=positions)
+    new = model(tokens, segment_ids_BT=jnp.asarray([[1, 1, 1, 2, 2, 2, 3, 3, 3]]),
+                positions_BT=positions)
+    alone = model(tokens[:, 6:], positions_BT=positions[:, 6:])
+    np.testing.assert_array_equal(back, new)
+    np.testing.assert_allclose(back[:, 6:], alone, atol=1e-5)
 
 
 def test_a_missing_extra_names_the_batch_key_and_the_extras_there_are():

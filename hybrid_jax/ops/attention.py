@@ -57,7 +57,9 @@ def attention(
       window: band width (see module docstring); None for no band. Must be >= 1.
       scale: logit scale, default `D**-0.5`.
       segment_ids: `[B, T]` int document ids of the queries in packed sequences; without
-        `kv_segment_ids` also those of the keys (then T == S).
+        `kv_segment_ids` also those of the keys (then T == S). A query sees the keys of equal
+        id wherever they are; models pass document numbers (`TokenContext`), so an id that
+        comes back later in a row starts a new document there, as in the recurrences.
       q_positions: `[B, T]` or `[T]` int positions of the queries.
       kv_positions: `[B, S]` or `[S]` int positions of the keys; < 0 marks an empty slot.
       kv_segment_ids: `[B, S]` document ids of the keys, when they are not the queries' (a
