@@ -56,6 +56,9 @@ class LanguageModel(nnx.Module):
         if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
             raise ValueError(f"tokens must be an integer array [batch, time], got shape "
                              f"{tuple(tokens_BT.shape)} dtype {tokens_BT.dtype}")
+        if 0 in tokens_BT.shape:
+            raise ValueError(f"tokens must hold at least one token per row and one row, got "
+                             f"shape {tuple(tokens_BT.shape)}")
         check_token_ids(tokens_BT, self.config.vocab_size)
 
     def _embed(self, tokens_BT: jax.Array, positions_BT: jax.Array) -> jax.Array:

@@ -41,6 +41,15 @@ def test_model_call_refuses_float_tokens(model):
         model(jnp.ones((1, 2)))
 
 
+@pytest.mark.parametrize("shape", [(2, 0), (0, 3)])
+def test_model_call_and_decode_refuse_empty_tokens(model, shape):
+    tokens = jnp.zeros(shape, jnp.int32)
+    for call in (model, lambda t: model.decode(t, model.init_cache(max(shape[0], 1), 4))):
+        with pytest.raises(ValueError, match=r"tokens must hold at least one token per row and "
+                                             rf"one row, got shape \({shape[0]}, {shape[1]}\)"):
+            call(tokens)
+
+
 def test_traced_ids_outside_the_vocabulary_give_nan_not_a_wrapped_row(model):
     tokens = jnp.asarray([[1, 2, 3], [1, -1, 3], [4, 5, VOCAB]])  # VOCAB: the first id past it
     logits = nnx.jit(lambda m, t: m(t))(model, tokens)
