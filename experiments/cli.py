@@ -28,6 +28,7 @@ import gc
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -115,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--stop", action="append", default=[],
+                     help="stop string (repeatable); \\n, \\t, \\r and \\\\ in it are read as "
+                          "escapes, so --stop \"\\n\\n\" stops at a blank line")
     gen.add_argument("--no-stream", action="store_true", help="print texts only at the end")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--modes", default=None, metavar="SCHEDULE",
@@ -330,6 +333,17 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
+_STOP_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def _stop_strings(stops: list[str]) -> list[str]:
+    """`--stop` values with the backslash escapes \\n, \\t, \\r and \\\\ read: a shell passes
+    `--stop "\\n\\n"` as backslash, n, backslash, n, which no generated text contains. Any other
+    backslash stays as it is."""
+    return [re.sub(r"\\(.)", lambda m: _STOP_ESCAPES.get(m.group(1), m.group(0)), stop)
+            for stop in stops]
+
+
 def _run_tokenizer(run_dir: Path):
     from hybrid_jax.data.text import TOKENIZER_FILE
     from hybrid_jax.data.tokenizer import load_tokenizer
@@ -413,7 +427,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = generate_text(
         ts.model().with_scan_layers(False), tokenizer, prompts, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        stop=args.stop, eos_ids=eos_ids, max_positions=max_positions,
+        stop=_stop_strings(args.stop), eos_ids=eos_ids, max_positions=max_positions,
         on_text=show if stream else None, modes=args.modes, speculative=args.speculative)
     for prompt, text in zip(prompts, result.texts, strict=True):
         print("" if shown else f"{prompt}{text}")

@@ -218,6 +218,15 @@ def test_prompt_file_skips_blank_lines(tmp_path):
         cli._prompts(SimpleNamespace(prompt=None, prompt_file=path))
 
 
+def test_stop_strings_read_the_backslash_escapes_a_shell_passes_through():
+    """`--stop "\\n\\n"` (the README's example) reaches the program as backslash-n twice; it
+    was matched literally, so generation never stopped at a blank line."""
+    assert cli._stop_strings(["\\n\\n", "a\\tb\\r", "C:\\\\x", "\\d+", "plain"]) == [
+        "\n\n", "a\tb\r", "C:\\x", "\\d+", "plain"]
+    args = cli.build_parser().parse_args(["generate", "r", "--prompt", "p", "--stop", "\\n\\n"])
+    assert cli._stop_strings(args.stop) == ["\n\n"]
+
+
 @pytest.mark.parametrize("hf, gen, limits", [
     # generation_config.json's eos ids replace config.json's (as in transformers); the
     # tokenizer's EOS always ends a row too.
