@@ -7,6 +7,7 @@ Same as `hybrid-jax train NAME ...`. A registered sweep name (e.g.
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from typing import Any
 
 from experiments import registry
 from hybrid_jax.config import ExperimentConfig, apply_overrides, from_dict
+from hybrid_jax.registry import did_you_mean
 
 
 def run_experiment(name: str, *, out_dir: str | Path | None = None,
@@ -61,6 +63,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from experiments.expressivity.command import main as sweep_main
 
         return sweep_main(argv)
+    name = argv[0] if argv else ""
+    if name and not name.startswith("-") and name not in registry.names():
+        close = difflib.get_close_matches(name, registry.names() + registry.sweep_names(), n=1)
+        if "/" in name or (close and close[0] in registry.sweep_names()):
+            # a mistyped sweep: the train command's error would list only the experiments
+            print(f"python -m experiments.run: error: unknown experiment or sweep {name!r}"
+                  f"{did_you_mean(name, registry.sweep_names())}; sweeps: "
+                  f"{registry.sweep_names()} (experiments: hybrid-jax list)", file=sys.stderr)
+            return 2
     return cli_main(["train", *argv])
 
 

@@ -425,3 +425,21 @@ def test_a_cell_trained_otherwise_is_refused(tmp_path, change, field):
     changed, _ = dataclasses.replace(sweep, **change).experiment(cell)
     with pytest.raises(ValueError, match=rf"differs in \['{field}'\]"):
         _check_same_run(changed, tmp_path)
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("expressivity/selective-copyin", "(did you mean 'expressivity/selective-copying'?)"),
+    ("expressivity/nope", "; sweeps: ['expressivity/ar-decoding'"),
+])
+def test_a_mistyped_sweep_is_named_with_the_sweeps(name, hint, capsys):
+    """`python -m experiments.run` with a sweep's name mistyped said only 'unknown experiment',
+    listing the experiments and no sweep."""
+    assert run_main([name, "--out", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"python -m experiments.run: error: unknown experiment or sweep "
+                          f"{name!r}") and hint in err and len(err.splitlines()) == 1
+
+
+def test_a_mistyped_experiment_still_gets_the_train_commands_error(capsys):
+    assert run_main(["mqar-transformer-tinny", "--out", "/nonexistent"]) == 2
+    assert "(did you mean 'mqar-transformer-tiny'?)" in capsys.readouterr().err
