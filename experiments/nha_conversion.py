@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hybrid_jax.data.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(prog="python -m experiments.nha_conversion",
-                                     description=__doc__.splitlines()[0])
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--out", type=Path, default=Path("runs") / NAME,
                         help="run directories (checkpoints: hundreds of MB)")
     parser.add_argument("--results", type=Path, default=None,

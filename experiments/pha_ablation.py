@@ -1,5 +1,5 @@
 """The PHA ablation on Gutenberg, end to end (issue 16, item 6): prepare the data here, run the
-five `lm-gutenberg-pha*` experiments on one GPU one after another, write the table and the mixing
+six `lm-gutenberg-pha*` experiments on one GPU one after another, write the table and the mixing
 heat map.
 
     python -m experiments.pha_ablation prepare [--corpus ../shared/data/gutenberg]
@@ -169,14 +169,14 @@ def run(data: Path, out: Path, *, variants: list[str], tiny: bool, time_limit: f
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="copy shards and train the BPE (CPU, here)")
     prep.add_argument("--corpus", type=Path, default=Path(DATA) / "gutenberg")
     prep.add_argument("--out", type=Path, default=Path(".devdata/gutenberg"))
     prep.add_argument("--shards", type=int, default=4)
     prep.add_argument("--vocab", type=int, default=VOCAB)
-    go = commands.add_parser("run", help="train the five variants, write the table")
+    go = commands.add_parser("run", help="train the variants (default all six), write the table")
     go.add_argument("--data", type=Path, default=Path(".devdata/gutenberg"))
     go.add_argument("--out", type=Path, required=True)
     go.add_argument("--variants", default=",".join(VARIANTS))

@@ -8,11 +8,11 @@ trained on the first shard), same seed and the same 800 steps of 64 × 1024 toke
 seen, ~2 epochs), held-out perplexity on the whole `valid` split. Parameters (tied embeddings of
 3.1 M included): pha 29.0 M, pha-sequential 29.0 M, pha-no-attention 25.0 M, pha-no-gss 21.8 M,
 attention-only 29.2 M (its SwiGLU width 1920 matches pha). `experiments/pha_ablation.py` runs the
-five one after another and writes the table and pha's mixing heat map.
+six one after another and writes the table and pha's mixing heat map.
 
 The paths and the tokenizer are options: `--set data.path=... --set data.tokenizer=...`; as
 registered, a run trains the 8192 BPE on `data.path` when it starts (the driver passes one
-tokenizer.json to all five instead).
+tokenizer.json to all six instead).
 """
 
 from __future__ import annotations

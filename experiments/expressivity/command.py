@@ -19,7 +19,7 @@ DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.run SWEEP",
-                                     description=__doc__.splitlines()[0])
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("name", help="sweep name (see experiments/README.md)")
     parser.add_argument("--out", type=Path, default=None, help="output directory "
                         "(default runs/SWEEP); finished cells there are skipped")
