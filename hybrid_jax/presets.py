@@ -192,7 +192,7 @@ def _nha_340m(layers: tuple) -> ModelConfig:
 
 @register("nha-340m")
 def nha_340m() -> ModelConfig:
-    """NHA ~381M: 24 layers, d_model 1024, 4 heads of 256, 64 slots, window 32, FFN 2816.
+    """NHA ~380M: 24 layers, d_model 1024, 4 heads of 256, 64 slots, window 32, FFN 2816.
 
     Width, depth, heads, slots and window are the paper's 340M setting; τ = 8, no short convs,
     untied embeddings, a 32000 vocabulary and FFN 2816 (fla's hidden_ratio 4) follow JusenD/NHA's
