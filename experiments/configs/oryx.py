@@ -98,7 +98,7 @@ def lm_wikitext2_oryx_gdn_tiny() -> ExperimentConfig:
 
 @register("lm-wikitext2-oryx-gdn-small")
 def lm_wikitext2_oryx_gdn_small() -> ExperimentConfig:
-    """~20M parameters, byte-level, 512-token rows in 64-token chunks, bfloat16 (one GPU)."""
+    """~22M parameters, byte-level, 512-token rows in 64-token chunks, bfloat16 (one GPU)."""
     model = presets.get("oryx-gdn-tiny").replace(
         layers=(layer("oryx", chunk_size=64),) * 6, vocab_size=257, d_model=512, num_heads=8,
         dtype="bfloat16")

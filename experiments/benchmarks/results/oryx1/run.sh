@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 17 (Oryx), one device call, <= 4 min: self-speculative decoding against attention-mode
 # decoding on one H200.
-#   1. lm-wikitext2-oryx-gdn-small (6 Oryx-GDN layers x 512, byte-level, ~20M params) trained
+#   1. lm-wikitext2-oryx-gdn-small (6 Oryx-GDN layers x 512, byte-level, ~22M params) trained
 #      250 steps (at most 60 s, compile included: train.time_limit_s) on WikiText-2 (a trained
 #      model: acceptance and tokens/s mean something), then greedy decoding of 128 bytes after
 #      64-byte held-out prompts, attention mode vs speculative k = 2, 4, at batch 1 and 8.
