@@ -10,10 +10,12 @@ import pytest
 from flax import nnx
 
 import experiments.cli as cli
+from experiments import registry
 from experiments.cli import main
 from experiments.run import read_experiment
 from hybrid_jax import presets
 from hybrid_jax.cache import decode_cache_bytes
+from hybrid_jax.config import apply_overrides
 from hybrid_jax.flops import step_flops
 from hybrid_jax.nn.lm import LanguageModel, count_params
 
@@ -169,6 +171,42 @@ def test_an_interrupted_train_exits_128_plus_the_signal(monkeypatch, capsys):
     assert capsys.readouterr().out == (
         "SIGTERM at step 3: checkpoint saved in runs/mqar-transformer-tiny; continue with: "
         "hybrid-jax train mqar-transformer-tiny --out runs/mqar-transformer-tiny --resume\n")
+
+
+def test_run_experiment_resumes_the_saved_config_unless_forced(tmp_path, monkeypatch):
+    """`resume`: the run directory's config.json plus the overrides, refused when it holds
+    another experiment; `force`: the registered experiment (plus the overrides) instead."""
+    import experiments.run as run
+    from hybrid_jax.config import to_dict
+
+    trained = []
+    monkeypatch.setattr("hybrid_jax.train.train", lambda experiment, out_dir, **kwargs:
+                        trained.append((experiment, kwargs)) or {})
+    saved = apply_overrides(registry.get("mqar-transformer-tiny"), ["train.steps=700"])
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(saved)))
+    run.run_experiment("mqar-transformer-tiny", out_dir=tmp_path, resume=True, progress=False,
+                       overrides=["train.batch_size=4"])
+    assert trained[-1][0] == apply_overrides(saved, ["train.batch_size=4"])
+    assert trained[-1][1] == dict(progress=False, resume=True, force=False)
+    run.run_experiment("mqar-transformer-tiny", out_dir=tmp_path, resume=True, force=True,
+                       progress=False, overrides=["train.batch_size=4"])
+    assert trained[-1][0] == apply_overrides(registry.get("mqar-transformer-tiny"),
+                                             ["train.batch_size=4"])
+    with pytest.raises(ValueError, match=r"holds a run of 'mqar-transformer-tiny', not "
+                                         r"'mqar-gdn-tiny'"):
+        run.run_experiment("mqar-gdn-tiny", out_dir=tmp_path, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe{", "is not valid JSON"), (b"{oops", "is not valid JSON"),
+    (b'{"name": "x", "model": 3}', "does not describe an experiment"),
+    (b'{"name": "x", "model": {"layers": 3}}', "does not describe an experiment"),
+    (b'{"name": "x", "modle": {}}', "does not describe an experiment")])
+def test_read_experiment_names_a_damaged_config(tmp_path, content, message):
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"^{path}.*{message}"):
+        read_experiment(path)
 
 
 def test_ctrl_c_exits_130_and_the_thread_hook_is_restored(monkeypatch, capsys):

@@ -139,3 +139,48 @@ def test_blocks_and_mixers_check_their_options_and_tolerate_a_reimport():
         register_mixer("attention", mixer.options)(type("Other", (), {}))
     # A block type's defaults are kept as sorted pairs: "parallel" presets the generic block.
     assert block_type("parallel").defaults == (("layout", "parallel"),)
+    # several, in name order whatever order they were given in (entries compare equal)
+    from hybrid_jax.nn.pha import PHA_DEFAULTS
+
+    assert block_type("pha").defaults == tuple(sorted(PHA_DEFAULTS.items()))
+    assert [name for name, _ in block_type("pha").defaults] == [
+        "branch_norm", "branches", "layout", "mixing", "residual"]
+
+
+def test_experiments_and_sweeps_are_kept_apart():
+    """A sweep may not take an experiment's name; `get_sweep` looks up sweeps only and says
+    so; a registered entry must call itself by its name."""
+    from types import SimpleNamespace
+
+    from experiments import registry
+
+    assert "expressivity/selective-copying" in registry.sweep_names()
+    assert not set(registry.sweep_names()) & set(registry.names())
+    with pytest.raises(ValueError, match="sweep 'mqar-transformer-tiny' is already registered "
+                                         "as an experiment"):
+        registry.register_sweep("mqar-transformer-tiny")
+    assert "mqar-transformer-tiny" not in registry.sweep_names()
+    sweep = registry.get_sweep("expressivity/selective-copying")
+    assert sweep.name == "expressivity/selective-copying"
+    with pytest.raises(ValueError, match=r"^unknown sweep 'mqar-transformer-tiny'.*available "
+                                         r"sweeps: \['expressivity/"):
+        registry.get_sweep("mqar-transformer-tiny")
+    with pytest.raises(ValueError, match=r"^unknown experiment 'expressivity/mkar'"):
+        registry.get("expressivity/mkar")
+    widgets = Registry("widget")
+    widgets.register("a", lambda: SimpleNamespace(name="b"))
+    with pytest.raises(ValueError, match="widget registered as 'a' calls itself 'b'"):
+        registry._named(widgets, "a")
+
+
+def test_the_experiment_registry_loads_the_sweeps_itself():
+    """A fresh interpreter that imports only `experiments.registry` sees the sweeps and the
+    experiments (the registries' load hooks import their modules)."""
+    import subprocess
+    import sys
+
+    code = ("from experiments import registry; print(len(registry.sweep_names()) > 0, "
+            "'mqar-hybrid-tiny' in registry.names())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["True", "True"]
