@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +42,25 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
         experiment = apply_overrides(registry.get(name), overrides)
     if progress:
         print(f"{name}: {experiment.description}\nrun directory: {out_dir}", flush=True)
-    return train(experiment, out_dir, progress=progress, resume=resume, force=force)
+    try:
+        return train(experiment, out_dir, progress=progress, resume=resume, force=force)
+    except FileNotFoundError as e:
+        raise _with_data_hint(e) from e
+
+
+def _with_data_hint(error: FileNotFoundError) -> FileNotFoundError:
+    """A corpus missing from the shared data folder (the `lm-*` experiments' default paths):
+    the error says where that folder is expected and how to point elsewhere."""
+    from experiments.configs.lm import DATA
+
+    if error.strerror or f"{DATA}{os.sep}" not in str(error):
+        return error
+    origin = ("HYBRID_JAX_DATA" if os.environ.get("HYBRID_JAX_DATA")
+              else "../shared/data next to the project")
+    return FileNotFoundError(
+        f"{error}: the lm-* experiments read their corpora from {DATA} ({origin}); set "
+        "HYBRID_JAX_DATA=DIR for a folder of that layout, or --set data.path=... --set "
+        "data.eval_path=... for your own files")
 
 
 def read_experiment(path: Path) -> ExperimentConfig:

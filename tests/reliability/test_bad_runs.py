@@ -432,3 +432,20 @@ def test_a_failing_background_thread_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err == ("hybrid-jax list: error in thread tensorboard-writer: I/O error (disk full): "
                    "No space left on device: events.out")
+
+
+def test_a_missing_shared_corpus_says_how_to_point_at_one(tmp_path, capsys):
+    """An lm-* experiment whose corpus is not in the shared data folder: the error named the
+    file only; it now names the folder and HYBRID_JAX_DATA / data.path."""
+    from experiments.configs.lm import DATA
+
+    missing = f"{DATA}/no-such-corpus/train.raw"
+    assert main(["train", NAME, "--out", str(tmp_path / "r"), "--quiet",
+                 "--set", f"data.path={missing}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"data file {missing} not found" in err and len(err.splitlines()) == 1
+    assert "set HYBRID_JAX_DATA=DIR for a folder of that layout, or --set data.path=..." in err
+    # a file of the user's own stays a plain one-line error
+    assert main(["train", NAME, "--out", str(tmp_path / "s"), "--quiet",
+                 "--set", f"data.path={tmp_path}/mine.txt"]) == 2
+    assert "HYBRID_JAX_DATA" not in capsys.readouterr().err
