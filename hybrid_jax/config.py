@@ -357,8 +357,11 @@ class MeshConfig:
                                  f"{num_devices} available devices")
             sizes[sizes.index(-1)] = num_devices // known
         if math.prod(sizes) > num_devices:
-            raise ValueError(f"MeshConfig {sizes} needs {math.prod(sizes)} devices, "
-                             f"only {num_devices} are available")
+            need = math.prod(sizes)
+            raise ValueError(f"MeshConfig {sizes} needs {need} devices, only {num_devices} are "
+                             "available: lower train.mesh.data / fsdp / seq / tensor, or, on a "
+                             f"CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={need} "
+                             "before starting for that many fake devices")
         return tuple(sizes)
 
 

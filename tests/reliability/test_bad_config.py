@@ -134,6 +134,11 @@ def test_mesh_shapes_use_every_device_or_refuse():
         MeshConfig(fsdp=3).shape(8)
     with pytest.raises(ValueError, match=r"needs 16 devices, only 8 are available"):
         MeshConfig(data=4, fsdp=4).shape(8)
+    # ... and says what to do: smaller axes, or fake CPU devices (it said neither)
+    with pytest.raises(ValueError, match=r"available: lower train\.mesh\.data / fsdp / seq / "
+                                         r"tensor, or, on a CPU, set XLA_FLAGS=--xla_force_host_"
+                                         r"platform_device_count=8 before starting"):
+        MeshConfig(data=2, seq=4).shape(1)
     assert MeshConfig(data=2, fsdp=2).shape(4) == (2, 2, 1, 1)
     with pytest.raises(ValueError, match=r"MeshConfig \[2, 2, 1, 1\] needs 4 devices, only 3"):
         MeshConfig(data=2, fsdp=2).shape(3)
