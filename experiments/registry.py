@@ -20,12 +20,17 @@ SWEEPS = Registry("sweep", load=_LOAD)
 
 def register(name: str) -> Callable:
     """Decorator for a zero-argument function returning an ExperimentConfig named `name`."""
+    if name in SWEEPS._entries:
+        raise ValueError(f"experiment {name!r} is already registered as a sweep")
     return EXPERIMENTS.decorator(name)
 
 
 def register_sweep(name: str) -> Callable:
     """Decorator for a zero-argument function returning a sweep named `name` (an object with
-    `name` and `description`, e.g. `experiments.expressivity.sweep.Sweep`)."""
+    `name` and `description`, e.g. `experiments.expressivity.sweep.Sweep`).
+
+    A name is an experiment's or a sweep's, never both (`python -m experiments.run NAME` would
+    run the sweep): whichever registers second is refused, in either import order."""
     if name in EXPERIMENTS._entries:
         raise ValueError(f"sweep {name!r} is already registered as an experiment")
     return SWEEPS.decorator(name)

@@ -184,3 +184,26 @@ def test_the_experiment_registry_loads_the_sweeps_itself():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_a_name_is_an_experiments_or_a_sweeps_in_either_registration_order(monkeypatch):
+    """Whichever registers second is refused. An experiment registered after a sweep of its
+    name used to be accepted (a sweep module imported before the experiments), and `python -m
+    experiments.run NAME` then ran the sweep."""
+    from experiments import registry
+
+    with pytest.raises(ValueError, match="experiment 'expressivity/mkar' is already "
+                                         "registered as a sweep"):
+        registry.register("expressivity/mkar")
+    monkeypatch.setattr(registry, "EXPERIMENTS", Registry("experiment"))
+    monkeypatch.setattr(registry, "SWEEPS", Registry("sweep"))
+    registry.register_sweep("first-a-sweep")(lambda: None)
+    with pytest.raises(ValueError, match="experiment 'first-a-sweep' is already registered "
+                                         "as a sweep"):
+        registry.register("first-a-sweep")
+    registry.register("first-an-experiment")(lambda: None)
+    with pytest.raises(ValueError, match="sweep 'first-an-experiment' is already registered "
+                                         "as an experiment"):
+        registry.register_sweep("first-an-experiment")
+    assert registry.names() == ["first-an-experiment"]
+    assert registry.sweep_names() == ["first-a-sweep"]
