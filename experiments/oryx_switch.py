@@ -166,7 +166,8 @@ def main(argv=None) -> int:
                                  "segments": segments({**curves, **baselines}, switches)}
         print(f"{run_dir.name}: mean loss over [lo, hi) per schedule")
         for row in results[run_dir.name]["segments"]:
-            print(f"  {str(row['positions']):12s} " + "  ".join(
+            lo, hi = row["positions"]
+            print(f"  {f'[{lo}, {hi})':12s} " + "  ".join(
                 f"{name} {row[name]:.3f}" for name in [*schedules, *baselines]))
     (args.out / "switch.json").write_text(json.dumps(
         {"switches": switches, **results,
