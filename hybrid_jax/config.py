@@ -635,13 +635,13 @@ def parse_value(hint: Any, value: Any, name: str = "value") -> Any:
         if option is type(None):
             continue
         try:
-            return _parse_as(option, value)
+            return _parse_as(option, value, name)
         except (ValueError, json.JSONDecodeError) as e:
             errors.append(str(e))
     raise ValueError(f"cannot parse {name}={value!r} as {hint}: {'; '.join(errors)}")
 
 
-def _parse_as(kind: Any, value: str) -> Any:
+def _parse_as(kind: Any, value: str, name: str = "value") -> Any:
     if kind is bool:
         if value.lower() in ("true", "1", "yes"):
             return True
@@ -655,13 +655,29 @@ def _parse_as(kind: Any, value: str) -> Any:
     if kind is str or kind is Any:
         return value
     if typing.get_origin(kind) is tuple:
-        parsed = json.loads(value)
+        parsed = _json(value, 'a JSON list, e.g. \'["a", "b"]\'')
         if not isinstance(parsed, list):
             raise ValueError(f"expected a JSON list, got {value!r}")
         return tuple(parsed)
     if dataclasses.is_dataclass(kind):
-        return from_dict(kind, json.loads(value))
+        what = (f"a JSON object of {kind.__name__}'s fields, e.g. '{{\"{_first_field(kind)}\": "
+                f"...}}' (or one field at a time: {name}.FIELD=VALUE)")
+        parsed = _json(value, what)
+        if not isinstance(parsed, dict):  # from_dict raised a bare TypeError on a number
+            raise ValueError(f"expected {what}, got {value!r}")
+        return from_dict(kind, parsed)
     raise ValueError(f"unsupported type {kind}")
+
+
+def _json(value: str, what: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"expected {what}, got {value!r} (not JSON: {e})") from None
+
+
+def _first_field(kind: Any) -> str:
+    return dataclasses.fields(kind)[0].name
 
 
 def apply_overrides(config: Any, assignments: Sequence[str]) -> Any:

@@ -113,6 +113,11 @@ def test_overrides_parse_by_type():
         ("train.steps=three", r"cannot parse steps='three'"),
         ("model.num_heads=5", r"num_heads=5 does not divide"),
         ("model.flux=1", r"unknown model key 'flux'"),
+        # not JSON: the error said only "Expecting value: line 1 column 1 (char 0)"
+        ("model.layers=gdn,attention",
+         r"expected a JSON list, e\.g\. '\[\"a\", \"b\"\]', got 'gdn,attention' \(not JSON"),
+        ("model=pha-tiny", r"expected a JSON object of ModelConfig's fields.* \(or one field "
+                           r"at a time: model\.FIELD=VALUE\), got 'pha-tiny' \(not JSON"),
         ("steps", r"must have the form key=value"),
     ],
 )
@@ -161,6 +166,10 @@ def test_override_values_parse_by_type_exactly():
         ('mesh.axis_rule_overrides="embed=none"',
          r"cannot parse axis_rule_overrides=.*: expected a JSON list, got"),
         ('mesh={"dta": 2}', r"MeshConfig: unknown key\(s\) \['dta'\]"),
+        # a number for a section was a bare TypeError ('int' object is not iterable)
+        ("mesh=2", r"cannot parse mesh='2' as .*: expected a JSON object of MeshConfig's "
+                   r"fields, e\.g\. '\{\"data\": \.\.\.\}' \(or one field at a time: "
+                   r"mesh\.FIELD=VALUE\), got '2'"),
         ("steps.x=1", r"cannot set \['x'\]: int has no fields"),
         ("=5", r"override '=5' must have the form key=value"),
     ],
