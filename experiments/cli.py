@@ -488,7 +488,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.to == "oryx" and nha_options:
         raise ValueError(f"{nha_options}: NHA options; --to oryx takes none")
     window_text = "512" if args.window is None else args.window
-    window = None if window_text == "full" else _int_arg("--window", window_text)
+    try:
+        window = None if window_text == "full" else int(window_text)
+    except ValueError:
+        raise ValueError(f"--window expects an integer or 'full', got {window_text!r}") from None
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])

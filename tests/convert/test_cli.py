@@ -94,6 +94,14 @@ def test_convert_to_oryx_refuses_nha_options(run_dir, tmp_path, capsys, args):
     assert not (tmp_path / "o").exists()
 
 
+def test_convert_window_names_full_among_its_values(tmp_path, capsys):
+    """A bad --window said "--window expects integers", leaving out the documented 'full'."""
+    assert main(["convert", str(tmp_path / "run"), "--to", "nha", "--out", str(tmp_path / "o"),
+                 "--window", "fulll"]) == 2
+    assert ("--window expects an integer or 'full', got 'fulll'"
+            in capsys.readouterr().err.strip())
+
+
 @pytest.mark.parametrize("args,message", [
     (["--prompt-file", "/nonexistent/prompts.txt"], "--prompt-file /nonexistent/prompts.txt"),
     (["--prompt", "the cat " * 40], "longer than the model's 64 positions"),
