@@ -24,6 +24,14 @@ class RunDirError(ValueError):
     """A run directory that is in use, or that holds another run."""
 
 
+def make_run_dir(run_dir: Path) -> None:
+    """Creates `run_dir` (and its parents); a file in its place is named (mkdir said only "File
+    exists")."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a run directory: choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
 class RunLock:
     """`with RunLock(run_dir):` — raises RunDirError naming the holder's pid if it is taken."""
 
@@ -32,7 +40,7 @@ class RunLock:
         self._file = None
 
     def acquire(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.path.parent)
         file = open(self.path, "a+")  # noqa: SIM115 (held until release)
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -67,7 +67,7 @@ from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import global_norm, learning_rate_schedule, make_optimizer
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.prefetch import DevicePrefetcher
-from hybrid_jax.train.run_dir import RunLock, prepare_run_dir
+from hybrid_jax.train.run_dir import RunLock, make_run_dir, prepare_run_dir
 
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
 
@@ -651,7 +651,7 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
     out = None if out_dir is None else Path(out_dir)
     if out is None:
         return _train(experiment, None, progress, resume)
-    out.mkdir(parents=True, exist_ok=True)
+    make_run_dir(out)
     if not is_main_process():  # process 0 holds the lock and prepares the directory
         return _train(experiment, out, progress, _agreed(resume))
     with RunLock(out):

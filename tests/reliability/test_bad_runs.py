@@ -449,3 +449,15 @@ def test_a_missing_shared_corpus_says_how_to_point_at_one(tmp_path, capsys):
     assert main(["train", NAME, "--out", str(tmp_path / "s"), "--quiet",
                  "--set", f"data.path={tmp_path}/mine.txt"]) == 2
     assert "HYBRID_JAX_DATA" not in capsys.readouterr().err
+
+
+def test_a_file_given_as_the_run_directory_is_named(tmp_path, capsys):
+    """`--out` naming a file said only "I/O error: File exists"."""
+    path = tmp_path / "afile"
+    path.write_text("x")
+    with pytest.raises(RunDirError, match=f"^{path} is a file, not a run directory: choose "
+                                          "another --out$"):
+        RunLock(path).acquire()
+    assert main(["train", "mqar-transformer-tiny", "--out", str(path), "--quiet"]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err
+    assert path.read_text() == "x"
