@@ -659,6 +659,10 @@ def _parse_as(kind: Any, value: str, name: str = "value") -> Any:
         if not isinstance(parsed, list):
             raise ValueError(f"expected a JSON list, got {value!r}")
         return tuple(parsed)
+    if kind is ModelConfig and not value.lstrip().startswith("{"):
+        from hybrid_jax import presets  # a preset's architecture, e.g. model=pha-tiny
+
+        return presets.get(value)
     if dataclasses.is_dataclass(kind):
         what = (f"a JSON object of {kind.__name__}'s fields, e.g. '{{\"{_first_field(kind)}\": "
                 f"...}}' (or one field at a time: {name}.FIELD=VALUE)")

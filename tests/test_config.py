@@ -116,14 +116,25 @@ def test_overrides_parse_by_type():
         # not JSON: the error said only "Expecting value: line 1 column 1 (char 0)"
         ("model.layers=gdn,attention",
          r"expected a JSON list, e\.g\. '\[\"a\", \"b\"\]', got 'gdn,attention' \(not JSON"),
-        ("model=pha-tiny", r"expected a JSON object of ModelConfig's fields.* \(or one field "
-                           r"at a time: model\.FIELD=VALUE\), got 'pha-tiny' \(not JSON"),
+        ("model=pha-tinny", r"unknown preset 'pha-tinny' \(did you mean 'pha-tiny'\?\)"),
+        ("model.mesh=1", r"unknown model key 'mesh'"),
+        ("train.mesh={", r"expected a JSON object of MeshConfig's fields.* \(or one field "
+                         r"at a time: mesh\.FIELD=VALUE\), got '\{' \(not JSON"),
         ("steps", r"must have the form key=value"),
     ],
 )
 def test_bad_overrides_are_named(override, message):
     with pytest.raises(ValueError, match=message):
         apply_overrides(registry.get(registry.names()[0]), [override])
+
+
+def test_a_preset_name_sets_the_whole_model_and_model_fields_apply_on_top():
+    experiment = registry.get("mqar-hybrid-tiny")
+    for order in (["model=pha-tiny", "model.vocab_size=300"],
+                  ["model.vocab_size=300", "model=pha-tiny"]):
+        assert apply_overrides(experiment, order).model == dataclasses.replace(
+            presets.get("pha-tiny"), vocab_size=300)
+    assert apply_overrides(experiment, ["model=gdn-tiny"]).model == presets.get("gdn-tiny")
 
 
 def test_override_values_parse_by_type_exactly():
