@@ -42,10 +42,9 @@ USER_ERRORS = (ValueError, OSError, FloatingPointError)
 DEBUG_ENV = "HYBRID_JAX_DEBUG"
 
 
-def _add_overrides(parser: argparse.ArgumentParser) -> None:
+def _add_overrides(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE",
-                        help="override a config field, e.g. train.steps=100 or model.window=16")
+                        metavar="KEY=VALUE", help=f"override a config field, e.g. {example}")
 
 
 def _add_distributed(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--force", action="store_true",
                        help="start afresh in --out even if it holds another run (its "
                             "checkpoints, metrics and config are deleted)")
-    _add_overrides(train)
+    _add_overrides(train, "train.steps=100, model.window=16 or model=pha-tiny")
     _add_distributed(train)
 
     evaluate = sub.add_parser("eval", help="evaluate a trained run on its held-out data")
@@ -103,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--modes", default=None, metavar="SCHEDULE",
                           help="Oryx modes: linear, attention or scored=attention,other=linear "
                                "(attention on the positions whose next token is scored)")
-    _add_overrides(evaluate)
+    _add_overrides(evaluate, "model.window=16 or data.eval_path=valid.txt")
 
     gen = sub.add_parser("generate", help="continue prompts with a run's model")
     gen.add_argument("run_dir", type=Path)
@@ -126,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--speculative", type=int, default=None, metavar="K",
                      help="Oryx self-speculative decoding (greedy): K linear-mode drafts per "
                           "attention-mode verification; the tokens of attention-mode decoding")
-    _add_overrides(gen)
+    _add_overrides(gen, "model.window=16")
 
     imp = sub.add_parser("import", help="import a pretrained model as a run directory")
     imp.add_argument("format", choices=("hf",), help="hf: a Hugging Face Llama/Qwen2/Mistral "
@@ -189,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds; settings not started by then are skipped (and printed)")
     scale.add_argument("--out", type=Path, default=None, help="output folder (default "
                        "runs/scale-NAME)")
-    _add_overrides(scale)
+    _add_overrides(scale, "train.batch_size=16 or model.remat=full")
 
     plot = sub.add_parser("plot", help="loss / perplexity curves of runs on one PNG")
     plot.add_argument("run_dirs", nargs="+", type=Path)
