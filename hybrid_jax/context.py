@@ -4,7 +4,8 @@ One `TokenContext` travels from the batch (or `generate`'s schedule) through
 `LanguageModel.__call__` / `decode`, every block and every mixer, in training, eval, decode and
 generation:
 
-    positions    [B, T] int32   position of each token in its document (RoPE, learned tables)
+    positions    [B, T] int32   position of each token in its document (RoPE, learned tables);
+                                by default counted from each document's start
     segment_ids  [B, T] int     packed-document ids, or None (one document per row); a token
                                 whose id differs from the previous token's starts a document.
                                 `create` stores each token's document number (`document_index`),
@@ -63,18 +64,24 @@ class TokenContext:
                segment_ids: jax.Array | None = None, start: jax.Array | int = 0,
                extras: Mapping[str, jax.Array] | None = None,
                record_steps: bool = False, fresh_cache: bool = False) -> TokenContext:
-        """A checked context for `[B, T]` tokens; positions default to `start + 0..T−1`."""
-        if positions is None:
-            positions = jnp.broadcast_to(start + jnp.arange(shape_BT[1], dtype=jnp.int32),
-                                         shape_BT)
+        """A checked context for `[B, T]` tokens; positions default to `start + 0..T−1`, and
+        with segment ids to each token's place in its document (the first document from
+        `start`, every later one from 0), as the packers write them."""
         extras = dict(extras or {})
         for name, array in [("positions", positions), ("segment_ids", segment_ids),
                             *((f"extras[{n!r}]", a) for n, a in extras.items())]:
             if array is not None and tuple(array.shape[:2]) != tuple(shape_BT):
                 raise ValueError(f"TokenContext.{name}: expected leading shape [batch, time] = "
                                  f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
+        index_BT = jnp.broadcast_to(jnp.arange(shape_BT[1], dtype=jnp.int32), shape_BT)
         if segment_ids is not None:
             segment_ids = document_index(segment_ids)
+        if positions is None and segment_ids is None:
+            positions = start + index_BT
+        elif positions is None:
+            first = jax.lax.cummax(jnp.where(jnp.diff(segment_ids, axis=1, prepend=0) > 0,
+                                             index_BT, 0), axis=1)
+            positions = index_BT - first + jnp.where(segment_ids == 0, start, 0)
         extents = None if segment_ids is None else segment_extents(segment_ids)
         return cls(positions=positions, segment_ids=segment_ids, extras=extras,
                    segment_extents=extents, record_steps=record_steps, fresh_cache=fresh_cache)

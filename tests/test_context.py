@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hybrid_jax import presets
+from hybrid_jax.config import ModelConfig
 from hybrid_jax.context import TokenContext, document_index
 from hybrid_jax.nn import create_model
 from hybrid_jax.ops.attention import segment_extents
@@ -67,6 +68,26 @@ def test_from_batch_takes_positions_segment_ids_and_extra_entries_only():
 def test_documents_start_where_the_id_changes():
     ids = jnp.asarray([[7, 7, 3, 3, 7, 0], [5, 5, 5, 5, 5, 5]], jnp.int32)
     np.testing.assert_array_equal(document_index(ids), [[0, 0, 1, 1, 2, 3], [0] * 6])
+
+
+def test_positions_default_to_each_tokens_place_in_its_document():
+    ctx = TokenContext.create((2, 7), segment_ids=jnp.asarray([[1, 1, 2, 2, 2, 1, 1], [4] * 7]))
+    np.testing.assert_array_equal(ctx.positions, [[0, 1, 0, 1, 2, 0, 1], list(range(7))])
+    np.testing.assert_array_equal(  # decoding's offset applies to the first document
+        TokenContext.create((1, 4), segment_ids=jnp.asarray([[1, 1, 2, 2]]), start=5).positions,
+        [[5, 6, 0, 1]])
+    np.testing.assert_array_equal(TokenContext.create((1, 3), start=2).positions, [[2, 3, 4]])
+
+
+def test_packed_documents_without_positions_match_each_alone_with_a_learned_table():
+    """Learned absolute positions are where a row-wide default would be wrong."""
+    model = create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
+                                     num_heads=2, position_embedding="learned",
+                                     max_positions=16))
+    tokens = jnp.arange(3, 12, dtype=jnp.int32)[None]
+    packed = model(tokens, segment_ids_BT=jnp.asarray([[1, 1, 1, 1, 2, 2, 2, 2, 2]]))
+    np.testing.assert_allclose(packed[:, :4], model(tokens[:, :4]), atol=1e-6)
+    np.testing.assert_allclose(packed[:, 4:], model(tokens[:, 4:]), atol=1e-6)
 
 
 @pytest.mark.parametrize("preset", ["transformer-tiny", "oryx-gdn-tiny"])

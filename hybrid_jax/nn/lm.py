@@ -97,8 +97,9 @@ class LanguageModel(nnx.Module):
         """Parallel forward pass: `[B, T]` tokens → `[B, T, vocab]` float32 logits.
 
         Either a `TokenContext`, or its parts: `segment_ids_BT` marks packed documents (no
-        mixing across them); `positions_BT` (default `0..T−1`) restart at each document when
-        packing; `extras` are further per-token arrays `[B, T, ...]` for mixers that read them.
+        mixing across them); `positions_BT` (default `0..T−1`, or with segment ids each
+        token's place in its document) restart at each document when packing; `extras` are
+        further per-token arrays `[B, T, ...]` for mixers that read them.
         """
         self._check_tokens(tokens_BT)
         self._check_length(tokens_BT.shape[1], "a sequence")
