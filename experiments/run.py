@@ -78,7 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from experiments.cli import main as cli_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in registry.sweep_names():
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: python -m experiments.run NAME [options]\n\n{__doc__.strip()}\n\n"
+              f"sweeps: {', '.join(registry.sweep_names())}\nexperiments: `hybrid-jax list`; "
+              "options: `hybrid-jax train --help` (an experiment), `python -m experiments.run "
+              "SWEEP --help` (a sweep)", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] in registry.sweep_names():
         from experiments.expressivity.command import main as sweep_main
 
         return sweep_main(argv)

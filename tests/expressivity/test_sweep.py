@@ -443,3 +443,12 @@ def test_a_mistyped_sweep_is_named_with_the_sweeps(name, hint, capsys):
 def test_a_mistyped_experiment_still_gets_the_train_commands_error(capsys):
     assert run_main(["mqar-transformer-tinny", "--out", "/nonexistent"]) == 2
     assert "(did you mean 'mqar-transformer-tiny'?)" in capsys.readouterr().err
+
+
+def test_help_names_the_sweeps_and_where_the_options_are(capsys):
+    """`python -m experiments.run --help` showed `hybrid-jax train`'s usage, no sweep."""
+    assert run_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m experiments.run NAME")
+    assert "expressivity/selective-copying" in out and "hybrid-jax train --help" in out
+    assert run_main([]) == 2 and "usage: python -m experiments.run" in capsys.readouterr().err
