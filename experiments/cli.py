@@ -35,6 +35,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.help_text import first_paragraph
+
 # Errors that describe bad input or a failed run (configs, names, paths, damaged checkpoints,
 # non-finite losses, I/O such as a full disk): one line, no traceback. Anything else is a bug,
 # also reported on one line. HYBRID_JAX_DEBUG=1 shows the traceback.
@@ -70,7 +72,7 @@ def _initialize_distributed(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hybrid-jax", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="hybrid-jax", description=first_paragraph(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a named experiment")

@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA, WIKITEXT2_RAW
+from experiments.help_text import first_paragraph
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import NonFiniteLossError, train
@@ -185,7 +186,7 @@ def plot(out: Path, rows: list[dict], learning_rates: list[float]) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--steps", type=int, default=150)

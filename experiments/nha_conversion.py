@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.help_text import first_paragraph
+
 NAME = "lm-gutenberg-nha-conversion"
 DEVDATA = Path(".devdata") / "gutenberg"
 # A fixed sample for the transformers check (any text works; ids come from the tokenizer).
@@ -226,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hybrid_jax.data.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(prog="python -m experiments.nha_conversion",
-                                     description=" ".join(__doc__.split("\n\n")[0].split()))
+                                     description=first_paragraph(__doc__))
     parser.add_argument("--out", type=Path, default=Path("runs") / NAME,
                         help="run directories (checkpoints: hundreds of MB)")
     parser.add_argument("--results", type=Path, default=None,

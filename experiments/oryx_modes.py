@@ -20,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.config import ModelConfig, apply_overrides
 from hybrid_jax.sharding import make_mesh
@@ -60,7 +61,7 @@ def run_modes(run_dir: Path, batches: int, overrides=()) -> dict[str, dict[str, 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("run_dirs", type=Path, nargs="+")
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None, help="JSON of every run's results")

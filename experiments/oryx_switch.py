@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE
@@ -141,7 +142,7 @@ def _model_and_batches(run_dir: Path, num_batches: int) -> tuple:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("run_dirs", type=Path, nargs="+")
     parser.add_argument("--switch", default="96,176", help="positions where the mode switches")
     parser.add_argument("--batches", type=int, default=32)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from experiments.configs.lm import DATA
 from experiments.configs.pha import VARIANTS, VOCAB, ablation_experiment, ablation_model
+from experiments.help_text import first_paragraph
 from hybrid_jax.config import ExperimentConfig
 from hybrid_jax.data.text import corpus_texts
 from hybrid_jax.data.tokenizer import load_tokenizer, train_bpe
@@ -169,7 +170,7 @@ def run(data: Path, out: Path, *, variants: list[str], tiny: bool, time_limit: f
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="copy shards and train the BPE (CPU, here)")
     prep.add_argument("--corpus", type=Path, default=Path(DATA) / "gutenberg")

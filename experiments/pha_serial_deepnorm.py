@@ -29,6 +29,7 @@ from pathlib import Path
 
 from experiments.configs.lm import GUTENBERG
 from experiments.deepnorm_stability import loss_curve, run_name, save_figure
+from experiments.help_text import first_paragraph
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
 from hybrid_jax.presets import PHA_ABLATIONS, pha_model
 from hybrid_jax.train.metrics import read_metrics
@@ -136,7 +137,7 @@ def plot(out: Path, rows: list[dict]) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", default="deepnorm-blocks,2e-3;prenorm,2e-3",
                         help="'arm,lr;arm,lr' runs, one after another")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from flax import nnx
 
+from experiments.help_text import first_paragraph
+
 FULL = "full"
 COLUMNS = ("window", "loss", "perplexity", "accuracy", "tokens")
 
@@ -140,7 +142,7 @@ def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--windows", required=True, help="e.g. 0,4,16,64,full")
     parser.add_argument("--layers", default=None, help="layer indices (default: all windowed)")

@@ -28,6 +28,7 @@ from flax import nnx
 from jax.ad_checkpoint import print_saved_residuals
 
 from experiments.benchmarks.timing import print_table, write_json
+from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.lm import create_model
@@ -74,7 +75,7 @@ def block_residuals(name: str, layer: int = 0, length: int = 128, dtype: str = "
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--models", default="gdn-340m,mamba2-130m,nha-340m,transformer-350m")
     parser.add_argument("--layer", type=int, default=0)
     parser.add_argument("--length", type=int, default=128)

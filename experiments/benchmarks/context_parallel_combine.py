@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from experiments.benchmarks.timing import print_table, time_compiled, write_json  # noqa: E402
+from experiments.help_text import first_paragraph  # noqa: E402
 from hybrid_jax.config import MeshConfig  # noqa: E402
 from hybrid_jax.ops.context_parallel.collectives import (  # noqa: E402
     COMBINES,
@@ -67,7 +68,7 @@ def combine_fn(kind: str, combine: str, mesh):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--devices", type=int, default=8,
                         help="the largest seq axis (fake CPU devices)")
     parser.add_argument("--out", default="context_parallel_combine.json")

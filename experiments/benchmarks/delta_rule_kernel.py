@@ -41,6 +41,7 @@ from experiments.benchmarks.timing import (
     time_compiled,
     write_json,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax.ops import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule
 from pallas_kernels.delta_rule import api
@@ -258,7 +259,7 @@ PARTS = {"check": part_check, "table": part_table, "sweep": part_sweep}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     for part in PARTS:
         parser.add_argument(f"--{part}", action="store_true", help=f"run the {part} part")
     parser.add_argument("--shapes", type=lambda s: s.split(","),

@@ -51,6 +51,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax.ops.attention import attention_xla
 from pallas_kernels.flash_attention import api, gpu
 from pallas_kernels.flash_attention.block_sizes import default_block_sizes
@@ -369,7 +370,7 @@ def _assemble(base, times):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--parts", default="check,table")
     parser.add_argument("--shapes", default="125m,d128,d256")
     parser.add_argument("--doc-median", type=float, default=1024)

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks.timing import device_name, print_table, write_json
+from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.lm import LanguageModel
@@ -66,7 +67,7 @@ def time_row(name: str, limit: float) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--check", default="pha-tiny,gdn-tiny,transformer-tiny")
     parser.add_argument("--models", default="pha-180m,gdn-340m")
     parser.add_argument("--fused-limit-s", type=float, default=60)

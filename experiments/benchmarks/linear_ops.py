@@ -75,6 +75,7 @@ from experiments.benchmarks.timing import (
     print_table,
     write_json,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax import ops
 from hybrid_jax.ops.delta_rule import gated_delta_rule
 from hybrid_jax.ops.dispatch import IMPLEMENTATIONS
@@ -569,7 +570,7 @@ def print_targets(rows: list[dict], shape: MixerShape = TARGET_SHAPE) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--parts", default="table", help="comma-separated: check,sweep,table")
     parser.add_argument("--shapes", default="4x8192,8x4096,2x16384",
                         help="comma-separated BxT, BxTxHxK[xV] or MODEL@BxT "

@@ -32,6 +32,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax.ops.logit_stats import logit_stats_xla
 from pallas_kernels.logit_stats import api
 from pallas_kernels.logit_stats.block_sizes import BlockSizes
@@ -108,7 +109,7 @@ def table(args) -> list[dict]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--parts", default="check,table")
     parser.add_argument("--rows", type=int, default=32768)
     parser.add_argument("--vocab", type=lambda s: [int(v) for v in s.split(",")],

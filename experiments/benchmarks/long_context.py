@@ -36,6 +36,8 @@ import sys
 import time
 from typing import Any
 
+from experiments.help_text import first_paragraph
+
 MODELS = "nha-340m,gdn-340m,transformer-350m"
 LENGTHS = "8192,32768,131072"
 MIN_LENGTH = 1024  # the shortest probe when even the first length fails
@@ -245,7 +247,7 @@ def summarise(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--models", default=MODELS)
     parser.add_argument("--lengths", default=LENGTHS)
     parser.add_argument("--max-length", type=int, default=1 << 20)

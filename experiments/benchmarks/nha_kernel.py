@@ -48,6 +48,7 @@ from experiments.benchmarks.timing import (
     time_compiled,
     write_json,
 )
+from experiments.help_text import first_paragraph
 from pallas_kernels.nha import api
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.nha.reference import nha_reference
@@ -531,7 +532,7 @@ PARTS = {"check": part_check, "table": part_table, "sweep": part_sweep,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     names = lambda s: [x for x in s.split(",") if x]
     for part in ("check", "table", "sweep"):
         parser.add_argument(f"--{part}", action="store_true", help=f"run the {part} part")

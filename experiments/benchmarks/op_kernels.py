@@ -37,6 +37,7 @@ from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs, parse_variants
 from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
 from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
+from experiments.help_text import first_paragraph
 from hybrid_jax.ops.nha import native_hybrid_attention
 
 RUNS = 3
@@ -72,7 +73,7 @@ def profile(fn, inputs) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention,"
                                          "native_hybrid_attention")
     parser.add_argument("--shape", default="4x8192",

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.benchmarks.timing import print_table, write_json
+from experiments.help_text import first_paragraph
 from experiments.run import read_experiment, run_experiment
 from hybrid_jax import presets
 from hybrid_jax.generate import generate
@@ -106,7 +107,7 @@ def measure(name: str, model, prompts, ks: list[int], batches: list[int], prompt
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("run_dir", type=Path, nargs="?", default=None)
     parser.add_argument("--train", default=None, metavar="EXPERIMENT",
                         help="train this experiment into --out-dir first")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.help_text import first_paragraph
 from hybrid_jax.data.corpus import TokenStream, resolve_files, tokenize_documents
 from hybrid_jax.data.packing import PackedWindows
 from hybrid_jax.data.text import corpus_texts
@@ -55,7 +56,7 @@ def document_stats(batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("text")
     parser.add_argument("out")
     parser.add_argument("--vocab", type=int, default=32768)

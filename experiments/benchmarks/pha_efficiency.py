@@ -65,6 +65,7 @@ from experiments.benchmarks.train_throughput import (
     random_batch,
     run_one,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.config import layer
 from hybrid_jax.context import TokenContext
@@ -333,7 +334,7 @@ def plan(parts: list[str], lengths: list[int], prompt: int) -> list[tuple[str, i
 def main(argv=None) -> int:
     # A run cut off by `timeout` (SIGTERM) prints where every thread was.
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--pha-window", type=int, default=0,
                         help="also pha-180m with this sliding window on its attention branch")

@@ -40,6 +40,7 @@ from experiments.benchmarks.timing import (
     write_json,
 )
 from experiments.benchmarks.train_throughput import build_step
+from experiments.help_text import first_paragraph
 
 
 def profile_mode(args, mode: str, trace_dir: Path) -> dict:
@@ -90,7 +91,7 @@ def differences(profiles: list[dict], top: int) -> list[dict]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--model", default="transformer-125m")
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=32768)

@@ -45,6 +45,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax.ops.norms import gated_rms_norm, rms_norm
 from pallas_kernels.rms_norm import api
 from pallas_kernels.rms_norm.block_sizes import BlockSizes, default_block_sizes
@@ -224,7 +225,7 @@ def part_table(args) -> list[dict]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--parts", default="check,table")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=8192)

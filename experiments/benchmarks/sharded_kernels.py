@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from experiments.benchmarks.timing import print_table, time_compiled, write_json
+from experiments.help_text import first_paragraph
 from hybrid_jax import ops
 from hybrid_jax.config import MeshConfig
 from hybrid_jax.sharding import logical_to_spec, make_mesh
@@ -186,7 +187,7 @@ def run_case(name: str, batch: int, length: int, shrink: int = 1,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--batch-per-device", type=int, default=2)
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--rungs", default=",".join(CASES))

@@ -45,6 +45,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax.ops.short_conv import short_conv
 from pallas_kernels.short_conv import api, gpu
 from pallas_kernels.short_conv.block_sizes import BlockSizes, default_block_sizes
@@ -274,7 +275,7 @@ def part_variants(args) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--parts", default="check,table,sweep")
     parser.add_argument("--channels", default="768,1536,3072")
     parser.add_argument("--batch", type=int, default=4)

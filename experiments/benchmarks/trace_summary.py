@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from experiments.help_text import first_paragraph
+
 GPU_PROCESS = r"/device:GPU|GPU:\d"
 STREAM_THREAD = r"^Stream"
 # Kind of a kernel by its name, first match (for the one-line breakdown).
@@ -265,7 +267,7 @@ def print_summary(summary: dict[str, Any], top: int = 30) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1, help="steps the trace holds")
     parser.add_argument("--top", type=int, default=30)

@@ -61,6 +61,7 @@ from experiments.benchmarks.timing import (
     print_table,
     write_json,
 )
+from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.config import (
     ExperimentConfig,
@@ -302,7 +303,7 @@ def add_ratios(rows: list[dict], baseline: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--data", default="")
     parser.add_argument("--models", default=",".join(
         ["transformer-125m", "transformer-350m", "gdn-340m", "mamba2-130m", "nha-340m",

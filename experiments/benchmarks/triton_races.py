@@ -40,6 +40,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from experiments.help_text import first_paragraph
+
 # --- 1. capture ------------------------------------------------------------------------------
 
 
@@ -241,7 +243,7 @@ def check(ttgir_paths: list[Path]) -> dict[str, list[Finding]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("--triton-python", required=True,
                         help="a Python with pip triton 3.6 (Triton's version in jaxlib 0.11)")
     parser.add_argument("--cases", default="all")

@@ -14,12 +14,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.help_text import first_paragraph
+
 DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.run SWEEP",
-                                     description=" ".join(__doc__.split("\n\n")[0].split()))
+                                     description=first_paragraph(__doc__))
     parser.add_argument("name", help="sweep name (see experiments/README.md)")
     parser.add_argument("--out", type=Path, default=None, help="output directory "
                         "(default runs/SWEEP); finished cells there are skipped")
