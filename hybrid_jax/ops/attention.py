@@ -22,8 +22,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from hybrid_jax.ops.checks import check_dims, check_divides, check_floating
+from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_integer
 from hybrid_jax.ops.dispatch import Rung, backend, choose, dispatch
 from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.flash_attention import api as pallas_flash
@@ -108,10 +109,13 @@ def segment_extents(segment_ids_BT: jax.Array) -> pallas_flash.Extents:
 def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids) -> None:
     sizes = check_dims(_OP, {}, q=(q, "BTHD"), k=(k, "BSGD"), v=(v, "BSG_"))
     check_floating(_OP, q=q, k=k, v=v)
+    # Float ids or positions would compare (and mask) without error, but not as documented.
+    check_integer(_OP, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                  q_positions=q_positions, kv_positions=kv_positions)
     check_divides(_OP, "num_kv_heads (axis 2 of k) must divide num_heads (axis 2 of q)",
                   sizes["G"], sizes["H"])
-    if window is not None and window < 1:
-        raise ValueError(f"{_OP}: window must be >= 1 or None, got {window}")
+    if window is not None and (not isinstance(window, int | np.integer) or window < 1):
+        raise ValueError(f"{_OP}: window must be an int >= 1 or None, got {window!r}")
     if kv_segment_ids is not None:
         if segment_ids is None:
             raise ValueError(f"{_OP}: kv_segment_ids need segment_ids (of the queries)")

@@ -101,7 +101,13 @@ def test_bf16_output_dtype_and_accuracy():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(window=0), "window must be >= 1"),
+        (dict(window=0), "window must be an int >= 1 or None, got 0"),
+        (dict(window=2.5), "window must be an int >= 1 or None, got 2.5"),
+        (dict(segment_ids=jnp.zeros((1, 4))), "segment_ids must be integers, got dtype float32"),
+        (dict(q_positions=jnp.arange(4.0)), "q_positions must be integers"),
+        (dict(kv_positions=jnp.arange(4.0)), "kv_positions must be integers"),
+        (dict(segment_ids=jnp.zeros((1, 4), int), kv_segment_ids=jnp.zeros((1, 4))),
+         "kv_segment_ids must be integers"),
         (dict(implementation="triton"), "implementation='triton' is not available"),
         (dict(implementation="pallas"), "pallas.*needs a GPU backend"),
         (dict(implementation="cudnn"), "needs a GPU backend"),
