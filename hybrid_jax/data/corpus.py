@@ -25,8 +25,9 @@ import json
 import lzma
 import os
 import re
+import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -181,7 +182,7 @@ class _StreamWriter:
     def __init__(self, dtype: np.dtype, path: Path | None):
         self.dtype, self.path = dtype, path
         self.chunks: list[np.ndarray] = []
-        self.file = None if path is None else open(path.with_suffix(".bin.tmp"), "wb")
+        self.file = None if path is None else _temporary_beside(path.with_suffix(".bin"))
         self.length, self.doc_starts, self.num_words = 0, [], 0
 
     def write(self, ids: np.ndarray, new_document: bool, eos_id: int) -> None:
@@ -202,13 +203,25 @@ class _StreamWriter:
             return TokenStream(tokens, doc_starts, self.num_words)
         self.file.close()
         path = self.path
-        os.replace(path.with_suffix(".bin.tmp"), path.with_suffix(".bin"))
-        np.save(path.with_suffix(".docs.npy"), doc_starts)
+        os.replace(self.file.name, path.with_suffix(".bin"))
+        _write_replacing(path.with_suffix(".docs.npy"), lambda f: np.save(f, doc_starts))
         meta = {"dtype": self.dtype.name, "length": self.length, "num_words": self.num_words}
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, path.with_suffix(".json"))  # written last: marks the cache complete
+        # written last: marks the cache complete
+        _write_replacing(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta).encode()))
         return _load_cached(path)
+
+
+def _temporary_beside(path: Path) -> IO[bytes]:
+    """A new binary file of this writer's own next to `path`, to be renamed onto it: writers of
+    one cache entry at once (the hosts of a run, parallel runs) never share a file."""
+    return tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp",
+                                       delete=False)
+
+
+def _write_replacing(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    with _temporary_beside(path) as f:
+        write(f)
+    os.replace(f.name, path)
 
 
 def _load_cached(path: Path) -> TokenStream | None:
@@ -269,21 +282,40 @@ def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
             except ValueError as e:
                 raise ValueError(f"token file {path} is not a valid .npy array: {e}") from None
         else:
-            tokens = np.memmap(path, dtype=token_dtype, mode="r")
+            tokens = _raw_tokens(path, token_dtype)
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"token file {path}: expected a 1-D integer array, found shape "
                              f"{tokens.shape} dtype {tokens.dtype}")
-        if len(tokens) and int(tokens.max()) >= vocab_size:
-            raise ValueError(f"token file {path} holds id {int(tokens.max())}, outside the "
-                             f"vocabulary of {vocab_size} (tokenizer / model.vocab_size)")
+        _check_ids(path, tokens, vocab_size)
         starts = np.flatnonzero(tokens == eos_id)
-        if not len(starts) or starts[0] != 0:
+        if len(tokens) and (not len(starts) or starts[0] != 0):  # an empty file starts nothing
             starts = np.concatenate([[0], starts])
         doc_starts.append(starts + offset)
         arrays.append(tokens)
         offset += len(tokens)
     tokens = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     return TokenStream(tokens, np.concatenate(doc_starts).astype(np.int64))
+
+
+def _raw_tokens(path: Path, token_dtype: str) -> np.ndarray:
+    """A raw `.bin` file as `token_dtype` ids, memory-mapped (an empty file: no ids)."""
+    size, itemsize = path.stat().st_size, np.dtype(token_dtype).itemsize
+    if size % itemsize:
+        raise ValueError(f"token file {path} has {size} bytes, not a whole number of "
+                         f"{token_dtype} ids ({itemsize} bytes each): check data.token_dtype")
+    return np.memmap(path, dtype=token_dtype, mode="r") if size else np.zeros(0, token_dtype)
+
+
+def _check_ids(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
+    """Raises ValueError, naming the id, unless every id is in `[0, vocab_size)` (a negative id
+    would silently index the embedding from its end)."""
+    if not len(tokens):
+        return
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"token file {path} holds id {low if low < 0 else high}, outside the "
+                         f"vocabulary of {vocab_size}: expected ids in [0, {vocab_size}) "
+                         "(tokenizer / model.vocab_size)")
 
 
 def load_stream(files: list[Path], tokenizer: Tokenizer, *, document_regex: str = "",

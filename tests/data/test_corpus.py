@@ -91,6 +91,7 @@ def test_token_files_start_documents_at_eos_across_files(tmp_path):
     (np.zeros((2, 3), np.uint16), r"expected a 1-D integer array, found shape \(2, 3\)"),
     (np.zeros(4, np.float32), "expected a 1-D integer array, found shape .4,. dtype float32"),
     (np.array([1, 257], np.uint16), "holds id 257, outside the vocabulary of 257"),
+    (np.array([256, 5, -3], np.int32), r"holds id -3, .* expected ids in \[0, 257\)"),
 ])
 def test_token_files_refuse_shapes_dtypes_and_ids(array, message, tmp_path):
     np.save(tmp_path / "bad.npy", array)
@@ -98,8 +99,44 @@ def test_token_files_refuse_shapes_dtypes_and_ids(array, message, tmp_path):
         load_stream([tmp_path / "bad.npy"], ByteTokenizer())
 
 
+def test_raw_token_files_empty_or_cut_mid_id(tmp_path):
+    """An empty .bin file holds no tokens and starts no document (like an empty .npy); a size
+    that is not whole ids of data.token_dtype names the file and the setting."""
+    (tmp_path / "empty.bin").write_bytes(b"")
+    np.array([256, 4, 256], np.uint16).tofile(tmp_path / "a.bin")
+    np.save(tmp_path / "empty.npy", np.zeros(0, np.uint16))
+    files = [tmp_path / n for n in ("empty.bin", "a.bin", "empty.npy")]
+    stream = load_stream(files, ByteTokenizer())
+    assert stream.tokens.tolist() == [256, 4, 256] and stream.doc_starts.tolist() == [0, 2]
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
+    with pytest.raises(ValueError, match=r"odd.bin has 3 bytes, not a whole number of uint16 "
+                       r"ids .* data.token_dtype"):
+        load_stream([tmp_path / "odd.bin"], ByteTokenizer())
+
+
 def test_token_arrays_and_text_do_not_mix(tmp_path):
     np.save(tmp_path / "a.npy", np.array([256, 1], np.uint16))
     (tmp_path / "b.txt").write_text("x\n")
     with pytest.raises(ValueError, match="cannot mix token arrays"):
         load_stream([tmp_path / "a.npy", tmp_path / "b.txt"], ByteTokenizer())
+
+
+def test_writers_of_one_cache_entry_at_once_each_get_the_whole_stream(tmp_path):
+    """The hosts of a run (or parallel runs) sharing a cache may tokenize the same files at once:
+    here a second writer runs to completion while the first is half way. Each has temporary files
+    of its own, so neither loses its file nor reads the other's half-written bytes."""
+    path, cache = tmp_path / "a.txt", tmp_path / "cache"
+    path.write_text("héllo\nworld\n")
+    others = []
+
+    class Interleaved(ByteTokenizer):
+        def encode_batch(self, texts):
+            if not others:  # the first writer's file is open: the other writer runs now
+                others.append(tokenize_documents([path], ByteTokenizer(), cache_dir=cache))
+            return super().encode_batch(texts)
+
+    first = tokenize_documents([path], Interleaved(), cache_dir=cache)
+    expected = [256, *"héllo\nworld\n".encode()]
+    assert first.tokens.tolist() == others[0].tokens.tolist() == expected
+    assert tokenize_documents([path], ByteTokenizer(), cache_dir=cache).tokens.tolist() == expected
+    assert sorted(p.suffix for p in cache.iterdir()) == [".bin", ".json", ".npy"]  # no leftovers
