@@ -255,13 +255,14 @@ def load_for_eval(run_dir: Path, overrides: Sequence[str], step: int | None,
                   batches: int | None, command: str):
     """(train state of checkpoint `step` (default latest), its step, held-out batches, their
     word count) of a run; `batches`: default the run's `train.eval_batches`, 0: all."""
-    from hybrid_jax.sharding import check_batch_split, make_mesh
+    from hybrid_jax.sharding import check_batch_split, check_seq_split, make_mesh
     from hybrid_jax.train.trainer import bind_data, held_out_set
 
     _at_least(batches, 0, "--batches")
     experiment = _read_run(run_dir, overrides)
-    cfg = experiment.train
-    check_batch_split(make_mesh(cfg.mesh), cfg.batch_size)  # before the checkpoint loads
+    cfg, mesh = experiment.train, make_mesh(experiment.train.mesh)
+    check_batch_split(mesh, cfg.batch_size)  # before the checkpoint loads
+    check_seq_split(mesh, int(getattr(experiment.data, "seq_len", 0)))
     ts, step = _load_run(run_dir, experiment, step, command)
     data = bind_data(experiment.data, run_dir, resume=True)
     held_out, words = held_out_set(data, cfg.batch_size,

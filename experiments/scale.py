@@ -86,15 +86,13 @@ def check_setting(experiment, strategy: str, devices: int, weak: bool) -> None:
     batch over data / fsdp, the sequence over seq."""
     import jax
 
-    from hybrid_jax.sharding import check_batch_split, make_mesh
+    from hybrid_jax.sharding import check_batch_split, check_seq_split, make_mesh
 
     experiment = scaled_experiment(experiment, strategy, devices, weak)
     where = f"{strategy} x{devices}"
-    check_batch_split(make_mesh(experiment.train.mesh, jax.devices()[:devices]),
-                      experiment.train.batch_size, f"{where}: train.batch_size")
-    if strategy == "seq" and experiment.data.seq_len % devices:
-        raise ValueError(f"{where}: data.seq_len={experiment.data.seq_len} does not split over "
-                         f"{devices} seq devices: use a multiple of {devices}")
+    mesh = make_mesh(experiment.train.mesh, jax.devices()[:devices])
+    check_batch_split(mesh, experiment.train.batch_size, f"{where}: train.batch_size")
+    check_seq_split(mesh, experiment.data.seq_len, f"{where}: data.seq_len")
 
 
 def _peak_mb(compiled) -> float | None:

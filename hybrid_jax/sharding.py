@@ -188,3 +188,14 @@ def check_batch_split(mesh: Mesh, batch_size: int, what: str = "train.batch_size
         raise ValueError(f"{what}={batch_size} does not split over the mesh's batch axes "
                          f"({sizes} = {shards} shards): use a multiple of {shards}, or fewer "
                          "data / fsdp devices")
+
+
+def check_seq_split(mesh: Mesh, seq_len: int, what: str = "data.seq_len") -> None:
+    """Refuses a sequence that the mesh's `seq` axis does not split into equal time shards;
+    the context-parallel ops' own error comes once the model is traced and names an
+    activation's shape, not the setting."""
+    shards = mesh.shape["seq"]
+    if seq_len % shards:
+        raise ValueError(f"{what}={seq_len} does not split over the mesh's {shards} 'seq' "
+                         f"devices (context parallelism): use a multiple of {shards}, or "
+                         "fewer seq devices")

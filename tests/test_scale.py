@@ -76,8 +76,8 @@ def test_presets_in_place_of_the_model_and_the_time_limit(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--devices", "1,3"], "data x3: train.batch_size=4 does not split over the mesh's batch "
                            "axes (data 3 x fsdp 1 = 3 shards)"),
-    (["--devices", "3", "--strategy", "seq"], "seq x3: data.seq_len=32 does not split over 3 "
-                                              "seq devices"),
+    (["--devices", "3", "--strategy", "seq"], "seq x3: data.seq_len=32 does not split over the "
+                                              "mesh's 3 'seq' devices"),
 ])
 def test_settings_the_mesh_cannot_split_are_refused_before_any_is_timed(tmp_path, capsys, argv,
                                                                          message):

@@ -1,6 +1,7 @@
 """Data-parallel, FSDP and tensor-parallel meshes on 8 fake CPU devices give the one-device loss
 and gradients, and parameters are laid out as the logical-axis rules say."""
 
+import dataclasses
 import functools
 
 import jax
@@ -220,3 +221,18 @@ def test_axes_made_manual_by_a_shard_map_are_left_out():
 def test_a_variable_without_logical_axes_is_replicated_on_every_axis():
     mesh = make_mesh(MeshConfig(data=1, fsdp=8))
     assert variable_sharding(nnx.Param(jnp.zeros((8, 8))), mesh).spec == P(None, None)
+
+
+def test_a_sequence_the_seq_axis_cannot_split_is_refused_by_name():
+    """A run on 4 seq devices with data.seq_len=18 is refused before anything compiles; the
+    context-parallel ops' error came once the model was traced and named an activation's
+    shape, not the setting."""
+    from hybrid_jax.train.trainer import train
+
+    experiment = dataclasses.replace(
+        EXPERIMENT, data=dataclasses.replace(EXPERIMENT.data, seq_len=18),
+        train=dataclasses.replace(EXPERIMENT.train, mesh=MeshConfig(data=2, seq=4)))
+    with pytest.raises(ValueError, match=r"^data.seq_len=18 does not split over the mesh's 4 "
+                                         r"'seq' devices \(context parallelism\): use a "
+                                         r"multiple of 4"):
+        train(experiment, progress=False)

@@ -52,6 +52,7 @@ from hybrid_jax.sharding import (
     axis_rules,
     batch_sharding,
     check_batch_split,
+    check_seq_split,
     make_mesh,
     state_shardings,
     use_rules,
@@ -399,6 +400,8 @@ class _Run:
         _check_vocab(experiment, self.data)
         self.mesh = make_mesh(cfg.mesh)
         check_batch_split(self.mesh, cfg.batch_size)
+        seq_len = int(getattr(self.data, "seq_len", 0))  # 0: the data does not say
+        check_seq_split(self.mesh, seq_len)
         check_process_rows(self.mesh, cfg.batch_size)
         # Rates per device count the mesh's devices, which may be fewer than the host's.
         self.devices = self.mesh.devices.size
@@ -409,7 +412,6 @@ class _Run:
         if cfg.mode_schedule.pattern != "none":
             check_reads_modes(nnx.merge(self.abstract.graphdef, self.abstract.state)[0],
                               "train.mode_schedule")
-        seq_len = int(getattr(self.data, "seq_len", 0))
         self.flops = (step_flops(experiment.model, seq_len, self.abstract.params) if seq_len
                       else None)
         self.batches = DevicePrefetcher(

@@ -173,6 +173,9 @@ def test_eval_names_its_checkpoint_step(trained, capsys):
     (["eval", "{run}", "--set", "train.mesh.data=8"],
      "train.batch_size=4 does not split over the mesh's batch axes (data 8 x fsdp 1 = 8 "
      "shards): use a multiple of 8"),
+    # Time over 3 seq devices: the context-parallel ops' error named an activation's shape.
+    (["eval", "{run}", "--set", "train.mesh.data=1", "--set", "train.mesh.seq=3"],
+     "data.seq_len=16 does not split over the mesh's 3 'seq' devices"),
 ])
 def test_bad_eval_and_generate_arguments(trained, capsys, argv, message):
     err = one_line_error(capsys, [a.format(run=trained) for a in argv])
