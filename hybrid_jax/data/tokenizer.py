@@ -14,6 +14,7 @@ import collections
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ HF_MODEL_CONFIG = "config.json"  # eos_token_id (in a run directory: the experim
 HF_RUN_MODEL_CONFIG = "hf_config.json"  # an imported model's config.json, in its run directory
 # How the usual tokenizers spell EOS (Llama 2 / Mistral, GPT-2 / Qwen2 / ours, Llama 3, Gemma).
 EOS_SPELLINGS = ("</s>", EOS, "<|end_of_text|>", "<eos>")
+BYTE_FALLBACK_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's tokens of one byte
 
 
 class Tokenizer(Protocol):
@@ -119,16 +121,28 @@ class HFTokenizer:
         return self.tokenizer.decode(checked_ids(ids, self.vocab_size, self.name))
 
     def token_bytes(self) -> np.ndarray:
+        """Byte-level vocabularies spell each byte as one character: exact. Others (SentencePiece
+        style: "▁" for a space, `<0xNN>` byte tokens) decode each token after another one, as a
+        lone token's decode drops the space before a word and turns a byte into U+FFFD; the
+        space such a tokenizer prepends to each text counts one byte more than the text has."""
         specials = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()
                     if t.special}
         config = json.loads(self.tokenizer.to_str())
         byte_level = (config.get("decoder") or {}).get("type") == "ByteLevel"
+        byte_fallback = (config.get("model") or {}).get("byte_fallback", False)
+        tokens = [(t, i) for t, i in self.tokenizer.get_vocab().items() if t not in specials]
         sizes = np.zeros(self.vocab_size, np.int32)
-        for token, i in self.tokenizer.get_vocab().items():
-            if token in specials:
-                continue
-            # Byte-level vocabularies spell each byte as one character: exact. Otherwise decode.
-            sizes[i] = len(token) if byte_level else len(self.decode([i]).encode("utf-8"))
+        if byte_level:
+            for token, i in tokens:
+                sizes[i] = len(token)
+            return sizes
+        anchor = next(i for t, i in sorted(tokens, key=lambda ti: ti[1])
+                      if not BYTE_FALLBACK_TOKEN.fullmatch(t) and self.decode([i]))
+        anchor_bytes = len(self.decode([anchor]).encode("utf-8"))
+        texts = self.tokenizer.decode_batch([[anchor, i] for _, i in tokens])
+        for (token, i), text in zip(tokens, texts, strict=True):
+            one_byte = byte_fallback and BYTE_FALLBACK_TOKEN.fullmatch(token)
+            sizes[i] = 1 if one_byte else len(text.encode("utf-8")) - anchor_bytes
         return sizes
 
     def to_json(self) -> str:

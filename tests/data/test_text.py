@@ -72,6 +72,40 @@ def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
     assert isinstance(loaded, HFTokenizer) and np.array_equal(loaded.encode(text), ids)
 
 
+def sentencepiece_style(byte_fallback: bool) -> HFTokenizer:
+    """A Llama-2-style tokenizer: "▁" spells a space and is prepended to each text; unknown
+    characters fall back to `<0xNN>` byte tokens (or to `<unk>`)."""
+    from tokenizers import AddedToken, decoders, models, normalizers
+    from tokenizers import Tokenizer as HF
+
+    specials = ["<unk>", "<s>", "</s>"]
+    pieces = [f"<0x{b:02X}>" for b in range(256)] + ["▁", "t", "h", "e", "é", "\n", "▁t", "▁th",
+                                                     "▁the"]
+    vocab = {t: i for i, t in enumerate(specials + pieces)}
+    merges = [("▁", "t"), ("▁t", "h"), ("▁th", "e")]
+    tok = HF(models.BPE(vocab=vocab, merges=merges, byte_fallback=byte_fallback,
+                        unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                           normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    return HFTokenizer(tok, eos="</s>")
+
+
+@pytest.mark.parametrize("byte_fallback", [False, True])
+def test_sentencepiece_style_tokens_count_their_spaces_and_bytes(byte_fallback):
+    """Bits-per-byte needs each token's bytes: "▁the" is 4 (a lone decode drops the space), a
+    `<0xNN>` token is 1 (a lone decode is U+FFFD, 3). Only the space the tokenizer prepends to
+    the text is one byte more than the text."""
+    tok, text = sentencepiece_style(byte_fallback), "the thé\n日 the"
+    ids = tok.encode(text)
+    assert (tok.decode(ids) == text) == byte_fallback  # without byte tokens: <unk> for 日
+    unk_bytes = 0 if byte_fallback else len("日".encode())
+    assert tok.token_bytes()[ids].sum() == len(text.encode()) + 1 - unk_bytes
+    assert tok.token_bytes()[[tok.eos_id, 0]].tolist() == [0, 0]  # special tokens: no bytes
+
+
 def test_word_tokenizer_one_eos_per_line():
     tok = build_word_vocab(["a b a\nc\n"])
     assert isinstance(tok, WordTokenizer) and tok.vocab[:3] == ["<eos>", "<unk>", "a"]
