@@ -350,18 +350,17 @@ class MeshConfig:
 
     def shape(self, num_devices: int) -> tuple[int, int, int, int]:
         sizes = list(self.sizes())
-        known = math.prod(s for s in sizes if s != -1)
-        if -1 in sizes:
-            if num_devices % known:
-                raise ValueError(f"MeshConfig {sizes}: {known} does not divide the "
-                                 f"{num_devices} available devices")
-            sizes[sizes.index(-1)] = num_devices // known
-        if math.prod(sizes) > num_devices:
-            need = math.prod(sizes)
+        need = math.prod(s for s in sizes if s != -1)  # with a -1 axis: at least that many
+        if need > num_devices:
             raise ValueError(f"MeshConfig {sizes} needs {need} devices, only {num_devices} are "
                              "available: lower train.mesh.data / fsdp / seq / tensor, or, on a "
                              f"CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={need} "
                              "before starting for that many fake devices")
+        if -1 in sizes:
+            if num_devices % need:
+                raise ValueError(f"MeshConfig {sizes}: {need} does not divide the "
+                                 f"{num_devices} available devices")
+            sizes[sizes.index(-1)] = num_devices // need
         return tuple(sizes)
 
 

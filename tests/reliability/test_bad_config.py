@@ -140,6 +140,11 @@ def test_mesh_shapes_use_every_device_or_refuse():
                                          r"platform_device_count=8 before starting"):
         MeshConfig(data=2, seq=4).shape(1)
     assert MeshConfig(data=2, fsdp=2).shape(4) == (2, 2, 1, 1)
+    # More devices than there are beside a -1 axis (the default data=-1): it said that 16 does
+    # not divide the 8 devices, without the way out.
+    with pytest.raises(ValueError, match=r"MeshConfig \[-1, 1, 16, 1\] needs 16 devices, only 8 "
+                                         r"are available: lower"):
+        MeshConfig(seq=16).shape(8)
     with pytest.raises(ValueError, match=r"MeshConfig \[2, 2, 1, 1\] needs 4 devices, only 3"):
         MeshConfig(data=2, fsdp=2).shape(3)
 
