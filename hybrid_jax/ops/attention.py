@@ -24,7 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_integer
+from hybrid_jax.ops.checks import (
+    check_dims,
+    check_divides,
+    check_floating,
+    check_integer,
+    check_rank,
+)
 from hybrid_jax.ops.dispatch import Rung, backend, choose, dispatch
 from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.flash_attention import api as pallas_flash
@@ -108,6 +114,9 @@ def segment_extents(segment_ids_BT: jax.Array) -> pallas_flash.Extents:
 
 def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids) -> None:
     sizes = check_dims(_OP, {}, q=(q, "BTHD"), k=(k, "BSGD"), v=(v, "BSG_"))
+    if sizes["T"] == 0 or sizes["S"] == 0:
+        raise ValueError(f"{_OP}: needs at least one query and one key, got q shape "
+                         f"{tuple(q.shape)} and k shape {tuple(k.shape)}")
     check_floating(_OP, q=q, k=k, v=v)
     # Float ids or positions would compare (and mask) without error, but not as documented.
     check_integer(_OP, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
@@ -376,6 +385,11 @@ def apply_rope(
     Hugging Face checkpoints), frequencies from `rope_frequencies(r, theta, scaling)`;
     `positions` is `[B, T]` or `[T]`. Channels past `r` pass through.
     """
+    check_rank("apply_rope", "x", x, "BTHD")
+    if positions.shape not in ((x.shape[1],), x.shape[:2]):
+        raise ValueError(f"apply_rope: positions must have shape [T] = [{x.shape[1]}] or [B,T] = "
+                         f"{list(x.shape[:2])} (x shape {tuple(x.shape)}), got "
+                         f"{tuple(positions.shape)}")
     rot = rotary_dim(x.shape[-1], fraction)
     if rot == 0:
         return x

@@ -214,3 +214,22 @@ def test_masked_softmax_gives_rows_without_keys_zeros():
     np.testing.assert_allclose(weights[:, 0].sum(-1), 1.0, rtol=1e-6)
     grad = jax.grad(lambda l: jnp.sum(masked_softmax(l, mask) * jnp.arange(4.0)))(logits)
     assert np.isfinite(np.asarray(grad)).all() and not np.asarray(grad)[:, 1].any()
+
+
+def test_no_queries_or_no_keys_are_refused_by_name():
+    q, k, v = _qkv(4, 4, Hq=2, Hkv=1, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"at least one query and one key, got q shape \(2, 0"):
+        ops.attention(q[:, :0], k, v, causal=False)
+    with pytest.raises(ValueError, match=r"and k shape \(2, 0, 1, 8\)"):
+        ops.attention(q, k[:, :0], v[:, :0], causal=False)
+
+
+def test_rope_positions_of_another_length_are_refused_by_name():
+    q, _, _ = _qkv(4, 4, Hq=2, Hkv=1, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"positions must have shape \[T\] = \[4\] or \[B,T\] = "
+                                         r"\[2, 4\] .* got \(5,\)"):
+        ops.apply_rope(q, jnp.arange(5))
+    with pytest.raises(ValueError, match=r"got \(3, 4\)"):
+        ops.apply_rope(q, jnp.zeros((3, 4), int))
+    per_row = jnp.tile(jnp.arange(4), (2, 1))
+    assert_close(ops.apply_rope(q, jnp.arange(4)), ops.apply_rope(q, per_row), 1e-15)
