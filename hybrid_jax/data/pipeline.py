@@ -19,6 +19,9 @@ def _shard(batch_size: int, shard_index: int | None, shard_count: int | None
     process of all of them)."""
     index = jax.process_index() if shard_index is None else shard_index
     count = jax.process_count() if shard_count is None else shard_count
+    if not 0 <= index < count:  # another index would read other processes' rows, or none
+        raise ValueError(f"shard_index={index}, shard_count={count}: expected 0 <= shard_index "
+                         "< shard_count")
     if batch_size % count:
         raise ValueError(f"batch_size={batch_size} is not divisible by the {count} "
                          "data-loading processes")

@@ -115,6 +115,17 @@ def test_process_rows():
         process_rows(batch, shard_index=0, shard_count=3)
 
 
+@pytest.mark.parametrize("index, count", [(4, 4), (-1, 4), (0, 0)])
+def test_a_shard_index_outside_the_processes_is_refused(index, count):
+    """Index 4 of 4 read process 0's rows of the next batch, -1 nothing, count 0 divided by 0."""
+    message = rf"shard_index={index}, shard_count={count}: expected 0 <= shard_index < shard_c"
+    with pytest.raises(ValueError, match=message):
+        train_iterator(RecordingData(), batch_size=BATCH, seed=0, shard_index=index,
+                       shard_count=count)
+    with pytest.raises(ValueError, match=message):
+        process_rows({"inputs": np.arange(8)}, shard_index=index, shard_count=count)
+
+
 @pytest.mark.parametrize("size, num_batches, expected", [
     (43, 2, 2), (43, 0, 5), (43, 100, 5),  # 0: all; more than there are: all; whole batches
     (8, 0, 1),  # exactly one batch
