@@ -309,8 +309,8 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
     """
     if modes is not None:
         check_reads_modes(ts.model(), "eval modes")
-    if batches:  # held-out batches have the run's batch size; the mesh may be another's
-        check_batch_split(ts.mesh, len(batches[0]["inputs"]) * jax.process_count())
+    if batches:  # global batches of the run's size; the mesh may be another's
+        check_batch_split(ts.mesh, len(batches[0]["inputs"]))
     eval_step = make_eval_step(ts) if eval_step is None else eval_step
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     num_bytes, in_attention, num_tokens = 0, 0, 0

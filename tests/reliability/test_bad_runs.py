@@ -410,6 +410,21 @@ def test_evaluate_api_names_a_batch_the_mesh_cannot_split(trained):
         evaluate(ts, [batch])
 
 
+def test_evaluate_counts_a_global_batch_once_in_a_multiprocess_job(trained, monkeypatch):
+    """Held-out batches are global (every process places its own rows of them): 4 rows on 8
+    data devices were let through as 4 x 2 processes = 8 rows, to fail in JAX's placement."""
+    import jax
+    import numpy as np
+
+    experiment = read_experiment(trained / "config.json")
+    ts, _ = restore_train_state(experiment, trained, make_mesh(MeshConfig(data=8)))
+    batch = {k: np.zeros((4, 16), np.int32) for k in ("inputs", "targets", "mask")}
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"train.batch_size=4 does not split over the mesh's "
+                                         r"batch axes \(data 8 x fsdp 1 = 8 shards\)"):
+        evaluate(ts, [batch])
+
+
 def test_train_api_refuses_a_locked_directory(trained, tmp_path):
     experiment = tiny_text_experiment(trained.parent)
     with RunLock(tmp_path), pytest.raises(ValueError, match="is in use by another run"):
