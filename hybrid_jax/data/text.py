@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +149,19 @@ def resolve_tokenizer(config: TextConfig, run_dir: Path | None, *,
     return tokenizer
 
 
+def _warn_on_shared_files(eval_files: list[Path], train_spec: str) -> None:
+    """Held-out numbers measured on training text look better than they are: say so."""
+    try:
+        train = {f.resolve() for f in resolve_files(train_spec, "data.path")}
+    except (FileNotFoundError, ValueError):  # evaluating without the training files at hand
+        return
+    shared = [str(f) for f in eval_files if f.resolve() in train]
+    if shared:
+        logging.getLogger("hybrid_jax.data").warning(
+            "data.eval_path and data.path share %d file(s), e.g. %s: the eval loss is measured "
+            "on training text", len(shared), shared[0])
+
+
 @dataclasses.dataclass
 class TextData:
     """A bound text config: the tokenizer plus token streams of the train and eval files."""
@@ -171,8 +185,11 @@ class TextData:
         if split not in self._streams:
             spec, what = ((self.config.path, "data.path") if split == "train"
                           else (self.config.eval_path, "data.eval_path"))
+            files = resolve_files(spec, what)
+            if split == "eval":
+                _warn_on_shared_files(files, self.config.path)
             self._streams[split] = load_stream(
-                resolve_files(spec, what), self.tokenizer,
+                files, self.tokenizer,
                 document_regex=self.config.document_regex, token_dtype=self.config.token_dtype,
                 cache_dir=self.cache_dir, encoding=self.config.encoding)
         return self._streams[split]

@@ -319,6 +319,20 @@ def test_too_short_data_names_its_setting(tmp_path):
     assert len(dataclasses.replace(data.config, seq_len=10).bind(None).source("train")) == 1
 
 
+def test_held_out_files_that_are_training_files_are_named(corpus, caplog):
+    """An eval loss on training text silently looked like a held-out one; evaluating without
+    the training files at hand still works."""
+    config = TextConfig(path=str(corpus / "train-*.txt"), seq_len=16,
+                        eval_path=f"{corpus}/valid.txt,{corpus}/../{corpus.name}/train-1.txt")
+    config.bind(None).stream("eval")
+    assert "share 1 file(s), e.g. " in caplog.text and "train-1.txt" in caplog.text
+    caplog.clear()
+    for path in (str(corpus / "train-*.txt"), str(corpus / "gone.txt")):
+        dataclasses.replace(config, path=path, eval_path=str(corpus / "valid.txt")
+                            ).bind(None).stream("eval")
+    assert "share" not in caplog.text
+
+
 def test_eval_batches_count_every_byte(corpus):
     data = TextConfig(path=str(corpus / "train-0.txt"), eval_path=str(corpus / "valid.txt"),
                       seq_len=16, document_regex=ARTICLE, word_perplexity=True).bind(None)
