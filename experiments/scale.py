@@ -62,12 +62,11 @@ def parse_list(text: str, what: str, allowed: Sequence[str] | None = None) -> li
     return items
 
 
-def mesh_config(strategy: str, devices: int):
-    from hybrid_jax.config import MeshConfig
-
+def mesh_config(mesh, strategy: str, devices: int):
+    """`mesh` (its axis rules kept) with every device on the `strategy` axis."""
     sizes = dict(data=1, fsdp=1, seq=1, tensor=1)
     sizes[strategy] = devices
-    return MeshConfig(**sizes)
+    return dataclasses.replace(mesh, **sizes)
 
 
 def scaled_experiment(experiment, strategy: str, devices: int, weak: bool):
@@ -77,7 +76,7 @@ def scaled_experiment(experiment, strategy: str, devices: int, weak: bool):
         data = dataclasses.replace(data, seq_len=data.seq_len * devices)
     elif weak:
         train = dataclasses.replace(train, batch_size=train.batch_size * devices)
-    train = dataclasses.replace(train, mesh=mesh_config(strategy, devices))
+    train = dataclasses.replace(train, mesh=mesh_config(train.mesh, strategy, devices))
     return dataclasses.replace(experiment, train=train, data=data)
 
 
@@ -86,12 +85,19 @@ def check_setting(experiment, strategy: str, devices: int, weak: bool) -> None:
     batch over data / fsdp, the sequence over seq."""
     import jax
 
-    from hybrid_jax.sharding import check_batch_split, check_seq_split, make_mesh
+    from hybrid_jax.sharding import (
+        axis_rules,
+        check_batch_split,
+        check_seq_split,
+        make_mesh,
+        use_rules,
+    )
 
     experiment = scaled_experiment(experiment, strategy, devices, weak)
     where = f"{strategy} x{devices}"
     mesh = make_mesh(experiment.train.mesh, jax.devices()[:devices])
-    check_batch_split(mesh, experiment.train.batch_size, f"{where}: train.batch_size")
+    with use_rules(axis_rules(experiment.train.mesh)):  # the batch axes may be overridden
+        check_batch_split(mesh, experiment.train.batch_size, f"{where}: train.batch_size")
     check_seq_split(mesh, experiment.data.seq_len, f"{where}: data.seq_len")
 
 
@@ -106,7 +112,16 @@ def _peak_mb(compiled) -> float | None:
 
 def measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
             model: str) -> dict[str, Any]:
-    """One row of the table: the timed train and forward steps of one setting."""
+    """One row of the table: the timed train and forward steps of one setting, parameters and
+    activations laid out by the experiment's axis rules (`train.mesh.axis_rules`)."""
+    from hybrid_jax.sharding import axis_rules, use_rules
+
+    with use_rules(axis_rules(experiment.train.mesh)):
+        return _measure(experiment, strategy, devices, weak=weak, steps=steps, model=model)
+
+
+def _measure(experiment, strategy: str, devices: int, *, weak: bool, steps: int,
+             model: str) -> dict[str, Any]:
     import jax
     import numpy as np
 

@@ -144,3 +144,26 @@ def test_the_json_holds_every_row_measured_before_a_failure(tmp_path, monkeypatc
     rows = json.loads((tmp_path / "scale.json").read_text())["rows"]
     assert [(r["model"], r["devices"], r["efficiency"]) for r in rows] == [
         ("mqar-hybrid-tiny", 1, 1.0)]
+
+
+def test_the_axis_rules_setting_reaches_every_setting(monkeypatch):
+    """`--set train.mesh.axis_rules=...` (and its overrides) lay out the timed steps and decide
+    the batch axes of the check: the strategy's mesh kept only its sizes, and the steps ran
+    under the default rules."""
+    from hybrid_jax import sharding
+    from hybrid_jax.train import trainer
+
+    class Initialised(Exception):
+        pass
+
+    def init_train_state(experiment, mesh):
+        raise Initialised(sharding.current_rules()["embed"], experiment.train.mesh.axis_rules)
+
+    monkeypatch.setattr(trainer, "init_train_state", init_train_state)
+    (_, experiment), = experiments_to_run("mqar-hybrid-tiny", [], [
+        "train.mesh.axis_rules=replicated", "train.batch_size=4",
+        'train.mesh.axis_rule_overrides=["batch=data"]'])
+    scale.check_setting(experiment, "fsdp", 8, weak=False)  # the batch is not split over fsdp
+    with pytest.raises(Initialised) as raised:
+        scale.measure(experiment, "fsdp", 2, weak=False, steps=1, model="m")
+    assert raised.value.args == (None, "replicated")
