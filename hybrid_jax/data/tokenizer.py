@@ -166,6 +166,10 @@ class WordTokenizer:
                              f"got {list(vocab[:2])}")
         self.vocab = list(vocab)
         self.ids = {w: i for i, w in enumerate(self.vocab)}
+        if len(self.ids) < len(self.vocab):
+            twice = next(w for w, n in collections.Counter(self.vocab).items() if n > 1)
+            raise ValueError(f"a word vocabulary lists each word once, got {twice!r} twice "
+                             f"(or more) in {len(self.vocab)} words")
         self.vocab_size, self.eos_id = len(self.vocab), 0
 
     def encode(self, text: str) -> np.ndarray:
@@ -257,11 +261,15 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"tokenizer file {path} is not valid JSON: {e}") from None
-    kind = data.get(KIND_KEY)
+    kind = data.get(KIND_KEY) if isinstance(data, dict) else None
     if kind == "byte":
         return ByteTokenizer()
     if kind == "word":
-        return WordTokenizer(data["vocab"])
+        vocab = data.get("vocab")
+        if not isinstance(vocab, list) or not all(isinstance(w, str) for w in vocab):
+            raise ValueError(f"tokenizer file {path}: a word tokenizer needs \"vocab\", a list "
+                             f"of words; found {type(vocab).__name__}")
+        return WordTokenizer(vocab)
     if kind is not None:
         raise ValueError(f"tokenizer file {path}: unknown {KIND_KEY} {kind!r}; "
                          "expected 'byte' or 'word'")

@@ -134,6 +134,15 @@ def test_load_tokenizer_errors_name_the_file(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="bad.json is not valid JSON"):
         load_tokenizer(tmp_path / "bad.json")
+    # Valid JSON of the wrong form raised KeyError / AttributeError, or loaded a duplicate word.
+    for text, message in [('{"hybrid_jax_tokenizer": "word"}', "needs \"vocab\", a list of "
+                           "words; found NoneType"),
+                          ('["<eos>"]', "could not be loaded"),
+                          ('{"hybrid_jax_tokenizer": "word", "vocab": ["<eos>", "<unk>", "a", '
+                           '"a"]}', "lists each word once, got 'a' twice")]:
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_tokenizer(tmp_path / "bad.json")
 
 
 def test_compressed_files_stream_to_the_same_tokens(tmp_path, monkeypatch):
