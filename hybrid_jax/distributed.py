@@ -19,6 +19,7 @@ With none of them the job is a single process, unless `auto` asks JAX to detect 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -80,11 +81,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         raise ValueError(f"local_device_ids={list(ids)}: expected distinct device indices >= 0")
     if settings["num_processes"] is not None and settings["num_processes"] < 1:
         raise ValueError(f"num_processes={settings['num_processes']}: expected at least 1")
-    if settings["num_processes"] is not None and not (
-            settings["process_id"] is None or 0 <= settings["process_id"] < settings[
-                "num_processes"]):
-        raise ValueError(f"process_id={settings['process_id']} is not in [0, num_processes="
-                         f"{settings['num_processes']})")
+    process_id, count = settings["process_id"], settings["num_processes"]
+    if process_id is not None and not 0 <= process_id < (math.inf if count is None else count):
+        raise ValueError(f"process_id={process_id} is not in [0, num_processes="
+                         f"{'?' if count is None else count})")
     jax.distributed.initialize(coordinator_address=settings["coordinator"],
                                num_processes=settings["num_processes"],
                                process_id=settings["process_id"],

@@ -155,7 +155,7 @@ def test_initialize_refuses_incomplete_settings_unless_auto(joined):
         initialize("host0:1234", 2)
     with pytest.raises(ValueError, match=r"process_id=2 is not in \[0, num_processes=2\)"):
         initialize("host0:1234", 2, 2)
-    for address in ("host0", "host0:", ":1234", "host0:http", "host0:70000"):
+    for address in ("host0", "host0:", ":1234", "host0:http", "host0:70000", "host0:0"):
         with pytest.raises(ValueError, match=rf"coordinator='{address}': expected HOST:PORT"):
             initialize(address, 2, 0)  # "host0" was an IndexError inside JAX
     with pytest.raises(ValueError, match=r"num_processes=0: expected at least 1"):
@@ -163,6 +163,12 @@ def test_initialize_refuses_incomplete_settings_unless_auto(joined):
     for ids in ([0, 0], [-1], []):
         with pytest.raises(ValueError, match=rf"local_device_ids=\{ids}: expected distinct "):
             initialize("host0:1234", 2, 0, ids)
+    # Device ids alone describe no job: not a silent single-process run that ignores them.
+    with pytest.raises(ValueError, match="missing: coordinator, num_processes, process_id"):
+        initialize(local_device_ids=[0, 1])
+    # A negative process id is refused with auto too, where JAX counts the processes.
+    with pytest.raises(ValueError, match=r"process_id=-1 is not in \[0, num_processes=\?\)"):
+        initialize(process_id=-1, auto=True)
     assert joined == []
     assert initialize("[::1]:1234", 2, 1) is True
     assert joined.pop()["coordinator_address"] == "[::1]:1234"
