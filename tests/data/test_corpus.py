@@ -47,6 +47,13 @@ def test_pieces_end_at_the_line_that_reaches_the_size(tmp_path, monkeypatch):
     ]
 
 
+def test_a_nul_byte_is_named_with_its_line(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_bytes(b"text\nbinary\x00here\n")
+    with pytest.raises(ValueError, match=r"data.txt looks binary \(a NUL byte on line 2\)"):
+        list(text_pieces(path))
+
+
 def test_the_document_regex_matches_at_line_starts(tmp_path):
     """`document_regex` is matched at the start of a line (as `re.match`), without its line
     end (\\r\\n included): "Produced by" inside a line starts no document."""

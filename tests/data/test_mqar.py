@@ -70,6 +70,19 @@ def test_short_gaps_are_likelier():
     assert np.mean(gaps < 8 + 64) > 0.4  # ∝ g^(a−1): mass piles up at the start
 
 
+@pytest.mark.parametrize("power_a", [0.01, 0.5])
+def test_gaps_follow_the_power_law(power_a):
+    """One pair in 64 tokens: the query is at 2·g for gap g in 1..31 with p(g) ∝ a·g^(a−1);
+    the first gaps' frequencies over 2000 examples match it."""
+    config = MQARConfig(seq_len=64, num_kv_pairs=1, power_a=power_a)
+    source = config.source("train", 0)
+    gap = np.array([np.flatnonzero(source[i]["mask"])[0] for i in range(2000)]) // 2
+    p = power_a * np.arange(1, 32) ** (power_a - 1.0)
+    expected = (p / p.sum())[:3]
+    observed = np.bincount(gap, minlength=32)[1:4] / len(gap)
+    assert np.allclose(observed, expected, atol=0.03), (observed, expected)
+
+
 def test_iterator_state_resumes_exactly():
     config = MQARConfig(seq_len=16, num_kv_pairs=2)
     it = train_iterator(config, batch_size=4, seed=0)

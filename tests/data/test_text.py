@@ -60,6 +60,11 @@ def test_byte_tokenizer_round_trips_and_counts_bytes():
     assert tok.decode(tok.encode("a\x00é")) == "a\x00é"  # byte 0 is text
 
 
+def test_bpe_merges_only_pairs_seen_min_frequency_times():
+    assert len(train_bpe(["xy"], 300, min_frequency=1).encode("xy")) == 1
+    assert len(train_bpe(["xy"], 300).encode("xy")) == 2  # default 2: a pair seen once stays
+
+
 def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
     # Characters the merges never saw split into byte tokens that are not whole characters.
     text = (corpus / "valid.txt").read_text() + " <|endoftext|> \r\n\x00 ñ中"
@@ -67,6 +72,7 @@ def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
     assert bpe.decode(ids) == text and bpe.eos_id not in ids.tolist()
     assert len(ids) < len(text.encode())  # merges were learned
     assert bpe.token_bytes()[ids].sum() == len(text.encode())  # exact bytes per token
+    assert bpe.token_bytes()[bpe.eos_id] == 0  # the separator is no text
     bpe.save(tmp_path / "tokenizer.json")
     loaded = load_tokenizer(tmp_path / "tokenizer.json")
     assert isinstance(loaded, HFTokenizer) and np.array_equal(loaded.encode(text), ids)
@@ -119,6 +125,8 @@ def test_word_vocabulary_keeps_the_most_frequent_words():
     read as <unk>; too small a size is named."""
     text = "b c c a a a d b"
     assert build_word_vocab([text], 4).vocab == ["<eos>", "<unk>", "a", "b"]
+    # WikiText's text holds <unk> (and may hold <eos>): the specials keep their ids, once.
+    assert build_word_vocab(["<unk> x <unk> <eos>"]).vocab == ["<eos>", "<unk>", "x"]
     assert build_word_vocab([text], 100).vocab == build_word_vocab([text]).vocab
     assert build_word_vocab([text], 4).decode(build_word_vocab([text], 4).encode("a c")) == (
         "a <unk>")
@@ -473,7 +481,8 @@ def test_word_tokenizer_counts_utf8_bytes_and_refuses_bad_ids_and_vocabularies()
     assert tok.encode("é a\nzz\n").tolist() == [2, 3, 0, 1, 0]
     assert tok.token_bytes().tolist() == [1, 6, 3, 2]  # a word and its separator, in bytes
     assert tok.decode([3]) == "a"
-    with pytest.raises(ValueError, match=r"cannot decode token id 4 .* ids in \[0, 4\)"):
-        tok.decode([3, 4])
+    for bad in (4, -1):  # -1 read the last word
+        with pytest.raises(ValueError, match=rf"cannot decode token id {bad} .* ids in \[0, 4\)"):
+            tok.decode([3, bad])
     with pytest.raises(ValueError, match="a word vocabulary starts with"):
         WordTokenizer(["<eos>", "a"])

@@ -151,6 +151,15 @@ def test_every_needle_is_queried_and_spread_over_the_depths():
     assert min(first) <= 2 and max(last) >= 64 - 5 - 2  # needles reach both ends
 
 
+@pytest.mark.parametrize("depth, first", [(0.0, 0), (1.0, 64 - 2 - 3 * 3)])
+def test_needles_at_an_extreme_depth_touch_that_end(depth, first):
+    """Depth 0: the needles are the first 9 tokens; depth 1: the last 9 before the query."""
+    c = NeedleConfig(num_needles=3, seq_len=64, min_depth=depth, max_depth=depth)
+    for ex in examples(c, count=5):
+        assert np.flatnonzero(ex["inputs"] == c.needle_token).tolist() == [first, first + 3,
+                                                                            first + 6]
+
+
 def test_every_distance_is_drawn_and_the_shortest_body_has_its_word():
     """Selective copying draws distances min..max inclusive; AR decoding at its shortest
     length (a body of 2) plants the queried word where a token follows it, every time."""
