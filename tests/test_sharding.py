@@ -17,6 +17,7 @@ from hybrid_jax.sharding import (
     LOGICAL_AXIS_RULES,
     axis_rules,
     batch_sharding,
+    check_batch_split,
     constrain,
     logical_to_spec,
     make_mesh,
@@ -236,3 +237,25 @@ def test_a_sequence_the_seq_axis_cannot_split_is_refused_by_name():
                                          r"'seq' devices \(context parallelism\): use a "
                                          r"multiple of 4"):
         train(experiment, progress=False)
+
+
+def test_a_batch_is_refused_unless_the_batch_axes_divide_it():
+    """6 rows are more than the 4 data x fsdp shards and still refused; 8 split into 4."""
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2), jax.devices()[:4])
+    check_batch_split(mesh, 8)
+    with pytest.raises(ValueError, match=r"train.batch_size=6 does not split over the mesh's "
+                                         r"batch axes \(data 2 x fsdp 2 = 4 shards\): use a "
+                                         r"multiple of 4"):
+        check_batch_split(mesh, 6)
+
+
+def test_training_places_its_batches_by_the_runs_batch_rule():
+    """The prefetch thread placed batches by the default table (`use_rules` holds per thread):
+    with `batch=data`, one row on data 1 x fsdp 2 was split in two, and JAX refused it."""
+    from hybrid_jax.train.trainer import train
+
+    mesh = MeshConfig(data=1, fsdp=2, axis_rule_overrides=("batch=data",))
+    experiment = dataclasses.replace(
+        EXPERIMENT, model=EXPERIMENT.model.replace(layers=("attention",)),
+        train=dataclasses.replace(EXPERIMENT.train, batch_size=1, eval_batches=1, mesh=mesh))
+    assert train(experiment, progress=False)["steps"] == 1

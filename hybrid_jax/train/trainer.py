@@ -53,6 +53,7 @@ from hybrid_jax.sharding import (
     batch_sharding,
     check_batch_split,
     check_seq_split,
+    current_rules,
     make_mesh,
     state_shardings,
     use_rules,
@@ -398,7 +399,7 @@ class _Run:
         # Data next: a missing file or a too-small vocabulary fails before anything compiles.
         self.data = bind_data(experiment.data, out, resume=resume)
         _check_vocab(experiment, self.data)
-        self.mesh = make_mesh(cfg.mesh)
+        self.mesh, self.rules = make_mesh(cfg.mesh), current_rules()
         check_batch_split(self.mesh, cfg.batch_size)
         seq_len = int(getattr(self.data, "seq_len", 0))  # 0: the data does not say
         check_seq_split(self.mesh, seq_len)
@@ -468,7 +469,8 @@ class _Run:
         if self.flops is not None:
             tokens = int(np.prod(batch["inputs"].shape))
             flops = self.flops.training_per_token(batch.get("segment_ids")) * tokens
-        return to_device(batch, self.mesh), flops
+        with use_rules(self.rules):  # the run's table: `use_rules` holds per thread
+            return to_device(batch, self.mesh), flops
 
     def _latest_intact(self, damaged: list[dict[str, Any]]) -> int | None:
         """Restores the latest step that is intact; each damaged later one is moved to
