@@ -1,10 +1,11 @@
 """Corpora as token streams: the documents of a set of files, tokenized and concatenated.
 
 Inputs (one kind per file list, chosen by extension):
-- text: `.txt`, `.raw`, `.tokens`, ... and `.gz` / `.xz` compressed, read as streams of lines
-  in `encoding` (UTF-8 by default). A line matching `document_regex` starts a new document;
-  without one, each file is a document. Bytes that do not decode, NUL bytes (binary files) and
-  damaged compressed streams raise ValueError naming the file and line.
+- text: `.txt`, `.raw`, `.tokens`, ... and `.gz` / `.xz` / `.bz2` compressed, read as streams of
+  lines in `encoding` (UTF-8 by default); other compressions (`.zst`, `.zip`, ...) are refused.
+  A line matching `document_regex` starts a new document; without one, each file is a document.
+  Bytes that do not decode, NUL bytes (binary files) and damaged compressed streams raise
+  ValueError naming the file and line.
 - ArrayRecord (`.arrayrecord`, `.array_record`): one UTF-8 document per record.
 - token arrays: `.npy` (memory-mapped) or raw `.bin` (`token_dtype`), already tokenized;
   documents start at each end-of-document id.
@@ -17,6 +18,7 @@ and memory-mapped, so a restarted run does not tokenize again.
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
 import glob
 import gzip
@@ -39,6 +41,9 @@ TOKEN_SUFFIXES = (".npy", ".bin")
 ARRAY_RECORD_SUFFIXES = (".arrayrecord", ".array_record")
 PIECE_CHARS = 1 << 20  # text is tokenized in pieces of about this many characters, cut at lines
 CACHE_VERSION = 1
+DECOMPRESSORS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
+# Compressions without a decompressor in the standard library: their bytes are no text.
+UNREADABLE_COMPRESSIONS = (".zst", ".zstd", ".zip", ".lz4", ".7z", ".br")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,14 +94,18 @@ def file_kind(path: Path) -> str:
 
 
 def open_text(path: Path, encoding: str = "utf-8") -> IO[str]:
-    """A text stream of `path`, decompressing `.gz` / `.xz` on the fly; newlines untranslated;
-    undecodable bytes raise."""
-    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
+    """A text stream of `path`, decompressing `.gz` / `.xz` / `.bz2` on the fly; newlines
+    untranslated; undecodable bytes raise."""
+    suffix = path.suffix.lower()
+    if suffix in UNREADABLE_COMPRESSIONS:  # else "not valid utf-8: set data.encoding" misleads
+        raise ValueError(f"data file {path}: {suffix} compression cannot be read; decompress it "
+                         f"or compress it as {', '.join(DECOMPRESSORS)}")
+    opener = DECOMPRESSORS.get(suffix, open)
     return opener(path, "rt", encoding=encoding, errors="strict", newline="")
 
 
 def _checked_lines(path: Path, encoding: str) -> Iterator[str]:
-    """The lines of a text file; a decoding error, a NUL byte or a damaged .gz/.xz stream
+    """The lines of a text file; a decoding error, a NUL byte or a damaged compressed stream
     raises ValueError naming the file and line."""
     number = 0
     try:
@@ -112,7 +121,9 @@ def _checked_lines(path: Path, encoding: str) -> Iterator[str]:
         raise ValueError(f"data file {path} is not valid {encoding} text (near line "
                          f"{number + 1}: {e.reason}): set data.encoding to its "
                          "encoding (e.g. latin-1, cp1252)") from None
-    except (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib.error) as e:
+    except (EOFError, OSError, lzma.LZMAError, zlib.error) as e:  # bz2: OSError
+        if path.suffix.lower() not in DECOMPRESSORS:
+            raise
         raise ValueError(f"data file {path} is a damaged {path.suffix} stream (after line "
                          f"{number}): {e}") from None
 

@@ -2,6 +2,8 @@
 pieces, the token dtype at the uint16 limit, empty files, and pre-tokenized arrays (document
 starts across files, refused shapes, dtypes and ids)."""
 
+import bz2
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,20 @@ def test_pieces_end_at_the_line_that_reaches_the_size(tmp_path, monkeypatch):
         (False, "bbbb\n"),             # cut by the next document
         (True, "= c\ndddd\ndddd\n"),
     ]
+
+
+def test_bz2_is_read_other_compressions_are_named(tmp_path):
+    """A .bz2 or .zst file was "not valid utf-8 text: set data.encoding", advice that would
+    train on the compressed bytes."""
+    (tmp_path / "a.txt.bz2").write_bytes(bz2.compress("héllo\nworld\n".encode()))
+    assert list(text_pieces(tmp_path / "a.txt.bz2")) == [(True, "héllo\nworld\n")]
+    (tmp_path / "a.txt.zst").write_bytes(bytes.fromhex("28b52ffd0058"))
+    with pytest.raises(ValueError, match=r"a.txt.zst: .zst compression cannot be read; "
+                                         r"decompress it or compress it as .gz, .xz, .bz2"):
+        list(text_pieces(tmp_path / "a.txt.zst"))
+    (tmp_path / "bad.bz2").write_bytes(b"BZh9 not a stream")
+    with pytest.raises(ValueError, match=r"bad.bz2 is a damaged .bz2 stream \(after line 0\)"):
+        list(text_pieces(tmp_path / "bad.bz2"))
 
 
 def test_a_nul_byte_is_named_with_its_line(tmp_path):
