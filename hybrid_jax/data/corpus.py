@@ -46,15 +46,45 @@ DECOMPRESSORS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 UNREADABLE_COMPRESSIONS = (".zst", ".zstd", ".zip", ".lz4", ".7z", ".br")
 
 
+class ConcatenatedTokens:
+    """Token arrays back to back, read in place: memory-mapped shards stay on disk (one
+    concatenated array would hold them all in memory). Has `len`, contiguous slices (what
+    packing reads) and `np.asarray`."""
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self.arrays = arrays
+        self.ends = np.cumsum([len(a) for a in arrays])
+        self.dtype = np.result_type(*arrays)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        start, stop, step = index.indices(len(self))
+        if step != 1:
+            raise ValueError(f"token shards are read in contiguous slices, got step {step}")
+        parts = [np.zeros(0, self.dtype)]
+        for i in range(int(np.searchsorted(self.ends, start, side="right")), len(self.arrays)):
+            begin = int(self.ends[i]) - len(self.arrays[i])
+            if begin >= stop:
+                break
+            parts.append(self.arrays[i][max(start - begin, 0):stop - begin])
+        return np.concatenate(parts).astype(self.dtype, copy=False)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.concatenate(self.arrays).astype(dtype or self.dtype, copy=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenStream:
-    """`tokens[N]` (documents back to back) and `doc_starts[D]` (offset of each document).
+    """`tokens[N]` (documents back to back; an array, or the shards of several token files)
+    and `doc_starts[D]` (offset of each document).
 
     `num_words`: whitespace-separated words plus one per line of the text (the WikiText
     word-level count), -1 when unknown (token files).
     """
 
-    tokens: np.ndarray
+    tokens: np.ndarray | ConcatenatedTokens
     doc_starts: np.ndarray
     num_words: int = -1
 
@@ -284,7 +314,8 @@ def tokenize_documents(files: list[Path], tokenizer: Tokenizer, *, document_rege
 
 def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
                      token_dtype: str = "uint16") -> TokenStream:
-    """Pre-tokenized arrays (`.npy` memory-mapped, `.bin` raw `token_dtype`), concatenated."""
+    """Pre-tokenized arrays (`.npy` memory-mapped, `.bin` raw `token_dtype`), back to back
+    (several stay memory-mapped: `ConcatenatedTokens`)."""
     arrays, doc_starts, offset = [], [], 0
     for path in files:
         if path.suffix.lower() == ".npy":
@@ -304,7 +335,7 @@ def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
         doc_starts.append(starts + offset)
         arrays.append(tokens)
         offset += len(tokens)
-    tokens = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    tokens = arrays[0] if len(arrays) == 1 else ConcatenatedTokens(arrays)
     return TokenStream(tokens, np.concatenate(doc_starts).astype(np.int64))
 
 

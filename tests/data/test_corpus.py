@@ -9,12 +9,14 @@ import pytest
 
 from hybrid_jax.data import corpus
 from hybrid_jax.data.corpus import (
+    TokenStream,
     file_kind,
     load_stream,
     resolve_files,
     text_pieces,
     tokenize_documents,
 )
+from hybrid_jax.data.packing import PackedWindows
 from hybrid_jax.data.tokenizer import WORD_EOS, WORD_UNK, ByteTokenizer, WordTokenizer
 
 
@@ -106,7 +108,7 @@ def test_token_files_start_documents_at_eos_across_files(tmp_path):
     np.save(tmp_path / "b.npy", np.array([8, 9], np.uint16))  # no end-of-document id
     np.save(tmp_path / "c.npy", np.array([256, 1, 256], np.uint16))
     stream = load_stream([tmp_path / f"{n}.npy" for n in "abc"], ByteTokenizer())
-    assert stream.tokens.tolist() == [5, 256, 6, 7, 8, 9, 256, 1, 256]
+    assert np.asarray(stream.tokens).tolist() == [5, 256, 6, 7, 8, 9, 256, 1, 256]
     assert stream.doc_starts.tolist() == [0, 1, 4, 6, 8] and stream.num_words == -1
 
 
@@ -122,6 +124,28 @@ def test_token_files_refuse_shapes_dtypes_and_ids(array, message, tmp_path):
         load_stream([tmp_path / "bad.npy"], ByteTokenizer())
 
 
+def test_token_shards_stay_on_disk_and_pack_across_their_boundaries(tmp_path):
+    """Several token files were concatenated into one array in memory (a corpus of shards
+    larger than memory could not load); now each stays memory-mapped, and the windows that
+    cross a boundary (also an empty shard's) are those of the concatenation."""
+    shards = [np.array([256, 1, 2, 3, 4], np.uint16), np.zeros(0, np.uint16),
+              np.array([5, 256, 6], np.uint16), np.array([7, 8, 256, 9, 10, 11], np.int32)]
+    for i, shard in enumerate(shards):
+        np.save(tmp_path / f"{i}.npy", shard)
+    stream = load_stream([tmp_path / f"{i}.npy" for i in range(4)], ByteTokenizer())
+    assert all(isinstance(a, np.memmap) for a in stream.tokens.arrays)
+    whole = np.concatenate(shards)
+    assert np.asarray(stream.tokens).tolist() == whole.tolist() and len(stream) == 14
+    for start, stop in [(0, 14), (3, 9), (4, 5), (5, 5), (8, 20), (13, 14)]:
+        assert stream.tokens[start:stop].tolist() == whole[start:stop].tolist()
+    flat = TokenStream(whole, stream.doc_starts)
+    for seq_len in (1, 3, 4):
+        packed, expected = PackedWindows(stream, seq_len), PackedWindows(flat, seq_len)
+        for i in range(len(expected)):
+            for key, value in expected[i].items():
+                assert packed[i][key].tolist() == value.tolist(), (seq_len, i, key)
+
+
 def test_raw_token_files_empty_or_cut_mid_id(tmp_path):
     """An empty .bin file holds no tokens and starts no document (like an empty .npy); a size
     that is not whole ids of data.token_dtype names the file and the setting."""
@@ -130,7 +154,8 @@ def test_raw_token_files_empty_or_cut_mid_id(tmp_path):
     np.save(tmp_path / "empty.npy", np.zeros(0, np.uint16))
     files = [tmp_path / n for n in ("empty.bin", "a.bin", "empty.npy")]
     stream = load_stream(files, ByteTokenizer())
-    assert stream.tokens.tolist() == [256, 4, 256] and stream.doc_starts.tolist() == [0, 2]
+    assert np.asarray(stream.tokens).tolist() == [256, 4, 256]
+    assert stream.doc_starts.tolist() == [0, 2]
     (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(ValueError, match=r"odd.bin has 3 bytes, not a whole number of uint16 "
                        r"ids .* data.token_dtype"):
