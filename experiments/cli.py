@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import errno
 import functools
 import gc
@@ -251,23 +252,33 @@ def _load_run(run_dir: Path, experiment, step: int | None, command: str):
     return ts, int(meta["step"])
 
 
+@contextlib.contextmanager
 def load_for_eval(run_dir: Path, overrides: Sequence[str], step: int | None,
                   batches: int | None, command: str):
     """(train state of checkpoint `step` (default latest), its step, held-out batches, their
-    word count) of a run; `batches`: default the run's `train.eval_batches`, 0: all."""
-    from hybrid_jax.sharding import check_batch_split, check_seq_split, make_mesh
+    word count) of a run; `batches`: default the run's `train.eval_batches`, 0: all. Within,
+    the run's axis rules (`train.mesh`) lay out the batches and activations, as in training."""
+    from hybrid_jax.sharding import (
+        axis_rules,
+        check_batch_split,
+        check_seq_split,
+        make_mesh,
+        use_rules,
+    )
     from hybrid_jax.train.trainer import bind_data, held_out_set
 
     _at_least(batches, 0, "--batches")
     experiment = _read_run(run_dir, overrides)
     cfg, mesh = experiment.train, make_mesh(experiment.train.mesh)
-    check_batch_split(mesh, cfg.batch_size)  # before the checkpoint loads
-    check_seq_split(mesh, int(getattr(experiment.data, "seq_len", 0)))
-    ts, step = _load_run(run_dir, experiment, step, command)
-    data = bind_data(experiment.data, run_dir, resume=True)
-    held_out, words = held_out_set(data, cfg.batch_size,
-                                   cfg.eval_batches if batches is None else batches, cfg.seed)
-    return ts, step, held_out, words
+    with use_rules(axis_rules(cfg.mesh)):
+        check_batch_split(mesh, cfg.batch_size)  # before the checkpoint loads
+        check_seq_split(mesh, int(getattr(experiment.data, "seq_len", 0)))
+        ts, step = _load_run(run_dir, experiment, step, command)
+        data = bind_data(experiment.data, run_dir, resume=True)
+        held_out, words = held_out_set(data, cfg.batch_size,
+                                       cfg.eval_batches if batches is None else batches,
+                                       cfg.seed)
+        yield ts, step, held_out, words
 
 
 def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | None = None,
@@ -279,8 +290,8 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | No
     from hybrid_jax.cache import decode_cache_bytes
     from hybrid_jax.train.trainer import evaluate
 
-    ts, step, held_out, words = load_for_eval(run_dir, overrides, step, batches, "eval")
-    metrics = evaluate(ts, held_out, num_words=words, modes=modes)
+    with load_for_eval(run_dir, overrides, step, batches, "eval") as (ts, step, held_out, words):
+        metrics = evaluate(ts, held_out, num_words=words, modes=modes)
     batch, length = held_out[0]["inputs"].shape
     return {**metrics, **decode_cache_bytes(ts.model(), batch, length)}, step
 

@@ -75,15 +75,15 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
     from experiments.cli import load_for_eval
     from hybrid_jax.train.trainer import evaluate
 
-    ts, _, held_out, words = load_for_eval(Path(run_dir), overrides, step, batches,
-                                           "eval --windows")
-    model, optimizer = nnx.merge(ts.graphdef, ts.state)
-    rows = []
-    for window in windows:
-        graphdef, state = nnx.split((model.with_window(window, layers=layers), optimizer))
-        windowed = dataclasses.replace(ts, graphdef=graphdef, state=state)
-        metrics = evaluate(windowed, held_out, num_words=words)
-        rows.append({"window": FULL if window is None else window, **metrics})
+    with load_for_eval(Path(run_dir), overrides, step, batches,
+                       "eval --windows") as (ts, _, held_out, words):
+        model, optimizer = nnx.merge(ts.graphdef, ts.state)
+        rows = []
+        for window in windows:
+            graphdef, state = nnx.split((model.with_window(window, layers=layers), optimizer))
+            windowed = dataclasses.replace(ts, graphdef=graphdef, state=state)
+            metrics = evaluate(windowed, held_out, num_words=words)
+            rows.append({"window": FULL if window is None else window, **metrics})
     return rows
 
 

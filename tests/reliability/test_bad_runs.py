@@ -182,6 +182,15 @@ def test_bad_eval_and_generate_arguments(trained, capsys, argv, message):
     assert message in err
 
 
+def test_eval_lays_out_a_run_by_its_axis_rules(trained, capsys):
+    """The run's batch rule holds in eval as in training: with `batch=data` and the 8 devices
+    on fsdp, eval split the batch of 4 by the default table (data x fsdp = 8) and refused it."""
+    assert main(["eval", str(trained), "--set", "train.mesh.data=1", "--set",
+                 "train.mesh.fsdp=8", "--set", 'train.mesh.axis_rule_overrides=["batch=data"]'
+                 ]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["tokens"] > 0
+
+
 def test_config_json_damaged(run, capsys):
     (run / "config.json").write_text("{not json")
     assert "config.json is not valid JSON" in one_line_error(capsys, ["eval", str(run)])
