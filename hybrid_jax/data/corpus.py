@@ -19,6 +19,7 @@ and memory-mapped, so a restarted run does not tokenize again.
 from __future__ import annotations
 
 import bz2
+import codecs
 import dataclasses
 import glob
 import gzip
@@ -40,7 +41,7 @@ from hybrid_jax.data.tokenizer import Tokenizer
 TOKEN_SUFFIXES = (".npy", ".bin")
 ARRAY_RECORD_SUFFIXES = (".arrayrecord", ".array_record")
 PIECE_CHARS = 1 << 20  # text is tokenized in pieces of about this many characters, cut at lines
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a UTF-8 byte order mark is no text
 DECOMPRESSORS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 # Compressions without a decompressor in the standard library: their bytes are no text.
 UNREADABLE_COMPRESSIONS = (".zst", ".zstd", ".zip", ".lz4", ".7z", ".br")
@@ -125,11 +126,13 @@ def file_kind(path: Path) -> str:
 
 def open_text(path: Path, encoding: str = "utf-8") -> IO[str]:
     """A text stream of `path`, decompressing `.gz` / `.xz` / `.bz2` on the fly; newlines
-    untranslated; undecodable bytes raise."""
+    untranslated; undecodable bytes raise; a leading UTF-8 byte order mark is dropped."""
     suffix = path.suffix.lower()
     if suffix in UNREADABLE_COMPRESSIONS:  # else "not valid utf-8: set data.encoding" misleads
         raise ValueError(f"data file {path}: {suffix} compression cannot be read; decompress it "
                          f"or compress it as {', '.join(DECOMPRESSORS)}")
+    if codecs.lookup(encoding).name == "utf-8":
+        encoding = "utf-8-sig"  # the same text, less a byte order mark (Windows editors add one)
     opener = DECOMPRESSORS.get(suffix, open)
     return opener(path, "rt", encoding=encoding, errors="strict", newline="")
 

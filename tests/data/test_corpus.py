@@ -81,6 +81,16 @@ def test_the_document_regex_matches_at_line_starts(tmp_path):
         (True, "Produced by A\ntext. Produced by A\n"), (True, "Produced by C\r\nend\n")]
 
 
+def test_a_utf8_byte_order_mark_is_no_text(tmp_path):
+    """A Windows editor's BOM was tokenized as text (3 bytes at every file's start) and hid
+    the first line from `document_regex`."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes("\ufeffProduced by A\nx\nProduced by C\n".encode())
+    assert [text for _, text in text_pieces(path, "Produced by [AC]$")] == [
+        "Produced by A\nx\n", "Produced by C\n"]
+    assert tokenize_documents([path], ByteTokenizer()).tokens[:3].tolist() == [256, 80, 114]
+
+
 @pytest.mark.parametrize("vocab_size, dtype", [(65536, np.uint16), (65537, np.uint32)])
 def test_token_dtype_holds_every_id(vocab_size, dtype, tmp_path):
     words = [WORD_EOS, WORD_UNK] + [f"w{i}" for i in range(2, vocab_size)]
