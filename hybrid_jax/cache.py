@@ -123,13 +123,15 @@ class LMCache:
 
     `max_len` is the number of positions the cache was made for; decoding past it is an error
     unless `windowed` (then full-attention layers keep the last `max_len` tokens, a sliding
-    window, and recurrent layers go on as usual).
+    window, and recurrent layers go on as usual). `batch`: the rows it was made for (0: not
+    recorded), which every decode call must feed.
     """
 
     index: jax.Array  # [] int32: number of tokens consumed so far
     layers: tuple[Any, ...]
     max_len: int = struct.field(pytree_node=False, default=0)
     windowed: bool = struct.field(pytree_node=False, default=False)
+    batch: int = struct.field(pytree_node=False, default=0)
 
 
 def check_token_ids(tokens: Any, vocab_size: int, what: str = "token") -> None:
@@ -144,6 +146,14 @@ def check_token_ids(tokens: Any, vocab_size: int, what: str = "token") -> None:
         raise ValueError(f"{what} id {ids[where]} at index {list(where)} is outside the "
                          f"vocabulary [0, {vocab_size}) (ModelConfig.vocab_size)"
                          + (f" ({len(bad)} ids in all)" if len(bad) > 1 else ""))
+
+
+def check_cache_batch(cache: LMCache, batch: int) -> None:
+    """Refuses tokens of another batch size than the cache's (each layer's state would fail
+    on its own, naming an array of that layer)."""
+    if cache.batch and batch != cache.batch:
+        raise ValueError(f"decode: the tokens have batch {batch}, the cache was made for batch "
+                         f"{cache.batch} (init_cache(batch={batch}, ...) for these)")
 
 
 def check_cache_room(cache: LMCache, length: int) -> jax.Array | None:

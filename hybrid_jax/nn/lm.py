@@ -16,7 +16,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from hybrid_jax.cache import LMCache, check_cache_fresh, check_cache_room, check_token_ids
+from hybrid_jax.cache import (
+    LMCache,
+    check_cache_batch,
+    check_cache_fresh,
+    check_cache_room,
+    check_token_ids,
+)
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
@@ -125,7 +131,7 @@ class LanguageModel(nnx.Module):
         dtype = compute_dtype(self.config) if dtype is None else jnp.dtype(dtype)
         return LMCache(index=jnp.zeros((), jnp.int32),
                        layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks),
-                       max_len=max_len, windowed=windowed)
+                       max_len=max_len, windowed=windowed, batch=batch)
 
     def decode(self, tokens_BT: jax.Array, cache: LMCache, *,
                extras: dict[str, jax.Array] | None = None, record_steps: bool = False,
@@ -145,6 +151,7 @@ class LanguageModel(nnx.Module):
         """
         _check_unscanned(self.config, "decoding")
         self._check_tokens(tokens_BT)
+        check_cache_batch(cache, tokens_BT.shape[0])
         refused = [check_cache_room(cache, tokens_BT.shape[1])]
         if fresh_cache:
             refused.append(check_cache_fresh(cache))

@@ -67,6 +67,16 @@ def test_decode_refuses_to_pass_max_len(model):
     _, cache = model.decode(jnp.asarray([[4]]), cache)  # exactly full is fine
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_decode_refuses_tokens_of_another_batch_than_the_cache(model, jit):
+    """Each layer's state failed on its own (a concatenation TypeError, or a mixer naming one
+    of its arrays); the batch is static, so jit refuses it too."""
+    decode = nnx.jit(lambda m, t, c: m.decode(t, c)) if jit else (lambda m, t, c: m.decode(t, c))
+    with pytest.raises(ValueError, match=r"decode: the tokens have batch 3, the cache was made "
+                                         r"for batch 2 \(init_cache\(batch=3, ...\) for these\)"):
+        decode(model, jnp.ones((3, 2), jnp.int32), model.init_cache(2, 4))
+
+
 def test_decode_past_max_len_inside_jit_gives_nan(model):
     cache = model.init_cache(1, 2)
     step = nnx.jit(lambda m, t, c: m.decode(t, c))
