@@ -33,12 +33,35 @@ def _decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def _frozen_mask(pattern: str):
-    """Parameters whose name (`blocks/0/ffn/up/kernel`) matches `pattern`: never updated."""
+def _frozen(pattern: str, path: tuple) -> bool:
+    """Whether the parameter at `path` (named `blocks/0/ffn/up/kernel`) matches `pattern`."""
     from hybrid_jax.train.checkpoint import leaf_name
 
+    return bool(pattern) and re.search(pattern, leaf_name(path)) is not None
+
+
+def _frozen_mask(pattern: str):
+    """Parameters whose name matches `pattern`: never updated."""
     return lambda params: jax.tree_util.tree_map_with_path(
-        lambda path, _: bool(pattern) and re.search(pattern, leaf_name(path)) is not None, params)
+        lambda path, _: _frozen(pattern, path), params)
+
+
+def check_freeze(pattern: str, params) -> None:
+    """Refuses a `train.freeze` that matches no parameter of `params` (a mistyped name would
+    train everything, silently) or every one (nothing would train)."""
+    if not pattern:
+        return
+    from hybrid_jax.train.checkpoint import leaf_name
+
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    frozen = sum(_frozen(pattern, path) for path in paths)
+    if frozen == 0:
+        examples = ", ".join(leaf_name(path) for path in paths[:3])
+        raise ValueError(f"train.freeze={pattern!r} matches no parameter, so nothing would be "
+                         f"frozen (names look like {examples}, ...)")
+    if frozen == len(paths):
+        raise ValueError(f"train.freeze={pattern!r} matches all {frozen} parameters: nothing "
+                         "would train")
 
 
 def global_norm(tree) -> jax.Array:

@@ -66,7 +66,12 @@ from hybrid_jax.train.checkpoint import (
 )
 from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
-from hybrid_jax.train.optimizer import global_norm, learning_rate_schedule, make_optimizer
+from hybrid_jax.train.optimizer import (
+    check_freeze,
+    global_norm,
+    learning_rate_schedule,
+    make_optimizer,
+)
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.prefetch import DevicePrefetcher
 from hybrid_jax.train.run_dir import RunLock, make_run_dir, prepare_run_dir
@@ -410,6 +415,7 @@ class _Run:
                                  for d in self.mesh.devices.flat)
         # The one trace of the model's initialisation: FLOPs, restore and init start from it.
         self.abstract = _abstract_train_state(experiment, self.mesh)
+        check_freeze(cfg.freeze, self.abstract.params)
         if cfg.mode_schedule.pattern != "none":
             check_reads_modes(nnx.merge(self.abstract.graphdef, self.abstract.state)[0],
                               "train.mode_schedule")

@@ -2,10 +2,13 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import hybrid_jax as hj
-from hybrid_jax.train.optimizer import make_optimizer
+from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.train import train
+from hybrid_jax.train.optimizer import check_freeze, make_optimizer
 
 
 def test_frozen_mlp_stays_and_attention_trains():
@@ -23,3 +26,27 @@ def test_frozen_mlp_stays_and_attention_trains():
     step(model, optimizer)
     np.testing.assert_array_equal(np.asarray(model.blocks[0].ffn.up.kernel[...]), ffn)
     assert np.abs(np.asarray(model.blocks[0].mixer.q_proj.kernel[...]) - q).max() > 1e-7
+
+
+def test_a_pattern_matching_no_parameter_or_every_one_is_refused():
+    params = nnx.state(hj.create_model(hj.ModelConfig(layers=("attention",), d_model=32,
+                                                      num_heads=2)), nnx.Param)
+    check_freeze("/ffn/", params)  # some, not all
+    check_freeze("", params)  # nothing asked
+    with pytest.raises(ValueError, match=r"train.freeze='/fnn/' matches no parameter, so nothing "
+                                         r"would be frozen \(names look like blocks/0/"):
+        check_freeze("/fnn/", params)
+    with pytest.raises(ValueError, match=r"train.freeze='.' matches all \d+ parameters: nothing "
+                                         "would train"):
+        check_freeze(".", params)
+
+
+def test_training_refuses_a_freeze_that_matches_nothing(tmp_path):
+    experiment = hj.ExperimentConfig(
+        name="freeze", model=hj.ModelConfig(layers=("attention",), vocab_size=16, d_model=16,
+                                            num_heads=2),
+        data=MQARConfig(vocab_size=16, seq_len=16, num_kv_pairs=2),
+        train=hj.TrainConfig(steps=1, warmup_steps=0, batch_size=8, freeze="mlp"))
+    with pytest.raises(ValueError, match="train.freeze='mlp' matches no parameter"):
+        train(experiment, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists()
