@@ -64,13 +64,13 @@ class ConcatenatedTokens:
         start, stop, step = index.indices(len(self))
         if step != 1:
             raise ValueError(f"token shards are read in contiguous slices, got step {step}")
-        parts = [np.zeros(0, self.dtype)]
+        parts = [np.zeros(0, self.dtype)]  # the result's dtype, and an empty slice's
         for i in range(int(np.searchsorted(self.ends, start, side="right")), len(self.arrays)):
             begin = int(self.ends[i]) - len(self.arrays[i])
             if begin >= stop:
                 break
             parts.append(self.arrays[i][max(start - begin, 0):stop - begin])
-        return np.concatenate(parts).astype(self.dtype, copy=False)
+        return np.concatenate(parts)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return np.concatenate(self.arrays).astype(dtype or self.dtype, copy=False)

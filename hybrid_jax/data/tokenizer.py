@@ -136,8 +136,7 @@ class HFTokenizer:
             for token, i in tokens:
                 sizes[i] = len(token)
             return sizes
-        anchor = next(i for t, i in sorted(tokens, key=lambda ti: ti[1])
-                      if not BYTE_FALLBACK_TOKEN.fullmatch(t) and self.decode([i]))
+        anchor = next(i for _, i in sorted(tokens, key=lambda ti: ti[1]) if self.decode([i]))
         anchor_bytes = len(self.decode([anchor]).encode("utf-8"))
         texts = self.tokenizer.decode_batch([[anchor, i] for _, i in tokens])
         for (token, i), text in zip(tokens, texts, strict=True):

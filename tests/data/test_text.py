@@ -58,6 +58,7 @@ def test_byte_tokenizer_round_trips_and_counts_bytes():
     assert tok.token_bytes()[ids].sum() == len(text.encode()) and tok.token_bytes()[256] == 0
     assert tok.decode([104, tok.eos_id, 105]) == "hi"  # the document separator is no text
     assert tok.decode(tok.encode("a\x00é")) == "a\x00é"  # byte 0 is text
+    assert tok.decode([255, 104]) == "\ufffdh"  # byte 255 too (never valid UTF-8)
 
 
 def test_bpe_merges_only_pairs_seen_min_frequency_times():
@@ -110,6 +111,17 @@ def test_sentencepiece_style_tokens_count_their_spaces_and_bytes(byte_fallback):
     unk_bytes = 0 if byte_fallback else len("日".encode())
     assert tok.token_bytes()[ids].sum() == len(text.encode()) + 1 - unk_bytes
     assert tok.token_bytes()[[tok.eos_id, 0]].tolist() == [0, 0]  # special tokens: no bytes
+
+
+def test_a_tokenizer_files_only_special_token_is_its_eos(tmp_path):
+    """With no config beside it, a tokenizer.json's one special token is the separator."""
+    from tokenizers import AddedToken, models
+    from tokenizers import Tokenizer as HF
+
+    tok = HF(models.WordLevel({"a": 0, "</s>": 1}, unk_token="a"))
+    tok.add_special_tokens([AddedToken("</s>", special=True)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert load_tokenizer(tmp_path / "tokenizer.json").eos_id == 1
 
 
 def test_word_tokenizer_one_eos_per_line():
@@ -210,7 +222,12 @@ def test_missing_paths_are_named(tmp_path):
 def test_tokenized_cache_is_reused_and_invalidated(corpus, tmp_path):
     files = resolve_files(str(corpus / "train-*.txt"), "data.path")
     first = tokenize_documents(files, ByteTokenizer(), cache_dir=tmp_path)
-    again = tokenize_documents(files, ByteTokenizer(), cache_dir=tmp_path)
+
+    class Unused(ByteTokenizer):
+        def encode_batch(self, texts):
+            raise AssertionError("a cached stream is read, not tokenized again")
+
+    again = tokenize_documents(files, Unused(), cache_dir=tmp_path)
     assert isinstance(again.tokens, np.memmap) and np.array_equal(again.tokens, first.tokens)
     assert again.num_words == first.num_words > 0
     copy = tmp_path / "copy.txt"
@@ -451,6 +468,10 @@ def test_text_config_validates_options():
         TextConfig(document_regex="(")
     with pytest.raises(ValueError, match="TextConfig.seq_len=0"):
         TextConfig(seq_len=0)
+    with pytest.raises(ValueError, match=r"needs vocab_size >= 258 .*, got 257"):
+        train_bpe(["abc"], 257)
+    with pytest.raises(ValueError, match="unknown split 'test'; expected 'train' or 'eval'"):
+        TextConfig(path="a.txt").bind(None).stream("test")
 
 
 @needs_shared
