@@ -82,7 +82,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
     `max_positions`, a negative or non-finite temperature, a `top_k` outside
-    `[1, vocab_size]`, a `top_p` outside (0, 1], `modes` for a model without Oryx layers and
+    `[1, vocab_size]`, a `top_p` outside (0, 1], an `eos_id` outside the vocabulary, non-integer
+    `lengths`, `modes` for a model without Oryx layers and
     a decode cache larger than the device's memory raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
@@ -104,11 +105,15 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                          f"{model.config.vocab_size}] or None, got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, int | float) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if eos_id is not None and (not _is_int(eos_id) or not 0 <= eos_id < model.config.vocab_size):
+        # An id the model cannot sample would never stop a row.
+        raise ValueError(f"eos_id must be a token id in [0, vocab_size="
+                         f"{model.config.vocab_size}) or None, got {eos_id!r}")
     lengths = np.full(prompt_BT.shape[0], prompt_BT.shape[1]) if lengths is None else (
         np.asarray(lengths))
-    if lengths.shape != prompt_BT.shape[:1] or not (1 <= lengths).all() or (
-            lengths > prompt_BT.shape[1]).any():
-        raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] prompt lengths in "
+    if lengths.shape != prompt_BT.shape[:1] or not np.issubdtype(lengths.dtype, np.integer) or (
+            not (1 <= lengths).all() or (lengths > prompt_BT.shape[1]).any()):
+        raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] integer prompt lengths in "
                          f"[1, {prompt_BT.shape[1]}], got {lengths.tolist()}")
     if speculative is not None:
         if not _is_int(speculative) or speculative < 1:

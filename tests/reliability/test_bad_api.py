@@ -105,6 +105,11 @@ def test_decode_checks_ids(model):
     (dict(top_k=2.5), r"top_k must be an integer"),
     (dict(seed=1.5), r"seed must be an integer, got 1.5"),
     (dict(max_len=3), r"max_len=3 is shorter than prompt \+ new tokens = 5"),
+    (dict(eos_id=32), r"eos_id must be a token id in \[0, vocab_size=32\) or None, got 32"),
+    (dict(eos_id=-1), r"eos_id must be a token id in \[0, vocab_size=32\) or None, got -1"),
+    (dict(eos_id=1.0), r"eos_id must be a token id"),
+    (dict(lengths=[1.5]), r"lengths must be \[batch=1\] integer prompt lengths in \[1, 2\], "
+                          r"got \[1.5\]"),
     (dict(modes="attention"), r"modes: a mode schedule drives Oryx layers, and the model has "
                               r"none \(its layer types: \['attention'\]\)"),
 ])
