@@ -109,6 +109,9 @@ def resolve_files(spec: str, what: str) -> list[Path]:
             files.extend(matches)
         elif Path(pattern).is_file():
             files.append(Path(pattern))
+        elif Path(pattern).is_dir():  # "not found" misled: it is there
+            raise ValueError(f"{what}={part!r} is a directory: give its files, e.g. "
+                             f"--set {what}={os.path.join(part, '*.txt')}")
         else:
             raise FileNotFoundError(f"{what}: data file {part} not found (from {os.getcwd()})")
     return files

@@ -217,6 +217,9 @@ def test_missing_paths_are_named(tmp_path):
         resolve_files("/no/*.txt", "data.eval_path")
     with pytest.raises(ValueError, match="data.path is empty"):
         resolve_files("", "data.path")
+    with pytest.raises(ValueError, match=rf"data.path='{tmp_path}' is a directory: give its "
+                                         rf"files, e.g. --set data.path={tmp_path}/\*.txt"):
+        resolve_files(str(tmp_path), "data.path")
 
 
 def test_tokenized_cache_is_reused_and_invalidated(corpus, tmp_path):
