@@ -123,7 +123,8 @@ def logical_to_spec(
 ) -> PartitionSpec:
     """PartitionSpec for named dimensions; with `shape` and `mesh`, indivisible dims replicate,
     and so do the axes that an enclosing `shard_map` made manual (each device holds its shard
-    there already). `rules` default to the active table (`use_rules`)."""
+    there already) and those the mesh lacks (a caller's own mesh, e.g. `data` alone). `rules`
+    default to the active table (`use_rules`)."""
     rules = current_rules() if rules is None else rules
     spec, used = [], set()
     for dim, name in enumerate(logical_axes):
@@ -135,7 +136,7 @@ def logical_to_spec(
         axes = tuple(a for a in _as_tuple(rules[name]) if a not in used)
         if mesh is not None:
             manual = getattr(mesh, "manual_axes", ())
-            axes = tuple(a for a in axes if mesh.shape[a] > 1 and a not in manual)
+            axes = tuple(a for a in axes if mesh.shape.get(a, 1) > 1 and a not in manual)
             if shape is not None and shape[dim] % int(np.prod([mesh.shape[a] for a in axes])):
                 axes = ()
         used.update(axes)

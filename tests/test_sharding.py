@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig
@@ -259,3 +260,19 @@ def test_training_places_its_batches_by_the_runs_batch_rule():
         EXPERIMENT, model=EXPERIMENT.model.replace(layers=("attention",)),
         train=dataclasses.replace(EXPERIMENT.train, batch_size=1, eval_batches=1, mesh=mesh))
     assert train(experiment, progress=False)["steps"] == 1
+
+
+def test_a_model_runs_under_a_callers_mesh_of_data_alone():
+    """A caller's own mesh (coming from pmap: `jax.make_mesh((2,), ("data",), axis_types=
+    (AxisType.Auto,))`): the constraints named the rule table's axes it lacks (KeyError
+    'fsdp'); they leave them out, and the logits are one device's."""
+    from hybrid_jax import create_model
+
+    graphdef, state = nnx.split(create_model(EXPERIMENT.model.replace(layers=("attention",)),
+                                             seed=0))
+    forward = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))
+    tokens = _batch()["inputs"][:2]
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+    with jax.set_mesh(mesh):
+        logits = forward(state, jax.device_put(tokens, P("data")))
+    assert_close(logits, forward(state, tokens), 1e-6, "logits")
