@@ -174,6 +174,10 @@ def test_a_mesh_axis_shards_one_dimension_at_most():
 def test_overrides_take_one_axis_as_a_name_and_an_empty_one_as_none():
     rules = axis_rules(MeshConfig(axis_rule_overrides=("mlp=fsdp", "vocab=", "heads= none")))
     assert rules["mlp"] == "fsdp" and rules["vocab"] is None and rules["heads"] is None
+    for bad in ("embed", "embeddings=fsdp"):  # no "=", a name without a rule
+        with pytest.raises(ValueError, match=rf"axis_rule_overrides: '{bad}' must be "
+                                             r"'logical=axis\[\+axis\]' or 'logical=none'"):
+            axis_rules(MeshConfig(axis_rule_overrides=(bad,)))
 
 
 def test_batch_sharding_follows_the_active_rules():
