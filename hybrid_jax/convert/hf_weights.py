@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -109,21 +110,46 @@ class SafetensorsDir:
                 raise ValueError(f"{index}: expected JSON with a 'weight_map' ({e})") from None
             self.files = {name: self.directory / file for name, file in weight_map.items()}
         elif single.is_file():
-            with safe_open(single, framework="flax") as f:
+            with self._opened(single) as f:
                 self.files = dict.fromkeys(f.keys(), single)
         else:
-            raise FileNotFoundError(f"{self.directory} holds neither {SINGLE_FILE} nor "
-                                    f"{INDEX_FILE}: expected a Hugging Face model directory")
+            pickled = sorted(p.name for p in self.directory.glob("*.bin"))
+            raise FileNotFoundError(
+                f"{self.directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}: expected a "
+                "Hugging Face model directory" + (f" (found {pickled}: PyTorch pickles are not "
+                                                  "read; save the model as safetensors)"
+                                                  if pickled else ""))
 
     def names(self) -> list[str]:
         return sorted(self.files)
 
     def get(self, name: str) -> np.ndarray:
+        """The tensor `name`, refused unless it holds finite floating-point values (integer
+        tensors are a quantized checkpoint's, which a cast would turn into noise)."""
         if name not in self.files:
-            raise ValueError(f"{self.directory}: tensor {name!r} not found (a Llama-family "
-                             "checkpoint of another shape?)")
-        with _host_device(), self._open(self.files[name], framework="flax") as f:
-            return np.asarray(f.get_tensor(name))
+            raise ValueError(f"tensor {name!r} not found (a Llama-family checkpoint of another "
+                             "shape?)")
+        with _host_device(), self._opened(self.files[name]) as f:
+            tensor = np.asarray(f.get_tensor(name))
+        if not jnp.issubdtype(tensor.dtype, jnp.floating):
+            raise ValueError(f"tensor {name!r} is {tensor.dtype}, not floating point: quantized "
+                             "checkpoints are not read")
+        bad = tensor.size - int(np.isfinite(tensor).sum())
+        if bad:
+            raise ValueError(f"tensor {name!r} in {self.files[name].name} holds {bad} non-finite "
+                             f"value(s) of {tensor.size}: a damaged checkpoint?")
+        return tensor
+
+    def _opened(self, path: Path):
+        from safetensors import SafetensorError
+
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found (named by {INDEX_FILE})")
+        try:
+            return self._open(path, framework="flax")
+        except SafetensorError as e:
+            raise ValueError(f"{path} is not a readable safetensors file (damaged or cut "
+                             f"short?): {e}") from None
 
 
 def load_hf_model(directory: str | Path, config: ModelConfig, *, mesh: Mesh | None = None

@@ -194,6 +194,39 @@ def test_index_without_weight_map_is_refused(tmp_path):
         SafetensorsDir(tmp_path)
 
 
+@pytest.mark.parametrize("value, message", [
+    (np.arange(4, dtype=np.int32), r"tensor 'w' is int32, not floating point: quantized "
+                                   r"checkpoints are not read"),
+    (np.array([1.0, np.nan, np.inf, 2.0], np.float32),
+     r"tensor 'w' in model.safetensors holds 2 non-finite value\(s\) of 4: a damaged"),
+    (np.array([1.0, np.inf], jnp.bfloat16), r"holds 1 non-finite value\(s\) of 2"),
+])
+def test_tensors_that_are_not_finite_floats_are_refused(tmp_path, value, message):
+    """A cast turned a quantized checkpoint's ints into noise; NaN weights loaded silently."""
+    save_file({"w": jnp.asarray(value)}, tmp_path / SINGLE_FILE)
+    with pytest.raises(ValueError, match=message):
+        SafetensorsDir(tmp_path).get("w")
+
+
+def test_unreadable_weight_files_are_named(tmp_path):
+    save_file({"w": jnp.ones(64)}, tmp_path / SINGLE_FILE)
+    data = (tmp_path / SINGLE_FILE).read_bytes()
+    (tmp_path / SINGLE_FILE).write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{SINGLE_FILE} is not a readable safetensors file "
+                                         r"\(damaged or cut short\?\)"):
+        SafetensorsDir(tmp_path)
+    (tmp_path / SINGLE_FILE).unlink()
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": {"w": "model-2.safetensors"}}))
+    with pytest.raises(FileNotFoundError, match=rf"model-2.safetensors not found \(named by "
+                                                rf"{INDEX_FILE}\)"):
+        SafetensorsDir(tmp_path).get("w")
+    (tmp_path / INDEX_FILE).unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"found \['pytorch_model.bin'\]: PyTorch pickles "
+                                                r"are not read; save the model as safetensors"):
+        SafetensorsDir(tmp_path)
+
+
 def test_parameters_take_the_configs_dtype():
     """The fixtures are stored in bfloat16: every parameter is cast to param_dtype."""
     for dtype in ("float32", "bfloat16"):
