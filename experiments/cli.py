@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="evaluate a trained run on its held-out data")
     evaluate.add_argument("run_dir", type=Path)
-    evaluate.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+    _add_step(evaluate)
     evaluate.add_argument("--batches", type=int, default=None,
                           help="eval batches (default train.eval_batches; 0: the whole held-out "
                                "split)")
@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "escapes, so --stop \"\\n\\n\" stops at a blank line")
     gen.add_argument("--no-stream", action="store_true", help="print texts only at the end")
     gen.add_argument("--seed", type=int, default=0)
+    _add_step(gen)
     gen.add_argument("--modes", default=None, metavar="SCHEDULE",
                      help="Oryx modes: linear, attention or prefill=linear,decode=attention")
     gen.add_argument("--speculative", type=int, default=None, metavar="K",
@@ -145,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("format", choices=("hf",))
     exp.add_argument("run_dir", type=Path)
     exp.add_argument("--out", type=Path, required=True, help="the directory to write")
-    exp.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
+    _add_step(exp)
 
     conv = sub.add_parser("convert", help="convert a run's transformer into a hybrid")
     conv.add_argument("run_dir", type=Path)
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--layers", default=None, metavar="I,J,...",
                       help="the attention layers to convert (default: all)")
     conv.add_argument("--seed", type=int, default=0, help="seed of the new parameters")
+    _add_step(conv)
     conv.add_argument("--scan-layers", action="store_true",
                       help="stack the new run's layers (nnx.scan: fast compiles)")
 
@@ -237,6 +239,10 @@ def _read_run(run_dir: Path, overrides: Sequence[str]):
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found: is {run_dir} a run directory?")
     return apply_overrides(read_experiment(config_path), overrides)
+
+
+def _add_step(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
 
 
 def _load_run(run_dir: Path, experiment, step: int | None, command: str):
@@ -413,7 +419,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if not prompt:
             raise ValueError("--prompt-ids is empty: give at least one token id, e.g. \"5 9 12\"")
         check_token_ids(np.asarray([prompt]), vocab, "prompt token")
-        ts, _ = _load_run(args.run_dir, experiment, None, "generate")
+        ts, _ = _load_run(args.run_dir, experiment, args.step, "generate")
         stats = {}
         tokens = generate(ts.model().with_scan_layers(False), jnp.asarray([prompt]),
                           args.max_new_tokens,
@@ -429,7 +435,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
     tokenizer = _run_tokenizer(args.run_dir)
     max_positions, eos_ids = _generation_limits(args.run_dir, tokenizer)
-    ts, _ = _load_run(args.run_dir, experiment, None, "generate")
+    ts, _ = _load_run(args.run_dir, experiment, args.step, "generate")
     stream = len(prompts) == 1 and not args.no_stream
     shown = []
 
@@ -508,7 +514,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
-    ts, _ = _load_run(args.run_dir, experiment, None, "convert")
+    ts, _ = _load_run(args.run_dir, experiment, args.step, "convert")
     converter = oryx.convert_run if args.to == "oryx" else functools.partial(
         nha.convert_run, window=window, num_slots=64 if args.slots is None else args.slots)
     converter(experiment, ts.model(), args.run_dir, args.out, layers=layers, seed=args.seed,

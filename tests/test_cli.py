@@ -85,6 +85,20 @@ def test_generate_is_greedy_and_deterministic(run_dir, capsys):
     assert len(first) == 5 and all(0 <= int(t) < 256 for t in first)
     main(["generate", str(run_dir), "--prompt-ids", "3,5,7", "--max-new-tokens", "5"])
     assert capsys.readouterr().out.split() == first
+    main(["generate", str(run_dir), "--prompt-ids", "3 5 7", "--max-new-tokens", "5",
+          "--step", "6"])
+    assert capsys.readouterr().out.split() == first
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "--prompt-ids", "3 5 7", "--max-new-tokens", "2"],
+    ["convert", "--to", "nha", "--out", "never-written"],
+])
+def test_generate_and_convert_take_a_checkpoint_step(run_dir, capsys, command):
+    name, *rest = command
+    assert main([name, str(run_dir), *rest, "--step", "3"]) == 2
+    assert (f"checkpoint {run_dir}/checkpoints/3 not found; available steps: [6]"
+            in capsys.readouterr().err)
 
 
 def test_list_shows_presets_blocks_experiments(capsys):
