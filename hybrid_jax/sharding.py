@@ -107,10 +107,20 @@ def use_rules(rules: Mapping[str, MeshAxes]) -> Iterator[None]:
 
 
 def make_mesh(config: MeshConfig | None = None, devices: Sequence | None = None) -> Mesh:
-    """A `(data, fsdp, seq, tensor)` mesh over `devices` (default: all), sizes from `config`."""
+    """A `(data, fsdp, seq, tensor)` mesh over `devices` (default: all), sizes from `config`.
+
+    A mesh over the first `prod(shape)` of them: in a job of several processes that would leave
+    some processes without a device, so there the default mesh must take every device."""
+    given = devices is not None
     devices = list(jax.devices() if devices is None else devices)
     shape = (config or MeshConfig()).shape(len(devices))
     used = int(np.prod(shape))
+    if not given and used < len(devices) and jax.process_count() > 1:
+        sizes = dict(zip(MESH_AXES, shape, strict=True))
+        raise ValueError(
+            f"a job of {jax.process_count()} processes trains on all {len(devices)} devices "
+            f"(each process feeds its own), but the mesh {sizes} takes {used}: choose "
+            f"train.mesh sizes whose product is {len(devices)} (-1 takes the rest)")
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=devices[:used])
 

@@ -193,6 +193,18 @@ def test_mesh_takes_the_first_devices():
     assert list(mesh.devices.flat) == jax.devices()[:2]
 
 
+def test_a_multiprocess_default_mesh_takes_every_device(monkeypatch):
+    """The first 2 of 8 devices would all be process 0's, leaving process 1 none to feed."""
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"a job of 2 processes trains on all 8 devices \(each "
+                                         r"process feeds its own\), but the mesh \{'data': 2, "
+                                         r"'fsdp': 1, 'seq': 1, 'tensor': 1\} takes 2: choose "
+                                         r"train.mesh sizes whose product is 8"):
+        make_mesh(MeshConfig(data=2, fsdp=1))
+    assert make_mesh(MeshConfig(data=-1, tensor=2)).devices.size == 8
+    assert make_mesh(MeshConfig(data=2), jax.devices()[:2]).devices.size == 2  # chosen devices
+
+
 def test_constrain_lays_out_activations_by_their_names():
     """Under a mesh, `constrain` pins a jitted value's layout by logical names (an array
     placed replicated comes out split as the rules say); inside a `shard_map` manual over
