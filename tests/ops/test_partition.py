@@ -403,15 +403,21 @@ def test_heads_that_do_not_split_fall_back_to_batch_shards(pallas_on_cpu, vma_of
     assert "heads 4, groups 2 do not split over the 4 devices of mesh axis 'tensor'" in message
 
 
-def test_trivial_mesh_and_manual_axes_leave_the_call_alone():
-    """No mesh, a mesh whose batch and head axes have size 1, and axes an enclosing shard_map
-    made manual: the kernel is called directly on what it gets."""
+def _doubling_kernel():
+    """A kernel that doubles its input, and the list of the shapes it was traced with."""
     seen = []
 
     def kernel(x):
         seen.append(x.shape)
         return x * 2
 
+    return seen, kernel
+
+
+def test_trivial_mesh_and_manual_axes_leave_the_call_alone():
+    """No mesh, a mesh whose batch and head axes have size 1, and axes an enclosing shard_map
+    made manual: the kernel is called directly on what it gets."""
+    seen, kernel = _doubling_kernel()
     call = lambda x: partition.shard_kernel("test", kernel, (x,), ("BH",), "BH")
     x = jnp.ones((4, 4))
     call(x)
@@ -424,12 +430,7 @@ def test_trivial_mesh_and_manual_axes_leave_the_call_alone():
 
 def test_a_batch_that_does_not_split_stays_whole_while_the_heads_split(caplog):
     """3 rows on 2 data devices: every device gets all rows and its heads, logged once."""
-    seen = []
-
-    def kernel(x):
-        seen.append(x.shape)
-        return x * 2
-
+    seen, kernel = _doubling_kernel()
     dispatch._LOGGED.clear()
     call = lambda x: partition.shard_kernel("odd batch", kernel, (x,), ("BH",), "BH")
     with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
@@ -442,12 +443,7 @@ def test_a_batch_that_does_not_split_stays_whole_while_the_heads_split(caplog):
 
 
 def test_inputs_without_a_batch_axis_split_their_heads_without_a_warning(caplog):
-    seen = []
-
-    def kernel(x):
-        seen.append(x.shape)
-        return x * 2
-
+    seen, kernel = _doubling_kernel()
     dispatch._LOGGED.clear()
     call = lambda x: partition.shard_kernel("no batch", kernel, (x,), ("H",), "H")
     with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
