@@ -428,29 +428,27 @@ def test_trivial_mesh_and_manual_axes_leave_the_call_alone():
     assert seen == [(4, 4), (4, 4), (2, 2)]
 
 
-def test_a_batch_that_does_not_split_stays_whole_while_the_heads_split(caplog):
-    """3 rows on 2 data devices: every device gets all rows and its heads, logged once."""
+@pytest.mark.parametrize("layout, x, per_device, warning", [
+    # 3 rows on 2 data devices: every device gets all rows and its heads, logged once.
+    ("BH", np.arange(12.0).reshape(3, 4), (3, 2),
+     "the Pallas kernel runs whole on every device for what does not split: batch [3] is not a "
+     "multiple of the 2 devices of mesh axes ('data',)"),
+    ("H", np.arange(4.0), (2,), None),  # no batch axis: the heads split, nothing to say
+])
+def test_what_does_not_split_stays_whole_while_the_heads_split(caplog, layout, x, per_device,
+                                                                 warning):
     seen, kernel = _doubling_kernel()
     dispatch._LOGGED.clear()
-    call = lambda x: partition.shard_kernel("odd batch", kernel, (x,), ("BH",), "BH")
+    call = lambda x: partition.shard_kernel("uneven", kernel, (x,), (layout,), layout)
     with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
             make_mesh(MeshConfig(data=2, tensor=2))):
-        got = jax.jit(call)(jnp.arange(12.0).reshape(3, 4))
-    assert seen == [(3, 2)]
-    np.testing.assert_array_equal(got, 2 * np.arange(12.0).reshape(3, 4))
-    assert ("odd batch: the Pallas kernel runs whole on every device for what does not split: "
-            "batch [3] is not a multiple of the 2 devices of mesh axes ('data',)") in caplog.text
-
-
-def test_inputs_without_a_batch_axis_split_their_heads_without_a_warning(caplog):
-    seen, kernel = _doubling_kernel()
-    dispatch._LOGGED.clear()
-    call = lambda x: partition.shard_kernel("no batch", kernel, (x,), ("H",), "H")
-    with caplog.at_level(logging.WARNING, logger="hybrid_jax.dispatch"), jax.set_mesh(
-            make_mesh(MeshConfig(data=2, tensor=2))):
-        got = jax.jit(call)(jnp.arange(4.0))
-    assert seen == [(2,)] and not caplog.records, caplog.text
-    np.testing.assert_array_equal(got, 2 * np.arange(4.0))
+        got = jax.jit(call)(jnp.asarray(x))
+    assert seen == [per_device]
+    np.testing.assert_array_equal(got, 2 * x)
+    if warning is None:
+        assert not caplog.records, caplog.text
+    else:
+        assert f"uneven: {warning}" in caplog.text
 
 
 def test_layouts_are_checked():
