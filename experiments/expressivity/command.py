@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     from experiments import registry
     from experiments.expressivity.report import write_report
-    from experiments.expressivity.sweep import SweepStopped, collect, run_sweep
+    from experiments.expressivity.sweep import SweepStopped, check_cells, collect, run_sweep
     from hybrid_jax.config import apply_overrides
 
     args = build_parser().parse_args(argv)
@@ -46,6 +46,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         sweep = apply_overrides(registry.get_sweep(args.name), args.overrides)
         if args.report_only:
+            check_cells(sweep, out)
             rows = collect(sweep, out)
             if not rows:  # a mistyped --out reported nothing and succeeded
                 raise ValueError(f"--report-only: no finished cell of {args.name} in {out}")

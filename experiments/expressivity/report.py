@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.expressivity.sweep import Sweep
+from experiments.expressivity.sweep import Sweep, unfinished
 from hybrid_jax.train.plot import new_figure, save_figure
 
 LABELS = {
@@ -92,12 +92,14 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
             *["| " + " | ".join(row) + " |" for row in body]]
 
 
-def markdown(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
+def markdown(sweep: Sweep, rows: list[dict[str, Any]],
+             missing: dict[str, str] | None = None) -> str:
+    """The report's tables; `missing`: the cells without results and why (`unfinished`)."""
     best = aggregate(sweep, rows)
     seeds = len(sweep.seeds)
     lines = [f"## {sweep.name}", "", sweep.description, "",
              f"Token accuracy on the scored positions of the held-out split, after "
-             f"{sweep.train.steps} steps (batch {sweep.train.batch_size}); each entry is the "
+             f"{_steps_text(sweep, rows)} (batch {sweep.train.batch_size}); each entry is the "
              f"best of the learning rates {list(sweep.learning_rates)}"
              + (f" (chosen on the seeds every rate ran), the mean (min–max) over the seeds "
                 f"{list(sweep.seeds)} run at that rate." if seeds > 1 else ", one seed.")
@@ -132,7 +134,21 @@ def markdown(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
                              _entry_text(ours),
                              f"{value:.3f}"])
         lines += _table(["budget", "architecture", "ours", "paper"], body)
+    if missing:
+        lines += ["", f"Cells without results ({len(missing)} of {len(sweep.cells())}; run the "
+                  "sweep again to retry them):", ""]
+        lines += [f"- `{cell_id}`: {why}" for cell_id, why in missing.items()]
     return "\n".join(lines) + "\n"
+
+
+def _steps_text(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
+    """The configured steps, and the cells that `train.time_limit_s` stopped before them."""
+    short = [r["steps"] for r in rows if r["steps"] < sweep.train.steps]
+    text = f"{sweep.train.steps} steps"
+    if short:
+        text += (f" ({len(short)} of {len(rows)} cells stopped early by the time limit, "
+                 f"after {min(short)}–{max(short)} steps)")
+    return text
 
 
 def _position_text(sweep: Sweep) -> str:
@@ -188,6 +204,6 @@ def write_report(sweep: Sweep, rows: list[dict[str, Any]], out_dir: str | Path) 
     out_dir = Path(out_dir)
     paths = [out_dir / f"{sweep.short_name}.{ext}" for ext in ("csv", "md", "png")]
     write_csv(sweep, rows, paths[0])
-    paths[1].write_text(markdown(sweep, rows))
+    paths[1].write_text(markdown(sweep, rows, unfinished(sweep, out_dir)))
     plot(sweep, rows, paths[2])
     return paths

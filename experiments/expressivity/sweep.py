@@ -7,17 +7,21 @@ fields changed, e.g. `seq_len=400` for length generalisation, or a shifted distr
 for OOD tests). Running a sweep again skips finished cells and only evaluates the variants a
 cell's summary lacks, so sweeps that train the same models (e.g. selective copying and its
 length-generalisation and OOD evaluations) can share one output directory; a cell trained with
-a different configuration is an error, not silently reused. Cells run in `jobs` worker
-processes; `report.write_report` turns the summaries into a CSV, Markdown tables and a plot.
+a different configuration, or holding a variant's label evaluated with other changes (the
+summary records each variant's changes), is an error, not silently reused. Cells run in `jobs`
+worker processes; `report.write_report` turns the summaries into a CSV, Markdown tables and a
+plot, and lists the cells without results (failed, with the reason, or not run).
 A SIGINT / SIGTERM stops the whole sweep (`SweepStopped`), not only the cell it reached: no
 other cell starts, an interrupted cell keeps its checkpoint and continues on the next run.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -25,6 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +48,22 @@ DEFAULT_TRAIN = TrainConfig(steps=1000, batch_size=32, warmup_steps=50, weight_d
 
 # Paper numbers: {budget: {architecture: accuracy}} for the side-by-side table.
 PaperTable = tuple[tuple[int, tuple[tuple[str, float], ...]], ...]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each grid axis holds (values from --set JSON are not typed by the parser): a budget of
+# 2e3 named its cells "p2000.0", beside the "p2000" cells of the same models.
+_GRID_VALUES = {
+    "budgets": (lambda v: _is_int(v) and v > 0, "positive integers (parameters)"),
+    "learning_rates": (lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+                       and math.isfinite(v) and v > 0, "positive numbers"),
+    "seeds": (lambda v: _is_int(v) and v >= 0, "integers >= 0"),
+}
+# TrainConfig fields that every cell sets from its grid axis: `train.seed=1` was ignored.
+_PER_CELL = {"learning_rate": "learning_rates", "seed": "seeds"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +93,11 @@ class Sweep:
         if unknown:
             raise ValueError(f"Sweep {self.name!r}: unknown architecture(s) {unknown}; "
                              f"expected some of {sorted(ARCHITECTURES)}")
+        for field, (valid, expected) in _GRID_VALUES.items():
+            invalid = [v for v in getattr(self, field) if not valid(v)]
+            if invalid:
+                raise ValueError(f"Sweep {self.name!r}: {field}={list(getattr(self, field))} "
+                                 f"holds {invalid}; expected {expected}")
         for field in ("architectures", "budgets", "learning_rates", "seeds"):
             values = getattr(self, field)
             if not values:
@@ -80,6 +106,11 @@ class Sweep:
             if repeated:  # the grid would hold the same cell twice
                 raise ValueError(f"Sweep {self.name!r}: {field}={list(values)} repeats "
                                  f"{repeated}; expected distinct values")
+        for field, axis in _PER_CELL.items():
+            if getattr(self.train, field) != getattr(TrainConfig(), field):
+                raise ValueError(f"Sweep {self.name!r}: train.{field}="
+                                 f"{getattr(self.train, field)} would be replaced in every cell "
+                                 f"by its {axis} value; set {axis}=[...] instead")
         unknown = sorted({a for _, row in self.paper for a, _ in row} - set(ARCHITECTURES))
         if unknown:  # the report, written after every cell has trained, could not label them
             raise ValueError(f"Sweep {self.name!r}: paper names unknown architecture(s) "
@@ -99,6 +130,10 @@ class Sweep:
     def cells(self) -> list[Cell]:
         return [Cell(a, b, lr, s) for a in self.architectures for b in self.budgets
                 for lr in self.learning_rates for s in self.seeds]
+
+    def variant_changes(self, label: str) -> dict[str, Any]:
+        """The fields variant `label` changes, as a cell's summary records them (JSON)."""
+        return json.loads(json.dumps(dict(dict(self.eval_variants)[label])))
 
     def variant_data(self, label: str) -> Any:
         changes = dict(dict(self.eval_variants)[label])
@@ -134,13 +169,37 @@ def cell_summary_path(out_dir: Path, cell: Cell) -> Path:
     return out_dir / "cells" / cell.id / "cell.json"
 
 
+def cell_error_path(out_dir: Path, cell: Cell) -> Path:
+    return out_dir / "cells" / cell.id / "error.txt"
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): delete it to evaluate the cell "
+                         "again") from None
+
+
 def missing_variants(sweep: Sweep, summary: dict[str, Any]) -> list[str]:
     return [label for label, _ in sweep.eval_variants if f"accuracy[{label}]" not in summary]
 
 
 def _pending(sweep: Sweep, out_dir: Path, cell: Cell) -> bool:
     path = cell_summary_path(out_dir, cell)
-    return not path.exists() or bool(missing_variants(sweep, json.loads(path.read_text())))
+    return not path.exists() or bool(missing_variants(sweep, read_summary(path)))
+
+
+def _check_same_variants(sweep: Sweep, path: Path) -> None:
+    """A variant label that a cell's summary holds with other changes is another evaluation
+    (its accuracy was reused as this one's). Summaries from before variants were recorded
+    cannot be checked."""
+    recorded = read_summary(path).get("variants", {})
+    for label, _ in sweep.eval_variants:
+        if label in recorded and recorded[label] != sweep.variant_changes(label):
+            raise ValueError(f"{path} holds eval variant {label!r} evaluated with "
+                             f"{recorded[label]}, not {sweep.variant_changes(label)}; give "
+                             "this variant another label or use another --out directory")
 
 
 # What determines a cell's trained weights; the name and description differ between sweeps
@@ -228,7 +287,7 @@ def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     if (run_dir / "config.json").exists():
         _check_same_run(experiment, run_dir)
     if path.exists():
-        summary = json.loads(path.read_text())
+        summary = read_summary(path)
     else:  # resume=True: an interrupted cell continues from its last checkpoint
         results = train(experiment, run_dir, progress=False, resume=True)
         if results.get("interrupted"):
@@ -238,7 +297,8 @@ def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
         summary = {**dataclasses.asdict(cell), "params": params,
                    "d_model": experiment.model.d_model,
                    "layers": [spec.type for spec in experiment.model.layers],
-                   "steps": experiment.train.steps, "accuracy": results["accuracy"],
+                   # fewer than train.steps where train.time_limit_s stopped it
+                   "steps": results["steps"], "accuracy": results["accuracy"],
                    "loss": results["eval_loss"], "train_time_s": round(results["wall_time_s"])}
     todo = missing_variants(sweep, summary)
     if todo:
@@ -248,10 +308,12 @@ def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
             batches = eval_batches(sweep.variant_data(label), batch_size=cfg.batch_size,
                                    num_batches=cfg.eval_batches, seed=cfg.seed)
             summary[f"accuracy[{label}]"] = evaluate(ts, batches)["accuracy"]
+            summary.setdefault("variants", {})[label] = sweep.variant_changes(label)
     summary["wall_time_s"] = round(time.perf_counter() - start, 1)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(path)  # atomic: a cell.json is always complete
+    cell_error_path(out_dir, cell).unlink(missing_ok=True)  # a failure of an earlier run
     return summary
 
 
@@ -267,7 +329,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
     """Runs the cells without a `cell.json` (in `jobs` processes; 1: in this process).
 
     Returns `(summaries of all finished cells, ids of the cells that failed)`. A failed cell
-    is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run. A
+    is logged with its traceback in `cells/<cell>/error.txt` and retried by the next run; a
+    worker process that dies (e.g. killed for memory) fails its cell and starts no other. A
     signal (`CellInterrupted` from a cell; here KeyboardInterrupt, or with workers
     `_StopSignals`) starts no other cell, waits for the running ones and raises.
     """
@@ -275,16 +338,13 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
         raise ValueError(f"jobs={jobs!r}: expected an integer >= 1 (worker processes)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{sweep.short_name}.sweep.json").write_text(
-        json.dumps(_describe(sweep), indent=2, default=str))
     todo = [c for c in sweep.cells() if _pending(sweep, out_dir, c)]
     done = len(sweep.cells()) - len(todo)
     log(f"{sweep.name}: {len(sweep.cells())} cells, {done} already finished, running "
         f"{len(todo)} with {jobs} job(s) in {out_dir}")
-    for cell in sweep.cells():  # sizes every model and checks finished cells before training
-        experiment, _ = sweep.experiment(cell)
-        if (out_dir / "cells" / cell.id / "config.json").exists():
-            _check_same_run(experiment, out_dir / "cells" / cell.id)
+    check_cells(sweep, out_dir)  # sizes every model too, before anything trains
+    (out_dir / f"{sweep.short_name}.sweep.json").write_text(  # the settings of its cells
+        json.dumps(_describe(sweep), indent=2, default=str))
     failed: list[str] = []
 
     def finished(cell: Cell, summary: dict[str, Any] | None, error: str | None) -> None:
@@ -292,7 +352,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
         done += 1
         if error is not None:
             failed.append(cell.id)
-            path = out_dir / "cells" / cell.id / "error.txt"
+            path = cell_error_path(out_dir, cell)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(error)
             log(f"[{done}/{len(sweep.cells())}] {cell.id}: FAILED ({error.splitlines()[-1]})")
@@ -316,12 +376,17 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
                 jobs, mp_context=context, initializer=_worker_init) as pool:
             # At most `jobs` cells submitted (all running): after a signal none is queued, and
             # leaving the pool waits only for the running ones.
-            waiting, running = iter(todo), {}
+            waiting, running = collections.deque(todo), {}
+            broken = False  # a worker died (killed, e.g. out of memory): the pool takes no cell
 
             def submit_next() -> None:
-                cell = None if stop.received else next(waiting, None)
-                if cell is not None:
-                    running[pool.submit(run_cell, sweep, cell, out_dir)] = cell
+                nonlocal broken
+                if waiting and not (stop.received or broken):
+                    try:
+                        running[pool.submit(run_cell, sweep, waiting[0], out_dir)] = waiting[0]
+                        waiting.popleft()
+                    except BrokenProcessPool:
+                        broken = True
 
             for _ in range(jobs):
                 submit_next()
@@ -334,18 +399,45 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
                         finished(cell, future.result(), None)
                     except CellInterrupted:
                         raise
-                    except Exception:  # noqa: BLE001
+                    except Exception as e:  # noqa: BLE001
+                        broken = broken or isinstance(e, BrokenProcessPool)
                         finished(cell, None, traceback.format_exc())
                     submit_next()
             if stop.received:
                 raise SweepStopped(stop.received)
+        if broken:
+            log(f"a worker process died; {len(waiting)} cell(s) not started: run again to "
+                "continue")
     return collect(sweep, out_dir), failed
+
+
+def check_cells(sweep: Sweep, out_dir: Path) -> None:
+    """Refuses cells in `out_dir` that another configuration trained, or that hold one of the
+    sweep's eval variants evaluated with other changes: a report would mix the two."""
+    for cell in sweep.cells():
+        experiment, _ = sweep.experiment(cell)
+        run_dir = Path(out_dir) / "cells" / cell.id
+        if (run_dir / "config.json").exists():
+            _check_same_run(experiment, run_dir)
+        if cell_summary_path(Path(out_dir), cell).exists():
+            _check_same_variants(sweep, cell_summary_path(Path(out_dir), cell))
 
 
 def collect(sweep: Sweep, out_dir: Path) -> list[dict[str, Any]]:
     """The summaries of the sweep's finished cells, in grid order."""
     paths = [cell_summary_path(Path(out_dir), c) for c in sweep.cells()]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
+    return [read_summary(p) for p in paths if p.exists()]
+
+
+def unfinished(sweep: Sweep, out_dir: Path) -> dict[str, str]:
+    """The sweep's cells without a summary: id -> why (the last line of its error.txt)."""
+    reasons = {}
+    for cell in sweep.cells():
+        if not cell_summary_path(Path(out_dir), cell).exists():
+            error = cell_error_path(Path(out_dir), cell)
+            lines = error.read_text().strip().splitlines() if error.exists() else []
+            reasons[cell.id] = f"failed: {lines[-1]}" if lines else "not run or not finished"
+    return reasons
 
 
 def _describe(sweep: Sweep) -> dict[str, Any]:

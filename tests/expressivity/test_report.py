@@ -11,7 +11,7 @@ from hybrid_jax.data.tasks import SelectiveCopyingConfig
 
 def row(lr, seed, accuracy, architecture="transformer"):
     return {"architecture": architecture, "budget": 2000, "learning_rate": lr, "seed": seed,
-            "params": 2448, "d_model": 16, "accuracy": accuracy}
+            "params": 2448, "d_model": 16, "steps": 1000, "accuracy": accuracy}
 
 
 SWEEP = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(2000,),

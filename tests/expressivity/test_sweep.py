@@ -116,6 +116,13 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     assert "0 already finished, running 2" in capsys.readouterr().out
     assert (cells[0].parent / "metrics.jsonl").read_text() == trained  # not retrained
     assert 0 <= json.loads(cells[0].read_text())["accuracy[length 48]"] <= 1
+    assert json.loads(cells[0].read_text())["variants"] == {"length 48": {"seq_len": 48}}
+    # The same label with other changes reused the length-48 accuracy as length 96's.
+    other = ["--set", 'eval_variants=[["length 48", [["seq_len", 96]]]]']
+    assert run_main(argv + other) == 2
+    assert "holds eval variant 'length 48' evaluated with {'seq_len': 48}, not " \
+           "{'seq_len': 96}" in capsys.readouterr().err
+    assert run_main(argv + variant + ["--report-only"]) == 0
     rows = list(csv.DictReader((tmp_path / "length-generalisation.csv").open()))
     assert {r["architecture"] for r in rows} == {"transformer", "ssm-attention"}
     assert "accuracy[length 48]" in rows[0] and int(rows[0]["params"]) > 0
@@ -132,6 +139,9 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     assert run_main(argv + variant) == 0
     assert "2 already finished, running 0" in capsys.readouterr().out
     assert run_main(argv + variant + ["--set", "train.steps=4"]) == 2
+    assert "trained with another configuration" in capsys.readouterr().err
+    # --report-only reported these 3-step cells as "after 4 steps".
+    assert run_main(argv + variant + ["--set", "train.steps=4", "--report-only"]) == 2
     assert "trained with another configuration" in capsys.readouterr().err
 
     # Another sweep over the same cells (OOD evaluation of the same models) only evaluates.
@@ -200,7 +210,7 @@ def test_sigterm_to_the_sweep_alone_waits_for_its_running_cells(tmp_path, monkey
             os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
         run_dir.mkdir(parents=True)
-        return {"accuracy": 0.5, "eval_loss": 1.0, "wall_time_s": 1.0}
+        return {"accuracy": 0.5, "eval_loss": 1.0, "wall_time_s": 1.0, "steps": 1000}
 
     monkeypatch.setattr(hybrid_jax.train, "train", train)
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _ThreadPool)
@@ -452,3 +462,126 @@ def test_help_names_the_sweeps_and_where_the_options_are(capsys):
     assert out.startswith("usage: python -m experiments.run NAME")
     assert "expressivity/selective-copying" in out and "hybrid-jax train --help" in out
     assert run_main([]) == 2 and "usage: python -m experiments.run" in capsys.readouterr().err
+
+
+# --- a fake trainer: what the sweep does with cells that fail, stop early or break a worker ---
+
+FAKE_ARGV = ["expressivity/selective-copying", "--set", 'architectures=["transformer","ssm"]',
+             "--set", "budgets=[400]", "--set", "learning_rates=[0.01]"]
+
+
+def _fake_train(monkeypatch, outcomes):
+    """`train` returns `outcomes[cell]` (a dict of results, or an exception to raise) and
+    writes the cell's config.json as the trainer does."""
+    import hybrid_jax.train
+    from hybrid_jax.config import to_dict
+
+    def train(experiment, run_dir, **kwargs):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(experiment)))
+        outcome = outcomes[run_dir.name]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return {"eval_loss": 1.0, "wall_time_s": 1.0, **outcome}
+
+    monkeypatch.setattr(hybrid_jax.train, "train", train)
+
+
+def test_a_failed_cell_is_named_in_the_report_and_the_others_are_kept(tmp_path, monkeypatch,
+                                                                     capsys):
+    """The report said nothing of a failed cell (its entry a bare '–'); the summary's steps
+    were the configured ones, also for a cell that train.time_limit_s stopped early."""
+    argv = [*FAKE_ARGV, "--out", str(tmp_path), "--jobs", "1"]
+    _fake_train(monkeypatch, {"transformer-p400-lr0.01-s0": RuntimeError("out of luck"),
+                              "ssm-p400-lr0.01-s0": {"accuracy": 0.625, "steps": 600}})
+    assert run_main(argv) == 1
+    assert "1 cell(s) failed (see cells/*/error.txt); run again to retry: " \
+           "transformer-p400-lr0.01-s0" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "cells/ssm-p400-lr0.01-s0/cell.json").read_text())
+    assert (summary["accuracy"], summary["steps"]) == (0.625, 600)
+    report = (tmp_path / "selective-copying.md").read_text()
+    assert "after 1000 steps (1 of 1 cells stopped early by the time limit, after 600–600 " \
+           "steps)" in report
+    assert "| Transformer | – | \n" not in report and "| SSM | 0.625 |" in report
+    assert "Cells without results (1 of 2; run the sweep again to retry them):\n\n" \
+           "- `transformer-p400-lr0.01-s0`: failed: RuntimeError: out of luck\n" in report
+    # The retry succeeds: its error.txt goes, the report has both cells and no failure.
+    _fake_train(monkeypatch, {"transformer-p400-lr0.01-s0": {"accuracy": 0.25, "steps": 1000}})
+    assert run_main(argv) == 0
+    assert not list(tmp_path.glob("cells/*/error.txt"))
+    report = (tmp_path / "selective-copying.md").read_text()
+    assert "| Transformer | 0.250 |" in report and "Cells without results" not in report
+
+
+def test_a_dead_worker_fails_its_cell_and_the_report_is_still_written(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A worker killed (e.g. for memory) breaks the pool: the next submit raised
+    BrokenProcessPool out of the sweep, with a traceback and no report."""
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    import hybrid_jax.train
+
+    died = []
+
+    class BreakingPool(_ThreadPool):
+        def submit(self, *args):
+            if died:
+                raise BrokenProcessPool("A child process terminated abruptly")
+            return super().submit(*args)
+
+    class Dead(BrokenProcessPool):
+        def __init__(self):
+            died.append(1)
+            super().__init__("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", BreakingPool)
+    cells = [f"{a}-p400-lr{lr}-s0" for a in ("transformer", "ssm") for lr in ("0.01", "0.003")]
+    outcomes = dict.fromkeys(cells, {"accuracy": 0.5, "steps": 1000})
+    _fake_train(monkeypatch, outcomes)
+    fake = hybrid_jax.train.train
+
+    def train(experiment, run_dir, **kwargs):
+        if run_dir.name == cells[1]:
+            raise Dead()
+        time.sleep(0.3)  # the second cell dies first
+        return fake(experiment, run_dir, **kwargs)
+
+    monkeypatch.setattr(hybrid_jax.train, "train", train)
+    argv = [*FAKE_ARGV, "--set", "learning_rates=[0.01,0.003]", "--out", str(tmp_path),
+            "--jobs", "2"]
+    assert run_main(argv) == 1
+    captured = capsys.readouterr()
+    assert "a worker process died; 2 cell(s) not started: run again" in captured.out
+    assert [p.parent.name for p in tmp_path.glob("cells/*/cell.json")] == [cells[0]]
+    report = (tmp_path / "selective-copying.md").read_text()
+    assert f"- `{cells[1]}`: failed: " in report and "terminated abruptly" in report
+    assert report.count("not run or not finished") == 2
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("budgets=[2e3]", "budgets=[2000.0] holds [2000.0]; expected positive integers"),
+    ('budgets=["2k"]', "budgets=['2k'] holds ['2k']; expected positive integers"),
+    ("seeds=[0,-1]", "seeds=[0, -1] holds [-1]; expected integers >= 0"),
+    ("learning_rates=[0.01,0]", "learning_rates=[0.01, 0] holds [0]; expected positive"),
+    ("train.seed=1", "train.seed=1 would be replaced in every cell by its seeds value; set "
+                     "seeds=[...] instead"),
+    ("train.learning_rate=0.1", "train.learning_rate=0.1 would be replaced in every cell by its "
+                                "learning_rates value"),
+])
+def test_grid_settings_that_no_cell_would_use_as_given_are_refused(tmp_path, capsys, setting,
+                                                                   message):
+    """A float budget made cells "p2000.0" beside the "p2000" ones; a string one raised a bare
+    TypeError; train.seed and train.learning_rate were silently replaced in every cell."""
+    assert run_main(["expressivity/mqar", "--out", str(tmp_path), "--report-only",
+                     "--set", setting]) == 2  # refused as the sweep is built, run or report
+    assert message in capsys.readouterr().err
+
+
+def test_a_damaged_cell_summary_is_named(tmp_path, capsys):
+    """A damaged cell.json gave only "Expecting value: line 1 column 1 (char 0)"."""
+    path = tmp_path / "cells" / "ssm-p400-lr0.01-s0" / "cell.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{")
+    assert run_main([*FAKE_ARGV, "--out", str(tmp_path), "--report-only"]) == 2
+    assert f"{path} is not valid JSON (" in capsys.readouterr().err
