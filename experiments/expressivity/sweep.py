@@ -320,8 +320,7 @@ def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
 def _worker_init() -> None:
     # Several workers share the CPU cores: one XLA thread each avoids oversubscription.
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                        "--xla_cpu_multi_thread_eigen=false",
-                                        "intra_op_parallelism_threads=1"]).strip()
+                                        "--xla_cpu_multi_thread_eigen=false"]).strip()
 
 
 def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
@@ -377,7 +376,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
             # At most `jobs` cells submitted (all running): after a signal none is queued, and
             # leaving the pool waits only for the running ones.
             waiting, running = collections.deque(todo), {}
-            broken = False  # a worker died (killed, e.g. out of memory): the pool takes no cell
+            broken = False  # a worker died (killed, e.g. for memory): no further submit works
 
             def submit_next() -> None:
                 nonlocal broken
@@ -399,8 +398,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
                         finished(cell, future.result(), None)
                     except CellInterrupted:
                         raise
-                    except Exception as e:  # noqa: BLE001
-                        broken = broken or isinstance(e, BrokenProcessPool)
+                    except Exception:  # noqa: BLE001
                         finished(cell, None, traceback.format_exc())
                     submit_next()
             if stop.received:
