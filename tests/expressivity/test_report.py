@@ -105,3 +105,35 @@ def test_csv_columns_and_cells(tmp_path):
         "architecture": "ssm", "budget": "6000", "params": "5584", "d_model": "16",
         "learning_rate": "0.01", "seed": "0", "steps": "10", "accuracy": "0.7", "loss": "1.5",
         "accuracy[long]": "0.2", "wall_time_s": "4.5", "layers": "mamba1+mamba1"}
+
+
+def test_the_text_says_how_positions_and_seeds_were_set():
+    one_seed = markdown(TWO, TWO_ROWS)
+    assert "each entry is the best of the learning rates [0.003, 0.01], one seed." in one_seed
+    three = markdown(SWEEP, [row(0.01, s, 0.5) for s in (0, 1, 2)])
+    assert "the mean (min–max) over the seeds [0, 1, 2] run at that rate." in three
+    for family, text in ((ModelFamily(rope_fraction=0.0), "none (no RoPE, no position table)"),
+                         (ModelFamily(position="learned", max_positions=64),
+                          "learned absolute table of 64 (no RoPE)")):
+        sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), family=family)
+        assert f"Positions: {text}." in markdown(sweep, [])
+
+
+def test_the_plot_shows_each_cells_numbers(monkeypatch, tmp_path):
+    """Computed again from the rows: per architecture, points at (params, mean accuracy of the
+    chosen rate) with bars from the min to the max over its seeds."""
+    from experiments.expressivity import report
+
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.append(fig))
+    rows = [row(0.003, 0, 0.90), row(0.01, 0, 0.95), row(0.01, 1, 0.80), row(0.01, 2, 0.65),
+            {**row(0.01, 0, 0.5, "ssm"), "params": 1990}]
+    report.plot(SWEEP, rows, tmp_path / "x.png")
+    (ax,) = figures[0].axes
+    bars = {c.get_label(): c for c in ax.containers}
+    assert set(bars) == {"Transformer", "SSM"}
+    line, _, (vertical,) = bars["Transformer"]
+    assert list(line.get_xdata()) == [2448] and list(line.get_ydata()) == [(0.95 + 0.8 + 0.65) / 3]
+    assert [[tuple(p) for p in s] for s in vertical.get_segments()] == \
+        [[(2448, 0.65), (2448, 0.95)]]
+    assert list(bars["SSM"][0].get_xdata()) == [1990]

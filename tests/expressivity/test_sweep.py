@@ -440,6 +440,7 @@ def test_a_cell_trained_otherwise_is_refused(tmp_path, change, field):
 @pytest.mark.parametrize("name, hint", [
     ("expressivity/selective-copyin", "(did you mean 'expressivity/selective-copying'?)"),
     ("expressivity/nope", "; sweeps: ['expressivity/ar-decoding'"),
+    ("selective-copying", "(did you mean 'expressivity/selective-copying'?)"),
 ])
 def test_a_mistyped_sweep_is_named_with_the_sweeps(name, hint, capsys):
     """`python -m experiments.run` with a sweep's name mistyped said only 'unknown experiment',
@@ -482,7 +483,7 @@ def _fake_train(monkeypatch, outcomes):
         outcome = outcomes[run_dir.name]
         if isinstance(outcome, BaseException):
             raise outcome
-        return {"eval_loss": 1.0, "wall_time_s": 1.0, **outcome}
+        return {"eval_loss": 1.25, "wall_time_s": 1.0, **outcome}
 
     monkeypatch.setattr(hybrid_jax.train, "train", train)
 
@@ -498,7 +499,10 @@ def test_a_failed_cell_is_named_in_the_report_and_the_others_are_kept(tmp_path, 
     assert "1 cell(s) failed (see cells/*/error.txt); run again to retry: " \
            "transformer-p400-lr0.01-s0" in capsys.readouterr().err
     summary = json.loads((tmp_path / "cells/ssm-p400-lr0.01-s0/cell.json").read_text())
-    assert (summary["accuracy"], summary["steps"]) == (0.625, 600)
+    assert (summary["accuracy"], summary["loss"], summary["steps"]) == (0.625, 1.25, 600)
+    family = registry.get_sweep("expressivity/selective-copying").family
+    model, params = size_model(family, "ssm", 400, SelectiveCopyingConfig().vocab_size)
+    assert (summary["d_model"], summary["params"]) == (model.d_model, params)
     report = (tmp_path / "selective-copying.md").read_text()
     assert "after 1000 steps (1 of 1 cells stopped early by the time limit, after 600–600 " \
            "steps)" in report
@@ -511,6 +515,7 @@ def test_a_failed_cell_is_named_in_the_report_and_the_others_are_kept(tmp_path, 
     assert not list(tmp_path.glob("cells/*/error.txt"))
     report = (tmp_path / "selective-copying.md").read_text()
     assert "| Transformer | 0.250 |" in report and "Cells without results" not in report
+    assert "(2 of 2 cells stopped early" not in report and "1 of 2 cells stopped early" in report
 
 
 def test_a_dead_worker_fails_its_cell_and_the_report_is_still_written(tmp_path, monkeypatch,
@@ -560,10 +565,11 @@ def test_a_dead_worker_fails_its_cell_and_the_report_is_still_written(tmp_path, 
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ("budgets=[2e3]", "budgets=[2000.0] holds [2000.0]; expected positive integers"),
-    ('budgets=["2k"]', "budgets=['2k'] holds ['2k']; expected positive integers"),
-    ("seeds=[0,-1]", "seeds=[0, -1] holds [-1]; expected integers >= 0"),
-    ("learning_rates=[0.01,0]", "learning_rates=[0.01, 0] holds [0]; expected positive"),
+    ("budgets=[2e3]", "budgets=[2000.0] holds [2000.0]; expected integers (parameters)"),
+    ('budgets=["2k"]', "budgets=['2k'] holds ['2k']; expected integers"),
+    ("seeds=[0,1.5]", "seeds=[0, 1.5] holds [1.5]; expected integers"),
+    ('learning_rates=[0.01,"0.1"]', "learning_rates=[0.01, '0.1'] holds ['0.1']; expected numbers"),
+    ("seeds=[-1]", "TrainConfig.seed=-1: expected an integer >= 0"),
     ("train.seed=1", "train.seed=1 would be replaced in every cell by its seeds value; set "
                      "seeds=[...] instead"),
     ("train.learning_rate=0.1", "train.learning_rate=0.1 would be replaced in every cell by its "
@@ -585,3 +591,42 @@ def test_a_damaged_cell_summary_is_named(tmp_path, capsys):
     path.write_text("{")
     assert run_main([*FAKE_ARGV, "--out", str(tmp_path), "--report-only"]) == 2
     assert f"{path} is not valid JSON (" in capsys.readouterr().err
+
+
+def test_a_cell_evaluates_its_variants_on_its_own_seed(tmp_path, monkeypatch):
+    """Each variant: the sweep's data with the variant's changes, the cell's seed and
+    train.eval_batches batches; its accuracy and changes go into the summary. A training that
+    returns no accuracy is an error, not a cell."""
+    import hybrid_jax.data.pipeline
+    import hybrid_jax.train
+    import hybrid_jax.train.trainer
+    from experiments.expressivity.sweep import run_cell
+
+    sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(400,),
+                  architectures=("ssm",), seeds=(3,),
+                  eval_variants=(("long", (("seq_len", 200),)),))
+    cell = sweep.cells()[0]
+    _fake_train(monkeypatch, {cell.id: {"accuracy": 0.5, "steps": 1000}})
+    read = []
+
+    def eval_batches(data, **kwargs):
+        read.append((data, kwargs))
+        return "batches"
+
+    def evaluate(ts, batches):
+        assert (ts, batches) == ("trained state", "batches")
+        return {"accuracy": 0.75}
+
+    monkeypatch.setattr(hybrid_jax.train.trainer, "restore_train_state",
+                        lambda experiment, run_dir, mesh: ("trained state", None))
+    monkeypatch.setattr(hybrid_jax.data.pipeline, "eval_batches", eval_batches)
+    monkeypatch.setattr(hybrid_jax.train, "evaluate", evaluate)
+    summary = run_cell(sweep, cell, tmp_path)
+    assert (summary["accuracy"], summary["accuracy[long]"]) == (0.5, 0.75)
+    assert summary["variants"] == {"long": {"seq_len": 200}}
+    assert read == [(SelectiveCopyingConfig(seq_len=200),
+                     dict(batch_size=32, num_batches=DEFAULT_TRAIN.eval_batches, seed=3))]
+    other = dataclasses.replace(sweep, name="expressivity/y", budgets=(500,))
+    _fake_train(monkeypatch, {other.cells()[0].id: {"accuracy": None, "steps": 1000}})
+    with pytest.raises(RuntimeError, match=r"cell ssm-p500-lr0.003-s3 did not finish training"):
+        run_cell(other, other.cells()[0], tmp_path)
