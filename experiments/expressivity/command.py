@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     from experiments import registry
+    from experiments.cli import error_line
     from experiments.expressivity.report import write_report
     from experiments.expressivity.sweep import SweepStopped, check_cells, collect, run_sweep
     from hybrid_jax.config import apply_overrides
@@ -52,8 +53,13 @@ def main(argv: Sequence[str]) -> int:
                 raise ValueError(f"--report-only: no finished cell of {args.name} in {out}")
         else:
             rows, failed = run_sweep(sweep, out, jobs=args.jobs)
-    except ValueError as e:  # bad overrides, or an output directory trained differently
-        print(f"experiments.run {args.name}: error: {e}", file=sys.stderr)
+        if rows:
+            paths = write_report(sweep, rows, out)
+            print(paths[1].read_text())
+            print("wrote " + ", ".join(str(p) for p in paths))
+    # Bad overrides, an output directory trained differently, I/O (e.g. --out is a file).
+    except (ValueError, OSError) as e:
+        print(f"experiments.run {args.name}: error: {error_line(e)}", file=sys.stderr)
         return 2
     except (SweepStopped, KeyboardInterrupt) as e:
         name = e.signal_name if isinstance(e, SweepStopped) else "SIGINT"
@@ -62,10 +68,6 @@ def main(argv: Sequence[str]) -> int:
               f"checkpoints of interrupted ones are kept in {out}: run the same command again "
               "to continue", file=sys.stderr)
         return 128 + signal.Signals[name].value
-    if rows:
-        paths = write_report(sweep, rows, out)
-        print(paths[1].read_text())
-        print("wrote " + ", ".join(str(p) for p in paths))
     if failed:
         print(f"{len(failed)} cell(s) failed (see cells/*/error.txt); run again to retry: "
               + " ".join(failed), file=sys.stderr)

@@ -251,6 +251,14 @@ def test_a_second_signal_to_the_sweep_stops_it_at_once():
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
 
 
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
+    """It was a FileExistsError traceback."""
+    (tmp_path / "out").touch()
+    assert run_main(["expressivity/mqar", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == "experiments.run expressivity/mqar: error: I/O error: " \
+        f"File exists: {tmp_path / 'out'}\n"
+
+
 def test_jobs_below_one_are_refused(tmp_path, capsys):
     """`--jobs 0` (or -3) ran the cells in this process as if 1."""
     assert run_main(["expressivity/selective-copying", "--out", str(tmp_path), "--jobs", "0"]) == 2
