@@ -8,6 +8,7 @@ Same as `hybrid-jax train NAME ...`. A registered sweep name (e.g.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import sys
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "options: `hybrid-jax train --help` (an experiment), `python -m experiments.run "
               "SWEEP --help` (a sweep)", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
-    if argv[0] in registry.sweep_names():
+    if _names_a_sweep(argv):
         from experiments.expressivity.command import main as sweep_main
 
         return sweep_main(argv)
@@ -98,6 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{registry.sweep_names()} (experiments: hybrid-jax list)", file=sys.stderr)
             return 2
     return cli_main(["train", *argv])
+
+
+def _names_a_sweep(argv: Sequence[str]) -> bool:
+    """A sweep's name first, or after options (`--out DIR SWEEP`: the sweep's parser takes
+    them in any order; the train command called the sweep an unknown experiment), but not as
+    an option's value (`--out expressivity/mqar EXPERIMENT`)."""
+    if not argv[0].startswith("-"):
+        return argv[0] in registry.sweep_names()
+    values = {"--out", "--set", "--jobs"}  # the options that take one
+    return any(arg in registry.sweep_names() and before not in values
+               for before, arg in itertools.pairwise(argv))
 
 
 if __name__ == "__main__":

@@ -459,6 +459,15 @@ def test_a_mistyped_sweep_is_named_with_the_sweeps(name, hint, capsys):
                           f"{name!r}") and hint in err and len(err.splitlines()) == 1
 
 
+def test_options_before_the_sweeps_name(tmp_path, capsys):
+    """`--out DIR SWEEP` ran the train command, which called the sweep an unknown experiment;
+    a directory named like a sweep, before an experiment's name, is still a directory."""
+    assert run_main(["--out", str(tmp_path / "x"), "--report-only", "expressivity/mqar"]) == 2
+    assert "--report-only: no finished cell of expressivity/mqar" in capsys.readouterr().err
+    assert run_main(["--out", "expressivity/mqar", "mqar-transformer-tinny"]) == 2
+    assert "(did you mean 'mqar-transformer-tiny'?)" in capsys.readouterr().err
+
+
 def test_a_mistyped_experiment_still_gets_the_train_commands_error(capsys):
     assert run_main(["mqar-transformer-tinny", "--out", "/nonexistent"]) == 2
     assert "(did you mean 'mqar-transformer-tiny'?)" in capsys.readouterr().err
