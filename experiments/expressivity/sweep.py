@@ -207,7 +207,8 @@ def _check_same_variants(sweep: Sweep, path: Path) -> None:
 _TRAINED_BY = ("model", "data", "train")
 
 
-def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
+def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
+    """The experiment saved in `run_dir`, if it trains the same weights as `experiment`."""
     from hybrid_jax.config import as_json, from_dict
 
     # Parsing the saved config fills fields added since it was written with their defaults.
@@ -217,6 +218,7 @@ def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> None:
     if changed:
         raise ValueError(f"{run_dir} was trained with another configuration (differs in "
                          f"{changed}); use another --out directory")
+    return saved
 
 
 class SweepStopped(Exception):
@@ -284,8 +286,10 @@ def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     run_dir = out_dir / "cells" / cell.id
     path = cell_summary_path(out_dir, cell)
     start = time.perf_counter()
-    if (run_dir / "config.json").exists():
-        _check_same_run(experiment, run_dir)
+    if (run_dir / "config.json").exists():  # the trainer resumes only a run of its own name:
+        saved = _check_same_run(experiment, run_dir)  # a sibling sweep's cell keeps that name
+        experiment = dataclasses.replace(experiment, name=saved.name,
+                                         description=saved.description)
     if path.exists():
         summary = read_summary(path)
     else:  # resume=True: an interrupted cell continues from its last checkpoint

@@ -647,3 +647,30 @@ def test_a_cell_evaluates_its_variants_on_its_own_seed(tmp_path, monkeypatch):
     _fake_train(monkeypatch, {other.cells()[0].id: {"accuracy": None, "steps": 1000}})
     with pytest.raises(RuntimeError, match=r"cell ssm-p500-lr0.003-s3 did not finish training"):
         run_cell(other, other.cells()[0], tmp_path)
+
+
+def test_a_cell_a_sibling_sweep_started_is_continued(tmp_path, monkeypatch):
+    """Selective copying stopped mid-cell, then its length-generalisation sweep (the same
+    models) on that directory: the trainer refused to resume a run of another experiment name
+    ("holds a run of 'expressivity/selective-copying/...'"), and the cell failed."""
+    import hybrid_jax.train
+    from experiments.expressivity.sweep import run_cell
+    from hybrid_jax.config import to_dict
+    from hybrid_jax.train.run_dir import prepare_run_dir
+
+    copying = Sweep(name="expressivity/copying", data=SelectiveCopyingConfig(), budgets=(400,),
+                    architectures=("ssm",))
+    lengths = dataclasses.replace(copying, name="expressivity/lengths",
+                                  eval_variants=(("long", (("seq_len", 200),)),))
+    cell = copying.cells()[0]
+    run_dir = tmp_path / "cells" / cell.id
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(copying.experiment(cell)[0])))
+
+    def train(experiment, run_dir, resume, **kwargs):  # the trainer's check of the directory
+        assert prepare_run_dir(run_dir, experiment.name, resume=resume, force=False)
+        raise RuntimeError("resumed")
+
+    monkeypatch.setattr(hybrid_jax.train, "train", train)
+    with pytest.raises(RuntimeError, match="resumed"):
+        run_cell(lengths, cell, tmp_path)
