@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
 import json
 import multiprocessing
 import os
@@ -27,7 +29,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -273,10 +275,30 @@ class _StopSignals:
             signal.signal(sig, previous)
 
 
+@contextlib.contextmanager
+def _cell_lock(run_dir: Path) -> Iterator[None]:
+    """Held while a cell trains, evaluates and writes its summary: two sweeps sharing an output
+    directory (e.g. length generalisation and OOD evaluation started together) never work on
+    one cell at once (each wrote its own variants into cell.json, losing the other's)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "cell.lock", "w") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{run_dir} is in use by another sweep (lock "
+                               f"{run_dir / 'cell.lock'}): the next run retries it") from None
+        yield
+
+
 def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     """Trains one cell (unless already trained), evaluates the variants its summary lacks and
     writes `cell.json`; returns the summary. Raises `CellInterrupted` if a signal stopped the
     training."""
+    with _cell_lock(out_dir / "cells" / cell.id):
+        return _run_cell(sweep, cell, out_dir)
+
+
+def _run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     from hybrid_jax.data.pipeline import eval_batches
     from hybrid_jax.sharding import make_mesh
     from hybrid_jax.train import evaluate, train

@@ -209,7 +209,7 @@ def test_sigterm_to_the_sweep_alone_waits_for_its_running_cells(tmp_path, monkey
                     time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
-        run_dir.mkdir(parents=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
         return {"accuracy": 0.5, "eval_loss": 1.0, "wall_time_s": 1.0, "steps": 1000}
 
     monkeypatch.setattr(hybrid_jax.train, "train", train)
@@ -674,3 +674,23 @@ def test_a_cell_a_sibling_sweep_started_is_continued(tmp_path, monkeypatch):
     monkeypatch.setattr(hybrid_jax.train, "train", train)
     with pytest.raises(RuntimeError, match="resumed"):
         run_cell(lengths, cell, tmp_path)
+
+
+def test_two_sweeps_never_work_on_one_cell(tmp_path, monkeypatch):
+    """A cell another sweep holds fails at once, naming the lock; both used to write their own
+    variants into its cell.json, the later losing the earlier's."""
+    import fcntl
+
+    from experiments.expressivity.sweep import run_cell
+
+    sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(400,),
+                  architectures=("ssm",))
+    cell = sweep.cells()[0]
+    _fake_train(monkeypatch, {cell.id: {"accuracy": 0.5, "steps": 1000}})
+    lock = tmp_path / "cells" / cell.id / "cell.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as other_sweep:
+        fcntl.flock(other_sweep, fcntl.LOCK_EX)
+        with pytest.raises(RuntimeError, match=f"{lock.parent} is in use by another sweep"):
+            run_cell(sweep, cell, tmp_path)
+    assert run_cell(sweep, cell, tmp_path)["accuracy"] == 0.5  # released: it runs
