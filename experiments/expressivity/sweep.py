@@ -406,7 +406,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
 
             def submit_next() -> None:
                 nonlocal broken
-                if waiting and not (stop.received or broken):
+                if waiting and not stop.received:
                     try:
                         running[pool.submit(run_cell, sweep, waiting[0], out_dir)] = waiting[0]
                         waiting.popleft()
