@@ -47,6 +47,7 @@ class StopSignals:
         self._previous_fd = -1
         self._sockets: tuple[socket.socket, socket.socket] | None = None
         self._stopping = threading.Event()  # acknowledged by the loop, or the context is left
+        self._acknowledged = False
         self._watchdog: threading.Thread | None = None
 
     def __enter__(self) -> StopSignals:
@@ -82,7 +83,16 @@ class StopSignals:
     def acknowledge(self) -> None:
         """The loop has seen `received` and is checkpointing: no forced exit on a timeout (a
         second signal still forces one)."""
+        self._acknowledged = True
         self._stopping.set()
+
+    def deliver_late(self) -> None:
+        """After the context: a signal that came when the loop no longer looked (during the
+        final checkpoint or evaluation) stopped nothing; it is raised again, now for the
+        handlers the context restored (SIGINT: KeyboardInterrupt; SIGTERM by default ends the
+        process), so that a caller going on to other work stops as it was asked to."""
+        if self.received is not None and not self._acknowledged:
+            signal.raise_signal(signal.Signals[self.received])
 
     def _watch(self, reader: socket.socket) -> None:
         first = self._read_signal(reader, None)

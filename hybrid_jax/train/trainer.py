@@ -10,7 +10,8 @@ moved to `damaged_checkpoints/`, saying so) so that every loss after it is the o
 uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop the run
 (`results["interrupted"]`); if the loop cannot get there within `train.stop_grace_s` (stuck in
 a device computation), or on a second signal, the logs are flushed and the process exits with
-128 + signal. A non-finite loss or gradient stops the run naming the step and which of the two
+128 + signal. One that comes after the last step (during the final checkpoint or evaluation)
+is raised again once `results.json` is written, for the handlers outside `train`. A non-finite loss or gradient stops the run naming the step and which of the two
 it was, or with `train.on_nonfinite=rollback` restores the last checkpoint and skips that
 step's batch. `train.time_limit_s` ends the loop early at a step boundary (a budgeted run): it
 checkpoints and evaluates as at the end, and `results["time_limit_reached"]` says so (`steps`
@@ -716,4 +717,5 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
                "accuracy": final["accuracy"], "wall_time_s": time.perf_counter() - start}
     if run.writes:
         (out / "results.json").write_text(json.dumps(results, indent=2))
+    stop.deliver_late()  # the run is complete and saved; a signal during its end acts now
     return results

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import hybrid_jax as hj
 from hybrid_jax.config import to_dict
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import _Run
@@ -148,3 +149,34 @@ def test_an_acknowledged_stop_is_not_forced_after_the_grace_period(acknowledge):
     else:
         assert process.returncode == 128 + signal.SIGTERM, process.stderr[-3000:]
         assert "did not stop within 0.2 s of SIGTERM" in process.stderr
+
+
+def test_a_signal_during_the_final_evaluation_is_raised_again_after_the_results(
+        tmp_path, monkeypatch):
+    """The loop had ended, so the signal stopped nothing: `train` returned as if none had come
+    and a caller running trainings in a row (a sweep's cells) went on to the next one. Now the
+    complete run's results are written, then the signal reaches the caller's handler."""
+    from hybrid_jax.data.mqar import MQARConfig
+    from hybrid_jax.train import train, trainer
+
+    evaluate = trainer._Run.evaluate
+
+    def evaluate_then_signal(run):
+        os.kill(os.getpid(), signal.SIGINT)
+        return evaluate(run)
+
+    monkeypatch.setattr(trainer._Run, "evaluate", evaluate_then_signal)
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(
+        (signum, (tmp_path / "run" / "results.json").is_file())))
+    try:
+        experiment = hj.ExperimentConfig(
+            name="late", model=hj.ModelConfig(layers=("attention",), vocab_size=16, d_model=16,
+                                              num_heads=2),
+            data=MQARConfig(vocab_size=16, seq_len=16, num_kv_pairs=2),
+            train=hj.TrainConfig(steps=2, warmup_steps=0, batch_size=8, eval_batches=1))
+        results = train(experiment, tmp_path / "run", progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert results["steps"] == 2 and results["accuracy"] is not None  # a complete run
+    assert caught == [(signal.SIGINT, True)]
