@@ -7,6 +7,7 @@ A data config provides `source(split, seed)`, a grain random-access source of ex
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grain
@@ -39,7 +40,12 @@ def train_iterator(data: Any, *, batch_size: int, seed: int, shard_index: int | 
     counts global batches, so a checkpoint resumes on any number of processes.
     """
     index, count, local = _shard(batch_size, shard_index, shard_count)
-    dataset = (grain.MapDataset.source(data.source("train", seed)).shuffle(seed=seed).repeat()
+    source = data.source("train", seed)
+    if len(source) < batch_size:  # allowed (tiny corpora), but each batch then repeats rows
+        logging.getLogger("hybrid_jax.data").warning(
+            "the train split has %d examples, fewer than one batch of %d: every batch holds "
+            "some of them more than once", len(source), batch_size)
+    dataset = (grain.MapDataset.source(source).shuffle(seed=seed).repeat()
                .batch(local, drop_remainder=True)[index::count])
     options = grain.ReadOptions(num_threads=2, prefetch_buffer_size=prefetch)
     return iter(dataset.to_iter_dataset(options))

@@ -92,6 +92,18 @@ def test_each_split_is_read_with_the_runs_seed():
     assert data.sources == [("train", 5), ("eval", 7)]
 
 
+def test_a_train_split_smaller_than_a_batch_is_said(caplog):
+    with caplog.at_level("WARNING", logger="hybrid_jax.data"):
+        (batch,), _ = batches(1, 1, data=RecordingData(size=5))
+    assert len(batch) == 8 and sorted(set(batch.tolist())) == [0, 1, 2, 3, 4]
+    assert ("the train split has 5 examples, fewer than one batch of 8: every batch holds some "
+            "of them more than once") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybrid_jax.data"):
+        batches(1, 1)
+    assert not [r for r in caplog.records if r.name == "hybrid_jax.data"]
+
+
 def test_the_default_process_is_this_jax_process(monkeypatch):
     """Without shard_index / shard_count, process 1 of 4 (as JAX reports) reads and keeps the
     rows process 1 of 4 reads when named."""
