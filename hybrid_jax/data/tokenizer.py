@@ -232,6 +232,11 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) 
                                   special_tokens=[EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer)
+    if tokenizer.get_vocab_size() < vocab_size:  # the text has no more pairs to merge
+        logging.getLogger("hybrid_jax.tokenizer").warning(
+            "the BPE has %d tokens of the %d asked for: the text holds no more pairs seen %d "
+            "times (model.vocab_size=%d would do)", tokenizer.get_vocab_size(), vocab_size,
+            min_frequency, tokenizer.get_vocab_size())
     return HFTokenizer(tokenizer)
 
 

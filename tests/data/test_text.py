@@ -66,6 +66,17 @@ def test_bpe_merges_only_pairs_seen_min_frequency_times():
     assert len(train_bpe(["xy"], 300).encode("xy")) == 2  # default 2: a pair seen once stays
 
 
+def test_a_bpe_smaller_than_asked_is_said(caplog):
+    with caplog.at_level("WARNING", logger="hybrid_jax.tokenizer"):
+        assert train_bpe(["xy"], 300).vocab_size == 257  # bytes and EOS: no pair seen twice
+    assert ("the BPE has 257 tokens of the 300 asked for: the text holds no more pairs seen 2 "
+            "times (model.vocab_size=257 would do)") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybrid_jax.tokenizer"):
+        train_bpe(["xy"], 258, min_frequency=1)
+    assert not caplog.records
+
+
 def test_bpe_round_trips_saves_and_loads(bpe, corpus, tmp_path):
     # Characters the merges never saw split into byte tokens that are not whole characters.
     text = (corpus / "valid.txt").read_text() + " <|endoftext|> \r\n\x00 ñ中"
