@@ -122,7 +122,8 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     seconds = time.perf_counter() - start
     tokens, texts = [], []
     for row in out:
-        ends = [i for i, t in enumerate(row) if t in eos]
+        # -1 fills a row that the streamer stopped when the loop had no single EOS id
+        ends = [i for i, t in enumerate(row) if t in eos or t < 0]
         row = row[:ends[0]] if ends else row
         text = tokenizer.decode(row)
         cut = cut_at_stop(text, stop)

@@ -66,6 +66,8 @@ def test_top_k_and_top_p_at_their_bounds(model):
     unrestricted = sampled()
     np.testing.assert_array_equal(sampled(top_k=CONFIG.vocab_size), unrestricted)
     np.testing.assert_array_equal(sampled(top_p=1.0), unrestricted)
+    # top_p reaches the sampler: a tiny one keeps only the most likely token.
+    np.testing.assert_array_equal(sampled(top_p=1e-6), sampled(top_k=1))
     assert (unrestricted != sampled(top_k=1)).any()  # (temperature 2 leaves the greedy path)
 
 
@@ -116,6 +118,17 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     draws = {int(sample_token(logits, jax.random.key(k), temperature=1.0, top_k=None,
                               top_p=0.7)[0]) for k in range(64)}
     assert draws == {0, 1}
+
+
+def test_top_p_equal_to_the_top_probability_keeps_only_the_top_token():
+    """The top token alone reaches p = its probability: the next one (whose preceding mass is
+    exactly p) is left out."""
+    logits = jnp.log(jnp.asarray([[0.25, 0.5, 0.25]]))
+    top = float(jax.nn.softmax(logits)[0, 1])
+    keys = jax.random.split(jax.random.key(0), 64)
+    draws = jax.vmap(lambda k: sample_token(logits, k, temperature=1.0, top_k=None,
+                                            top_p=top))(keys)
+    assert set(np.asarray(draws).ravel().tolist()) == {1}
 
 
 @pytest.mark.parametrize("options, expected", [
@@ -229,6 +242,22 @@ def test_generate_text_ends_rows_at_the_first_eos(model):
                                     eos_ids=[256, eos])):
         assert result.tokens[0].tolist() == free[:first].tolist()
         assert result.texts[0] == tokenizer.decode(free[:first])
+
+
+def test_a_stop_string_ends_a_row_with_several_eos_ids_or_none(model):
+    """Without one EOS id for the compiled loop, a row that a stop string ends is filled with
+    -1 after it: the row ends there as with one EOS id (-1 is not decoded)."""
+    tokenizer = ByteTokenizer()
+    free = hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8)
+    stop = free.texts[0][2:4]
+    cut = lambda eos_ids: hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8,
+                                           stop=stop, eos_ids=eos_ids)
+    want = cut(None)
+    assert want.texts == [free.texts[0][:free.texts[0].find(stop)]]
+    for eos_ids in ([256, 255], []):
+        result = cut(eos_ids)
+        assert result.texts == want.texts, eos_ids
+        assert result.tokens[0].tolist() == want.tokens[0].tolist(), eos_ids
 
 
 def test_callbacks_and_eos_compile_once(model):
