@@ -218,7 +218,8 @@ def test_bad_requests_are_refused():
                                       num_heads=2))
     with pytest.raises(ValueError, match=r"layer 1 \(gdn\) keeps a GatedDeltaNetCache"):
         generate(gdn, prompt, 4, speculative=2)
-    windowed = hj.create_model(ModelConfig(layers=(LAYERS["gdn"], layer("attention", window=4)),
+    # prompt 3 + 4 new + 2 drafts = 9 positions: a window of 8 would wrap around
+    windowed = hj.create_model(ModelConfig(layers=(LAYERS["gdn"], layer("attention", window=8)),
                                            vocab_size=32, d_model=16, num_heads=2))
     with pytest.raises(ValueError, match="layer 1 is sliding-window attention"):
         generate(windowed, prompt, 4, speculative=2)

@@ -94,6 +94,16 @@ def test_qwen2_windows_as_transformers_reads_them():
     assert windows(deep) == [None] * 28 + [4, 4]
 
 
+def test_qwen2_export_says_its_windows_without_layer_types_too():
+    """transformers before `layer_types` read Qwen2's windows from use_sliding_window and
+    max_window_layers: the exported ones slide the same layers."""
+    config = model_config_from_hf({**MINIMAL, "model_type": "qwen2", "sliding_window": 4,
+                                   "use_sliding_window": True, "max_window_layers": 0})
+    hf = hf_config_from_model(config)
+    del hf["layer_types"]
+    assert windows(model_config_from_hf(hf)) == [4, 4]
+
+
 def test_a_missing_sliding_window_is_transformers_default_and_null_is_full():
     """MistralConfig and Qwen2Config default `sliding_window` to 4096 when the key is absent;
     an explicit null is full attention. Llama has no such default."""

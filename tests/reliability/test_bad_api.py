@@ -133,6 +133,17 @@ def test_generate_prompts(model, prompt, new, message):
         generate(model, prompt, new)
 
 
+def test_generate_counts_a_learned_position_tables_length():
+    """Without `max_positions`, the config's learned table sets the limit (positions past it
+    have no embedding)."""
+    learned = create_model(ModelConfig(layers=("attention",), vocab_size=VOCAB, d_model=16,
+                                       num_heads=2, ffn_dim=0, position_embedding="learned",
+                                       max_positions=4))
+    with pytest.raises(ValueError, match="prompt of 2 tokens \\+ 3 new tokens is longer than "
+                                         "the model's 4 positions"):
+        generate(learned, jnp.asarray([[1, 2]]), 3)
+
+
 def test_device_memory_is_the_allocators_limit_else_the_hosts():
     class Device:
         def __init__(self, stats):
