@@ -81,7 +81,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     `max_positions`: the model's position limit (e.g. a Hugging Face model's
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
-    `max_positions`, a negative or non-finite temperature, a `top_k` outside
+    `max_positions` (nor, with `speculative=k`, for k more in a learned position table), a
+    negative or non-finite temperature, a `top_k` outside
     `[1, vocab_size]`, a `top_p` outside (0, 1], an `eos_id` outside the vocabulary, non-integer
     `lengths`, `modes` for a model without Oryx layers and
     a decode cache larger than the device's memory raise ValueError.
@@ -129,6 +130,11 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                          f"is longer than the model's {limit} positions")
     spare = speculative or 0  # a round may write up to k positions past the last one kept
     needed = int(lengths.max()) + max_new_tokens + spare
+    table = model.config.max_positions  # a learned table: no embedding past it
+    if spare and table is not None and needed > table:
+        raise ValueError(f"speculative decoding: prompt + new tokens + {spare} drafts = {needed} "
+                         f"positions, more than the learned position table's {table}: ask for "
+                         "fewer new tokens")
     max_len = needed if max_len is None else max_len
     if not _is_int(max_len) or max_len < needed:
         raise ValueError(f"max_len={max_len} is shorter than prompt + new tokens"

@@ -218,6 +218,13 @@ def test_bad_requests_are_refused():
                                       num_heads=2))
     with pytest.raises(ValueError, match=r"layer 1 \(gdn\) keeps a GatedDeltaNetCache"):
         generate(gdn, prompt, 4, speculative=2)
+    learned = hj.create_model(ModelConfig(layers=(LAYERS["gdn"],), vocab_size=32, d_model=16,
+                                          num_heads=2, position_embedding="learned",
+                                          max_positions=8))
+    with pytest.raises(ValueError, match=r"speculative decoding: prompt \+ new tokens \+ 2 "
+                                         r"drafts = 10 positions, more than the learned "
+                                         r"position table's 8"):
+        generate(learned, prompt, 5, speculative=2)  # 3 + 5 fit the table, the drafts do not
     # prompt 3 + 4 new + 2 drafts = 9 positions: a window of 8 would wrap around
     windowed = hj.create_model(ModelConfig(layers=(LAYERS["gdn"], layer("attention", window=8)),
                                            vocab_size=32, d_model=16, num_heads=2))
