@@ -208,8 +208,10 @@ def test_generate_text_stop_strings_and_streaming(model):
     # string stopped at either character).
     two = full.texts[1][0] + "\x07"
     assert two not in full.texts[1]
-    assert hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8,
-                            stop=two).texts == full.texts[1:]
+    pieces = []
+    assert hj.generate_text(model, tokenizer, ["hello"], max_new_tokens=8, stop=two,
+                            on_text=lambda row, text: pieces.append(text)).texts == full.texts[1:]
+    assert "".join(pieces) == full.texts[1]  # what a possible stop held back shows at the end
 
 
 def test_generate_text_passes_sampling_and_ragged_prompts_to_generate(model):
@@ -284,9 +286,9 @@ def test_generate_text_errors(model):
     for stop in ([""], ["a", 5]):  # an empty stop string matched nothing, silently
         with pytest.raises(ValueError, match=r"stop strings must be non-empty strings, got "):
             hj.generate_text(model, tokenizer, ["hello"], stop=stop)
-    small = hj.create_model(CONFIG.replace(layers=("attention",), vocab_size=100))
+    small = hj.create_model(CONFIG.replace(layers=("attention",), vocab_size=105))
     with pytest.raises(ValueError, match=r"tokenizer id 105 is outside the model's "
-                                         r"vocab_size=100: is it the run's tokenizer\?"):
+                                         r"vocab_size=105: is it the run's tokenizer\?"):
         hj.generate_text(small, tokenizer, ["ab", "hi"])  # the largest id of "hi" ("i")
 
 
