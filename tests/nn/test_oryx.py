@@ -329,6 +329,14 @@ def test_generate_takes_a_mode_schedule():
     linear = np.asarray(generate(model, prompt, 3, modes="linear"))
     explicit = np.zeros((2, 7), np.int32)
     assert (np.asarray(generate(model, prompt, 3, modes=explicit)) == linear).all()
+    # Ragged prompts: each row's own prompt is its prefill (weights large enough that the
+    # modes change the tokens).
+    varied = hj.create_model(CONFIG.replace(init_std=0.3), seed=1)
+    split = functools.partial(generate, varied, prompt, 3, lengths=[4, 2])
+    by_row = np.asarray([[0] * 4 + [1] * 3, [0] * 2 + [1] * 5], np.int32)
+    mixed = np.asarray(split(modes="prefill=linear,decode=attention"))
+    assert (mixed == np.asarray(split(modes=by_row))).all()
+    assert (mixed != np.asarray(split(modes=np.asarray([[0] * 4 + [1] * 3] * 2)))).any()
 
 
 @pytest.mark.parametrize("kind", KINDS)
