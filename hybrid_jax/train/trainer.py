@@ -5,18 +5,18 @@ Outputs in the run directory: `config.json` (the experiment), `tokenizer.json` (
 diagnostic as `diag/...`, see `hybrid_jax.nn.diagnostics`), `results.json` (final
 metrics) and `checkpoints/` (model, optimizer, step, data-iterator state; see `checkpoint.py`).
 
-`train(..., resume=True)` continues from the latest intact checkpoint (a damaged later one is
-moved to `damaged_checkpoints/`, saying so) so that every loss after it is the one the
-uninterrupted run logs (same device kind). SIGTERM / SIGINT checkpoint and stop the run
-(`results["interrupted"]`); if the loop cannot get there within `train.stop_grace_s` (stuck in
-a device computation), or on a second signal, the logs are flushed and the process exits with
-128 + signal. One that comes after the last step (during the final checkpoint or evaluation)
-is raised again once `results.json` is written, for the handlers outside `train`. A non-finite loss or gradient stops the run naming the step and which of the two
-it was, or with `train.on_nonfinite=rollback` restores the last checkpoint and skips that
-step's batch. `train.time_limit_s` ends the loop early at a step boundary (a budgeted run): it
-checkpoints and evaluates as at the end, and `results["time_limit_reached"]` says so (`steps`
-is the step reached; the learning-rate schedule stays the one of `train.steps`). One process at
-a time writes a run directory (`run_dir.RunLock`).
+`train(..., resume=True)` continues from the latest intact checkpoint (a damaged later one is moved
+to `damaged_checkpoints/`, saying so) so that every loss after it is the one the uninterrupted run
+logs (same device kind). SIGTERM / SIGINT checkpoint and stop the run (`results["interrupted"]`);
+if the loop cannot get there within `train.stop_grace_s` (stuck in a device computation), or on a
+second signal, the logs are flushed and the process exits with 128 + signal. One that comes after
+the last step (during the final checkpoint or evaluation) is raised again once `results.json` is
+written, for the handlers outside `train`. A non-finite loss or gradient stops the run naming the
+step and which of the two it was, or with `train.on_nonfinite=rollback` restores the last
+checkpoint and skips that step's batch. `train.time_limit_s` ends the loop early at a step boundary
+(a budgeted run): it checkpoints and evaluates as at the end, and `results["time_limit_reached"]`
+says so (`steps` is the step reached; the learning-rate schedule stays the one of `train.steps`).
+One process at a time writes a run directory (`run_dir.RunLock`).
 """
 
 from __future__ import annotations
