@@ -135,9 +135,16 @@ def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_i
                              f"(T == S), got T={sizes['T']}, S={sizes['S']}")
         check_dims(_OP, sizes, segment_ids=(segment_ids, "BT"))
     for name, pos, axis in (("q_positions", q_positions, "T"), ("kv_positions", kv_positions, "S")):
-        if pos is not None and pos.shape not in ((sizes[axis],), (sizes["B"], sizes[axis])):
-            raise ValueError(f"{_OP}: {name} must have shape [{axis}] or [B,{axis}] = "
-                             f"[{sizes[axis]}] or [{sizes['B']},{sizes[axis]}], got {pos.shape}")
+        if pos is not None:
+            _check_positions(_OP, name, pos, sizes["B"], sizes[axis], axis)
+
+
+def _check_positions(op: str, name: str, positions: jax.Array, batch: int, length: int,
+                     axis: str = "T", where: str = "") -> None:
+    """Positions `[axis]` (shared by the rows) or `[B, axis]`, as attention and RoPE take them."""
+    if positions.shape not in ((length,), (batch, length)):
+        raise ValueError(f"{op}: {name} must have shape [{axis}] = [{length}] or [B,{axis}] = "
+                         f"{[batch, length]}{where}, got {tuple(positions.shape)}")
 
 
 def _compute_dtype(x: jax.Array) -> jnp.dtype:
@@ -386,10 +393,8 @@ def apply_rope(
     `positions` is `[B, T]` or `[T]`. Channels past `r` pass through.
     """
     check_rank("apply_rope", "x", x, "BTHD")
-    if positions.shape not in ((x.shape[1],), x.shape[:2]):
-        raise ValueError(f"apply_rope: positions must have shape [T] = [{x.shape[1]}] or [B,T] = "
-                         f"{list(x.shape[:2])} (x shape {tuple(x.shape)}), got "
-                         f"{tuple(positions.shape)}")
+    _check_positions("apply_rope", "positions", positions, *x.shape[:2],
+                     where=f" (x shape {tuple(x.shape)})")
     rot = rotary_dim(x.shape[-1], fraction)
     if rot == 0:
         return x

@@ -224,6 +224,16 @@ def test_no_queries_or_no_keys_are_refused_by_name():
         ops.attention(q, k[:, :0], v[:, :0], causal=False)
 
 
+def test_attention_positions_of_another_length_are_refused_by_name():
+    q, k, v = _qkv(4, 6, Hq=2, Hkv=1, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"attention: q_positions must have shape \[T\] = \[4\] "
+                                         r"or \[B,T\] = \[2, 4\], got \(5,\)"):
+        ops.attention(q, k, v, causal=False, q_positions=jnp.arange(5))
+    with pytest.raises(ValueError, match=r"kv_positions must have shape \[S\] = \[6\] or "
+                                         r"\[B,S\] = \[2, 6\], got \(3, 6\)"):
+        ops.attention(q, k, v, causal=False, kv_positions=jnp.zeros((3, 6), int))
+
+
 def test_rope_positions_of_another_length_are_refused_by_name():
     q, _, _ = _qkv(4, 4, Hq=2, Hkv=1, dtype=jnp.float32)
     with pytest.raises(ValueError, match=r"positions must have shape \[T\] = \[4\] or \[B,T\] = "
