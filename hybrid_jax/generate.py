@@ -82,10 +82,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
     `max_positions` (nor, with `speculative=k`, for k more in a learned position table), a
-    negative or non-finite temperature, a `top_k` outside
-    `[1, vocab_size]`, a `top_p` outside (0, 1], an `eos_id` outside the vocabulary, non-integer
-    `lengths`, `modes` for a model without Oryx layers and
-    a decode cache larger than the device's memory raise ValueError.
+    negative or non-finite temperature, a `top_k` outside `[1, vocab_size]`, a `top_p` outside
+    (0, 1], an `eos_id` outside the vocabulary, non-integer `lengths`, `modes` for a model
+    without Oryx layers and a decode cache larger than the device's memory raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
