@@ -123,15 +123,15 @@ class LMCache:
 
     `max_len` is the number of positions the cache was made for; decoding past it is an error
     unless `windowed` (then full-attention layers keep the last `max_len` tokens, a sliding
-    window, and recurrent layers go on as usual). `batch`: the rows it was made for (0: not
-    recorded), which every decode call must feed.
+    window, and recurrent layers go on as usual). `batch`: the rows it was made for, which
+    every decode call must feed.
     """
 
     index: jax.Array  # [] int32: number of tokens consumed so far
     layers: tuple[Any, ...]
+    batch: int = struct.field(pytree_node=False)
     max_len: int = struct.field(pytree_node=False, default=0)
     windowed: bool = struct.field(pytree_node=False, default=False)
-    batch: int = struct.field(pytree_node=False, default=0)
 
 
 def check_token_ids(tokens: Any, vocab_size: int, what: str = "token") -> None:
@@ -151,7 +151,7 @@ def check_token_ids(tokens: Any, vocab_size: int, what: str = "token") -> None:
 def check_cache_batch(cache: LMCache, batch: int) -> None:
     """Refuses tokens of another batch size than the cache's (each layer's state would fail
     on its own, naming an array of that layer)."""
-    if cache.batch and batch != cache.batch:
+    if batch != cache.batch:
         raise ValueError(f"decode: the tokens have batch {batch}, the cache was made for batch "
                          f"{cache.batch} (init_cache(batch={batch}, ...) for these)")
 
