@@ -359,7 +359,10 @@ def _check_ids(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
     would silently index the embedding from its end)."""
     if not len(tokens):
         return
-    low, high = int(tokens.min()), int(tokens.max())
+    # Unsigned ids (the usual uint16 / uint32 files) cannot be negative: one pass over the
+    # file, not two.
+    low = int(tokens.min()) if np.issubdtype(tokens.dtype, np.signedinteger) else 0
+    high = int(tokens.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(f"token file {path} holds id {low if low < 0 else high}, outside the "
                          f"vocabulary of {vocab_size}: expected ids in [0, {vocab_size}) "
