@@ -243,6 +243,12 @@ class _StreamWriter:
             ids.tofile(self.file)
         self.length += len(ids)
 
+    def discard(self) -> None:
+        """Removes the partial `.bin` of a tokenization that failed (a bad record, an interrupt):
+        a large corpus would otherwise leave gigabytes of `.tmp` behind on every failed try."""
+        if self.file is not None:
+            _remove(self.file)
+
     def finish(self) -> TokenStream:
         doc_starts = np.asarray(self.doc_starts, np.int64)
         if self.file is None:
@@ -265,9 +271,19 @@ def _temporary_beside(path: Path) -> IO[bytes]:
                                        delete=False)
 
 
+def _remove(file: IO[bytes]) -> None:
+    file.close()
+    os.unlink(file.name)
+
+
 def _write_replacing(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    with _temporary_beside(path) as f:
+    f = _temporary_beside(path)
+    try:
         write(f)
+        f.close()
+    except BaseException:
+        _remove(f)
+        raise
     os.replace(f.name, path)
 
 
@@ -308,13 +324,17 @@ def tokenize_documents(files: list[Path], tokenizer: Tokenizer, *, document_rege
             writer.write(ids, new_document, tokenizer.eos_id)
         batch.clear()
 
-    for path in files:
-        for new_document, text in document_pieces(path, document_regex, encoding):
-            writer.num_words += count_words(text)
-            batch.append((new_document, text))
-            if len(batch) >= 8:
-                flush()
-    flush()
+    try:
+        for path in files:
+            for new_document, text in document_pieces(path, document_regex, encoding):
+                writer.num_words += count_words(text)
+                batch.append((new_document, text))
+                if len(batch) >= 8:
+                    flush()
+        flush()
+    except BaseException:
+        writer.discard()
+        raise
     return writer.finish()
 
 

@@ -198,3 +198,35 @@ def test_writers_of_one_cache_entry_at_once_each_get_the_whole_stream(tmp_path):
     assert first.tokens.tolist() == others[0].tokens.tolist() == expected
     assert tokenize_documents([path], ByteTokenizer(), cache_dir=cache).tokens.tolist() == expected
     assert sorted(p.suffix for p in cache.iterdir()) == [".bin", ".json", ".npy"]  # no leftovers
+
+
+def test_a_failed_tokenization_leaves_no_temporary_files(tmp_path):
+    """An error (or Ctrl-C) half way through a corpus removes the partial token file it was
+    writing to the cache (it used to stay behind as `.tmp`, as large as what was read), and a
+    cache file whose writing fails leaves no temporary file either."""
+    path, cache = tmp_path / "a.txt", tmp_path / "cache"
+    path.write_text("".join(f"line {i}\n" for i in range(40)))
+
+    class Interrupted(ByteTokenizer):
+        calls = 0
+
+        def encode_batch(self, texts):
+            self.calls += 1
+            if self.calls == 3:  # two batches are already in the cache's partial file
+                raise KeyboardInterrupt
+            return super().encode_batch(texts)
+
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_documents([path], Interrupted(), document_regex="line", cache_dir=cache)
+    assert list(cache.iterdir()) == []
+    with pytest.raises(OSError, match="disk full"):
+        corpus._write_replacing(cache / "x.json", lambda f: (f.write(b"{"), _raise(OSError(
+            "disk full"))))
+    assert list(cache.iterdir()) == []
+    stream = tokenize_documents([path], ByteTokenizer(), document_regex="line", cache_dir=cache)
+    assert len(stream.doc_starts) == 40  # a later try works
+    assert sorted(p.suffix for p in cache.iterdir()) == [".bin", ".json", ".npy"]
+
+
+def _raise(error: BaseException):
+    raise error
