@@ -507,10 +507,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.to == "oryx" and nha_options:
         raise ValueError(f"{nha_options}: NHA options; --to oryx takes none")
     window_text = "512" if args.window is None else args.window
-    try:
-        window = None if window_text == "full" else int(window_text)
-    except ValueError:
-        raise ValueError(f"--window expects an integer or 'full', got {window_text!r}") from None
+    window = (None if window_text == "full" else
+              _int_arg("--window", window_text, "an integer or 'full'"))
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
@@ -523,11 +521,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_arg(flag: str, text: str) -> int:
+def _int_arg(flag: str, text: str, expected: str = "integers") -> int:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"{flag} expects integers, got {text!r}") from None
+        raise ValueError(f"{flag} expects {expected}, got {text!r}") from None
 
 
 @functools.cache

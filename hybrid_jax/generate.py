@@ -75,9 +75,10 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     (`hybrid_jax.modes.inference_modes`).
     `speculative=k` (Oryx models, greedy): self-speculative decoding, k linear-mode drafts
     verified by one attention-mode call per round (`hybrid_jax.speculative`); the tokens are
-    those of `modes="attention"` greedy decoding. A `stats` dict is filled with the rounds,
-    the drafts' acceptance rate (accepted / drafted over the rows generating from a round's
-    start: a row inside its prompt verifies prompt tokens) and the tokens kept per round.
+    those of `modes="attention"` greedy decoding; it takes no `extras`. A `stats` dict is
+    filled with the rounds, the drafts' acceptance rate (accepted / drafted over the rows
+    generating from a round's start: a row inside its prompt verifies prompt tokens) and the
+    tokens kept per round.
     `max_positions`: the model's position limit (e.g. a Hugging Face model's
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
@@ -123,6 +124,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
             raise ValueError("speculative decoding is greedy (temperature 0) and sets the modes "
                              "itself (linear drafts, attention verification): got temperature="
                              f"{temperature}, modes={modes!r}")
+        if extras:  # its rounds pass the modes alone: other extras would be dropped
+            raise ValueError(f"speculative decoding takes no extras (it passes only the modes to "
+                             f"its draft and verification steps): got extras {sorted(extras)}")
     limit = max_positions or model.config.max_positions
     if limit is not None and int(lengths.max()) + max_new_tokens > limit:
         raise ValueError(f"prompt of {int(lengths.max())} tokens + {max_new_tokens} new tokens "

@@ -208,6 +208,8 @@ def test_bad_requests_are_refused():
         generate(model, prompt, 4, speculative=2, temperature=0.5)
     with pytest.raises(ValueError, match="sets the modes itself"):
         generate(model, prompt, 4, speculative=2, modes="attention")
+    with pytest.raises(ValueError, match=r"takes no extras .* got extras \['bias'\]"):
+        generate(model, prompt, 4, speculative=2, extras={"bias": jnp.zeros((1, 7))})
     with pytest.raises(ValueError, match="speculative must be an integer >= 1"):
         generate(model, prompt, 4, speculative=0)
     plain = hj.create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,

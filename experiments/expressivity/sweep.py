@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
-import fcntl
 import json
 import multiprocessing
 import os
@@ -29,7 +27,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from experiments.expressivity.models import (
     size_model,
 )
 from hybrid_jax.config import ExperimentConfig, TrainConfig
+from hybrid_jax.train.run_dir import RunLock
 
 # Tiny models, short runs: no weight decay, one synchronous checkpoint per cell (at the end).
 DEFAULT_TRAIN = TrainConfig(steps=1000, batch_size=32, warmup_steps=50, weight_decay=0.0,
@@ -275,26 +274,15 @@ class _StopSignals:
             signal.signal(sig, previous)
 
 
-@contextlib.contextmanager
-def _cell_lock(run_dir: Path) -> Iterator[None]:
-    """Held while a cell trains, evaluates and writes its summary: two sweeps sharing an output
-    directory (e.g. length generalisation and OOD evaluation started together) never work on
-    one cell at once (each wrote its own variants into cell.json, losing the other's)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "cell.lock", "w") as file:
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"{run_dir} is in use by another sweep (lock "
-                               f"{run_dir / 'cell.lock'}): the next run retries it") from None
-        yield
-
-
 def run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     """Trains one cell (unless already trained), evaluates the variants its summary lacks and
     writes `cell.json`; returns the summary. Raises `CellInterrupted` if a signal stopped the
     training."""
-    with _cell_lock(out_dir / "cells" / cell.id):
+    # Held while the cell trains, evaluates and writes its summary: two sweeps sharing an output
+    # directory (e.g. length generalisation and OOD evaluation started together) never work on
+    # one cell at once (each wrote its own variants into cell.json, losing the other's).
+    with RunLock(out_dir / "cells" / cell.id, "cell.lock", "another sweep",
+                 "the next run retries it"):
         return _run_cell(sweep, cell, out_dir)
 
 

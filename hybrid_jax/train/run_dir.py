@@ -33,10 +33,15 @@ def make_run_dir(run_dir: Path) -> None:
 
 
 class RunLock:
-    """`with RunLock(run_dir):` — raises RunDirError naming the holder's pid if it is taken."""
+    """`with RunLock(run_dir):` — raises RunDirError naming the holder's pid if it is taken.
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_FILE
+    `name`, `holder` and `advice`: the lock file, what else holds it and what to do then (a
+    sweep's cells take `cell.lock`, held by "another sweep")."""
+
+    def __init__(self, run_dir: Path, name: str = LOCK_FILE, holder: str = "another run",
+                 advice: str = "wait for it to finish, stop it, or choose another --out"):
+        self.path = Path(run_dir) / name
+        self.holder, self.advice = holder, advice
         self._file = None
 
     def acquire(self) -> RunLock:
@@ -48,9 +53,8 @@ class RunLock:
             file.seek(0)
             holder = file.read().strip() or "unknown"
             file.close()
-            raise RunDirError(f"{self.path.parent} is in use by another run (process {holder}, "
-                              f"lock {self.path}): wait for it to finish, stop it, or choose "
-                              "another --out") from None
+            raise RunDirError(f"{self.path.parent} is in use by {self.holder} (process "
+                              f"{holder}, lock {self.path}): {self.advice}") from None
         file.seek(0)
         file.truncate()
         file.write(str(os.getpid()))

@@ -682,6 +682,7 @@ def test_two_sweeps_never_work_on_one_cell(tmp_path, monkeypatch):
     import fcntl
 
     from experiments.expressivity.sweep import run_cell
+    from hybrid_jax.train.run_dir import RunDirError
 
     sweep = Sweep(name="expressivity/x", data=SelectiveCopyingConfig(), budgets=(400,),
                   architectures=("ssm",))
@@ -691,6 +692,7 @@ def test_two_sweeps_never_work_on_one_cell(tmp_path, monkeypatch):
     lock.parent.mkdir(parents=True)
     with open(lock, "w") as other_sweep:
         fcntl.flock(other_sweep, fcntl.LOCK_EX)
-        with pytest.raises(RuntimeError, match=f"{lock.parent} is in use by another sweep"):
+        with pytest.raises(RunDirError, match=f"{lock.parent} is in use by another sweep "
+                                              r"\(process unknown, lock .*cell.lock\): the next"):
             run_cell(sweep, cell, tmp_path)
     assert run_cell(sweep, cell, tmp_path)["accuracy"] == 0.5  # released: it runs
