@@ -39,29 +39,52 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[float, ...] | None]:
     params = dict(hf.get("rope_parameters") or {})
     scaling = dict(hf.get("rope_scaling") or params)
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind is None and set(scaling) - {"rope_theta"}:  # transformers fails on such a config
+        _refuse("rope_scaling", scaling, "a 'rope_type' ('default' or 'llama3') beside its "
+                "parameters")
+    if kind in (None, "default"):
         return theta, None
     if kind != "llama3":
         _refuse("rope type", kind, "'default' or 'llama3'")
+    missing = [k for k in LLAMA3_SCALING_KEYS if k not in scaling]
+    if missing:
+        _refuse("rope_scaling", scaling, f"every llama3 parameter (missing {missing})")
     return theta, tuple(float(scaling[k]) for k in LLAMA3_SCALING_KEYS)
 
 
 def _windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:
-    """Each layer's sliding window (None: full causal), as Hugging Face decides it."""
-    kind = hf["model_type"]
-    window = hf.get("sliding_window", None if kind == "llama" else DEFAULT_SLIDING_WINDOW)
-    if "layer_types" in hf:
-        types = hf["layer_types"]
-        if len(types) != num_layers or set(types) - {"full_attention", "sliding_attention"}:
-            _refuse("layer_types", types, f"{num_layers} of 'full_attention' / "
-                    "'sliding_attention'")
-        return [window if t == "sliding_attention" else None for t in types]
-    if kind == "qwen2":  # transformers' Qwen2Config defaults
-        first = hf.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
-        use = hf.get("use_sliding_window", False)
-        return [window if use and i >= first else None for i in range(num_layers)]
-    return [window] * num_layers
+    """Each layer's sliding window (None: full causal), as transformers decides it: Llama has
+    none, Mistral slides every layer (its config class ignores `layer_types`), Qwen2 slides
+    the layers `layer_types` (else `max_window_layers`) names, and only with
+    `use_sliding_window`. A `sliding_window` or `layer_types` that says otherwise is refused:
+    following it, or ignoring it as transformers does, would both be a guess."""
+    kind, types = hf["model_type"], hf.get("layer_types")
+    if types is not None and (len(types) != num_layers
+                              or set(types) - {"full_attention", "sliding_attention"}):
+        _refuse("layer_types", types, f"{num_layers} of 'full_attention' / "
+                "'sliding_attention'")
+    if kind == "llama":
+        if hf.get("sliding_window") is not None:
+            _refuse("sliding_window", hf["sliding_window"], "null for model_type 'llama' "
+                    "(LlamaForCausalLM has no sliding window; a windowed model is 'mistral')")
+        windows = [None] * num_layers
+    elif kind == "mistral":
+        windows = [hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)] * num_layers
+    else:  # transformers' Qwen2Config: no window at all without use_sliding_window
+        window = (hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
+                  if hf.get("use_sliding_window", False) else None)
+        if types is None:
+            first = hf.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
+            return [window if i >= first else None for i in range(num_layers)]
+        windows = [window if t == "sliding_attention" else None for t in types]
+    if types is not None and any((t == "sliding_attention") != (w is not None)
+                                 for t, w in zip(types, windows, strict=True)):
+        keys = ("use_sliding_window", "sliding_window")[kind != "qwen2":]
+        _refuse("layer_types", types, f"the layers that {kind} slides by its "
+                f"{ {k: hf.get(k) for k in keys} }: "
+                f"{['full_attention' if w is None else 'sliding_attention' for w in windows]}")
+    return windows
 
 
 def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32") -> ModelConfig:
@@ -148,9 +171,10 @@ def hf_config_from_model(config: ModelConfig, base: dict[str, Any] | None = None
         raise ValueError(f"export needs one sliding window size, found "
                          f"{sorted(set(windows), key=str)}")
     hf = dict(base or {})
+    # Qwen2 always has q/k/v biases, Llama and Mistral never; Llama has no sliding window.
     kind = "qwen2" if attention.qkv_bias else ("mistral" if window else hf.get("model_type",
                                                                                "llama"))
-    if kind not in MODEL_TYPES:
+    if kind not in MODEL_TYPES or (kind == "qwen2" and not attention.qkv_bias):
         kind = "llama"
     heads = attention.num_heads
     head_dim = attention.head_dim or config.d_model // heads

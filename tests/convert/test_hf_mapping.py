@@ -54,6 +54,7 @@ def test_keys_left_out_take_transformers_defaults():
 def test_head_dim_apart_from_hidden_over_heads():
     config = model_config_from_hf({**MINIMAL, "head_dim": 16, "num_key_value_heads": 2})
     assert (config.resolved_head_dim, config.kv_heads) == (16, 2)
+    assert model_config_from_hf(hf_config_from_model(config)) == config  # export writes both
     assert model_config_from_hf({**MINIMAL, "head_dim": None}).resolved_head_dim == 8
 
 
@@ -72,6 +73,22 @@ def test_legacy_rope_scaling_spelling():
     (dict(mlp_bias=True), "mlp_bias=True"),
     (dict(layer_types=["full_attention"]), r"layer_types=\['full_attention'\].*expected 2 of"),
     (dict(layer_types=["full_attention", "chunked_attention"]), "layer_types="),
+    # transformers fails on these: no rope_type, or llama3 without all of its parameters
+    (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}.*a 'rope_type'"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+     r"every llama3 parameter \(missing \['low_freq_factor', 'high_freq_factor', "),
+    # Windows that transformers would not slide as the config says (LlamaForCausalLM has no
+    # window, MistralConfig ignores layer_types, Qwen2Config slides only with
+    # use_sliding_window): refused, neither followed nor ignored.
+    (dict(sliding_window=4), "sliding_window=4 .*expected null for model_type 'llama'"),
+    (dict(model_type="mistral", sliding_window=4,
+          layer_types=["full_attention", "sliding_attention"]),
+     r"expected the layers that mistral slides by its \{'sliding_window': 4\}: "
+     r"\['sliding_attention', 'sliding_attention'\]"),
+    (dict(model_type="qwen2", sliding_window=4,
+          layer_types=["full_attention", "sliding_attention"]),
+     r"qwen2 slides by its \{'use_sliding_window': None, 'sliding_window': 4\}: "
+     r"\['full_attention', 'full_attention'\]"),
 ])
 def test_config_refusals_name_the_field(change, message):
     with pytest.raises(ValueError, match=message):
@@ -79,10 +96,16 @@ def test_config_refusals_name_the_field(change, message):
 
 
 def test_layer_types_choose_each_layers_window():
-    config = model_config_from_hf({**MINIMAL, "num_hidden_layers": 3, "sliding_window": 4,
+    config = model_config_from_hf({**MINIMAL, "model_type": "qwen2", "num_hidden_layers": 3,
+                                   "sliding_window": 4, "use_sliding_window": True,
                                    "layer_types": ["sliding_attention", "full_attention",
                                                    "sliding_attention"]})
     assert windows(config) == [4, None, 4]
+    # Layer types that agree with what the model class slides are accepted.
+    assert windows(model_config_from_hf({**MINIMAL, "layer_types": ["full_attention"] * 2})
+                   ) == [None, None]
+    assert windows(model_config_from_hf({**MINIMAL, "model_type": "mistral", "sliding_window": 4,
+                                         "layer_types": ["sliding_attention"] * 2})) == [4, 4]
 
 
 def test_qwen2_windows_as_transformers_reads_them():
@@ -102,6 +125,11 @@ def test_qwen2_export_says_its_windows_without_layer_types_too():
     hf = hf_config_from_model(config)
     del hf["layer_types"]
     assert windows(model_config_from_hf(hf)) == [4, 4]
+    # Qwen2 always has q/k/v biases: a model without them is exported as Llama, whatever the
+    # imported config.json's model_type (a Qwen2 config reads back as a model with biases).
+    plain = config.replace(qkv_bias=False, window=None, layers=("attention",) * 2)
+    hf = hf_config_from_model(plain, {"model_type": "qwen2"})
+    assert hf["model_type"] == "llama" and model_config_from_hf(hf) == plain
 
 
 def test_a_missing_sliding_window_is_transformers_default_and_null_is_full():
