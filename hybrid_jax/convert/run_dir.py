@@ -48,7 +48,8 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
                              "another --out")
         for file in files:
             shutil.copyfile(file, run_dir / file.name)
-        optimizer = nnx.Optimizer(model, make_optimizer(experiment.train), wrt=nnx.Param)
+        optimizer = nnx.Optimizer(model, make_optimizer(
+            experiment.train, scan_layers=experiment.model.scan_layers), wrt=nnx.Param)
         meta = {"step": 0, "skipped_steps": [], "seed": experiment.train.seed,
                 "config": to_dict(experiment), "source": source}
         tokenizer = run_dir / TOKENIZER_FILE

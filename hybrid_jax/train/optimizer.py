@@ -28,9 +28,19 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
     )
 
 
-def _decay_mask(params):
-    # Weight decay on matrices (projections, embeddings), not on norms, biases or gates.
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+def _decay_mask(scan_layers: bool):
+    """Weight decay on matrices (projections, embeddings), not on norms, biases or gates.
+
+    With `scan_layers` every parameter under `blocks/` carries a leading axis over the layer
+    groups (`nnx.scan`), so a norm scale is `[groups, d]`: that axis is not counted, else
+    scanned models decayed their norms, biases and SSM vectors (A_log, D, dt_bias)."""
+    from hybrid_jax.train.checkpoint import leaf_name
+
+    def decayed(path, p) -> bool:
+        stacked = scan_layers and leaf_name(path).startswith("blocks/")
+        return p.ndim - stacked >= 2
+
+    return lambda params: jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def _frozen(pattern: str, path: tuple) -> bool:
@@ -106,13 +116,16 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(config: TrainConfig, *, scan_layers: bool = False
+                   ) -> optax.GradientTransformation:
+    """The optimizer of `config`; `scan_layers`: the model's `ModelConfig.scan_layers` (its
+    blocks' parameters are stacked, see `_decay_mask`)."""
     transforms = []
     if config.grad_clip is not None:
         transforms.append(clip_by_global_norm(config.grad_clip))
     transforms.append(optax.adamw(learning_rate_schedule(config), b1=config.beta1,
                                   b2=config.beta2, weight_decay=config.weight_decay,
-                                  mask=_decay_mask))
+                                  mask=_decay_mask(scan_layers)))
     # Zeroing the final updates (not the gradients) also keeps weight decay off frozen
     # parameters. Always present (it holds no arrays), so `freeze` can change on --resume.
     transforms.append(optax.masked(optax.set_to_zero(), _frozen_mask(config.freeze)))

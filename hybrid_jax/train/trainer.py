@@ -116,7 +116,7 @@ class AbstractTrainState(NamedTuple):
 
 
 def _abstract_train_state(experiment: ExperimentConfig, mesh: Mesh) -> AbstractTrainState:
-    tx = make_optimizer(experiment.train)
+    tx = make_optimizer(experiment.train, scan_layers=experiment.model.scan_layers)
     graphdefs = []
 
     def init() -> nnx.State:

@@ -120,6 +120,16 @@ def test_weight_decay_reaches_matrices_only():
     for name, p in params.items():
         expected = -1e-2 * 0.5 * p if DECAYED[name] else jnp.zeros_like(p)
         np.testing.assert_allclose(updates[name], expected, rtol=1e-6, atol=1e-12, err_msg=name)
+    # Scanned layers stack their blocks' parameters over a leading axis: a `[groups, d]` norm
+    # scale is still a vector, a `[groups, d, d']` kernel still a matrix.
+    stacked = {"blocks": {"0": {name: jnp.stack([p, 2 * p]) for name, p in params.items()}}}
+    optimizer = make_optimizer(config, scan_layers=True)
+    updates, _ = optimizer.update(jax.tree.map(jnp.zeros_like, stacked), optimizer.init(stacked),
+                                  stacked)
+    for name, p in stacked["blocks"]["0"].items():
+        expected = -1e-2 * 0.5 * p if DECAYED[name] else jnp.zeros_like(p)
+        np.testing.assert_allclose(updates["blocks"]["0"][name], expected, rtol=1e-6,
+                                   atol=1e-12, err_msg=f"stacked {name}")
 
 
 @pytest.mark.parametrize("grad_clip", [None, 1.0])
