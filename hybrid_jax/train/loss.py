@@ -24,6 +24,9 @@ from hybrid_jax.ops.logit_stats import logit_stats
 def token_stats(logits_BTV: jax.Array, targets_BT: jax.Array, mask_BT: jax.Array
                 ) -> dict[str, jax.Array]:
     """Sums over scored positions: `loss_sum`, `correct`, `count` (float32 scalars)."""
+    if mask_BT.shape != targets_BT.shape:  # else it broadcasts: a wrong count, no error
+        raise ValueError(f"token_stats: mask must have the targets' shape "
+                         f"{tuple(targets_BT.shape)}, got {tuple(mask_BT.shape)}")
     weights = mask_BT.astype(jnp.float32)
     loss_sum, correct = _scored_sums(logits_BTV.astype(jnp.float32), targets_BT, weights)
     return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(weights)}

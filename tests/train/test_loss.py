@@ -1,5 +1,7 @@
 """train.loss: the custom-gradient cross entropy equals the plain one bit for bit (float32)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,6 +56,10 @@ def test_values_and_gradients_equal_the_plain_loss_exactly():
     for got, want in zip(grads, plain_grads, strict=True):  # logits, then the weights
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert not np.any(np.asarray(grads[0])[~np.asarray(mask)])  # unscored rows get nothing
+    for bad in (mask[:, :1], mask[0]):  # both broadcast against (3, 19): a wrong count
+        with pytest.raises(ValueError, match=re.escape(
+                f"mask must have the targets' shape (3, 19), got {tuple(bad.shape)}")):
+            token_stats(logits, targets, bad)
 
 
 def test_bfloat16_logits_are_upcast_like_the_plain_loss():
