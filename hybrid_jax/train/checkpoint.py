@@ -27,6 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 
 CHECKSUMS = "checksums.json"
+_CHECKSUMS_TMP = CHECKSUMS + ".tmp"  # written, then renamed to CHECKSUMS
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,15 @@ def _crc32(path: Path) -> int:
 
 def _file_sums(step_dir: Path) -> dict[str, list[int]]:
     return {str(p.relative_to(step_dir)): [p.stat().st_size, _crc32(p)]
-            for p in sorted(step_dir.rglob("*")) if p.is_file() and p.name != CHECKSUMS}
+            for p in sorted(step_dir.rglob("*"))
+            # Not the checksums' own files: a `.tmp` left by a seal killed before its rename
+            # would be listed, then replaced by the rename, and the step read as damaged.
+            if p.is_file() and p.name not in (CHECKSUMS, _CHECKSUMS_TMP)}
 
 
 def write_checksums(step_dir: Path) -> None:
     """Records size and CRC-32 of every file of a committed step directory."""
-    tmp = step_dir / (CHECKSUMS + ".tmp")
+    tmp = step_dir / _CHECKSUMS_TMP
     tmp.write_text(json.dumps(_file_sums(step_dir)))
     tmp.replace(step_dir / CHECKSUMS)
 
