@@ -121,15 +121,19 @@ def test_weight_decay_reaches_matrices_only():
         expected = -1e-2 * 0.5 * p if DECAYED[name] else jnp.zeros_like(p)
         np.testing.assert_allclose(updates[name], expected, rtol=1e-6, atol=1e-12, err_msg=name)
     # Scanned layers stack their blocks' parameters over a leading axis: a `[groups, d]` norm
-    # scale is still a vector, a `[groups, d, d']` kernel still a matrix.
-    stacked = {"blocks": {"0": {name: jnp.stack([p, 2 * p]) for name, p in params.items()}}}
+    # scale is still a vector, a `[groups, d, d']` kernel still a matrix; outside `blocks/`
+    # nothing is stacked.
+    stacked = {"blocks": {"0": {name: jnp.stack([p, 2 * p]) for name, p in params.items()}},
+               **params}
     optimizer = make_optimizer(config, scan_layers=True)
     updates, _ = optimizer.update(jax.tree.map(jnp.zeros_like, stacked), optimizer.init(stacked),
                                   stacked)
-    for name, p in stacked["blocks"]["0"].items():
-        expected = -1e-2 * 0.5 * p if DECAYED[name] else jnp.zeros_like(p)
-        np.testing.assert_allclose(updates["blocks"]["0"][name], expected, rtol=1e-6,
-                                   atol=1e-12, err_msg=f"stacked {name}")
+    for where, tree, got in (("stacked ", stacked["blocks"]["0"], updates["blocks"]["0"]),
+                             ("", params, updates)):
+        for name, p in tree.items():
+            expected = -1e-2 * 0.5 * p if DECAYED[name] else jnp.zeros_like(p)
+            np.testing.assert_allclose(got[name], expected, rtol=1e-6, atol=1e-12,
+                                       err_msg=where + name)
 
 
 @pytest.mark.parametrize("grad_clip", [None, 1.0])

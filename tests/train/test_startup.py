@@ -10,6 +10,8 @@ from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.flops import step_flops
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.sharding import make_mesh
+from hybrid_jax.train import trainer
+from hybrid_jax.train.optimizer import make_optimizer
 from hybrid_jax.train.trainer import _abstract_train_state, init_train_state, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 
@@ -35,13 +37,18 @@ def test_a_run_builds_its_model_once_fresh_and_resumed(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("preset, scan", [("swa-transformer-tiny", False),
                                           ("nha-hybrid-tiny", True), ("pha-tiny", False)])
-def test_flops_from_the_traced_parameters_equal_those_from_the_config(preset, scan):
+def test_flops_from_the_traced_parameters_equal_those_from_the_config(preset, scan,
+                                                                      monkeypatch):
     model = presets.get(preset).replace(scan_layers=scan)
     experiment = ExperimentConfig(name="flops", model=model,
                                   data=MQARConfig(vocab_size=model.vocab_size, seq_len=32),
                                   train=TrainConfig(steps=2, warmup_steps=1))
     mesh = make_mesh(MeshConfig(data=1))
+    made = []  # the optimizer learns whether the blocks are stacked (its weight-decay mask)
+    monkeypatch.setattr(trainer, "make_optimizer",
+                        lambda config, **kw: made.append(kw) or make_optimizer(config, **kw))
     abstract = _abstract_train_state(experiment, mesh)
+    assert made == [{"scan_layers": scan}]
     assert step_flops(model, 32, abstract.params) == step_flops(model, 32)
     # a TrainState's (what the benchmarks pass), also once its arrays are donated and deleted
     state = init_train_state(experiment, mesh, abstract)
