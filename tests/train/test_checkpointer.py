@@ -123,6 +123,13 @@ def test_unreadable_array_data_of_an_unsealed_step_is_named(tmp_path):
     with pytest.raises(DamagedCheckpointError,
                        match=f"checkpoint {step_dir(tmp_path, 1)}/state is corrupt or unreadable"):
         restore(tmp_path)
+    # Its array metadata gone: the file is named (orbax only found no metadata, a None). The
+    # restore's Checkpointer sealed the step when it closed: unsealed again.
+    (step_dir(tmp_path, 1) / CHECKSUMS).unlink()
+    (step_dir(tmp_path, 1) / "state" / "_METADATA").unlink()
+    with pytest.raises(DamagedCheckpointError, match=f"checkpoint file {step_dir(tmp_path, 1)}"
+                                                     "/state/_METADATA is missing or corrupt"):
+        restore(tmp_path)
 
 
 def test_a_torn_save_is_removed_by_the_next_run(tmp_path):
