@@ -11,8 +11,19 @@ from flax import nnx
 
 from hybrid_jax.config import ExperimentConfig, ModelConfig
 from hybrid_jax.convert.run_dir import write_run
+from hybrid_jax.data.text import TOKENIZER_FILE
+from hybrid_jax.data.tokenizer import (
+    HF_GENERATION_CONFIG,
+    HF_RUN_MODEL_CONFIG,
+    HF_TOKENIZER_CONFIG,
+)
 from hybrid_jax.nn.lm import LanguageModel, create_model
 from hybrid_jax.train.checkpoint import leaf_name
+
+# What a conversion takes from its source run: the tokenizer and the Hugging Face files. By
+# name: any other file there (results an evaluation wrote beside the checkpoints) describes the
+# source model, not the converted one.
+CARRIED_FILES = (TOKENIZER_FILE, HF_TOKENIZER_CONFIG, HF_GENERATION_CONFIG, HF_RUN_MODEL_CONFIG)
 
 
 def attention_layers(config: ModelConfig, layers: Sequence[int] | None) -> list[int]:
@@ -73,8 +84,8 @@ def write_conversion(experiment: ExperimentConfig, converted: LanguageModel, sou
     experiment = dataclasses.replace(
         experiment, name=f"{experiment.name}-{suffix}", model=converted.config,
         description=f"{experiment.name} converted to {description}")
-    files = tuple(p for p in Path(source).iterdir() if p.suffix == ".json"
-                  and p.name not in ("config.json", "results.json"))
+    files = tuple(Path(source) / name for name in CARRIED_FILES
+                  if (Path(source) / name).is_file())
     write_run(out, experiment, converted, files=files, source=str(source))
     return experiment
 

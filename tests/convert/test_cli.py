@@ -184,13 +184,15 @@ def test_write_run_records_its_tokenizer_and_a_swapped_one_is_refused(tmp_path):
 
 def test_a_conversion_takes_the_sources_files_but_not_its_results(tmp_path):
     """`write_conversion`: the source's tokenizer and Hugging Face JSON files come along, its
-    config.json, results.json and metrics (they describe the source model) do not; the new
-    experiment is `<name>-<suffix>`, described as a conversion."""
+    config.json, results.json, metrics and any other file (an evaluation's modes.json: they
+    describe the source model) do not; the new experiment is `<name>-<suffix>`, described as a
+    conversion."""
     model = create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
                                      num_heads=2, ffn_dim=32))
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("config.json", "results.json", "generation_config.json", "metrics.jsonl"):
+    for name in ("config.json", "results.json", "generation_config.json", "metrics.jsonl",
+                 "hf_config.json", "modes.json"):
         (source / name).write_text(f'{{"file": "{name}"}}')
     ByteTokenizer().save(source / "tokenizer.json")  # loaded: the checkpoint records it
     experiment = pretrained_experiment("tiny", model.config, source, description="tiny")
@@ -198,6 +200,7 @@ def test_a_conversion_takes_the_sources_files_but_not_its_results(tmp_path):
                                  description="NHA (test)")
     assert (converted.name, converted.description) == ("tiny-nha", "tiny converted to NHA (test)")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        ".lock", "checkpoints", "config.json", "generation_config.json", "tokenizer.json"]
+        ".lock", "checkpoints", "config.json", "generation_config.json", "hf_config.json",
+        "tokenizer.json"]
     assert (tmp_path / "out" / "tokenizer.json").read_text() == ByteTokenizer().to_json()
     assert json.loads((tmp_path / "out" / "config.json").read_text())["name"] == "tiny-nha"

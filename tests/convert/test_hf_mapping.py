@@ -8,6 +8,7 @@ import shutil
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors import safe_open
 from safetensors.flax import load_file, save_file
 
 from hybrid_jax.config import layer
@@ -66,6 +67,11 @@ def test_legacy_rope_scaling_spelling():
     options = model_config_from_hf(hf).block_options(0)
     assert options.rope_theta == 500000.0
     assert options.rope_scaling == (8.0, 1.0, 4.0, 8192.0)
+    # Exported in the same spelling, the position count an integer (as transformers checks).
+    scaling = hf_config_from_model(model_config_from_hf(hf))["rope_scaling"]
+    assert scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    assert type(scaling["original_max_position_embeddings"]) is int
 
 
 @pytest.mark.parametrize("change,message", [
@@ -162,6 +168,8 @@ def test_export_writes_the_models_rope_over_the_imported_one():
     ((layer("attention", window=8), layer("attention", window=4)), {},
      r"one sliding window size, found \[4, 8\]"),
     (("attention", layer("attention", num_kv_heads=1)), {}, "layers' num_kv_heads"),
+    (("attention", layer("attention", qkv_bias=True)), {}, "layers' qkv_bias"),
+    (("attention", layer("attention", rope_theta=500.0)), {}, "layers' rope_theta"),
     (("attention", layer("attention", cosine=True)), {}, r"layers\[1\].cosine=True"),
 ])
 def test_export_refuses_layers_a_llama_config_cannot_hold(layers, change, message):
@@ -289,6 +297,9 @@ def test_shards_fill_up_to_the_limit_and_the_index_names_them(tmp_path):
     assert index["metadata"]["total_size"] == 96
     assert index["weight_map"] == {"a": names[0], "b": names[0], "c": names[1],
                                    "d": names[1], "e": names[2]}
+    for path in files:  # transformers refuses safetensors files without this metadata
+        with safe_open(path, "np") as f:
+            assert f.metadata() == {"format": "pt"}
     reader = SafetensorsDir(tmp_path)
     for name, value in tensors.items():
         np.testing.assert_array_equal(reader.get(name), value)
