@@ -19,6 +19,9 @@ QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default: layers from here on slide
 # MistralConfig's and Qwen2Config's `sliding_window` when the key is absent (an explicit null
 # is full attention).
 DEFAULT_SLIDING_WINDOW = 4096
+# MistralConfig's and Qwen2Config's `num_key_value_heads` when the key is absent (LlamaConfig's,
+# and an explicit null in any of them: num_attention_heads, multi-head attention).
+DEFAULT_KV_HEADS = {"mistral": 8, "qwen2": 32}
 LLAMA3_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                        "original_max_position_embeddings")
 
@@ -107,7 +110,7 @@ def model_config_from_hf(hf: dict[str, Any], *, dtype: str = "float32") -> Model
         layers=tuple("attention" if w == default else layer("attention", window=w)
                      for w in windows),
         vocab_size=_require(hf, "vocab_size"), d_model=d_model, num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        num_kv_heads=hf.get("num_key_value_heads", DEFAULT_KV_HEADS.get(kind)) or heads,
         head_dim=None if head_dim * heads == d_model else head_dim,
         ffn_dim=_require(hf, "intermediate_size"), window=default, rope_theta=theta,
         rope_scaling=scaling, qkv_bias=kind == "qwen2", norm_eps=float(hf.get("rms_norm_eps",

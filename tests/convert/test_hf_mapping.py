@@ -30,6 +30,8 @@ from tests.convert.test_hf import FIXTURES, params
 # A Llama config.json with only the keys transformers cannot default.
 MINIMAL = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
            "num_hidden_layers": 2, "intermediate_size": 48, "vocab_size": 64}
+# Mistral and Qwen2 default to 8 and 32 key/value heads, which 4 heads cannot share.
+MHA = {"num_key_value_heads": None}
 
 
 def fixture_config(name):
@@ -57,6 +59,10 @@ def test_head_dim_apart_from_hidden_over_heads():
     assert (config.resolved_head_dim, config.kv_heads) == (16, 2)
     assert model_config_from_hf(hf_config_from_model(config)) == config  # export writes both
     assert model_config_from_hf({**MINIMAL, "head_dim": None}).resolved_head_dim == 8
+    # A key left out is the model class's default (LlamaConfig's: one per query head).
+    for kind, kv_heads in (("llama", 64), ("mistral", 8), ("qwen2", 32)):
+        hf = {**MINIMAL, "model_type": kind, "num_attention_heads": 64, "head_dim": 1}
+        assert model_config_from_hf(hf).kv_heads == kv_heads, kind
 
 
 def test_legacy_rope_scaling_spelling():
@@ -102,7 +108,7 @@ def test_config_refusals_name_the_field(change, message):
 
 
 def test_layer_types_choose_each_layers_window():
-    config = model_config_from_hf({**MINIMAL, "model_type": "qwen2", "num_hidden_layers": 3,
+    config = model_config_from_hf({**MINIMAL, **MHA, "model_type": "qwen2", "num_hidden_layers": 3,
                                    "sliding_window": 4, "use_sliding_window": True,
                                    "layer_types": ["sliding_attention", "full_attention",
                                                    "sliding_attention"]})
@@ -110,14 +116,15 @@ def test_layer_types_choose_each_layers_window():
     # Layer types that agree with what the model class slides are accepted.
     assert windows(model_config_from_hf({**MINIMAL, "layer_types": ["full_attention"] * 2})
                    ) == [None, None]
-    assert windows(model_config_from_hf({**MINIMAL, "model_type": "mistral", "sliding_window": 4,
-                                         "layer_types": ["sliding_attention"] * 2})) == [4, 4]
+    mistral = {**MINIMAL, **MHA, "model_type": "mistral", "sliding_window": 4}
+    assert windows(model_config_from_hf({**mistral, "layer_types": ["sliding_attention"] * 2})
+                   ) == [4, 4]
 
 
 def test_qwen2_windows_as_transformers_reads_them():
     """Qwen2Config: use_sliding_window defaults to False (a sliding_window alone slides
     nothing) and max_window_layers to 28 (layers from 28 on slide)."""
-    qwen = {**MINIMAL, "model_type": "qwen2", "sliding_window": 4}
+    qwen = {**MINIMAL, **MHA, "model_type": "qwen2", "sliding_window": 4}
     assert windows(model_config_from_hf({**qwen, "max_window_layers": 0})) == [None, None]
     deep = model_config_from_hf({**qwen, "num_hidden_layers": 30, "use_sliding_window": True})
     assert windows(deep) == [None] * 28 + [4, 4]
@@ -126,7 +133,7 @@ def test_qwen2_windows_as_transformers_reads_them():
 def test_qwen2_export_says_its_windows_without_layer_types_too():
     """transformers before `layer_types` read Qwen2's windows from use_sliding_window and
     max_window_layers: the exported ones slide the same layers."""
-    config = model_config_from_hf({**MINIMAL, "model_type": "qwen2", "sliding_window": 4,
+    config = model_config_from_hf({**MINIMAL, **MHA, "model_type": "qwen2", "sliding_window": 4,
                                    "use_sliding_window": True, "max_window_layers": 0})
     hf = hf_config_from_model(config)
     del hf["layer_types"]
@@ -141,10 +148,11 @@ def test_qwen2_export_says_its_windows_without_layer_types_too():
 def test_a_missing_sliding_window_is_transformers_default_and_null_is_full():
     """MistralConfig and Qwen2Config default `sliding_window` to 4096 when the key is absent;
     an explicit null is full attention. Llama has no such default."""
-    mistral = {**MINIMAL, "model_type": "mistral"}
+    mistral = {**MINIMAL, **MHA, "model_type": "mistral"}
     assert windows(model_config_from_hf(mistral)) == [4096, 4096]
     assert windows(model_config_from_hf({**mistral, "sliding_window": None})) == [None, None]
-    qwen = {**MINIMAL, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 1}
+    qwen = {**MINIMAL, **MHA, "model_type": "qwen2", "use_sliding_window": True,
+            "max_window_layers": 1}
     assert windows(model_config_from_hf(qwen)) == [None, 4096]
     assert windows(model_config_from_hf(MINIMAL)) == [None, None]
 
