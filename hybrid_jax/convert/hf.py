@@ -92,16 +92,27 @@ def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
                  if (run_dir / TOKENIZER_FILE).is_file() else None)
     if base is None and tokenizer is not None:
         hf.update(eos_token_id=tokenizer.eos_id, bos_token_id=None)
-    save_safetensors(hf_tensors(model), out, max_shard_bytes=max_shard_bytes)
-    (out / "config.json").write_text(json.dumps(hf, indent=2))
-    for name in TOKENIZER_FILES:
-        if (run_dir / name).is_file():
-            shutil.copyfile(run_dir / name, out / name)
-    if base is None and isinstance(tokenizer, HFTokenizer) and not (
-            out / HF_TOKENIZER_CONFIG).is_file():
-        eos = tokenizer.tokenizer.id_to_token(tokenizer.eos_id)
-        (out / HF_TOKENIZER_CONFIG).write_text(json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": None,
-             "clean_up_tokenization_spaces": False}, indent=2))
+    tensors, created = hf_tensors(model), not out.exists()
+    try:
+        save_safetensors(tensors, out, max_shard_bytes=max_shard_bytes)
+        (out / "config.json").write_text(json.dumps(hf, indent=2))
+        for name in TOKENIZER_FILES:
+            if (run_dir / name).is_file():
+                shutil.copyfile(run_dir / name, out / name)
+        if base is None and isinstance(tokenizer, HFTokenizer) and not (
+                out / HF_TOKENIZER_CONFIG).is_file():
+            eos = tokenizer.tokenizer.id_to_token(tokenizer.eos_id)
+            (out / HF_TOKENIZER_CONFIG).write_text(json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+                 "bos_token": None, "clean_up_tokenization_spaces": False}, indent=2))
+    except BaseException:
+        # A half-written export (some shards, no config.json) would pass for a damaged model
+        # and make a retry refuse `out` as not empty: remove what was written (all of `out`'s
+        # files: it was new or empty).
+        for path in out.iterdir() if out.is_dir() else ():
+            path.unlink()
+        if created and out.is_dir():
+            out.rmdir()
+        raise
     return out
 

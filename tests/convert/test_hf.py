@@ -239,6 +239,27 @@ def test_export_refuses_a_directory_that_holds_files(tmp_path):
     assert (tmp_path / "old" / "model.safetensors.index.json").read_text() == "{}"
 
 
+def test_a_failed_export_leaves_no_half_written_directory(tmp_path, monkeypatch):
+    """An export that fails after its shards are written (here: copying the tokenizer) removes
+    them, so `out` is as before (absent, or empty) and a retry is not refused."""
+    import hybrid_jax.convert.hf as hf
+
+    model, _ = load("llama")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(hf.shutil, "copyfile", fail)
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        with pytest.raises(OSError, match="disk full"):
+            export_hf(model, FIXTURES / "llama", out, max_shard_bytes=20_000)
+    assert not (tmp_path / "new").exists() and not any((tmp_path / "empty").iterdir())
+    monkeypatch.undo()
+    export_hf(model, FIXTURES / "llama", tmp_path / "new")
+    assert (tmp_path / "new" / "tokenizer.json").is_file()
+
+
 def test_export_of_scanned_layers_is_per_layer(tmp_path):
     model, _ = load("llama")
     export_hf(model.with_scan_layers(True), FIXTURES / "llama", tmp_path / "hf")
