@@ -116,10 +116,10 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def make_optimizer(config: TrainConfig, *, scan_layers: bool = False
-                   ) -> optax.GradientTransformation:
+def make_optimizer(config: TrainConfig, *, scan_layers: bool) -> optax.GradientTransformation:
     """The optimizer of `config`; `scan_layers`: the model's `ModelConfig.scan_layers` (its
-    blocks' parameters are stacked, see `_decay_mask`)."""
+    blocks' parameters are stacked, see `_decay_mask`). Required: a default of False would
+    decay a scanned model's norms again wherever a caller forgot it."""
     transforms = []
     if config.grad_clip is not None:
         transforms.append(clip_by_global_norm(config.grad_clip))

@@ -260,8 +260,8 @@ def test_none_disables_gradient_clipping():
 
     params = {"w": jnp.ones((2, 2))}
     # The chain is (clip,) adamw, freeze mask: clipping adds exactly one transform.
-    unclipped = make_optimizer(TrainConfig(grad_clip=None)).init(params)
-    clipped = make_optimizer(TrainConfig(grad_clip=1.0)).init(params)
+    unclipped = make_optimizer(TrainConfig(grad_clip=None), scan_layers=False).init(params)
+    clipped = make_optimizer(TrainConfig(grad_clip=1.0), scan_layers=False).init(params)
     assert len(clipped) == len(unclipped) + 1 == 3
 
 
