@@ -22,9 +22,9 @@ One process at a time writes a run directory (`run_dir.RunLock`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -481,15 +481,17 @@ class _Run:
 
     def _latest_intact(self, damaged: list[dict[str, Any]]) -> int | None:
         """Restores the latest step that is intact; each damaged later one is moved to
-        RUN_DIR/damaged_checkpoints/ (never deleted) and recorded in `damaged`."""
+        RUN_DIR/damaged_checkpoints/ (never deleted: a step damaged again, after a rollback
+        saved it anew, goes to STEP.1, STEP.2, ...) and recorded in `damaged`."""
         for step in reversed(self.checkpointer.steps()):
             try:
                 self.ts = self._restore(step)
                 return step
             except DamagedCheckpointError as error:
-                moved = self.out / "damaged_checkpoints" / str(step)
-                moved.parent.mkdir(exist_ok=True)
-                shutil.rmtree(moved, ignore_errors=True)
+                folder = self.out / "damaged_checkpoints"
+                folder.mkdir(exist_ok=True)
+                names = itertools.chain([str(step)], (f"{step}.{i}" for i in itertools.count(1)))
+                moved = next(folder / n for n in names if not (folder / n).exists())
                 (self.checkpointer.directory / str(step)).rename(moved)
                 self.checkpointer.manager.reload()
                 damaged.append({"step": step, "event": "damaged_checkpoint",

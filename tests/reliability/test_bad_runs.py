@@ -129,12 +129,19 @@ def test_changed_data_settings_reads_an_older_config_with_its_defaults(trained):
 
 
 def test_resume_moves_every_damaged_checkpoint_then_starts_over(run, corpus, capsys):
+    """Each goes to damaged_checkpoints/STEP; a step damaged once before keeps its first copy
+    (it was deleted) and this one goes to STEP.1."""
     for step in (2, 4):
         flip_byte(largest_array_file(run / "checkpoints" / str(step)))
+    earlier = run / "damaged_checkpoints" / "2"
+    earlier.mkdir(parents=True)
+    (earlier / "from-an-earlier-resume").touch()
     assert main(["train", NAME, "--out", str(run), "--resume", *tiny(corpus, steps=6)]) == 0
     out = capsys.readouterr().out
     assert "no intact checkpoint left: starting from step 0" in out
-    assert sorted(p.name for p in (run / "damaged_checkpoints").iterdir()) == ["2", "4"]
+    assert sorted(p.name for p in (run / "damaged_checkpoints").iterdir()) == ["2", "2.1", "4"]
+    assert (earlier / "from-an-earlier-resume").is_file()
+    assert (run / "damaged_checkpoints" / "2.1" / "checksums.json").is_file()
     events = [(e["event"], e["step"]) for e in read_metrics(run) if "event" in e]
     assert events == [("damaged_checkpoint", 4), ("damaged_checkpoint", 2)]
     assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4, 6]
