@@ -89,6 +89,7 @@ def test_export_reimport_is_exact(tmp_path, name, dtype):
         np.testing.assert_array_equal(after[key], before[key], err_msg=key)
     exported = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert model_config_from_hf(exported, dtype=dtype) == model.config
+    assert exported["dtype"] == dtype  # the parameters' dtype (transformers' dtype="auto")
 
 
 def test_config_defaults_and_windows_as_transformers_reads_them():

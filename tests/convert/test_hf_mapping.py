@@ -143,6 +143,9 @@ def test_qwen2_export_says_its_windows_without_layer_types_too():
     plain = config.replace(qkv_bias=False, window=None, layers=("attention",) * 2)
     hf = hf_config_from_model(plain, {"model_type": "qwen2"})
     assert hf["model_type"] == "llama" and model_config_from_hf(hf) == plain
+    assert [hf_config_from_model(c)["architectures"] for c in (
+        config, plain, config.replace(qkv_bias=False))] == [
+        ["Qwen2ForCausalLM"], ["LlamaForCausalLM"], ["MistralForCausalLM"]]
 
 
 def test_a_missing_sliding_window_is_transformers_default_and_null_is_full():
