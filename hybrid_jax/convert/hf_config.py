@@ -42,6 +42,11 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[float, ...] | None]:
     params = dict(hf.get("rope_parameters") or {})
     scaling = dict(hf.get("rope_scaling") or params)
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    # transformers' RoPE reads a partial rotation (its channel layout is not our rope_fraction's):
+    # refused, not ignored.
+    fraction = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if fraction != 1.0:
+        _refuse("partial_rotary_factor", fraction, "1.0 (RoPE on every channel)")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind is None and set(scaling) - {"rope_theta"}:  # transformers fails on such a config
         _refuse("rope_scaling", scaling, "a 'rope_type' ('default' or 'llama3') beside its "

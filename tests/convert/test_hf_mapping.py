@@ -87,6 +87,8 @@ def test_legacy_rope_scaling_spelling():
     (dict(layer_types=["full_attention", "chunked_attention"]), "layer_types="),
     # transformers fails on these: no rope_type, or llama3 without all of its parameters
     (dict(rope_scaling={"factor": 8.0}), r"rope_scaling=\{'factor': 8.0\}.*a 'rope_type'"),
+    (dict(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+     r"partial_rotary_factor=0.5 .*expected 1.0"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
      r"every llama3 parameter \(missing \['low_freq_factor', 'high_freq_factor', "),
     # Windows that transformers would not slide as the config says (LlamaForCausalLM has no
