@@ -130,6 +130,9 @@ class SafetensorsDir:
             raise ValueError(f"tensor {name!r} not found (a Llama-family checkpoint of another "
                              "shape?)")
         with _host_device(), self._opened(self.files[name]) as f:
+            if name not in f.keys():  # safetensors' own error names neither file nor index
+                raise ValueError(f"tensor {name!r} is not in {self.files[name].name}, the file "
+                                 f"{INDEX_FILE} names for it: a damaged checkpoint?")
             tensor = np.asarray(f.get_tensor(name))
         if not jnp.issubdtype(tensor.dtype, jnp.floating):
             raise ValueError(f"tensor {name!r} is {tensor.dtype}, not floating point: quantized "

@@ -279,6 +279,10 @@ def test_unreadable_weight_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"model-2.safetensors not found \(named by "
                                                 rf"{INDEX_FILE}\)"):
         SafetensorsDir(tmp_path).get("w")
+    save_file({"v": jnp.ones(4)}, tmp_path / "model-2.safetensors")
+    with pytest.raises(ValueError, match=rf"tensor 'w' is not in model-2.safetensors, the file "
+                                         rf"{INDEX_FILE} names for it"):
+        SafetensorsDir(tmp_path).get("w")
     (tmp_path / INDEX_FILE).unlink()
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"found \['pytorch_model.bin'\]: PyTorch pickles "
