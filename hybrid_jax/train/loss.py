@@ -23,11 +23,22 @@ from hybrid_jax.ops.logit_stats import logit_stats
 
 def token_stats(logits_BTV: jax.Array, targets_BT: jax.Array, mask_BT: jax.Array
                 ) -> dict[str, jax.Array]:
-    """Sums over scored positions: `loss_sum`, `correct`, `count` (float32 scalars)."""
+    """Sums over scored positions: `loss_sum`, `correct`, `count` (float32 scalars).
+
+    An unscored target may be any integer (e.g. -100 padding): it is never read. A scored one
+    outside `[0, vocab)` makes the loss NaN (the trainer refuses a non-finite loss), a negative
+    one too (not an index from the end)."""
     if mask_BT.shape != targets_BT.shape:  # else it broadcasts: a wrong count, no error
         raise ValueError(f"token_stats: mask must have the targets' shape "
                          f"{tuple(targets_BT.shape)}, got {tuple(mask_BT.shape)}")
     weights = mask_BT.astype(jnp.float32)
+    # `logit_stats` reads a target t < 0 from the end (a scored -1 was the last word's loss)
+    # and gives NaN for t outside [-V, V), which the weight 0 of an unscored one kept (NaN · 0):
+    # unscored -100 padding made the loss NaN at vocabularies under 100. Unscored ones read 0,
+    # scored ones V (NaN). In-range unscored targets stay (the weights' gradient reads them).
+    vocab = logits_BTV.shape[-1]
+    outside = (targets_BT < 0) | (targets_BT >= vocab)
+    targets_BT = jnp.where(outside, jnp.where(weights == 0, 0, vocab), targets_BT)
     loss_sum, correct = _scored_sums(logits_BTV.astype(jnp.float32), targets_BT, weights)
     return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(weights)}
 

@@ -60,6 +60,18 @@ def test_values_and_gradients_equal_the_plain_loss_exactly():
         with pytest.raises(ValueError, match=re.escape(
                 f"mask must have the targets' shape (3, 19), got {tuple(bad.shape)}")):
             token_stats(logits, targets, bad)
+    # Unscored targets outside the vocabulary (-100, -1000 padding; 101) are never read: the
+    # same loss and logit gradient (-1000 and 101 made it NaN, at least outside jit); a scored
+    # negative one gives NaN (-100 read the logit of word 1), not a quiet number.
+    padded = jnp.where(mask, targets, jnp.asarray([-100, -1000, 101])[jnp.arange(19) % 3])
+    padded_stats, padded_grads = _stats_and_grads(token_stats, logits, padded, mask)
+    for key in stats:
+        assert float(padded_stats[key]) == float(stats[key]), key
+    np.testing.assert_array_equal(np.asarray(padded_grads[0]), np.asarray(grads[0]))
+    eager, eager_padded = (token_stats(logits, t, mask)["loss_sum"] for t in (targets, padded))
+    assert float(eager_padded) == float(eager)
+    scored = mask.at[0, 2].set(True)
+    assert np.isnan(float(token_stats(logits, targets.at[0, 2].set(-100), scored)["loss_sum"]))
 
 
 def test_bfloat16_logits_are_upcast_like_the_plain_loss():
