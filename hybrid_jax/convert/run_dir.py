@@ -46,19 +46,34 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
         if found:
             raise ValueError(f"{run_dir} already holds a run ({', '.join(found)}): choose "
                              "another --out")
-        for file in files:
-            shutil.copyfile(file, run_dir / file.name)
-        optimizer = nnx.Optimizer(model, make_optimizer(
-            experiment.train, scan_layers=experiment.model.scan_layers), wrt=nnx.Param)
-        meta = {"step": 0, "skipped_steps": [], "seed": experiment.train.seed,
-                "config": to_dict(experiment), "source": source}
-        tokenizer = run_dir / TOKENIZER_FILE
-        if tokenizer.is_file():  # as a trained run's checkpoints do: a swapped file is refused
-            meta["tokenizer_sha256"] = tokenizer_fingerprint(load_tokenizer(tokenizer))
-        checkpointer = Checkpointer(run_dir, keep=None, async_save=False)
+        new_files = [run_dir / file.name for file in files if not (run_dir / file.name).exists()]
         try:
-            checkpointer.save(0, nnx.state((model, optimizer)), meta)
-        finally:
-            checkpointer.close()
-        (run_dir / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
+            _write(run_dir, experiment, model, files, source)
+        except BaseException:
+            # A half-written run (a tokenizer, a partial checkpoints/, no config.json) would be
+            # refused by the retry as holding a run: remove what this call wrote (checkpoints/
+            # and config.json were absent: `run_outputs`).
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            for path in (*new_files, run_dir / "config.json"):
+                path.unlink(missing_ok=True)
+            raise
     return run_dir
+
+
+def _write(run_dir: Path, experiment: ExperimentConfig, model: LanguageModel,
+           files: tuple[Path, ...], source: str) -> None:
+    for file in files:
+        shutil.copyfile(file, run_dir / file.name)
+    optimizer = nnx.Optimizer(model, make_optimizer(
+        experiment.train, scan_layers=experiment.model.scan_layers), wrt=nnx.Param)
+    meta = {"step": 0, "skipped_steps": [], "seed": experiment.train.seed,
+            "config": to_dict(experiment), "source": source}
+    tokenizer = run_dir / TOKENIZER_FILE
+    if tokenizer.is_file():  # as a trained run's checkpoints do: a swapped file is refused
+        meta["tokenizer_sha256"] = tokenizer_fingerprint(load_tokenizer(tokenizer))
+    checkpointer = Checkpointer(run_dir, keep=None, async_save=False)
+    try:
+        checkpointer.save(0, nnx.state((model, optimizer)), meta)
+    finally:
+        checkpointer.close()
+    (run_dir / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))

@@ -163,6 +163,31 @@ def test_write_run_names_its_tokenizer_absolutely_and_never_overwrites(tmp_path,
     assert not (tmp_path / "busy" / "checkpoints").exists()
 
 
+def test_a_failed_write_run_leaves_no_half_written_run(tmp_path, monkeypatch):
+    """A checkpoint save that fails (disk full, interrupted) removes what `write_run` wrote
+    (the copied tokenizer, the partial checkpoints/), so the retry is not refused as holding a
+    run."""
+    import hybrid_jax.convert.run_dir as run_dir_module
+
+    model = create_model(ModelConfig(layers=("attention",), vocab_size=32, d_model=16,
+                                     num_heads=2, ffn_dim=32))
+    ByteTokenizer().save(tmp_path / "tokenizer.json")
+    run = tmp_path / "run"
+    experiment = pretrained_experiment("tiny", model.config, run, description="tiny")
+
+    def fail(self, *args):
+        (self.directory / "0").mkdir(parents=True)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(run_dir_module.Checkpointer, "save", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_run(run, experiment, model, files=(tmp_path / "tokenizer.json",))
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]
+    monkeypatch.undo()
+    write_run(run, experiment, model, files=(tmp_path / "tokenizer.json",))
+    assert saved_steps(run) == [0]
+
+
 def test_write_run_records_its_tokenizer_and_a_swapped_one_is_refused(tmp_path):
     """The step-0 checkpoint records the copied tokenizer.json's fingerprint, as a trained
     run's do: restoring with another tokenizer.json in its place is refused."""
