@@ -183,6 +183,12 @@ def test_a_failed_write_run_leaves_no_half_written_run(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         write_run(run, experiment, model, files=(tmp_path / "tokenizer.json",))
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
+    for directory in (tmp_path, run):  # a file of that name there before: not removed
+        (directory / "generation_config.json").write_text("{}")
+    with pytest.raises(OSError, match="disk full"):
+        write_run(run, experiment, model, files=(tmp_path / "tokenizer.json",
+                                                 tmp_path / "generation_config.json"))
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "generation_config.json"]
     monkeypatch.undo()
     write_run(run, experiment, model, files=(tmp_path / "tokenizer.json",))
     assert saved_steps(run) == [0]
