@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 from jax.sharding import Mesh
@@ -64,8 +65,12 @@ def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float
         f"hf-{hf['model_type']}", model.config, run_dir,
         description=f"{hf['model_type']} imported from {directory.absolute()}")
     files = tuple(directory / f for f in TOKENIZER_FILES if (directory / f).is_file())
-    write_run(run_dir, experiment, model, files=files, source=str(directory.absolute()))
-    (run_dir / HF_CONFIG).write_text(json.dumps(hf, indent=2))
+    with tempfile.TemporaryDirectory() as scratch:
+        # Among write_run's files (written with the run, removed with it on a failure): written
+        # after the run, a failure in between left a run that export took for one trained here.
+        (Path(scratch) / HF_CONFIG).write_text(json.dumps(hf, indent=2))
+        write_run(run_dir, experiment, model, files=(*files, Path(scratch) / HF_CONFIG),
+                  source=str(directory.absolute()))
     return experiment, model
 
 
