@@ -62,6 +62,15 @@ def parse_list(text: str, what: str, allowed: Sequence[str] | None = None) -> li
     return items
 
 
+def refuse_repeats(what: str, items: Sequence) -> None:
+    """A repeated device count, strategy or model measured the same setting twice: two rows
+    under one label, and a plot line doubling back on itself."""
+    repeated = sorted({str(item) for item in items if list(items).count(item) > 1})
+    if repeated:
+        raise ValueError(f"--{what}: {repeated} given more than once in "
+                         f"{','.join(map(str, items))}")
+
+
 def mesh_config(mesh, strategy: str, devices: int):
     """`mesh` (its axis rules kept) with every device on the `strategy` axis."""
     sizes = dict(data=1, fsdp=1, seq=1, tensor=1)
@@ -238,6 +247,8 @@ def run(name: str, devices: Sequence[int], strategies: Sequence[str], *, weak: b
 
     from experiments.benchmarks.timing import device_name, markdown_table, print_table
 
+    for what, items in (("devices", devices), ("strategy", strategies), ("model", models)):
+        refuse_repeats(what, items)
     if max(devices) > jax.device_count():
         raise ValueError(f"--devices {max(devices)} but only {jax.device_count()} devices are "
                          "available")

@@ -94,6 +94,13 @@ def test_scale_names_bad_arguments(capsys):
     assert "--devices: expected a comma-separated list, got ' , '" in capsys.readouterr().err
     assert main(["scale", "mqar-hybrid-tiny", "--devices", "1,16"]) == 2
     assert "--devices 16 but only 8 devices are available" in capsys.readouterr().err
+    # A repeat measured one setting twice: two rows of one label (refused before any timing).
+    for flag, value, repeated in [("--devices", "1,2,1", "['1']"),
+                                  ("--strategy", "data,seq,data", "['data']"),
+                                  ("--model", "gdn-tiny,gdn-tiny", "['gdn-tiny']")]:
+        assert main(["scale", "mqar-hybrid-tiny", flag, value]) == 2
+        assert (f"{flag}: {repeated} given more than once in {value}"
+                in capsys.readouterr().err)
 
 
 def test_weak_scaling_multiplies_the_split_work():
