@@ -67,6 +67,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON of every run's results")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
+    repeated = sorted({str(r) for r in args.run_dirs if args.run_dirs.count(r) > 1})
+    if repeated:  # one key per run in --out: a repeat was evaluated twice for one entry
+        raise ValueError(f"run directories: {repeated} given more than once")
     everything = {}
     print(f"{'run':28s} {'schedule':36s} {'recall':>7s} {'attention tokens':>17s}")
     for run_dir in args.run_dirs:
@@ -77,8 +80,8 @@ def main(argv=None) -> int:
         for name, row in results.items():
             print(f"{run_dir.name:28s} {name:36s} {row['recall']:7.3f} "
                   f"{100 * row['attention_fraction']:15.1f} %")
-    if args.out is not None:
-        args.out.write_text(json.dumps(everything, indent=1))
+        if args.out is not None:  # after every run: a failing run keeps those before it
+            args.out.write_text(json.dumps(everything, indent=1))
     return 0
 
 

@@ -34,6 +34,24 @@ from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import bind_data, held_out_set, restore_train_state
 
 SETTLE = 8  # tokens after a switch reported on their own
+SCHEDULES = ("attention", "linear", "switching")
+JSON_KEYS = ("switches", "baselines")  # switch.json's own keys, beside one per run
+
+
+def check_names(runs: list[Path], baselines: list[Path]) -> None:
+    """Runs and baselines are named by their directories (checked before any is loaded): a
+    second run of one name replaced the first in switch.json and the plot, and a baseline
+    named like a schedule (`runs/attention`) replaced the run's own curve of that schedule in
+    the segment means."""
+    for what, names, taken in (("run directories", [r.name for r in runs], JSON_KEYS),
+                               ("--baselines", [b.name for b in baselines], SCHEDULES)):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{what}: expected distinct directory names, got {repeated} more "
+                             f"than once in {names}")
+        clashes = [n for n in names if n in taken]
+        if clashes:
+            raise ValueError(f"{what}: expected names other than {list(taken)}, got {clashes}")
 
 
 def check_switches(T: int, switches: list[int]) -> None:
@@ -68,9 +86,12 @@ def position_losses(model, batches, modes_T: np.ndarray | None) -> np.ndarray:
         if modes_T is not None:
             ctx = ctx.replace(extras={MODE: jnp.broadcast_to(modes_T, batch["inputs"].shape)})
         logits = nnx.merge(graphdef, state)(batch["inputs"], ctx).astype(jnp.float32)
-        nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
-            logits, batch["targets"][..., None], -1)[..., 0]
         mask = batch["mask"].astype(jnp.float32)
+        # An unscored target may be anything (-100 padding): read as 0, since the NaN that
+        # gathering outside the vocabulary gives stays NaN times a zero mask (as in loss.py).
+        targets = jnp.where(mask > 0, batch["targets"], 0)
+        nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
+            logits, targets[..., None], -1)[..., 0]
         return jnp.sum(nll * mask, 0), jnp.sum(mask, 0)
 
     total, count = 0.0, 0.0
@@ -84,6 +105,9 @@ def position_losses(model, batches, modes_T: np.ndarray | None) -> np.ndarray:
 def segments(curves: dict[str, np.ndarray], switches: list[int]) -> list[dict]:
     """Mean loss per schedule over the first SETTLE tokens after each boundary and the rest."""
     T = len(next(iter(curves.values())))
+    lengths = {name: len(c) for name, c in curves.items()}
+    if len(set(lengths.values())) > 1:  # a baseline of other rows: its positions are not ours
+        raise ValueError(f"expected curves of one row length, got {lengths}")
     check_switches(T, switches)
     edges = [0, *switches, T]
     rows = []
@@ -150,7 +174,12 @@ def main(argv=None) -> int:
                         help="runs of single-mixer models on the same data (no modes)")
     parser.add_argument("--out", type=Path, default=Path("runs/oryx-switch"))
     args = parser.parse_args(argv)
-    switches = [int(x) for x in args.switch.split(",")]
+    try:
+        switches = [int(x) for x in args.switch.split(",")]
+    except ValueError:
+        raise ValueError(f"--switch: expected positions separated by commas, got "
+                         f"{args.switch!r}") from None
+    check_names(args.run_dirs, args.baselines)
     args.out.mkdir(parents=True, exist_ok=True)
     baselines = {run_dir.name: position_losses(*_model_and_batches(run_dir, args.batches), None)
                  for run_dir in args.baselines}
@@ -158,9 +187,9 @@ def main(argv=None) -> int:
     for run_dir in args.run_dirs:
         model, batches = _model_and_batches(run_dir, args.batches)
         T = batches[0]["inputs"].shape[1]
-        schedules = {"attention": np.full(T, ATTENTION, np.int32),
-                     "linear": np.full(T, LINEAR, np.int32),
-                     "switching": switch_modes(T, switches)}
+        schedules = dict(zip(SCHEDULES, (np.full(T, ATTENTION, np.int32),
+                                         np.full(T, LINEAR, np.int32),
+                                         switch_modes(T, switches)), strict=True))
         curves = {name: position_losses(model, batches, modes)
                   for name, modes in schedules.items()}
         results[run_dir.name] = {"curves": {k: v.tolist() for k, v in curves.items()},

@@ -30,6 +30,28 @@ def test_switch_modes_and_segments():
     rows = segments(curves, [12])  # SETTLE = 8: [0, 8) [8, 12) [12, 20)
     assert [r["positions"] for r in rows] == [[0, 8], [8, 12], [12, 20]]
     assert [r["a"] for r in rows] == [3.5, 9.5, 15.5] and all(r["b"] == 0 for r in rows)
+    # A baseline of shorter rows was averaged over the positions it had.
+    with pytest.raises(ValueError, match=r"one row length, got \{'a': 20, 'b': 20, 'c': 16\}"):
+        segments({**curves, "c": np.zeros(16)}, [12])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["a/run", "b/run"], r"run directories: expected distinct .* \['run'\] more than once"),
+    (["run", "--baselines", "x/attention"],
+     r"--baselines: expected names other than \['attention', 'linear', 'switching'\], got "
+     r"\['attention'\]"),
+    (["run", "--baselines", "a/gdn", "b/gdn"], r"--baselines: expected distinct .* \['gdn'\]"),
+    (["baselines"], r"run directories: expected names other than \['switches', 'baselines'\]"),
+    (["run", "--switch", "5,x"], r"--switch: expected positions separated by commas, got '5,x'"),
+])
+def test_switch_main_refuses_clashing_names_before_loading(tmp_path, monkeypatch, argv,
+                                                           message):
+    """Results are keyed by directory name: a clash replaced one run's curves by another's (a
+    baseline `runs/attention` took the place of the all-attention schedule in the segments)."""
+    monkeypatch.setattr(oryx_switch, "_model_and_batches", None)  # never reached
+    with pytest.raises(ValueError, match=message):
+        switch_main([*argv, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("task, oryx", [("mqar4", "mqar4-oryx-gdn-tiny"),
@@ -122,8 +144,10 @@ def test_position_losses_are_masked_means_over_rows_and_batches():
     T, V = 12, 7
     model, batches = _PositionLogits(T, V), _batches(T, V)
     modes = switch_modes(T, [4, 9])
-    got = oryx_switch.position_losses(model, batches, modes)
     want = _numpy_position_losses(np.asarray(model.table[...]), batches, modes)
+    for batch in batches:  # unscored targets outside the vocabulary (-100 padding) are not read
+        batch["targets"][batch["mask"] == 0] = -100
+    got = oryx_switch.position_losses(model, batches, modes)
     assert got.shape == (T,) and got[-1] == 0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -209,6 +233,26 @@ def test_modes_rows_are_the_schedules_they_name(tmp_path, monkeypatch, capsys):
     (tmp_path / "modes.json").unlink()  # with --set (other data): not the run's modes.json
     assert modes_main([str(tmp_path), "--set", "data.seq_len=64"]) == 0
     assert not (tmp_path / "modes.json").exists()
+    capsys.readouterr()
+
+
+def test_modes_out_keeps_the_runs_before_a_failure(tmp_path, monkeypatch, capsys):
+    """--out was written once, at the end: a run failing after hours of others lost them all
+    (with --set no run's modes.json holds them either). A repeated run is refused."""
+    row = {"linear": {"recall": 0.5, "loss": 2.0, "attention_fraction": 0.0}}
+
+    def run_modes(run_dir, batches, overrides):
+        if run_dir.name == "b":
+            raise FileNotFoundError("b: no checkpoint")
+        return row
+
+    monkeypatch.setattr(oryx_modes, "run_modes", run_modes)
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "all.json"
+    with pytest.raises(FileNotFoundError, match="b: no checkpoint"):
+        modes_main([str(a), str(b), "--set", "data.seq_len=64", "--out", str(out)])
+    assert json.loads(out.read_text()) == {str(a): row}
+    with pytest.raises(ValueError, match=r"run directories: \[.*a'\] given more than once"):
+        modes_main([str(a), str(b), str(a)])
     capsys.readouterr()
 
 
