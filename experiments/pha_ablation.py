@@ -51,6 +51,8 @@ COLUMNS = ("variant", "params_M", "eval_perplexity", "eval_bits_per_byte", "eval
 def prepare(corpus: Path, out: Path, *, shards: int, vocab: int) -> dict:
     """Copies `shards` training shards and the valid split to `out`; trains the BPE on the
     first shard. Returns the manifest (also `out/manifest.json`)."""
+    if shards < 1:  # the BPE trains on the first shard: none failed as an IndexError
+        raise ValueError(f"--shards: expected at least 1, got {shards}")
     files = sorted(corpus.glob("train-*.txt.xz"))[:shards]
     if len(files) < shards or not (corpus / VALID).is_file():
         raise FileNotFoundError(f"{corpus}: expected ≥ {shards} train-*.txt.xz shards and "
@@ -131,7 +133,10 @@ def export(out: Path, to: Path) -> None:
 
 
 def check_variants(variants: list[str]) -> None:
-    """Each variant known and given once, checked before the first one trains."""
+    """Each variant known and given once, checked before the first one trains; none (`--variants
+    ,`) wrote an empty table."""
+    if not variants:
+        raise ValueError(f"--variants: expected some of {list(VARIANTS)}, got none")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; expected some of {list(VARIANTS)}")

@@ -52,9 +52,20 @@ def _run(tmp_path, variants):
     return rows
 
 
-def test_tiny_ablation_driver_smoke(tmp_path):
-    """The cheapest variant end to end (the heat map of a pha run: the slow test, test_pha)."""
-    _run(tmp_path, ["attention-only"])
+def test_tiny_ablation_driver_smoke(tmp_path, monkeypatch):
+    """The cheapest variant end to end (the heat map of a pha run: the slow test, test_pha);
+    a second call reads the finished variant's results.json instead of training it again, and
+    skips an untrained one past the time limit."""
+    rows = _run(tmp_path, ["attention-only"])
+
+    def train(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(pha_ablation, "train", train)
+    again = pha_ablation.run(tmp_path / "devdata", tmp_path / "out",
+                             variants=["attention-only", "pha"], tiny=True, time_limit=0)
+    assert again == [*rows, {"variant": "pha", "experiment": "lm-gutenberg-pha",
+                             "skipped": "time limit 0 s"}]
 
 
 @pytest.mark.slow
@@ -109,6 +120,8 @@ def test_prepare_refuses_too_few_shards_and_trains_the_bpe_on_the_first(tmp_path
     corpus = _corpus(tmp_path / "corpus")
     with pytest.raises(FileNotFoundError, match="expected ≥ 3 train"):
         pha_ablation.prepare(corpus, tmp_path / "three", shards=3, vocab=300)
+    with pytest.raises(ValueError, match="--shards: expected at least 1, got 0"):
+        pha_ablation.prepare(corpus, tmp_path / "none", shards=0, vocab=300)
     manifest = pha_ablation.prepare(corpus, tmp_path / "out", shards=2, vocab=300)
     assert manifest["tokenizer_trained_on"] == "train-00.txt.xz"
     train_bpe(corpus_texts([corpus / "train-00.txt.xz"]), 300).save(tmp_path / "first.json")
@@ -118,7 +131,8 @@ def test_prepare_refuses_too_few_shards_and_trains_the_bpe_on_the_first(tmp_path
 
 @pytest.mark.parametrize("variants, message", [
     ("pha,attention-only,pha", r"--variants: \['pha'\] given more than once"),
-    ("pha,transformer", r"--variants: unknown \['transformer'\]; expected some of")])
+    ("pha,transformer", r"--variants: unknown \['transformer'\]; expected some of"),
+    (",", r"--variants: expected some of \['pha', .*\], got none")])
 def test_unknown_or_repeated_variants_are_refused_before_training(tmp_path, variants, message):
     """An unknown variant failed only when its turn came (after hours of the others); a
     repeated one was a second row of the same run."""

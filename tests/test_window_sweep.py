@@ -28,6 +28,8 @@ def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys):
     assert (sweep / "window_sweep.png").stat().st_size > 0
     rows = list(csv.DictReader((sweep / "window_sweep.csv").open()))
     assert [row["window"] for row in rows] == ["0", "4", "full"]
+    best = min(rows, key=lambda row: float(row["loss"]))["window"]
+    assert f"lowest loss at window {best}\n" in out
     # The trained window reproduces the run's own evaluation; the others differ.
     assert float(rows[1]["loss"]) == pytest.approx(results["eval_loss"], rel=1e-5)
     assert float(rows[0]["loss"]) != pytest.approx(float(rows[1]["loss"]), rel=1e-4)
