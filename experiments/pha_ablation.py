@@ -15,7 +15,8 @@ byte-level BPE on the first shard (`tokenizer.json`): what the GPU machine needs
 `OUT/data_cache`), then writes `OUT/ablation.json` and `OUT/ablation.md` (held-out perplexity,
 bits per byte, tokens/s, parameters, wall time) and the pha run's learned mixing
 (`hybrid-jax inspect mixing OUT/pha`: printed, and `OUT/mixing.png`). A variant whose
-`results.json` exists is not trained again (a second call finishes an interrupted one); one that
+`results.json` exists is not trained again (a second call finishes an interrupted one; one
+that ran another configuration, e.g. `--tiny`, is refused); one that
 would start after `--time-limit` seconds is skipped (listed as such). `--export DIR` copies the
 small outputs (no checkpoints, no token cache) to DIR. `--tiny` runs the variants' `-tiny`
 presets for a few steps (the CPU test of this script).
@@ -30,12 +31,13 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA
 from experiments.configs.pha import VARIANTS, VOCAB, ablation_experiment, ablation_model
 from experiments.help_text import first_paragraph
+from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig
 from hybrid_jax.data.text import corpus_texts
 from hybrid_jax.data.tokenizer import load_tokenizer, train_bpe
@@ -145,13 +147,29 @@ def check_variants(variants: list[str]) -> None:
         raise ValueError(f"--variants: {repeated} given more than once in {variants}")
 
 
+def check_finished(run_dir: Path, experiment: ExperimentConfig) -> None:
+    """A finished variant is read instead of trained only if it ran this experiment: a `--tiny`
+    run's results were reported as the full variant's (its tokens_M, its name), or the other
+    way round, and a run on other data as this data's."""
+    ran = read_experiment(run_dir / "config.json")
+    differ = [f.name for f in fields(experiment) if getattr(ran, f.name) != getattr(
+        experiment, f.name)]
+    if differ:
+        raise ValueError(f"{run_dir}: finished with another configuration ({differ} differ, "
+                         f"--tiny or --data?); expected this call's: use another --out or "
+                         f"remove {run_dir}")
+
+
 def run(data: Path, out: Path, *, variants: list[str], tiny: bool, time_limit: float) -> list:
     check_variants(variants)
+    experiments = {v: variant_experiment(v, data, out, tiny=tiny) for v in variants}
+    for variant, experiment in experiments.items():  # before the first one trains
+        if (out / variant / "results.json").is_file():
+            check_finished(out / variant, experiment)
     start, rows = time.perf_counter(), []
     out.mkdir(parents=True, exist_ok=True)
-    for variant in variants:
+    for variant, experiment in experiments.items():
         run_dir = out / variant
-        experiment = variant_experiment(variant, data, out, tiny=tiny)
         if not (run_dir / "results.json").is_file():
             if time.perf_counter() - start > time_limit:
                 rows.append({"variant": variant, "experiment": experiment.name,
