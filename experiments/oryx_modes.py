@@ -67,6 +67,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON of every run's results")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
+    if args.batches < 0:  # no held-out batch: recall of nothing (0 is the whole held-out set)
+        raise ValueError(f"--batches: expected 0 (all) or more, got {args.batches}")
     repeated = sorted({str(r) for r in args.run_dirs if args.run_dirs.count(r) > 1})
     if repeated:  # one key per run in --out: a repeat was evaluated twice for one entry
         raise ValueError(f"run directories: {repeated} given more than once")

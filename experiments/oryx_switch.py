@@ -180,6 +180,8 @@ def main(argv=None) -> int:
         raise ValueError(f"--switch: expected positions separated by commas, got "
                          f"{args.switch!r}") from None
     check_names(args.run_dirs, args.baselines)
+    if args.batches < 0:  # no held-out batch at all (0 is the whole held-out set)
+        raise ValueError(f"--batches: expected 0 (all) or more, got {args.batches}")
     args.out.mkdir(parents=True, exist_ok=True)
     baselines = {run_dir.name: position_losses(*_model_and_batches(run_dir, args.batches), None)
                  for run_dir in args.baselines}

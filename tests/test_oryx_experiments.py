@@ -43,9 +43,10 @@ def test_switch_modes_and_segments():
     (["run", "--baselines", "a/gdn", "b/gdn"], r"--baselines: expected distinct .* \['gdn'\]"),
     (["baselines"], r"run directories: expected names other than \['switches', 'baselines'\]"),
     (["run", "--switch", "5,x"], r"--switch: expected positions separated by commas, got '5,x'"),
+    (["run", "--batches", "-1"], r"--batches: expected 0 \(all\) or more, got -1"),
 ])
-def test_switch_main_refuses_clashing_names_before_loading(tmp_path, monkeypatch, argv,
-                                                           message):
+def test_switch_main_refuses_bad_arguments_before_loading(tmp_path, monkeypatch, argv,
+                                                          message):
     """Results are keyed by directory name: a clash replaced one run's curves by another's (a
     baseline `runs/attention` took the place of the all-attention schedule in the segments)."""
     monkeypatch.setattr(oryx_switch, "_model_and_batches", None)  # never reached
@@ -253,6 +254,8 @@ def test_modes_out_keeps_the_runs_before_a_failure(tmp_path, monkeypatch, capsys
     assert json.loads(out.read_text()) == {str(a): row}
     with pytest.raises(ValueError, match=r"run directories: \[.*a'\] given more than once"):
         modes_main([str(a), str(b), str(a)])
+    with pytest.raises(ValueError, match=r"--batches: expected 0 \(all\) or more, got -2"):
+        modes_main([str(a), "--batches", "-2"])
     capsys.readouterr()
 
 
