@@ -35,6 +35,16 @@ def test_switch_modes_and_segments():
         segments({**curves, "c": np.zeros(16)}, [12])
 
 
+@pytest.mark.parametrize("flag, value", [("--k", "0,2"), ("--k", "2,2"), ("--batch", "1,x"),
+                                         ("--presets-batch", "-1")])
+def test_speculative_refuses_bad_counts_before_training(tmp_path, flag, value):
+    """A k of 0 timed attention decoding a second time (a row named "attention" among the
+    speculative ones); checked before --train spends its steps."""
+    with pytest.raises(ValueError, match=f"{flag}: expected .*integers >= 1.*got '{value}'"):
+        oryx_speculative.main(["--train", "no-such-experiment", "--out-dir", str(tmp_path),
+                               flag, value])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["a/run", "b/run"], r"run directories: expected distinct .* \['run'\] more than once"),
     (["run", "--baselines", "x/attention"],

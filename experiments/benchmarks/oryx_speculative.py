@@ -106,6 +106,21 @@ def measure(name: str, model, prompts, ks: list[int], batches: list[int], prompt
     return rows
 
 
+def parse_counts(text: str, flag: str) -> list[int]:
+    """"2,4,8" → [2, 4, 8]: distinct integers >= 1. A k of 0 was a second attention row (and
+    the new reference of the rows after it), a repeat a second row of one setting."""
+    try:
+        counts = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag}: expected integers >= 1 separated by commas, got {text!r}"
+                         ) from None
+    bad = [n for n in counts if n < 1]
+    repeated = sorted({n for n in counts if counts.count(n) > 1})
+    if bad or repeated:
+        raise ValueError(f"{flag}: expected distinct integers >= 1, got {text!r}")
+    return counts
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
     parser.add_argument("run_dir", type=Path, nargs="?", default=None)
@@ -127,6 +142,10 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    # Parsed before anything trains or loads, so a typo costs no training run.
+    settings = [(parse_counts(args.k, "--k"), parse_counts(args.batch, "--batch")),
+                (parse_counts(args.presets_k or args.k, "--presets-k"),
+                 parse_counts(args.presets_batch or args.batch, "--presets-batch"))]
     deadline = time.perf_counter() + (args.budget_s or float("inf"))
     run_dir = args.run_dir
     if args.train is not None:
@@ -140,15 +159,12 @@ def main(argv=None) -> int:
     if run_dir is None and args.presets is None:
         parser.error("give RUN_DIR, --train or --presets")
     names = [name for name in (args.presets or "").split(",") if name]
-    sources = ([(lambda: run_model(run_dir), args.k, args.batch)] if run_dir is not None
-               else []) + [((lambda name=name: preset_model(name, args.dtype)),
-                            args.presets_k or args.k, args.presets_batch or args.batch)
+    sources = ([(lambda: run_model(run_dir), *settings[0])] if run_dir is not None
+               else []) + [((lambda name=name: preset_model(name, args.dtype)), *settings[1])
                            for name in names]
     rows = []
     for source, ks, batches in sources:
-        rows += measure(*source(), [int(k) for k in ks.split(",")],
-                        [int(b) for b in batches.split(",")], args.prompt_len, args.new_tokens,
-                        deadline)
+        rows += measure(*source(), ks, batches, args.prompt_len, args.new_tokens, deadline)
         if args.out is not None:  # after each model: a run cut short keeps what it measured
             write_json(args.out, "oryx_speculative", rows, run_dir=str(run_dir),
                        prompt_len=args.prompt_len, new_tokens=args.new_tokens, quiet=True)
