@@ -45,6 +45,20 @@ def test_speculative_refuses_bad_counts_before_training(tmp_path, flag, value):
                                flag, value])
 
 
+def test_speculative_budget_of_zero_times_nothing(tmp_path, monkeypatch, capsys):
+    """`--budget-s 0` was taken for no budget (`budget_s or inf`): every configuration ran."""
+    monkeypatch.setattr(oryx_speculative, "preset_model",  # no model: nothing may be timed
+                        lambda name, dtype: (name, None, lambda batch, length: None))
+    out = tmp_path / "speculative.json"
+    assert oryx_speculative.main(["--presets", "oryx-mamba2-tiny", "--k", "2", "--batch", "1",
+                                  "--budget-s", "0", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["k"], r.get("skipped")) for r in rows] == [(0, "time budget"), (2, "time budget")]
+    with pytest.raises(ValueError, match="--budget-s: expected seconds >= 0, got -1"):
+        oryx_speculative.main(["--presets", "oryx-mamba2-tiny", "--budget-s", "-1"])
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["a/run", "b/run"], r"run directories: expected distinct .* \['run'\] more than once"),
     (["run", "--baselines", "x/attention"],

@@ -146,7 +146,10 @@ def main(argv=None) -> int:
     settings = [(parse_counts(args.k, "--k"), parse_counts(args.batch, "--batch")),
                 (parse_counts(args.presets_k or args.k, "--presets-k"),
                  parse_counts(args.presets_batch or args.batch, "--presets-batch"))]
-    deadline = time.perf_counter() + (args.budget_s or float("inf"))
+    if args.budget_s is not None and args.budget_s < 0:
+        raise ValueError(f"--budget-s: expected seconds >= 0, got {args.budget_s:g}")
+    # `budget_s or inf` took a budget of 0 for none: every configuration timed.
+    deadline = time.perf_counter() + (float("inf") if args.budget_s is None else args.budget_s)
     run_dir = args.run_dir
     if args.train is not None:
         if args.out_dir is None:
