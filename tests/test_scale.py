@@ -153,6 +153,23 @@ def test_the_json_holds_every_row_measured_before_a_failure(tmp_path, monkeypatc
         ("mqar-hybrid-tiny", 1, 1.0)]
 
 
+def test_fewest_devices_are_measured_first(tmp_path, monkeypatch):
+    """The efficiency's base (the fewest devices) comes before any setting the time limit may
+    skip, whatever the order of --devices."""
+    measured = []
+
+    def measure(experiment, strategy, devices, **kwargs):
+        measured.append(devices)
+        return dict(model=kwargs["model"], strategy=strategy, devices=devices,
+                    tflops_per_device=1.0)
+
+    monkeypatch.setattr(scale, "measure", measure)
+    monkeypatch.setattr(scale, "plot", lambda rows, path, title: path)
+    scale.run("mqar-hybrid-tiny", [4, 1, 2], ["data"], weak=False, steps=1, out=tmp_path,
+              overrides=["train.batch_size=4"])
+    assert measured == [1, 2, 4]
+
+
 def test_the_axis_rules_setting_reaches_every_setting(monkeypatch):
     """`--set train.mesh.axis_rules=...` (and its overrides) lay out the timed steps and decide
     the batch axes of the check: the strategy's mesh kept only its sizes, and the steps ran
