@@ -5,6 +5,7 @@ limit."""
 
 import dataclasses
 import json
+import os
 import types
 
 import pytest
@@ -101,6 +102,20 @@ def test_scale_names_bad_arguments(capsys):
         assert main(["scale", "mqar-hybrid-tiny", flag, value]) == 2
         assert (f"{flag}: {repeated} given more than once in {value}"
                 in capsys.readouterr().err)
+
+
+def test_cpu_devices_are_requested_only_before_jax_loads(monkeypatch):
+    """The flag is appended to XLA_FLAGS (kept) once, and not at all after jax is imported (too
+    late to take effect) or when the flag is there already."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=x")
+    monkeypatch.setattr(scale, "sys", types.SimpleNamespace(modules={}))  # jax not loaded
+    scale.request_cpu_devices(4)
+    scale.request_cpu_devices(8)
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=x --xla_force_host_platform_device_count=4"
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setattr(scale, "sys", types.SimpleNamespace(modules={"jax": None}))
+    scale.request_cpu_devices(4)
+    assert os.environ["XLA_FLAGS"] == ""
 
 
 def test_weak_scaling_multiplies_the_split_work():
