@@ -201,9 +201,10 @@ def main(argv=None) -> int:
             lo, hi = row["positions"]
             print(f"  {f'[{lo}, {hi})':12s} " + "  ".join(
                 f"{name} {row[name]:.3f}" for name in [*schedules, *baselines]))
-    (args.out / "switch.json").write_text(json.dumps(
-        {"switches": switches, **results,
-         "baselines": {k: v.tolist() for k, v in baselines.items()}}))
+        # After every run: one failing to load or evaluate keeps the runs before it.
+        (args.out / "switch.json").write_text(json.dumps(
+            {"switches": switches, **results,
+             "baselines": {k: v.tolist() for k, v in baselines.items()}}))
     plot(results, switches, args.out / "switch.png", baselines)
     print(f"wrote {args.out / 'switch.json'} and {args.out / 'switch.png'}")
     return 0

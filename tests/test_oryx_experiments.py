@@ -177,6 +177,25 @@ def test_position_losses_are_masked_means_over_rows_and_batches():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_switch_json_keeps_the_runs_before_a_failure(tmp_path, monkeypatch, capsys):
+    """switch.json was written once, after every run: a failing run lost those before it."""
+    T, V = 12, 7
+
+    def model_and_batches(run_dir, num):
+        if run_dir.name == "broken":
+            raise FileNotFoundError("broken: no checkpoint")
+        return _PositionLogits(T, V), _batches(T, V)
+
+    monkeypatch.setattr(oryx_switch, "_model_and_batches", model_and_batches)
+    with pytest.raises(FileNotFoundError, match="broken: no checkpoint"):
+        switch_main([str(tmp_path / "run"), str(tmp_path / "broken"), "--switch", "3,7",
+                     "--out", str(tmp_path / "out")])
+    written = json.loads((tmp_path / "out" / "switch.json").read_text())
+    assert sorted(written) == ["baselines", "run", "switches"]
+    assert len(written["run"]["curves"]["switching"]) == T
+    capsys.readouterr()
+
+
 def test_switch_main_writes_each_schedule_under_its_own_name(tmp_path, monkeypatch):
     """The curves of "linear" are those of the all-linear modes (and so on), and the
     baselines' curves (a model without modes) join every run's segments."""
