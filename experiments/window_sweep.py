@@ -18,7 +18,7 @@ import argparse
 import csv
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from flax import nnx
@@ -66,11 +66,14 @@ def parse_layers(text: str | None) -> list[int] | None:
 
 def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
                  layers: Sequence[int] | None = None, step: int | None = None,
-                 batches: int | None = None, overrides: Sequence[str] = ()) -> list[dict]:
+                 batches: int | None = None, overrides: Sequence[str] = (),
+                 on_row: Callable[[list[dict]], object] | None = None) -> list[dict]:
     """Held-out metrics of a run's checkpoint at every window (one row per window).
 
     `layers`: the layers whose window changes (default: every layer with a window option).
     `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole held-out set).
+    `on_row`: called with the rows so far after each window (`run` writes them: a window that
+    fails, e.g. `full` out of memory, keeps the rows before it).
     """
     from experiments.cli import load_for_eval
     from hybrid_jax.train.trainer import evaluate
@@ -84,6 +87,8 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
             windowed = dataclasses.replace(ts, graphdef=graphdef, state=state)
             metrics = evaluate(windowed, held_out, num_words=words)
             rows.append({"window": FULL if window is None else window, **metrics})
+            if on_row is not None:
+                on_row(rows)
     return rows
 
 
@@ -93,6 +98,12 @@ def _format(value) -> str:
 
 def write_results(rows: Sequence[dict], out_dir: str | Path, *, title: str = "") -> list[Path]:
     """`window_sweep.md` (a Markdown table), `.csv` and `.png` in `out_dir`; returns the paths."""
+    tables = write_tables(rows, out_dir, title=title)
+    return [*tables, _plot(rows, Path(out_dir) / "window_sweep.png", title)]
+
+
+def write_tables(rows: Sequence[dict], out_dir: str | Path, *, title: str = "") -> list[Path]:
+    """`window_sweep.md` and `.csv` in `out_dir` (no plot: cheap enough after every row)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = [c for c in COLUMNS if c in rows[0]] + sorted(set(rows[0]) - set(COLUMNS))
@@ -105,7 +116,7 @@ def write_results(rows: Sequence[dict], out_dir: str | Path, *, title: str = "")
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    return [markdown, csv_path, _plot(rows, out_dir / "window_sweep.png", title)]
+    return [markdown, csv_path]
 
 
 def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
@@ -130,10 +141,12 @@ def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,
         out: Path | None = None, step: int | None = None, batches: int | None = None,
         overrides: Sequence[str] = ()) -> list[dict]:
     """The command-line entry: sweep, print the table, write the files."""
+    out = out or run_dir / "window_sweep"
+    title = f"{run_dir.name}: held-out metrics against the window"
     rows = window_sweep(run_dir, parse_windows(windows_text), layers=parse_layers(layers_text),
-                        step=step, batches=batches, overrides=overrides)
-    paths = write_results(rows, out or run_dir / "window_sweep", title=f"{run_dir.name}: "
-                          "held-out metrics against the window")
+                        step=step, batches=batches, overrides=overrides,
+                        on_row=lambda rows: write_tables(rows, out, title=title))
+    paths = write_results(rows, out, title=title)
     print(paths[0].read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))
     best = min(rows, key=lambda r: r["loss"] if math.isfinite(r["loss"]) else math.inf)

@@ -16,7 +16,7 @@ TINY_RUN = ["--set", "train.steps=4", "--set", "train.warmup_steps=2",
             "--set", "model.window=4"]
 
 
-def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys):
+def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
     assert main(["train", "mqar-nha-tiny", "--out", str(run_dir), "--quiet", *TINY_RUN]) == 0
     results = json.loads((run_dir / "results.json").read_text())
@@ -33,6 +33,23 @@ def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys):
     # The trained window reproduces the run's own evaluation; the others differ.
     assert float(rows[1]["loss"]) == pytest.approx(results["eval_loss"], rel=1e-5)
     assert float(rows[0]["loss"]) != pytest.approx(float(rows[1]["loss"]), rel=1e-4)
+    # A window failing (e.g. `full` out of memory) keeps the rows before it.
+    from hybrid_jax.train import trainer
+
+    evaluate = trainer.evaluate
+
+    def evaluate_until_full(ts, *args, **kwargs):
+        if (tmp_path / "second").exists():
+            raise MemoryError("out of memory at full")
+        (tmp_path / "second").touch()
+        return evaluate(ts, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate_until_full)
+    assert main(["eval", str(run_dir), "--windows", "4,full", "--sweep-out",
+                 str(tmp_path / "partial")]) == 2
+    kept = list(csv.DictReader((tmp_path / "partial" / "window_sweep.csv").open()))
+    assert [(r["window"], r["loss"]) for r in kept] == [("4", rows[1]["loss"])]
+    monkeypatch.undo()
     assert main(["eval", str(run_dir), "--windows", "4", "--layers", "7"]) == 2
     assert "layer 7 has no window option" in capsys.readouterr().err
 
