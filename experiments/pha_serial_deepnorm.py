@@ -150,20 +150,26 @@ def main(argv=None) -> int:
                         "configs' DATA)")
     args = parser.parse_args(argv)
     runs = parse_runs(args.runs)
+    settings = {"d_model": args.d_model, "steps": args.steps, "warmup": args.warmup,
+                "seq_len": args.seq_len, "batch_size": args.batch_size, "data": args.data}
+    summary_path = args.out / "summary.json"
+    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    # Its rows (and the runs' row.json, reused by arm and rate) are of its settings: they were
+    # kept under this call's settings, a table of two widths or lengths labelled as one.
+    differ = {k: previous[k] for k in settings if k in previous and previous[k] != settings[k]}
+    if differ:
+        raise ValueError(f"{summary_path}: its runs had {differ}; expected this call's "
+                         f"{ {k: settings[k] for k in differ} }: use another --out")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for arm, lr in runs:
         rows.append(run_one(args.out, arm, lr, d_model=args.d_model, steps=args.steps,
                             warmup=args.warmup, seq_len=args.seq_len,
                             batch_size=args.batch_size, data_dir=args.data))
-    summary_path = args.out / "summary.json"
-    previous = json.loads(summary_path.read_text())["rows"] if summary_path.is_file() else []
-    keep = [r for r in previous if (r["arm"], r["learning_rate"]) not in
+    keep = [r for r in previous.get("rows", []) if (r["arm"], r["learning_rate"]) not in
             {(x["arm"], x["learning_rate"]) for x in rows}]
     rows = keep + rows
-    summary_path.write_text(json.dumps({"d_model": args.d_model, "steps": args.steps,
-                                        "warmup": args.warmup, "seq_len": args.seq_len,
-                                        "batch_size": args.batch_size, "rows": rows}, indent=2))
+    summary_path.write_text(json.dumps({**settings, "rows": rows}, indent=2))
     plot(args.out, rows)
     return 0
 

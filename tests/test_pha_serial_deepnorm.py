@@ -75,6 +75,11 @@ def test_summary_keeps_earlier_rows_and_replaces_rerun_ones(tmp_path, monkeypatc
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert [(r["arm"], r["learning_rate"], r["final_train_loss"]) for r in rows] == [
         ("prenorm", 2e-3, 1.0), ("post-ln", 2e-3, 2.0), ("post-ln", 1e-3, 2.0)]
+    # Rows (and row.json files) of another width were kept under this call's d_model.
+    with pytest.raises(ValueError, match=r"its runs had \{'d_model': 128\}; expected this "
+                                         r"call's \{'d_model': 64\}"):
+        pha_serial_deepnorm.main(["--out", str(out), "--runs", "prenorm,2e-3",
+                                  "--d-model", "64"])
 
 
 @pytest.mark.parametrize("runs, message", [
