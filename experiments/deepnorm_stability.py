@@ -32,6 +32,7 @@ from pathlib import Path
 
 from experiments.configs.lm import DATA, WIKITEXT2_RAW
 from experiments.help_text import first_paragraph
+from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import NonFiniteLossError, train
@@ -85,10 +86,16 @@ def run_one(out: Path, arm: str, learning_rate: float, *, layers: int, steps: in
     """One (arm, learning rate) run; its row of the table, also written to `RUN/row.json`
     (a run that has one is not made again: an interrupted grid continues)."""
     run_dir = out / run_name(arm, learning_rate)
-    if (run_dir / "row.json").is_file():
-        return json.loads((run_dir / "row.json").read_text())
     config = experiment(arm, layers=layers, steps=steps, learning_rate=learning_rate,
                         data_dir=data_dir)
+    if (run_dir / "row.json").is_file():
+        # Only a run of this configuration: a row of another --layers or --steps was read into
+        # this grid's table, labelled with this call's depth and length.
+        if (run_dir / "config.json").is_file() and read_experiment(
+                run_dir / "config.json") != config:
+            raise ValueError(f"{run_dir}: made with another configuration (--layers, --steps "
+                             f"or --data); expected this call's: use another --out")
+        return json.loads((run_dir / "row.json").read_text())
     try:
         result, diverged = train(config, run_dir, progress=False, force=True), None
     except NonFiniteLossError as error:

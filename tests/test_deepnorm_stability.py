@@ -8,6 +8,7 @@ import json
 import pytest
 
 from experiments import deepnorm_stability as ds
+from hybrid_jax.config import to_dict
 from tests.helpers import stub_train
 
 
@@ -35,6 +36,12 @@ def test_run_one_row(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "deepnorm-lr0.003" / "row.json").read_text()) == row
     monkeypatch.setattr(ds, "train", None)  # a run with a row is not made again
     assert ds.run_one(tmp_path, "deepnorm", 3e-3, layers=2, steps=20, data_dir="data") == row
+    # ... unless it was made with another configuration (its config.json, as train writes it).
+    config = ds.experiment("deepnorm", layers=2, steps=20, learning_rate=3e-3, data_dir="data")
+    (tmp_path / "deepnorm-lr0.003" / "config.json").write_text(json.dumps(to_dict(config)))
+    assert ds.run_one(tmp_path, "deepnorm", 3e-3, layers=2, steps=20, data_dir="data") == row
+    with pytest.raises(ValueError, match="deepnorm-lr0.003: made with another configuration"):
+        ds.run_one(tmp_path, "deepnorm", 3e-3, layers=4, steps=20, data_dir="data")
 
 
 def test_run_one_records_the_divergence_step(tmp_path, monkeypatch):
