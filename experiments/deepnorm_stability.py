@@ -81,6 +81,19 @@ def parse_learning_rates(text: str) -> list[float]:
     return rates
 
 
+def finished_row(run_dir: Path, config: ExperimentConfig, settings: str = "") -> dict | None:
+    """The `row.json` of a run already made in `run_dir` (None without one): only of a run of
+    `config`, else a row of other settings (`settings` names them in the error) would be read
+    into this call's table, labelled with this call's settings."""
+    if not (run_dir / "row.json").is_file():
+        return None
+    if (run_dir / "config.json").is_file() and read_experiment(
+            run_dir / "config.json") != config:
+        raise ValueError(f"{run_dir}: made with another configuration{settings}; expected "
+                         "this call's: use another --out")
+    return json.loads((run_dir / "row.json").read_text())
+
+
 def run_one(out: Path, arm: str, learning_rate: float, *, layers: int, steps: int,
             data_dir: str) -> dict:
     """One (arm, learning rate) run; its row of the table, also written to `RUN/row.json`
@@ -88,14 +101,9 @@ def run_one(out: Path, arm: str, learning_rate: float, *, layers: int, steps: in
     run_dir = out / run_name(arm, learning_rate)
     config = experiment(arm, layers=layers, steps=steps, learning_rate=learning_rate,
                         data_dir=data_dir)
-    if (run_dir / "row.json").is_file():
-        # Only a run of this configuration: a row of another --layers or --steps was read into
-        # this grid's table, labelled with this call's depth and length.
-        if (run_dir / "config.json").is_file() and read_experiment(
-                run_dir / "config.json") != config:
-            raise ValueError(f"{run_dir}: made with another configuration (--layers, --steps "
-                             f"or --data); expected this call's: use another --out")
-        return json.loads((run_dir / "row.json").read_text())
+    row = finished_row(run_dir, config, " (--layers, --steps or --data)")
+    if row is not None:
+        return row
     try:
         result, diverged = train(config, run_dir, progress=False, force=True), None
     except NonFiniteLossError as error:

@@ -28,9 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import GUTENBERG
-from experiments.deepnorm_stability import loss_curve, run_name, save_figure
+from experiments.deepnorm_stability import finished_row, loss_curve, run_name, save_figure
 from experiments.help_text import first_paragraph
-from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
 from hybrid_jax.presets import PHA_ABLATIONS, pha_model
 from hybrid_jax.train.metrics import read_metrics
@@ -100,14 +99,11 @@ def run_one(out: Path, arm: str, learning_rate: float, **kwargs) -> dict:
     """One run, its summary row (also `RUN/row.json`; a run that has one is not made again)."""
     run_dir = out / run_name(arm, learning_rate)
     config = experiment(arm, learning_rate=learning_rate, **kwargs)
-    if (run_dir / "row.json").is_file():
-        # Only a run of this configuration (a run interrupted before summary.json was written
-        # left rows that the summary's own check cannot see).
-        if (run_dir / "config.json").is_file() and read_experiment(
-                run_dir / "config.json") != config:
-            raise ValueError(f"{run_dir}: made with another configuration; expected this "
-                             f"call's: use another --out")
-        return json.loads((run_dir / "row.json").read_text())
+    # Checked per run too: a run interrupted before summary.json was written left rows that
+    # the summary's own check cannot see.
+    row = finished_row(run_dir, config)
+    if row is not None:
+        return row
     try:
         result, nonfinite = train(config, run_dir, progress=False, force=True), None
     except NonFiniteLossError as error:
