@@ -3,8 +3,10 @@ under `tensorboard/`, and a progress display (step, loss, tokens/s, ETA)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +29,11 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+# Numbers the event files this process opens: tensorboardX names a file by the second it was
+# opened and truncates one of the same name, so two writers of one second would lose the first's.
+_EVENT_FILES = itertools.count()
+
+
 class MetricsLog:
     """Appends one JSON object per line to `DIR/metrics.jsonl` and scalars to TensorBoard
     (nothing on disk when dir is None)."""
@@ -35,15 +42,23 @@ class MetricsLog:
         self.path = None if out_dir is None else Path(out_dir) / "metrics.jsonl"
         self.history: list[dict[str, Any]] = []
         self.writer = None
+        # The last step TensorBoard may hold: unknown (inf) where an earlier process wrote.
+        self.tensorboard_step = -math.inf
         if out_dir is not None and tensorboard:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), flush_secs=30)
+            folder = Path(out_dir) / "tensorboard"
+            if any(folder.glob("*tfevents*")):
+                self.tensorboard_step = math.inf
+            self.writer = SummaryWriter(str(folder), flush_secs=30, filename_suffix=(
+                f".{os.getpid()}.{next(_EVENT_FILES):06d}"))
 
     def truncate(self, step: int) -> None:
         """Drops the metric records after `step` (a resumed or rolled-back run writes them
-        again); events (rollbacks, resumes, interruptions) are history and stay."""
+        again), in TensorBoard too; events (rollbacks, resumes, interruptions) are history and
+        stay in the JSON lines."""
         keep = lambda r: r["step"] <= step or "event" in r
+        self._purge_tensorboard(step)
         if self.path is None or not self.path.is_file():
             self.history = [r for r in self.history if keep(r)]
             return
@@ -51,6 +66,20 @@ class MetricsLog:
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         tmp.replace(self.path)
+
+    def _purge_tensorboard(self, step: int) -> None:
+        """Writes the restart marker of tensorboardX's `purge_step` at `step + 1`: TensorBoard
+        drops every event read before it from that step on, so the steps written again draw one
+        curve, not two overlapping ones. Written only where later steps may have been logged
+        (a resumed run, a rollback)."""
+        if self.writer is None or self.tensorboard_step <= step:
+            return
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        self.writer.file_writer.add_event(
+            Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
+        self.writer.flush()
+        self.tensorboard_step = step
 
     def write(self, record: dict[str, Any]) -> None:
         self.history.append(record)
@@ -62,6 +91,7 @@ class MetricsLog:
                 if key != "step" and isinstance(value, int | float) and math.isfinite(value):
                     tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
                     self.writer.add_scalar(tag, value, record["step"])
+                    self.tensorboard_step = max(self.tensorboard_step, record["step"])
             self.writer.flush()  # a kill loses nothing already logged
 
     def flush(self) -> None:

@@ -67,3 +67,60 @@ def test_truncate_keeps_records_to_the_step_and_every_event(tmp_path):
     log.truncate(2)
     assert read_metrics(tmp_path) == log.history == [{"step": 1}, {"step": 2},
                                                      {"step": 3, "event": "rollback"}]
+
+
+def tensorboard_events(run_dir):
+    """The events of `RUN_DIR/tensorboard`, files in name order (as TensorBoard reads them)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    for path in sorted((run_dir / "tensorboard").iterdir()):
+        data, at = path.read_bytes(), 0
+        while at < len(data):  # TFRecords: u64 length, u32 crc, payload, u32 crc
+            length = int.from_bytes(data[at:at + 8], "little")
+            yield Event.FromString(data[at + 12:at + 12 + length])
+            at += 16 + length
+
+
+def is_restart(event):
+    """tensorboardX's `purge_step` marker (`SessionLog.START`)."""
+    return event.session_log.status == event.session_log.START
+
+
+def shown_by_tensorboard(run_dir):
+    """{tag: [(step, value)]} as TensorBoard shows them: a restart marker at step s drops every
+    point read before it at a step >= s."""
+    points = {}
+    for event in tensorboard_events(run_dir):
+        if is_restart(event):
+            points = {tag: [p for p in ps if p[0] < event.step] for tag, ps in points.items()}
+        for value in event.summary.value:
+            points.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return points
+
+
+def test_steps_logged_again_after_a_resume_or_rollback_draw_one_curve(tmp_path):
+    """A run logged to step 3; it resumes from step 1 (a later process) and rolls back to step
+    2 (in the process): TensorBoard shows each step once, with the value logged last."""
+    first = MetricsLog(tmp_path)
+    for step in (1, 2, 3):
+        first.write({"step": step, "loss": float(step)})
+    first.close()
+    resumed = MetricsLog(tmp_path)
+    resumed.truncate(1)
+    for step in (2, 3):
+        resumed.write({"step": step, "loss": 10.0 + step})
+    resumed.truncate(2)
+    resumed.write({"step": 3, "loss": 20.0})
+    resumed.close()
+    assert shown_by_tensorboard(tmp_path) == {"train/loss": [(1, 1.0), (2, 12.0), (3, 20.0)]}
+    assert [r["loss"] for r in read_metrics(tmp_path)] == [1.0, 12.0, 20.0]
+
+
+def test_a_fresh_run_writes_no_restart_marker(tmp_path):
+    """Nothing to purge before a run's first record: its events are its scalars only."""
+    log = MetricsLog(tmp_path)
+    log.truncate(0)
+    log.write({"step": 1, "loss": 1.0})
+    log.close()
+    assert not any(is_restart(e) for e in tensorboard_events(tmp_path))
+    assert shown_by_tensorboard(tmp_path) == {"train/loss": [(1, 1.0)]}
