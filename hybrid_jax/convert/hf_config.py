@@ -41,6 +41,7 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[float, ...] | None]:
     """(theta, Llama-3 scaling or None) from `rope_theta`/`rope_scaling` or `rope_parameters`."""
     params = dict(hf.get("rope_parameters") or {})
     scaling = dict(hf.get("rope_scaling") or params)
+    _one_rope(hf, params)
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     # transformers' RoPE reads a partial rotation (its channel layout is not our rope_fraction's):
     # refused, not ignored.
@@ -59,6 +60,25 @@ def _rope(hf: dict[str, Any]) -> tuple[float, tuple[float, ...] | None]:
     if missing:
         _refuse("rope_scaling", scaling, f"every llama3 parameter (missing {missing})")
     return theta, tuple(float(scaling[k]) for k in LLAMA3_SCALING_KEYS)
+
+
+def _one_rope(hf: dict[str, Any], params: dict[str, Any]) -> None:
+    """Refuses a config.json that says its RoPE twice, differently: the newer
+    `rope_parameters` beside the older top-level `rope_theta` / `rope_scaling`. Which one
+    transformers follows has changed between its versions; either choice would be a guess."""
+    thetas = {key: value for key, value in (("rope_theta", hf.get("rope_theta")),
+                                            ("rope_parameters.rope_theta",
+                                             params.get("rope_theta")),
+                                            ("rope_scaling.rope_theta",
+                                             (hf.get("rope_scaling") or {}).get("rope_theta")))
+              if value is not None}
+    if len({float(v) for v in thetas.values()}) > 1:
+        _refuse("RoPE theta", thetas, "one value wherever config.json states it")
+    legacy = {k: v for k, v in (hf.get("rope_scaling") or {}).items() if k != "rope_theta"}
+    newer = {k: v for k, v in params.items() if k != "rope_theta"}
+    if legacy and newer and legacy != newer:
+        _refuse("rope_scaling", hf["rope_scaling"], f"the same RoPE as its rope_parameters "
+                f"{hf['rope_parameters']} (or only one of the two)")
 
 
 def _windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:

@@ -73,6 +73,9 @@ def test_legacy_rope_scaling_spelling():
     options = model_config_from_hf(hf).block_options(0)
     assert options.rope_theta == 500000.0
     assert options.rope_scaling == (8.0, 1.0, 4.0, 8192.0)
+    # Both spellings at once are read when they agree.
+    both = {**hf, "rope_parameters": {**hf["rope_scaling"], "rope_theta": 500000}}
+    assert model_config_from_hf(both) == model_config_from_hf(hf)
     # Exported in the same spelling, the position count an integer (as transformers checks).
     scaling = hf_config_from_model(model_config_from_hf(hf))["rope_scaling"]
     assert scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -91,6 +94,12 @@ def test_legacy_rope_scaling_spelling():
      r"partial_rotary_factor=0.5 .*expected 1.0"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
      r"every llama3 parameter \(missing \['low_freq_factor', 'high_freq_factor', "),
+    # RoPE said twice, differently (transformers' precedence has changed between versions)
+    (dict(rope_theta=1e4, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+     r"RoPE theta=\{'rope_theta': 10000.0, 'rope_parameters.rope_theta': 500000.0\}"),
+    (dict(rope_scaling={"rope_type": "default"},
+          rope_parameters={"rope_type": "llama3", "factor": 8.0}),
+     r"rope_scaling=\{'rope_type': 'default'\} .*expected the same RoPE as its rope_param"),
     # Windows that transformers would not slide as the config says (LlamaForCausalLM has no
     # window, MistralConfig ignores layer_types, Qwen2Config slides only with
     # use_sliding_window): refused, neither followed nor ignored.
