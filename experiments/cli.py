@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--to", required=True, choices=("nha", "oryx"),
                       help="nha, or oryx (Mamba-2 linear mode; takes no --window/--slots)")
     conv.add_argument("--out", type=Path, required=True, help="the new run directory")
-    conv.add_argument("--window", default=None, help="NHA window W, or 'full' (default 512)")
+    conv.add_argument("--window", default=None,
+                      help="NHA window W of every converted layer, or 'full' (default: a "
+                           "layer's own sliding window, else 512)")
     conv.add_argument("--slots", type=int, default=None,
                       help="NHA slots M per kv head (default 64)")
     conv.add_argument("--layers", default=None, metavar="I,J,...",
@@ -514,7 +516,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     experiment = _read_run(args.run_dir, [])
     ts, _ = _load_run(args.run_dir, experiment, args.step, "convert")
     converter = oryx.convert_run if args.to == "oryx" else functools.partial(
-        nha.convert_run, window=window, num_slots=64 if args.slots is None else args.slots)
+        nha.convert_run, window=window, num_slots=64 if args.slots is None else args.slots,
+        own_windows=args.window is None)
     converter(experiment, ts.model(), args.run_dir, args.out, layers=layers, seed=args.seed,
               scan_layers=args.scan_layers)
     print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}")

@@ -1,6 +1,8 @@
 """Conversion of a trained transformer into an NHA hybrid (the NHA paper's recipe).
 
 `hybrid-jax convert RUN_DIR --to nha --out NEW_RUN [--window W --slots M --layers I,J]`.
+Without `--window`, a layer with a sliding window of its own (Mistral's, Qwen2's) keeps it as
+the NHA window, the others get 512; `--window` sets every converted layer's.
 Each chosen attention layer becomes an NHA layer that keeps W_q, W_k, W_v, W_o (and q/k/v
 biases); the MLPs, norms and embeddings stay. The slot branch reads the pre-RoPE q, k (through
 the swish feature map), the window branch the post-RoPE q, k, exactly as in attention. The
@@ -31,8 +33,10 @@ NEW_PARAMETER = "mixer/f_proj/kernel"
 
 
 def nha_config(config: ModelConfig, *, window: int | None, num_slots: int,
-               layers: Sequence[int] | None = None) -> ModelConfig:
-    """`config` with attention layers `layers` (default: all) turned into NHA layers."""
+               layers: Sequence[int] | None = None, own_windows: bool = False) -> ModelConfig:
+    """`config` with attention layers `layers` (default: all) turned into NHA layers of
+    `window`; `own_windows`: a layer with a sliding window of its own keeps that one (its
+    window branch then sees what the attention saw, and only older tokens reach the slots)."""
     specs = list(config.layers)
     for i in attention_layers(config, layers):
         options = config.block_options(i)
@@ -40,15 +44,19 @@ def nha_config(config: ModelConfig, *, window: int | None, num_slots: int,
             raise ValueError(f"convert: layer {i} uses cosine attention, which NHA's window "
                              "branch does not compute")
         shared = {name: getattr(options, name) for name in SHARED_OPTIONS}
-        specs[i] = layer("nha", **shared, window=window, num_slots=num_slots,
+        own = options.window if own_windows and options.window is not None else window
+        specs[i] = layer("nha", **shared, window=own, num_slots=num_slots,
                          value_activation="identity", output_norm=False)
     return config.replace(layers=tuple(specs))
 
 
 def convert_to_nha(model: LanguageModel, *, window: int | None, num_slots: int,
-                   layers: Sequence[int] | None = None, seed: int = 0) -> LanguageModel:
-    """The NHA hybrid of `model` (see the module docstring); `seed` draws the new W_f."""
-    config = nha_config(model.config, window=window, num_slots=num_slots, layers=layers)
+                   layers: Sequence[int] | None = None, seed: int = 0,
+                   own_windows: bool = False) -> LanguageModel:
+    """The NHA hybrid of `model` (see the module docstring and `nha_config`); `seed` draws
+    the new W_f."""
+    config = nha_config(model.config, window=window, num_slots=num_slots, layers=layers,
+                        own_windows=own_windows)
     return transplant(config, named_values(model),
                       lambda name, value: value if name.endswith(NEW_PARAMETER) else None,
                       seed=seed)
@@ -56,15 +64,17 @@ def convert_to_nha(model: LanguageModel, *, window: int | None, num_slots: int,
 
 def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path, out: Path,
                 *, window: int | None, num_slots: int, layers: Sequence[int] | None = None,
-                seed: int = 0, scan_layers: bool = False
+                seed: int = 0, scan_layers: bool = False, own_windows: bool = False
                 ) -> tuple[ExperimentConfig, LanguageModel]:
     """Writes the NHA conversion of the run in `source` (its `experiment` and `model`) as the
     run directory `out`, with the source's tokenizer and Hugging Face files; `scan_layers`:
     its layers stacked for `nnx.scan` (fast compiles for fine-tuning)."""
     converted = convert_to_nha(model.with_scan_layers(False), window=window,
-                               num_slots=num_slots, layers=layers, seed=seed
-                               ).with_scan_layers(scan_layers)
+                               num_slots=num_slots, layers=layers, seed=seed,
+                               own_windows=own_windows).with_scan_layers(scan_layers)
+    windows = {"full" if (w := converted.config.block_options(i).window) is None else str(w)
+               for i, spec in enumerate(converted.config.layers) if spec.type == "nha"}
     experiment = write_conversion(
         experiment, converted, source, out, suffix="nha",
-        description=f"NHA (window {window or 'full'}, {num_slots} slots)")
+        description=f"NHA (window {'/'.join(sorted(windows))}, {num_slots} slots)")
     return experiment, converted

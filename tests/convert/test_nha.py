@@ -98,6 +98,19 @@ def test_nha_layers_keep_their_attention_layers_own_options():
     assert {n: getattr(converted.block_options(0), n) for n in OWN_OPTIONS} == OWN_OPTIONS
 
 
+def test_a_layers_own_sliding_window_is_kept_unless_a_window_is_given():
+    """Mistral-style windowed layers keep their window as the NHA window (the CLI's default);
+    full-attention layers take the given one; `own_windows=False` sets every layer's."""
+    config = two_attention_layers(window=6)
+
+    def windows(**options):
+        converted = nha_config(config, window=8, num_slots=2, **options)
+        return [converted.block_options(i).window for i in (0, 1)]
+
+    assert windows(own_windows=True) == [6, 8]
+    assert windows() == [8, 8]
+
+
 def test_convert_refuses_cosine_attention():
     with pytest.raises(ValueError, match="layer 0 uses cosine attention"):
         nha_config(two_attention_layers(**OWN_OPTIONS, cosine=True), window=8, num_slots=2)
