@@ -100,7 +100,10 @@ def matmul_params(config: ModelConfig, params: nnx.State | None = None) -> int:
     total = config.d_model * config.vocab_size if config.tie_embeddings else 0
     for path, leaf in nnx.to_flat_state(params):
         names = [str(p) for p in path]
-        if len(leaf.shape) < 2 or names[0] in ("embed", "position_table"):
+        # scan_layers stacks each block parameter over the layer groups: a norm's scale is
+        # [groups, D] then, still no matrix.
+        stacked = config.scan_layers and names[0] == "blocks"
+        if len(leaf.shape) - stacked < 2 or names[0] in ("embed", "position_table"):
             continue
         if any("conv" in n for n in names):
             continue

@@ -157,3 +157,11 @@ def test_step_flops_counts_the_params_it_is_given():
     params = nnx.state(nnx.eval_shape(lambda: LanguageModel(wider, rngs=nnx.Rngs(0))), nnx.Param)
     assert matmul_params(wider) > matmul_params(config)
     assert step_flops(config, 8, params).matmul == 2 * matmul_params(wider)
+
+
+def test_scanned_layers_count_the_matmuls_of_unscanned_ones():
+    """scan_layers stacks a norm's scale or Mamba-2's D into [groups, ...]: still no matrix,
+    so the 6N count (the MFU of record) is the same either way."""
+    config = ModelConfig(layers=("mamba2", "attention") * 2, vocab_size=10, d_model=32,
+                         num_heads=2)
+    assert matmul_params(config.replace(scan_layers=True)) == matmul_params(config)
