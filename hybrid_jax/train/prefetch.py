@@ -53,6 +53,7 @@ class DevicePrefetcher:
             self._start()
         batch, state, error = self._queue.get()
         if error is not None:
+            self.close()  # the thread has ended: the next call starts another, as depth 0 reads on
             raise error
         self._state = state
         return batch

@@ -271,6 +271,26 @@ def test_prefetcher_hands_on_a_base_exception_too():
     prefetcher.close()
 
 
+def test_a_prefetcher_read_past_its_error_reads_on():
+    """After the reader's error (an exhausted finite iterator: StopIteration) reached the
+    consumer, the next call reads the iterator again, as depth 0 does, instead of waiting
+    forever on the ended thread's queue."""
+    class Two(Counter):
+        def __next__(self):
+            if self.position >= 2:
+                raise StopIteration
+            return super().__next__()
+
+    prefetcher = DevicePrefetcher(Two(), lambda x: x, depth=2)
+    assert list(prefetcher) == [0, 1]
+    again = []
+    reader = threading.Thread(target=lambda: again.append(list(prefetcher)), daemon=True)
+    reader.start()
+    reader.join(5.0)
+    assert again == [[]], "the second pass hangs on the ended thread"
+    prefetcher.close()
+
+
 def test_a_reader_error_behind_a_full_queue_does_not_hang_a_restore():
     """The thread fails reading while its queue is full (depth 1: batch 1 queued, batch 2
     raises): `set_state` and `close` still return, and the restored prefetcher reads on."""
