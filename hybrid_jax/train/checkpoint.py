@@ -7,7 +7,9 @@ temporary directories are removed when the next run opens the directory. Once a 
 committed, `checksums.json` in its step directory records the size and CRC-32 of every file;
 `restore` verifies them first, so flipped bytes or a truncated file raise
 `DamagedCheckpointError` naming the file instead of restoring wrong numbers (a step killed
-between its commit and its checksums is restored unverified, with a warning). Saves are
+between its commit and its checksums is restored unverified, with a warning, every time: only
+the run that saved a step seals it, as a later seal would vouch for whatever happened to its
+files in between). Saves are
 asynchronous (the arrays are copied to host memory, then written in the background); `keep`
 bounds how many stay on disk. Restoring takes an abstract target state with shardings, so a
 run can resume on another mesh; a checkpoint whose arrays do not match the target raises
@@ -119,6 +121,7 @@ class Checkpointer:
     def __init__(self, run_dir: str | Path, *, keep: int | None = 3, async_save: bool = True):
         self.directory = Path(run_dir).absolute() / "checkpoints"
         self._sealing, self.async_save = threading.Lock(), async_save
+        self._unsealed: set[int] = set()  # steps this Checkpointer saved, not yet sealed
         # An async save writes its checksums when orbax has committed it; a synchronous one
         # right after `save` (orbax accepts the callback only for async saves).
         options = ocp.CheckpointManagerOptions(
@@ -135,6 +138,8 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        with self._sealing:
+            self._unsealed.add(step)
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         meta=ocp.args.JsonSave(meta)),
                           force=True)
@@ -142,15 +147,18 @@ class Checkpointer:
             self._seal()
 
     def _seal(self) -> None:
-        """Writes the checksums of every committed step that has none yet (process 0 only: the
-        processes of a job share the directory)."""
+        """Writes the checksums of every step this Checkpointer saved whose save has committed
+        (process 0 only: the processes of a job share the directory). Another run's unsealed
+        step stays unsealed: its files may have changed since that run stopped."""
         if jax.process_index() != 0:
             return
         with self._sealing:
-            for step in saved_steps(self.directory.parent):
+            committed = set(saved_steps(self.directory.parent))
+            for step in sorted(self._unsealed & committed):
                 step_dir = self.directory / str(step)
-                if step_dir.is_dir() and not (step_dir / CHECKSUMS).is_file():
+                if not (step_dir / CHECKSUMS).is_file():
                     write_checksums(step_dir)
+                self._unsealed.discard(step)
 
     def steps(self) -> list[int]:
         """The committed steps, oldest first."""
