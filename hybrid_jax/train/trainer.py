@@ -312,7 +312,9 @@ def evaluate(ts: TrainState, batches: list[dict[str, np.ndarray]],
     the scored text), comparable across tokenizers. `num_words` (the words of the whole
     evaluated text) adds `word_perplexity`: exp(total nats / words). `modes`: an Oryx eval
     schedule (`hybrid_jax.modes.batch_modes`, e.g. "linear" or "scored=attention,other=linear")
-    for every batch, adding `attention_fraction` (of all tokens).
+    for every batch, adding `attention_fraction` (of all tokens). Both totals include the loss
+    of predicting each document separator (no bytes, no word), as WikiText's word perplexity
+    counts its end-of-line token.
     """
     if modes is not None:
         check_reads_modes(ts.model(), "eval modes")
