@@ -40,18 +40,25 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, log_y: bool = 
         raise ValueError(f"no loss or eval records in {[str(d) for d in run_dirs]}")
     fig, axes = new_figure(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
-        for label, records in runs:
+        # A run keeps its colour in every panel, also where an earlier run has no line.
+        for color, (label, records) in enumerate(runs):
             points = sorted({r["step"]: r[key] for r in records if key in r}.items())
             if points:
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, marker="o" if len(points) < 20 else None, markersize=3,
-                        label=label)
+                        label=label, color=f"C{color % 10}")
         ax.set_title(title)
         ax.set_xlabel("step")
         if log_y:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize="small")
+    # One legend of every run in the order given, whichever panels it has lines in.
+    lines = {}
+    for ax in axes[0]:
+        for line, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            lines.setdefault(label, line)
+    labels = [label for label, _ in runs if label in lines]
+    axes[0][0].legend([lines[label] for label in labels], labels, fontsize="small")
     return save_figure(fig, out)
 
 

@@ -6,6 +6,7 @@ import json
 import matplotlib
 import numpy as np
 import pytest
+from matplotlib.colors import to_hex
 
 from experiments.window_sweep import write_results
 from hybrid_jax.train.mixing import plot_mixing
@@ -39,3 +40,24 @@ def test_run_labels_tell_apart_runs_of_one_folder_name(tmp_path):
 def test_a_run_given_twice_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"run directories given more than once: \['"):
         plot_runs([tmp_path, tmp_path / "sub" / ".."], tmp_path / "c.png")
+
+
+def test_each_run_has_one_colour_and_a_legend_entry_in_any_panel(tmp_path, monkeypatch):
+    """A run with eval records only, beside one with train records only: each keeps its colour
+    across panels (each panel's colour cycle restarted: both were blue) and the legend, on the
+    train-loss panel, names both in the order given."""
+    rows = {"eval_only": [{"step": 4, "eval_loss": 2.0}], "train_only": [{"step": 1, "loss": 3.0},
+                                                                         {"step": 2, "loss": 2.5}]}
+    for name, records in rows.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                               for r in records))
+    figures = []
+    monkeypatch.setattr("hybrid_jax.train.plot.save_figure",
+                        lambda fig, out: figures.append(fig) or out)
+    plot_runs([tmp_path / "eval_only", tmp_path / "train_only"], tmp_path / "runs.png")
+    train_ax, eval_ax = figures[0].axes
+    colours = {line.get_label(): to_hex(line.get_color()) for ax in (train_ax, eval_ax)
+               for line in ax.get_lines()}
+    assert colours == {"eval_only": to_hex("C0"), "train_only": to_hex("C1")}
+    assert [t.get_text() for t in train_ax.get_legend().get_texts()] == list(rows)
