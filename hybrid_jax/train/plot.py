@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,9 +74,19 @@ def new_figure(rows: int = 1, cols: int = 1, **subplots):
 
 
 def save_figure(fig, out: str | Path) -> Path:
-    """Writes a figure of `new_figure` to `out` (folders created)."""
+    """Writes a figure of `new_figure` to `out` (folders created), in the format its suffix
+    names, through a temporary file renamed over it: a failed write (a full disk) leaves the
+    previous plot and no temporary file."""
+    from matplotlib import rcParams
+
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        fig.savefig(tmp, dpi=120, format=out.suffix[1:] or rcParams["savefig.format"])
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out

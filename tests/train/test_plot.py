@@ -2,6 +2,7 @@
 notebook's inline one) is left as it was, and nothing needs a display."""
 
 import json
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -61,3 +62,21 @@ def test_each_run_has_one_colour_and_a_legend_entry_in_any_panel(tmp_path, monke
                for line in ax.get_lines()}
     assert colours == {"eval_only": to_hex("C0"), "train_only": to_hex("C1")}
     assert [t.get_text() for t in train_ax.get_legend().get_texts()] == list(rows)
+
+
+def test_a_failed_plot_write_keeps_the_previous_plot(tmp_path, monkeypatch):
+    """The disk fills up mid-write: the plot drawn before is still whole, no .tmp is left."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    out = tmp_path / "runs.png"
+    out.write_bytes(b"the previous plot")
+
+    def disk_full(fig, path, **kwargs):
+        Path(path).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        plot_runs([tmp_path / "run"], out)
+    assert out.read_bytes() == b"the previous plot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "runs.png"]
