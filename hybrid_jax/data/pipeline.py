@@ -41,6 +41,8 @@ def train_iterator(data: Any, *, batch_size: int, seed: int, shard_index: int | 
     """
     index, count, local = _shard(batch_size, shard_index, shard_count)
     source = data.source("train", seed)
+    if len(source) == 0:  # grain's repeat of nothing ends at once: a bare StopIteration
+        raise ValueError("the train split has 0 examples: expected at least one")
     if len(source) < batch_size:  # allowed (tiny corpora), but each batch then repeats rows
         logging.getLogger("hybrid_jax.data").warning(
             "the train split has %d examples, fewer than one batch of %d: every batch holds "

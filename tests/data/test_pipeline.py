@@ -153,3 +153,9 @@ def test_eval_batches_refuse_a_split_shorter_than_a_batch():
     with pytest.raises(ValueError, match="the eval split has 7 examples, fewer than one batch "
                                          "of 8"):
         eval_batches(RecordingData(7), batch_size=BATCH, num_batches=0, seed=0)
+
+
+def test_an_empty_train_split_is_named():
+    """Not an iterator whose first batch is a bare StopIteration."""
+    with pytest.raises(ValueError, match="the train split has 0 examples: expected at least"):
+        train_iterator(RecordingData(0), batch_size=BATCH, seed=0)
