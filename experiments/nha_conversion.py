@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
 
 NAME = "lm-gutenberg-nha-conversion"
@@ -174,7 +175,7 @@ class Report:
         self.data[name] = value
         self.data["stages"][name] = round(time.perf_counter() - started, 1)
         self.data["total_s"] = round(time.perf_counter() - self.start, 1)
-        (self.directory / "results.json").write_text(json.dumps(self.data, indent=2))
+        write_atomic(self.directory / "results.json", json.dumps(self.data, indent=2))
         print(f"[{self.data['total_s']:.0f} s] {name}: {self.data['stages'][name]} s",
               flush=True)
 
@@ -216,7 +217,7 @@ class Report:
             lines.append(f"transformers check of the exported directory: {d['transformers']}")
         lines.append(f"Stage seconds: {d['stages']}; total {d.get('total_s')} s.")
         text = "\n".join(lines) + "\n"
-        (self.directory / "results.md").write_text(text)
+        write_atomic(self.directory / "results.md", text)
         return text
 
 

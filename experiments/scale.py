@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.files import write_atomic
+
 STRATEGIES = ("data", "fsdp", "tensor", "seq")
 
 
@@ -273,10 +275,10 @@ def run(name: str, devices: Sequence[int], strategies: Sequence[str], *, weak: b
         rows.append(measure(experiment, strategy, n, weak=weak, steps=steps, model=label))
         add_efficiency(rows)
         print(json.dumps(rows[-1]), flush=True)
-        (out / "scale.json").write_text(json.dumps(record, indent=2))
-    (out / "scale.json").write_text(json.dumps(record, indent=2))
+        write_atomic(out / "scale.json", json.dumps(record, indent=2))
+    write_atomic(out / "scale.json", json.dumps(record, indent=2))
     print_table(rows, COLUMNS)
-    (out / "scale.md").write_text(markdown_table(rows, COLUMNS) + "\n")
+    write_atomic(out / "scale.md", markdown_table(rows, COLUMNS) + "\n")
     print(markdown_table(rows, COLUMNS))
     written = [out / "scale.json", out / "scale.md"]
     if rows:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import types
+from pathlib import Path
 
 import pytest
 
@@ -166,6 +167,26 @@ def test_the_json_holds_every_row_measured_before_a_failure(tmp_path, monkeypatc
     rows = json.loads((tmp_path / "scale.json").read_text())["rows"]
     assert [(r["model"], r["devices"], r["efficiency"]) for r in rows] == [
         ("mqar-hybrid-tiny", 1, 1.0)]
+
+
+def test_a_write_cut_short_keeps_the_previous_json(tmp_path, monkeypatch):
+    """scale.json was rewritten in place: a write cut short (disk full, a kill) left a torn
+    file, the rows measured before it lost."""
+    monkeypatch.setattr(scale, "measure", lambda experiment, strategy, devices, **kwargs: dict(
+        model=kwargs["model"], strategy=strategy, devices=devices, tflops_per_device=1.0))
+    write_text = Path.write_text
+
+    def cut_short(path, text, *args, **kwargs):
+        if '"devices": 2' in text:
+            write_text(path, text[:len(text) // 2])
+            raise OSError("No space left on device")
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        scale.run("mqar-hybrid-tiny", [1, 2], ["data"], weak=False, steps=1, out=tmp_path)
+    rows = json.loads((tmp_path / "scale.json").read_text())["rows"]
+    assert [r["devices"] for r in rows] == [1]
 
 
 def test_fewest_devices_are_measured_first(tmp_path, monkeypatch):
