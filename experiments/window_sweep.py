@@ -9,7 +9,8 @@ hybrid (small windows) or as full causal attention (window `full`), with no retr
     python -m experiments.window_sweep RUN_DIR --windows 0,4,16,64,full
 
 Writes `window_sweep.md`, `window_sweep.csv` and `window_sweep.png` (loss and accuracy against
-the window) into `RUN_DIR/window_sweep/` unless told otherwise.
+the window) into `RUN_DIR/window_sweep/` unless told otherwise; each row names the checkpoint
+step it evaluated (`--step`, default the latest).
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from flax import nnx
 
+from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
 
 FULL = "full"
-COLUMNS = ("window", "loss", "perplexity", "accuracy", "tokens")
+# `step`: the checkpoint each row evaluated (a half-trained run's rows look like any other).
+COLUMNS = ("window", "step", "loss", "perplexity", "accuracy", "tokens")
 
 
 def parse_windows(text: str) -> list[int | None]:
@@ -68,7 +72,8 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
                  layers: Sequence[int] | None = None, step: int | None = None,
                  batches: int | None = None, overrides: Sequence[str] = (),
                  on_row: Callable[[list[dict]], object] | None = None) -> list[dict]:
-    """Held-out metrics of a run's checkpoint at every window (one row per window).
+    """Held-out metrics of a run's checkpoint at every window (one row per window, with the
+    checkpoint's `step`: default the latest).
 
     `layers`: the layers whose window changes (default: every layer with a window option).
     `batches`: eval batches (default the run's `train.eval_batches`; 0: the whole held-out set).
@@ -79,14 +84,15 @@ def window_sweep(run_dir: str | Path, windows: Sequence[int | None], *,
     from hybrid_jax.train.trainer import evaluate
 
     with load_for_eval(Path(run_dir), overrides, step, batches,
-                       "eval --windows") as (ts, _, held_out, words):
+                       "eval --windows") as (ts, step, held_out, words):
         model, optimizer = nnx.merge(ts.graphdef, ts.state)
         rows = []
         for window in windows:
             graphdef, state = nnx.split((model.with_window(window, layers=layers), optimizer))
             windowed = dataclasses.replace(ts, graphdef=graphdef, state=state)
             metrics = evaluate(windowed, held_out, num_words=words)
-            rows.append({"window": FULL if window is None else window, **metrics})
+            rows.append({"window": FULL if window is None else window, "step": step,
+                         **metrics})
             if on_row is not None:
                 on_row(rows)
     return rows
@@ -109,14 +115,13 @@ def write_tables(rows: Sequence[dict], out_dir: str | Path, *, title: str = "") 
     columns = [c for c in COLUMNS if c in rows[0]] + sorted(set(rows[0]) - set(COLUMNS))
     table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     table += ["| " + " | ".join(_format(row.get(c, "")) for c in columns) + " |" for row in rows]
-    markdown = out_dir / "window_sweep.md"
-    markdown.write_text((f"# {title}\n\n" if title else "") + "\n".join(table) + "\n")
-    csv_path = out_dir / "window_sweep.csv"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return [markdown, csv_path]
+    markdown = write_atomic(out_dir / "window_sweep.md",
+                            (f"# {title}\n\n" if title else "") + "\n".join(table) + "\n")
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return [markdown, write_atomic(out_dir / "window_sweep.csv", text.getvalue())]
 
 
 def _plot(rows: Sequence[dict], path: Path, title: str) -> Path:
@@ -143,14 +148,19 @@ def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,
     """The command-line entry: sweep, print the table, write the files."""
     out = out or run_dir / "window_sweep"
     title = f"{run_dir.name}: held-out metrics against the window"
+    # The tables are rewritten after each window; an earlier sweep's plot beside them would
+    # show other rows if this one fails before its own plot.
+    (out / "window_sweep.png").unlink(missing_ok=True)
     rows = window_sweep(run_dir, parse_windows(windows_text), layers=parse_layers(layers_text),
                         step=step, batches=batches, overrides=overrides,
                         on_row=lambda rows: write_tables(rows, out, title=title))
     paths = write_results(rows, out, title=title)
     print(paths[0].read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))
-    best = min(rows, key=lambda r: r["loss"] if math.isfinite(r["loss"]) else math.inf)
-    print(f"lowest loss at window {best['window']}")
+    finite = [row for row in rows if math.isfinite(row["loss"])]
+    # Not the first window when none is finite: it was named "lowest" with a NaN loss.
+    print(f"lowest loss at window {min(finite, key=lambda r: r['loss'])['window']}" if finite
+          else "no window gave a finite loss")
     return rows
 
 

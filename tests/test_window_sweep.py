@@ -23,17 +23,21 @@ def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--windows", "0,4,full", "--layers", "0,1"]) == 0
     out = capsys.readouterr().out
-    assert "| window | loss | perplexity | accuracy |" in out and "lowest loss at window" in out
+    assert "| window | step | loss | perplexity | accuracy |" in out
+    assert "lowest loss at window" in out
     sweep = run_dir / "window_sweep"
     assert (sweep / "window_sweep.png").stat().st_size > 0
     rows = list(csv.DictReader((sweep / "window_sweep.csv").open()))
     assert [row["window"] for row in rows] == ["0", "4", "full"]
+    # Each row names the checkpoint it evaluated: a half-trained run's rows look the same.
+    assert [row["step"] for row in rows] == [str(results["steps"])] * 3
     best = min(rows, key=lambda row: float(row["loss"]))["window"]
     assert f"lowest loss at window {best}\n" in out
     # The trained window reproduces the run's own evaluation; the others differ.
     assert float(rows[1]["loss"]) == pytest.approx(results["eval_loss"], rel=1e-5)
     assert float(rows[0]["loss"]) != pytest.approx(float(rows[1]["loss"]), rel=1e-4)
-    # A window failing (e.g. `full` out of memory) keeps the rows before it.
+    # A window failing (e.g. `full` out of memory) keeps the rows before it, and no plot of
+    # the earlier sweep's rows beside them.
     from hybrid_jax.train import trainer
 
     evaluate = trainer.evaluate
@@ -45,10 +49,10 @@ def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys, monkeypatch):
         return evaluate(ts, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "evaluate", evaluate_until_full)
-    assert main(["eval", str(run_dir), "--windows", "4,full", "--sweep-out",
-                 str(tmp_path / "partial")]) == 2
-    kept = list(csv.DictReader((tmp_path / "partial" / "window_sweep.csv").open()))
+    assert main(["eval", str(run_dir), "--windows", "4,full"]) == 2
+    kept = list(csv.DictReader((sweep / "window_sweep.csv").open()))
     assert [(r["window"], r["loss"]) for r in kept] == [("4", rows[1]["loss"])]
+    assert not (sweep / "window_sweep.png").exists()
     monkeypatch.undo()
     assert main(["eval", str(run_dir), "--windows", "4", "--layers", "7"]) == 2
     assert "layer 7 has no window option" in capsys.readouterr().err
@@ -65,3 +69,15 @@ def test_bad_window_lists_are_named():
         parse_layers("1,0,1")
     with pytest.raises(ValueError, match="expected integers >= 0 or 'full'"):
         parse_windows("0,-2")
+
+
+def test_no_window_is_named_lowest_when_every_loss_is_nan(tmp_path, monkeypatch, capsys):
+    from experiments import window_sweep
+
+    monkeypatch.setattr(window_sweep, "window_sweep", lambda *args, **kwargs: [
+        {"window": 0, "step": 4, "loss": float("nan")},
+        {"window": "full", "step": 4, "loss": float("nan")}])
+    monkeypatch.setattr(window_sweep, "_plot", lambda rows, path, title: path)
+    window_sweep.run(tmp_path, "0,full", out=tmp_path / "out")
+    out = capsys.readouterr().out
+    assert "no window gave a finite loss" in out and "lowest loss" not in out
