@@ -6,9 +6,11 @@
 For each trained text run (`lm-wikitext2-oryx-gdn-tiny`, mixed-mode training) the held-out
 rows are run under three schedules: all attention, all linear, and attention → linear →
 attention switching at the `--switch` positions. Writes `OUT/switch.json` (the mean loss at
-each position per run and schedule, and segment means: the first 8 tokens after each switch,
-the rest of each segment) and `OUT/switch.png` (the curves, smoothed over 8 positions, and
-below them their difference from all-attention; one column per run, the switches marked).
+each position per run and schedule, null at a position no held-out row scores, and segment
+means over the scored positions: the first 8 tokens after each switch, the rest of each
+segment; null for a segment of none) and `OUT/switch.png` (the curves, smoothed over 8
+positions, and below them their difference from all-attention; one column per run, the
+switches marked).
 `--baselines`: runs of single-mixer models on the same text (`lm-wikitext2-baseline-*`,
 `experiments/configs/oryx.py`), whose per-position losses are added to every column (dashed)
 and to the segment means, named by their run directories.
@@ -26,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.context import TokenContext
@@ -77,7 +80,9 @@ def switch_modes(T: int, switches: list[int]) -> np.ndarray:
 
 def position_losses(model, batches, modes_T: np.ndarray | None) -> np.ndarray:
     """Mean next-token loss at each position `[T]` over the scored tokens of `batches`, every
-    row in the modes `modes_T` (None: no mode array, for models without Oryx layers)."""
+    row in the modes `modes_T` (None: no mode array, for models without Oryx layers); NaN at a
+    position no row scores (a loss of 0 there read as a perfect prediction, and pulled its
+    segment's mean down)."""
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -99,11 +104,23 @@ def position_losses(model, batches, modes_T: np.ndarray | None) -> np.ndarray:
         batch = {k: jnp.asarray(v) for k, v in batch.items() if k != "target_bytes"}
         s, c = jax.device_get(losses(state, batch))
         total, count = total + s, count + c
-    return total / np.maximum(count, 1)
+    return np.divide(total, count, out=np.full(np.shape(total), np.nan), where=count > 0)
+
+
+def _scored_mean(losses: np.ndarray) -> float | None:
+    """The mean over the positions that have a loss (not NaN: never scored); None if none."""
+    scored = losses[~np.isnan(losses)]
+    return float(np.mean(scored)) if scored.size else None
+
+
+def _json_curve(curve: np.ndarray) -> list[float | None]:
+    """A curve for switch.json: null where never scored (NaN is not JSON)."""
+    return [None if np.isnan(x) else float(x) for x in curve]
 
 
 def segments(curves: dict[str, np.ndarray], switches: list[int]) -> list[dict]:
-    """Mean loss per schedule over the first SETTLE tokens after each boundary and the rest."""
+    """Mean loss per schedule over the first SETTLE tokens after each boundary and the rest
+    (over the positions scored; None where none is)."""
     T = len(next(iter(curves.values())))
     lengths = {name: len(c) for name, c in curves.items()}
     if len(set(lengths.values())) > 1:  # a baseline of other rows: its positions are not ours
@@ -114,7 +131,7 @@ def segments(curves: dict[str, np.ndarray], switches: list[int]) -> list[dict]:
     for start, end in zip(edges[:-1], edges[1:], strict=True):
         for lo, hi in ((start, min(start + SETTLE, end)), (min(start + SETTLE, end), end)):
             if hi > lo:
-                rows.append({"positions": [lo, hi], **{name: float(np.mean(c[lo:hi]))
+                rows.append({"positions": [lo, hi], **{name: _scored_mean(c[lo:hi])
                                                        for name, c in curves.items()}})
     return rows
 
@@ -129,20 +146,21 @@ def plot(results: dict, switches: list[int], out: Path, baselines: dict | None =
                              squeeze=False)
     kernel = np.ones(SETTLE) / SETTLE
 
-    def smooth(curve):
-        return np.convolve(np.asarray(curve), kernel, mode="valid")
+    def smooth(curve):  # an unscored position (NaN, None in JSON) leaves a gap
+        return np.convolve(np.asarray(curve, float), kernel, mode="valid")
 
     for column, (run, result) in enumerate(results.items()):
         top, bottom = axes[0][column], axes[1][column]
-        reference = np.asarray(result["curves"]["attention"])
+        reference = np.asarray(result["curves"]["attention"], float)
         for name, curve in result["curves"].items():
             x = np.arange(len(curve) - SETTLE + 1) + SETTLE - 1
             top.plot(x, smooth(curve), label=name, lw=1.2)
-            bottom.plot(x, smooth(np.asarray(curve) - reference), label=name, lw=1.2)
+            bottom.plot(x, smooth(np.asarray(curve, float) - reference), label=name, lw=1.2)
         for name, curve in (baselines or {}).items():
             x = np.arange(len(curve) - SETTLE + 1) + SETTLE - 1
             top.plot(x, smooth(curve), label=name, lw=1, ls="--")
-            bottom.plot(x, smooth(np.asarray(curve) - reference), label=name, lw=1, ls="--")
+            bottom.plot(x, smooth(np.asarray(curve, float) - reference), label=name, lw=1,
+                        ls="--")
         for ax in (top, bottom):
             for s in switches:
                 ax.axvline(s, color="grey", ls=":", lw=1)
@@ -194,17 +212,18 @@ def main(argv=None) -> int:
                                          switch_modes(T, switches)), strict=True))
         curves = {name: position_losses(model, batches, modes)
                   for name, modes in schedules.items()}
-        results[run_dir.name] = {"curves": {k: v.tolist() for k, v in curves.items()},
+        results[run_dir.name] = {"curves": {k: _json_curve(v) for k, v in curves.items()},
                                  "segments": segments({**curves, **baselines}, switches)}
         print(f"{run_dir.name}: mean loss over [lo, hi) per schedule")
         for row in results[run_dir.name]["segments"]:
             lo, hi = row["positions"]
             print(f"  {f'[{lo}, {hi})':12s} " + "  ".join(
-                f"{name} {row[name]:.3f}" for name in [*schedules, *baselines]))
+                f"{name} {'–' if row[name] is None else f'{row[name]:.3f}'}"
+                for name in [*schedules, *baselines]))
         # After every run: one failing to load or evaluate keeps the runs before it.
-        (args.out / "switch.json").write_text(json.dumps(
+        write_atomic(args.out / "switch.json", json.dumps(
             {"switches": switches, **results,
-             "baselines": {k: v.tolist() for k, v in baselines.items()}}))
+             "baselines": {k: _json_curve(v) for k, v in baselines.items()}}))
     plot(results, switches, args.out / "switch.png", baselines)
     print(f"wrote {args.out / 'switch.json'} and {args.out / 'switch.png'}")
     return 0

@@ -148,7 +148,8 @@ def _numpy_position_losses(table, batches, modes_T):
         nll = (np.log(np.exp(logits).sum(-1))
                - np.take_along_axis(logits, batch["targets"][..., None], -1)[..., 0])
         total, count = total + (nll * batch["mask"]).sum(0), count + batch["mask"].sum(0)
-    return total / np.maximum(count, 1)
+    with np.errstate(invalid="ignore"):
+        return total / count  # 0 / 0: NaN where never scored
 
 
 def _batches(T, V):
@@ -161,7 +162,7 @@ def _batches(T, V):
                         "target_bytes": np.ones((rows, T), np.int32)})
     batches[0]["mask"][:, 0] = 0  # position 0 is scored in the second batch only
     batches[1]["mask"][:, -1] = 0
-    batches[0]["mask"][:, -1] = 0  # the last position is never scored: loss 0, not NaN
+    batches[0]["mask"][:, -1] = 0  # the last position is never scored: NaN, not a loss of 0
     return batches
 
 
@@ -173,7 +174,7 @@ def test_position_losses_are_masked_means_over_rows_and_batches():
     for batch in batches:  # unscored targets outside the vocabulary (-100 padding) are not read
         batch["targets"][batch["mask"] == 0] = -100
     got = oryx_switch.position_losses(model, batches, modes)
-    assert got.shape == (T,) and got[-1] == 0
+    assert got.shape == (T,) and np.isnan(got[-1]) and not np.isnan(got[:-1]).any()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -212,14 +213,20 @@ def test_switch_main_writes_each_schedule_under_its_own_name(tmp_path, monkeypat
     expected = {"attention": np.full(T, ATTENTION), "linear": np.full(T, LINEAR),
                 "switching": switch_modes(T, [3, 7])}
     for name, modes in expected.items():
-        np.testing.assert_allclose(written["run"]["curves"][name],
+        np.testing.assert_allclose(np.asarray(written["run"]["curves"][name], float),
                                    _numpy_position_losses(table, batches, modes), rtol=1e-5,
                                    atol=1e-6, err_msg=name)
-    np.testing.assert_allclose(written["baselines"]["base"], _numpy_position_losses(
+    base = np.asarray(written["baselines"]["base"], float)
+    np.testing.assert_allclose(base, _numpy_position_losses(
         np.asarray(baseline.table[...]), batches, np.zeros(T, np.int32)), rtol=1e-5, atol=1e-6)
+    # The last position, never scored, is null (it was a loss of 0) and left out of its
+    # segment's mean (which it pulled down).
+    assert written["run"]["curves"]["linear"][-1] is None
+    assert written["baselines"]["base"][-1] is None
     segments_ = written["run"]["segments"]
     assert [row["positions"] for row in segments_] == [[0, 3], [3, 7], [7, 12]]
-    assert segments_[0]["base"] == pytest.approx(np.mean(written["baselines"]["base"][:3]))
+    assert segments_[0]["base"] == pytest.approx(np.mean(base[:3]))
+    assert segments_[2]["base"] == pytest.approx(np.mean(base[7:11]))
     assert written["switches"] == [3, 7]
 
 
