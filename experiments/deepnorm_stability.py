@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA, WIKITEXT2_RAW
+from experiments.files import number_id, write_atomic
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
@@ -61,7 +62,7 @@ def experiment(arm: str, *, layers: int, steps: int, learning_rate: float,
 
 
 def run_name(arm: str, learning_rate: float) -> str:
-    return f"{arm}-lr{learning_rate:g}"
+    return f"{arm}-lr{number_id(learning_rate)}"
 
 
 def parse_learning_rates(text: str) -> list[float]:
@@ -74,7 +75,7 @@ def parse_learning_rates(text: str) -> list[float]:
                          f"{text!r}") from None
     if not all(rate > 0 and math.isfinite(rate) for rate in rates):
         raise ValueError(f"--learning-rates: expected rates > 0, got {text!r}")
-    names = [f"{rate:g}" for rate in rates]
+    names = [number_id(rate) for rate in rates]
     repeated = sorted({float(n) for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"--learning-rates: {repeated} given more than once in {text!r}")
@@ -84,11 +85,15 @@ def parse_learning_rates(text: str) -> list[float]:
 def finished_row(run_dir: Path, config: ExperimentConfig, settings: str = "") -> dict | None:
     """The `row.json` of a run already made in `run_dir` (None without one): only of a run of
     `config`, else a row of other settings (`settings` names them in the error) would be read
-    into this call's table, labelled with this call's settings."""
+    into this call's table, labelled with this call's settings. A row without the run's
+    `config.json` cannot be checked: refused, not read."""
     if not (run_dir / "row.json").is_file():
         return None
-    if (run_dir / "config.json").is_file() and read_experiment(
-            run_dir / "config.json") != config:
+    if not (run_dir / "config.json").is_file():
+        raise ValueError(f"{run_dir}: holds row.json but no config.json, so not which "
+                         "configuration made it; expected both: remove the run or use "
+                         "another --out")
+    if read_experiment(run_dir / "config.json") != config:
         raise ValueError(f"{run_dir}: made with another configuration{settings}; expected "
                          "this call's: use another --out")
     return json.loads((run_dir / "row.json").read_text())
@@ -114,7 +119,7 @@ def run_one(out: Path, arm: str, learning_rate: float, *, layers: int, steps: in
            "max_train_loss": max(losses) if losses else math.nan,
            "final_train_loss": losses[-1] if losses else math.nan,
            "eval_loss": result.get("eval_loss")}
-    (run_dir / "row.json").write_text(json.dumps(row))
+    write_atomic(run_dir / "row.json", json.dumps(row))  # read back by later calls
     print(json.dumps(row), flush=True)
     return row
 
@@ -127,7 +132,7 @@ def run_grid(out: Path, *, layers: int, steps: int, learning_rates: list[float],
     procs = [subprocess.Popen([sys.executable, "-m", "experiments.deepnorm_stability",
                                "--out", str(out), "--layers", str(layers), "--steps", str(steps),
                                "--data", data_dir, "--only",
-                               ";".join(f"{arm},{lr:g}" for arm, lr in shard)])
+                               ";".join(f"{arm},{number_id(lr)}" for arm, lr in shard)])
              for shard in shards if shard]
     for proc in procs:
         if proc.wait() != 0:
@@ -135,8 +140,8 @@ def run_grid(out: Path, *, layers: int, steps: int, learning_rates: list[float],
     rows = [json.loads((out / run_name(arm, lr) / "row.json").read_text()) for arm, lr in grid]
     summary = {"layers": layers, "steps": steps, "warmup_steps": 0, "grad_clip": None,
                "learning_rates": learning_rates, "results": rows}
-    (out / "stability.json").write_text(json.dumps(summary, indent=2))
-    (out / "stability.md").write_text(markdown_table(rows, learning_rates))
+    write_atomic(out / "stability.json", json.dumps(summary, indent=2))
+    write_atomic(out / "stability.md", markdown_table(rows, learning_rates))
     plot(out, rows, learning_rates)
     return summary
 
@@ -150,7 +155,7 @@ def _cell(row: dict) -> str:
 def markdown_table(rows: list[dict], learning_rates: list[float]) -> str:
     """Arms × learning rates: final train loss / eval loss (nats per byte), or the divergence."""
     cells = {(r["arm"], r["learning_rate"]): _cell(r) for r in rows}
-    lines = ["| arm | " + " | ".join(f"lr {lr:g}" for lr in learning_rates) + " |",
+    lines = ["| arm | " + " | ".join(f"lr {number_id(lr)}" for lr in learning_rates) + " |",
              "|---|" + "---|" * len(learning_rates)]
     lines += [f"| {arm} | " + " | ".join(cells[arm, lr] for lr in learning_rates) + " |"
               for arm in ARMS]
@@ -193,7 +198,7 @@ def plot(out: Path, rows: list[dict], learning_rates: list[float]) -> Path:
     left.set(xscale="log", xlabel="learning rate (constant, no warm-up)",
              ylabel="final train loss (nats/byte)", title="x: diverged (non-finite)")
     right.set(yscale="log", xlabel="step", ylabel="train loss",
-              title=f"loss at lr {max(learning_rates):g}")
+              title=f"loss at lr {number_id(max(learning_rates))}")
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--learning-rates", default=",".join(f"{lr:g}" for lr in LEARNING_RATES))
+    parser.add_argument("--learning-rates", default=",".join(map(number_id, LEARNING_RATES)))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--data", default=DATA, help="folder holding wikitext-2-raw/")
     parser.add_argument("--only", default="", help="(a worker) 'arm,lr;arm,lr' runs to make")

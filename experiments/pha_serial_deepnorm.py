@@ -29,6 +29,7 @@ from pathlib import Path
 
 from experiments.configs.lm import GUTENBERG
 from experiments.deepnorm_stability import finished_row, loss_curve, run_name, save_figure
+from experiments.files import number_id, write_atomic
 from experiments.help_text import first_paragraph
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
 from hybrid_jax.presets import PHA_ABLATIONS, pha_model
@@ -116,7 +117,7 @@ def run_one(out: Path, arm: str, learning_rate: float, **kwargs) -> dict:
            "final_train_loss": final, "eval_loss": result.get("eval_loss"),
            "diverged": nonfinite is not None or final > min(losses, default=final)
            + DIVERGED_RISE}
-    (run_dir / "row.json").write_text(json.dumps(row))
+    write_atomic(run_dir / "row.json", json.dumps(row))  # read back by later calls
     print(json.dumps(row), flush=True)
     return row
 
@@ -131,7 +132,8 @@ def plot(out: Path, rows: list[dict]) -> Path:
     for row in rows:
         points = loss_curve(out / run_name(row["arm"], row["learning_rate"]))
         if points:
-            ax.plot(*zip(*points, strict=True), label=f"{row['arm']} lr {row['learning_rate']:g}")
+            label = f"{row['arm']} lr {number_id(row['learning_rate'])}"
+            ax.plot(*zip(*points, strict=True), label=label)
     ax.set(xlabel="step", ylabel="train loss (nats/byte)",
            title="serial PHA stack, 10 blocks: residual scheme")
     ax.grid(alpha=0.3)
@@ -172,7 +174,8 @@ def main(argv=None) -> int:
     keep = [r for r in previous.get("rows", []) if (r["arm"], r["learning_rate"]) not in
             {(x["arm"], x["learning_rate"]) for x in rows}]
     rows = keep + rows
-    summary_path.write_text(json.dumps({**settings, "rows": rows}, indent=2))
+    # Whole or not at all: a torn summary.json lost the earlier calls' rows it keeps.
+    write_atomic(summary_path, json.dumps({**settings, "rows": rows}, indent=2))
     plot(args.out, rows)
     return 0
 

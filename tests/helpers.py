@@ -182,13 +182,15 @@ def shared_model(config, seed: int = 0):
 def stub_train(monkeypatch, module, losses, *, nonfinite_at=None, eval_loss=3.25, every=10):
     """Replaces `module.train` (an experiment's trainer) by one that writes `losses`, a record
     every `every` steps, to the run's metrics.jsonl, then raises NonFiniteLossError at step
-    `nonfinite_at` or returns `eval_loss`."""
+    `nonfinite_at` or returns `eval_loss`. Like the trainer, it first writes `config.json`."""
     import json
 
+    from hybrid_jax.config import to_dict
     from hybrid_jax.train.trainer import NonFiniteLossError
 
     def train(config, run_dir, **kwargs):
         run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config)))
         (run_dir / "metrics.jsonl").write_text("".join(
             json.dumps({"step": every * i, "loss": loss}) + "\n" for i, loss in enumerate(losses)))
         if nonfinite_at is not None:

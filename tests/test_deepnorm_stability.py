@@ -8,7 +8,6 @@ import json
 import pytest
 
 from experiments import deepnorm_stability as ds
-from hybrid_jax.config import to_dict
 from tests.helpers import stub_train
 
 
@@ -37,11 +36,12 @@ def test_run_one_row(tmp_path, monkeypatch):
     monkeypatch.setattr(ds, "train", None)  # a run with a row is not made again
     assert ds.run_one(tmp_path, "deepnorm", 3e-3, layers=2, steps=20, data_dir="data") == row
     # ... unless it was made with another configuration (its config.json, as train writes it).
-    config = ds.experiment("deepnorm", layers=2, steps=20, learning_rate=3e-3, data_dir="data")
-    (tmp_path / "deepnorm-lr0.003" / "config.json").write_text(json.dumps(to_dict(config)))
-    assert ds.run_one(tmp_path, "deepnorm", 3e-3, layers=2, steps=20, data_dir="data") == row
     with pytest.raises(ValueError, match="deepnorm-lr0.003: made with another configuration"):
         ds.run_one(tmp_path, "deepnorm", 3e-3, layers=4, steps=20, data_dir="data")
+    # A row whose config.json is gone cannot be checked: it was read, whatever made it.
+    (tmp_path / "deepnorm-lr0.003" / "config.json").unlink()
+    with pytest.raises(ValueError, match="deepnorm-lr0.003: holds row.json but no config.json"):
+        ds.run_one(tmp_path, "deepnorm", 3e-3, layers=2, steps=20, data_dir="data")
 
 
 def test_run_one_records_the_divergence_step(tmp_path, monkeypatch):
@@ -64,8 +64,9 @@ def test_markdown_table_cells():
 
 
 def test_run_grid_makes_every_run_once(tmp_path, monkeypatch):
-    """The workers' `--only` lists cover the grid, each (arm, rate) once; the table is read
-    back in grid order."""
+    """The workers' `--only` lists cover the grid, each (arm, rate) once, exactly (rates that
+    differ past 6 digits were one `:g` name: one run directory, a worker training the rounded
+    rate); the table is read back in grid order."""
     made = []
 
     class Worker:
@@ -85,13 +86,16 @@ def test_run_grid_makes_every_run_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ds.subprocess, "Popen", Worker)
     monkeypatch.setattr(ds, "plot", lambda *args: None)
-    summary = ds.run_grid(tmp_path, layers=2, steps=5, learning_rates=[1e-3, 3e-2, 0.1],
-                          data_dir="data", workers=2)
-    grid = [(arm, lr) for lr in [1e-3, 3e-2, 0.1] for arm in ds.ARMS]
+    rates = [1e-3, 1.0000001e-3, 0.1]
+    summary = ds.run_grid(tmp_path, layers=2, steps=5, learning_rates=rates, data_dir="data",
+                          workers=2)
+    grid = [(arm, lr) for lr in rates for arm in ds.ARMS]
     assert sorted(made) == sorted(grid)
     assert [(r["arm"], r["learning_rate"]) for r in summary["results"]] == grid
     assert json.loads((tmp_path / "stability.json").read_text()) == summary
-    assert (tmp_path / "stability.md").read_text().count("1.000 / 1.500") == len(grid)
+    table = (tmp_path / "stability.md").read_text()
+    assert table.count("1.000 / 1.500") == len(grid)
+    assert table.startswith("| arm | lr 0.001 | lr 0.0010000001 | lr 0.1 |")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -9,7 +9,6 @@ import lzma
 import pytest
 
 from experiments import pha_serial_deepnorm
-from hybrid_jax.config import to_dict
 from hybrid_jax.nn.blocks import deepnorm_constants
 from tests.helpers import stub_train
 
@@ -60,9 +59,7 @@ def test_run_one_row_and_divergence(tmp_path, monkeypatch, losses, nonfinite_at,
                    "nonfinite_at_step": nonfinite_at, "min_train_loss": min(losses),
                    "final_train_loss": losses[-1],
                    "eval_loss": None if nonfinite_at else 3.25, "diverged": diverged}
-    # Read again, not remade, only while its config.json is this call's.
-    config = pha_serial_deepnorm.experiment("post-ln", learning_rate=2e-3, **KWARGS)
-    (tmp_path / "post-ln-lr0.002" / "config.json").write_text(json.dumps(to_dict(config)))
+    # Read again, not remade, only while its config.json (written by train) is this call's.
     monkeypatch.setattr(pha_serial_deepnorm, "train", None)
     assert pha_serial_deepnorm.run_one(tmp_path, "post-ln", 2e-3, **KWARGS) == row
     with pytest.raises(ValueError, match="post-ln-lr0.002: made with another configuration"):
