@@ -36,6 +36,7 @@ from pathlib import Path
 
 from experiments.configs.lm import DATA
 from experiments.configs.pha import VARIANTS, VOCAB, ablation_experiment, ablation_model
+from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig
@@ -67,7 +68,7 @@ def prepare(corpus: Path, out: Path, *, shards: int, vocab: int) -> dict:
     manifest = {"corpus": str(corpus), "shards": [f.name for f in files], "vocab": vocab,
                 "tokenizer_trained_on": files[0].name,
                 "bytes": {p.name: p.stat().st_size for p in sorted(out.iterdir())}}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
     return manifest
 
 
@@ -150,7 +151,12 @@ def check_variants(variants: list[str]) -> None:
 def check_finished(run_dir: Path, experiment: ExperimentConfig) -> None:
     """A finished variant is read instead of trained only if it ran this experiment: a `--tiny`
     run's results were reported as the full variant's (its tokens_M, its name), or the other
-    way round, and a run on other data as this data's."""
+    way round, and a run on other data as this data's. One without its config.json cannot be
+    checked: refused."""
+    if not (run_dir / "config.json").is_file():
+        raise ValueError(f"{run_dir}: holds results.json but no config.json, so not which "
+                         f"configuration ran; expected both: use another --out or remove "
+                         f"{run_dir}")
     ran = read_experiment(run_dir / "config.json")
     differ = [f.name for f in fields(experiment) if getattr(ran, f.name) != getattr(
         experiment, f.name)]
@@ -181,9 +187,9 @@ def run(data: Path, out: Path, *, variants: list[str], tiny: bool, time_limit: f
             train(experiment, run_dir, progress=False, force=True)
         rows.append(row(variant, run_dir, experiment))
         print(json.dumps(rows[-1]), flush=True)
-    (out / "ablation.json").write_text(json.dumps({"rows": rows, "tiny": tiny,
-                                                   "command": " ".join(sys.argv)}, indent=2))
-    (out / "ablation.md").write_text(markdown(rows))
+    write_atomic(out / "ablation.json", json.dumps({"rows": rows, "tiny": tiny,
+                                                    "command": " ".join(sys.argv)}, indent=2))
+    write_atomic(out / "ablation.md", markdown(rows))
     print(markdown(rows))
     if (out / "pha" / "results.json").is_file():
         from experiments.cli import main as cli_main

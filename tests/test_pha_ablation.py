@@ -145,3 +145,11 @@ def test_unknown_or_repeated_variants_are_refused_before_training(tmp_path, vari
         pha_ablation.main(["run", "--data", str(tmp_path), "--out", str(tmp_path / "out"),
                            "--variants", variants])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_finished_variant_without_its_config_is_refused(tmp_path):
+    """Its results.json was read (FileNotFoundError at best) with nothing to check it against."""
+    (tmp_path / "pha").mkdir()
+    (tmp_path / "pha" / "results.json").write_text("{}")
+    with pytest.raises(ValueError, match="pha: holds results.json but no config.json"):
+        pha_ablation.check_finished(tmp_path / "pha", ablation_experiment("pha"))
