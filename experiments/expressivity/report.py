@@ -6,12 +6,14 @@ architecture)."""
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from experiments.expressivity.sweep import Sweep, unfinished
+from experiments.files import number_id, write_atomic
 from hybrid_jax.train.plot import new_figure, save_figure
 
 LABELS = {
@@ -36,7 +38,9 @@ def aggregate(sweep: Sweep, rows: list[dict[str, Any]]) -> dict[tuple[str, int],
 
     The rate is chosen by mean accuracy over the seeds that every rate of the group ran, so a
     rate rerun with more seeds (e.g. seeds 1 and 2 only at the best rate of seed 0) competes on
-    the same seeds as the others; its entry then reports all of its seeds.
+    the same seeds as the others; its entry then reports all of its seeds. Where no seed ran at
+    every rate (cells failed), each rate competes on all of its seeds and the entry says so
+    (`shared_seeds` False): every rate scored nothing, and the smallest won unseen.
     """
     groups: dict[tuple[str, int], dict[float, list[dict]]] = defaultdict(
         lambda: defaultdict(list))
@@ -47,13 +51,14 @@ def aggregate(sweep: Sweep, rows: list[dict[str, Any]]) -> dict[tuple[str, int],
         common = set.intersection(*({r["seed"] for r in g} for g in by_rate.values()))
 
         def score(lr: float, by_rate=by_rate, common=common) -> float:
-            shared = [r["accuracy"] for r in by_rate[lr] if r["seed"] in common]
-            return statistics.fmean(shared) if shared else float("-inf")
+            return statistics.fmean(r["accuracy"] for r in by_rate[lr]
+                                    if not common or r["seed"] in common)
 
         lr = max(sorted(by_rate), key=score)
         group = sorted(by_rate[lr], key=lambda r: r["seed"])
         entry = {"architecture": key[0], "budget": key[1], "learning_rate": lr,
-                 "params": group[0]["params"], "seeds": len(group)}
+                 "params": group[0]["params"], "seeds": len(group),
+                 "shared_seeds": bool(common)}
         for name in metric_names(sweep):
             values = [r[name] for r in group if name in r]
             entry[name] = statistics.fmean(values) if values else float("nan")
@@ -65,15 +70,16 @@ def aggregate(sweep: Sweep, rows: list[dict[str, Any]]) -> dict[tuple[str, int],
 
 def write_csv(sweep: Sweep, rows: list[dict[str, Any]], path: Path) -> None:
     columns = _FIRST_COLUMNS + metric_names(sweep)[1:] + ["wall_time_s", "layers"]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "layers": "+".join(row.get("layers", []))})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**row, "layers": "+".join(row.get("layers", []))})
+    write_atomic(path, text.getvalue())
 
 
 def _budget_label(budget: int) -> str:
-    return f"{budget / 1000:g}k" if budget >= 1000 else str(budget)
+    return f"{number_id(budget / 1000)}k" if budget >= 1000 else str(budget)
 
 
 def _entry_text(entry: dict | None, metric: str = "accuracy") -> str:
@@ -134,6 +140,11 @@ def markdown(sweep: Sweep, rows: list[dict[str, Any]],
                              _entry_text(ours),
                              f"{value:.3f}"])
         lines += _table(["budget", "architecture", "ours", "paper"], body)
+    unshared = [f"{LABELS[a]} {_budget_label(b)}" for (a, b), e in best.items()
+                if not e["shared_seeds"]]
+    if unshared:
+        lines += ["", f"No seed ran at every learning rate for {', '.join(unshared)}: there "
+                  "each rate competed on all of its own seeds."]
     if missing:
         lines += ["", f"Cells without results ({len(missing)} of {len(sweep.cells())}; run the "
                   "sweep again to retry them):", ""]
@@ -204,6 +215,6 @@ def write_report(sweep: Sweep, rows: list[dict[str, Any]], out_dir: str | Path) 
     out_dir = Path(out_dir)
     paths = [out_dir / f"{sweep.short_name}.{ext}" for ext in ("csv", "md", "png")]
     write_csv(sweep, rows, paths[0])
-    paths[1].write_text(markdown(sweep, rows, unfinished(sweep, out_dir)))
+    write_atomic(paths[1], markdown(sweep, rows, unfinished(sweep, out_dir)))
     plot(sweep, rows, paths[2])
     return paths

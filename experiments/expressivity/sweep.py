@@ -38,6 +38,7 @@ from experiments.expressivity.models import (
     ModelFamily,
     size_model,
 )
+from experiments.files import number_id, write_atomic
 from hybrid_jax.config import ExperimentConfig, TrainConfig
 from hybrid_jax.train.run_dir import RunLock
 
@@ -163,7 +164,10 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return f"{self.architecture}-p{self.budget}-lr{self.learning_rate:g}-s{self.seed}"
+        # Exact: `:g` made rates that differ past 6 digits one cell (one directory, one
+        # summary read as both).
+        return (f"{self.architecture}-p{self.budget}-lr{number_id(self.learning_rate)}"
+                f"-s{self.seed}")
 
 
 def cell_summary_path(out_dir: Path, cell: Cell) -> Path:
@@ -208,10 +212,18 @@ def _check_same_variants(sweep: Sweep, path: Path) -> None:
 _TRAINED_BY = ("model", "data", "train")
 
 
-def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
-    """The experiment saved in `run_dir`, if it trains the same weights as `experiment`."""
+def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> ExperimentConfig | None:
+    """The experiment saved in `run_dir`, if it trains the same weights as `experiment`; None
+    for a cell not started. A summary without the config.json that made it cannot be checked:
+    refused, not reported as this configuration's."""
     from hybrid_jax.config import as_json, from_dict
 
+    if not (run_dir / "config.json").exists():
+        if (run_dir / "cell.json").exists():
+            raise ValueError(f"{run_dir} holds cell.json but no config.json, so not which "
+                             "configuration trained it; expected both: remove the cell or "
+                             "use another --out directory")
+        return None
     # Parsing the saved config fills fields added since it was written with their defaults.
     saved = from_dict(ExperimentConfig, json.loads((run_dir / "config.json").read_text()))
     changed = [k for k in _TRAINED_BY
@@ -296,8 +308,9 @@ def _run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
     run_dir = out_dir / "cells" / cell.id
     path = cell_summary_path(out_dir, cell)
     start = time.perf_counter()
-    if (run_dir / "config.json").exists():  # the trainer resumes only a run of its own name:
-        saved = _check_same_run(experiment, run_dir)  # a sibling sweep's cell keeps that name
+    saved = _check_same_run(experiment, run_dir)
+    if saved is not None:  # the trainer resumes only a run of its own name: a sibling
+        # sweep's cell keeps that name
         experiment = dataclasses.replace(experiment, name=saved.name,
                                          description=saved.description)
     if path.exists():
@@ -324,9 +337,7 @@ def _run_cell(sweep: Sweep, cell: Cell, out_dir: Path) -> dict[str, Any]:
             summary[f"accuracy[{label}]"] = evaluate(ts, batches)["accuracy"]
             summary.setdefault("variants", {})[label] = sweep.variant_changes(label)
     summary["wall_time_s"] = round(time.perf_counter() - start, 1)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(path)  # atomic: a cell.json is always complete
+    write_atomic(path, json.dumps(summary, indent=2))  # a cell.json is always complete
     cell_error_path(out_dir, cell).unlink(missing_ok=True)  # a failure of an earlier run
     return summary
 
@@ -356,8 +367,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, *, jobs: int = 1,
     log(f"{sweep.name}: {len(sweep.cells())} cells, {done} already finished, running "
         f"{len(todo)} with {jobs} job(s) in {out_dir}")
     check_cells(sweep, out_dir)  # sizes every model too, before anything trains
-    (out_dir / f"{sweep.short_name}.sweep.json").write_text(  # the settings of its cells
-        json.dumps(_describe(sweep), indent=2, default=str))
+    write_atomic(out_dir / f"{sweep.short_name}.sweep.json",  # the settings of its cells
+                 json.dumps(_describe(sweep), indent=2, default=str))
     failed: list[str] = []
 
     def finished(cell: Cell, summary: dict[str, Any] | None, error: str | None) -> None:
@@ -427,12 +438,10 @@ def check_cells(sweep: Sweep, out_dir: Path) -> None:
     """Refuses cells in `out_dir` that another configuration trained, or that hold one of the
     sweep's eval variants evaluated with other changes: a report would mix the two."""
     for cell in sweep.cells():
-        experiment, _ = sweep.experiment(cell)
-        run_dir = Path(out_dir) / "cells" / cell.id
-        if (run_dir / "config.json").exists():
-            _check_same_run(experiment, run_dir)
-        if cell_summary_path(Path(out_dir), cell).exists():
-            _check_same_variants(sweep, cell_summary_path(Path(out_dir), cell))
+        summary = cell_summary_path(Path(out_dir), cell)
+        if summary.exists():  # first: a damaged summary is named as such
+            _check_same_variants(sweep, summary)
+        _check_same_run(sweep.experiment(cell)[0], summary.parent)
 
 
 def collect(sweep: Sweep, out_dir: Path) -> list[dict[str, Any]]:

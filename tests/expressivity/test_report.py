@@ -29,6 +29,15 @@ def test_rate_is_chosen_on_shared_seeds_then_all_its_seeds_are_reported():
     assert entry["accuracy min"] == 0.65 and entry["accuracy max"] == 0.95
 
 
+def test_without_a_shared_seed_each_rate_competes_on_its_own_seeds():
+    """No seed ran at every rate (failed cells): every rate scored -inf, and the smallest won
+    whatever its accuracy."""
+    rows = [row(0.003, 0, 0.2), row(0.01, 1, 0.9), row(0.01, 2, 0.7)]
+    entry = aggregate(SWEEP, rows)[("transformer", 2000)]
+    assert (entry["learning_rate"], entry["seeds"], entry["shared_seeds"]) == (0.01, 2, False)
+    assert "No seed ran at every learning rate for Transformer 2k:" in markdown(SWEEP, rows)
+
+
 def test_markdown_shows_mean_and_range_over_seeds():
     rows = [row(0.003, 0, 0.90), row(0.01, 0, 0.95), row(0.01, 1, 0.80), row(0.01, 2, 0.65),
             row(0.01, 0, 0.5, "ssm")]

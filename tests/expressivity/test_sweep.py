@@ -395,6 +395,9 @@ def test_cells_are_the_whole_grid_in_order():
         dataclasses.replace(sweep, budgets=(400, 800, 400))
     with pytest.raises(ValueError, match=r"learning_rates=\[0.01, 0.01\] repeats \[0.01\]"):
         dataclasses.replace(sweep, learning_rates=(0.01, 1e-2))
+    # Rates that differ past 6 significant digits were one cell id (`:g`): one directory.
+    close = dataclasses.replace(sweep, learning_rates=(0.01, 0.010000001), seeds=(0,))
+    assert [c.id for c in close.cells()][:2] == ["ssm-p400-lr0.01-s0", "ssm-p400-lr0.010000001-s0"]
     with pytest.raises(ValueError, match=r"paper names unknown architecture\(s\) \['mamba'\]"):
         dataclasses.replace(sweep, paper=((2000, (("ssm", 0.3), ("mamba", 0.5))),))
     # Eval variants parsed from --set JSON (lists) become tuples: the sweep stays hashable.
@@ -442,6 +445,11 @@ def test_a_cell_trained_otherwise_is_refused(tmp_path, change, field):
     _check_same_run(experiment, tmp_path)
     changed, _ = dataclasses.replace(sweep, **change).experiment(cell)
     with pytest.raises(ValueError, match=rf"differs in \['{field}'\]"):
+        _check_same_run(changed, tmp_path)
+    # A summary whose config.json is gone was reported unchecked, whatever trained it.
+    (tmp_path / "cell.json").write_text("{}")
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match="holds cell.json but no config.json"):
         _check_same_run(changed, tmp_path)
 
 
