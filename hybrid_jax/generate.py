@@ -5,10 +5,14 @@ Text in and out (a tokenizer, prompts as strings, stop strings): `hybrid_jax.gen
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Callable, Sequence
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -162,15 +166,16 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     if on_tokens is not None:
         _ON_TOKENS[handle] = on_tokens
     try:
-        tokens, counts = _generate(
-            graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32), jax.random.key(seed),
-            extras, jnp.float32(temperature or 1.0), jnp.float32(top_p or 1.0),
-            jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(handle),
-            max_new_tokens=max_new_tokens, max_len=max_len, prefix=int(lengths.min()),
-            streaming=on_tokens is not None, speculative=speculative, **sampling)
-        # The host callback must outlive the computation (dispatch is asynchronous).
-        if on_tokens is not None:
-            tokens = jax.block_until_ready(tokens)
+        with _ctrl_c_ends_loop(handle):
+            tokens, counts = _generate(
+                graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32), jax.random.key(seed),
+                extras, jnp.float32(temperature or 1.0), jnp.float32(top_p or 1.0),
+                jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(handle),
+                max_new_tokens=max_new_tokens, max_len=max_len, prefix=int(lengths.min()),
+                streaming=on_tokens is not None, speculative=speculative, **sampling)
+            # The host callback must outlive the computation (dispatch is asynchronous).
+            if on_tokens is not None:
+                tokens = jax.block_until_ready(tokens)
     finally:
         _ON_TOKENS.pop(handle, None)
     if stats is not None and speculative is not None:
@@ -192,7 +197,69 @@ _HANDLES = itertools.count(1)
 
 
 def _call_on_tokens(handle, position, tokens_B, new_B) -> np.ndarray:
+    ctrl_c = _CTRL_C.get(int(handle))
+    if ctrl_c is not None and ctrl_c.pressed():  # every row stops: the loop ends
+        return np.ones(np.shape(new_B), bool)
     return np.asarray(_ON_TOKENS[int(handle)](position, tokens_B, new_B), bool)
+
+
+class _CtrlC:
+    """Whether Ctrl-C came during a streaming loop, as its callback sees it: from the SIGINT
+    handler (`_ctrl_c_ends_loop` installs one that only records it) or, while the main thread
+    waits in XLA and no handler can run, from the signal wakeup socket `wakeup`."""
+
+    def __init__(self, wakeup: socket.socket | None):
+        self.wakeup, self.seen = wakeup, False
+
+    def pressed(self) -> bool:
+        if not self.seen and self.wakeup is not None:
+            try:
+                self.seen = signal.SIGINT in self.wakeup.recv(256)
+            except BlockingIOError:  # nothing arrived
+                pass
+        return self.seen
+
+
+# The Ctrl-C watch of each streaming call in flight, by handle.
+_CTRL_C: dict[int, _CtrlC] = {}
+
+
+@contextlib.contextmanager
+def _ctrl_c_ends_loop(handle: int) -> Iterator[None]:
+    """Lets Ctrl-C end the streaming loop of call `handle` (nonzero) at its next step, then
+    passes it on to the SIGINT handler that was there (KeyboardInterrupt by default).
+
+    Python runs a SIGINT handler only in the main thread between bytecodes: while the main
+    thread waits in XLA (a CPU call blocks until the loop is done) Ctrl-C would wait for the
+    last token, and when the handler runs inside a callback on the main thread its
+    KeyboardInterrupt would come out as an XLA callback error. So the handler only records it,
+    and `signal.set_wakeup_fd` has the signal written to a socket the moment it arrives, which
+    the callback reads (unless something else, an asyncio loop, holds the wakeup fd). Only in
+    the main thread, with a Python SIGINT handler."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if handle and main else None
+    if not callable(previous):
+        yield
+        return
+    read, write = socket.socketpair()
+    read.setblocking(False)
+    write.setblocking(False)
+    other = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+    if other != -1:  # someone else's: left in place
+        signal.set_wakeup_fd(other)
+    ctrl_c = _CTRL_C[handle] = _CtrlC(read if other == -1 else None)
+    signal.signal(signal.SIGINT, lambda signum, frame: setattr(ctrl_c, "seen", True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if other == -1:
+            signal.set_wakeup_fd(-1)
+        read.close()
+        write.close()
+        del _CTRL_C[handle]
+    if ctrl_c.seen:
+        signal.raise_signal(signal.SIGINT)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "max_len", "prefix",

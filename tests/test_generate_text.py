@@ -1,6 +1,9 @@
 """Generation: greedy = argmax of repeated full forwards (ragged batches), seeded sampling,
 top-p, EOS and stop strings, the text API and its one-line errors."""
 
+import os
+import signal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -338,3 +341,27 @@ def test_streamer_holds_back_a_possible_stop_string_and_stops_at_it():
                     ("ab", "ab", True, False)]
     streamer.flush(["ab", "abce"])
     assert shown == ["ab", "abce"]
+
+
+def test_ctrl_c_ends_a_streaming_loop_at_its_next_step(model):
+    """SIGINT (Ctrl-C) during the loop reaches its callback (a signal wakeup socket): no row
+    gets another token or callback, and KeyboardInterrupt comes out. Python alone would hold
+    the interrupt until the loop's last token (its handler runs in the main thread, which waits
+    in XLA)."""
+    batch = np.asarray([[5, 9, 12, 40, 41], [7, 3, 0, 0, 0]], np.int32)
+    calls = []
+
+    def ctrl_c_once(position, tokens, new):
+        calls.append(int(position))
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return np.zeros(2, bool)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            generate(model, batch, 4, lengths=[5, 2], on_tokens=ctrl_c_once)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert calls == [2]
+    assert signal.set_wakeup_fd(-1) == -1  # the wakeup socket is gone
