@@ -344,10 +344,10 @@ def test_streamer_holds_back_a_possible_stop_string_and_stops_at_it():
 
 
 def test_ctrl_c_ends_a_streaming_loop_at_its_next_step(model):
-    """SIGINT (Ctrl-C) during the loop reaches its callback (a signal wakeup socket): no row
-    gets another token or callback, and KeyboardInterrupt comes out. Python alone would hold
-    the interrupt until the loop's last token (its handler runs in the main thread, which waits
-    in XLA)."""
+    """SIGINT (Ctrl-C) during the loop reaches its callback (a recording handler, a signal
+    wakeup socket): no row gets another token or callback, and KeyboardInterrupt comes out.
+    Python alone held the interrupt until the loop's last token (its handler runs in the main
+    thread, which waits in XLA) or raised it inside a callback (an XLA callback error)."""
     batch = np.asarray([[5, 9, 12, 40, 41], [7, 3, 0, 0, 0]], np.int32)
     calls = []
 
