@@ -31,10 +31,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA, WIKITEXT2_RAW
-from experiments.files import number_id, write_atomic
+from experiments.files import number_id
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
+from hybrid_jax.files import write_atomic
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import NonFiniteLossError, train
 

@@ -46,8 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
+from hybrid_jax.files import write_atomic
 
 NAME = "lm-gutenberg-nha-conversion"
 DEVDATA = Path(".devdata") / "gutenberg"

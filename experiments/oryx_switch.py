@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.context import TokenContext
+from hybrid_jax.files import write_atomic
 from hybrid_jax.nn.oryx import ATTENTION, LINEAR, MODE
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import bind_data, held_out_set, restore_train_state

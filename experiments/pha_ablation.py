@@ -36,12 +36,12 @@ from pathlib import Path
 
 from experiments.configs.lm import DATA
 from experiments.configs.pha import VARIANTS, VOCAB, ablation_experiment, ablation_model
-from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig
 from hybrid_jax.data.text import corpus_texts
 from hybrid_jax.data.tokenizer import load_tokenizer, train_bpe
+from hybrid_jax.files import write_atomic
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import train
 

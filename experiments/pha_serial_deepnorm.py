@@ -29,9 +29,10 @@ from pathlib import Path
 
 from experiments.configs.lm import GUTENBERG
 from experiments.deepnorm_stability import finished_row, loss_curve, run_name, save_figure
-from experiments.files import number_id, write_atomic
+from experiments.files import number_id
 from experiments.help_text import first_paragraph
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig
+from hybrid_jax.files import write_atomic
 from hybrid_jax.presets import PHA_ABLATIONS, pha_model
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.trainer import NonFiniteLossError, train

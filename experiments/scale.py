@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.files import write_atomic
+from hybrid_jax.files import write_atomic
 
 STRATEGIES = ("data", "fsdp", "tensor", "seq")
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from flax import nnx
 
-from experiments.files import write_atomic
 from experiments.help_text import first_paragraph
+from hybrid_jax.files import write_atomic
 
 FULL = "full"
 # `step`: the checkpoint each row evaluated (a half-trained run's rows look like any other).

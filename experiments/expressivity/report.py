@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.expressivity.sweep import Sweep, unfinished
-from experiments.files import number_id, write_atomic
+from experiments.files import number_id
+from hybrid_jax.files import write_atomic
 from hybrid_jax.train.plot import new_figure, save_figure
 
 LABELS = {

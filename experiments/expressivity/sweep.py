@@ -38,8 +38,9 @@ from experiments.expressivity.models import (
     ModelFamily,
     size_model,
 )
-from experiments.files import number_id, write_atomic
+from experiments.files import number_id
 from hybrid_jax.config import ExperimentConfig, TrainConfig
+from hybrid_jax.files import write_atomic
 from hybrid_jax.train.run_dir import RunLock
 
 # Tiny models, short runs: no weight decay, one synchronous checkpoint per cell (at the end).

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hybrid_jax.files import write_atomic
+
 EOS = "<|endoftext|>"
 MIN_BPE_VOCAB = 258  # 256 byte tokens, EOS and at least one merge
 WORD_EOS, WORD_UNK = "<eos>", "<unk>"
@@ -85,7 +87,7 @@ class ByteTokenizer:
         return json.dumps({KIND_KEY: "byte", "vocab_size": self.vocab_size, "eos": EOS})
 
     def save(self, path: str | Path) -> None:
-        _atomic_write(Path(path), self.to_json())
+        write_atomic(path, self.to_json())
 
 
 class HFTokenizer:
@@ -148,7 +150,7 @@ class HFTokenizer:
         return self.tokenizer.to_str(pretty=True)
 
     def save(self, path: str | Path) -> None:
-        _atomic_write(Path(path), self.to_json())
+        write_atomic(path, self.to_json())
 
 
 class WordTokenizer:
@@ -204,7 +206,7 @@ class WordTokenizer:
         return json.dumps({KIND_KEY: "word", "vocab": self.vocab}, ensure_ascii=False)
 
     def save(self, path: str | Path) -> None:
-        _atomic_write(Path(path), self.to_json())
+        write_atomic(path, self.to_json())
 
 
 def checked_ids(ids: Iterable[int], vocab_size: int, name: str) -> list[int]:
@@ -343,8 +345,3 @@ def _json_beside(path: Path, name: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -28,8 +28,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from hybrid_jax.files import write_atomic
+
 CHECKSUMS = "checksums.json"
-_CHECKSUMS_TMP = CHECKSUMS + ".tmp"  # written, then renamed to CHECKSUMS
+_CHECKSUMS_TMP = CHECKSUMS + ".tmp"  # written, then renamed to CHECKSUMS (`write_atomic`)
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +62,7 @@ def _file_sums(step_dir: Path) -> dict[str, list[int]]:
 
 def write_checksums(step_dir: Path) -> None:
     """Records size and CRC-32 of every file of a committed step directory."""
-    tmp = step_dir / _CHECKSUMS_TMP
-    tmp.write_text(json.dumps(_file_sums(step_dir)))
-    tmp.replace(step_dir / CHECKSUMS)
+    write_atomic(step_dir / CHECKSUMS, json.dumps(_file_sums(step_dir)))
 
 
 def verify_checksums(step_dir: Path) -> bool:

@@ -14,6 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from hybrid_jax.files import write_atomic
+
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of `RUN_DIR/metrics.jsonl` (a torn last line, from a kill, is skipped)."""
@@ -63,9 +65,7 @@ class MetricsLog:
             self.history = [r for r in self.history if keep(r)]
             return
         self.history = [r for r in read_metrics(self.path.parent) if keep(r)]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
-        tmp.replace(self.path)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
 
     def _purge_tensorboard(self, step: int) -> None:
         """Writes the restart marker of tensorboardX's `purge_step` at `step + 1`: TensorBoard

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybrid_jax.files import replacing
 from hybrid_jax.train.metrics import read_metrics
 
 # (metrics.jsonl key, panel title); a panel is drawn when some run has the key.
@@ -81,12 +81,6 @@ def save_figure(fig, out: str | Path) -> Path:
 
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
+    with replacing(out) as tmp:
         fig.savefig(tmp, dpi=120, format=out.suffix[1:] or rcParams["savefig.format"])
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out
