@@ -73,6 +73,13 @@ class TokenContext:
             if array is not None and tuple(array.shape[:2]) != tuple(shape_BT):
                 raise ValueError(f"TokenContext.{name}: expected leading shape [batch, time] = "
                                  f"{list(shape_BT)} (the tokens'), got {list(array.shape)}")
+        for name, array in (("positions", positions), ("segment_ids", segment_ids)):
+            # One integer a token (extras may carry more); a float id or place is a mistake.
+            if array is not None and (array.ndim != 2 or not jnp.issubdtype(array.dtype,
+                                                                             jnp.integer)):
+                raise ValueError(f"TokenContext.{name}: expected an integer array [batch, time] "
+                                 f"= {list(shape_BT)}, got shape {list(array.shape)} dtype "
+                                 f"{array.dtype}")
         index_BT = jnp.broadcast_to(jnp.arange(shape_BT[1], dtype=jnp.int32), shape_BT)
         if segment_ids is not None:
             segment_ids = document_index(segment_ids)

@@ -32,7 +32,14 @@ def test_positions_default_to_start_plus_time():
      r"\(the tokens'\), got \[2, 3\]"),
     ("extras", {"mode": jnp.zeros((1, 4, 3))}, r"TokenContext.extras\['mode'\]: .* got "
      r"\[1, 4, 3\]"),
-], ids=["positions-time", "positions-1d", "segment_ids", "extras"])
+    # One integer a token: a trailing axis or a float id was taken (and cut into documents).
+    ("segment_ids", jnp.zeros((2, 4, 3), jnp.int32), r"TokenContext.segment_ids: expected an "
+     r"integer array \[batch, time\] = \[2, 4\], got shape \[2, 4, 3\] dtype int32"),
+    ("segment_ids", jnp.zeros((2, 4), jnp.float32), r"segment_ids: .* dtype float32"),
+    ("positions", jnp.zeros((2, 4, 1), jnp.int32), r"positions: .* shape \[2, 4, 1\]"),
+    ("positions", jnp.zeros((2, 4), jnp.float32), r"positions: .* dtype float32"),
+], ids=["positions-time", "positions-1d", "segment_ids", "extras", "segment_ids-3d",
+        "segment_ids-float", "positions-3d", "positions-float"])
 def test_every_per_token_array_is_checked(field, value, message):
     with pytest.raises(ValueError, match=message):
         TokenContext.create((2, 4), **{field: value})
