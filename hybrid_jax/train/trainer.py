@@ -21,6 +21,7 @@ One process at a time writes a run directory (`run_dir.RunLock`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -557,6 +558,19 @@ class _Run:
                     shown[name] = values[key]
             self.bar.log(step, shown)
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Time outside the training steps (an eval, a checkpoint save), left out of the next
+        log line's tokens/s and MFU, as the benchmarks count them: else every log interval
+        holding an eval read as a throughput dip. The steps dispatched before it finish
+        first, so their time stays in."""
+        jax.block_until_ready(self.ts.state)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.last_time += time.perf_counter() - start
+
     def evaluate(self) -> dict[str, float]:
         metrics = evaluate(self.ts, self.held_out, self.eval_step, num_words=self.eval_words)
         self.log.write({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
@@ -637,9 +651,11 @@ class _Run:
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                     self.flush(*pending)  # never checkpoint a diverged state
                     pending = None
-                    self.save()
+                    with self.paused():
+                        self.save()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                    self.evaluate()
+                    with self.paused():
+                        self.evaluate()
             except NonFiniteLossError as error:
                 if cfg.on_nonfinite != "rollback":
                     raise

@@ -34,3 +34,29 @@ def test_logged_flops_count_attention_within_each_packed_document(tmp_path):
     # The rate each step applied: warmup from 0 at step 1 to the peak at step 3.
     assert [r["lr"] for r in logged] == pytest.approx([float(schedule(s)) for s in range(3)])
     assert [r["lr"] for r in logged] == pytest.approx([0.0, 0.005, 0.01])
+
+
+def test_eval_and_checkpoint_time_is_not_in_the_logged_rates(tmp_path, monkeypatch):
+    """The checkpoint and the eval of step 4 (each made 0.4 s slower) fell in the log interval
+    of steps 5–6, which read as a throughput dip: its tokens/s count training time only."""
+    import time
+
+    import hybrid_jax.train.trainer as trainer
+    from hybrid_jax.train.checkpoint import Checkpointer
+
+    slow = 0.4
+
+    def slowed(function):
+        def run(*args, **kwargs):
+            time.sleep(slow)
+            return function(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(trainer, "evaluate", slowed(trainer.evaluate))
+    monkeypatch.setattr(Checkpointer, "save", slowed(Checkpointer.save))
+    corpus = write_corpus(tmp_path / "corpus")
+    experiment = tiny_text_experiment(corpus, steps=6, log_every=2, eval_every=4)
+    train(experiment, tmp_path / "run", progress=False)
+    logged = {r["step"]: r for r in read_metrics(tmp_path / "run") if "loss" in r}
+    tokens = 2 * experiment.train.batch_size * experiment.data.seq_len  # two steps a line
+    assert tokens / logged[6]["tokens_per_s"] < slow / 4
