@@ -152,6 +152,7 @@ class LanguageModel(nnx.Module):
         _check_unscanned(self.config, "decoding")
         self._check_tokens(tokens_BT)
         check_cache_batch(cache, tokens_BT.shape[0])
+        self._check_cache_layers(cache)
         refused = [check_cache_room(cache, tokens_BT.shape[1])]
         if fresh_cache:
             refused.append(check_cache_fresh(cache))
@@ -169,6 +170,20 @@ class LanguageModel(nnx.Module):
             if refuse is not None:
                 logits = jnp.where(refuse, jnp.nan, logits)
         return logits, new_cache
+
+    def _check_cache_layers(self, cache: LMCache) -> None:
+        """Refuses a cache whose layers are not this model's (another model's, or cut short):
+        each mixer would fail on its own, naming a field missing from another mixer's cache."""
+        expected = _layer_caches(self)
+        if len(cache.layers) != len(expected):
+            raise ValueError(f"decode: the cache holds {len(cache.layers)} layers, the model has "
+                             f"{len(expected)}: make the cache with this model's init_cache")
+        for i, (layer_cache, wanted) in enumerate(zip(cache.layers, expected, strict=True)):
+            if jax.tree.structure(layer_cache) != jax.tree.structure(wanted):
+                raise ValueError(
+                    f"decode: the cache's layer {i} is {_cache_kinds(layer_cache)}, this model's "
+                    f"layer {i} ({self.config.layers[i].type!r}) needs {_cache_kinds(wanted)}: "
+                    "make the cache with this model's init_cache")
 
     def with_window(self, window: int | None, *, layers: Sequence[int] | None = None
                     ) -> LanguageModel:
@@ -204,6 +219,28 @@ class LanguageModel(nnx.Module):
                     path[1] // period]
             filled.append((path, variable.replace(value)))
         return nnx.merge(graphdef, nnx.from_flat_state(filled))
+
+
+# Each config's abstract layer caches (`_layer_caches`).
+_LAYER_CACHES: dict[ModelConfig, tuple[Any, ...]] = {}
+
+
+def _layer_caches(model: LanguageModel) -> tuple[Any, ...]:
+    """Each layer's `init_cache(1, 1)`, abstract: their pytree structures are the config's
+    (computed once a config, as eager decoding checks every call)."""
+    if model.config not in _LAYER_CACHES:
+        _LAYER_CACHES[model.config] = jax.eval_shape(
+            lambda: tuple(block.init_cache(1, 1, jnp.float32) for block in model.blocks))
+    return _LAYER_CACHES[model.config]
+
+
+def _cache_kinds(layer_cache: Any) -> str:
+    """A layer cache's class and its branches' classes, e.g. `BlockCache(AttentionCache, None)`."""
+    branches = getattr(layer_cache, "branches", None)
+    if branches is None:
+        return type(layer_cache).__name__
+    inner = ", ".join("None" if b is None else type(b).__name__ for b in branches)
+    return f"{type(layer_cache).__name__}({inner})"
 
 
 def _build_blocks(config: ModelConfig, indices, rngs: nnx.Rngs) -> list[nnx.Module]:

@@ -162,3 +162,21 @@ def test_learned_positions_past_the_table_are_errors():
     # A packed position past the table reads NaN, never a clamped row (so the loss shows it).
     logits = model(jnp.zeros((1, 2), jnp.int32), positions_BT=jnp.asarray([[0, 12]]))
     assert np.isnan(logits[0, 1]).all()
+
+
+def test_decode_refuses_a_cache_of_another_models_layers():
+    """Checked before any compute (abstract models): each mixer failed on its own, e.g. an
+    AttributeError for the `convs` an AttentionCache lacks, or a strict zip's length."""
+    def abstract(layers):
+        config = ModelConfig(layers=layers, d_model=16, num_heads=2, vocab_size=32)
+        return nnx.eval_shape(lambda: hj.LanguageModel(config, rngs=nnx.Rngs(0)))
+
+    model, other = abstract(("attention", "gdn")), abstract(("attention", "attention"))
+    tokens = jnp.ones((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match=r"the cache's layer 1 is BlockCache\(AttentionCache, "
+                                         r"None\), this model's layer 1 \('gdn'\) needs "
+                                         r"BlockCache\(GatedDeltaNetCache, None\)"):
+        model.decode(tokens, other.init_cache(1, 4))
+    cache = model.init_cache(1, 4)
+    with pytest.raises(ValueError, match="the cache holds 1 layers, the model has 2"):
+        model.decode(tokens, cache.replace(layers=cache.layers[:1]))
