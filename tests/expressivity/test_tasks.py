@@ -225,6 +225,11 @@ def test_vocabulary_layouts():
 @pytest.mark.parametrize("config, message", [
     (dict(kind=SelectiveCopyingConfig, max_distance=3), "max_distance=3: expected a value >= 5"),
     (dict(kind=SelectiveCopyingConfig, number_prob=1.5), r"number_prob=1.5: .* <= 1.0"),
+    # configs whose examples would never score a position
+    (dict(kind=SelectiveCopyingConfig, number_prob=0.0), "number_prob=0: expected a value > 0"),
+    (dict(kind=SelectiveCopyingConfig, eval_number_prob=0.0),
+     r"eval split \(eval_\* fields\) is invalid: .*number_prob=0: expected a value > 0"),
+    (dict(kind=SelectiveCopyingConfig, seq_len=5), "seq_len=5: expected a value >= 6"),
     (dict(kind=SelectiveCopyingConfig, eval_seq_len=1),
      r"eval split \(eval_\* fields\) is invalid: .*seq_len=1"),
     (dict(kind=MKARConfig, seq_len=3), "seq_len=3"),

@@ -42,7 +42,12 @@ class SelectiveCopyingConfig:
         check_range(name, "min_distance", self.min_distance, 1)
         check_range(name, "max_distance", self.max_distance, self.min_distance)
         check_range(name, "number_prob", self.number_prob, 0.0, 1.0)
-        check_range(name, "seq_len", self.seq_len, 2)
+        # Without numbers, or shorter than the shortest distance + 1, no position is ever
+        # scored: every example's mask would be empty.
+        if self.number_prob == 0:
+            raise ValueError(f"{name}.number_prob=0: expected a value > 0 (without number "
+                             "tokens no position is scored)")
+        check_range(name, "seq_len", self.seq_len, self.min_distance + 1)
         check_eval_fields(self)
 
     @property
