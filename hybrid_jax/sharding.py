@@ -60,6 +60,8 @@ def validate_rules(rules: Mapping[str, MeshAxes]) -> None:
             if axis not in MESH_AXES:
                 raise ValueError(f"logical axis rule {name!r} -> {axes!r}: mesh axis {axis!r} is "
                                  f"not one of {MESH_AXES}")
+        if len(set(_as_tuple(axes))) < len(_as_tuple(axes)):  # JAX refuses it in every spec
+            raise ValueError(f"logical axis rule {name!r} -> {axes!r}: names a mesh axis twice")
 
 
 validate_rules(LOGICAL_AXIS_RULES)

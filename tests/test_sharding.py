@@ -122,6 +122,10 @@ def test_rule_set_chosen_by_config():
         axis_rules(MeshConfig(axis_rule_overrides=("embd=fsdp",)))
     with pytest.raises(ValueError, match="mesh axis 'model' is not one of"):
         axis_rules(MeshConfig(axis_rule_overrides=("embed=model",)))
+    # Passed, then failed in every NamedSharding of the dimension as a DuplicateSpecError.
+    with pytest.raises(ValueError, match=r"rule 'mlp' -> \('tensor', 'tensor'\): names a mesh "
+                                         "axis twice"):
+        axis_rules(MeshConfig(axis_rule_overrides=("mlp=tensor+tensor",)))
 
 
 def test_replicated_rule_set_keeps_the_batch_split():
