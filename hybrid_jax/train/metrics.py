@@ -86,7 +86,7 @@ class MetricsLog:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
-        if self.writer is not None:
+        if self.writer is not None and "event" not in record:  # events are history, no curves
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float) and math.isfinite(value):
                     tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"

@@ -27,13 +27,14 @@ class Scalars:
 def test_finite_numbers_become_train_or_eval_scalars_at_the_records_step(tmp_path):
     """Floats and ints are logged at the record's step, `eval_X` as `eval/X` and the rest as
     `train/X`; the step itself, strings and non-finite values are not (the JSON line keeps
-    them all), and each write is flushed."""
+    them all), and each write is flushed. Event records (a rollback's `to_step`, a time
+    limit's `seconds`) are history in the JSON lines, not TensorBoard curves."""
     log = MetricsLog(tmp_path)
     assert log.writer is not None
     log.writer.close()
     log.writer = Scalars()
     record = {"step": 7, "loss": 2.5, "tokens": 4096, "eval_loss": 3.0, "evals_run": 1,
-              "grad_norm": math.inf, "eval_accuracy": math.nan, "event": "resumed"}
+              "grad_norm": math.inf, "eval_accuracy": math.nan, "note": "resumed"}
     log.write(record)
     assert log.writer.added == [("train/loss", 2.5, 7), ("train/tokens", 4096, 7),
                                 ("eval/loss", 3.0, 7), ("train/evals_run", 1, 7)]
@@ -41,6 +42,8 @@ def test_finite_numbers_become_train_or_eval_scalars_at_the_records_step(tmp_pat
     assert read_metrics(tmp_path) == [{**record, "eval_accuracy": pytest.approx(math.nan,
                                                                                 nan_ok=True)}]
     assert log.history == [record]
+    log.write({"step": 8, "event": "rollback", "to_step": 4, "message": "loss is nan"})
+    assert len(log.writer.added) == 4
 
 
 def test_tensorboard_off_makes_no_writer(tmp_path):
