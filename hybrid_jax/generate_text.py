@@ -56,10 +56,11 @@ class _Streamer:
             text = cut_at_stop(self.tokenizer.decode(self.ids[row]), self.stop)
             self.stopped[row] = len(text) < len(self.tokenizer.decode(self.ids[row]))
             # Show only text that can no longer turn into a stop string or change (an
-            # incomplete UTF-8 sequence decodes as U+FFFD until its last byte arrives).
+            # incomplete UTF-8 sequence decodes as U+FFFD until its last byte arrives: one in
+            # all, or one a byte with SentencePiece's byte fallback).
             held = 0 if self.stopped[row] else max((len(s) - 1 for s in self.stop), default=0)
             ready = text[:len(text) - held] if held else text
-            ready = ready[:len(ready) - 1] if ready.endswith("\ufffd") else ready
+            ready = ready.rstrip("\ufffd")
             if self.on_text is not None and len(ready) > len(self.shown[row]):
                 self.on_text(int(row), ready[len(self.shown[row]):])
                 self.shown[row] = ready

@@ -323,6 +323,29 @@ def test_streamer_shows_whole_characters_and_stops_rows_at_any_eos():
     assert stopped.tolist() == [False, True]
 
 
+class ByteFallbackTokenizer(ByteTokenizer):
+    """Decodes an unfinished UTF-8 character to one U+FFFD a byte, as the byte-fallback decoder
+    of SentencePiece-style tokenizers (Llama's `<0xNN>` tokens) does."""
+
+    def decode(self, ids):
+        data = bytes(ids)
+        whole = next(n for n in range(len(data), -1, -1)
+                     if data[:n].decode(errors="ignore").encode() == data[:n])
+        return data[:whole].decode() + "\ufffd" * (len(data) - whole)
+
+
+def test_streamer_waits_for_a_character_that_decodes_to_several_replacements():
+    """A 3-byte character two bytes in decodes as two U+FFFD: one was shown (and stayed, as the
+    character later took its place in a text of the same length)."""
+    shown = []
+    streamer = _Streamer(ByteFallbackTokenizer(), 1, stop=(), eos=(256,),
+                         on_text=lambda row, text: shown.append(text))
+    assert streamer.tokenizer.decode("a中".encode()[:3]) == "a\ufffd\ufffd"
+    for byte in "a中b".encode():
+        streamer(0, np.array([byte]), np.ones(1, bool))
+    assert shown == ["a", "中", "b"]
+
+
 def test_streamer_holds_back_a_possible_stop_string_and_stops_at_it():
     """Stop strings "cd" and "xyz": the last two characters wait (they may begin "xyz"); the
     token completing "cd" stops its row and shows all the text before it; `flush` shows the
