@@ -123,8 +123,7 @@ def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_i
                   q_positions=q_positions, kv_positions=kv_positions)
     check_divides(_OP, "num_kv_heads (axis 2 of k) must divide num_heads (axis 2 of q)",
                   sizes["G"], sizes["H"])
-    if window is not None and (not isinstance(window, int | np.integer) or window < 1):
-        raise ValueError(f"{_OP}: window must be an int >= 1 or None, got {window!r}")
+    _check_window(_OP, window)
     if kv_segment_ids is not None:
         if segment_ids is None:
             raise ValueError(f"{_OP}: kv_segment_ids need segment_ids (of the queries)")
@@ -137,6 +136,11 @@ def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_i
     for name, pos, axis in (("q_positions", q_positions, "T"), ("kv_positions", kv_positions, "S")):
         if pos is not None:
             _check_positions(_OP, name, pos, sizes["B"], sizes[axis], axis)
+
+
+def _check_window(op: str, window: int | None) -> None:
+    if window is not None and (not isinstance(window, int | np.integer) or window < 1):
+        raise ValueError(f"{op}: window must be an int >= 1 or None, got {window!r}")
 
 
 def _check_positions(op: str, name: str, positions: jax.Array, batch: int, length: int,
@@ -165,6 +169,7 @@ def attention_mask(
 ) -> jax.Array:
     """The boolean `[B, T, S]` mask of which key each query may attend to (`kv_segment_ids`
     default: `segment_ids`)."""
+    _check_window("attention_mask", window)  # window <= 0 would mask every key
     if q_positions is None:
         q_positions = jnp.arange(num_queries) + (num_keys - num_queries)
     if kv_positions is None:
@@ -393,6 +398,9 @@ def apply_rope(
     `positions` is `[B, T]` or `[T]`. Channels past `r` pass through.
     """
     check_rank("apply_rope", "x", x, "BTHD")
+    # An integer x would come back rounded, float positions rotate by fractional angles.
+    check_floating("apply_rope", x=x)
+    check_integer("apply_rope", positions=positions)
     _check_positions("apply_rope", "positions", positions, *x.shape[:2],
                      where=f" (x shape {tuple(x.shape)})")
     rot = rotary_dim(x.shape[-1], fraction)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def check_rank(op: str, name: str, x: jax.Array, layout: str) -> None:
@@ -65,6 +66,13 @@ def check_integer(op: str, **arrays: jax.Array | None) -> None:
 def check_divides(op: str, what: str, divisor: int, total: int) -> None:
     if divisor <= 0 or total % divisor:
         raise ValueError(f"{op}: {what}: {divisor} does not divide {total}")
+
+
+def check_count(op: str, name: str, value: object, low: int) -> None:
+    """Checks that `value` is a Python or NumPy int (not a bool) >= `low`: a size, window or
+    length that shapes arrays, where a float or a negative number fails deep in a trace."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{op}: {name} must be an int >= {low}, got {value!r}")
 
 
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:

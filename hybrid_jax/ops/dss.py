@@ -90,7 +90,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.checks import check_dims, check_floating
+from hybrid_jax.ops.checks import check_count, check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
@@ -270,6 +270,10 @@ def _power_sum(log_decay: jax.Array, weights: jax.Array, length: int) -> jax.Arr
 
 def dss_kernel(log_decay: jax.Array, coeff: jax.Array, length: int) -> jax.Array:
     """The convolution kernel `K_k = Re(Σ_n coeff_n exp(λ_n Δ k))`, k < length: `[length, H]`."""
+    op = _OP + "_kernel"
+    check_dims(op, {}, log_decay=(log_decay, "HN"), coeff=(coeff, "HN"))
+    _check_complex(op, log_decay=log_decay, coeff=coeff)
+    check_count(op, "length", length, 1)
     return _power_sum(log_decay, coeff, length).real
 
 

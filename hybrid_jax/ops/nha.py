@@ -73,7 +73,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax.ops.attention import attention, attention_rung, masked_softmax
-from hybrid_jax.ops.checks import check_choice, check_dims, check_divides, check_floating
+from hybrid_jax.ops.checks import (
+    check_choice,
+    check_count,
+    check_dims,
+    check_divides,
+    check_floating,
+    check_integer,
+)
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.partition import shard_kernel
@@ -274,6 +281,13 @@ def nha_empty_state(
     `ring_dtype` (default `dtype`) stores the ring's keys and values (e.g. the model's compute
     dtype); slots, s and g use `dtype`.
     """
+    op = "nha_empty_state"
+    for name, size in dict(batch=batch, num_kv_heads=num_kv_heads, key_dim=key_dim,
+                           value_dim=value_dim, num_slots=num_slots).items():
+        check_count(op, name, size, 1)
+    check_count(op, "window", window, 0)
+    if window_key_dim is not None:
+        check_count(op, "window_key_dim", window_key_dim, 1)
     ring_dtype = dtype if ring_dtype is None else ring_dtype
     b, g, w, m = batch, num_kv_heads, window, num_slots
     return NHAState(
@@ -741,6 +755,9 @@ def _check_state(op: str, state: NHAState, sizes: dict[str, int], ring: int) -> 
     if jnp.shape(state.length) != ():
         raise ValueError(f"{op}: state.length must be a scalar, got shape "
                          f"{jnp.shape(state.length)}")
+    # The new state takes the old one's dtypes: integer arrays would round what they store.
+    check_floating(op, **state._replace(length=None, document_start=None)._asdict())
+    check_integer(op, length=jnp.asarray(state.length), document_start=state.document_start)
 
 
 def _check(q, k, v, s, g, q_window, k_window, *, window, segment_ids, state, empty_slots,
@@ -756,8 +773,7 @@ def _check(q, k, v, s, g, q_window, k_window, *, window, segment_ids, state, emp
 
 
 def _check_window_and_documents(op, sizes, window, segment_ids, state) -> None:
-    if not isinstance(window, int | np.integer) or window < 0:
-        raise ValueError(f"{op}: window must be an int >= 0, got {window!r}")
+    check_count(op, "window", window, 0)
     document_starts(op, segment_ids, sizes["B"], sizes["T"])  # checks shape and dtype
     if state is not None:
         try:

@@ -234,6 +234,19 @@ def test_attention_positions_of_another_length_are_refused_by_name():
         ops.attention(q, k, v, causal=False, kv_positions=jnp.zeros((3, 6), int))
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda: ops.apply_rope(jnp.ones((1, 2, 1, 4), jnp.int32), jnp.arange(2)),
+     "apply_rope: x must be a floating-point array, got dtype int32"),  # came back rounded
+    (lambda: ops.apply_rope(jnp.ones((1, 2, 1, 4)), jnp.arange(2) + 0.5),
+     "apply_rope: positions must be integers, got dtype float32"),  # rotated fractionally
+    (lambda: ops.attention_mask(1, 2, 2, causal=True, window=0),
+     "attention_mask: window must be an int >= 1 or None, got 0"),  # masked every key
+])
+def test_rope_and_mask_refuse_what_they_would_get_wrong(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def test_rope_positions_of_another_length_are_refused_by_name():
     q, _, _ = _qkv(4, 4, Hq=2, Hkv=1, dtype=jnp.float32)
     with pytest.raises(ValueError, match=r"positions must have shape \[T\] = \[4\] or \[B,T\] = "

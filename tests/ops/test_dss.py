@@ -332,6 +332,21 @@ def test_bad_inputs_are_named(change, message):
     assert_refused(dss, arrays, change, message)
 
 
+@pytest.mark.parametrize("change, message", [
+    (dict(length=0), "dss_kernel: length must be an int >= 1, got 0"),  # was isqrt's error
+    (dict(length=4.0), "dss_kernel: length must be an int >= 1, got 4.0"),
+    (dict(log_decay=lambda a: a[0]), r"dss_kernel: log_decay must have shape \[H,N\]"),
+    (dict(coeff=lambda c: c[:, :2]), "dss_kernel: axis N of coeff"),
+    (dict(coeff=lambda c: c.real), "dss_kernel: coeff must be a complex array"),
+])
+def test_bad_kernel_arguments_are_named(change, message):
+    log_decay, coeff = dss_discretize(*_raw(0, dtype=jnp.float32))
+    args = dict(log_decay=log_decay, coeff=coeff, length=4)
+    args.update({name: f(args[name]) if callable(f) else f for name, f in change.items()})
+    with pytest.raises(ValueError, match=message):
+        dss_kernel(**args)
+
+
 def test_bad_raw_parameters_and_step_are_named():
     log_dt, lre, lim, w_re, w_im = _raw(0, dtype=jnp.float32)
     with pytest.raises(ValueError, match="axis N of lambda_im"):

@@ -464,6 +464,30 @@ def test_bad_inputs_are_named(change, message):
         jax.eval_shape(functools.partial(native_hybrid_attention, **options), **arrays)
 
 
+def _empty_with(**fields):
+    return nha_empty_state(2, 1, 4, 3, 6, 3)._replace(**fields)
+
+
+@pytest.mark.parametrize("state, message", [
+    # the new state takes these dtypes: the slots and ring would round what they store
+    (lambda: _empty_with(slot_keys=jnp.zeros((2, 1, 4, 6), jnp.int32)),
+     "slot_keys must be a floating-point array, got dtype int32"),
+    (lambda: _empty_with(keys=jnp.zeros((2, 3, 1, 4), jnp.int32)),
+     "keys must be a floating-point array, got dtype int32"),
+    (lambda: _empty_with(length=jnp.float32(0)), "length must be integers, got dtype float32"),
+    (lambda: _empty_with(document_start=jnp.zeros((2,))),
+     "document_start must be integers, got dtype float32"),
+    # sizes nha_empty_state cannot build (a negative window failed in broadcast_in_dim)
+    (lambda: nha_empty_state(2, 1, 4, 3, 6, -1), "nha_empty_state: window must be an int >= 0"),
+    (lambda: nha_empty_state(2, 1, 4, 3, 0, 3), "nha_empty_state: num_slots must be an int >= 1"),
+    (lambda: nha_empty_state(2, 1, 4.0, 3, 6, 3), "key_dim must be an int >= 1, got 4.0"),
+])
+def test_states_that_would_round_or_cannot_exist_are_refused(state, message):
+    q, k, v, s = (jnp.zeros(shape) for shape in ((2, 2, 4), (2, 1, 4), (2, 1, 3), (2, 1, 6)))
+    with pytest.raises(ValueError, match=message):
+        native_hybrid_attention_step(state(), q, k, v, s, s)
+
+
 def test_bad_step_inputs_are_named():
     state = nha_empty_state(2, 1, 4, 3, 6, 3)
     q, v, s = jnp.zeros((2, 2, 4)), jnp.zeros((2, 1, 3)), jnp.zeros((2, 1, 6))
