@@ -36,13 +36,33 @@ class TextGeneration:
         return sum(len(t) for t in self.tokens) / max(self.seconds, 1e-9)
 
 
+class _Continuation:
+    """The text of tokens after a prompt: decoded behind the prompt and cut from it, as a
+    tokenizer may spell a token differently at the start of a text (SentencePiece drops the
+    space before a first word: "Hello" + "world", not "Hello world"). If the whole does not
+    begin with the prompt's text, the tokens are decoded alone."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]):
+        self.tokenizer, self.prompt_ids = tokenizer, [int(i) for i in prompt_ids]
+        self.prompt = tokenizer.decode(self.prompt_ids)
+
+    def __call__(self, ids: Sequence[int]) -> str:
+        whole = self.tokenizer.decode([*self.prompt_ids, *(int(i) for i in ids)])
+        if whole.startswith(self.prompt):
+            return whole[len(self.prompt):]
+        return self.tokenizer.decode(ids)
+
+
 class _Streamer:
-    """Host side of the decode loop: decodes each row as it grows, reports new text and stops
-    rows whose text reached a stop string."""
+    """Host side of the decode loop: decodes each row as it grows (after its prompt's ids,
+    `_Continuation`; none given: empty), reports new text and stops rows whose text reached a
+    stop string."""
 
     def __init__(self, tokenizer: Tokenizer, batch: int, stop: Sequence[str],
-                 eos: Sequence[int], on_text: Callable[[int, str], None] | None):
-        self.tokenizer, self.stop, self.eos, self.on_text = tokenizer, tuple(stop), eos, on_text
+                 eos: Sequence[int], on_text: Callable[[int, str], None] | None,
+                 prompt_ids: Sequence[Sequence[int]] | None = None):
+        self.stop, self.eos, self.on_text = tuple(stop), eos, on_text
+        self.decode = [_Continuation(tokenizer, ids) for ids in prompt_ids or [[]] * batch]
         self.ids: list[list[int]] = [[] for _ in range(batch)]
         self.shown = [""] * batch
         self.stopped = np.zeros(batch, bool)
@@ -53,8 +73,9 @@ class _Streamer:
                 self.stopped[row] = True
                 continue
             self.ids[row].append(int(tokens_B[row]))
-            text = cut_at_stop(self.tokenizer.decode(self.ids[row]), self.stop)
-            self.stopped[row] = len(text) < len(self.tokenizer.decode(self.ids[row]))
+            full = self.decode[row](self.ids[row])
+            text = cut_at_stop(full, self.stop)
+            self.stopped[row] = len(text) < len(full)
             # Show only text that can no longer turn into a stop string or change (an
             # incomplete UTF-8 sequence decodes as U+FFFD until its last byte arrives: one in
             # all, or one a byte with SentencePiece's byte fallback).
@@ -112,7 +133,7 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
     for row, x in enumerate(ids):
         prompt_BT[row, :len(x)] = x
     eos = [tokenizer.eos_id] if eos_ids is None else list(eos_ids)
-    streamer = _Streamer(tokenizer, len(ids), stop, eos, on_text)
+    streamer = _Streamer(tokenizer, len(ids), stop, eos, on_text, ids)
     start = time.perf_counter()
     stats = {}
     out = np.asarray(generate(model, prompt_BT, max_new_tokens, temperature=temperature,
@@ -122,15 +143,14 @@ def generate_text(model: LanguageModel, tokenizer: Tokenizer, prompts: Sequence[
                               on_tokens=streamer if stop or on_text or len(eos) > 1 else None))
     seconds = time.perf_counter() - start
     tokens, texts = [], []
-    for row in out:
+    for row, decode in zip(out, streamer.decode, strict=True):
         # -1 fills a row that the streamer stopped when the loop had no single EOS id
         ends = [i for i, t in enumerate(row) if t in eos or t < 0]
         row = row[:ends[0]] if ends else row
-        text = tokenizer.decode(row)
+        text = decode(row)
         cut = cut_at_stop(text, stop)
         if len(cut) < len(text):  # keep the ids up to the stop string's
-            row = row[:next(i for i in range(len(row) + 1)
-                            if len(tokenizer.decode(row[:i])) >= len(cut))]
+            row = row[:next(i for i in range(len(row) + 1) if len(decode(row[:i])) >= len(cut))]
         tokens.append(row)
         texts.append(cut)
     streamer.flush(texts)

@@ -340,10 +340,37 @@ def test_streamer_waits_for_a_character_that_decodes_to_several_replacements():
     shown = []
     streamer = _Streamer(ByteFallbackTokenizer(), 1, stop=(), eos=(256,),
                          on_text=lambda row, text: shown.append(text))
-    assert streamer.tokenizer.decode("a中".encode()[:3]) == "a\ufffd\ufffd"
+    assert ByteFallbackTokenizer().decode("a中".encode()[:3]) == "a\ufffd\ufffd"
     for byte in "a中b".encode():
         streamer(0, np.array([byte]), np.ones(1, bool))
     assert shown == ["a", "中", "b"]
+
+
+class LeadingCharDroppingTokenizer(ByteTokenizer):
+    """Drops a text's leading `char` when decoding, as SentencePiece-style decoders drop the
+    space before a text's first word."""
+
+    def __init__(self, char: str):
+        self.char = char
+
+    def decode(self, ids):
+        return super().decode(ids).removeprefix(self.char)
+
+
+def test_a_continuation_is_decoded_behind_its_prompt(model):
+    """Decoded alone, a continuation lost its leading space with such tokenizers ("Hello" +
+    "world"): in the texts and in the stream, it is decoded behind its prompt."""
+    prompts = ["ab", "hello"]
+    full = hj.generate_text(model, ByteTokenizer(), prompts, max_new_tokens=8)
+    tokenizer = LeadingCharDroppingTokenizer(full.texts[0][0])  # as if it were the space
+    shown = ["", ""]
+
+    def on_text(row, text):
+        shown[row] += text
+
+    result = hj.generate_text(model, tokenizer, prompts, max_new_tokens=8, on_text=on_text)
+    assert result.texts == full.texts == shown
+    assert [t.tolist() for t in result.tokens] == [t.tolist() for t in full.tokens]
 
 
 def test_streamer_holds_back_a_possible_stop_string_and_stops_at_it():
