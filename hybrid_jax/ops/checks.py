@@ -57,6 +57,12 @@ def check_floating(op: str, **arrays: jax.Array | None) -> None:
             raise ValueError(f"{op}: {name} must be a floating-point array, got dtype {x.dtype}")
 
 
+def check_floating_dtype(op: str, name: str, dtype: jnp.dtype) -> None:
+    """A requested output or compute dtype: an integer one would round the result."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{op}: {name} must be a floating-point dtype, got {jnp.dtype(dtype)}")
+
+
 def check_integer(op: str, **arrays: jax.Array | None) -> None:
     for name, x in arrays.items():
         if x is not None and not jnp.issubdtype(x.dtype, jnp.integer):

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from hybrid_jax.ops.checks import check_floating, check_floating_dtype
 from pallas_kernels import vma
 
 
@@ -25,9 +26,12 @@ def logits(x_BTD: jax.Array, weight: jax.Array, *, vocab_axis: int, dtype) -> ja
     """`[..., D] · W` as float32 `[..., V]`; `weight` is `[V, D]` (vocab_axis 0: a tied
     embedding table) or `[D, V]` (vocab_axis 1: an output kernel). Operands are cast to
     `dtype`; the backward casts the logits' cotangent to `dtype` too (module docstring)."""
-    if weight.ndim != 2 or vocab_axis not in (0, 1):
-        raise ValueError(f"logits: expected a 2-D weight and vocab_axis 0 or 1, got weight shape "
-                         f"{weight.shape} and vocab_axis {vocab_axis}")
+    check_floating("logits", x=x_BTD, weight=weight)
+    check_floating_dtype("logits", "dtype", dtype)  # operands cast to an integer dtype: garbage
+    if x_BTD.ndim < 1 or weight.ndim != 2 or vocab_axis not in (0, 1):
+        raise ValueError(f"logits: expected x [..., D], a 2-D weight and vocab_axis 0 or 1, got "
+                         f"x shape {x_BTD.shape}, weight shape {weight.shape} and vocab_axis "
+                         f"{vocab_axis}")
     if x_BTD.shape[-1] != weight.shape[1 - vocab_axis]:
         raise ValueError(f"logits: x's last axis {x_BTD.shape[-1]} must equal the weight's model "
                          f"axis, weight shape {weight.shape} (vocab_axis {vocab_axis})")

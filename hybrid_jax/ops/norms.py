@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.checks import check_floating
+from hybrid_jax.ops.checks import check_count, check_floating, check_floating_dtype
 from hybrid_jax.ops.dispatch import Rung, dispatch
 from hybrid_jax.ops.partition import row_layout, shard_kernel
 from pallas_kernels.rms_norm import api as pallas_rms_norm
@@ -72,11 +72,13 @@ def _norm(op, x, z, scale, group_size, norm_before_gate, eps, dtype, implementat
     if z is not None and z.shape != x.shape:
         raise ValueError(f"{op}: z must have x's shape {tuple(x.shape)}, got {tuple(z.shape)}")
     group_size = channels if group_size is None else group_size
-    if group_size < 1 or channels % group_size:
+    check_count(op, "group_size", group_size, 1)
+    if channels % group_size:
         raise ValueError(f"{op}: group_size={group_size} does not divide the channels "
                          f"C={channels} (x shape {tuple(x.shape)})")
     # The dtype travels by name (the dispatcher's log takes anything with a shape for an array).
     dtype = jnp.dtype(x.dtype if dtype is None else dtype).name
+    check_floating_dtype(op, "dtype", dtype)
     return dispatch(op, _RUNGS, implementation, x, z, scale, group_size=group_size,
                     norm_before_gate=bool(norm_before_gate), eps=float(eps), dtype=dtype)
 

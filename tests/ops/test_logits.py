@@ -119,3 +119,15 @@ def test_refuses_mismatched_shapes():
         ops.logits(x, weight, vocab_axis=2, dtype=jnp.float32)
     with pytest.raises(ValueError, match="model axis"):
         ops.logits(x, weight, vocab_axis=1, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"expected x \[\.\.\., D\].* got x shape \(\)"):
+        ops.logits(x[0, 0, 0], weight, vocab_axis=0, dtype=jnp.float32)  # was an IndexError
+
+
+def test_refuses_integer_operands_and_dtype():
+    """Cast to an integer dtype, x and W were truncated: logits of garbage, silently."""
+    x, weight, _ = _inputs(0)
+    with pytest.raises(ValueError, match="logits: dtype must be a floating-point dtype, got int8"):
+        ops.logits(x, weight, vocab_axis=0, dtype=jnp.int8)
+    with pytest.raises(ValueError, match="logits: x must be a floating-point array, got dtype "
+                                         "int32"):
+        ops.logits(x.astype(jnp.int32), weight, vocab_axis=0, dtype=jnp.float32)

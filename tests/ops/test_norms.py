@@ -135,3 +135,9 @@ def test_op_checks_its_inputs():
         ops.gated_rms_norm(x, x.astype(jnp.int32), g)
     with pytest.raises(ValueError, match=r"implementation='cudnn' is not available"):
         ops.rms_norm(x, g, implementation="cudnn")
+    # an integer output dtype rounded y; a float group size failed in a reshape
+    with pytest.raises(ValueError, match="rms_norm: dtype must be a floating-point dtype, got "
+                                         "int32"):
+        ops.rms_norm(x, g, dtype=jnp.int32)
+    with pytest.raises(ValueError, match="group_size must be an int >= 1, got 4.0"):
+        ops.gated_rms_norm(x, x, g, group_size=4.0)
