@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -374,6 +375,8 @@ def rope_frequencies(rot: int, theta: float, scaling: tuple[float, ...] | None =
     longer than `original_max_positions / low_freq_factor` slow down by `factor`, waves shorter
     than `original_max_positions / high_freq_factor` stay, and those between interpolate.
     """
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not 0 < theta < math.inf:
+        raise ValueError(f"rope theta must be a finite number > 0, got {theta!r}")  # else NaNs
     inv_freq = theta ** (-jnp.arange(rot // 2, dtype=jnp.float32) * 2 / rot)
     if scaling is None:
         return inv_freq

@@ -241,6 +241,8 @@ def test_attention_positions_of_another_length_are_refused_by_name():
      "apply_rope: positions must be integers, got dtype float32"),  # rotated fractionally
     (lambda: ops.attention_mask(1, 2, 2, causal=True, window=0),
      "attention_mask: window must be an int >= 1 or None, got 0"),  # masked every key
+    (lambda: ops.apply_rope(jnp.ones((1, 2, 1, 4)), jnp.arange(2), theta=-1.0),
+     "rope theta must be a finite number > 0, got -1.0"),  # NaN angles
 ])
 def test_rope_and_mask_refuse_what_they_would_get_wrong(call, message):
     with pytest.raises(ValueError, match=message):
