@@ -44,6 +44,16 @@ class AttentionOptions:
     implementation: str | None = None  # see hybrid_jax.ops.attention
 
     def __post_init__(self) -> None:
+        # 0 would read as unset (`or`) for the optional sizes and the temperature.
+        for name, optional in (("num_heads", False), ("num_kv_heads", True),
+                               ("head_dim", True)):
+            value = getattr(self, name)
+            if not (optional and value is None) and not value >= 1:
+                raise ValueError(f"AttentionOptions.{name}={value!r}: expected a positive integer"
+                                 + (" or None" if optional else ""))
+        if self.temperature_init is not None and not self.temperature_init > 0:
+            raise ValueError(f"AttentionOptions.temperature_init={self.temperature_init!r}: "
+                             "expected a positive number or None (√head_dim)")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window={self.window}: attention needs window >= 1 or None")
         ops.rotary_dim(8, self.rope_fraction)  # validates the fraction

@@ -112,6 +112,14 @@ def test_projections_start_at_init_std_and_the_output_at_its_residual_scale():
     (dict(rope_fraction=1.5), r"rope_fraction must be in \[0, 1\], got 1.5"),
     (dict(rope_scaling=(8.0, 4.0, 1.0, 8192)),
      r"AttentionOptions.rope_scaling=\(8.0, 4.0, 1.0, 8192\): expected None or \(factor, "),
+    # 0 was a ZeroDivisionError (num_heads), or read as unset: silently full multi-head
+    # attention, d_model / num_heads wide heads, a temperature of √head_dim.
+    (dict(num_heads=0), r"AttentionOptions.num_heads=0: expected a positive integer$"),
+    (dict(num_kv_heads=0), r"AttentionOptions.num_kv_heads=0: expected a positive integer or "
+                           r"None"),
+    (dict(head_dim=0), r"AttentionOptions.head_dim=0: expected a positive integer or None"),
+    (dict(cosine=True, temperature_init=0.0), r"AttentionOptions.temperature_init=0.0: "
+                                              r"expected a positive number or None"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=r"layers\[0\] \('attention'\): " + message):
