@@ -457,6 +457,7 @@ class _Run:
         self.model_flops = 0.0  # of the steps since the last log line (flops.py: model count)
         self.peak_flops = cfg.peak_tflops * 1e12 or device_peak_flops()
         self.last_time, self.last_step = time.perf_counter(), self.step
+        self.compiled = False  # whether `step_fn` has run (compiled) in this process
         for record in damaged:
             self.log.write(record)
             self.bar.message(f"{record['message']}: moved to {record['moved_to']}")
@@ -560,10 +561,10 @@ class _Run:
 
     @contextlib.contextmanager
     def paused(self):
-        """Time outside the training steps (an eval, a checkpoint save), left out of the next
-        log line's tokens/s and MFU, as the benchmarks count them: else every log interval
-        holding an eval read as a throughput dip. The steps dispatched before it finish
-        first, so their time stays in."""
+        """Time outside the training steps (an eval, a checkpoint save, the train step's
+        compile), left out of the next log line's tokens/s and MFU, as the benchmarks count
+        them: else every log interval holding an eval read as a throughput dip. The steps
+        dispatched before it finish first, so their time stays in."""
         jax.block_until_ready(self.ts.state)
         start = time.perf_counter()
         try:
@@ -642,7 +643,10 @@ class _Run:
                 if self.step + 1 in self.skipped:
                     # the batch on which this step diverged before
                     batch, flops = next(self.batches)
-                self.ts.state, metrics = self.step_fn(self.ts.state, batch)
+                # The first call compiles (seconds to minutes): not in the logged rates.
+                with contextlib.nullcontext() if self.compiled else self.paused():
+                    self.ts.state, metrics = self.step_fn(self.ts.state, batch)
+                self.compiled = True
                 self.step += 1
                 self.bar.update()
                 if pending is not None:
