@@ -680,6 +680,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"hybrid-jax {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except BrokenPipeError:  # `hybrid-jax generate ... | head`: the reader left, no error of ours
+        _stdout_to_devnull()
+        return 128 + signal.SIGPIPE  # as a shell reports a writer that the closed pipe ended
     except Exception as e:
         if os.environ.get(DEBUG_ENV):
             raise
@@ -688,6 +691,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         threading.excepthook = previous_hook
+
+
+def _stdout_to_devnull() -> None:
+    """Points stdout's descriptor at /dev/null: the exit's flush of what is still buffered
+    would raise BrokenPipeError again ("Exception ignored ... BrokenPipeError")."""
+    try:
+        fileno = sys.stdout.fileno()
+    except (AttributeError, OSError):  # not a file (captured): nothing to flush into the pipe
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fileno)
+    os.close(devnull)
 
 
 def _collect_quietly() -> None:

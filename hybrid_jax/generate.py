@@ -178,6 +178,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
                 tokens = jax.block_until_ready(tokens)
     finally:
         _ON_TOKENS.pop(handle, None)
+        error = _FAILED.pop(handle, None)
+    if error is not None:
+        raise error
     if stats is not None and speculative is not None:
         rounds, accepted, drafted, kept = (int(x) for x in counts)
         stats.update(rounds=rounds, acceptance_rate=accepted / max(drafted, 1),
@@ -196,11 +199,21 @@ _ON_TOKENS: dict[int, Callable] = {}
 _HANDLES = itertools.count(1)
 
 
+# The exception `on_tokens` raised, by handle: the loop ends at its next step and `generate`
+# raises it (out of the callback it came as an XLA error that hid it, e.g. a closed pipe's
+# BrokenPipeError from a streaming print).
+_FAILED: dict[int, BaseException] = {}
+
+
 def _call_on_tokens(handle, position, tokens_B, new_B) -> np.ndarray:
     ctrl_c = _CTRL_C.get(int(handle))
-    if ctrl_c is not None and ctrl_c.pressed():  # every row stops: the loop ends
+    if ctrl_c is not None and ctrl_c.pressed() or int(handle) in _FAILED:
+        return np.ones(np.shape(new_B), bool)  # every row stops: the loop ends
+    try:
+        return np.asarray(_ON_TOKENS[int(handle)](position, tokens_B, new_B), bool)
+    except Exception as error:
+        _FAILED[int(handle)] = error
         return np.ones(np.shape(new_B), bool)
-    return np.asarray(_ON_TOKENS[int(handle)](position, tokens_B, new_B), bool)
 
 
 class _CtrlC:

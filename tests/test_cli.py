@@ -2,6 +2,8 @@
 
 import errno
 import json
+import os
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -243,6 +245,25 @@ def test_ctrl_c_exits_130_and_the_thread_hook_is_restored(monkeypatch, capsys):
     with pytest.raises(KeyboardInterrupt):
         main(["list"])
     assert hooks[1] is before and threading.excepthook is before
+
+
+def test_a_closed_pipe_exits_quietly_as_sigpipe(monkeypatch, capsys):
+    """`hybrid-jax generate ... | head -1`: the reader leaves; the writer ends with 141 (128 +
+    SIGPIPE) and says nothing, and the exit's flush of stdout raises no second error."""
+    read, write = os.pipe()
+    os.close(read)
+    stdout = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", stdout)
+
+    def prints(args):
+        print("a continuation", flush=True)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "list", prints)
+    assert main(["list"]) == 141
+    assert capsys.readouterr().err == ""
+    print("buffered", file=stdout)
+    stdout.close()  # flushes into /dev/null now: no BrokenPipeError
 
 
 @pytest.mark.parametrize("error, line", [

@@ -415,3 +415,19 @@ def test_ctrl_c_ends_a_streaming_loop_at_its_next_step(model):
         signal.signal(signal.SIGINT, previous)
     assert calls == [2]
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup socket is gone
+
+
+def test_an_error_in_the_callback_ends_the_loop_and_comes_out_as_itself(model):
+    """A streaming print into a closed pipe (`generate | head -1`) raised BrokenPipeError in
+    the callback, which came out as an XLA callback error: now the loop ends at its next step
+    and `generate` raises the callback's own exception."""
+    batch = np.asarray([[5, 9, 12, 40, 41], [7, 3, 0, 0, 0]], np.int32)
+    calls = []
+
+    def closed_pipe(position, tokens, new):
+        calls.append(int(position))
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError, match="Broken pipe"):
+        generate(model, batch, 4, lengths=[5, 2], on_tokens=closed_pipe)
+    assert calls == [2]
