@@ -269,6 +269,20 @@ def test_native_hybrid_attention_without_segment_ids():
     check_matches_single_device(fn, (q, k, v, 1 - jnp.exp(g), g), shards=(4,))
 
 
+def test_native_hybrid_attention_attention_rung():
+    """`implementation="attention"` (idle slots: w ≥ T, empty ones masked) is causal attention
+    of the window branch at the op's scale (K^-½, window keys of another size D). A shard's
+    call carries an NHA state, which that rung refuses: it runs as context-parallel attention."""
+    q, k, v, qw, kw = _draw(14, (2, T, 2, 4), (2, T, 1, 4), (2, T, 1, 3), (2, T, 2, 6),
+                            (2, T, 1, 6))
+    g = _log_gates(15, (2, T, 1, 3), -1.0)
+    fn = functools.partial(cp.native_hybrid_attention, window=T, segment_ids=SEGMENT_IDS,
+                           implementation="attention")
+    check_matches_single_device(lambda q, k, v, s, g, qw, kw: fn(q, k, v, s, g, q_window=qw,
+                                                                  k_window=kw),
+                                (q, k, v, 1 - jnp.exp(g), g, qw, kw), shards=(4,))
+
+
 @pytest.mark.parametrize("width", [3, 6, 29])
 def test_short_conv_halo(width):
     """Halos within one shard, across shards, and (29) one token wider than the 28 before the

@@ -12,6 +12,9 @@ tokens, built from collectives:
 * documents: segment ids are all-gathered (one int per token) to find where the document of
   token t₀−1 starts; a document start at t₀ itself gets its reset gate here, since the op
   treats its first token as continuing the state's document.
+
+`implementation="attention"` (idle slots: w ≥ T, empty ones masked) runs no NHA state: the op
+is then causal attention of the window branch, run by `attention.py`'s form.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.ops.context_parallel.attention import attention
 from hybrid_jax.ops.context_parallel.collectives import (
     DEFAULT_COMBINE,
     SEQ_AXIS,
@@ -30,6 +34,7 @@ from hybrid_jax.ops.context_parallel.collectives import (
 )
 from hybrid_jax.ops.context_parallel.recurrences import slot_decay
 from hybrid_jax.ops.nha import NHAState
+from hybrid_jax.ops.nha import _check as _check_inputs
 from hybrid_jax.ops.nha import native_hybrid_attention as _native_hybrid_attention
 from hybrid_jax.ops.scan import compute_dtype
 from hybrid_jax.ops.segments import RESET_LOG_DECAY
@@ -48,6 +53,9 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     if shards == 1:
         return _native_hybrid_attention(q, k, v, s, g, q_window=q_window, k_window=k_window,
                                        segment_ids=segment_ids, **op_kwargs)
+    if implementation == "attention" and _slots_idle(q, k, v, s, g, q_window, k_window,
+                                                     segment_ids, op_kwargs):
+        return _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name)
     dtype = compute_dtype(q, k, v, s, g, q_window, k_window)
     local_length = q.shape[1] // shards
 
@@ -75,6 +83,25 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
 
     seq = (q, k, v, s, g, q_window, k_window, segment_ids)
     return shard_over_seq(local, seq, (), out_seq=True, axis_name=axis_name)
+
+
+def _slots_idle(q, k, v, s, g, q_window, k_window, segment_ids, op_kwargs) -> bool:
+    """Whether no slot is ever visible (w ≥ T, empty slots masked), where the op's "attention"
+    rung runs the call; the inputs checked as the op does."""
+    _check_inputs(q, k, v, s, g, q_window, k_window, segment_ids=segment_ids, state=None,
+                  **{name: op_kwargs[name] for name in ("window", "empty_slots", "chunk_size")})
+    return op_kwargs["window"] >= q.shape[1] and op_kwargs["empty_slots"] == "mask"
+
+
+def _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name):
+    """The op's "attention" rung, context-parallel: causal attention of the window branch
+    within documents, at the op's scale, in the window branch's dtype. (A shard's call with
+    an NHA state would refuse that rung: with a state its slots could take part.)"""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    dtype = jnp.result_type(q_window, k_window, v)
+    out = attention(q_window.astype(dtype), k_window.astype(dtype), v.astype(dtype),
+                    causal=True, scale=scale, segment_ids=segment_ids, axis_name=axis_name)
+    return out.astype(q.dtype)
 
 
 def _documents(segment_ids, start, axis_name):
