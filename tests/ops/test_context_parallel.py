@@ -283,6 +283,42 @@ def test_native_hybrid_attention_attention_rung():
                                 (q, k, v, 1 - jnp.exp(g), g, qw, kw), shards=(4,))
 
 
+# 3 shards of 7 tokens: a shard count that is not a power of two (the ppermute scan's last
+# step reaches back less than its stride), an odd shard length, windows of exactly one shard;
+# row 0's documents start on the edge 7 and one token after the edge 14, row 1 is one document
+# across every shard (both continue the delta rule's initial state). The recurrences run their
+# per-token rung: a fifth of the chunked rungs' compile time, and the same shard composition.
+ODD_T = 21
+ODD_IDS = jnp.asarray([[0] * 7 + [1] * 8 + [2] * 6, [3] * ODD_T], jnp.int32)
+
+
+def _odd_shards_call(name, module):
+    """`name` from `module` (`cp`, or `ops`: the single-device op) on ODD_T tokens, and its
+    inputs."""
+    q, k, v, qw, kw = _draw(25, (2, ODD_T, 2, 4), (2, ODD_T, 1, 4), (2, ODD_T, 1, 3),
+                            (2, ODD_T, 2, 4), (2, ODD_T, 1, 4))
+    g = -jnp.asarray(np.random.default_rng(26).uniform(0.01, 1.0, (2, ODD_T, 1, 3)),
+                     jnp.float32)
+    options = dict(segment_ids=ODD_IDS, implementation="reference")
+    if name == "gated_delta_rule":
+        fn = functools.partial(module.gated_delta_rule, return_final_state=True, **options)
+        k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+        return (lambda *a: fn(*a[:-1], initial_state=a[-1]),
+                (q[:, :, :1], k, v, g[..., 0], jax.nn.sigmoid(g[..., 1]),
+                 _draw(27, (2, 1, 4, 3))[0]))
+    if name == "native_hybrid_attention":
+        fn = functools.partial(module.native_hybrid_attention, window=7, **options)
+        return (lambda q, k, v, s, g, qw, kw: fn(q, k, v, s, g, q_window=qw, k_window=kw),
+                (q, k, v, 1 - jnp.exp(g), g, qw, kw))
+    return functools.partial(module.attention, window=7, segment_ids=ODD_IDS), (q, k, v)
+
+
+@pytest.mark.parametrize("name", ["gated_delta_rule", "native_hybrid_attention", "attention"])
+def test_odd_shard_counts_and_lengths(name):
+    (fn, args), (op, _) = (_odd_shards_call(name, module) for module in (cp, ops))
+    check_matches_single_device(fn, args, shards=(3,), reference=op)
+
+
 @pytest.mark.parametrize("width", [3, 6, 29])
 def test_short_conv_halo(width):
     """Halos within one shard, across shards, and (29) one token wider than the 28 before the
