@@ -306,6 +306,10 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), *, step: int | No
 
 def cmd_eval(args: argparse.Namespace) -> int:
     _at_least(args.batches, 0, "--batches")
+    # The train.* settings that decide the held-out batches and their layout; the others (the
+    # schedule, the optimizer) are training's (train.mode_schedule too: eval takes --modes).
+    _refuse_unread(args.overrides, "eval", "model", "data", "train.batch_size", "train.seed",
+                   "train.mesh", *(("train.eval_batches",) if args.batches is None else ()))
     _refuse_without("--windows", args.windows, ("--layers", args.layers),
                     ("--sweep-out", args.sweep_out))
     if args.windows is not None and args.modes is not None:
@@ -325,6 +329,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
     _print_cache(metrics, "one held-out batch")
     return 0
+
+
+def _refuse_unread(overrides: Sequence[str], command: str, *reads: str) -> None:
+    """Refuses `--set` keys outside the settings `reads` (prefixes: "model" covers model.window)
+    that `command` reads: it would ignore them (or fail to load the checkpoint, for optimizer
+    settings that shape its state)."""
+    keys = [key.strip() for key, sep, _ in (o.partition("=") for o in overrides) if sep]
+    unread = [k for k in keys if not any(k == r or k.startswith(f"{r}.") for r in reads)]
+    if unread:
+        raise ValueError(f"--set {', '.join(unread)}: {command} would ignore "
+                         f"{'it' if len(unread) == 1 else 'them'}; it reads "
+                         f"{', '.join(reads)} (and what is under them)")
 
 
 def _given(*options: tuple[str, object]) -> str:
@@ -406,6 +422,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _at_least(args.seed, 0, "--seed")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p={args.top_p}: expected a value in (0, 1]")
+    _refuse_unread(args.overrides, "generate", "model", "train.mesh")  # its tokenizer: the run's
     experiment = _read_run(args.run_dir, args.overrides)
     vocab = experiment.model.vocab_size
     if args.top_k is not None and args.top_k > vocab:

@@ -174,7 +174,17 @@ def test_eval_names_its_checkpoint_step(trained, capsys):
      "--top-k=1000: expected at most the vocabulary size 257"),
     (["generate", "{run}", "--prompt-ids", "1", "--max-new-tokens", "0"],
      "--max-new-tokens=0: expected a finite value >= 1"),
-    (["eval", "{run}", "--set", "train.grad_clip=-2"], "TrainConfig.grad_clip=-2.0"),
+    (["eval", "{run}", "--set", "train.batch_size=-2"], "TrainConfig.batch_size=-2"),
+    # Settings eval never reads were ignored (a schedule: eval takes --modes), or, shaping the
+    # optimizer state, failed the checkpoint's load naming 120 optimizer arrays.
+    (["eval", "{run}", "--set", "train.mode_schedule.pattern=linear", "--set", "train.steps=9"],
+     "--set train.mode_schedule.pattern, train.steps: eval would ignore them; it reads model, "
+     "data, train.batch_size, train.seed, train.mesh, train.eval_batches"),
+    (["eval", "{run}", "--set", "train.grad_clip=none"], "--set train.grad_clip: eval would"),
+    (["eval", "{run}", "--batches", "1", "--set", "train.eval_batches=2"],
+     "--set train.eval_batches: eval would ignore it"),  # --batches wins
+    (["generate", "{run}", "--prompt-ids", "1", "--set", "data.tokenizer=other.json"],
+     "--set data.tokenizer: generate would ignore it; it reads model, train.mesh"),
     (["eval", "{run}", "--set", "model.d_model=32"], "does not match the experiment config"),
     # Batch 4 on 8 data devices: JAX's error named a NamedSharding's tiling, not the setting.
     (["eval", "{run}", "--set", "train.mesh.data=8"],
