@@ -239,6 +239,26 @@ def test_attention_non_causal_window():
     check_matches_single_device(fn, (q, k, v), shards=(4,))
 
 
+@pytest.mark.parametrize("name,change,message", [
+    ("attention", dict(window=2.5), "window must be an int >= 1 or None, got 2.5"),
+    ("attention", dict(segment_ids=SEGMENT_IDS[:, :16]),
+     r"segment_ids \(shape \(2, 16\).* is 16, but q \(shape \(2, 32, 4, 4\)\) says 32"),
+    ("native_hybrid_attention", dict(window=2.5), "window must be an int >= 0, got 2.5"),
+    ("native_hybrid_attention", dict(segment_ids=SEGMENT_IDS[:, :16]),
+     r"segment_ids \(shape \(2, 16\).* is 16, but given says 32")],
+    ids=["attention-window", "attention-segment-ids", "nha-window", "nha-segment-ids"])
+def test_bad_inputs_are_named_as_by_the_op(name, change, message):
+    """On shards, what the op refuses gets the op's error with the whole sequence's shapes
+    (not a shard's, nor a TypeError or broadcasting error from the halo or the documents)."""
+    q, k, v = _draw(13, (2, T, 4, 4), (2, T, 2, 4), (2, T, 2, 4))
+    g = _log_gates(15, (2, T, 2, 3), -1.0)
+    args = (q, k, v) if name == "attention" else (q, k, v, 1 - jnp.exp(g), g)
+    kwargs = dict(dict(window=3, segment_ids=SEGMENT_IDS), **change)
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=4), jax.devices()[:4])):
+        with pytest.raises(ValueError, match=f"{name}: .*{message}"):
+            jax.jit(functools.partial(getattr(cp, name), **kwargs)).trace(*args)
+
+
 def test_cross_attention_is_an_error():
     q, k, v = _draw(13, (2, T, 4, 4), (2, T // 2, 2, 4), (2, T // 2, 2, 3))
     with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=4), jax.devices()[:4])):

@@ -53,8 +53,10 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     if shards == 1:
         return _native_hybrid_attention(q, k, v, s, g, q_window=q_window, k_window=k_window,
                                        segment_ids=segment_ids, **op_kwargs)
-    if implementation == "attention" and _slots_idle(q, k, v, s, g, q_window, k_window,
-                                                     segment_ids, op_kwargs):
+    # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
+    _check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
+                  state=None, empty_slots=empty_slots, chunk_size=chunk_size)
+    if implementation == "attention" and window >= q.shape[1] and empty_slots == "mask":
         return _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name)
     dtype = compute_dtype(q, k, v, s, g, q_window, k_window)
     local_length = q.shape[1] // shards
@@ -85,18 +87,11 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     return shard_over_seq(local, seq, (), out_seq=True, axis_name=axis_name)
 
 
-def _slots_idle(q, k, v, s, g, q_window, k_window, segment_ids, op_kwargs) -> bool:
-    """Whether no slot is ever visible (w ≥ T, empty slots masked), where the op's "attention"
-    rung runs the call; the inputs checked as the op does."""
-    _check_inputs(q, k, v, s, g, q_window, k_window, segment_ids=segment_ids, state=None,
-                  **{name: op_kwargs[name] for name in ("window", "empty_slots", "chunk_size")})
-    return op_kwargs["window"] >= q.shape[1] and op_kwargs["empty_slots"] == "mask"
-
-
 def _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name):
-    """The op's "attention" rung, context-parallel: causal attention of the window branch
-    within documents, at the op's scale, in the window branch's dtype. (A shard's call with
-    an NHA state would refuse that rung: with a state its slots could take part.)"""
+    """The op's "attention" rung for idle slots (w ≥ T, empty ones masked), context-parallel:
+    causal attention of the window branch within documents, at the op's scale, in the window
+    branch's dtype. (A shard's call with an NHA state would refuse that rung: with a state its
+    slots could take part.)"""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     dtype = jnp.result_type(q_window, k_window, v)
     out = attention(q_window.astype(dtype), k_window.astype(dtype), v.astype(dtype),
