@@ -148,12 +148,17 @@ def run(run_dir: Path, windows_text: str, *, layers_text: str | None = None,
     """The command-line entry: sweep, print the table, write the files."""
     out = out or run_dir / "window_sweep"
     title = f"{run_dir.name}: held-out metrics against the window"
-    # The tables are rewritten after each window; an earlier sweep's plot beside them would
-    # show other rows if this one fails before its own plot.
-    (out / "window_sweep.png").unlink(missing_ok=True)
+
+    def write_rows(rows: list[dict]) -> None:
+        # The tables are rewritten after each window; an earlier sweep's plot beside them would
+        # show other rows if this one fails before its own plot. A sweep refused before its
+        # first row (a bad --windows, a missing step) leaves the earlier one whole.
+        if len(rows) == 1:
+            (out / "window_sweep.png").unlink(missing_ok=True)
+        write_tables(rows, out, title=title)
+
     rows = window_sweep(run_dir, parse_windows(windows_text), layers=parse_layers(layers_text),
-                        step=step, batches=batches, overrides=overrides,
-                        on_row=lambda rows: write_tables(rows, out, title=title))
+                        step=step, batches=batches, overrides=overrides, on_row=write_rows)
     paths = write_results(rows, out, title=title)
     print(paths[0].read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -33,6 +33,10 @@ def test_sweep_writes_a_table_csv_and_plot(tmp_path, capsys, monkeypatch):
     assert [row["step"] for row in rows] == [str(results["steps"])] * 3
     best = min(rows, key=lambda row: float(row["loss"]))["window"]
     assert f"lowest loss at window {best}\n" in out
+    # A sweep refused before its first row (a typo, a missing step) deleted the earlier plot.
+    assert main(["eval", str(run_dir), "--windows", "4,x"]) == 2
+    assert main(["eval", str(run_dir), "--windows", "4", "--step", "3"]) == 2
+    assert (sweep / "window_sweep.png").stat().st_size > 0
     # The trained window reproduces the run's own evaluation; the others differ.
     assert float(rows[1]["loss"]) == pytest.approx(results["eval_loss"], rel=1e-5)
     assert float(rows[0]["loss"]) != pytest.approx(float(rows[1]["loss"]), rel=1e-4)
