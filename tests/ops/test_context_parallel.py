@@ -396,6 +396,21 @@ def test_indivisible_time_is_an_error():
             jax.jit(cp.ssd)(x, dt, A, B, C)
 
 
+@pytest.mark.parametrize("name", ["ssd", "short_conv"])
+def test_sequence_inputs_of_other_lengths_are_an_error(name):
+    """Segment ids of 16 tokens for 32 (both divisible by 4): named with the whole shapes, not
+    by the op's check of a shard's 4 ids against its 8 tokens."""
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=4), jax.devices()[:4])):
+        with pytest.raises(ValueError, match=r"needs one time length \(axis 1\) for every "
+                           r"sequence input, got shapes \[\(2, 32, .*\), \(2, 16\)\]"):
+            if name == "ssd":
+                x, dt, A, B, C = ssd_args()
+                jax.jit(cp.ssd).trace(x, dt, A, B, C, segment_ids=SEGMENT_IDS[:, :16])
+            else:
+                x, weight = _draw(24, (2, T, 3), (3, 3))
+                jax.jit(cp.short_conv).trace(x, weight, segment_ids=SEGMENT_IDS[:, :16])
+
+
 def test_inside_a_shard_map_over_seq_the_ops_run_on_the_local_tokens():
     """A caller already manual over `seq` (its own shard_map) gets each device's tokens run as
     their own sequence: the ops do not split time again."""

@@ -47,10 +47,14 @@ def shard_over_seq(fn: Callable[..., Any], seq_args: Any, replicated_args: Any, 
     output is split along time (axis 1) and False where every shard returns the same value.
     """
     shards = seq_shards(axis_name)
-    for x in jax.tree.leaves(seq_args):
-        if x.shape[1] % shards:
+    shapes = [x.shape for x in jax.tree.leaves(seq_args)]
+    if len({shape[1:2] for shape in shapes}) > 1:  # shards would see other lengths (or none)
+        raise ValueError(f"context parallelism over {shards} '{axis_name}' devices needs one "
+                         f"time length (axis 1) for every sequence input, got shapes {shapes}")
+    for shape in shapes:
+        if shape[1] % shards:
             raise ValueError(f"context parallelism over {shards} '{axis_name}' devices needs a "
-                             f"time axis divisible by {shards}, got shape {x.shape}")
+                             f"time axis divisible by {shards}, got shape {shape}")
     out_specs = jax.tree.map(lambda split: P(None, axis_name) if split else P(), out_seq)
     return jax.shard_map(fn, in_specs=(P(None, axis_name), P()), out_specs=out_specs,
                          axis_names={axis_name})(seq_args, replicated_args)
