@@ -26,7 +26,7 @@ WIKITEXT_ARTICLE = r"^ = [^=].* = $"
 
 
 def make_token_file(spec: str, out: str, vocab: int, document_regex: str) -> TokenStream:
-    files = resolve_files(spec, "text files")
+    files = resolve_files(spec, "text", option="")
     tokenizer = train_bpe(corpus_texts(files, document_regex), vocab)
     stream = tokenize_documents(files, tokenizer, document_regex=document_regex)
     np.savez(out, tokens=np.asarray(stream.tokens, np.uint16), doc_starts=stream.doc_starts,

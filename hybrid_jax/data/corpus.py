@@ -93,12 +93,15 @@ class TokenStream:
         return len(self.tokens)
 
 
-def resolve_files(spec: str, what: str) -> list[Path]:
-    """Files named by `spec`: paths and globs, comma-separated; missing ones raise, naming them."""
+def resolve_files(spec: str, what: str, *, option: str | None = None) -> list[Path]:
+    """Files named by `spec`: paths and globs, comma-separated; missing ones raise, naming them.
+    `option`: how a command line gives `what`, for the examples in errors (default
+    `--set WHAT=`; "" for a positional argument, e.g. `hybrid-jax tokenizer train FILES`)."""
+    option = f"--set {what}=" if option is None else option
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts:
         raise ValueError(f"{what} is empty: set it to a file, a glob or a comma-separated list, "
-                         f"e.g. --set {what}=corpus/*.txt")
+                         f"e.g. {option}corpus/*.txt")
     files: list[Path] = []
     for part in parts:
         pattern = os.path.expanduser(part)
@@ -111,7 +114,7 @@ def resolve_files(spec: str, what: str) -> list[Path]:
             files.append(Path(pattern))
         elif Path(pattern).is_dir():  # "not found" misled: it is there
             raise ValueError(f"{what}={part!r} is a directory: give its files, e.g. "
-                             f"--set {what}={os.path.join(part, '*.txt')}")
+                             f"{option}{os.path.join(part, '*.txt')}")
         else:
             raise FileNotFoundError(f"{what}: data file {part} not found (from {os.getcwd()})")
     return files

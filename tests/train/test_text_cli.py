@@ -123,6 +123,10 @@ def test_resume_extends_the_run_with_progress_lines(run_dir, corpus, tokenizer_f
 @pytest.mark.parametrize("argv, message", [
     (["plot", "/no/run", "--out", "x.png"], "/no/run/metrics.jsonl not found"),
     (["tokenizer", "train", "/no/*.txt", "--out", "t.json"], "files='/no/*.txt' matches no file"),
+    # The hints named an option the command does not have (--set files=...).
+    (["tokenizer", "train", "/tmp", "--out", "t.json"],
+     "files='/tmp' is a directory: give its files, e.g. /tmp/*.txt"),
+    (["tokenizer", "train", "", "--out", "t.json"], "a comma-separated list, e.g. corpus/*.txt"),
 ])
 def test_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2
