@@ -308,8 +308,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _at_least(args.batches, 0, "--batches")
     # The train.* settings that decide the held-out batches and their layout; the others (the
     # schedule, the optimizer) are training's (train.mode_schedule too: eval takes --modes).
-    _refuse_unread(args.overrides, "eval", "model", "data", "train.batch_size", "train.seed",
-                   "train.mesh", *(("train.eval_batches",) if args.batches is None else ()))
+    # data.tokenizer: the run's tokenizer.json holds (its checkpoints were trained with it).
+    _refuse_unread(args.overrides, "eval", ("model", "data", "train.batch_size", "train.seed",
+                                            "train.mesh", *(("train.eval_batches",)
+                                                            if args.batches is None else ())),
+                   ignores=("data.tokenizer",))
     _refuse_without("--windows", args.windows, ("--layers", args.layers),
                     ("--sweep-out", args.sweep_out))
     if args.windows is not None and args.modes is not None:
@@ -331,16 +334,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_unread(overrides: Sequence[str], command: str, *reads: str) -> None:
-    """Refuses `--set` keys outside the settings `reads` (prefixes: "model" covers model.window)
-    that `command` reads: it would ignore them (or fail to load the checkpoint, for optimizer
-    settings that shape its state)."""
+def _refuse_unread(overrides: Sequence[str], command: str, reads: Sequence[str],
+                   ignores: Sequence[str] = ()) -> None:
+    """Refuses `--set` keys that `command` would ignore (or fail on: optimizer settings shape
+    the checkpoint's state): those outside the settings `reads`, or inside `ignores` (prefixes:
+    "model" covers model.window)."""
+    def under(key: str, prefixes: Sequence[str]) -> bool:
+        return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
     keys = [key.strip() for key, sep, _ in (o.partition("=") for o in overrides) if sep]
-    unread = [k for k in keys if not any(k == r or k.startswith(f"{r}.") for r in reads)]
+    unread = [k for k in keys if not under(k, reads) or under(k, ignores)]
     if unread:
         raise ValueError(f"--set {', '.join(unread)}: {command} would ignore "
-                         f"{'it' if len(unread) == 1 else 'them'}; it reads "
-                         f"{', '.join(reads)} (and what is under them)")
+                         f"{'it' if len(unread) == 1 else 'them'}; it reads {', '.join(reads)} "
+                         f"(and what is under them){''.join(f', not {k}' for k in ignores)}")
 
 
 def _given(*options: tuple[str, object]) -> str:
@@ -422,7 +429,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _at_least(args.seed, 0, "--seed")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p={args.top_p}: expected a value in (0, 1]")
-    _refuse_unread(args.overrides, "generate", "model", "train.mesh")  # its tokenizer: the run's
+    _refuse_unread(args.overrides, "generate", ("model", "train.mesh"))  # the run's tokenizer
     experiment = _read_run(args.run_dir, args.overrides)
     vocab = experiment.model.vocab_size
     if args.top_k is not None and args.top_k > vocab:

@@ -183,6 +183,9 @@ def test_eval_names_its_checkpoint_step(trained, capsys):
     (["eval", "{run}", "--set", "train.grad_clip=none"], "--set train.grad_clip: eval would"),
     (["eval", "{run}", "--batches", "1", "--set", "train.eval_batches=2"],
      "--set train.eval_batches: eval would ignore it"),  # --batches wins
+    (["eval", "{run}", "--set", "data.tokenizer=byte"],  # the run's tokenizer.json holds
+     "--set data.tokenizer: eval would ignore it; it reads model, data, train.batch_size, "
+     "train.seed, train.mesh, train.eval_batches (and what is under them), not data.tokenizer"),
     (["generate", "{run}", "--prompt-ids", "1", "--set", "data.tokenizer=other.json"],
      "--set data.tokenizer: generate would ignore it; it reads model, train.mesh"),
     (["eval", "{run}", "--set", "model.d_model=32"], "does not match the experiment config"),
