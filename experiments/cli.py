@@ -93,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir", type=Path)
     _add_step(evaluate)
     evaluate.add_argument("--batches", type=int, default=None,
-                          help="eval batches (default train.eval_batches; 0: the whole held-out "
-                               "split)")
+                          help="eval batches (default train.eval_batches; 0, or more than "
+                               "there are: all, a synthetic task's in whole batches)")
     evaluate.add_argument("--windows", default=None, metavar="W,W,...",
                           help="evaluate at each attention window, e.g. 0,4,16,full: a table and "
                                "a plot (experiments/window_sweep.py)")
@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --windows: output folder (default RUN_DIR/window_sweep)")
     evaluate.add_argument("--modes", default=None, metavar="SCHEDULE",
                           help="Oryx modes: linear, attention or scored=attention,other=linear "
-                               "(attention on the positions whose next token is scored)")
+                               "(attention on the positions whose next token is scored); "
+                               "default: the blocks' default_mode, not train.mode_schedule "
+                               "(which the run's logged evals used)")
     _add_overrides(evaluate, "model.window=16 or data.eval_path=valid.txt")
 
     gen = sub.add_parser("generate", help="continue prompts with a run's model")

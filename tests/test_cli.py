@@ -81,6 +81,15 @@ def test_eval_with_oryx_modes_reports_attention_tokens_and_cache(tmp_path, capsy
     assert "decode cache for one held-out batch" in captured.err
 
 
+def test_eval_help_states_what_the_defaults_do():
+    """--batches 0 said "the whole held-out split" (a synthetic task's last partial batch is
+    left out); --modes named no default (not the schedule of the run's logged evals)."""
+    evaluate = cli.build_parser()._subparsers._group_actions[0].choices["eval"]
+    helps = {action.dest: action.help for action in evaluate._actions}
+    assert "a synthetic task's in whole batches" in helps["batches"]
+    assert "default: the blocks' default_mode, not train.mode_schedule" in helps["modes"]
+
+
 def test_generate_is_greedy_and_deterministic(run_dir, capsys):
     assert main(["generate", str(run_dir), "--prompt-ids", "3 5 7", "--max-new-tokens", "5"]) == 0
     first = capsys.readouterr().out.split()
