@@ -140,7 +140,9 @@ def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_i
 
 
 def _check_window(op: str, window: int | None) -> None:
-    if window is not None and (not isinstance(window, int | np.integer) or window < 1):
+    # (a bool is an int to Python: window=True would be a band of 1)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int | np.integer)
+                               or window < 1):
         raise ValueError(f"{op}: window must be an int >= 1 or None, got {window!r}")
 
 

@@ -103,6 +103,7 @@ def test_bf16_output_dtype_and_accuracy():
     [
         (dict(window=0), "window must be an int >= 1 or None, got 0"),
         (dict(window=2.5), "window must be an int >= 1 or None, got 2.5"),
+        (dict(window=True), "window must be an int >= 1 or None, got True"),
         (dict(segment_ids=jnp.zeros((1, 4))), "segment_ids must be integers, got dtype float32"),
         (dict(q_positions=jnp.arange(4.0)), "q_positions must be integers"),
         (dict(kv_positions=jnp.arange(4.0)), "kv_positions must be integers"),
