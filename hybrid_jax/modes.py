@@ -61,8 +61,9 @@ def _parts(schedule: str, names: tuple[str, str]) -> dict[str, int]:
     """"MODE" (both parts) or "A=MODE,B=MODE" for the two part `names` → {part: mode id}."""
     parts = dict.fromkeys(names, schedule)
     if "=" in schedule:
-        parts = dict(part.partition("=")[::2] for part in schedule.split(","))
-        if set(parts) != set(names):
+        pairs = [part.partition("=")[::2] for part in schedule.split(",")]
+        parts = dict(pairs)
+        if set(parts) != set(names) or len(pairs) != len(names):  # a repeat: the last one won
             raise ValueError(f"mode schedule {schedule!r}: expected '{names[0]}=MODE,"
                              f"{names[1]}=MODE'")
     for name, mode in parts.items():

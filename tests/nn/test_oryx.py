@@ -310,6 +310,8 @@ def test_mode_schedules_exact_values_and_errors():
         inference_modes("prefill=linear,decode=fast", [2], 4)
     with pytest.raises(ValueError, match="expected 'prefill=MODE,decode=MODE'"):
         inference_modes("prefill=linear,decode=attention,draft=linear", [2], 4)
+    with pytest.raises(ValueError, match="expected 'scored=MODE,other=MODE'"):  # a part twice
+        batch_modes("scored=attention,other=linear,scored=linear", mask)
     explicit = inference_modes(np.array([[0, 1, 1]], bool), [1], 3)
     assert explicit.tolist() == [[0, 1, 1]] and explicit.dtype == np.int32
     with pytest.raises(ValueError, match=r"expected \[batch, prompt \+ new tokens\] = \[1, 4\] "
