@@ -56,6 +56,11 @@ def linear_scan(
     a = jnp.broadcast_to(a, b.shape).astype(dtype)
     b = b.astype(dtype)
     if initial_state is not None:
+        expected = b.shape[:axis] + b.shape[axis + 1:]
+        if tuple(initial_state.shape) != expected:  # a broadcastable one passed unnoticed
+            raise ValueError(f"linear_scan: initial_state must have shape {expected} (b's "
+                             f"{tuple(b.shape)} without axis {axis}), got "
+                             f"{tuple(initial_state.shape)}")
         first = jax.lax.index_in_dim(b, 0, axis) + jax.lax.index_in_dim(a, 0, axis) * (
             jnp.expand_dims(initial_state, axis))
         b = jax.lax.dynamic_update_index_in_dim(b, first.astype(dtype), 0, axis)

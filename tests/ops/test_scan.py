@@ -43,6 +43,14 @@ def test_linear_scan_real(x64, axis, with_initial):
     assert_close(out, numpy_linear_scan(np.tanh(a), b, h0, axis % 3), 1e-12)
 
 
+def test_linear_scan_refuses_an_initial_state_of_another_shape():
+    """A state that merely broadcasts ([H, N] for [B, H, N]) gave every row the same start."""
+    b = jnp.ones((2, 3, 4, 5))
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(2, 4, 5\) \(b's "
+                                         r"\(2, 3, 4, 5\) without axis 1\), got \(4, 5\)"):
+        linear_scan(b, b, jnp.ones((4, 5)))
+
+
 def test_linear_scan_complex_broadcast_decay(x64):
     """A time-invariant complex decay `[H, N]` broadcast against inputs `[B, T, H, N]`."""
     a_re, a_im, b, h_re, h_im = normals(1, (3, 4), (3, 4), (2, 9, 3, 4), (2, 3, 4), (2, 3, 4))
