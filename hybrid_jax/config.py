@@ -651,7 +651,15 @@ def _parse_as(kind: Any, value: str, name: str = "value") -> Any:
         return int(value)
     if kind is float:
         return float(value)
-    if kind is str or kind is Any:
+    if kind is Any:  # ExperimentConfig.data: a kind's defaults (data=text), or JSON of one
+        if not value.lstrip().startswith("{"):
+            return data_config_class(value)()
+        what = 'a JSON object of a data config, e.g. \'{"kind": "text", "path": ...}\''
+        parsed = _json(value, what)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"expected {what}, got {value!r}")
+        return from_dict(Any, parsed)
+    if kind is str:
         return value
     if typing.get_origin(kind) is tuple:
         parsed = _json(value, 'a JSON list, e.g. \'["a", "b"]\'')

@@ -24,6 +24,7 @@ from hybrid_jax.config import (
     to_dict,
 )
 from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.data.text import TextConfig
 
 
 @pytest.mark.parametrize(
@@ -135,6 +136,19 @@ def test_a_preset_name_sets_the_whole_model_and_model_fields_apply_on_top():
         assert apply_overrides(experiment, order).model == dataclasses.replace(
             presets.get("pha-tiny"), vocab_size=300)
     assert apply_overrides(experiment, ["model=gdn-tiny"]).model == presets.get("gdn-tiny")
+
+
+def test_a_data_kind_sets_the_whole_data_config_and_data_fields_apply_on_top():
+    """`data=mqar` was refused as "expected a registered data config (kinds: [... 'mqar' ...])"."""
+    experiment = registry.get("mqar-hybrid-tiny")
+    for order in (["data=text", "data.path=a.txt"], ["data.path=a.txt", "data=text"]):
+        assert apply_overrides(experiment, order).data == TextConfig(path="a.txt")
+    assert apply_overrides(experiment, ['data={"kind": "mqar", "seq_len": 32}']).data == \
+        MQARConfig(seq_len=32)
+    with pytest.raises(ValueError, match=r"unknown data kind 'mqr' \(did you mean 'mqar'\?\)"):
+        apply_overrides(experiment, ["data=mqr"])
+    with pytest.raises(ValueError, match=r"expected a JSON object of a data config"):
+        apply_overrides(experiment, ["data={1"])
 
 
 def test_override_values_parse_by_type_exactly():
