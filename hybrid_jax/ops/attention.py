@@ -83,7 +83,7 @@ def attention(
     Returns:
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
     """
-    _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids)
+    check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids)
     if segment_extents is not None and (segment_ids is None or kv_segment_ids is not None):
         raise ValueError(f"{_OP}: segment_extents need the segment_ids of a self-attention "
                          "call (and no kv_segment_ids)")
@@ -113,7 +113,9 @@ def segment_extents(segment_ids_BT: jax.Array) -> pallas_flash.Extents:
     return pallas_flash.document_extents(segment_ids_BT)
 
 
-def _check(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids) -> None:
+def check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids
+                 ) -> None:
+    """Refuses inputs `attention` cannot take, naming what was expected and found."""
     sizes = check_dims(_OP, {}, q=(q, "BTHD"), k=(k, "BSGD"), v=(v, "BSG_"))
     if sizes["T"] == 0 or sizes["S"] == 0:
         raise ValueError(f"{_OP}: needs at least one query and one key, got q shape "

@@ -168,8 +168,8 @@ def native_hybrid_attention(
     """
     q_window = q if q_window is None else q_window
     k_window = k if k_window is None else k_window
-    _check(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
-           state=initial_state, empty_slots=empty_slots, chunk_size=chunk_size)
+    check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
+                 state=initial_state, empty_slots=empty_slots, chunk_size=chunk_size)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     dtype = compute_dtype(q, k, v, s, g, q_window, k_window)
     num_steps = q.shape[1]
@@ -760,8 +760,10 @@ def _check_state(op: str, state: NHAState, sizes: dict[str, int], ring: int) -> 
     check_integer(op, length=jnp.asarray(state.length), document_start=state.document_start)
 
 
-def _check(q, k, v, s, g, q_window, k_window, *, window, segment_ids, state, empty_slots,
-           chunk_size) -> None:
+def check_inputs(q, k, v, s, g, q_window, k_window, *, window, segment_ids, state, empty_slots,
+                 chunk_size) -> None:
+    """Refuses inputs `native_hybrid_attention` cannot take, naming what was expected and
+    found."""
     sizes = check_dims(_OP, {}, q=(q, "BTHK"), k=(k, "BTGK"), v=(v, "BTGV"), s=(s, "BTGM"),
                        g=(g, "BTGM"), q_window=(q_window, "BTHD"), k_window=(k_window, "BTGD"))
     check_floating(_OP, q=q, k=k, v=v, s=s, g=g, q_window=q_window, k_window=k_window)

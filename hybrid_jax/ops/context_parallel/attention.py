@@ -14,8 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.attention import _check as _check_inputs
 from hybrid_jax.ops.attention import attention as _attention
+from hybrid_jax.ops.attention import check_inputs
 from hybrid_jax.ops.context_parallel.collectives import SEQ_AXIS, halo, seq_shards, shard_over_seq
 
 
@@ -33,7 +33,7 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
                           kv_positions=kv_positions, segment_extents=segment_extents,
                           **op_kwargs)
     # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
-    _check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, None)
+    check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, None)
     if q_positions is not None or kv_positions is not None or q.shape[1] != k.shape[1]:
         raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
                          "self-attention without explicit positions (a decode step runs "

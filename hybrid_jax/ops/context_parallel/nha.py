@@ -33,8 +33,7 @@ from hybrid_jax.ops.context_parallel.collectives import (
     shard_over_seq,
 )
 from hybrid_jax.ops.context_parallel.recurrences import slot_decay
-from hybrid_jax.ops.nha import NHAState
-from hybrid_jax.ops.nha import _check as _check_inputs
+from hybrid_jax.ops.nha import NHAState, check_inputs
 from hybrid_jax.ops.nha import native_hybrid_attention as _native_hybrid_attention
 from hybrid_jax.ops.scan import compute_dtype
 from hybrid_jax.ops.segments import RESET_LOG_DECAY
@@ -54,7 +53,7 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
         return _native_hybrid_attention(q, k, v, s, g, q_window=q_window, k_window=k_window,
                                        segment_ids=segment_ids, **op_kwargs)
     # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
-    _check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
+    check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
                   state=None, empty_slots=empty_slots, chunk_size=chunk_size)
     if implementation == "attention" and window >= q.shape[1] and empty_slots == "mask":
         return _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name)
