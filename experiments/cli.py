@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", type=Path, required=True, help="the run directory to write")
     imp.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     imp.add_argument("--fsdp", type=int, default=1,
-                     help="shard the parameters over this many devices as they are read")
+                     help="shard the parameters over this many devices as they are read (-1: "
+                          "all of them)")
     imp.add_argument("--scan-layers", action="store_true",
                      help="stack the layers (nnx.scan: fast compiles for eval and fine-tuning)")
 
@@ -507,10 +508,16 @@ def _print_speculative(stats: dict | None) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    import jax
+
     from hybrid_jax.config import MeshConfig
     from hybrid_jax.convert.hf import import_hf
     from hybrid_jax.sharding import make_mesh
 
+    devices = jax.device_count()  # the mesh's errors name train.mesh.*, which import has not
+    if not (args.fsdp == -1 or 1 <= args.fsdp <= devices):
+        raise ValueError(f"--fsdp={args.fsdp}: expected 1 to {devices} (the devices available), or "
+                         "-1 for all of them")
     mesh = make_mesh(MeshConfig(data=1, fsdp=args.fsdp))
     experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh,
                               scan_layers=args.scan_layers)

@@ -173,6 +173,10 @@ def test_param_count_of_a_deep_stack_of_two_layer_kinds(monkeypatch):
          "--time-limit=inf: expected a finite value >= 0"),
         (["scale", "mqar-transformer-tiny", "--devices", "2,0"],
          "--devices: expected positive counts, got '2,0'"),
+        # The mesh's errors named MeshConfig and "lower train.mesh.data / fsdp / ...".
+        (["import", "hf", "/nonexistent", "--out", "x", "--fsdp", "9"],
+         "--fsdp=9: expected 1 to 8 (the devices available), or -1 for all of them"),
+        (["import", "hf", "/nonexistent", "--out", "x", "--fsdp", "0"], "--fsdp=0: expected 1"),
     ],
 )
 def test_errors_are_one_line(argv, message, capsys):
