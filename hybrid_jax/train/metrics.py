@@ -18,16 +18,20 @@ from hybrid_jax.files import write_atomic
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of `RUN_DIR/metrics.jsonl` (a torn last line, from a kill, is skipped)."""
+    """The records of `RUN_DIR/metrics.jsonl`: a torn line (from a kill) is skipped, and so is
+    any other line that is not a record (a JSON object with a step: `plot`, `inspect` and a
+    resume's `truncate` read each one's step)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a run directory?")
     records = []
     for line in path.read_text().splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
     return records
 
 

@@ -343,6 +343,10 @@ def test_truncate_without_a_file_and_a_torn_line_midway(tmp_path):
                                                                  (4, True)]
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
     assert read_metrics(tmp_path) == [{"step": 1}, {"step": 3}]
+    # Lines that are JSON but no record (damage): `plot` failed on one as an unexpected
+    # TypeError ("argument of type 'int' is not iterable"), or a KeyError without a step.
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n5\n{"loss": 2.0}\n[3]\n{"step": 3}\n')
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 3}]
 
 
 def test_nonfinite_message_says_loss_or_gradient():
