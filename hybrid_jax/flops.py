@@ -179,6 +179,8 @@ def step_flops(config: ModelConfig, length: int, params: nnx.State | None = None
                ) -> StepFlops:
     """Forward FLOPs per token of `config` on sequences of `length` tokens; `params` as in
     `matmul_params` (a caller that has traced the model passes them)."""
+    if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < 1:
+        raise ValueError(f"step_flops: length must be an int >= 1, got {length!r}")
     attention, recurrence = (), 0.0
     uncounted = []
     for i, spec in enumerate(config.layers):

@@ -165,3 +165,10 @@ def test_scanned_layers_count_the_matmuls_of_unscanned_ones():
     config = ModelConfig(layers=("mamba2", "attention") * 2, vocab_size=10, d_model=32,
                          num_heads=2)
     assert matmul_params(config.replace(scan_layers=True)) == matmul_params(config)
+
+
+@pytest.mark.parametrize("length", [0, -8, 2.5])
+def test_a_length_that_is_no_sequence_is_refused(length):
+    """Counted as given, 0 or a negative length gave negative attention FLOPs, silently."""
+    with pytest.raises(ValueError, match=f"length must be an int >= 1, got {length}"):
+        step_flops(presets.get("transformer-tiny"), length)
