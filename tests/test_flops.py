@@ -169,6 +169,6 @@ def test_scanned_layers_count_the_matmuls_of_unscanned_ones():
 
 @pytest.mark.parametrize("length", [0, -8, 2.5])
 def test_a_length_that_is_no_sequence_is_refused(length):
-    """Counted as given, 0 or a negative length gave negative attention FLOPs, silently."""
+    """Counted as given: no attention FLOPs at length 0, negative ones below, silently."""
     with pytest.raises(ValueError, match=f"length must be an int >= 1, got {length}"):
         step_flops(presets.get("transformer-tiny"), length)
