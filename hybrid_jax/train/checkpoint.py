@@ -118,15 +118,22 @@ def saved_steps(run_dir: str | Path) -> list[int]:
 class Checkpointer:
     """Saves/restores `{"state": pytree, "meta": json}` under `DIR/checkpoints/<step>`."""
 
-    def __init__(self, run_dir: str | Path, *, keep: int | None = 3, async_save: bool = True):
+    def __init__(self, run_dir: str | Path, *, keep: int | None = 3, async_save: bool = True,
+                 read_only: bool = False):
+        """`read_only`: for a load (eval, generate, export), which must leave the directory as
+        it found it: no `checkpoints/` created (a missing one raises FileNotFoundError) and no
+        temporary directories removed (they may be the save a training run is writing)."""
         self.directory = Path(run_dir).absolute() / "checkpoints"
+        if read_only and not self.directory.is_dir():
+            raise FileNotFoundError(f"no checkpoint found in {run_dir}: {self.directory} does "
+                                    "not exist")
         self._sealing, self.async_save = threading.Lock(), async_save
         self._unsealed: set[int] = set()  # steps this Checkpointer saved, not yet sealed
         # An async save writes its checksums when orbax has committed it; a synchronous one
         # right after `save` (orbax accepts the callback only for async saves).
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,
+            max_to_keep=keep, create=not read_only, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=not read_only,
             async_options=(ocp.AsyncOptions(post_finalization_callback=self._seal)
                            if async_save else None))
         handlers = {"state": ocp.StandardCheckpointHandler(),

@@ -190,7 +190,7 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
 
     A text run's `tokenizer.json` must be the one the checkpoint was trained with."""
     run_dir = Path(run_dir)
-    checkpointer = Checkpointer(run_dir, keep=None)
+    checkpointer = Checkpointer(run_dir, keep=None, read_only=True)
     try:
         with use_rules(axis_rules(experiment.train.mesh)):
             ts, meta = _restore(_abstract_train_state(experiment, mesh), checkpointer,

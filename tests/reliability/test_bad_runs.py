@@ -211,6 +211,16 @@ def test_eval_lays_out_a_run_by_its_axis_rules(trained, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[0])["tokens"] > 0
 
 
+@pytest.mark.parametrize("command", [["eval"], ["generate", "--prompt-ids", "1"]])
+def test_a_run_without_checkpoints_is_named_and_left_as_it_was(trained, tmp_path, capsys,
+                                                               command):
+    """The load made an empty checkpoints/ there (orbax's manager creates its directory)."""
+    shutil.copy(trained / "config.json", tmp_path)
+    err = one_line_error(capsys, [command[0], str(tmp_path), *command[1:]])
+    assert f"no checkpoint found in {tmp_path}: {tmp_path / 'checkpoints'} does not exist" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
 def test_config_json_damaged(run, capsys):
     (run / "config.json").write_text("{not json")
     assert "config.json is not valid JSON" in one_line_error(capsys, ["eval", str(run)])

@@ -146,6 +146,21 @@ def test_a_torn_save_is_removed_by_the_next_run(tmp_path):
     assert not torn.exists() and saved_steps(tmp_path) == [1, 2]
 
 
+def test_a_read_only_checkpointer_leaves_the_directory_as_it_found_it(tmp_path):
+    """eval/generate/export load read-only: a run without checkpoints/ is named, not given an
+    empty one; a temporary directory stays (it may be the save of a training run now)."""
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'checkpoints'} does not exist"):
+        Checkpointer(tmp_path, read_only=True)
+    assert list(tmp_path.iterdir()) == []
+    saved(tmp_path)
+    torn = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp-1700000000000000"
+    torn.mkdir()
+    checkpointer = Checkpointer(tmp_path, read_only=True)
+    checkpointer.restore(TARGET)
+    checkpointer.close()
+    assert torn.is_dir()
+
+
 def test_a_step_not_saved_is_refused_naming_the_saved_ones(tmp_path):
     saved(tmp_path, steps=(1, 3))
     with pytest.raises(FileNotFoundError, match=r"checkpoints/2 not found; available steps: "
