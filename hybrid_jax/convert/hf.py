@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from hybrid_jax.config import ExperimentConfig
 from hybrid_jax.convert.hf_config import hf_config_from_model, model_config_from_hf
 from hybrid_jax.convert.hf_weights import hf_tensors, load_hf_model, save_safetensors
-from hybrid_jax.convert.run_dir import pretrained_experiment, write_run
+from hybrid_jax.convert.run_dir import pretrained_experiment, refuse_a_run, write_run
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import (
     HF_GENERATION_CONFIG,
@@ -51,6 +51,7 @@ def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float
     and writes it as the run directory `run_dir` (`scan_layers`: its layers stacked for
     `nnx.scan`, fast compiles; `generate` and `export` unstack them)."""
     directory, run_dir = Path(directory), Path(run_dir)
+    refuse_a_run(run_dir)  # before the model loads (`write_run` checks again)
     hf = read_hf_config(directory / "config.json")
     config = model_config_from_hf(hf, dtype=dtype)
     if not (directory / TOKENIZER_FILE).is_file():

@@ -41,11 +41,9 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
     no run's outputs (checkpoints, metrics, results: they would read as this model's) and no
     process writing there (`RunLock`)."""
     run_dir = Path(run_dir)
+    refuse_a_run(run_dir)  # before the lock: a refused call leaves no .lock there
     with RunLock(run_dir):  # as a training run holds it: neither writes while the other does
-        found = run_outputs(run_dir)
-        if found:
-            raise ValueError(f"{run_dir} already holds a run ({', '.join(found)}): choose "
-                             "another --out")
+        refuse_a_run(run_dir)  # again: another writer may have finished in between
         new_files = [run_dir / file.name for file in files if not (run_dir / file.name).exists()]
         try:
             _write(run_dir, experiment, model, files, source)
@@ -58,6 +56,14 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
                 path.unlink(missing_ok=True)
             raise
     return run_dir
+
+
+def refuse_a_run(run_dir: Path) -> None:
+    """Raises ValueError if `run_dir` holds a run's outputs (`write_run` would mix with them)."""
+    found = run_outputs(run_dir)
+    if found:
+        raise ValueError(f"{run_dir} already holds a run ({', '.join(found)}): choose another "
+                         "--out")
 
 
 def _write(run_dir: Path, experiment: ExperimentConfig, model: LanguageModel,

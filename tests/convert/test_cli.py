@@ -2,6 +2,7 @@
 one-line errors."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,16 @@ def test_unknown_tokenizer_is_one_line(run_dir, tmp_path, capsys):
     assert "unknown hybrid_jax_tokenizer 'sentencepiece'" in capsys.readouterr().err
 
 
+def test_import_into_the_source_directory_is_refused_leaving_it_as_it_was(tmp_path, capsys):
+    """It left a .lock there, after loading the whole model."""
+    source = tmp_path / "llama"
+    shutil.copytree(FIXTURES / "llama", source)
+    before = sorted(p.name for p in source.iterdir())
+    assert main(["import", "hf", str(source), "--out", str(source)]) == 2
+    assert f"{source} already holds a run (config.json)" in capsys.readouterr().err
+    assert sorted(p.name for p in source.iterdir()) == before
+
+
 def test_write_run_names_its_tokenizer_absolutely_and_never_overwrites(tmp_path, monkeypatch):
     """A run directory given relative to the working directory records its tokenizer by an
     absolute path (so eval / train --resume from elsewhere find it), and a write into a
@@ -154,8 +165,7 @@ def test_write_run_names_its_tokenizer_absolutely_and_never_overwrites(tmp_path,
     (tmp_path / "trained" / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(ValueError, match=r"trained already holds a run \(metrics.jsonl\)"):
         write_run("trained", experiment, model)
-    assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == [".lock",
-                                                                         "metrics.jsonl"]
+    assert [p.name for p in (tmp_path / "trained").iterdir()] == ["metrics.jsonl"]  # no .lock
     # A directory a training process holds (its lock): refused, naming the holder.
     with RunLock(tmp_path / "busy"), pytest.raises(RunDirError, match="busy is in use by "
                                                                      "another run"):
