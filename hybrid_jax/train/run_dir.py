@@ -8,6 +8,7 @@ unless `force` (then those outputs are removed; a `tokenizer.json` put there for
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -114,9 +115,30 @@ def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> b
         raise RunDirError(f"{run_dir} already holds {what} ({', '.join(present)}): pass --resume "
                           "to continue it, --force to overwrite it, or choose another --out")
     for item in present:
-        path = run_dir / item
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        _remove(run_dir / item)
     return False
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        # ignore_errors: a data-loading thread of a failed start-up may still write under it
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def undo_failed_start(run_dir: Path):
+    """Within, a fresh run (no run outputs in `run_dir`) that fails before writing its
+    `config.json` (at start-up: a vocabulary too small for the tokenizer, a batch the mesh
+    cannot split) removes what it wrote there (its tokenizer.json, token cache, checkpoints/),
+    so the directory is as the call found it; what was there before (a tokenizer.json from
+    `hybrid-jax tokenizer train --out RUN_DIR`) is kept."""
+    fresh, before = not run_outputs(run_dir), set(run_dir.iterdir())
+    try:
+        yield
+    except BaseException:
+        if fresh and not (run_dir / "config.json").exists():
+            for path in set(run_dir.iterdir()) - before:
+                _remove(path)
+        raise

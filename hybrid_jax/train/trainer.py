@@ -76,7 +76,7 @@ from hybrid_jax.train.optimizer import (
 )
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.prefetch import DevicePrefetcher
-from hybrid_jax.train.run_dir import RunLock, make_run_dir, prepare_run_dir
+from hybrid_jax.train.run_dir import RunLock, make_run_dir, prepare_run_dir, undo_failed_start
 
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
 
@@ -691,7 +691,8 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
         return _train(experiment, out, progress, _agreed(resume))
     with RunLock(out):
         resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
-        return _train(experiment, out, progress, _agreed(resume))
+        with undo_failed_start(out):
+            return _train(experiment, out, progress, _agreed(resume))
 
 
 def _agreed(resume: bool) -> bool:
