@@ -528,9 +528,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hybrid_jax.convert.hf import export_hf
+    from hybrid_jax.convert.hf import export_config, export_hf
 
-    ts, _ = _load_run(args.run_dir, _read_run(args.run_dir, []), args.step, "export")
+    experiment = _read_run(args.run_dir, [])
+    export_config(experiment.model, args.run_dir, args.out)  # its refusals, before the load
+    ts, _ = _load_run(args.run_dir, experiment, args.step, "export")
     print(f"wrote {export_hf(ts.model(), args.run_dir, args.out)}")
     return 0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jax.sharding import Mesh
 
-from hybrid_jax.config import ExperimentConfig
+from hybrid_jax.config import ExperimentConfig, ModelConfig
 from hybrid_jax.convert.hf_config import hf_config_from_model, model_config_from_hf
 from hybrid_jax.convert.hf_weights import hf_tensors, load_hf_model, save_safetensors
 from hybrid_jax.convert.run_dir import pretrained_experiment, refuse_a_run, write_run
@@ -75,6 +75,18 @@ def import_hf(directory: str | Path, run_dir: str | Path, *, dtype: str = "float
     return experiment, model
 
 
+def export_config(config: ModelConfig, run_dir: Path, out: Path) -> dict:
+    """The Hugging Face config.json of the model (of `config`) of run `run_dir`, exported to
+    `out`; refuses an `out` that is not new or empty, and a model a Llama-family config cannot
+    describe (`export` checks before it loads the checkpoint)."""
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        found = sorted(p.name for p in out.iterdir())[:4] if out.is_dir() else "a file"
+        raise ValueError(f"export: {out} is not an empty directory (it holds {found}): choose a "
+                         "new --out")
+    base = (read_hf_config(run_dir / HF_CONFIG) if (run_dir / HF_CONFIG).is_file() else None)
+    return hf_config_from_model(config, base)
+
+
 def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
               max_shard_bytes: int = 5 * 2**30) -> Path:
     """Writes `model` (of the run in `run_dir`) as a Hugging Face directory `out`: config.json,
@@ -87,16 +99,12 @@ def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
     scanned (stacked) layers is written per layer. `out` must be new or an empty directory:
     files of another model there (its shards, its index) would mix with these."""
     run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        found = sorted(p.name for p in out.iterdir())[:4] if out.is_dir() else "a file"
-        raise ValueError(f"export: {out} is not an empty directory (it holds {found}): choose a "
-                         "new --out")
     model = model.with_scan_layers(False)
-    base = (read_hf_config(run_dir / HF_CONFIG) if (run_dir / HF_CONFIG).is_file() else None)
-    hf = hf_config_from_model(model.config, base)
+    hf = export_config(model.config, run_dir, out)
+    base = (run_dir / HF_CONFIG).is_file()
     tokenizer = (load_tokenizer(run_dir / TOKENIZER_FILE)
                  if (run_dir / TOKENIZER_FILE).is_file() else None)
-    if base is None and tokenizer is not None:
+    if not base and tokenizer is not None:
         hf.update(eos_token_id=tokenizer.eos_id, bos_token_id=None)
     tensors, created = hf_tensors(model), not out.exists()
     try:
@@ -105,7 +113,7 @@ def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
         for name in TOKENIZER_FILES:
             if (run_dir / name).is_file():
                 shutil.copyfile(run_dir / name, out / name)
-        if base is None and isinstance(tokenizer, HFTokenizer) and not (
+        if not base and isinstance(tokenizer, HFTokenizer) and not (
                 out / HF_TOKENIZER_CONFIG).is_file():
             eos = tokenizer.tokenizer.id_to_token(tokenizer.eos_id)
             (out / HF_TOKENIZER_CONFIG).write_text(json.dumps(

@@ -146,6 +146,22 @@ def test_import_into_the_source_directory_is_refused_leaving_it_as_it_was(tmp_pa
     assert sorted(p.name for p in source.iterdir()) == before
 
 
+def test_export_refuses_before_loading_the_checkpoint(run_dir, tmp_path, capsys):
+    """A non-empty --out, or a model Llama cannot describe, was refused after the load."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert main(["export", "hf", str(run_dir), "--out", str(tmp_path / "full")]) == 2
+    assert capsys.readouterr().err.startswith(f"hybrid-jax export: error: export: {tmp_path}/full"
+                                              " is not an empty directory")
+    hybrid = tmp_path / "hybrid"  # no checkpoint: a load would fail naming that
+    hybrid.mkdir()
+    config = json.loads((run_dir / "config.json").read_text())
+    config["model"]["layers"] = ["mamba2", "attention"]
+    (hybrid / "config.json").write_text(json.dumps(config))
+    assert main(["export", "hf", str(hybrid), "--out", str(tmp_path / "hf")]) == 2
+    assert "found 'mamba2' at layers [0]" in capsys.readouterr().err
+
+
 def test_write_run_names_its_tokenizer_absolutely_and_never_overwrites(tmp_path, monkeypatch):
     """A run directory given relative to the working directory records its tokenizer by an
     absolute path (so eval / train --resume from elsewhere find it), and a write into a
