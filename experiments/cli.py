@@ -630,7 +630,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
         raise ValueError(f"{out.parent} holds a run ({', '.join(trained)}): its "
                          f"{out.name} belongs to that run; choose another --out")
     files = [f for spec in args.files for f in resolve_files(spec, "files", option="")]
-    texts = corpus_texts(files, encoding=args.encoding)
+    texts = corpus_texts(files, encoding=args.encoding, option="--encoding")
     if args.kind == "word":
         tokenizer = build_word_vocab(texts, args.vocab_size)
     else:

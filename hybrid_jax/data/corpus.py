@@ -143,9 +143,10 @@ def open_text(path: Path, encoding: str = "utf-8") -> IO[str]:
     return opener(path, "rt", encoding=encoding, errors="strict", newline="")
 
 
-def _checked_lines(path: Path, encoding: str) -> Iterator[str]:
+def _checked_lines(path: Path, encoding: str, option: str) -> Iterator[str]:
     """The lines of a text file; a decoding error, a NUL byte or a damaged compressed stream
-    raises ValueError naming the file and line."""
+    raises ValueError naming the file and line (and `option`, the caller's name for the
+    encoding: `data.encoding`, or `--encoding` of `hybrid-jax tokenizer train`)."""
     number = 0
     try:
         with open_text(path, encoding) as f:
@@ -154,11 +155,11 @@ def _checked_lines(path: Path, encoding: str) -> Iterator[str]:
                     raise ValueError(
                         f"data file {path} looks binary (a NUL byte on line {number}): give "
                         "text, ArrayRecord (.arrayrecord) or token (.npy, .bin) files, or set "
-                        "data.encoding (e.g. utf-16) if it is text")
+                        f"{option} (e.g. utf-16) if it is text")
                 yield line
     except UnicodeDecodeError as e:
         raise ValueError(f"data file {path} is not valid {encoding} text (near line "
-                         f"{number + 1}: {e.reason}): set data.encoding to its "
+                         f"{number + 1}: {e.reason}): set {option} to its "
                          "encoding (e.g. latin-1, cp1252)") from None
     except (EOFError, OSError, lzma.LZMAError, zlib.error) as e:  # bz2: OSError
         if path.suffix.lower() not in DECOMPRESSORS:
@@ -167,22 +168,23 @@ def _checked_lines(path: Path, encoding: str) -> Iterator[str]:
                          f"{number}): {e}") from None
 
 
-def document_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8"
-                    ) -> Iterator[tuple[bool, str]]:
-    """`(starts_document, text)` pieces of a text or ArrayRecord file."""
+def document_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8", *,
+                    option: str = "data.encoding") -> Iterator[tuple[bool, str]]:
+    """`(starts_document, text)` pieces of a text or ArrayRecord file; `option`: how the caller
+    sets `encoding`, for the errors' hints."""
     if file_kind(path) == "arrayrecord":
-        return array_record_pieces(path, encoding)
-    return text_pieces(path, document_regex, encoding)
+        return array_record_pieces(path, encoding, option=option)
+    return text_pieces(path, document_regex, encoding, option=option)
 
 
-def text_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8"
-                ) -> Iterator[tuple[bool, str]]:
+def text_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8", *,
+                option: str = "data.encoding") -> Iterator[tuple[bool, str]]:
     """`(starts_document, text)` pieces of a text file, each at most ~1M characters (cut at line
     ends, so a file never sits whole in memory)."""
     starts = re.compile(document_regex) if document_regex else None
     lines: list[str] = []
     size, new_document = 0, True
-    for line in _checked_lines(path, encoding):
+    for line in _checked_lines(path, encoding, option):
         if starts is not None and starts.match(line.rstrip("\r\n")):
             if lines:
                 yield new_document, "".join(lines)
@@ -197,7 +199,8 @@ def text_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8"
         yield new_document, "".join(lines)
 
 
-def array_record_pieces(path: Path, encoding: str = "utf-8") -> Iterator[tuple[bool, str]]:
+def array_record_pieces(path: Path, encoding: str = "utf-8", *, option: str = "data.encoding"
+                        ) -> Iterator[tuple[bool, str]]:
     """One document per record (text in `encoding`)."""
     from array_record.python.array_record_module import ArrayRecordReader
 
@@ -210,7 +213,7 @@ def array_record_pieces(path: Path, encoding: str = "utf-8") -> Iterator[tuple[b
                     text = record.decode(encoding)
                 except UnicodeDecodeError as e:
                     raise ValueError(f"data file {path}: record {index} is not valid {encoding} "
-                                     f"text ({e.reason} at byte {e.start}): set data.encoding"
+                                     f"text ({e.reason} at byte {e.start}): set {option}"
                                      ) from None
                 yield True, text
     finally:

@@ -104,13 +104,14 @@ def _bpe_vocab(spec: str) -> int | None:
                      "(e.g. bpe:8192), 'word' or the path of a tokenizer.json")
 
 
-def corpus_texts(files: list[Path], document_regex: str = "", encoding: str = "utf-8"
-                 ) -> Iterator[str]:
-    """The text of `files` in pieces (text or ArrayRecord), for training a tokenizer."""
+def corpus_texts(files: list[Path], document_regex: str = "", encoding: str = "utf-8", *,
+                 option: str = "data.encoding") -> Iterator[str]:
+    """The text of `files` in pieces (text or ArrayRecord), for training a tokenizer; `option`:
+    how the caller sets `encoding` (`document_pieces`)."""
     for path in files:
         if file_kind(path) == "tokens":
             raise ValueError(f"cannot train a tokenizer on token file {path}: give text files")
-        for _, text in document_pieces(path, document_regex, encoding):
+        for _, text in document_pieces(path, document_regex, encoding, option=option):
             yield text
 
 
