@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_jax.config import ModelConfig
+from hybrid_jax.ops.checks import check_count
 
 # Dense bf16 peaks (FLOP/s) by a whole-word part of device_kind, most specific first (the
 # PCIe H100 runs at lower clocks than the SXM one; "L4" is not the L40S).
@@ -179,8 +180,7 @@ def step_flops(config: ModelConfig, length: int, params: nnx.State | None = None
                ) -> StepFlops:
     """Forward FLOPs per token of `config` on sequences of `length` tokens; `params` as in
     `matmul_params` (a caller that has traced the model passes them)."""
-    if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < 1:
-        raise ValueError(f"step_flops: length must be an int >= 1, got {length!r}")
+    check_count("step_flops", "length", length, 1)
     attention, recurrence = (), 0.0
     uncounted = []
     for i, spec in enumerate(config.layers):

@@ -23,9 +23,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hybrid_jax.ops.checks import (
+    check_count,
     check_dims,
     check_divides,
     check_floating,
@@ -142,10 +142,7 @@ def check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_seg
 
 
 def _check_window(op: str, window: int | None) -> None:
-    # (a bool is an int to Python: window=True would be a band of 1)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int | np.integer)
-                               or window < 1):
-        raise ValueError(f"{op}: window must be an int >= 1 or None, got {window!r}")
+    check_count(op, "window", window, 1, optional=True)
 
 
 def _check_positions(op: str, name: str, positions: jax.Array, batch: int, length: int,

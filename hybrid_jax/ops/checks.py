@@ -74,11 +74,16 @@ def check_divides(op: str, what: str, divisor: int, total: int) -> None:
         raise ValueError(f"{op}: {what}: {divisor} does not divide {total}")
 
 
-def check_count(op: str, name: str, value: object, low: int) -> None:
-    """Checks that `value` is a Python or NumPy int (not a bool) >= `low`: a size, window or
-    length that shapes arrays, where a float or a negative number fails deep in a trace."""
+def check_count(op: str, name: str, value: object, low: int, *, optional: bool = False
+                ) -> None:
+    """Checks that `value` is a Python or NumPy int (not a bool) >= `low` (`optional`: or
+    None): a size, window or length that shapes arrays, where a float or a negative number
+    fails deep in a trace."""
+    if optional and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{op}: {name} must be an int >= {low}, got {value!r}")
+        raise ValueError(f"{op}: {name} must be an int >= {low}{' or None' if optional else ''}"
+                         f", got {value!r}")
 
 
 def check_choice(op: str, name: str, value: object, allowed: Sequence[object]) -> None:

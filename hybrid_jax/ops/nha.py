@@ -286,8 +286,7 @@ def nha_empty_state(
                            value_dim=value_dim, num_slots=num_slots).items():
         check_count(op, name, size, 1)
     check_count(op, "window", window, 0)
-    if window_key_dim is not None:
-        check_count(op, "window_key_dim", window_key_dim, 1)
+    check_count(op, "window_key_dim", window_key_dim, 1, optional=True)
     ring_dtype = dtype if ring_dtype is None else ring_dtype
     b, g, w, m = batch, num_kv_heads, window, num_slots
     return NHAState(
