@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_jax.config import ModelConfig
+from hybrid_jax.nn.lm import layer_ndim
 from hybrid_jax.ops.checks import check_count
 
 # Dense bf16 peaks (FLOP/s) by a whole-word part of device_kind, most specific first (the
@@ -101,10 +102,8 @@ def matmul_params(config: ModelConfig, params: nnx.State | None = None) -> int:
     total = config.d_model * config.vocab_size if config.tie_embeddings else 0
     for path, leaf in nnx.to_flat_state(params):
         names = [str(p) for p in path]
-        # scan_layers stacks each block parameter over the layer groups: a norm's scale is
-        # [groups, D] then, still no matrix.
-        stacked = config.scan_layers and names[0] == "blocks"
-        if len(leaf.shape) - stacked < 2 or names[0] in ("embed", "position_table"):
+        if (layer_ndim(names[0], len(leaf.shape), config.scan_layers) < 2
+                or names[0] in ("embed", "position_table")):
             continue
         if any("conv" in n for n in names):
             continue

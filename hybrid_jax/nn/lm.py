@@ -254,6 +254,14 @@ def layer_period(layers: Sequence[Any]) -> int:
                 if len(layers) % p == 0 and tuple(layers) == tuple(layers[:p]) * (len(layers) // p))
 
 
+def layer_ndim(top: str, ndim: int, scan_layers: bool) -> int:
+    """The axes of one layer's share of a parameter of `ndim` axes under the model's attribute
+    `top` (`"blocks"`, `"embed"`, ...): with `scan_layers` every parameter under `blocks`
+    carries a leading axis over the layer groups (`_stacked_blocks`), so a norm's scale is
+    `[groups, D]` and still no matrix."""
+    return ndim - (scan_layers and top == "blocks")
+
+
 def _stacked_blocks(config: ModelConfig, rngs: nnx.Rngs) -> nnx.List:
     """One group of `layer_period` blocks with every parameter stacked over the groups (a
     leading axis, unsharded), for `nnx.scan`. Every group draws its own initial values."""

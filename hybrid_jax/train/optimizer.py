@@ -11,6 +11,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from hybrid_jax.config import TrainConfig
+from hybrid_jax.nn.lm import layer_ndim
 
 # Leaves of at most this many elements share one reduction in `global_norm`.
 SMALL_LEAF = 1 << 16
@@ -31,14 +32,13 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
 def _decay_mask(scan_layers: bool):
     """Weight decay on matrices (projections, embeddings), not on norms, biases or gates.
 
-    With `scan_layers` every parameter under `blocks/` carries a leading axis over the layer
-    groups (`nnx.scan`), so a norm scale is `[groups, d]`: that axis is not counted, else
-    scanned models decayed their norms, biases and SSM vectors (A_log, D, dt_bias)."""
+    With `scan_layers` a parameter's axis over the layer groups is not counted
+    (`layer_ndim`), else scanned models decayed their norms, biases and SSM vectors (A_log, D,
+    dt_bias)."""
     from hybrid_jax.train.checkpoint import leaf_name
 
     def decayed(path, p) -> bool:
-        stacked = scan_layers and leaf_name(path).startswith("blocks/")
-        return p.ndim - stacked >= 2
+        return layer_ndim(leaf_name(path).split("/")[0], p.ndim, scan_layers) >= 2
 
     return lambda params: jax.tree_util.tree_map_with_path(decayed, params)
 
