@@ -16,10 +16,11 @@ from flax import nnx
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, to_dict
 from hybrid_jax.data.text import TOKENIZER_FILE, TextConfig
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from hybrid_jax.files import write_atomic
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.train.checkpoint import Checkpointer
 from hybrid_jax.train.optimizer import make_optimizer
-from hybrid_jax.train.run_dir import RunLock, run_outputs
+from hybrid_jax.train.run_dir import RunLock, run_outputs, undo_failed_start
 
 # A short fine-tuning schedule at a small learning rate; override with --set train.*.
 FINETUNE = TrainConfig(steps=200, batch_size=8, learning_rate=2e-5, warmup_steps=20,
@@ -44,17 +45,10 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
     refuse_a_run(run_dir)  # before the lock: a refused call leaves no .lock there
     with RunLock(run_dir):  # as a training run holds it: neither writes while the other does
         refuse_a_run(run_dir)  # again: another writer may have finished in between
-        new_files = [run_dir / file.name for file in files if not (run_dir / file.name).exists()]
-        try:
+        # A half-written run (a tokenizer, a partial checkpoints/, no config.json) would be
+        # refused by the retry as holding a run: a failure removes what this call wrote.
+        with undo_failed_start(run_dir):
             _write(run_dir, experiment, model, files, source)
-        except BaseException:
-            # A half-written run (a tokenizer, a partial checkpoints/, no config.json) would be
-            # refused by the retry as holding a run: remove what this call wrote (checkpoints/
-            # and config.json were absent: `run_outputs`).
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            for path in (*new_files, run_dir / "config.json"):
-                path.unlink(missing_ok=True)
-            raise
     return run_dir
 
 
@@ -82,4 +76,5 @@ def _write(run_dir: Path, experiment: ExperimentConfig, model: LanguageModel,
         checkpointer.save(0, nnx.state((model, optimizer)), meta)
     finally:
         checkpointer.close()
-    (run_dir / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
+    # Last, and whole: its presence says the run is complete (`undo_failed_start`).
+    write_atomic(run_dir / "config.json", json.dumps(to_dict(experiment), indent=2))

@@ -130,10 +130,11 @@ def _remove(path: Path) -> None:
 @contextlib.contextmanager
 def undo_failed_start(run_dir: Path):
     """Within, a fresh run (no run outputs in `run_dir`) that fails before writing its
-    `config.json` (at start-up: a vocabulary too small for the tokenizer, a batch the mesh
-    cannot split) removes what it wrote there (its tokenizer.json, token cache, checkpoints/),
-    so the directory is as the call found it; what was there before (a tokenizer.json from
-    `hybrid-jax tokenizer train --out RUN_DIR`) is kept."""
+    `config.json` (a training start-up: a vocabulary too small for the tokenizer, a batch the
+    mesh cannot split; an import or conversion, `write_run`) removes what it wrote there (its
+    tokenizer.json, token cache, checkpoints/), so the directory is as the call found it; what
+    was there before (a tokenizer.json from `hybrid-jax tokenizer train --out RUN_DIR`) is
+    kept."""
     fresh, before = not run_outputs(run_dir), set(run_dir.iterdir())
     try:
         yield

@@ -44,6 +44,7 @@ from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
 from hybrid_jax.data.text import TOKENIZER_FILE
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
+from hybrid_jax.files import write_atomic
 from hybrid_jax.flops import device_peak_flops, step_flops
 from hybrid_jax.modes import batch_modes, check_reads_modes, with_modes
 from hybrid_jax.nn import diagnostics
@@ -446,7 +447,8 @@ class _Run:
             raise
         self.writes = out is not None and is_main_process()  # logs: process 0 only
         if self.writes:
-            (out / "config.json").write_text(json.dumps(to_dict(experiment), indent=2))
+            # Whole: its presence says the run started (`undo_failed_start`).
+            write_atomic(out / "config.json", json.dumps(to_dict(experiment), indent=2))
         self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed)
         self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)
         self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
