@@ -13,13 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def temporary_path(path: str | Path) -> Path:
+    """Where `replacing` writes `path` before renaming it: `NAME.tmp` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + ".tmp")
+
+
 @contextlib.contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside `path` (`NAME.tmp`, its folders created) to write; renamed over
-    `path` when the block ends, removed when it raises."""
+    """A temporary path beside `path` (`temporary_path`, its folders created) to write; renamed
+    over `path` when the block ends, removed when it raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     try:
         yield tmp
         os.replace(tmp, path)

@@ -28,10 +28,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from hybrid_jax.files import write_atomic
+from hybrid_jax.files import temporary_path, write_atomic
 
 CHECKSUMS = "checksums.json"
-_CHECKSUMS_TMP = CHECKSUMS + ".tmp"  # written, then renamed to CHECKSUMS (`write_atomic`)
+_CHECKSUMS_TMP = temporary_path(CHECKSUMS).name  # written, then renamed to CHECKSUMS
 
 log = logging.getLogger(__name__)
 
