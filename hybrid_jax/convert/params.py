@@ -10,20 +10,15 @@ import jax
 from flax import nnx
 
 from hybrid_jax.config import ExperimentConfig, ModelConfig
+from hybrid_jax.convert.hf import HF_CONFIG, TOKENIZER_FILES
 from hybrid_jax.convert.run_dir import write_run
-from hybrid_jax.data.text import TOKENIZER_FILE
-from hybrid_jax.data.tokenizer import (
-    HF_GENERATION_CONFIG,
-    HF_RUN_MODEL_CONFIG,
-    HF_TOKENIZER_CONFIG,
-)
 from hybrid_jax.nn.lm import LanguageModel, create_model
 from hybrid_jax.train.checkpoint import leaf_name
 
 # What a conversion takes from its source run: the tokenizer and the Hugging Face files. By
 # name: any other file there (results an evaluation wrote beside the checkpoints) describes the
 # source model, not the converted one.
-CARRIED_FILES = (TOKENIZER_FILE, HF_TOKENIZER_CONFIG, HF_GENERATION_CONFIG, HF_RUN_MODEL_CONFIG)
+CARRIED_FILES = (*TOKENIZER_FILES, HF_CONFIG)
 
 
 def attention_layers(config: ModelConfig, layers: Sequence[int] | None) -> list[int]:
