@@ -207,7 +207,7 @@ _FAILED: dict[int, BaseException] = {}
 
 def _call_on_tokens(handle, position, tokens_B, new_B) -> np.ndarray:
     ctrl_c = _CTRL_C.get(int(handle))
-    if ctrl_c is not None and ctrl_c.pressed() or int(handle) in _FAILED:
+    if (ctrl_c is not None and ctrl_c.pressed()) or int(handle) in _FAILED:
         return np.ones(np.shape(new_B), bool)  # every row stops: the loop ends
     try:
         return np.asarray(_ON_TOKENS[int(handle)](position, tokens_B, new_B), bool)

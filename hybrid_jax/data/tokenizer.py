@@ -343,5 +343,3 @@ def _json_beside(path: Path, name: str) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{other} is not valid JSON: {e}") from None
     return data if isinstance(data, dict) else {}
-
-
