@@ -24,7 +24,7 @@ from jax.experimental import io_callback
 from hybrid_jax.cache import check_cache_fits, check_token_ids
 from hybrid_jax.modes import check_reads_modes, inference_modes
 from hybrid_jax.nn.lm import LanguageModel
-from hybrid_jax.nn.oryx import MODE
+from hybrid_jax.nn.oryx import ATTENTION, MODE
 from hybrid_jax.speculative import accepted_drafts, check_speculative, draft_and_verify, rollback
 
 
@@ -290,9 +290,11 @@ def _generate(graphdef, state, prompt_BT, lengths_B, key, extras, temperature, t
     width = prompt_BT.shape[1] + max_new_tokens
     # Columns past `width` are read (never kept) by a speculative round near the end.
     tokens_BW = jnp.pad(prompt_BT, ((0, 0), (0, max_new_tokens + (speculative or 0) + 1)))
+    prefill_extras = {k: v[:, :prefix] for k, v in extras.items()}
+    if speculative is not None:  # the attention-mode continuation, whatever the default mode
+        prefill_extras[MODE] = jnp.full((batch, prefix), ATTENTION, jnp.int32)
     logits, cache = model.decode(prompt_BT[:, :prefix], model.init_cache(batch, max_len),
-                                 extras={k: v[:, :prefix] for k, v in extras.items()},
-                                 fresh_cache=True)
+                                 extras=prefill_extras, fresh_cache=True)
 
     def emit(position, candidate_B, tokens_BW, done_B):
         """Writes each row's token at `position`: its prompt token, else `candidate_B`

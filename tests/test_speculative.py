@@ -94,6 +94,17 @@ def test_greedy_speculative_equals_attention_mode_greedy(kind, ks, eos):
                                        eos_id=eos_id))).all()
 
 
+def test_speculative_prefill_is_in_attention_mode_whatever_the_default_mode():
+    """Oryx layers whose `default_mode` is linear: the prefill (which passes no mode array)
+    ran in linear mode, so the first generated token was the linear mode's, not attention's."""
+    model = shared_model(ModelConfig(layers=(layer("oryx", chunk_size=4, default_mode="linear"),),
+                                     vocab_size=32, d_model=16, num_heads=2, init_std=0.1))
+    prompt = np.random.default_rng(4).integers(0, 32, (2, 5)).astype(np.int32)
+    want = np.asarray(model(jnp.asarray(prompt), extras=attention_modes(prompt.shape)))
+    got = np.asarray(generate(model, prompt, 1, speculative=1))
+    assert (got[:, 0] == want[:, -1].argmax(-1)).all(), (got, want[:, -1].argmax(-1))
+
+
 def test_generate_text_decodes_speculatively():
     """`generate_text(..., speculative=k)` gives the attention-mode texts and reports the
     statistics (None without speculative decoding)."""
