@@ -12,8 +12,8 @@ Inputs (one kind per file list, chosen by extension):
 
 A `TokenStream` puts the end-of-document id *before* every document, so the first token of each
 document is predicted from a fresh context and the last one predicts the separator. Tokenized
-text is cached on disk (keyed by files, sizes, modification times, tokenizer and document rule)
-and memory-mapped, so a restarted run does not tokenize again.
+text is cached on disk (keyed by files, sizes, modification times, tokenizer, its EOS and
+document rule) and memory-mapped, so a restarted run does not tokenize again.
 """
 
 from __future__ import annotations
@@ -306,8 +306,10 @@ def _load_cached(path: Path) -> TokenStream | None:
 def _cache_key(files: list[Path], tokenizer: Tokenizer, document_regex: str,
                encoding: str) -> str:
     stats = [(str(f.absolute()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    blob = json.dumps([CACHE_VERSION, stats, tokenizer.to_json(), document_regex]
-                      + ([encoding] if encoding != "utf-8" else []))
+    # The EOS too: one tokenizer.json may be read with another (a tokenizer_config.json beside
+    # it names it), and the stream holds it before every document.
+    blob = json.dumps([CACHE_VERSION, stats, tokenizer.to_json(), tokenizer.eos_id,
+                       document_regex] + ([encoding] if encoding != "utf-8" else []))
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -230,3 +230,29 @@ def test_a_failed_tokenization_leaves_no_temporary_files(tmp_path):
 
 def _raise(error: BaseException):
     raise error
+
+
+def _two_specials_bpe():
+    """A tiny byte-level BPE with two special tokens, either of which may be its EOS."""
+    from hybrid_jax.data.tokenizer import train_bpe
+
+    bpe = train_bpe(["ab ab\n"] * 4, 259, min_frequency=1)
+    bpe.tokenizer.add_special_tokens(["<|im_end|>"])
+    return bpe
+
+
+def test_the_token_cache_is_keyed_by_the_tokenizers_eos(tmp_path):
+    """One tokenizer.json read with another end-of-document token (a tokenizer_config.json
+    beside it names it) makes another stream: the cache of the first used to be returned, its
+    documents led by the other EOS id."""
+    from tokenizers import Tokenizer as HF
+
+    from hybrid_jax.data.tokenizer import EOS, HFTokenizer
+
+    path, cache = tmp_path / "a.txt", tmp_path / "cache"
+    path.write_text("ab\n")
+    spec = _two_specials_bpe().to_json()
+    for eos in (EOS, "<|im_end|>", EOS):
+        tokenizer = HFTokenizer(HF.from_str(spec), eos=eos)
+        stream = tokenize_documents([path], tokenizer, cache_dir=cache)
+        assert int(stream.tokens[0]) == tokenizer.eos_id, eos
