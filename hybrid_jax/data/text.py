@@ -41,6 +41,7 @@ from hybrid_jax.data.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
+from hybrid_jax.distributed import is_main_process
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKEN_DTYPES = ("uint16", "uint32", "int32")
@@ -145,7 +146,9 @@ def resolve_tokenizer(config: TextConfig, run_dir: Path | None, *,
             tokenizer = build_word_vocab(texts)
     else:
         tokenizer = load_tokenizer(spec)
-    if recorded is not None:
+    # Process 0 only: every process of a multi-host run binds the data, and writers of one
+    # file at once share its temporary file (`hybrid_jax.files.replacing`).
+    if recorded is not None and is_main_process():
         tokenizer.save(recorded)
     return tokenizer
 

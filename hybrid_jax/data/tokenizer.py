@@ -107,7 +107,7 @@ class HFTokenizer:
         if eos_id is None:
             raise ValueError(f"tokenizer {name!r} has no {eos!r} token (the document separator); "
                              f"train one with `hybrid-jax tokenizer train`")
-        self.eos_id = eos_id
+        self.eos, self.eos_id = eos, eos_id
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
@@ -150,7 +150,20 @@ class HFTokenizer:
         return self.tokenizer.to_str(pretty=True)
 
     def save(self, path: str | Path) -> None:
+        """Writes `path` and, unless the files beside it already name this EOS to
+        `load_tokenizer` (`hf_eos`: our BPE's only special token needs none), the `eos_token` of
+        a tokenizer_config.json there (its other settings kept): the tokenizer.json alone does
+        not say which of several special tokens separates documents."""
+        path = Path(path)
         write_atomic(path, self.to_json())
+        try:
+            found = hf_eos(path, self.tokenizer, warn=False)
+        except ValueError:  # no EOS to tell (or a config beside that is not JSON: named below)
+            found = None
+        if found != self.eos:
+            config = _json_beside(path, HF_TOKENIZER_CONFIG)
+            write_atomic(path.with_name(HF_TOKENIZER_CONFIG),
+                         json.dumps({**config, "eos_token": self.eos}, indent=2))
 
 
 class WordTokenizer:
@@ -293,13 +306,14 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(tokenizer.to_json().encode("utf-8")).hexdigest()
 
 
-def hf_eos(path: Path, tokenizer: Any) -> str:
+def hf_eos(path: Path, tokenizer: Any, *, warn: bool = True) -> str:
     """The end-of-sequence token of the Hugging Face tokenizer `tokenizer` read from `path`.
 
     In order: `eos_token` of tokenizer_config.json beside `path`; `eos_token_id` (the first,
     if a list) of generation_config.json, config.json or hf_config.json there; the tokenizer's
     only special token (our BPE files: `<|endoftext|>`); its one special token spelled as a
-    usual EOS (`EOS_SPELLINGS`, with a warning). Anything else raises ValueError: no guess.
+    usual EOS (`EOS_SPELLINGS`, with a warning unless not `warn`). Anything else raises
+    ValueError: no guess.
     """
     config = _json_beside(path, HF_TOKENIZER_CONFIG)
     eos = config.get("eos_token")
@@ -320,10 +334,11 @@ def hf_eos(path: Path, tokenizer: Any) -> str:
         return specials[0]
     named = [t for t in specials if t in EOS_SPELLINGS]
     if len(named) == 1:
-        logging.getLogger("hybrid_jax.tokenizer").warning(
-            "%s: no file beside it names the end-of-sequence token; using its special token "
-            "%r (add %s with \"eos_token\" to choose another)", path, named[0],
-            HF_TOKENIZER_CONFIG)
+        if warn:
+            logging.getLogger("hybrid_jax.tokenizer").warning(
+                "%s: no file beside it names the end-of-sequence token; using its special "
+                "token %r (add %s with \"eos_token\" to choose another)", path, named[0],
+                HF_TOKENIZER_CONFIG)
         return named[0]
     raise ValueError(
         f"{path}: cannot tell its end-of-sequence token: no {HF_TOKENIZER_CONFIG} with "

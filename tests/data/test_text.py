@@ -521,3 +521,44 @@ def test_word_tokenizer_counts_utf8_bytes_and_refuses_bad_ids_and_vocabularies()
             tok.decode([3, bad])
     with pytest.raises(ValueError, match="a word vocabulary starts with"):
         WordTokenizer(["<eos>", "a"])
+
+
+def test_a_recorded_tokenizer_keeps_its_eos(tmp_path):
+    """A Hugging Face tokenizer whose EOS a tokenizer_config.json beside it names is recorded in
+    the run directory with that EOS: a resume, generation and export read the same separator
+    (the copy used to lose it, and the resume took another special token, with a warning)."""
+    import json
+
+    bpe = train_bpe(["ab ab\n"] * 4, 259, min_frequency=1)
+    bpe.tokenizer.add_special_tokens(["<|im_end|>"])
+    source = tmp_path / "source"
+    bpe.save(source / "tokenizer.json")
+    (source / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    run = tmp_path / "run"
+    config = TextConfig(path=str(source / "tokenizer.json"),
+                        tokenizer=str(source / "tokenizer.json"))
+    eos = config.bind(run).tokenizer.eos_id
+    assert eos == bpe.tokenizer.token_to_id("<|im_end|>")
+    assert load_tokenizer(run / "tokenizer.json").eos_id == eos
+    assert config.bind(run, resume=True).tokenizer.eos_id == eos
+    # Our own BPE (its only special token is its EOS) needs no file beside it, and one left
+    # there naming another token is updated, its other settings kept.
+    (run / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
+                                                           "model_max_length": 8}))
+    train_bpe(["ab ab\n"] * 4, 259, min_frequency=1).save(run / "tokenizer.json")
+    assert load_tokenizer(run / "tokenizer.json").eos_id == 0
+    assert json.loads((run / "tokenizer_config.json").read_text())["model_max_length"] == 8
+    bpe.save(tmp_path / "own" / "tokenizer.json")
+    assert load_tokenizer(tmp_path / "own" / "tokenizer.json").eos_id == 0
+    assert sorted(p.name for p in (tmp_path / "own").iterdir()) == ["tokenizer.json"]
+
+
+def test_only_the_main_process_records_the_tokenizer(corpus, tmp_path, monkeypatch):
+    """Every process of a multi-host run binds the data; two writing RUN_DIR/tokenizer.json at
+    once shared one temporary file (one of them failed, or a reader saw it half written)."""
+    import hybrid_jax.data.text as text
+
+    monkeypatch.setattr(text, "is_main_process", lambda: False)
+    config = TextConfig(path=str(corpus / "train-0.txt"), tokenizer="byte")
+    assert isinstance(config.bind(tmp_path).tokenizer, ByteTokenizer)
+    assert not (tmp_path / "tokenizer.json").exists()
