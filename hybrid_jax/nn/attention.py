@@ -121,8 +121,10 @@ class AttentionMixer(nnx.Module):
         return q, k, v
 
     def mix(self, q, k, v, **kwargs) -> jax.Array:
-        """The attention op (causal, this mixer's window and temperature): `[B, T, H, D]`."""
-        kwargs.update(causal=True, window=self.window, implementation=self.implementation)
+        """The attention op (causal, this mixer's window unless `window` is given, and its
+        temperature): `[B, T, H, D]`."""
+        kwargs.setdefault("window", self.window)
+        kwargs.update(causal=True, implementation=self.implementation)
         if self.cosine:
             out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...],
                                               attend=context_parallel.attention, **kwargs)
@@ -171,6 +173,12 @@ class AttentionMixer(nnx.Module):
             values = jnp.concatenate([cache.values, values], axis=1)
             positions = dict(q_positions=new_positions,
                              kv_positions=jnp.concatenate([cache.positions, new_positions]))
+        # A cache of L entries keeps only the last L keys (a windowed LMCache past its max_len,
+        # or a window larger than max_len): each query sees at most L, however the tokens are
+        # split into calls (one call saw all of its tokens, a one-token step L + 1).
+        length = cache.positions.shape[0]
+        if (self.window is None or self.window > length) and (not fresh or k.shape[1] > length):
+            positions["window"] = length
 
         def attend(q, keys, values):
             return self.mix(q, keys.astype(q.dtype), values.astype(q.dtype), **positions)

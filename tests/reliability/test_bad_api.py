@@ -92,6 +92,20 @@ def test_windowed_cache_may_decode_past_max_len(model):
     assert np.isfinite(np.asarray(logits)).all() and int(cache.index) == 4
 
 
+def test_windowed_cache_sees_the_last_max_len_tokens_however_the_tokens_are_split(model):
+    """Past max_len, a windowed cache's full attention is a sliding window of max_len tokens
+    (the model `with_window(max_len)`): a one-call decode attended to every token and a
+    token-by-token decode to max_len + 1."""
+    tokens = jnp.asarray([[3, 1, 4, 1, 5, 9]])
+    want = np.asarray(model.with_window(2)(tokens))
+    whole, _ = model.decode(tokens, model.init_cache(1, 2, windowed=True))
+    np.testing.assert_allclose(np.asarray(whole), want, atol=1e-5)
+    _, cache = model.decode(tokens[:, :3], model.init_cache(1, 2, windowed=True))
+    for t in range(3, 6):
+        logits, cache = model.decode(tokens[:, t:t + 1], cache)
+        np.testing.assert_allclose(np.asarray(logits[:, 0]), want[:, t], atol=1e-5)
+
+
 def test_decode_checks_ids(model):
     with pytest.raises(ValueError, match="token id 77"):
         model.decode(jnp.asarray([[77]]), model.init_cache(1, 4))
