@@ -102,7 +102,10 @@ class HFTokenizer:
         # Text that happens to contain "<|endoftext|>" is encoded as text, never as the special.
         tokenizer.encode_special_tokens = True
         self.name = name
-        self.vocab_size = tokenizer.get_vocab_size()
+        # The largest id + 1: a tokenizer.json may number its tokens with gaps, and a count of
+        # them would let ids past it wrap in a uint16 token file and pass the model's check.
+        self.vocab_size = max(tokenizer.get_vocab_size(),
+                              max(tokenizer.get_vocab().values(), default=-1) + 1)
         eos_id = tokenizer.token_to_id(eos)
         if eos_id is None:
             raise ValueError(f"tokenizer {name!r} has no {eos!r} token (the document separator); "

@@ -256,3 +256,24 @@ def test_the_token_cache_is_keyed_by_the_tokenizers_eos(tmp_path):
         tokenizer = HFTokenizer(HF.from_str(spec), eos=eos)
         stream = tokenize_documents([path], tokenizer, cache_dir=cache)
         assert int(stream.tokens[0]) == tokenizer.eos_id, eos
+
+
+def test_a_tokenizer_with_gaps_in_its_ids_counts_up_to_its_largest(tmp_path):
+    """A tokenizer.json may number its tokens with gaps (ids reserved, added tokens placed
+    high): its size is its largest id + 1, not its count of tokens, else the cache's uint16
+    ids wrapped (70000 became 4464) and the model's vocabulary check passed a too-small
+    embedding."""
+    from tokenizers import AddedToken, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF
+
+    from hybrid_jax.data.tokenizer import HFTokenizer
+
+    tok = HF(models.WordLevel({"a": 0, "</s>": 1, "b": 70000}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken("</s>", special=True)])
+    tokenizer = HFTokenizer(tok, eos="</s>")
+    assert tokenizer.vocab_size == 70001
+    path = tmp_path / "a.txt"
+    path.write_text("a b\n")
+    assert tokenize_documents([path], tokenizer).tokens.tolist() == [1, 0, 70000]
+    assert tokenizer.token_bytes()[70000] > 0  # its bytes have a place (an IndexError before)
