@@ -154,6 +154,12 @@ class LanguageModel(nnx.Module):
         check_cache_batch(cache, tokens_BT.shape[0])
         self._check_cache_layers(cache)
         refused = [check_cache_room(cache, tokens_BT.shape[1])]
+        end = cache.index + tokens_BT.shape[1]  # a windowed cache may pass the table
+        if self.position_table is not None and not isinstance(end, jax.core.Tracer) and (
+                int(end) > self.config.max_positions):  # (traced: NaN rows, see `_embed`)
+            raise ValueError(f"decoding {tokens_BT.shape[1]} token(s) after {int(cache.index)} "
+                             f"needs positions up to {int(end) - 1}, past the learned position "
+                             f"table's ModelConfig.max_positions={self.config.max_positions}")
         if fresh_cache:
             refused.append(check_cache_fresh(cache))
         context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras,

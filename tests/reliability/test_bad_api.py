@@ -106,6 +106,18 @@ def test_windowed_cache_sees_the_last_max_len_tokens_however_the_tokens_are_spli
         np.testing.assert_allclose(np.asarray(logits[:, 0]), want[:, t], atol=1e-5)
 
 
+def test_windowed_cache_refuses_positions_past_a_learned_table():
+    """A windowed cache may pass max_len, not the learned position table: the logits were NaN."""
+    learned = create_model(ModelConfig(layers=("attention",), vocab_size=VOCAB, d_model=16,
+                                       num_heads=2, ffn_dim=0, position_embedding="learned",
+                                       max_positions=4))
+    _, cache = learned.decode(jnp.asarray([[1, 2, 3]]), learned.init_cache(1, 2, windowed=True))
+    with pytest.raises(ValueError, match=r"decoding 2 token\(s\) after 3 needs positions up to "
+                                         r"4, past the learned position table's "
+                                         r"ModelConfig.max_positions=4"):
+        learned.decode(jnp.asarray([[4, 5]]), cache)
+
+
 def test_decode_checks_ids(model):
     with pytest.raises(ValueError, match="token id 77"):
         model.decode(jnp.asarray([[77]]), model.init_cache(1, 4))
