@@ -129,6 +129,9 @@ class LanguageModel(nnx.Module):
                              f"max_len={max_len}")
         self._check_length(max_len, "a decode cache")
         dtype = compute_dtype(self.config) if dtype is None else jnp.dtype(dtype)
+        if not jnp.issubdtype(dtype, jnp.floating):  # keys, values, conv inputs are cast to it
+            raise ValueError(f"init_cache: dtype must be a floating-point dtype (e.g. bfloat16, "
+                             f"float32), got {dtype}")
         return LMCache(index=jnp.zeros((), jnp.int32),
                        layers=tuple(b.init_cache(batch, max_len, dtype) for b in self.blocks),
                        max_len=max_len, windowed=windowed, batch=batch)

@@ -118,6 +118,13 @@ def test_windowed_cache_refuses_positions_past_a_learned_table():
         learned.decode(jnp.asarray([[4, 5]]), cache)
 
 
+def test_init_cache_refuses_a_dtype_that_is_not_floating(model):
+    """Keys and values were cast to int8 and the logits came out silently wrong."""
+    with pytest.raises(ValueError, match=r"init_cache: dtype must be a floating-point dtype "
+                                         r"\(e.g. bfloat16, float32\), got int8"):
+        model.init_cache(1, 4, jnp.int8)
+
+
 def test_decode_checks_ids(model):
     with pytest.raises(ValueError, match="token id 77"):
         model.decode(jnp.asarray([[77]]), model.init_cache(1, 4))
