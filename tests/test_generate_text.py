@@ -1,8 +1,8 @@
 """Generation: greedy = argmax of repeated full forwards (ragged batches), seeded sampling,
 top-p, EOS and stop strings, the text API and its one-line errors."""
 
-import os
 import signal
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -397,14 +397,18 @@ def test_ctrl_c_ends_a_streaming_loop_at_its_next_step(model):
     """SIGINT (Ctrl-C) during the loop reaches its callback (a recording handler, a signal
     wakeup socket): no row gets another token or callback, and KeyboardInterrupt comes out.
     Python alone held the interrupt until the loop's last token (its handler runs in the main
-    thread, which waits in XLA) or raised it inside a callback (an XLA callback error)."""
+    thread, which waits in XLA) or raised it inside a callback (an XLA callback error).
+
+    The signal goes to the callback's own thread, which handles it before the callback returns:
+    `os.kill` targets the main thread, which on a loaded machine woke to handle it only after
+    the loop's last step (a flaky test, not a slower Ctrl-C: one step later in real use)."""
     batch = np.asarray([[5, 9, 12, 40, 41], [7, 3, 0, 0, 0]], np.int32)
     calls = []
 
     def ctrl_c_once(position, tokens, new):
         calls.append(int(position))
         if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
         return np.zeros(2, bool)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
