@@ -113,12 +113,15 @@ def export_hf(model: LanguageModel, run_dir: str | Path, out: str | Path, *,
         for name in TOKENIZER_FILES:
             if (run_dir / name).is_file():
                 shutil.copyfile(run_dir / name, out / name)
-        if not base and isinstance(tokenizer, HFTokenizer) and not (
-                out / HF_TOKENIZER_CONFIG).is_file():
-            eos = tokenizer.tokenizer.id_to_token(tokenizer.eos_id)
-            (out / HF_TOKENIZER_CONFIG).write_text(json.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
-                 "bos_token": None, "clean_up_tokenization_spaces": False}, indent=2))
+        if not base and isinstance(tokenizer, HFTokenizer):
+            # Over what the run recorded (`HFTokenizer.save` may have written only the
+            # `eos_token` its tokenizer.json leaves unsaid): what transformers needs to load it.
+            copied = out / HF_TOKENIZER_CONFIG
+            recorded = json.loads(copied.read_text()) if copied.is_file() else {}
+            copied.write_text(json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+                 "clean_up_tokenization_spaces": False, **recorded,
+                 "eos_token": tokenizer.tokenizer.id_to_token(tokenizer.eos_id)}, indent=2))
     except BaseException:
         # A half-written export (some shards, no config.json) would pass for a damaged model
         # and make a retry refuse `out` as not empty: remove what was written (all of `out`'s

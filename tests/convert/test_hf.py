@@ -223,6 +223,24 @@ def test_export_of_a_model_trained_here_names_its_eos(tmp_path):
     assert load_tokenizer(tmp_path / "hf" / "tokenizer.json").eos_id == tokenizer.eos_id
 
 
+def test_export_completes_the_eos_only_tokenizer_config_a_run_records(tmp_path):
+    """A run whose tokenizer took its EOS from a tokenizer_config.json records one naming only
+    `eos_token` (`HFTokenizer.save`); the export still names the class transformers loads, and
+    keeps the run's EOS (it copied the bare file: no `tokenizer_class`)."""
+    from hybrid_jax.nn.lm import create_model
+
+    source = copy_tokenizer(tmp_path, special_eos=False, tokenizer_config={"eos_token": "</s>"})
+    run = tmp_path / "run"
+    load_tokenizer(source).save(run / "tokenizer.json")
+    assert json.loads((run / "tokenizer_config.json").read_text()) == {"eos_token": "</s>"}
+    config = model_config_from_hf(json.loads((FIXTURES / "llama" / "config.json").read_text()))
+    export_hf(create_model(config, seed=0), run, tmp_path / "hf")
+    exported = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert exported["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert exported["eos_token"] == "</s>" and exported["bos_token"] is None
+    assert load_tokenizer(tmp_path / "hf" / "tokenizer.json").eos_id == 2
+
+
 def test_export_refuses_a_directory_that_holds_files(tmp_path):
     """Exporting over another model's folder (e.g. the imported checkpoint's, with its shards
     and index) left its files mixed with ours; an empty or new folder is fine."""
