@@ -85,17 +85,17 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     tokens kept per round.
     `max_positions`: the model's position limit (e.g. a Hugging Face model's
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
-    Prompt ids outside the vocabulary, a prompt that leaves no room for `max_new_tokens` within
-    `max_positions` (nor, with `speculative=k`, for k more in a learned position table), a
-    negative or non-finite temperature, a `top_k` outside `[1, vocab_size]`, a `top_p` outside
-    (0, 1], an `eos_id` outside the vocabulary, non-integer `lengths`, `modes` for a model
-    without Oryx layers and a decode cache larger than the device's memory raise ValueError.
+    Prompt ids (within `lengths`) outside the vocabulary, a prompt that leaves no room for
+    `max_new_tokens` within `max_positions` (nor, with `speculative=k`, for k more in a learned
+    position table), a negative or non-finite temperature, a `top_k` outside
+    `[1, vocab_size]`, a `top_p` outside (0, 1], an `eos_id` outside the vocabulary,
+    non-integer `lengths`, `modes` for a model without Oryx layers and a decode cache larger
+    than the device's memory raise ValueError.
     """
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
         raise ValueError(f"prompt must be an integer array [batch, time] with time >= 1, got "
                          f"shape {prompt.shape} dtype {prompt.dtype}")
-    check_token_ids(prompt, model.config.vocab_size, "prompt token")
     prompt_BT = jnp.asarray(prompt, jnp.int32)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -120,6 +120,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
             not (1 <= lengths).all() or (lengths > prompt_BT.shape[1]).any()):
         raise ValueError(f"lengths must be [batch={prompt_BT.shape[0]}] integer prompt lengths in "
                          f"[1, {prompt_BT.shape[1]}], got {lengths.tolist()}")
+    # The padding after a row's prompt is never read: any value (-1, a pad id) will do.
+    check_token_ids(np.where(np.arange(prompt.shape[1]) < lengths[:, None], prompt, 0),
+                    model.config.vocab_size, "prompt token")
     if speculative is not None:
         if not _is_int(speculative) or speculative < 1:
             raise ValueError(f"speculative must be an integer >= 1 (drafts per round), got "

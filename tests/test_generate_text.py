@@ -393,6 +393,19 @@ def test_streamer_holds_back_a_possible_stop_string_and_stops_at_it():
     assert shown == ["ab", "abce"]
 
 
+def test_padding_after_a_prompt_may_hold_any_value(model):
+    """The padding after `lengths` is never read, so it is not checked against the vocabulary
+    (-1 or an id past it was refused); an id inside a prompt still is."""
+    batch = np.asarray([[5, 9, 12, 40, 41], [7, 3, 0, 0, 0]], np.int32)
+    expected = np.asarray(generate(model, batch, 3, lengths=[5, 2]))
+    padded = batch.copy()
+    padded[1, 2:] = [-1, 999, -1]
+    np.testing.assert_array_equal(generate(model, padded, 3, lengths=[5, 2]), expected)
+    with pytest.raises(ValueError,
+                       match=r"prompt token id -1 at index \[1, 2\] .* \(2 ids in all\)"):
+        generate(model, padded, 3, lengths=[5, 4])
+
+
 def test_ctrl_c_ends_a_streaming_loop_at_its_next_step(model):
     """SIGINT (Ctrl-C) during the loop reaches its callback (a recording handler, a signal
     wakeup socket): no row gets another token or callback, and KeyboardInterrupt comes out.
