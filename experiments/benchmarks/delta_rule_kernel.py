@@ -35,6 +35,7 @@ from experiments.benchmarks.timing import (
     changed_defaults,
     cudnn_op,
     device_name,
+    error_text,
     forward_and_backward,
     measure,
     print_table,
@@ -230,7 +231,7 @@ def _time_variant(blocks, inputs, timed_on):
         if timed_on != "fwd":
             row["fwd_bwd_ms"] = time_compiled(fwd_bwd.lower(*inputs).compile(), *inputs)
     except Exception as e:  # noqa: BLE001  (report and go on with the next variant)
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        row["error"] = error_text(e, 120)
     return row
 
 

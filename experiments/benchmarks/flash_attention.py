@@ -46,6 +46,7 @@ from experiments.benchmarks.timing import (
     CALLS,
     cudnn_op,
     device_name,
+    error_text,
     measure,
     print_table,
     run_parts,
@@ -331,7 +332,7 @@ def part_sweep(args):
                 else:
                     row["error"] = "differs from the default blocks"
             except Exception as e:  # noqa: BLE001  (a variant that fails to compile)
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                row["error"] = error_text(e, 100)
             print(row, flush=True)
         for _ in range(args.rounds - 1):  # the later rounds, in turns
             for row, fn, arrays, _ in compiled:

@@ -340,7 +340,7 @@ def rungs(name: str, inputs: tuple) -> list[tuple[str, str | None]]:
             found.append((impl, None))
         except ValueError as e:
             if "is not available" not in str(e):
-                found.append((impl, str(e).splitlines()[0][:160]))
+                found.append((impl, (str(e).splitlines() or [""])[0][:160]))
     return found
 
 

@@ -97,6 +97,7 @@ class Prober:
         import jax
         import numpy as np
 
+        from experiments.benchmarks.timing import error_text
         from hybrid_jax.train.trainer import make_train_step, to_device
 
         row: dict[str, Any] = {"model": self.name, "params_M": self.params / 1e6, "T": length}
@@ -139,7 +140,7 @@ class Prober:
                        tflops=self.flops(length) / row["step_s"] / 1e12)
             self.last = row
         except Exception as e:  # noqa: BLE001  (out of memory and the like: report, go on)
-            text = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            text = error_text(e, 200)
             row["oom" if any(m in str(e) for m in OOM_MARKERS) else "error"] = text
         finally:
             del state

@@ -41,6 +41,7 @@ from experiments.benchmarks.timing import (
     changed_defaults,
     cudnn_op,
     device_name,
+    error_text,
     forward_and_backward,
     measure,
     parse_changes,
@@ -483,7 +484,7 @@ def part_profile(args):
                 row["ms"] = time_compiled(fn, *inputs)
                 first_outputs.setdefault(name, out)
             except Exception as e:  # noqa: BLE001  (report and go on with the first outputs)
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                row["error"] = error_text(e, 120)
                 out = first_outputs.get(name)
             rows.append(row)
             print(row, flush=True)

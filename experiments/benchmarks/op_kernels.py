@@ -36,7 +36,12 @@ from experiments.benchmarks import trace_summary
 from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs, parse_variants
 from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
-from experiments.benchmarks.timing import device_name, forward_and_backward, write_json
+from experiments.benchmarks.timing import (
+    device_name,
+    error_text,
+    forward_and_backward,
+    write_json,
+)
 from experiments.help_text import first_paragraph
 from hybrid_jax.ops.nha import native_hybrid_attention
 
@@ -121,7 +126,7 @@ def main() -> None:
             try:
                 summary = profile(fn, inputs)
             except Exception as e:  # one op failing must not lose the others' rows
-                print(f"{name} {label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                print(f"{name} {label}: {error_text(e, 200)}")
                 rows.append({"op": name, **shape.fields(name), "pass": label,
                              "error": str(e)[:300]})
                 continue

@@ -57,7 +57,13 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks import trace_summary, train_throughput
-from experiments.benchmarks.timing import device_name, print_table, time_compiled, write_json
+from experiments.benchmarks.timing import (
+    device_name,
+    error_text,
+    print_table,
+    time_compiled,
+    write_json,
+)
 from experiments.benchmarks.train_throughput import (
     VOCAB,
     matmul_tflops,
@@ -107,7 +113,7 @@ def _grad_row(row: dict, fn, *args):
         if memory is not None:
             row["temp_MiB"] = memory.temp_size_in_bytes / 2**20
     except Exception as e:  # noqa: BLE001  (report and go on)
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        row["error"] = error_text(e, 120)
         compiled = None
     print(row, flush=True)
     return compiled
@@ -235,7 +241,7 @@ def trace_rows(compiled, args, top: int, trace_dir: str | None, runs: int = 3,
     try:
         summary = trace_summary.trace_calls(compiled, args, runs, trace_dir, prefix="pha_trace_")
     except Exception as e:  # noqa: BLE001  (a missing profiler plugin must not cost the rest)
-        print(f"{label} trace failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        print(f"{label} trace failed: {error_text(e)}")
         return [{"part": f"{label} trace", "error": f"{type(e).__name__}: {str(e)[:160]}"}]
     print(label, flush=True)
     trace_summary.print_summary(summary, top)
@@ -295,7 +301,7 @@ def inference_row(name: str, batch: int, prompt: int, new_tokens: int) -> dict:
         row["decode_ms_per_step"] = statistics.median(times) * 1e3
         row["decode_tokens_per_s"] = batch / statistics.median(times)
     except Exception as e:  # noqa: BLE001
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        row["error"] = error_text(e)
     print(row, flush=True)
     return row
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments.benchmarks.timing import print_table, time_compiled, write_json
+from experiments.benchmarks.timing import error_text, print_table, time_compiled, write_json
 from experiments.help_text import first_paragraph
 from hybrid_jax import ops
 from hybrid_jax.config import MeshConfig
@@ -205,7 +205,7 @@ def main() -> None:
         try:
             case_rows = run_case(name, batch, args.length, args.shrink, args.iters)
         except Exception as e:  # noqa: BLE001  (report and go on with the next rung)
-            case_rows = [dict(rung=name, error=f"{type(e).__name__}: {str(e).splitlines()[0]}")]
+            case_rows = [dict(rung=name, error=error_text(e, None))]
         print_table(case_rows, columns)
         rows += case_rows
         # Saved as it goes: a command cut off at its time limit keeps the finished rungs.

@@ -26,6 +26,7 @@ import numpy as np
 
 from experiments.benchmarks.timing import (
     changed_defaults,
+    error_text,
     measure,
     print_table,
     relative_error,
@@ -91,7 +92,7 @@ def _check_rows(rows: list[dict]) -> list[dict]:
         try:
             (y, final), grads = _values_and_grads("pallas", inputs, ids, weights, jnp.bfloat16)
         except Exception as e:  # noqa: BLE001  (e.g. a kernel that does not compile: report)
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            row["error"] = error_text(e)
             rows.append(row)
             print(row, flush=True)
             continue
@@ -207,7 +208,7 @@ def part_sweep(ssd_inputs: tuple, deadline: float) -> tuple[list[dict], BlockSiz
                 row["ms"] = _kernel_ms(kernel, blocks, padded)
                 timed.append((row["ms"], blocks))
             except Exception as e:  # noqa: BLE001  (a variant that does not compile)
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                row["error"] = error_text(e, 100)
             rows.append(row)
             print(row, flush=True)
         if timed:

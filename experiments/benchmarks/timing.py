@@ -59,10 +59,11 @@ HBM_TB_S = 4.3
 """H200 copy bandwidth in TB/s, measured (DESIGN.md): the byte floors of the kernel tables."""
 
 
-def error_text(e: Exception) -> str:
-    """A table cell for an exception: its type and the first line of its message."""
+def error_text(e: BaseException, limit: int | None = 160) -> str:
+    """A table cell for an exception: its type and the first line of its message (at most
+    `limit` characters, None: no limit; an empty message, e.g. a bare `assert`'s, has none)."""
     message = str(e).strip()
-    return f"{type(e).__name__}: {message.splitlines()[0][:160] if message else ''}"
+    return f"{type(e).__name__}: {message.splitlines()[0][:limit] if message else ''}"
 
 
 def measure_into(row: dict[str, Any], deadline: float, measure: Callable[..., dict],
@@ -119,7 +120,7 @@ def measure(fn: Callable, inputs: Sequence[Any], flops: float | None = None,
         if analysis is not None:
             row["temp_MiB"] = analysis.temp_size_in_bytes / 2**20
     except Exception as e:  # noqa: BLE001  (report and go on with the next row)
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        row["error"] = error_text(e, 120)
     return row
 
 

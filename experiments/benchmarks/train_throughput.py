@@ -57,6 +57,7 @@ from experiments.benchmarks.packed_data import document_stats, packed_batches
 from experiments.benchmarks.timing import (
     changed_kernel_defaults,
     device_name,
+    error_text,
     parse_kernel_changes,
     print_table,
     write_json,
@@ -248,7 +249,7 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
                    **flops_columns(built.config, built.host, seconds, args.peak,
                                    args.matmul_tflops, built.params))
     except Exception as e:  # noqa: BLE001  (out of memory and the like: report, go on)
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        row["error"] = error_text(e)
     print(json.dumps(row), flush=True)
     return row
 
