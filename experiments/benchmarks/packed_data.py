@@ -29,14 +29,30 @@ def make_token_file(spec: str, out: str, vocab: int, document_regex: str) -> Tok
     files = resolve_files(spec, "text", option="")
     tokenizer = train_bpe(corpus_texts(files, document_regex), vocab)
     stream = tokenize_documents(files, tokenizer, document_regex=document_regex)
-    np.savez(out, tokens=np.asarray(stream.tokens, np.uint16), doc_starts=stream.doc_starts,
-             vocab_size=tokenizer.vocab_size)
+    # uint16 wrapped the ids of a vocabulary past 65536; and savez given a name writes it with
+    # ".npz" added, so it writes into the file opened at `out`, the path `--data` names.
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    with open(out, "wb") as f:
+        np.savez(f, tokens=np.asarray(stream.tokens, dtype), doc_starts=stream.doc_starts,
+                 vocab_size=tokenizer.vocab_size)
     return stream
 
 
-def packed_batches(path: str, batch: int, length: int, count: int, seed: int = 0
-                   ) -> list[dict[str, np.ndarray]]:
-    """`count` batches of `batch` windows of `length` tokens drawn at random from the stream."""
+def check_vocabulary(path: str, vocab_size: int) -> None:
+    """Raises ValueError unless the token file's BPE vocabulary fits a model of `vocab_size`
+    ids (larger ids reach past the embedding table, whose gather clamps them silently)."""
+    have = int(np.load(path)["vocab_size"])
+    if have > vocab_size:
+        raise ValueError(f"{path}: a vocabulary of {have} ids, more than the models' "
+                         f"{vocab_size}; make it with --vocab {vocab_size}")
+
+
+def packed_batches(path: str, batch: int, length: int, count: int, seed: int = 0,
+                   vocab_size: int | None = None) -> list[dict[str, np.ndarray]]:
+    """`count` batches of `batch` windows of `length` tokens drawn at random from the stream
+    (`vocab_size`: refused unless the file's vocabulary fits, `check_vocabulary`)."""
+    if vocab_size is not None:
+        check_vocabulary(path, vocab_size)
     data = np.load(path)
     source = PackedWindows(TokenStream(data["tokens"], data["doc_starts"]), length)
     rng = np.random.default_rng(seed)

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.benchmarks.flash_attention import packed_segments
-from experiments.benchmarks.packed_data import document_stats, packed_batches
+from experiments.benchmarks.packed_data import check_vocabulary, document_stats, packed_batches
 from experiments.benchmarks.timing import (
     changed_kernel_defaults,
     device_name,
@@ -184,7 +184,7 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
                                                     learning_rate=3e-4, warmup_steps=10))
     mesh = make_mesh(MeshConfig())
     if packed and data:
-        host = packed_batches(data, batch, length, 4, seed=length)
+        host = packed_batches(data, batch, length, 4, seed=length, vocab_size=VOCAB)
         info.update(document_stats(host))
     else:
         host = [random_batch(batch, length, packed, seed) for seed in range(4)]
@@ -350,6 +350,8 @@ def _run(args: argparse.Namespace) -> int:
     split = lambda s: [x for x in s.split(",") if x]
     start, rows = time.perf_counter(), []
     over = lambda: time.perf_counter() - start > args.time_limit
+    if args.data:  # before the peers' minutes: every packed row would refuse it
+        check_vocabulary(args.data, VOCAB)
     for name in split(args.torch):  # first: torch gets the GPU before JAX takes it
         for length in lengths:
             rows.append(torch_peer(name, length, args))
