@@ -426,54 +426,61 @@ class _Run:
                               "train.mode_schedule")
         self.flops = (step_flops(experiment.model, seq_len, self.abstract.params) if seq_len
                       else None)
-        self.batches = DevicePrefetcher(
-            train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
-            self._put, depth=cfg.prefetch)
-        self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
-                                                      cfg.eval_batches, cfg.seed)
-        self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
-        self.data_changes: list[str] = []
-        self.time_limited = False
-        self.checkpointer = None if out is None else Checkpointer(
-            out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
-        damaged: list[dict[str, Any]] = []
+        # What start-up opens, closed by `close` (last opened first) or at once when start-up
+        # fails part way (a run that never starts must not keep threads and files open).
+        self.opened = contextlib.ExitStack()
         try:
+            self.batches = DevicePrefetcher(
+                train_iterator(self.data, batch_size=cfg.batch_size, seed=cfg.seed),
+                self._put, depth=cfg.prefetch)
+            self.opened.callback(self.batches.close)
+            self.held_out, self.eval_words = held_out_set(self.data, cfg.batch_size,
+                                                          cfg.eval_batches, cfg.seed)
+            self.step, self.skipped, self.saved_step, self.rollbacks = 0, set(), None, 0
+            self.data_changes: list[str] = []
+            self.time_limited = False
+            self.checkpointer = None if out is None else Checkpointer(
+                out, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+            if self.checkpointer is not None:
+                self.opened.callback(self.checkpointer.close)
+            damaged: list[dict[str, Any]] = []
             latest = None if self.checkpointer is None else self._latest_intact(damaged)
             if latest is None:
                 self.ts = init_train_state(experiment, self.mesh, self.abstract)
+            self.writes = out is not None and is_main_process()  # logs: process 0 only
+            if self.writes:
+                # Whole: its presence says the run started (`undo_failed_start`).
+                write_atomic(out / "config.json", json.dumps(to_dict(experiment), indent=2))
+            self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed)
+            self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)
+            self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
+            self.log = MetricsLog(out if self.writes else None)
+            self.opened.callback(self.log.close)
+            self.log.truncate(self.step)  # records past the checkpoint are written again
+            self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
+            self.opened.callback(self.bar.close)
+            self.tokens_per_step = cfg.batch_size * seq_len
+            self.model_flops = 0.0  # of the steps since the last log line (flops.py: model count)
+            self.peak_flops = cfg.peak_tflops * 1e12 or device_peak_flops()
+            self.last_time, self.last_step = time.perf_counter(), self.step
+            self.compiled = False  # whether `step_fn` has run (compiled) in this process
+            for record in damaged:
+                self.log.write(record)
+                self.bar.message(f"{record['message']}: moved to {record['moved_to']}")
+            if latest is not None:
+                self.log.write({"step": self.step, "event": "resumed"})
+                self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
+                if self.data_changes:
+                    self.log.write({"step": self.step, "event": "data_changed",
+                                    "settings": self.data_changes})
+                    self.bar.message(f"note: {', '.join(self.data_changes)} changed since the "
+                                     "checkpoint; its data position counts batches of the old "
+                                     "settings, so some examples may repeat or be skipped")
+            elif damaged:
+                self.bar.message("no intact checkpoint left: starting from step 0")
         except BaseException:
-            if self.checkpointer is not None:
-                self.checkpointer.close()
+            self.opened.close()
             raise
-        self.writes = out is not None and is_main_process()  # logs: process 0 only
-        if self.writes:
-            # Whole: its presence says the run started (`undo_failed_start`).
-            write_atomic(out / "config.json", json.dumps(to_dict(experiment), indent=2))
-        self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed)
-        self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)
-        self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
-        self.log = MetricsLog(out if self.writes else None)
-        self.log.truncate(self.step)  # records past the checkpoint are written again
-        self.bar = Progress(cfg.steps, initial=self.step, enabled=progress)
-        self.tokens_per_step = cfg.batch_size * seq_len
-        self.model_flops = 0.0  # of the steps since the last log line (flops.py: model count)
-        self.peak_flops = cfg.peak_tflops * 1e12 or device_peak_flops()
-        self.last_time, self.last_step = time.perf_counter(), self.step
-        self.compiled = False  # whether `step_fn` has run (compiled) in this process
-        for record in damaged:
-            self.log.write(record)
-            self.bar.message(f"{record['message']}: moved to {record['moved_to']}")
-        if latest is not None:
-            self.log.write({"step": self.step, "event": "resumed"})
-            self.bar.message(f"resumed from {self.checkpointer.directory / str(self.step)}")
-            if self.data_changes:
-                self.log.write({"step": self.step, "event": "data_changed",
-                                "settings": self.data_changes})
-                self.bar.message(f"note: {', '.join(self.data_changes)} changed since the "
-                                 "checkpoint; its data position counts batches of the old "
-                                 "settings, so some examples may repeat or be skipped")
-        elif damaged:
-            self.bar.message("no intact checkpoint left: starting from step 0")
 
     def _put(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, jax.Array], float]:
         """The batch on the mesh, and its training FLOPs by the model count, attention within
@@ -669,11 +676,7 @@ class _Run:
                 pending = None
 
     def close(self) -> None:
-        self.batches.close()
-        self.bar.close()
-        self.log.close()
-        if self.checkpointer is not None:
-            self.checkpointer.close()
+        self.opened.close()
 
 
 def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,

@@ -55,3 +55,28 @@ def test_flops_from_the_traced_parameters_equal_those_from_the_config(preset, sc
     for leaf in jax.tree.leaves(state.state):
         leaf.delete()
     assert step_flops(model, 32, state.params) == step_flops(model, 32)
+
+
+def test_a_start_up_that_fails_part_way_closes_what_it_opened(tmp_path, monkeypatch):
+    """A failure after the checkpointer and the batch reader were opened (here compiling the
+    step) closes both before it comes out; only the checkpointer was closed before, and a
+    failure past the metrics log closed neither of them nor the log."""
+    from hybrid_jax.train.checkpoint import Checkpointer
+    from hybrid_jax.train.prefetch import DevicePrefetcher
+
+    closed = []
+    for cls in (Checkpointer, DevicePrefetcher, trainer.MetricsLog):
+        def close(self, _close=cls.close, _name=cls.__name__):
+            closed.append(_name)
+            _close(self)
+        monkeypatch.setattr(cls, "close", close)
+
+    def no_progress(*args, **kwargs):
+        raise RuntimeError("the progress bar failed")
+
+    monkeypatch.setattr(trainer, "Progress", no_progress)
+    corpus = write_corpus(tmp_path / "corpus")
+    with pytest.raises(RuntimeError, match="the progress bar failed"):
+        train(tiny_text_experiment(corpus, steps=1, warmup_steps=1), tmp_path / "run",
+              progress=False)
+    assert sorted(closed) == ["Checkpointer", "DevicePrefetcher", "MetricsLog"]
