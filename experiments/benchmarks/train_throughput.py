@@ -24,7 +24,9 @@ in the same run, by 6N (the target's count: `mfu_6n`, `mfu_6n_matmul`) and by th
 with attention within each batch's documents (`tflops`, `mfu_model`, `mfu_model_matmul`).
 Memory: what the compiled step needs (arguments + temporaries); a model that needs more than
 90 % of the device without remat is run with `remat="full"`. The PyTorch
-peers run first, each in its own process (before JAX takes the GPU). Same-run ratios:
+peers run first, each in its own process (before JAX takes the GPU), on random tokens; a
+`--torch` model other than a plain multi-head transformer with tied embeddings (what the peer
+builds) gets a row saying so instead. Same-run ratios:
 `vs_base`, a row's tokens/s over `--baseline`'s (default: the first of `--models`) at the same
 T, data, layer form and remat; `vs_torch`, over the PyTorch peer of the same model and T.
 Layers are unscanned unless `--scan` (as `ModelConfig.scan_layers` defaults); `--unscanned`
@@ -264,16 +266,49 @@ def _device_gib() -> float:
     return stats.get("bytes_limit", 2**62) / 2**30
 
 
+def torch_mismatch(config: ModelConfig) -> str:
+    """What of `config` the PyTorch peer (`peers/torch_gpt.py`: multi-head causal attention
+    with full RoPE, SwiGLU, tied embeddings, no biases) does not build; "" when nothing."""
+    kinds = sorted({spec.type for spec in config.layers} - {"attention"})
+    wrong = [f"{kind} layers" for kind in kinds]
+    if any(spec.options for spec in config.layers if spec.type == "attention"):
+        wrong.append("attention layer options")
+    for field, value in (("num_kv_heads", config.num_heads), ("head_dim",
+                         config.d_model // config.num_heads)):
+        if getattr(config, field) not in (None, value):
+            wrong.append(f"{field}={getattr(config, field)}")
+    for field, value in (("window", None), ("tie_embeddings", True), ("qkv_bias", False),
+                         ("position_embedding", "none"), ("rope_fraction", 1.0),
+                         ("rope_scaling", None)):
+        if getattr(config, field) != value:
+            wrong.append(f"{field}={getattr(config, field)!r}")
+    if not config.resolved_ffn_dim:
+        wrong.append("no FFN")
+    return ", ".join(wrong)
+
+
 def torch_peer(name: str, length: int, args) -> dict:
     config = model_config(name)
     batch = max(args.tokens // length, 1)
+    mismatch = torch_mismatch(config)
+    if mismatch:  # it would time another model under this name
+        row = {"model": name, "T": length, "B": batch, "data": "random (torch)",
+               "impl": "torch", "error": f"torch peer not run: it builds no {mismatch}"}
+        print(json.dumps(row), flush=True)
+        return row
     command = [sys.executable, "-m", "experiments.benchmarks.peers.torch_gpt",
                "--layers", str(len(config.layers)), "--d-model", str(config.d_model),
                "--heads", str(config.num_heads), "--ffn", str(config.resolved_ffn_dim),
                "--vocab", str(VOCAB), "--batch", str(batch), "--length", str(length),
                "--steps", str(args.steps)]
-    row = {"model": name, "T": length, "B": batch, "data": "random (torch)"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    row = {"model": name, "T": length, "B": batch, "data": "random (torch)", "impl": "torch"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    except subprocess.TimeoutExpired as e:  # the JAX rows still run
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        row["error"] = f"torch peer timed out after {e.timeout:g} s: " + (stderr or "")[-300:]
+        print(json.dumps(row), flush=True)
+        return row
     try:
         peer = json.loads(done.stdout.strip().splitlines()[-1])
         row.update(impl="torch", compile_s=peer["compile_s"], step_ms=peer["step_ms"],

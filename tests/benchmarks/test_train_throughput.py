@@ -242,3 +242,32 @@ def test_the_peak_and_the_matmul_reach_the_rows_and_the_json(tmp_path, monkeypat
     assert row["mfu_6n"] == pytest.approx(row["tflops_6n"] / 1000.0)
     assert row["mfu_model_matmul"] == pytest.approx(row["tflops"] / 250.0)
     assert row["tokens_per_s"] == pytest.approx(256 / (row["step_ms"] / 1e3))
+
+
+def test_torch_peer_refuses_a_model_it_does_not_build(monkeypatch):
+    """The peer is a plain multi-head transformer with tied embeddings: for another model
+    (GDN layers, GQA, untied) its row says so instead of timing a different model under the
+    same name (a vs_torch against it compared unlike models)."""
+    import argparse
+
+    import experiments.benchmarks.train_throughput as throughput
+
+    monkeypatch.setattr(throughput.subprocess, "run", lambda *a, **kw: pytest.fail("ran"))
+    args = argparse.Namespace(tokens=64, steps=5)
+    for name, why in (("gdn-tiny", "gdn"), ("llama-40m", "num_kv_heads")):
+        row = throughput.torch_peer(name, 32, args)
+        assert "tokens_per_s" not in row and why in row["error"], row
+
+
+def test_a_torch_peer_past_its_time_limit_is_a_row_not_the_end_of_the_run(monkeypatch):
+    import argparse
+    import subprocess
+
+    import experiments.benchmarks.train_throughput as throughput
+
+    def run(command, **kw):
+        raise subprocess.TimeoutExpired(command, kw["timeout"], output=b"", stderr=b"compiling")
+
+    monkeypatch.setattr(throughput.subprocess, "run", run)
+    row = throughput.torch_peer("transformer-tiny", 32, argparse.Namespace(tokens=64, steps=5))
+    assert "timed out" in row["error"] and "tokens_per_s" not in row

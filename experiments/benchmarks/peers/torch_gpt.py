@@ -1,7 +1,7 @@
 """A plain PyTorch GPT with the shapes of our `attention` stack, timed on full train steps.
 
     python3 -m experiments.benchmarks.peers.torch_gpt --layers 12 --d-model 768 --heads 12
-        --ffn 2048 --vocab 32768 --batch 16 --length 2048 [--steps 10] [--packed]
+        --ffn 2048 --vocab 32768 --batch 16 --length 2048 [--steps 10] [--warmup 3]
 
 Same model as `ModelConfig(layers=("attention",) * L, ...)`: tied embeddings, pre-norm RMSNorm,
 RoPE, multi-head causal attention (SDPA: flash), SwiGLU FFN, no biases; float32 parameters
