@@ -61,7 +61,9 @@ def time_row(name: str, limit: float) -> dict:
     except subprocess.TimeoutExpired:
         row["fused_compile_s"] = f"> {limit:g}"
     except subprocess.CalledProcessError as e:
-        row["error"] = e.stderr.strip().splitlines()[-1][:160]
+        # (a child killed by a signal may leave no stderr at all)
+        row["error"] = (e.stderr.strip().splitlines() or [f"fused child exit {e.returncode}"]
+                        )[-1][:160]
     print(row, flush=True)
     return row
 
