@@ -43,11 +43,12 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
     process writing there (`RunLock`)."""
     run_dir = Path(run_dir)
     refuse_a_run(run_dir)  # before the lock: a refused call leaves no .lock there
+    created = not run_dir.exists()
     with RunLock(run_dir):  # as a training run holds it: neither writes while the other does
         refuse_a_run(run_dir)  # again: another writer may have finished in between
         # A half-written run (a tokenizer, a partial checkpoints/, no config.json) would be
         # refused by the retry as holding a run: a failure removes what this call wrote.
-        with undo_failed_start(run_dir):
+        with undo_failed_start(run_dir, created=created):
             _write(run_dir, experiment, model, files, source)
     return run_dir
 

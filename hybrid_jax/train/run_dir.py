@@ -128,13 +128,14 @@ def _remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def undo_failed_start(run_dir: Path):
+def undo_failed_start(run_dir: Path, *, created: bool = False):
     """Within, a fresh run (no run outputs in `run_dir`) that fails before writing its
     `config.json` (a training start-up: a vocabulary too small for the tokenizer, a batch the
     mesh cannot split; an import or conversion, `write_run`) removes what it wrote there (its
     tokenizer.json, token cache, checkpoints/), so the directory is as the call found it; what
     was there before (a tokenizer.json from `hybrid-jax tokenizer train --out RUN_DIR`) is
-    kept."""
+    kept. `created`: the call made `run_dir` (and holds its `RunLock`), which then goes too,
+    lock file included, unless something else appeared there."""
     fresh, before = not run_outputs(run_dir), set(run_dir.iterdir())
     try:
         yield
@@ -142,4 +143,9 @@ def undo_failed_start(run_dir: Path):
         if fresh and not (run_dir / "config.json").exists():
             for path in set(run_dir.iterdir()) - before:
                 _remove(path)
+            if created and {p.name for p in run_dir.iterdir()} <= {LOCK_FILE}:
+                # Unlinked while still held: a run starting now makes a new one, no race.
+                (run_dir / LOCK_FILE).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # one did, just now
+                    run_dir.rmdir()
         raise

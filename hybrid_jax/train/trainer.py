@@ -691,12 +691,13 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
     out = None if out_dir is None else Path(out_dir)
     if out is None:
         return _train(experiment, None, progress, resume)
+    created = not out.exists()
     make_run_dir(out)
     if not is_main_process():  # process 0 holds the lock and prepares the directory
         return _train(experiment, out, progress, _agreed(resume))
     with RunLock(out):
         resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
-        with undo_failed_start(out):
+        with undo_failed_start(out, created=created):
             return _train(experiment, out, progress, _agreed(resume))
 
 

@@ -140,8 +140,13 @@ def test_errors_are_one_line(argv, message, capsys):
 
 def test_too_small_vocabulary_names_the_fix(corpus, tokenizer_file, tmp_path, capsys):
     """The failed start leaves the run directory as it found it: it left tokenizer.json there;
-    one put there for the run (`tokenizer train --out RUN_DIR`) stays."""
+    one put there for the run (`tokenizer train --out RUN_DIR`) stays; a directory the run made
+    goes (it stayed, holding its .lock)."""
     argv = ["train", NAME, "--out", str(tmp_path), "--quiet", *tiny(corpus, tokenizer_file, 257)]
+    new = tmp_path / "new"
+    assert main([*argv[:3], str(new), *argv[4:]]) == 2
+    assert not new.exists()
+    capsys.readouterr()
     assert main(argv) == 2
     assert "has 300 tokens, more than model.vocab_size=257: add --set model.vocab_size=300" in \
         capsys.readouterr().err
