@@ -54,12 +54,14 @@ def convert_to_nha(model: LanguageModel, *, window: int | None, num_slots: int,
                    layers: Sequence[int] | None = None, seed: int = 0,
                    own_windows: bool = False) -> LanguageModel:
     """The NHA hybrid of `model` (see the module docstring and `nha_config`); `seed` draws
-    the new W_f."""
+    the new W_f. A model with stacked layers (`scan_layers`) is converted layer by layer and
+    stacked again (its stacked names are not per layer)."""
+    scanned, model = model.config.scan_layers, model.with_scan_layers(False)
     config = nha_config(model.config, window=window, num_slots=num_slots, layers=layers,
                         own_windows=own_windows)
     return transplant(config, named_values(model),
                       lambda name, value: value if name.endswith(NEW_PARAMETER) else None,
-                      seed=seed)
+                      seed=seed).with_scan_layers(scanned)
 
 
 def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path, out: Path,

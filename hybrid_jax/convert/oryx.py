@@ -72,7 +72,10 @@ def oryx_config(config: ModelConfig, layers: Sequence[int] | None = None) -> Mod
 
 def convert_to_oryx(model: LanguageModel, *, layers: Sequence[int] | None = None,
                     seed: int = 0) -> LanguageModel:
-    """The Oryx model of `model` (module docstring); `seed` draws the new dt projection."""
+    """The Oryx model of `model` (module docstring); `seed` draws the new dt projection. A
+    model with stacked layers (`scan_layers`) is converted layer by layer and stacked again
+    (its stacked names are not per layer)."""
+    scanned, model = model.config.scan_layers, model.with_scan_layers(False)
     config = oryx_config(model.config, layers)
     values = named_values(model)
     for i, spec in enumerate(config.layers):
@@ -86,7 +89,7 @@ def convert_to_oryx(model: LanguageModel, *, layers: Sequence[int] | None = None
             if name in REPEATED:  # query head h reads key/value head h // group
                 kernel = jnp.repeat(kernel, group, axis=1)
             values.update({prefix + target: kernel for target in targets})
-    return transplant(config, values, _new_value, seed=seed)
+    return transplant(config, values, _new_value, seed=seed).with_scan_layers(scanned)
 
 
 def _new_value(name: str, value: jax.Array) -> jax.Array | None:

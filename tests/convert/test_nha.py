@@ -129,3 +129,22 @@ def test_convert_refuses_a_choice_of_no_layers(to, preset, layers, message):
     is refused instead of writing a copy of the run as a converted one."""
     with pytest.raises(ValueError, match=f"convert: no layer to convert: .*{message}"):
         to(presets.get(preset), layers)
+
+
+@pytest.mark.parametrize("to", ["nha", "oryx"])
+def test_a_scanned_model_converts_as_its_layers_one_by_one(to):
+    """A model with stacked layers (`scan_layers`, as `import hf --scan-layers` loads it)
+    converts like its unstacked form, some layers only included, and stays stacked: its
+    stacked names are not per layer (a KeyError for Oryx, a "neither in the original model"
+    error for NHA)."""
+    from hybrid_jax.convert.oryx import convert_to_oryx
+    from hybrid_jax.nn.lm import create_model
+
+    model = create_model(presets.get("transformer-tiny").replace(
+        vocab_size=32, d_model=16, ffn_dim=32, scan_layers=True))
+    ids = np.arange(12).reshape(2, 6)
+    converted = (convert_to_nha(model, window=None, num_slots=2, layers=[1]) if to == "nha"
+                 else convert_to_oryx(model, layers=[1]))
+    assert converted.config.scan_layers
+    assert [spec.type for spec in converted.config.layers] == ["attention", to]
+    np.testing.assert_allclose(np.asarray(converted(ids)), np.asarray(model(ids)), atol=1e-5)
