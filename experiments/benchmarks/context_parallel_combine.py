@@ -73,6 +73,8 @@ def main() -> None:
                         help="the largest seq axis (fake CPU devices)")
     parser.add_argument("--out", default="context_parallel_combine.json")
     args = parser.parse_args()
+    if args.devices < 2:  # one device has nothing to combine: no row to time
+        parser.error(f"--devices must be at least 2, got {args.devices}")
     rows = []
     shards = 2
     while shards <= args.devices:

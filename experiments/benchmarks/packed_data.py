@@ -2,7 +2,7 @@
 positions), from a token file made once on a machine with the corpus:
 
     python -m experiments.benchmarks.packed_data TEXT_FILES OUT.npz [--vocab 32768]
-        [--document-regex '^ = [^=]']
+        [--document-regex '^ = [^=].* = $']
 
 trains a byte-level BPE on the text (WikiText-2's articles by default regex) and stores the
 token stream and its document starts. The GPU machine reads OUT.npz (a few MB), so it needs
