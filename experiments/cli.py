@@ -11,7 +11,7 @@
     hybrid-jax convert RUN_DIR --to nha|oryx --out NEW_RUN_DIR [--window W] [--slots M]
                        [--layers I,J]
     hybrid-jax list
-    hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH
+    hybrid-jax tokenizer train FILE_OR_GLOB ... --vocab-size N --out PATH [--force]
     hybrid-jax plot RUN_DIR [RUN_DIR ...] --out curves.png
     hybrid-jax inspect mixing RUN_DIR [--out mixing.png]
     hybrid-jax scale NAME --devices 1,2,4,8 --strategy data,fsdp,tensor,seq [--weak|--strong]
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok_train.add_argument("--encoding", default="utf-8", help="of the text files")
     tok_train.add_argument("--out", type=Path, required=True,
                            help="tokenizer.json path, or a (run) directory to write it into")
+    tok_train.add_argument("--force", action="store_true",
+                           help="replace a tokenizer file already at --out")
 
     scale = sub.add_parser("scale", help="timed train / forward steps per mesh strategy and "
                                          "device count: a scaling table and plot")
@@ -629,6 +631,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     if trained:  # that run's checkpoints were made with the tokenizer there
         raise ValueError(f"{out.parent} holds a run ({', '.join(trained)}): its "
                          f"{out.name} belongs to that run; choose another --out")
+    if out.exists() and not args.force:  # before the training: checked, not lost at its end
+        raise ValueError(f"{out} already exists: --force replaces it, or choose another --out")
     files = [f for spec in args.files for f in resolve_files(spec, "files", option="")]
     texts = corpus_texts(files, encoding=args.encoding, option="--encoding")
     if args.kind == "word":

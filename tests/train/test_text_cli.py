@@ -64,9 +64,9 @@ def test_tokenizer_train_word_kind_takes_the_vocab_size(corpus, tmp_path, capsys
 
 
 def test_tokenizer_train_reads_the_encoding_and_writes_a_json_path(tmp_path, capsys):
-    """--out ending in .json is the file itself (a folder gets tokenizer.json); --encoding
-    reads the text files, and undecodable text names it; an unknown encoding is refused before
-    any file is read."""
+    """--out ending in .json is the file itself (a folder gets tokenizer.json), which is not
+    replaced without --force (it was, silently); --encoding reads the text files, and
+    undecodable text names it; an unknown encoding is refused before any file is read."""
     latin = tmp_path / "latin.txt"
     latin.write_bytes("caf\u00e9 na\u00efve caf\u00e9\n".encode("latin-1"))
     out = tmp_path / "words.json"
@@ -76,6 +76,11 @@ def test_tokenizer_train_reads_the_encoding_and_writes_a_json_path(tmp_path, cap
     assert capsys.readouterr().out == (
         f"word tokenizer with 4 tokens written to {out}; use it with --set data.tokenizer={out} "
         "--set model.vocab_size=4\n")
+    assert main(argv) == 2  # an existing file is not replaced unasked
+    assert capsys.readouterr().err == (f"hybrid-jax tokenizer: error: {out} already exists: "
+                                       "--force replaces it, or choose another --out\n")
+    assert load_tokenizer(out).vocab == ["<eos>", "<unk>", "caf\u00e9", "na\u00efve"]
+    argv.append("--force")
     assert main(argv) == 2  # utf-8: the hint named data.encoding, which this command has not
     err = capsys.readouterr().err
     assert f"{latin} is not valid utf-8 text" in err and "set --encoding to its encoding" in err
