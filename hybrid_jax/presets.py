@@ -215,8 +215,9 @@ def nha_hybrid_340m() -> ModelConfig:
 
 
 # PHA (the parallel hybrid block, hybrid_jax/nn/pha.py). Sizes are ours: the paper gives only
-# the parameter counts (90M / 125M / 180M on WikiText-103 with GPT-2's tokenizer); GQA with 4
-# query heads per key/value head, head size 64.
+# the parameter counts (90M / 125M / 180M on WikiText-103 with GPT-2's tokenizer); heads of
+# 64 and d_model // 256 key/value heads: 4 query heads per key/value head (pha-125m: 5, its 10
+# heads over 2).
 _PHA_ATTENTION = layer("attention", cosine=True)
 _PHA_GSS = layer("gss", expansion=2, state_size=64)
 _PHA_SIZES = {"90m": (512, 14), "125m": (640, 13), "180m": (768, 14), "tiny": (32, 2)}

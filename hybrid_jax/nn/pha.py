@@ -26,8 +26,8 @@ Choices where the paper is not specific (all exposed in the config):
 - GSS sizes: expansion 2 (gate width 2·d_model; GSS alone uses 4 because it has no FFN, here
   the Dual-FFN carries the position-wise capacity), DSS width d_model/4 and 64 modes
   (`branches` → `layer("gss", expansion=..., state_size=...)`).
-- Attention: grouped-query with 4 query heads per key/value head in the presets
-  (`num_kv_heads`).
+- Attention: grouped-query with 4 query heads per key/value head in the presets (pha-125m:
+  5; `num_kv_heads`).
 """
 
 from __future__ import annotations
