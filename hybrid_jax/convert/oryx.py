@@ -24,6 +24,7 @@ C conv; `dt_proj` N(0, init_std²) and `dt_bias`, `A_log`, `D` as in a fresh Mam
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_jax.config import ExperimentConfig, ModelConfig, layer
+from hybrid_jax.config import ExperimentConfig, ModelConfig, ModeSchedule, layer
 from hybrid_jax.convert.params import attention_layers, named_values, transplant, write_conversion
 from hybrid_jax.nn.lm import LanguageModel
 
@@ -108,9 +109,14 @@ def convert_run(experiment: ExperimentConfig, model: LanguageModel, source: Path
                 scan_layers: bool = False) -> tuple[ExperimentConfig, LanguageModel]:
     """Writes the Oryx conversion of the run in `source` (its `experiment` and `model`) as the
     run directory `out`, with the source's tokenizer and Hugging Face files; `scan_layers`:
-    its layers stacked for `nnx.scan`."""
+    its layers stacked for `nnx.scan`. Its `train.mode_schedule` is `random_chunks` unless the
+    source has one: with none, the blocks' default (attention) mode alone would train, and
+    `train --resume` would never fit the new linear mode."""
     converted = convert_to_oryx(model.with_scan_layers(False), layers=layers, seed=seed
                                 ).with_scan_layers(scan_layers)
+    if experiment.train.mode_schedule.pattern == "none":
+        experiment = dataclasses.replace(experiment, train=dataclasses.replace(
+            experiment.train, mode_schedule=ModeSchedule(pattern="random_chunks")))
     experiment = write_conversion(experiment, converted, source, out, suffix="oryx",
                                   description="Oryx (Mamba-2 linear mode)")
     return experiment, converted

@@ -48,6 +48,10 @@ def test_export_and_convert(run_dir, tmp_path, capsys):
     assert (tmp_path / "nha" / "tokenizer.json").is_file()
     assert json.loads((tmp_path / "nha" / "config.json").read_text())["model"]["scan_layers"]
     assert main(["convert", str(run_dir), "--to", "oryx", "--out", str(tmp_path / "oryx")]) == 0
+    # Fine-tuning trains both modes (the default, attention, alone left the linear mode as
+    # initialised): the source's schedule was "none".
+    assert read_experiment(tmp_path / "oryx" / "config.json").train.mode_schedule.pattern == (
+        "random_chunks")
     defaults = tmp_path / "nha-defaults"  # window 512, 64 slots
     assert main(["convert", str(run_dir), "--to", "nha", "--out", str(defaults)]) == 0
     options = read_experiment(defaults / "config.json").model.block_options(0)
