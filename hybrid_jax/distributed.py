@@ -14,7 +14,8 @@ Settings, from the arguments or else the environment:
     local_device_ids   HYBRID_JAX_LOCAL_DEVICE_IDS  e.g. 0,1 (default: all of the host's)
 
 With none of them the job is a single process, unless `auto` asks JAX to detect the cluster
-(SLURM, Open MPI, TPU pods, ...).
+(SLURM, Open MPI, TPU pods, ...). Only `auto` lets that detection fill in what is unset (under
+SLURM / Open MPI it gives each process one device, that of its local rank).
 """
 
 from __future__ import annotations
@@ -85,10 +86,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if process_id is not None and not 0 <= process_id < (math.inf if count is None else count):
         raise ValueError(f"process_id={process_id} is not in [0, num_processes="
                          f"{'?' if count is None else count})")
+    # Without `auto` the job is as given: JAX's cluster detection (SLURM, Open MPI) would
+    # otherwise still set unset local_device_ids to the local rank, one device a process.
+    detection = {} if auto else {"cluster_detection_method": "deactivate"}
     jax.distributed.initialize(coordinator_address=settings["coordinator"],
                                num_processes=settings["num_processes"],
                                process_id=settings["process_id"],
-                               local_device_ids=settings["local_device_ids"])
+                               local_device_ids=settings["local_device_ids"], **detection)
     return True
 
 

@@ -142,7 +142,7 @@ def test_initialize_takes_the_flags_then_the_environment(joined, monkeypatch):
         monkeypatch.setenv(ENVIRONMENT[name], value)
     assert initialize(process_id=0) is True
     assert joined == [dict(coordinator_address="host0:1234", num_processes=4, process_id=0,
-                           local_device_ids=[0, 2])]
+                           local_device_ids=[0, 2], cluster_detection_method="deactivate")]
     monkeypatch.setenv(ENVIRONMENT["num_processes"], "four")
     with pytest.raises(ValueError, match="HYBRID_JAX_NUM_PROCESSES='four': expected an integer"):
         initialize()
@@ -176,6 +176,16 @@ def test_initialize_refuses_incomplete_settings_unless_auto(joined):
     assert initialize(num_processes=2, auto=True) is True
     assert joined == [dict(coordinator_address=None, num_processes=n, process_id=None,
                            local_device_ids=None) for n in (None, 2)]
+
+
+def test_a_job_given_in_full_is_not_redescribed_by_jax_cluster_detection(joined):
+    """Without `auto`, JAX's cluster detection is off: under SLURM (or Open MPI) it filled in
+    the unset local_device_ids with the process's local rank, [0] for one process a host, so
+    that process used one of its host's devices instead of all of them (the documented
+    default), silently. With `auto` it stays on (that is what auto asks for)."""
+    assert initialize("host0:1234", 2, 0) is True
+    assert initialize(auto=True) is True
+    assert [call.get("cluster_detection_method") for call in joined] == ["deactivate", None]
 
 
 def test_two_processes_train_like_one_and_resume_on_one(runs, tmp_path):
