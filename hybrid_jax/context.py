@@ -80,6 +80,11 @@ class TokenContext:
                 raise ValueError(f"TokenContext.{name}: expected an integer array [batch, time] "
                                  f"= {list(shape_BT)}, got shape {list(array.shape)} dtype "
                                  f"{array.dtype}")
+        # A [B] start would broadcast along time, silently when B == T.
+        if jnp.ndim(start) != 0 or not jnp.issubdtype(jnp.result_type(start), jnp.integer):
+            raise ValueError(f"TokenContext.start: expected one integer (the position of the "
+                             f"first token), got shape {list(jnp.shape(start))} dtype "
+                             f"{jnp.result_type(start)}")
         index_BT = jnp.broadcast_to(jnp.arange(shape_BT[1], dtype=jnp.int32), shape_BT)
         if segment_ids is not None:
             segment_ids = document_index(segment_ids)

@@ -24,6 +24,16 @@ def test_positions_default_to_start_plus_time():
     assert flagged.record_steps and flagged.fresh_cache
 
 
+@pytest.mark.parametrize("start", [jnp.asarray([1, 2]), 1.5, jnp.float32(1)],
+                         ids=["per-row", "float", "float-array"])
+def test_start_is_one_integer(start):
+    """A `[B]` start broadcast along time ([[1, 3], [1, 3]] for B = T = 2, no error) and a
+    float one gave float positions: both are refused, naming what was found."""
+    with pytest.raises(ValueError, match=r"TokenContext.start: expected one integer \(the "
+                                         r"position of the first token\), got"):
+        TokenContext.create((2, 2), start=start)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("positions", jnp.zeros((2, 5), jnp.int32), r"TokenContext.positions: expected leading "
      r"shape \[batch, time\] = \[2, 4\] \(the tokens'\), got \[2, 5\]"),
