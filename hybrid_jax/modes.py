@@ -52,9 +52,15 @@ def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,
 
 
 def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) -> dict:
-    """`batch` with its modes as the context extra `extra.mode`, unless the pattern is "none"."""
+    """`batch` with its modes as the context extra `extra.mode`, unless the pattern is "none";
+    a batch that has modes already is refused (they would be replaced silently)."""
+    key = f"{EXTRA_PREFIX}{MODE}"
+    if schedule.pattern != "none" and key in batch:
+        raise ValueError(f"mode schedule {schedule.pattern!r}: the batch has its own modes "
+                         f"({key!r}); expected either the batch's modes or a schedule (pattern "
+                         f"'none' keeps the batch's)")
     modes = training_modes(schedule, tuple(batch["inputs"].shape), seed, step)
-    return batch if modes is None else {**batch, f"{EXTRA_PREFIX}{MODE}": modes}
+    return batch if modes is None else {**batch, key: modes}
 
 
 def _parts(schedule: str, names: tuple[str, str]) -> dict[str, int]:
@@ -84,6 +90,10 @@ def inference_modes(schedule, lengths_B, total_len: int) -> np.ndarray:
     """`[B, total_len]` int32 modes of prompts of `lengths_B` tokens and what follows them,
     from a schedule string (module docstring) or an explicit `[B, total_len]` 0/1 array."""
     lengths_B = np.asarray(lengths_B)
+    if lengths_B.ndim != 1 or not np.issubdtype(lengths_B.dtype, np.integer) or not (
+            (1 <= lengths_B) & (lengths_B <= total_len)).all():
+        raise ValueError(f"inference_modes: expected [batch] integer prompt lengths in "
+                         f"[1, {total_len}], got {lengths_B.tolist()}")
     batch = lengths_B.shape[0]
     if not isinstance(schedule, str):
         modes = np.asarray(schedule)

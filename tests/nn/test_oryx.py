@@ -321,6 +321,33 @@ def test_mode_schedules_exact_values_and_errors():
         inference_modes(np.array([[0, 2, 1]]), [1], 3)
 
 
+def test_a_schedule_does_not_silently_replace_the_modes_a_batch_has():
+    """A batch that carries its modes (e.g. `evaluate(..., modes=...)` given a step made with
+    a training schedule) had them replaced by the schedule's: the step ran other modes than
+    those asked for (and reported). "none" adds nothing, so it keeps them."""
+    from hybrid_jax.config import ModeSchedule
+    from hybrid_jax.context import EXTRA_PREFIX
+    from hybrid_jax.modes import with_modes
+
+    batch = {"inputs": np.zeros((1, 4), np.int32), f"{EXTRA_PREFIX}{MODE}": np.ones((1, 4))}
+    with pytest.raises(ValueError, match=r"mode schedule 'linear': the batch has its own modes "
+                                         r"\('extra.mode'\)"):
+        with_modes(batch, ModeSchedule(pattern="linear"), 0, 0)
+    assert with_modes(batch, ModeSchedule(), 0, 0) is batch
+
+
+@pytest.mark.parametrize("lengths", [[6, 1], [0, 2], [-1, 2], [[1, 2]], [1.5, 2]],
+                         ids=["past-the-row", "empty", "negative", "2d", "float"])
+def test_inference_modes_refuses_prompt_lengths_outside_the_row(lengths):
+    """A prompt longer than the row made every token prefill, a negative or empty one every
+    token decode, a float one was compared as is: all silently; now each is named."""
+    from hybrid_jax.modes import inference_modes
+
+    with pytest.raises(ValueError, match=r"inference_modes: expected \[batch\] integer prompt "
+                                         r"lengths in \[1, 5\], got"):
+        inference_modes("prefill=linear,decode=attention", lengths, 5)
+
+
 def test_generate_takes_a_mode_schedule():
     from hybrid_jax.generate import generate
 
