@@ -256,12 +256,17 @@ def _load_run(run_dir: Path, experiment, step: int | None, command: str):
     """The train state of checkpoint `step` (default latest) of a run of `experiment`; says on
     stderr which step it uses. Returns (train state, step)."""
     from hybrid_jax.sharding import make_mesh
-    from hybrid_jax.train.trainer import restore_train_state
+    from hybrid_jax.train.trainer import changed_model_settings, restore_train_state
 
     _at_least(step, 0, "--step")
     ts, meta = restore_train_state(experiment, run_dir, make_mesh(experiment.train.mesh),
                                    step=step)
     print(f"{command}: checkpoint step {meta['step']} of {run_dir}", file=sys.stderr)
+    changed = changed_model_settings(meta.get("config"), experiment)
+    if changed:  # a resume changed them since, or --set: either way, not silently
+        verb = "differs" if len(changed) == 1 else "differ"
+        print(f"{command}: note: {', '.join(changed)} {verb} from what step {meta['step']} was "
+              "trained with (the run's config.json and --set are used)", file=sys.stderr)
     return ts, int(meta["step"])
 
 

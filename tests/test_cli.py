@@ -61,6 +61,11 @@ def test_eval_reproduces_the_final_metrics(run_dir, capsys):
     metrics = json.loads(capsys.readouterr().out.splitlines()[0])
     assert metrics["accuracy"] == pytest.approx(results["eval_accuracy"])
     assert metrics["loss"] == pytest.approx(results["eval_loss"], rel=1e-5)
+    assert "note:" not in capsys.readouterr().err
+    # A model setting other than the checkpoint's (--set here; a resume may change one too).
+    assert main(["eval", str(run_dir), "--set", "model.window=4"]) == 0
+    assert ("eval: note: model.window differs from what step 6 was trained with (the run's "
+            "config.json and --set are used)") in capsys.readouterr().err
 
 
 def test_eval_with_oryx_modes_reports_attention_tokens_and_cache(tmp_path, capsys):

@@ -177,12 +177,29 @@ def changed_data_settings(saved: dict[str, Any] | None, experiment: ExperimentCo
     change it reads other examples than the run would have read next."""
     if saved is None:
         return []
-    # Parsed first: fields added since the checkpoint was written read as their defaults.
-    saved, now = as_json(from_dict(ExperimentConfig, saved)), as_json(experiment)
+    saved, now = _as_json_pair(saved, experiment)
     changed = [f"data.{k}" for k in sorted(set(now["data"]) | set(saved["data"]))
                if now["data"].get(k) != saved["data"].get(k)]
     return changed + [f"train.{k}" for k in ("batch_size", "seed")
                       if now["train"][k] != saved["train"][k]]
+
+
+def changed_model_settings(saved: dict[str, Any] | None, experiment: ExperimentConfig
+                           ) -> list[str]:
+    """The `model.*` settings that differ between checkpoint config `saved` and `experiment`:
+    a resume may change some (a window, RoPE), so an older step loaded with the run's current
+    config.json is not the model it was trained as."""
+    if saved is None:
+        return []
+    saved, now = _as_json_pair(saved, experiment)
+    return [f"model.{k}" for k in sorted(set(now["model"]) | set(saved["model"]))
+            if now["model"].get(k) != saved["model"].get(k)]
+
+
+def _as_json_pair(saved: dict[str, Any], experiment: ExperimentConfig
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    # Parsed first: fields added since the checkpoint was written read as their defaults.
+    return as_json(from_dict(ExperimentConfig, saved)), as_json(experiment)
 
 
 def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh: Mesh, *,
