@@ -349,7 +349,10 @@ def tokenize_documents(files: list[Path], tokenizer: Tokenizer, *, document_rege
 def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
                      token_dtype: str = "uint16") -> TokenStream:
     """Pre-tokenized arrays (`.npy` memory-mapped, `.bin` raw `token_dtype`), back to back
-    (several stay memory-mapped: `ConcatenatedTokens`)."""
+    (several stay memory-mapped: `ConcatenatedTokens`). A file that does not start with
+    `eos_id` starts a document anyway; after another file, behind an `eos_id` put between
+    them, as text documents are: the last token of a file predicts the end of its document,
+    not the next file's first token."""
     arrays, doc_starts, offset = [], [], 0
     for path in files:
         if path.suffix.lower() == ".npy":
@@ -365,7 +368,11 @@ def load_token_files(files: list[Path], *, eos_id: int, vocab_size: int,
         _check_ids(path, tokens, vocab_size)
         starts = np.flatnonzero(tokens == eos_id)
         if len(tokens) and (not len(starts) or starts[0] != 0):  # an empty file starts nothing
-            starts = np.concatenate([[0], starts])
+            if offset:
+                arrays.append(np.array([eos_id], np.promote_types(  # an id past uint16 too
+                    tokens.dtype, np.min_scalar_type(eos_id))))
+                offset += 1
+            starts = np.concatenate([[-1 if offset else 0], starts])  # at the EOS put there
         doc_starts.append(starts + offset)
         arrays.append(tokens)
         offset += len(tokens)

@@ -112,14 +112,16 @@ def test_an_empty_file_is_an_empty_stream(tmp_path):
 
 
 def test_token_files_start_documents_at_eos_across_files(tmp_path):
-    """A file that does not start with the end-of-document id starts a document anyway; the
-    starts of later files are offset by the tokens before them. Words are unknown (-1)."""
+    """A file that does not start with the end-of-document id starts a document anyway, after
+    another file behind an end-of-document id put there (7 was trained to predict 8, the next
+    file's first token, across the boundary); the starts of later files are offset by the
+    tokens before them. Words are unknown (-1)."""
     np.save(tmp_path / "a.npy", np.array([5, 256, 6, 7], np.uint16))
     np.save(tmp_path / "b.npy", np.array([8, 9], np.uint16))  # no end-of-document id
     np.save(tmp_path / "c.npy", np.array([256, 1, 256], np.uint16))
     stream = load_stream([tmp_path / f"{n}.npy" for n in "abc"], ByteTokenizer())
-    assert np.asarray(stream.tokens).tolist() == [5, 256, 6, 7, 8, 9, 256, 1, 256]
-    assert stream.doc_starts.tolist() == [0, 1, 4, 6, 8] and stream.num_words == -1
+    assert np.asarray(stream.tokens).tolist() == [5, 256, 6, 7, 256, 8, 9, 256, 1, 256]
+    assert stream.doc_starts.tolist() == [0, 1, 4, 7, 9] and stream.num_words == -1
 
 
 @pytest.mark.parametrize("array, message", [
@@ -137,16 +139,18 @@ def test_token_files_refuse_shapes_dtypes_and_ids(array, message, tmp_path):
 def test_token_shards_stay_on_disk_and_pack_across_their_boundaries(tmp_path):
     """Several token files were concatenated into one array in memory (a corpus of shards
     larger than memory could not load); now each stays memory-mapped, and the windows that
-    cross a boundary (also an empty shard's) are those of the concatenation."""
+    cross a boundary (also an empty shard's) are those of the concatenation, with the
+    end-of-document ids put before shards that do not start with one."""
     shards = [np.array([256, 1, 2, 3, 4], np.uint16), np.zeros(0, np.uint16),
               np.array([5, 256, 6], np.uint16), np.array([7, 8, 256, 9, 10, 11], np.int32)]
     for i, shard in enumerate(shards):
         np.save(tmp_path / f"{i}.npy", shard)
     stream = load_stream([tmp_path / f"{i}.npy" for i in range(4)], ByteTokenizer())
-    assert all(isinstance(a, np.memmap) for a in stream.tokens.arrays)
-    whole = np.concatenate(shards)
-    assert np.asarray(stream.tokens).tolist() == whole.tolist() and len(stream) == 14
-    for start, stop in [(0, 14), (3, 9), (4, 5), (5, 5), (8, 20), (13, 14)]:
+    assert [isinstance(a, np.memmap) for a in stream.tokens.arrays] == [
+        True, True, False, True, False, True]  # the put ids: one each
+    whole = np.concatenate([shards[0], shards[1], [256], shards[2], [256], shards[3]])
+    assert np.asarray(stream.tokens).tolist() == whole.tolist() and len(stream) == 16
+    for start, stop in [(0, 16), (3, 9), (4, 5), (5, 5), (8, 20), (15, 16)]:
         assert stream.tokens[start:stop].tolist() == whole[start:stop].tolist()
     flat = TokenStream(whole, stream.doc_starts)
     for seq_len in (1, 3, 4):
