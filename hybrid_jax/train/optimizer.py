@@ -29,8 +29,14 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
     )
 
 
+# Parameters never decayed whatever their shape: SSM decay rates (A = −exp(A_log)), which
+# Mamba-1 holds as a `[d_inner, state]` matrix; decay pulled every A towards −1.
+NEVER_DECAYED = frozenset({"A_log"})
+
+
 def _decay_mask(scan_layers: bool):
-    """Weight decay on matrices (projections, embeddings), not on norms, biases or gates.
+    """Weight decay on matrices (projections, embeddings), not on norms, biases or gates, nor on
+    the SSM decay rates of `NEVER_DECAYED`.
 
     With `scan_layers` a parameter's axis over the layer groups is not counted
     (`layer_ndim`), else scanned models decayed their norms, biases and SSM vectors (A_log, D,
@@ -38,7 +44,9 @@ def _decay_mask(scan_layers: bool):
     from hybrid_jax.train.checkpoint import leaf_name
 
     def decayed(path, p) -> bool:
-        return layer_ndim(leaf_name(path).split("/")[0], p.ndim, scan_layers) >= 2
+        name = leaf_name(path).split("/")
+        return (name[-1] not in NEVER_DECAYED
+                and layer_ndim(name[0], p.ndim, scan_layers) >= 2)
 
     return lambda params: jax.tree_util.tree_map_with_path(decayed, params)
 

@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+import hybrid_jax as hj
 from hybrid_jax.config import TrainConfig
 from hybrid_jax.train.optimizer import (
     SMALL_LEAF,
@@ -167,3 +169,22 @@ def test_optimizer_matches_optax_chain(grad_clip):
     other = run(make_optimizer(dataclasses.replace(config, grad_clip=None if grad_clip else 1.0),
                                scan_layers=False))
     assert not np.allclose(ours["kernel"], other["kernel"], rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_ssm_decay_rates_never_decay_whatever_their_shape(scan_layers):
+    """Mamba-1's A_log is `[d_inner, state]`, a matrix by its shape but an SSM parameter
+    (A = −exp(A_log)) like Mamba-2's `[heads]` one: decay pulled every A towards −1. Its
+    projection `dt_proj` (`[rank, d_inner]`) still decays."""
+    model = hj.create_model(hj.ModelConfig(layers=("mamba1",) * 2, d_model=16, vocab_size=16,
+                                           scan_layers=scan_layers))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    config = TrainConfig(steps=10, warmup_steps=0, learning_rate=1e-2, weight_decay=0.5,
+                         grad_clip=None)
+    optimizer = make_optimizer(config, scan_layers=scan_layers)
+    updates, _ = jax.jit(optimizer.update)(jax.tree.map(jnp.zeros_like, params),
+                                           optimizer.init(params), params)
+    mixer, got = params["blocks"][0]["mixer"], updates["blocks"][0]["mixer"]
+    assert mixer["A_log"].ndim == 2 + scan_layers
+    np.testing.assert_array_equal(got["A_log"], 0.0)
+    np.testing.assert_allclose(got["dt_proj"], -1e-2 * 0.5 * mixer["dt_proj"], rtol=1e-6)
