@@ -108,14 +108,19 @@ def _unsplit(x: jax.Array) -> jax.Array:
     return x
 
 
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+def clip_by_global_norm(max_norm: float, skip=None) -> optax.GradientTransformation:
     """`optax.clip_by_global_norm` with the norm of `global_norm`: updates scaled by
     max_norm / norm when the norm exceeds max_norm (the same arithmetic, and the same empty
-    state, so checkpoints of either restore into the other)."""
+    state, so checkpoints of either restore into the other).
+
+    `skip(updates)`: a tree of booleans, True for the leaves the norm leaves out (frozen
+    parameters, whose gradient would otherwise shrink the steps of the trained ones)."""
 
     def update(updates, state, params=None):
         del params
-        norm = global_norm(updates)
+        counted = updates if skip is None else jax.tree.map(
+            lambda t, s: None if s else t, updates, skip(updates))
+        norm = global_norm(counted)
         keep = norm < max_norm
         return jax.tree.map(
             lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm),
@@ -130,7 +135,7 @@ def make_optimizer(config: TrainConfig, *, scan_layers: bool) -> optax.GradientT
     decay a scanned model's norms again wherever a caller forgot it."""
     transforms = []
     if config.grad_clip is not None:
-        transforms.append(clip_by_global_norm(config.grad_clip))
+        transforms.append(clip_by_global_norm(config.grad_clip, _frozen_mask(config.freeze)))
     transforms.append(optax.adamw(learning_rate_schedule(config), b1=config.beta1,
                                   b2=config.beta2, weight_decay=config.weight_decay,
                                   mask=_decay_mask(scan_layers)))

@@ -188,3 +188,29 @@ def test_ssm_decay_rates_never_decay_whatever_their_shape(scan_layers):
     assert mixer["A_log"].ndim == 2 + scan_layers
     np.testing.assert_array_equal(got["A_log"], 0.0)
     np.testing.assert_allclose(got["dt_proj"], -1e-2 * 0.5 * mixer["dt_proj"], rtol=1e-6)
+
+
+def test_clipping_reads_the_gradient_of_the_trained_parameters_only():
+    """A frozen parameter's gradient is not part of the norm that clipping compares with
+    `grad_clip`: else a large one (here 100, then 0) shrank the trained parameters' steps,
+    which equal those of an optimizer that never saw the frozen parameter."""
+    config = TrainConfig(steps=20, warmup_steps=0, learning_rate=1e-2, weight_decay=0.1,
+                         grad_clip=1.0)
+    params = _params()
+    trained = {k: v for k, v in params.items() if k != "embed"}
+    grads = [{**jax.tree.map(lambda p: 0.1 * jnp.ones_like(p), trained),
+              "embed": frozen * jnp.ones_like(params["embed"])} for frozen in (100.0, 0.0)]
+
+    def run(optimizer, params, grads):
+        state = optimizer.init(params)
+        for g in grads:
+            updates, state = optimizer.update({k: g[k] for k in params}, state, params)
+            params = optax.apply_updates(params, updates)
+        return params
+
+    ours = run(make_optimizer(dataclasses.replace(config, freeze="^embed"), scan_layers=False),
+               params, grads)
+    np.testing.assert_array_equal(ours["embed"], params["embed"])
+    expected = run(make_optimizer(config, scan_layers=False), trained, grads)
+    for name, p in expected.items():
+        np.testing.assert_allclose(ours[name], p, rtol=1e-6, err_msg=name)
