@@ -7,9 +7,9 @@ needs itself, e.g. the sharding notebook's 8 fake CPU devices). Those flags make
 cheaper and compiled steps ~3x slower, so the quickstart, which runs 300 training steps, keeps
 XLA's defaults; every other notebook spends more compiling than running. The notebooks that
 train run shorter in the default suite (`HYBRID_JAX_NOTEBOOK_QUICK=1`, read in their knob
-cell: the language models a third to a half of their steps, the quickstart 32-token sequences)
-and as users run them in the slow one. A notebook asserts its own results, so a wrong number
-fails here like an exception.
+cell: the language models 100 of 200, 50 of 150 or 20 of 150 steps, the quickstart 32-token
+sequences) and as users run them in the slow one. A notebook asserts its own results, so a
+wrong number fails here like an exception.
 """
 
 import os
@@ -29,6 +29,7 @@ BADGE = re.compile(r'href="https://colab\.research\.google\.com/github/([^/"]+/[
                    r'/blob/main/colab/([^/"]+)\.ipynb"')
 REPOSITORY = re.compile(r'^REPOSITORY = "https://github\.com/([^/"]+/[^/"]+)"', re.M)
 KNOB = re.compile(r"^(BIG|HF_DIR) = (False|None)  # <- the knob", re.M)
+HJ_NAME = re.compile(r"\bhj((?:\.[A-Za-z_]\w*)+)(\(?)")  # `hj.a.b`, and `(` if called
 QUICK = "HYBRID_JAX_NOTEBOOK_QUICK"  # set here; a training notebook then runs fewer steps
 
 
@@ -65,6 +66,22 @@ def test_badge_install_cell_and_knob(name):
     code = "\n".join(c.source for c in cells if c.cell_type == "code")
     assert KNOB.search(code), "a knob line `BIG = False  # <- the knob` (or HF_DIR = None)"
     assert "jax.devices()" in code, "a device check"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_hj_names_they_use_exist(name):
+    """Every `hj.a.b` a notebook names, in code or text, is in the package (`import hybrid_jax
+    as hj`), and is callable where it is called: a reader copying it gets no AttributeError
+    and no "'module' object is not callable"."""
+    import hybrid_jax
+
+    for cell in read(name).cells:
+        for dotted, called in sorted(set(HJ_NAME.findall(cell.source))):
+            target = hybrid_jax
+            for part in dotted.split(".")[1:]:
+                assert hasattr(target, part), f"colab/{name}.ipynb names hj{dotted}: no {part}"
+                target = getattr(target, part)
+            assert callable(target) or not called, f"colab/{name}.ipynb calls hj{dotted}"
 
 
 def kernel_environment(name: str, quick: bool, tmp: Path) -> dict[str, str]:
