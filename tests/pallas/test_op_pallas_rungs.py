@@ -1,0 +1,110 @@
+"""The ops' pallas rungs (`ops.ssd`, `ops.gated_delta_rule`, `ops.attention` with
+`implementation="pallas"`) against the same ops' reference rung, values and gradients.
+
+The kernel tests call the kernels' own API; test_partition.py runs these rungs under a mesh
+against themselves on one device. Here the rung, with what it adds around the kernels (segment
+ids made from the op's document starts, the skip D, the scale, the window), meets the
+per-token reference in float64: odd length (19 over chunks of 8), packed documents with ids
+that come back (a new document for a recurrence, the same one for attention), an initial and
+a final state; float32 kernels in interpret mode with tiny tiles.
+(GSA's and NHA's rungs meet their references in test_nha_kernel.py.)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax import ops
+from hybrid_jax.ops import dispatch
+from pallas_kernels.delta_rule import api as delta_api
+from pallas_kernels.flash_attention import api as flash_api
+from pallas_kernels.ssd import api as ssd_api
+from tests.helpers import assert_close, normals
+from tests.pallas import test_delta_rule_kernel, test_flash_attention, test_ssd_kernel
+
+T = 19
+# Row 0: starts at 3 and 11 (inside chunks of 8) and 16 (on a chunk edge), a 1-token document
+# at 10, id 0 back at 11 (a new document for a recurrence, the first one again for attention);
+# row 1: one start, at 8 (a chunk edge).
+IDS = jnp.asarray([[0] * 3 + [1] * 7 + [2] + [0] * 5 + [3] * 3, [5] * 8 + [4] * 11], jnp.int32)
+
+
+@pytest.fixture
+def pallas_on_cpu(monkeypatch):
+    """The ops' pallas rungs run the kernels in interpret mode with the kernel tests' tiles."""
+    for name in ("attention", "delta_rule", "ssd"):
+        monkeypatch.setattr(importlib.import_module(f"hybrid_jax.ops.{name}"), "backend",
+                            lambda: "gpu")
+    for module, entry, tiles in ((flash_api, "flash_attention", test_flash_attention.TINY),
+                                 (delta_api, "gated_delta_rule", test_delta_rule_kernel.TINY),
+                                 (ssd_api, "ssd", test_ssd_kernel.TINY)):
+        monkeypatch.setattr(module, entry, functools.partial(
+            getattr(module, entry), interpret=True, block_sizes=tiles))
+        monkeypatch.setattr(module, "unsupported",
+                            functools.partial(module.unsupported, interpret=True))
+    dispatch._LOGGED.clear()
+
+
+def check(run, inputs, what, tol=1e-5):
+    """`run(inputs, implementation)` → pytree of outputs: the pallas rung in float32 against the
+    reference in float64, values and the gradients of Σ w·outputs w.r.t. every input."""
+    def value_and_grads(implementation, inputs, dtype):
+        out_shapes = jax.eval_shape(lambda x: run(x, implementation), inputs)
+        weights = jax.tree.map(
+            lambda s: jnp.asarray(normals(7, s.shape, dtype=np.float32), dtype), out_shapes)
+
+        def loss(x):
+            out = run(x, implementation)
+            return sum(jnp.sum(o * w) for o, w in zip(jax.tree.leaves(out),
+                                                      jax.tree.leaves(weights), strict=True)), out
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(inputs)
+
+    cast = lambda tree, dtype: jax.tree.map(lambda a: jnp.asarray(np.asarray(a), dtype), tree)
+    (_, out), grads = value_and_grads("pallas", cast(inputs, jnp.float32), jnp.float32)
+    with jax.enable_x64(True):
+        (_, ref), ref_grads = value_and_grads("reference", cast(inputs, jnp.float64),
+                                              jnp.float64)
+        assert_close(out, ref, tol, f"{what} values")
+        for name in inputs:
+            assert_close(grads[name], ref_grads[name], tol, f"{what} d{name}")
+
+
+def test_ssd_rung_documents_state_skip(pallas_on_cpu):
+    inputs = test_ssd_kernel.make_inputs(0, batch=2, length=T, heads=4, groups=2)
+    inputs["D"] = normals(1, (4,), dtype=np.float32)
+
+    def run(x, implementation):
+        return ops.ssd(x["x"], x["dt"], x["A"], x["B"], x["C"], segment_ids=IDS,
+                       initial_state=x["initial_state"], D=x["D"], return_final_state=True,
+                       chunk_size=8, implementation=implementation)
+
+    check(run, inputs, "ssd")
+
+
+def test_gated_delta_rule_rung_documents_state(pallas_on_cpu):
+    inputs = test_delta_rule_kernel.make_inputs(0, batch=2, length=T, key_dim=8, value_dim=8)
+
+    def run(x, implementation):
+        return ops.gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.4,
+                                    segment_ids=IDS, initial_state=x["initial_state"],
+                                    return_final_state=True, chunk_size=8,
+                                    implementation=implementation)
+
+    check(run, inputs, "gated delta rule")
+
+
+def test_attention_rung_documents_window_gqa(pallas_on_cpu):
+    q, k, v = normals(2, (2, T, 4, 8), (2, T, 2, 8), (2, T, 2, 8), dtype=np.float32)
+
+    def run(x, implementation):
+        return ops.attention(x["q"], x["k"], x["v"], window=6, scale=0.3, segment_ids=IDS,
+                             implementation=implementation)
+
+    check(run, dict(q=q, k=k, v=v), "attention")
