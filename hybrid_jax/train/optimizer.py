@@ -118,15 +118,24 @@ def clip_by_global_norm(max_norm: float, skip=None) -> optax.GradientTransformat
 
     def update(updates, state, params=None):
         del params
-        counted = updates if skip is None else jax.tree.map(
-            lambda t, s: None if s else t, updates, skip(updates))
-        norm = global_norm(counted)
+        norm = global_norm(updates if skip is None else _kept(updates, skip))
         keep = norm < max_norm
         return jax.tree.map(
             lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm),
             updates), state
 
     return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def _kept(tree, skip):
+    """`tree` without the leaves `skip(tree)` marks (None in their place: no leaf)."""
+    return jax.tree.map(lambda t, s: None if s else t, tree, skip(tree))
+
+
+def trained_norm(grads, freeze: str = "") -> jax.Array:
+    """`global_norm` of the gradients of the parameters that train: those `freeze` (a
+    `train.freeze` pattern) leaves out are not counted, as in clipping."""
+    return global_norm(_kept(grads, _frozen_mask(freeze)) if freeze else grads)
 
 
 def make_optimizer(config: TrainConfig, *, scan_layers: bool) -> optax.GradientTransformation:

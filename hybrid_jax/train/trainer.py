@@ -71,9 +71,9 @@ from hybrid_jax.train.loss import mean_loss, token_stats
 from hybrid_jax.train.metrics import MetricsLog, Progress
 from hybrid_jax.train.optimizer import (
     check_freeze,
-    global_norm,
     learning_rate_schedule,
     make_optimizer,
+    trained_norm,
 )
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.prefetch import DevicePrefetcher
@@ -229,8 +229,10 @@ def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Arra
 
 
 def make_train_step(ts: TrainState, grad_accum: int = 1,
-                    modes: ModeSchedule | None = None, seed: int = 0) -> Callable:
-    """`state, metrics = step(state, batch)`; donates the old state.
+                    modes: ModeSchedule | None = None, seed: int = 0,
+                    freeze: str = "") -> Callable:
+    """`state, metrics = step(state, batch)`; donates the old state. The logged `grad_norm` is
+    that of the trained parameters (`freeze`: `train.freeze`), the norm clipping reads.
 
     `modes`: Oryx's per-token mode schedule, drawn in the step from `seed` and the optimizer's
     step count (`hybrid_jax.modes`), added to the batch as the context extra "mode".
@@ -253,7 +255,7 @@ def make_train_step(ts: TrainState, grad_accum: int = 1,
             loss, stats, grads, reported = _accumulated_grads(model, batch, grad_accum)
         optimizer.update(model, grads)
         metrics = {"loss": loss, "accuracy": stats["correct"] / jnp.maximum(stats["count"], 1.0),
-                   "grad_norm": global_norm(grads), **diagnostics.scalars(reported)}
+                   "grad_norm": trained_norm(grads, freeze), **diagnostics.scalars(reported)}
         return nnx.state((model, optimizer)), metrics
 
     return jax.jit(step, donate_argnums=0, out_shardings=(ts.shardings, None))
@@ -468,7 +470,8 @@ class _Run:
             if self.writes:
                 # Whole: its presence says the run started (`undo_failed_start`).
                 write_atomic(out / "config.json", json.dumps(to_dict(experiment), indent=2))
-            self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed)
+            self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed,
+                                           cfg.freeze)
             self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)
             self.schedule = jax.jit(learning_rate_schedule(cfg))  # one compile, not one per op
             self.log = MetricsLog(out if self.writes else None)

@@ -93,6 +93,21 @@ def test_step_metrics_are_the_batch_loss_and_accuracy():
     np.testing.assert_allclose(float(metrics["grad_norm"]), grad_norm, rtol=1e-4)
 
 
+def test_logged_grad_norm_is_of_the_trained_parameters():
+    """With `train.freeze` the logged norm is the one clipping reads, the trained parameters'
+    (it counted the frozen ones too): frozen embedding + frozen rest = the whole, squared."""
+    experiment, mesh, batch = step_setup("transformer-tiny", 16, seed=1, scored=0.7)
+    norms = {}
+    with jax.set_mesh(mesh):
+        for freeze in ("", "embed", "^(?!embed)"):
+            ts = init_train_state(experiment, mesh)
+            _, metrics = make_train_step(ts, freeze=freeze)(ts.state, to_device(batch, mesh))
+            norms[freeze] = float(metrics["grad_norm"])
+    assert 0 < norms["embed"] < norms[""] and 0 < norms["^(?!embed)"] < norms[""]
+    np.testing.assert_allclose(norms["embed"] ** 2 + norms["^(?!embed)"] ** 2, norms[""] ** 2,
+                               rtol=1e-4)
+
+
 @pytest.mark.parametrize("parts", [1, 2])
 def test_a_batch_with_nothing_scored_is_a_zero_step(parts):
     """No scored position: loss, accuracy and gradient 0 (not 0/0 = NaN, which would stop the
