@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from hybrid_jax.config import TrainConfig
-from hybrid_jax.nn.lm import layer_ndim
+from hybrid_jax.nn.lm import layer_ndim, layer_period
 
 # Leaves of at most this many elements share one reduction in `global_norm`.
 SMALL_LEAF = 1 << 16
@@ -64,14 +65,19 @@ def _frozen_mask(pattern: str):
         lambda path, _: _frozen(pattern, path), params)
 
 
-def check_freeze(pattern: str, params) -> None:
+def check_freeze(pattern: str, params, layers: Sequence | None = None) -> None:
     """Refuses a `train.freeze` that matches no parameter of `params` (a mistyped name would
-    train everything, silently) or every one (nothing would train)."""
+    train everything, silently) or every one (nothing would train). `layers`: those of a model
+    with stacked layers (`scan_layers`), whose array `blocks/j/...` holds layers j, j + p, ...
+    (p: `layer_period`): a pattern that names some of them and not the others is refused (it
+    froze them all, or none)."""
     if not pattern:
         return
     from hybrid_jax.train.checkpoint import leaf_name
 
     paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    if layers is not None:
+        _check_stacked_freeze(pattern, [leaf_name(path) for path in paths], layers)
     frozen = sum(_frozen(pattern, path) for path in paths)
     if frozen == 0:
         examples = ", ".join(leaf_name(path) for path in paths[:3])
@@ -80,6 +86,23 @@ def check_freeze(pattern: str, params) -> None:
     if frozen == len(paths):
         raise ValueError(f"train.freeze={pattern!r} matches all {frozen} parameters: nothing "
                          "would train")
+
+
+def _check_stacked_freeze(pattern: str, names: list[str], layers: Sequence) -> None:
+    period = layer_period(layers)
+    for name in names:
+        parts = name.split("/")
+        if parts[0] != "blocks" or not parts[1].isdigit():
+            continue
+        stacked = range(int(parts[1]), len(layers), period)
+        each = {i: re.search(pattern, "/".join(["blocks", str(i), *parts[2:]])) is not None
+                for i in stacked}
+        if set(each.values()) != {re.search(pattern, name) is not None}:
+            named = [i for i, hit in each.items() if hit]
+            raise ValueError(
+                f"train.freeze={pattern!r} names layers {named} of the stacked parameter {name} "
+                f"(model.scan_layers: it holds layers {list(stacked)}, frozen or trained "
+                "together): name all of them or none, or set model.scan_layers=false")
 
 
 def global_norm(tree) -> jax.Array:

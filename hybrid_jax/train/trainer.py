@@ -439,7 +439,8 @@ class _Run:
                                  for d in self.mesh.devices.flat)
         # The one trace of the model's initialisation: FLOPs, restore and init start from it.
         self.abstract = _abstract_train_state(experiment, self.mesh)
-        check_freeze(cfg.freeze, self.abstract.params)
+        check_freeze(cfg.freeze, self.abstract.params,
+                     experiment.model.layers if experiment.model.scan_layers else None)
         if cfg.mode_schedule.pattern != "none":
             check_reads_modes(nnx.merge(self.abstract.graphdef, self.abstract.state)[0],
                               "train.mode_schedule")

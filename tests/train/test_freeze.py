@@ -1,5 +1,7 @@
 """`train.freeze`: matching parameters never move (weight decay included); others train."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax.data.mqar import MQARConfig
+from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.train import train
 from hybrid_jax.train.optimizer import check_freeze, make_optimizer
 
@@ -50,3 +53,24 @@ def test_training_refuses_a_freeze_that_matches_nothing(tmp_path):
     with pytest.raises(ValueError, match="train.freeze='mlp' matches no parameter"):
         train(experiment, tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_pattern_naming_some_layers_of_a_stacked_array_is_refused(tmp_path):
+    """With scan_layers the three layers share one array per parameter (blocks/0/...):
+    `blocks/1/` froze none of them and `blocks/0/` all three, silently; a pattern that names
+    every layer of a stack, or none, stays."""
+    model = hj.ModelConfig(layers=("attention",) * 3, vocab_size=16, d_model=16, num_heads=2,
+                           scan_layers=True)
+    params = nnx.state(nnx.eval_shape(lambda: LanguageModel(model, rngs=nnx.Rngs(0))), nnx.Param)
+    check_freeze("/ffn/", params, model.layers)
+    check_freeze("blocks/[0-2]/ffn/", params, model.layers)
+    for pattern, named in (("blocks/0/", [0]), ("blocks/(1|2)/ffn/", [1, 2])):
+        with pytest.raises(ValueError, match=(
+                rf"names layers {re.escape(str(named))} of the stacked parameter blocks/0/.* "
+                r"\(model.scan_layers: it holds layers \[0, 1, 2\], frozen or trained together\)")):
+            check_freeze(pattern, params, model.layers)
+    experiment = hj.ExperimentConfig(
+        name="freeze", model=model, data=MQARConfig(vocab_size=16, seq_len=16, num_kv_pairs=2),
+        train=hj.TrainConfig(steps=1, warmup_steps=0, batch_size=8, freeze="blocks/1/"))
+    with pytest.raises(ValueError, match=r"names layers \[1\] of the stacked parameter"):
+        train(experiment, tmp_path / "run", progress=False)
