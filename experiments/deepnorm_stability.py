@@ -31,9 +31,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA, WIKITEXT2_RAW
-from experiments.files import number_id
+from experiments.files import check_same_config, number_id
 from experiments.help_text import first_paragraph
-from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
 from hybrid_jax.files import write_atomic
 from hybrid_jax.train.metrics import read_metrics
@@ -85,18 +84,11 @@ def parse_learning_rates(text: str) -> list[float]:
 
 def finished_row(run_dir: Path, config: ExperimentConfig, settings: str = "") -> dict | None:
     """The `row.json` of a run already made in `run_dir` (None without one): only of a run of
-    `config`, else a row of other settings (`settings` names them in the error) would be read
-    into this call's table, labelled with this call's settings. A row without the run's
-    `config.json` cannot be checked: refused, not read."""
+    `config` (`check_same_config`), else a row of other settings (`settings` names them in the
+    error) would be read into this call's table, labelled with this call's settings."""
     if not (run_dir / "row.json").is_file():
         return None
-    if not (run_dir / "config.json").is_file():
-        raise ValueError(f"{run_dir}: holds row.json but no config.json, so not which "
-                         "configuration made it; expected both: remove the run or use "
-                         "another --out")
-    if read_experiment(run_dir / "config.json") != config:
-        raise ValueError(f"{run_dir}: made with another configuration{settings}; expected "
-                         "this call's: use another --out")
+    check_same_config(run_dir, config, marker="row.json", hint=f"use another --out{settings}")
     return json.loads((run_dir / "row.json").read_text())
 
 

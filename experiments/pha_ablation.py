@@ -31,13 +31,13 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from experiments.configs.lm import DATA
 from experiments.configs.pha import VARIANTS, VOCAB, ablation_experiment, ablation_model
+from experiments.files import check_same_config
 from experiments.help_text import first_paragraph
-from experiments.run import read_experiment
 from hybrid_jax.config import ExperimentConfig
 from hybrid_jax.data.text import corpus_texts
 from hybrid_jax.data.tokenizer import load_tokenizer, train_bpe
@@ -149,21 +149,11 @@ def check_variants(variants: list[str]) -> None:
 
 
 def check_finished(run_dir: Path, experiment: ExperimentConfig) -> None:
-    """A finished variant is read instead of trained only if it ran this experiment: a `--tiny`
-    run's results were reported as the full variant's (its tokens_M, its name), or the other
-    way round, and a run on other data as this data's. One without its config.json cannot be
-    checked: refused."""
-    if not (run_dir / "config.json").is_file():
-        raise ValueError(f"{run_dir}: holds results.json but no config.json, so not which "
-                         f"configuration ran; expected both: use another --out or remove "
-                         f"{run_dir}")
-    ran = read_experiment(run_dir / "config.json")
-    differ = [f.name for f in fields(experiment) if getattr(ran, f.name) != getattr(
-        experiment, f.name)]
-    if differ:
-        raise ValueError(f"{run_dir}: finished with another configuration ({differ} differ, "
-                         f"--tiny or --data?); expected this call's: use another --out or "
-                         f"remove {run_dir}")
+    """A finished variant is read instead of trained only if it ran this experiment
+    (`check_same_config`): a `--tiny` run's results were reported as the full variant's (its
+    tokens_M, its name), or the other way round, and a run on other data as this data's."""
+    check_same_config(run_dir, experiment, marker="results.json",
+                      hint=f"--tiny or --data? use another --out or remove {run_dir}")
 
 
 def run(data: Path, out: Path, *, variants: list[str], tiny: bool, time_limit: float) -> list:

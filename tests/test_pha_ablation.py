@@ -67,7 +67,7 @@ def test_tiny_ablation_driver_smoke(tmp_path, monkeypatch):
     assert again == [*rows, {"variant": "pha", "experiment": "lm-gutenberg-pha",
                              "skipped": "time limit 0 s"}]
     # Without --tiny the tiny run's results were the full variant's row (52 M tokens).
-    with pytest.raises(ValueError, match=r"attention-only: finished with another configuration "
+    with pytest.raises(ValueError, match=r"attention-only: made with another configuration "
                                          r"\(\['model', 'data', 'train'\] differ"):
         pha_ablation.run(tmp_path / "devdata", tmp_path / "out", variants=["attention-only"],
                          tiny=False, time_limit=0)

@@ -38,7 +38,7 @@ from experiments.expressivity.models import (
     ModelFamily,
     size_model,
 )
-from experiments.files import number_id
+from experiments.files import check_same_config, number_id
 from hybrid_jax.config import ExperimentConfig, TrainConfig
 from hybrid_jax.files import write_atomic
 from hybrid_jax.train.run_dir import RunLock
@@ -215,24 +215,9 @@ _TRAINED_BY = ("model", "data", "train")
 
 def _check_same_run(experiment: ExperimentConfig, run_dir: Path) -> ExperimentConfig | None:
     """The experiment saved in `run_dir`, if it trains the same weights as `experiment`; None
-    for a cell not started. A summary without the config.json that made it cannot be checked:
-    refused, not reported as this configuration's."""
-    from hybrid_jax.config import as_json, from_dict
-
-    if not (run_dir / "config.json").exists():
-        if (run_dir / "cell.json").exists():
-            raise ValueError(f"{run_dir} holds cell.json but no config.json, so not which "
-                             "configuration trained it; expected both: remove the cell or "
-                             "use another --out directory")
-        return None
-    # Parsing the saved config fills fields added since it was written with their defaults.
-    saved = from_dict(ExperimentConfig, json.loads((run_dir / "config.json").read_text()))
-    changed = [k for k in _TRAINED_BY
-               if as_json(getattr(saved, k)) != as_json(getattr(experiment, k))]
-    if changed:
-        raise ValueError(f"{run_dir} was trained with another configuration (differs in "
-                         f"{changed}); use another --out directory")
-    return saved
+    for a cell not started (`check_same_config`)."""
+    return check_same_config(run_dir, experiment, marker="cell.json", compare=_TRAINED_BY,
+                             hint="use another --out directory")
 
 
 class SweepStopped(Exception):

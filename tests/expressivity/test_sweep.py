@@ -139,10 +139,10 @@ def test_two_cell_sweep_end_to_end(tmp_path, capsys):
     assert run_main(argv + variant) == 0
     assert "2 already finished, running 0" in capsys.readouterr().out
     assert run_main(argv + variant + ["--set", "train.steps=4"]) == 2
-    assert "trained with another configuration" in capsys.readouterr().err
+    assert "made with another configuration" in capsys.readouterr().err
     # --report-only reported these 3-step cells as "after 4 steps".
     assert run_main(argv + variant + ["--set", "train.steps=4", "--report-only"]) == 2
-    assert "trained with another configuration" in capsys.readouterr().err
+    assert "made with another configuration" in capsys.readouterr().err
 
     # Another sweep over the same cells (OOD evaluation of the same models) only evaluates.
     capsys.readouterr()
@@ -444,7 +444,7 @@ def test_a_cell_trained_otherwise_is_refused(tmp_path, change, field):
     (tmp_path / "config.json").write_text(json.dumps(to_dict(renamed)))
     _check_same_run(experiment, tmp_path)
     changed, _ = dataclasses.replace(sweep, **change).experiment(cell)
-    with pytest.raises(ValueError, match=rf"differs in \['{field}'\]"):
+    with pytest.raises(ValueError, match=rf"another configuration \(\['{field}'\] differ\)"):
         _check_same_run(changed, tmp_path)
     # A summary whose config.json is gone was reported unchecked, whatever trained it.
     (tmp_path / "cell.json").write_text("{}")
