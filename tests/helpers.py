@@ -16,6 +16,24 @@ from flax import nnx
 import hybrid_jax as hj
 
 
+def kernels_in_interpret_mode(monkeypatch, kernels, gpu_ops=()) -> None:
+    """The ops' pallas rungs on the CPU: the ops modules `gpu_ops` (names under
+    `hybrid_jax.ops`) see a GPU, and each `(api module, entry, tiles)` of `kernels` runs its
+    kernel in interpret mode with the tiles `tiles`; the once-per-reason fallback log starts
+    empty."""
+    from hybrid_jax.ops import dispatch
+
+    for name in gpu_ops:
+        monkeypatch.setattr(importlib.import_module(f"hybrid_jax.ops.{name}"), "backend",
+                            lambda: "gpu")
+    for module, entry, tiles in kernels:
+        monkeypatch.setattr(module, entry, functools.partial(
+            getattr(module, entry), interpret=True, block_sizes=tiles))
+        monkeypatch.setattr(module, "unsupported",
+                            functools.partial(module.unsupported, interpret=True))
+    dispatch._LOGGED.clear()
+
+
 def rel_err(actual, expected) -> float:
     """‖actual − expected‖ / ‖expected‖ over all elements (float64 / complex128 numpy)."""
     dtype = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64

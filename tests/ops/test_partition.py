@@ -27,7 +27,6 @@ kernels lower without the interpreter.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 
 import jax
@@ -52,7 +51,7 @@ from pallas_kernels.nha import api as nha_api
 from pallas_kernels.rms_norm import api as rms_norm_api
 from pallas_kernels.short_conv import api as short_conv_api
 from pallas_kernels.ssd import api as ssd_api
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, kernels_in_interpret_mode, normals
 from tests.pallas import (
     test_delta_rule_kernel,
     test_flash_attention,
@@ -79,15 +78,7 @@ IDS = jnp.asarray(np.repeat([[0] * 5 + [1] * 3 + [2] * 8, [0] * 8 + [1] * 8], 2,
 @pytest.fixture
 def pallas_on_cpu(monkeypatch):
     """The ops' pallas rungs run the kernels in interpret mode with tiny tiles."""
-    for name in OP_MODULES:
-        monkeypatch.setattr(importlib.import_module(f"hybrid_jax.ops.{name}"), "backend",
-                            lambda: "gpu")
-    for module, entry, tiles in KERNELS:
-        monkeypatch.setattr(module, entry, functools.partial(
-            getattr(module, entry), interpret=True, block_sizes=tiles))
-        monkeypatch.setattr(module, "unsupported",
-                            functools.partial(module.unsupported, interpret=True))
-    dispatch._LOGGED.clear()
+    kernels_in_interpret_mode(monkeypatch, KERNELS, OP_MODULES)
 
 
 @pytest.fixture
@@ -469,13 +460,9 @@ def test_mesh_axes_are_those_of_the_rule_table():
 @pytest.fixture
 def row_kernels_on_cpu(monkeypatch):
     """The norms' and the loss statistics' pallas rungs in interpret mode (tiny tiles)."""
-    for module, entry, tiles in ((rms_norm_api, "rms_norm", test_rms_norm.TINY),
-                                 (logit_stats_api, "logit_stats", test_logit_stats.TINY)):
-        monkeypatch.setattr(module, entry, functools.partial(
-            getattr(module, entry), interpret=True, block_sizes=tiles))
-        monkeypatch.setattr(module, "unsupported",
-                            functools.partial(module.unsupported, interpret=True))
-    dispatch._LOGGED.clear()
+    kernels_in_interpret_mode(monkeypatch, ((rms_norm_api, "rms_norm", test_rms_norm.TINY),
+                                            (logit_stats_api, "logit_stats",
+                                             test_logit_stats.TINY)))
 
 
 ROW_CASES = {

@@ -12,20 +12,16 @@ a final state; float32 kernels in interpret mode with tiny tiles.
 
 from __future__ import annotations
 
-import functools
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from hybrid_jax import ops
-from hybrid_jax.ops import dispatch
 from pallas_kernels.delta_rule import api as delta_api
 from pallas_kernels.flash_attention import api as flash_api
 from pallas_kernels.ssd import api as ssd_api
-from tests.helpers import assert_close, normals
+from tests.helpers import assert_close, kernels_in_interpret_mode, normals
 from tests.pallas import test_delta_rule_kernel, test_flash_attention, test_ssd_kernel
 
 T = 19
@@ -38,17 +34,11 @@ IDS = jnp.asarray([[0] * 3 + [1] * 7 + [2] + [0] * 5 + [3] * 3, [5] * 8 + [4] * 
 @pytest.fixture
 def pallas_on_cpu(monkeypatch):
     """The ops' pallas rungs run the kernels in interpret mode with the kernel tests' tiles."""
-    for name in ("attention", "delta_rule", "ssd"):
-        monkeypatch.setattr(importlib.import_module(f"hybrid_jax.ops.{name}"), "backend",
-                            lambda: "gpu")
-    for module, entry, tiles in ((flash_api, "flash_attention", test_flash_attention.TINY),
-                                 (delta_api, "gated_delta_rule", test_delta_rule_kernel.TINY),
-                                 (ssd_api, "ssd", test_ssd_kernel.TINY)):
-        monkeypatch.setattr(module, entry, functools.partial(
-            getattr(module, entry), interpret=True, block_sizes=tiles))
-        monkeypatch.setattr(module, "unsupported",
-                            functools.partial(module.unsupported, interpret=True))
-    dispatch._LOGGED.clear()
+    kernels_in_interpret_mode(
+        monkeypatch, ((flash_api, "flash_attention", test_flash_attention.TINY),
+                      (delta_api, "gated_delta_rule", test_delta_rule_kernel.TINY),
+                      (ssd_api, "ssd", test_ssd_kernel.TINY)),
+        ("attention", "delta_rule", "ssd"))
 
 
 def check(run, inputs, what, tol=1e-5):
