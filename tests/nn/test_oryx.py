@@ -76,6 +76,20 @@ def test_defaults_are_the_linear_mixers_and_attentions_own():
     assert OryxOptions().attention_options() == AttentionOptions()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixed_modes_pick_each_tokens_output_of_its_mode(kind):
+    """Every token's key and value enter both the KV cache and the linear state whatever its
+    mode, so a mixed schedule's output at t is the all-attention output at t or the all-linear
+    one (each mode's own sequence model over all tokens), per token: switches mid-chunk and
+    on a chunk edge."""
+    mixer, _, x = mixer_and_input(kind)
+    attention = mixer(x, ctx_with(np.ones((2, T))))
+    linear = mixer(x, ctx_with(np.zeros((2, T))))
+    expected = np.where(MODES[..., None] == 1, attention, linear)
+    assert_close(mixer(x, ctx_with(MODES)), expected, 1e-5, "mixed")
+    assert not np.allclose(attention, linear, atol=1e-3)  # so a wrong pick would show
+
+
 def causal_softmax_attention(q, k, v):
     """Causal softmax attention of `[B,T,G,K]` q, k over `[B,T,G,V]` v (one head per group)."""
     logits = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])

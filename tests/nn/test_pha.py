@@ -111,6 +111,22 @@ def test_one_weight_forced_to_one_reduces_the_block_to_that_branch(index, branch
     assert_close(block(x, ctx), expected, 1e-6, branch)
 
 
+def test_the_block_is_the_softplus_weighted_sum_of_its_normed_branches():
+    """Any mixing logits: output_norm(α·x + Σ_i w_i · norm_i(branch_i(x))), w = softplus(p) /
+    Σ softplus(p) in numpy (one branch forced to weight 1, above, does not test the sum)."""
+    model = pha_tiny()
+    block = model.blocks[0]
+    logits = np.asarray([0.3, -1.2, 2.0], np.float32)
+    block.mixing_logits[...] = jnp.asarray(logits)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 7, 32)), jnp.float32)
+    ctx = TokenContext.create((2, 7))
+    softplus = np.log1p(np.exp(logits.astype(np.float64)))
+    weights = softplus / softplus.sum()
+    mixed = sum(w * getattr(block, f"{branch}_norm")(getattr(block, branch)(x, ctx))
+                for w, branch in zip(weights, ("gss", "attention", "dual_ffn"), strict=True))
+    assert_close(block(x, ctx), block.output_norm(block.alpha * x + mixed), 1e-5, "mixed")
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_mixing_weights_are_logged_and_inspected(tmp_path, capsys, scan):
     """Unscanned, layer 1 logs `blocks.1.mixing_*`; scanned (groups of one block), it logs
