@@ -288,10 +288,12 @@ def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positi
 
 def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
                      kv_segment_ids, segment_extents=None):
-    """The flash kernels (`pallas_kernels.flash_attention`) on each device's batch and heads."""
+    """The flash kernels (`pallas_kernels.flash_attention`) on each device's batch and heads;
+    named, not left to the entry point's default (the platform it reads), so that this rung
+    never runs the kernels' XLA reference."""
     def kernel(q, k, v, segment_ids, extents):
         return pallas_flash.flash_attention(q, k, v, segment_ids, extents=extents,
-                                            window=window, scale=scale)
+                                            window=window, scale=scale, implementation="gpu")
 
     return shard_kernel(_OP, kernel, (q, k, v, segment_ids, segment_extents),
                         ("BTHD", "BTGD", "BTGD", "BT", "BT"), "BTHD")

@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import target
 from pallas_kernels.flash_attention import gpu
 from pallas_kernels.flash_attention.block_sizes import BlockSizes, default_block_sizes
 from pallas_kernels.flash_attention.bounds import (
@@ -56,14 +57,15 @@ def flash_attention(
       scale: logit scale, default `D**-0.5`.
       block_sizes: tiles (default `default_block_sizes(D)`).
       implementation: "gpu" (the Pallas kernels), "reference" (XLA, O(T²) memory) or None:
-        the kernels on a GPU or when interpreting, else the reference.
+        the kernels when the target platform (`pallas_kernels.target`) is a GPU or when
+        interpreting, else the reference.
       interpret: run the kernels in Pallas interpret mode (CPU tests).
 
     Returns:
       `[B, T, H, D]` in the dtype of q.
     """
     if implementation is None:
-        implementation = "gpu" if interpret or jax.default_backend() == "gpu" else "reference"
+        implementation = "gpu" if interpret or target.platform() == "gpu" else "reference"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"pallas flash_attention: implementation must be one of "
                          f"{IMPLEMENTATIONS} or None, got {implementation!r}")

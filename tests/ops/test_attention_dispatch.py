@@ -187,3 +187,17 @@ def test_packed_model_on_tpu_runs_splash(on_tpu, caplog):
             tokens.shape, segment_ids=i)))(ids).jaxpr
     assert _count(jaxpr, "pallas_call") == 2
     assert not [r for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+
+
+def test_pallas_rung_runs_the_kernel_for_a_gpu_target():
+    """Traced for a GPU (an abstract mesh whose device is a GPU, as an ahead-of-time lowering
+    on a CPU host) the pallas rung runs the flash kernel, named or chosen by auto: the
+    kernels' entry point once read the host's default backend and ran its XLA reference."""
+    device = jax.sharding.AbstractDevice(device_kind="H100", num_cores=None, platform="gpu")
+    q = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((1, 64), jnp.int32)
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=device)):
+        for implementation in ("pallas", None):
+            jaxpr = jax.make_jaxpr(lambda q, i, impl=implementation: ops.attention(
+                q, q, q, segment_ids=i, implementation=impl))(q, ids).jaxpr
+            assert _count(jaxpr, "pallas_call") == 1, implementation
