@@ -612,12 +612,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("block types:")
     for name in block_names():
         print(f"  {name:32s} {block_type(name).description}")
+    # Names longer than the column (lm-wikitext2-baseline-transformer-tiny) widen it: at a
+    # fixed width they ran into their descriptions.
     print("experiments:")
+    width = max(map(len, registry.names()), default=0)
     for name in registry.names():
-        print(f"  {name:32s} {registry.get(name).description}")
+        print(f"  {name:{width}s}  {registry.get(name).description}")
     print("sweeps (python -m experiments.run SWEEP --out DIR):")
+    width = max(map(len, registry.sweep_names()), default=0)
     for name in registry.sweep_names():
-        print(f"  {name:36s} {textwrap.shorten(registry.get_sweep(name).description, 64)}")
+        print(f"  {name:{width}s}  "
+              f"{textwrap.shorten(registry.get_sweep(name).description, 64)}")
     return 0
 
 

@@ -133,6 +133,24 @@ def test_list_shows_presets_blocks_experiments(capsys):
     assert f"  {name:32s} {full / 1e6:8.2f}M  {presets.describe(name)}" in out.splitlines()
 
 
+def test_list_keeps_long_experiment_and_sweep_names_apart_from_their_descriptions(
+        monkeypatch, capsys):
+    """At a fixed 32 / 36-character column, `lm-wikitext2-baseline-transformer-tiny` and
+    `expressivity/mkar-length-generalisation` ran into their descriptions with one space."""
+    monkeypatch.setattr(cli, "_param_count", lambda name: 0)  # presets are not the point
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for header, names in (("experiments:", registry.names()),
+                          ("sweeps (python", registry.sweep_names())):
+        start = next(i for i, line in enumerate(lines) if line.startswith(header)) + 1
+        rows = lines[start:start + len(names)]
+        assert [row.split()[0] for row in rows] == names
+        pairs = list(zip(rows, names, strict=True))
+        starts = {len(row) - len(row[2 + len(name):].lstrip()) for row, name in pairs}
+        assert len(starts) == 1, starts  # every description starts in one column
+        assert all(row[2 + len(name):].startswith("  ") for row, name in pairs)
+
+
 def test_param_count_of_a_deep_stack_of_two_layer_kinds(monkeypatch):
     """Mamba-2 and attention layers (of different sizes) alternating, 8 deep: the shortcut's
     count is the whole model's."""
