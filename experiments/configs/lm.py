@@ -1,5 +1,8 @@
 """Language modelling on real text: WikiText-2 (raw) and Project Gutenberg, from `../shared/data`
-next to the project root (not the current directory).
+next to the project root (not the current directory), or from `HYBRID_JAX_DATA=DIR` (a folder of
+the same layout). Without that folder a run stops before training with an error naming the
+missing file, the folder and both ways to point elsewhere (`experiments.run._with_data_hint`);
+the NHA, Oryx and PHA text experiments read the same folder.
 
 The data paths are options (`--set data.path=... --set data.eval_path=...`), so the same
 experiments run on any corpus. Tiny variants use the byte tokenizer and train on a CPU in

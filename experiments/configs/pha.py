@@ -3,9 +3,9 @@
 serial stack with pre-norm residuals instead of DeepNorm's post-norm).
 
 Same width and depth class (d_model 384, 10 blocks, 6 query heads of 64, 2 key/value heads), same
-data (the first four Gutenberg training shards, ~24 M BPE tokens), same BPE tokenizer (8192,
-trained on the first shard), same seed and the same 800 steps of 64 × 1024 tokens (52 M tokens
-seen, ~2 epochs), held-out perplexity on the whole `valid` split. Parameters (tied embeddings of
+data (the first four Gutenberg training shards, 28.8 M BPE tokens), same BPE tokenizer (8192,
+trained on the first shard), same seed and the same 800 steps of 64 × 1024 tokens (52.4 M tokens
+seen, ~1.8 epochs), held-out perplexity on the whole `valid` split. Parameters (tied embeddings of
 3.1 M included): pha 29.0 M, pha-sequential 29.0 M, pha-no-attention 25.0 M, pha-no-gss 21.8 M,
 attention-only 29.2 M (its SwiGLU width 1920 matches pha). `experiments/pha_ablation.py` runs the
 six one after another and writes the table and pha's mixing heat map.
