@@ -30,7 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from experiments.configs.lm import DATA, WIKITEXT2_RAW
+from experiments.configs.lm import DATA, WIKITEXT2_RAW, require_files
 from experiments.files import check_same_config, number_id
 from experiments.help_text import first_paragraph
 from hybrid_jax.config import ExperimentConfig, ModelConfig, TrainConfig, layer
@@ -211,6 +211,8 @@ def main(argv=None) -> int:
     learning_rates = parse_learning_rates(args.learning_rates)
     if args.workers < 1:
         raise ValueError(f"--workers: expected an integer >= 1, got {args.workers}")
+    data = experiment("deepnorm", layers=1, steps=1, learning_rate=1.0, data_dir=args.data).data
+    require_files(data.path, data.eval_path)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only:
         for item in args.only.split(";"):

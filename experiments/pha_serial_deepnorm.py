@@ -27,7 +27,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from experiments.configs.lm import GUTENBERG
+from experiments.configs.lm import GUTENBERG, require_files
 from experiments.deepnorm_stability import finished_row, loss_curve, run_name, save_figure
 from experiments.files import number_id
 from experiments.help_text import first_paragraph
@@ -166,6 +166,11 @@ def main(argv=None) -> int:
     if differ:
         raise ValueError(f"{summary_path}: its runs had {differ}; expected this call's "
                          f"{ {k: settings[k] for k in differ} }: use another --out")
+    arm, lr = runs[0]
+    data = experiment(arm, d_model=args.d_model, steps=args.steps, learning_rate=lr,
+                      warmup=args.warmup, seq_len=args.seq_len, batch_size=args.batch_size,
+                      data_dir=args.data).data
+    require_files(data.path, data.eval_path)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for arm, lr in runs:

@@ -112,3 +112,17 @@ def test_bad_grid_arguments_are_refused(tmp_path, monkeypatch, args, message):
     with pytest.raises(ValueError, match=message):
         ds.main(["--out", str(tmp_path / "out"), *args])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_corpus_is_named_before_any_worker(tmp_path, monkeypatch):
+    """Without the WikiText-2 files each worker died with a traceback in the data pipeline and
+    the grid with `RuntimeError: a worker failed`."""
+    def no_worker(args):
+        raise AssertionError(f"a worker was started: {args}")
+
+    monkeypatch.setattr(ds.subprocess, "Popen", no_worker)
+    monkeypatch.delenv("HYBRID_JAX_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"wikitext-2-raw/wiki\.train\.raw not found: "
+                       r"--data DIR names the data folder \(default .*HYBRID_JAX_DATA=DIR\)"):
+        ds.main(["--out", str(tmp_path / "out"), "--data", str(tmp_path / "none")])
+    assert not (tmp_path / "out").exists()

@@ -75,8 +75,12 @@ def test_summary_keeps_earlier_rows_and_replaces_rerun_ones(tmp_path, monkeypatc
     monkeypatch.setattr(pha_serial_deepnorm, "run_one", lambda out, arm, lr, **kwargs: {
         "arm": arm, "learning_rate": lr, "final_train_loss": 2.0})
     monkeypatch.setattr(pha_serial_deepnorm, "plot", lambda *args: None)
-    assert pha_serial_deepnorm.main(["--out", str(out), "--runs", "post-ln,2e-3;post-ln,1e-3"]
-                                    ) == 0
+    data = tmp_path / "data"  # main checks the corpus files exist before any run
+    (data / "gutenberg").mkdir(parents=True)
+    for name in ("train-00.txt.xz", "valid.txt.xz"):
+        (data / "gutenberg" / name).touch()
+    assert pha_serial_deepnorm.main(["--out", str(out), "--runs", "post-ln,2e-3;post-ln,1e-3",
+                                     "--data", str(data)]) == 0
     rows = json.loads((out / "summary.json").read_text())["rows"]
     assert [(r["arm"], r["learning_rate"], r["final_train_loss"]) for r in rows] == [
         ("prenorm", 2e-3, 1.0), ("post-ln", 2e-3, 2.0), ("post-ln", 1e-3, 2.0)]
@@ -84,7 +88,18 @@ def test_summary_keeps_earlier_rows_and_replaces_rerun_ones(tmp_path, monkeypatc
     with pytest.raises(ValueError, match=r"its runs had \{'d_model': 128\}; expected this "
                                          r"call's \{'d_model': 64\}"):
         pha_serial_deepnorm.main(["--out", str(out), "--runs", "prenorm,2e-3",
-                                  "--d-model", "64"])
+                                  "--d-model", "64", "--data", str(data)])
+
+
+def test_a_missing_corpus_is_named_before_any_run(tmp_path, monkeypatch):
+    """Without the Gutenberg files the first run died in the data pipeline, its error naming
+    the file but not --data or HYBRID_JAX_DATA."""
+    monkeypatch.setattr(pha_serial_deepnorm, "run_one", None)  # must not be reached
+    with pytest.raises(FileNotFoundError, match=r"gutenberg/train-00\.txt\.xz not found: "
+                                                r"--data DIR names the data folder"):
+        pha_serial_deepnorm.main(["--out", str(tmp_path / "out"), "--runs", "prenorm,2e-3",
+                                  "--data", str(tmp_path / "none")])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("runs, message", [

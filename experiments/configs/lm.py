@@ -36,6 +36,20 @@ WIKITEXT2_RAW = TextConfig(path=f"{DATA}/wikitext-2-raw/wiki.train.raw",
 GUTENBERG = TextConfig(path=f"{DATA}/gutenberg/train-00.txt.xz",
                        eval_path=f"{DATA}/gutenberg/valid.txt.xz", seq_len=256)
 
+
+
+def require_files(*paths: str, flag: str = "--data") -> None:
+    """A driver's corpus files, checked before it starts any run: a missing one is named with
+    the folder the default comes from and how to point elsewhere (without this check a
+    driver's worker died with a traceback in the data pipeline)."""
+    missing = [path for path in paths if not os.path.isfile(path)]
+    if missing:
+        origin = ("HYBRID_JAX_DATA" if os.environ.get("HYBRID_JAX_DATA")
+                  else "../shared/data next to the project, or HYBRID_JAX_DATA=DIR")
+        raise FileNotFoundError(f"{missing[0]} not found: {flag} DIR names the data folder "
+                                f"(default {DATA}: {origin})")
+
+
 TINY_TRAIN = TrainConfig(steps=600, batch_size=16, learning_rate=3e-3, warmup_steps=50,
                          weight_decay=0.1, log_every=25, eval_every=100, eval_batches=8,
                          checkpoint_every=200)
