@@ -41,7 +41,9 @@ class AttentionOptions:
     qkv_bias: bool = False  # biases on q, k, v (Qwen2)
     cosine: bool = False  # scaled-cosine attention with a learnable per-head temperature
     temperature_init: float | None = None  # cosine's initial temperature; None: √head_dim
-    implementation: str | None = None  # see hybrid_jax.ops.attention
+    # See hybrid_jax.ops.attention; cached decode steps run "xla" (no fast rung takes their
+    # explicit positions), the fresh prefill this one.
+    implementation: str | None = None
 
     def __post_init__(self) -> None:
         # 0 would read as unset (`or`) for the optional sizes and the temperature.
@@ -121,10 +123,11 @@ class AttentionMixer(nnx.Module):
         return q, k, v
 
     def mix(self, q, k, v, **kwargs) -> jax.Array:
-        """The attention op (causal, this mixer's window unless `window` is given, and its
-        temperature): `[B, T, H, D]`."""
+        """The attention op (causal, this mixer's window and implementation unless given, and
+        its temperature): `[B, T, H, D]`."""
         kwargs.setdefault("window", self.window)
-        kwargs.update(causal=True, implementation=self.implementation)
+        kwargs.setdefault("implementation", self.implementation)
+        kwargs.update(causal=True)
         if self.cosine:
             out = ops.scaled_cosine_attention(q, k, v, self.log_temperature[...],
                                               attend=context_parallel.attention, **kwargs)
@@ -171,8 +174,10 @@ class AttentionMixer(nnx.Module):
         if not fresh:
             keys = jnp.concatenate([cache.keys, keys], axis=1)
             values = jnp.concatenate([cache.values, values], axis=1)
+            # XLA: no fast rung takes explicit positions (a layer set to one would raise).
             positions = dict(q_positions=new_positions,
-                             kv_positions=jnp.concatenate([cache.positions, new_positions]))
+                             kv_positions=jnp.concatenate([cache.positions, new_positions]),
+                             implementation="xla")
         # A cache of L entries keeps only the last L keys (a windowed LMCache past its max_len,
         # or a window larger than max_len): each query sees at most L, however the tokens are
         # split into calls (one call saw all of its tokens, a one-token step L + 1).

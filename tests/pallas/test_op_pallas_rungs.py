@@ -98,3 +98,19 @@ def test_attention_rung_documents_window_gqa(pallas_on_cpu):
                              implementation=implementation)
 
     check(run, dict(q=q, k=k, v=v), "attention")
+
+
+def test_a_layer_set_to_the_pallas_rung_generates(pallas_on_cpu):
+    """Cached decode steps pass explicit positions, which no fast rung takes: a layer set to
+    `implementation="pallas"` (its training forward and the fresh prefill on the kernel)
+    raised at the first step of `generate`; they run XLA, and its tokens are auto's."""
+    import hybrid_jax as hj
+    from hybrid_jax.generate import generate
+
+    config = hj.ModelConfig(layers=("attention",), vocab_size=32, d_model=128, num_heads=2,
+                            ffn_dim=64)
+    pallas = config.replace(layers=(hj.layer("attention", implementation="pallas"),))
+    prompt = np.asarray([[3, 5, 7, 9, 11, 2, 4, 6]], np.int32)
+    tokens = [np.asarray(generate(hj.create_model(c, seed=0), prompt, 3))
+              for c in (config, pallas)]
+    np.testing.assert_array_equal(tokens[1], tokens[0])
