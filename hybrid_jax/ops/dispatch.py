@@ -112,8 +112,9 @@ def _log_fallback(op: str, rung: Rung, reasons: list[str], shapes: tuple) -> Non
         return
     level = logging.WARNING if rung.name == "xla" else logging.INFO
     described = ", ".join(f"{n}{list(s)} {d}" for n, s, d in shapes)
-    log_once((op, rung.name, shapes), level, "%s: ran the %s rung for %s; faster rungs could "
-             "not: %s", op, rung.name, described, "; ".join(reasons))
+    # The reasons too: a second reason at the same shapes (a window, causal) is news.
+    log_once((op, rung.name, shapes, tuple(reasons)), level, "%s: ran the %s rung for %s; "
+             "faster rungs could not: %s", op, rung.name, described, "; ".join(reasons))
 
 
 def dispatch(

@@ -117,6 +117,20 @@ def test_fallback_to_xla_logs_once_per_shape(on_gpu, caplog):
     assert "splash" not in message, message  # a TPU kernel: no candidate on a GPU
 
 
+def test_another_reason_at_the_same_shapes_logs_again(on_gpu, caplog):
+    """The once-only key holds the reasons: `causal=False` after a causal call of the same
+    shapes gives a reason of its own, which was not logged."""
+    q = jnp.zeros((1, 16, 2, 64), jnp.float32)  # no fast rung: XLA either way
+    segments = jnp.zeros((1, 16), jnp.int32)
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        for causal in (True, True, False):
+            jax.eval_shape(lambda q, ids, causal=causal: ops.attention(
+                q, q, q, segment_ids=ids, causal=causal), q, segments)
+    messages = [r.getMessage() for r in caplog.records if r.name == "hybrid_jax.dispatch"]
+    assert len(messages) == 2, messages
+    assert "causal" not in messages[0] and "causal" in messages[1], messages
+
+
 def test_no_log_on_cpu(caplog, monkeypatch):
     dispatch._LOGGED.clear()
     q = jnp.zeros((1, 8, 2, 64))
