@@ -386,7 +386,15 @@ def _raw_tokens(path: Path, token_dtype: str) -> np.ndarray:
     if size % itemsize:
         raise ValueError(f"token file {path} has {size} bytes, not a whole number of "
                          f"{token_dtype} ids ({itemsize} bytes each): check data.token_dtype")
-    return np.memmap(path, dtype=token_dtype, mode="r") if size else np.zeros(0, token_dtype)
+    tokens = np.memmap(path, dtype=token_dtype, mode="r") if size else np.zeros(0, token_dtype)
+    # Little-endian uint32 ids below 65536 read as uint16 are (id, 0) pairs: every check of
+    # the ids passes, and half the tokens are 0.
+    sample = np.asarray(tokens[:8192])
+    if token_dtype == "uint16" and len(sample) >= 64 and not sample[1::2].any():
+        raise ValueError(f"token file {path}: every second of its first {len(sample)} uint16 "
+                         "ids is 0, as 32-bit ids read as 16-bit ones are: set "
+                         "data.token_dtype=uint32 (or int32)")
+    return tokens
 
 
 def _check_ids(path: Path, tokens: np.ndarray, vocab_size: int) -> None:

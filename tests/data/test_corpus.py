@@ -176,6 +176,18 @@ def test_raw_token_files_empty_or_cut_mid_id(tmp_path):
         load_stream([tmp_path / "odd.bin"], ByteTokenizer())
 
 
+def test_32_bit_ids_read_as_16_bit_ones_are_refused(tmp_path):
+    """uint32 ids read with the default data.token_dtype=uint16 came out as (id, 0) pairs that
+    pass every id check; the same file read as uint32 loads."""
+    ids = np.random.default_rng(0).integers(1, 257, 100).astype(np.uint32)
+    ids.tofile(tmp_path / "wide.bin")
+    with pytest.raises(ValueError, match=r"wide.bin: every second of its first 200 uint16 ids "
+                                         r"is 0, .* set data.token_dtype=uint32"):
+        load_stream([tmp_path / "wide.bin"], ByteTokenizer())
+    assert np.asarray(load_stream([tmp_path / "wide.bin"], ByteTokenizer(),
+                                  token_dtype="uint32").tokens).tolist()[:3] == ids[:3].tolist()
+
+
 def test_token_arrays_and_text_do_not_mix(tmp_path):
     np.save(tmp_path / "a.npy", np.array([256, 1], np.uint16))
     (tmp_path / "b.txt").write_text("x\n")
