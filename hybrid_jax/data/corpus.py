@@ -160,12 +160,20 @@ def _checked_lines(path: Path, encoding: str, option: str) -> Iterator[str]:
     except UnicodeDecodeError as e:
         raise ValueError(f"data file {path} is not valid {encoding} text (near line "
                          f"{number + 1}: {e.reason}): set {option} to its "
-                         "encoding (e.g. latin-1, cp1252)") from None
+                         f"encoding (e.g. {_likely_encodings(path)})") from None
     except (EOFError, OSError, lzma.LZMAError, zlib.error) as e:  # bz2: OSError
         if path.suffix.lower() not in DECOMPRESSORS:
             raise
         raise ValueError(f"data file {path} is a damaged {path.suffix} stream (after line "
                          f"{number}): {e}") from None
+
+
+def _likely_encodings(path: Path) -> str:
+    """What to suggest for a file that is not valid text in the encoding asked for: UTF-16
+    where it starts with that byte order mark (else the hint named latin-1 for it)."""
+    with DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rb") as f:
+        start = f.read(2)
+    return "utf-16" if start in (b"\xff\xfe", b"\xfe\xff") else "latin-1, cp1252"
 
 
 def document_pieces(path: Path, document_regex: str = "", encoding: str = "utf-8", *,

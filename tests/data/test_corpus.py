@@ -176,6 +176,15 @@ def test_raw_token_files_empty_or_cut_mid_id(tmp_path):
         load_stream([tmp_path / "odd.bin"], ByteTokenizer())
 
 
+def test_the_encoding_hint_names_utf_16_for_a_file_with_its_byte_order_mark(tmp_path):
+    """A UTF-16 file read as UTF-8 was told to try latin-1 or cp1252."""
+    (tmp_path / "wide.txt").write_text("caf\u00e9\n", encoding="utf-16")
+    (tmp_path / "latin.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    for name, hint in (("wide.txt", r"\(e.g. utf-16\)"), ("latin.txt", r"\(e.g. latin-1, ")):
+        with pytest.raises(ValueError, match=rf"{name} is not valid utf-8 text .*{hint}"):
+            tokenize_documents([tmp_path / name], ByteTokenizer())
+
+
 def test_32_bit_ids_read_as_16_bit_ones_are_refused(tmp_path):
     """uint32 ids read with the default data.token_dtype=uint16 came out as (id, 0) pairs that
     pass every id check; the same file read as uint32 loads."""
