@@ -37,8 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hybrid_jax.files import write_atomic
-
 STRATEGIES = ("data", "fsdp", "tensor", "seq")
 
 
@@ -248,6 +246,7 @@ def run(name: str, devices: Sequence[int], strategies: Sequence[str], *, weak: b
     import jax
 
     from experiments.benchmarks.timing import device_name, markdown_table, print_table
+    from hybrid_jax.files import write_atomic  # here: importing hybrid_jax imports jax
 
     for what, items in (("devices", devices), ("strategy", strategies), ("model", models)):
         refuse_repeats(what, items)

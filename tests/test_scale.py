@@ -6,6 +6,8 @@ limit."""
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -117,6 +119,16 @@ def test_cpu_devices_are_requested_only_before_jax_loads(monkeypatch):
     monkeypatch.setattr(scale, "sys", types.SimpleNamespace(modules={"jax": None}))
     scale.request_cpu_devices(4)
     assert os.environ["XLA_FLAGS"] == ""
+
+
+def test_importing_scale_leaves_jax_unloaded_so_the_device_request_works():
+    """`experiments.scale` imported hybrid_jax (and so jax) at the top, so `hybrid-jax scale
+    --devices 1,2` on a CPU asked for fake devices too late: '--devices 2 but only 1 devices
+    are available'."""
+    code = "import sys; from experiments import scale; print('jax' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "False"
 
 
 def test_weak_scaling_multiplies_the_split_work():
