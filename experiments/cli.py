@@ -528,9 +528,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     mesh = make_mesh(MeshConfig(data=1, fsdp=args.fsdp))
     experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh,
                               scan_layers=args.scan_layers)
-    print(f"imported {experiment.description} into {args.out}: "
+    print(f"imported {args.source} into {args.out}: "
           f"{len(experiment.model.layers)} layers, d_model {experiment.model.d_model}, "
-          f"vocab {experiment.model.vocab_size}, {args.dtype}")
+          f"vocab {experiment.model.vocab_size}, {args.dtype}; fine-tune it with "
+          f"`hybrid-jax train {experiment.name} --out {args.out} --resume --set data.path=...`")
     return 0
 
 
@@ -560,9 +561,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     converter = oryx.convert_run if args.to == "oryx" else functools.partial(
         nha.convert_run, window=window, num_slots=64 if args.slots is None else args.slots,
         own_windows=args.window is None)
-    converter(experiment, ts.model(), args.run_dir, args.out, layers=layers, seed=args.seed,
-              scan_layers=args.scan_layers)
-    print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}")
+    converted, _ = converter(experiment, ts.model(), args.run_dir, args.out, layers=layers,
+                             seed=args.seed, scan_layers=args.scan_layers)
+    data = " --set data.path=..." if getattr(converted.data, "path", None) == "" else ""
+    print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}; "
+          f"fine-tune it with `hybrid-jax train {converted.name} --out {args.out} --resume{data}`")
     return 0
 
 

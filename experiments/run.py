@@ -37,7 +37,10 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
     if resume and saved.is_file() and not force:
         experiment = read_experiment(saved)
         if experiment.name != name:
-            raise ValueError(f"{out_dir} holds a run of {experiment.name!r}, not {name!r}")
+            raise ValueError(f"{out_dir} holds a run of {experiment.name!r}, not {name!r}: "
+                             f"continue it with `hybrid-jax train {experiment.name} --out "
+                             f"{out_dir} --resume`, or choose another --out (--force starts "
+                             f"{name!r} over there)")
         experiment = apply_overrides(experiment, overrides)
     else:
         experiment = apply_overrides(registry.get(name), overrides)

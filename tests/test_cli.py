@@ -245,7 +245,8 @@ def test_run_experiment_resumes_the_saved_config_unless_forced(tmp_path, monkeyp
     assert trained[-1][0] == apply_overrides(registry.get("mqar-transformer-tiny"),
                                              ["train.batch_size=4"])
     with pytest.raises(ValueError, match=r"holds a run of 'mqar-transformer-tiny', not "
-                                         r"'mqar-gdn-tiny'"):
+                                         r"'mqar-gdn-tiny': continue it with `hybrid-jax train "
+                                         r"mqar-transformer-tiny --out .* --resume`"):
         run.run_experiment("mqar-gdn-tiny", out_dir=tmp_path, resume=True, progress=False)
 
 
