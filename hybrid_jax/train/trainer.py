@@ -692,7 +692,10 @@ class _Run:
                         self.evaluate()
             except NonFiniteLossError as error:
                 if cfg.on_nonfinite != "rollback":
-                    raise
+                    raise NonFiniteLossError(
+                        f"{error} (--set train.on_nonfinite=rollback restores the last "
+                        "checkpoint and skips that batch; a lower train.learning_rate or "
+                        "train.grad_clip may avoid it)", error.step) from error
                 self.rollback(error)
                 pending = None
 
