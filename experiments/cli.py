@@ -523,8 +523,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     devices = jax.device_count()  # the mesh's errors name train.mesh.*, which import has not
     if not (args.fsdp == -1 or 1 <= args.fsdp <= devices):
+        fake = (f"; on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={args.fsdp} "
+                "before starting for that many fake devices" if args.fsdp > devices else "")
         raise ValueError(f"--fsdp={args.fsdp}: expected 1 to {devices} (the devices available), or "
-                         "-1 for all of them")
+                         f"-1 for all of them{fake}")
     mesh = make_mesh(MeshConfig(data=1, fsdp=args.fsdp))
     experiment, _ = import_hf(args.source, args.out, dtype=args.dtype, mesh=mesh,
                               scan_layers=args.scan_layers)

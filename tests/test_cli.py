@@ -198,7 +198,8 @@ def test_param_count_of_a_deep_stack_of_two_layer_kinds(monkeypatch):
          "--devices: expected positive counts, got '2,0'"),
         # The mesh's errors named MeshConfig and "lower train.mesh.data / fsdp / ...".
         (["import", "hf", "/nonexistent", "--out", "x", "--fsdp", "9"],
-         "--fsdp=9: expected 1 to 8 (the devices available), or -1 for all of them"),
+         "--fsdp=9: expected 1 to 8 (the devices available), or -1 for all of them; on a CPU, "
+         "set XLA_FLAGS=--xla_force_host_platform_device_count=9 before starting"),
         (["import", "hf", "/nonexistent", "--out", "x", "--fsdp", "0"], "--fsdp=0: expected 1"),
     ],
 )
