@@ -165,6 +165,8 @@ def unsupported(q, k, v, g, beta, initial_state=None, starts=None, *, block_size
         return f"q, k, v must be [batch, time, heads, dim], got {q.shape}, {k.shape}, {v.shape}"
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
+    if 0 in q.shape + v.shape:
+        return f"q, k, v must not be empty, got {q.shape}, {k.shape}, {v.shape}"
     expected = dict(k=(q.shape, k), v=((batch, length, heads, value_dim), v),
                     g=((batch, length, heads), g), beta=((batch, length, heads), beta))
     if initial_state is not None:

@@ -14,6 +14,8 @@ def unsupported_arguments(q, k, v, segment_ids, window) -> str | None:
         return (f"q, k, v must be [batch, time, heads, head_dim], got shapes {q.shape}, "
                 f"{k.shape}, {v.shape}")
     batch, length, heads, head_dim = q.shape
+    if 0 in q.shape + k.shape + v.shape:
+        return f"q, k, v must not be empty, got shapes {q.shape}, {k.shape}, {v.shape}"
     if k.shape != v.shape or k.shape[:2] != (batch, length) or k.shape[3] != head_dim:
         return (f"k and v must both be [B, T, G, D] = [{batch}, {length}, G, {head_dim}] "
                 f"(self-attention, value dim = head dim), got {k.shape} and {v.shape}")

@@ -61,6 +61,8 @@ def unsupported(logits, targets, *, interpret: bool = False) -> str | None:
     """None when the kernel can run this call, else what is wrong (shapes, dtypes, platform)."""
     if logits.ndim < 1 or logits.shape[-1] < 1:
         return f"expected logits [..., V] with V >= 1, got shape {tuple(logits.shape)}"
+    if logits.size == 0:
+        return f"logits must have at least one row, got shape {tuple(logits.shape)}"
     if targets.shape != logits.shape[:-1]:
         return (f"targets must have the logits' leading shape {tuple(logits.shape[:-1])}, got "
                 f"{tuple(targets.shape)}")

@@ -215,6 +215,8 @@ def unsupported(q, k, v, s, g, *, window, q_window=None, k_window=None, empty_sl
     for name, shape in expected.items():
         if arrays[name].shape != tuple(shape):
             return f"{name} has shape {arrays[name].shape}, expected {tuple(shape)}"
+    if any(x.size == 0 for x in (q, k, v, s, g)):
+        return f"no input may be empty, got q {q.shape}, k {k.shape}, v {v.shape}, s {s.shape}"
     if heads % kv_heads:
         return f"kv heads ({kv_heads}) must divide heads ({heads})"
     if not isinstance(window, int | np.integer) or window < 0:

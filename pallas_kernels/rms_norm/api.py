@@ -97,6 +97,8 @@ def unsupported(x, scale, z=None, *, group_size=None, dtype=None,
     if x.ndim < 1 or scale.ndim != 1:
         return (f"expected x [..., C] and scale [C], got shapes {tuple(x.shape)} and "
                 f"{tuple(scale.shape)}")
+    if x.size == 0:
+        return f"x must not be empty, got shape {tuple(x.shape)}"
     channels = x.shape[-1]
     if scale.shape != (channels,):
         return f"scale must be [{channels}] (x's channels), got {tuple(scale.shape)}"

@@ -90,6 +90,8 @@ def unsupported(x, weight, bias=None, segment_ids=None, *, interpret=False) -> s
                 f"{weight.shape}")
     batch, length, channels = x.shape
     size = weight.shape[0]
+    if x.size == 0:
+        return f"x must not be empty, got shape {x.shape}"
     if weight.shape[1] != channels:
         return f"weight must be [K, {channels}] (x's channels), got {weight.shape}"
     if not 1 <= size <= MAX_SIZE:

@@ -170,6 +170,8 @@ def unsupported(x, dt, A, B, C, *, segment_ids=None, initial_state=None, D=None,
                 f"shapes {x.shape}, {dt.shape}, {A.shape}, {B.shape}, {C.shape}")
     batch, length, heads, head_dim = x.shape
     groups, state_dim = B.shape[2:]
+    if 0 in x.shape + B.shape:
+        return f"x, B, C must not be empty, got shapes {x.shape}, {B.shape}, {C.shape}"
     if dt.shape != (batch, length, heads) or A.shape != (heads,):
         return f"dt must be {(batch, length, heads)} and A {(heads,)}, got {dt.shape}, {A.shape}"
     if B.shape[:2] != (batch, length) or C.shape != B.shape:

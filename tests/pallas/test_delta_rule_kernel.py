@@ -398,3 +398,11 @@ def test_round_10_defaults(key_dim, value_dim, forward):
                 wide.forward_state_key_block, wide.reverse_small_scales,
                 wide.state_num_stages) == (None, None, None, False, 2)
         assert wide.split_outputs == (training or key_dim > 128)
+
+
+def test_empty_inputs_are_refused():
+    """T = 0: a reason, not a ZeroDivisionError in the kernels."""
+    x = make_inputs(0, batch=1, length=0, key_dim=8, value_dim=8)
+    reason = api.unsupported(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"],
+                             backend="gpu", interpret=True)
+    assert "must not be empty" in reason

@@ -203,3 +203,11 @@ def test_one_select_with_a_first_block_masked_for_its_rows():
                         block_k_dkv=16, dq_atomic=True, forward_one_select=True,
                         diagonal_causal_only=True)
     check(q, k, v, ids, None, blocks)
+
+
+def test_empty_inputs_are_refused():
+    """T = 0 or no kv heads: a reason, not a crash inside the kernels (they took T = 0 and
+    failed in a slice; auto dispatch falls back to the XLA rung, which takes it)."""
+    q, k = jnp.zeros((1, 0, 2, 8)), jnp.zeros((1, 5, 0, 8))
+    assert "must not be empty" in api.unsupported(q, q, q, interpret=True)
+    assert "must not be empty" in api.unsupported(jnp.zeros((1, 5, 2, 8)), k, k, interpret=True)

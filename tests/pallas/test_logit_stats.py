@@ -152,3 +152,9 @@ def test_auto_picks_the_kernel_on_gpus_and_logs_a_split_vocabulary(monkeypatch, 
         jax.eval_shape(ops.logit_stats, logits, targets)
     assert "logit_stats: ran the xla rung" in caplog.text
     assert "the mesh splits tensor (4 devices)" in caplog.text
+
+
+def test_empty_inputs_are_refused():
+    """No rows: a reason, not a crash in the kernel (the XLA rung takes it)."""
+    assert "at least one row" in api.unsupported(jnp.zeros((0, 5)), jnp.zeros((0,), jnp.int32),
+                                                 interpret=True)

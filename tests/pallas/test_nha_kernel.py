@@ -723,3 +723,11 @@ def test_gpu_kernel_16bit_slot_precisions(window, dtype):
         for name in NAMES:
             assert_close(grads[precision][name], ref_grads[name], 2e-2, f"{precision} d{name}")
     assert any(not np.array_equal(grads["float32"][n], grads["mixed"][n]) for n in ("q", "k"))
+
+
+def test_empty_inputs_are_refused():
+    """T = 0: a reason, not a ZeroDivisionError in the kernels."""
+    args = op_tests._inputs(0, H=2, G=1, dtype=jnp.float32)
+    reason = api.unsupported(*args[:5], window=2, q_window=args[5], k_window=args[6],
+                             backend="gpu", interpret=True)
+    assert "may be empty" in reason

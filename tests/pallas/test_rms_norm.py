@@ -255,3 +255,9 @@ def test_default_tiles_are_valid():
                for g in (512, 1024, 2048))
     with pytest.raises(ValueError, match="block_rows must be a power of two, got 12"):
         BlockSizes(block_rows=12)
+
+
+def test_empty_inputs_are_refused():
+    """No rows: a reason, not a crash in the kernels (the XLA rung takes it)."""
+    assert "must not be empty" in api.unsupported(jnp.zeros((0, 4)), jnp.ones(4),
+                                                  interpret=True)

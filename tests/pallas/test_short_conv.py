@@ -246,3 +246,9 @@ def test_default_tiles_are_valid():
     assert default_block_sizes() == BlockSizes()
     with pytest.raises(ValueError, match="block_c must be a power of two, got 96"):
         BlockSizes(block_c=96)
+
+
+def test_empty_inputs_are_refused():
+    """T = 0: a reason, not a crash in the kernels (the XLA rung takes it)."""
+    assert "must not be empty" in api.unsupported(jnp.zeros((1, 0, 5)), jnp.zeros((4, 5)),
+                                                  interpret=True)

@@ -441,3 +441,9 @@ def test_tpu_unsupported_calls_are_refused_with_the_reason(monkeypatch):
         wide[0].astype(jnp.float16), *wide[1:])
     with pytest.raises(ValueError, match="no split form"):
         kernel_fn(None, blocks=SPLIT, backend="tpu")(*(inputs[n] for n in NAMES))
+
+
+def test_empty_inputs_are_refused():
+    """T = 0: a reason, not a crash in a slice of the kernels."""
+    x = make_inputs(0, batch=1, length=0, heads=2, groups=1)
+    assert "must not be empty" in api.unsupported(*(x[n] for n in NAMES[:5]), interpret=True)
