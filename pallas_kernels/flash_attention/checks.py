@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -25,8 +26,8 @@ def unsupported_arguments(q, k, v, segment_ids, window) -> str | None:
                                     or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
         return (f"segment_ids must be integer [B, T] = [{batch}, {length}], got "
                 f"{segment_ids.dtype} {segment_ids.shape}")
-    if window is not None and window < 1:
-        return f"window must be >= 1 or None, got {window}"
+    if window is not None and (not isinstance(window, int | np.integer) or window < 1):
+        return f"window must be >= 1 (an int) or None, got {window!r}"
     return None
 
 

@@ -211,3 +211,10 @@ def test_empty_inputs_are_refused():
     q, k = jnp.zeros((1, 0, 2, 8)), jnp.zeros((1, 5, 0, 8))
     assert "must not be empty" in api.unsupported(q, q, q, interpret=True)
     assert "must not be empty" in api.unsupported(jnp.zeros((1, 5, 2, 8)), k, k, interpret=True)
+
+
+def test_a_fractional_window_is_refused():
+    """window=2.5 was accepted and failed in the kernels' integer arithmetic (a TypeError)."""
+    q = jnp.zeros((1, 5, 2, 8))
+    assert "window must be >= 1 (an int)" in api.unsupported(q, q, q, window=2.5, interpret=True)
+    assert api.unsupported(q, q, q, window=np.int64(3), interpret=True) is None
