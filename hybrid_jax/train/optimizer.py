@@ -56,7 +56,12 @@ def _frozen(pattern: str, path: tuple) -> bool:
     """Whether the parameter at `path` (named `blocks/0/ffn/up/kernel`) matches `pattern`."""
     from hybrid_jax.train.checkpoint import leaf_name
 
-    return bool(pattern) and re.search(pattern, leaf_name(path)) is not None
+    return _names(pattern, leaf_name(path))
+
+
+def _names(pattern: str, name: str) -> bool:
+    """Whether `train.freeze=pattern` names the parameter called `name`."""
+    return bool(pattern) and re.search(pattern, name) is not None
 
 
 def _frozen_mask(pattern: str):
@@ -95,9 +100,8 @@ def _check_stacked_freeze(pattern: str, names: list[str], layers: Sequence) -> N
         if parts[0] != "blocks" or not parts[1].isdigit():
             continue
         stacked = range(int(parts[1]), len(layers), period)
-        each = {i: re.search(pattern, "/".join(["blocks", str(i), *parts[2:]])) is not None
-                for i in stacked}
-        if set(each.values()) != {re.search(pattern, name) is not None}:
+        each = {i: _names(pattern, "/".join(["blocks", str(i), *parts[2:]])) for i in stacked}
+        if set(each.values()) != {_names(pattern, name)}:
             named = [i for i, hit in each.items() if hit]
             raise ValueError(
                 f"train.freeze={pattern!r} names layers {named} of the stacked parameter {name} "
@@ -131,17 +135,17 @@ def _unsplit(x: jax.Array) -> jax.Array:
     return x
 
 
-def clip_by_global_norm(max_norm: float, skip=None) -> optax.GradientTransformation:
+def clip_by_global_norm(max_norm: float, freeze: str = "") -> optax.GradientTransformation:
     """`optax.clip_by_global_norm` with the norm of `global_norm`: updates scaled by
     max_norm / norm when the norm exceeds max_norm (the same arithmetic, and the same empty
     state, so checkpoints of either restore into the other).
 
-    `skip(updates)`: a tree of booleans, True for the leaves the norm leaves out (frozen
-    parameters, whose gradient would otherwise shrink the steps of the trained ones)."""
+    `freeze`: a `train.freeze` pattern; the norm leaves out the parameters it names
+    (`trained_norm`), whose gradient would otherwise shrink the steps of the trained ones."""
 
     def update(updates, state, params=None):
         del params
-        norm = global_norm(updates if skip is None else _kept(updates, skip))
+        norm = trained_norm(updates, freeze)
         keep = norm < max_norm
         return jax.tree.map(
             lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm),
@@ -150,15 +154,13 @@ def clip_by_global_norm(max_norm: float, skip=None) -> optax.GradientTransformat
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def _kept(tree, skip):
-    """`tree` without the leaves `skip(tree)` marks (None in their place: no leaf)."""
-    return jax.tree.map(lambda t, s: None if s else t, tree, skip(tree))
-
-
 def trained_norm(grads, freeze: str = "") -> jax.Array:
     """`global_norm` of the gradients of the parameters that train: those `freeze` (a
-    `train.freeze` pattern) leaves out are not counted, as in clipping."""
-    return global_norm(_kept(grads, _frozen_mask(freeze)) if freeze else grads)
+    `train.freeze` pattern) names are not counted (None in their place: no leaf)."""
+    if not freeze:
+        return global_norm(grads)
+    return global_norm(jax.tree.map(lambda g, frozen: None if frozen else g, grads,
+                                    _frozen_mask(freeze)(grads)))
 
 
 def make_optimizer(config: TrainConfig, *, scan_layers: bool) -> optax.GradientTransformation:
@@ -167,7 +169,7 @@ def make_optimizer(config: TrainConfig, *, scan_layers: bool) -> optax.GradientT
     decay a scanned model's norms again wherever a caller forgot it."""
     transforms = []
     if config.grad_clip is not None:
-        transforms.append(clip_by_global_norm(config.grad_clip, _frozen_mask(config.freeze)))
+        transforms.append(clip_by_global_norm(config.grad_clip, config.freeze))
     transforms.append(optax.adamw(learning_rate_schedule(config), b1=config.beta1,
                                   b2=config.beta2, weight_decay=config.weight_decay,
                                   mask=_decay_mask(scan_layers)))
