@@ -55,14 +55,12 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
 def _with_data_hint(error: FileNotFoundError) -> FileNotFoundError:
     """A corpus missing from the shared data folder (the `lm-*` experiments' default paths):
     the error says where that folder is expected and how to point elsewhere."""
-    from experiments.configs.lm import DATA
+    from experiments.configs.lm import DATA, data_origin
 
     if error.strerror or f"{DATA}{os.sep}" not in str(error):
         return error
-    origin = ("HYBRID_JAX_DATA" if os.environ.get("HYBRID_JAX_DATA")
-              else "../shared/data next to the project")
     return FileNotFoundError(
-        f"{error}: the lm-* experiments read their corpora from {DATA} ({origin}); set "
+        f"{error}: the lm-* experiments read their corpora from {DATA} ({data_origin()}); set "
         "HYBRID_JAX_DATA=DIR for a folder of that layout, or --set data.path=... --set "
         "data.eval_path=... for your own files")
 

@@ -37,6 +37,11 @@ GUTENBERG = TextConfig(path=f"{DATA}/gutenberg/train-00.txt.xz",
                        eval_path=f"{DATA}/gutenberg/valid.txt.xz", seq_len=256)
 
 
+def data_origin() -> str:
+    """Where `DATA` comes from, for errors about a corpus missing there."""
+    return ("HYBRID_JAX_DATA" if os.environ.get("HYBRID_JAX_DATA")
+            else "../shared/data next to the project")
+
 
 def require_files(*paths: str, flag: str = "--data") -> None:
     """A driver's corpus files, checked before it starts any run: a missing one is named with
@@ -44,8 +49,8 @@ def require_files(*paths: str, flag: str = "--data") -> None:
     driver's worker died with a traceback in the data pipeline)."""
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
-        origin = ("HYBRID_JAX_DATA" if os.environ.get("HYBRID_JAX_DATA")
-                  else "../shared/data next to the project, or HYBRID_JAX_DATA=DIR")
+        origin = data_origin() + ("" if os.environ.get("HYBRID_JAX_DATA")
+                                  else ", or HYBRID_JAX_DATA=DIR")
         raise FileNotFoundError(f"{missing[0]} not found: {flag} DIR names the data folder "
                                 f"(default {DATA}: {origin})")
 
