@@ -9,23 +9,39 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 
-def temporary_path(path: str | Path) -> Path:
-    """Where `replacing` writes `path` before renaming it: `NAME.tmp` beside it."""
-    path = Path(path)
-    return path.with_name(path.name + ".tmp")
+def is_temporary(path: str | Path, of: str) -> bool:
+    """Whether `path` is a temporary file of `replacing` for a file named `of` (`NAME.*.tmp`,
+    the plain `NAME.tmp` of earlier versions too): one a writer killed before its rename left."""
+    name = Path(path).name
+    return name.startswith(of + ".") and name.endswith(".tmp")
+
+
+def _new_temporary(path: Path) -> Path:
+    """A new empty file of this writer's own beside `path` (`NAME.RANDOM.tmp`): writers of one
+    file at once (threads, processes, the hosts of a run) never share one. Created as `open`
+    creates a file (0666 less the umask), not 0600 as `tempfile.mkstemp`: it becomes `path`."""
+    while True:
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
 
 
 @contextlib.contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside `path` (`temporary_path`, its folders created) to write; renamed
-    over `path` when the block ends, removed when it raises."""
+    """A new temporary path beside `path` (`NAME.RANDOM.tmp`, one per call, its folders
+    created) to write; renamed over `path` when the block ends, removed when it raises. The
+    file `path` gets its mode from the umask, as a plain write gives it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
+    tmp = _new_temporary(path)
     try:
         yield tmp
         os.replace(tmp, path)

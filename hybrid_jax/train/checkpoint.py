@@ -28,10 +28,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from hybrid_jax.files import temporary_path, write_atomic
+from hybrid_jax.files import is_temporary, write_atomic
 
 CHECKSUMS = "checksums.json"
-_CHECKSUMS_TMP = temporary_path(CHECKSUMS).name  # written, then renamed to CHECKSUMS
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +55,8 @@ def _file_sums(step_dir: Path) -> dict[str, list[int]]:
     return {str(p.relative_to(step_dir)): [p.stat().st_size, _crc32(p)]
             for p in sorted(step_dir.rglob("*"))
             # Not the checksums' own files: a `.tmp` left by a seal killed before its rename
-            # would be listed, then replaced by the rename, and the step read as damaged.
-            if p.is_file() and p.name not in (CHECKSUMS, _CHECKSUMS_TMP)}
+            # would be listed, and the step read as damaged once it is gone.
+            if p.is_file() and p.name != CHECKSUMS and not is_temporary(p, CHECKSUMS)}
 
 
 def write_checksums(step_dir: Path) -> None:

@@ -102,7 +102,7 @@ def test_an_unsealed_step_is_restored_with_a_warning(tmp_path, caplog):
         assert_is_state(restore(tmp_path, step=1)[0])
     assert not caplog.records  # a sealed step restores silently
     # A seal killed before renaming its checksums into place leaves them under `.tmp`.
-    (step_dir(tmp_path, 2) / CHECKSUMS).rename(step_dir(tmp_path, 2) / (CHECKSUMS + ".tmp"))
+    (step_dir(tmp_path, 2) / CHECKSUMS).rename(step_dir(tmp_path, 2) / (CHECKSUMS + ".5eed.tmp"))
     with caplog.at_level(logging.WARNING, logger="hybrid_jax.train.checkpoint"):
         restored, meta, step = restore(tmp_path)
     assert (step, meta) == (2, {"step": 2})
