@@ -25,6 +25,7 @@ class DevicePrefetcher:
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def _work(self, out: queue.Queue, stop: threading.Event) -> None:
         try:
@@ -45,6 +46,13 @@ class DevicePrefetcher:
         return self
 
     def __next__(self) -> Any:
+        if self._closed:
+            # Reading on would start from where the thread stopped, past the batches it had
+            # queued and `close` dropped: a run would silently skip them.
+            raise RuntimeError("this DevicePrefetcher is closed: the batches it had read ahead "
+                               "were dropped, so reading on would skip them (a new one over an "
+                               "iterator set to its get_state() resumes after the last batch "
+                               "handed out)")
         if self.depth == 0:
             batch = self.put(next(self.iterator))
             self._state = self.iterator.get_state()
@@ -53,7 +61,7 @@ class DevicePrefetcher:
             self._start()
         batch, state, error = self._queue.get()
         if error is not None:
-            self.close()  # the thread has ended: the next call starts another, as depth 0 reads on
+            self._halt()  # the thread has ended: the next call starts another, as depth 0 reads on
             raise error
         self._state = state
         return batch
@@ -62,12 +70,19 @@ class DevicePrefetcher:
         return self._state
 
     def set_state(self, state: Any) -> None:
-        self.close()
+        self._halt()
         self.iterator.set_state(state)
         self._state = state
 
     def close(self) -> None:
-        """Stops the thread; batches queued ahead are dropped (the state is kept)."""
+        """Stops the thread; batches queued ahead are dropped (the state is kept, `get_state`
+        still answers). A later `next` raises: it would read on past the dropped batches."""
+        self._closed = True
+        self._halt()
+
+    def _halt(self) -> None:
+        """Stops the thread, its queued batches dropped; the next `next` starts another one
+        where the iterator stands (after `set_state`: the state set)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

@@ -342,3 +342,17 @@ def test_prefetcher_state_before_any_batch_is_the_iterators(depth):
     assert prefetcher.get_state() == 2
     assert [next(prefetcher) for _ in range(2)] == [2, 3]
     prefetcher.close()
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_a_closed_prefetcher_refuses_to_read_on(depth):
+    """`next` after `close` raises: it started another thread where the closed one stopped,
+    past the batches it had queued and `close` dropped, so a run skipped them silently."""
+    prefetcher = DevicePrefetcher(Counter(), lambda x: x, depth=depth)
+    assert next(prefetcher) == 0
+    time.sleep(0.2)  # the thread reads ahead
+    prefetcher.close()
+    with pytest.raises(RuntimeError, match="DevicePrefetcher is closed: the batches it had"):
+        next(prefetcher)
+    assert prefetcher.get_state() == 1  # still the position after the last batch handed out
+    prefetcher.close()  # twice is fine
