@@ -353,3 +353,31 @@ def test_generation_limits_of_an_imported_run(tmp_path, hf, gen, limits):
         if content is not None:
             (tmp_path / name).write_text(json.dumps(content))
     assert cli._generation_limits(tmp_path, SimpleNamespace(eos_id=9)) == limits
+
+
+def test_a_run_without_its_first_checkpoint_yet_says_what_was_found(tmp_path, capsys):
+    """eval of a run still training before its first save said only 'no checkpoint found':
+    now what is there (config, metrics), whether its training runs (the run lock) and when a
+    save comes (train.checkpoint_every), and nothing is created there."""
+    from hybrid_jax.config import to_dict
+    from hybrid_jax.train.metrics import MetricsLog
+    from hybrid_jax.train.run_dir import RunLock
+
+    saved = apply_overrides(registry.get("mqar-transformer-tiny"), ["train.checkpoint_every=50"])
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(saved)))
+    MetricsLog(tmp_path, tensorboard=False).write({"step": 10, "loss": 2.5})
+    with RunLock(tmp_path):
+        assert main(["eval", str(tmp_path)]) == 2
+    running = capsys.readouterr().err.strip()
+    assert main(["eval", str(tmp_path)]) == 2
+    stopped = capsys.readouterr().err.strip()
+    found = (f"no checkpoint found in {tmp_path}: it holds its config.json and metrics logged "
+             f"up to step 10, but {tmp_path / 'checkpoints'} does not exist; ")
+    saves = "(a run saves every train.checkpoint_every=50 steps and at its end)"
+    assert running.endswith(found + f"its training is running (process {os.getpid()}) and has "
+                            f"not saved its first checkpoint yet {saves}: wait for that save")
+    assert stopped.endswith(found + "no training is running there: it stopped before its first "
+                            f"checkpoint {saves}, or none started; train it again with "
+                            f"hybrid-jax train mqar-transformer-tiny --out {tmp_path} --resume")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "config.json",
+                                                          "metrics.jsonl"]

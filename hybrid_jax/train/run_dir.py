@@ -76,6 +76,23 @@ class RunLock:
         self.release()
 
 
+def lock_holder(run_dir: Path, name: str = LOCK_FILE) -> str | None:
+    """The pid recorded in `run_dir`'s lock while a process holds it (a run training there
+    now; "unknown" if it recorded none), else None. Creates nothing: a read-only command may
+    ask (its shared lock is taken and dropped at once)."""
+    try:
+        file = open(Path(run_dir) / name)  # noqa: SIM115 (closed below)
+    except OSError:
+        return None
+    with file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return file.read().strip() or "unknown"
+        fcntl.flock(file, fcntl.LOCK_UN)
+        return None
+
+
 def run_outputs(run_dir: Path) -> list[str]:
     """The `RUN_OUTPUTS` present in `run_dir`."""
     return [name for name in RUN_OUTPUTS if (run_dir / name).exists()]

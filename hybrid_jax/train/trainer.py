@@ -68,7 +68,7 @@ from hybrid_jax.train.checkpoint import (
     saved_steps,
 )
 from hybrid_jax.train.loss import mean_loss, token_stats
-from hybrid_jax.train.metrics import MetricsLog, Progress
+from hybrid_jax.train.metrics import MetricsLog, Progress, read_metrics
 from hybrid_jax.train.optimizer import (
     check_freeze,
     learning_rate_schedule,
@@ -77,7 +77,13 @@ from hybrid_jax.train.optimizer import (
 )
 from hybrid_jax.train.preemption import StopSignals
 from hybrid_jax.train.prefetch import DevicePrefetcher
-from hybrid_jax.train.run_dir import RunLock, make_run_dir, prepare_run_dir, undo_failed_start
+from hybrid_jax.train.run_dir import (
+    RunLock,
+    lock_holder,
+    make_run_dir,
+    prepare_run_dir,
+    undo_failed_start,
+)
 
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
 
@@ -208,6 +214,8 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
 
     A text run's `tokenizer.json` must be the one the checkpoint was trained with."""
     run_dir = Path(run_dir)
+    if not saved_steps(run_dir):
+        raise FileNotFoundError(_no_checkpoint_yet(run_dir, experiment))
     checkpointer = Checkpointer(run_dir, keep=None, read_only=True)
     try:
         with use_rules(axis_rules(experiment.train.mesh)):
@@ -222,6 +230,34 @@ def restore_train_state(experiment: ExperimentConfig, run_dir: str | Path, mesh:
                                     "trained with a tokenizer recorded there")
         check_tokenizer(meta, load_tokenizer(path), path)
     return ts, meta
+
+
+def _no_checkpoint_yet(run_dir: Path, experiment: ExperimentConfig) -> str:
+    """Why a load of `run_dir` finds no checkpoint, and what to do: its training may still be
+    running, before its first save (train.checkpoint_every), or have stopped before one."""
+    folder = run_dir / "checkpoints"
+    found = ["its config.json"] if (run_dir / "config.json").is_file() else []
+    try:
+        logged = [r["step"] for r in read_metrics(run_dir) if "event" not in r]
+    except (OSError, UnicodeDecodeError):
+        logged = []
+    if logged:
+        found.append(f"metrics logged up to step {max(logged)}")
+    where = f"{folder} holds no saved step" if folder.is_dir() else f"{folder} does not exist"
+    what = f"it holds {' and '.join(found)}, but {where}" if found else where
+    every = experiment.train.checkpoint_every
+    saves = (f"a run saves every train.checkpoint_every={every} steps and at its end"
+             if every else "with train.checkpoint_every=0 a run saves only at its end or when "
+             "interrupted by Ctrl-C or SIGTERM")
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        state = (f"its training is running (process {holder}) and has not saved its first "
+                 f"checkpoint yet ({saves}): wait for that save")
+    else:
+        state = (f"no training is running there: it stopped before its first checkpoint "
+                 f"({saves}), or none started; train it again with hybrid-jax train "
+                 f"{experiment.name} --out {run_dir} --resume")
+    return f"no checkpoint found in {run_dir}: {what}; {state}"
 
 
 def _batch_inputs(model: LanguageModel, batch: dict[str, jax.Array]) -> jax.Array:

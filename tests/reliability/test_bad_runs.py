@@ -217,7 +217,8 @@ def test_a_run_without_checkpoints_is_named_and_left_as_it_was(trained, tmp_path
     """The load made an empty checkpoints/ there (orbax's manager creates its directory)."""
     shutil.copy(trained / "config.json", tmp_path)
     err = one_line_error(capsys, [command[0], str(tmp_path), *command[1:]])
-    assert f"no checkpoint found in {tmp_path}: {tmp_path / 'checkpoints'} does not exist" in err
+    assert (f"no checkpoint found in {tmp_path}: it holds its config.json, but "
+            f"{tmp_path / 'checkpoints'} does not exist; no training is running there") in err
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
 
 
