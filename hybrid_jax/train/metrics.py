@@ -1,5 +1,11 @@
 """Run outputs: `metrics.jsonl` (one JSON object per log step or eval), TensorBoard event files
-under `tensorboard/`, and a progress display (step, loss, tokens/s, ETA)."""
+under `tensorboard/`, and a progress display (step, loss, tokens/s, ETA).
+
+Every line of `metrics.jsonl` is strict JSON: a non-finite value (a NaN grad norm, an infinite
+perplexity) is written as the string "NaN", "Infinity" or "-Infinity", not as the bare
+`NaN` / `Infinity` Python's `json` writes, which `jq`, JavaScript's `JSON.parse` and other
+strict parsers refuse. `read_metrics` reads those strings back as floats (so does `float()`,
+and JavaScript's `Number()`)."""
 
 from __future__ import annotations
 
@@ -31,8 +37,39 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict) and "step" in record:
-            records.append(record)
+            records.append(_from_json(record))
     return records
+
+
+# How a non-finite float is written (the spellings of Python's `float()` and JavaScript's).
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _to_json(value: Any) -> Any:
+    """`value` with every non-finite float as its `_NONFINITE` string: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    """The inverse of `_to_json`: a `_NONFINITE` string is its float again."""
+    if isinstance(value, str):
+        return _NONFINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """`record` as one line of `metrics.jsonl` (newline included), strict JSON."""
+    return json.dumps(_to_json(record), allow_nan=False) + "\n"
 
 
 # Numbers the event files this process opens: tensorboardX names a file by the second it was
@@ -69,7 +106,7 @@ class MetricsLog:
             self.history = [r for r in self.history if keep(r)]
             return
         self.history = [r for r in read_metrics(self.path.parent) if keep(r)]
-        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
+        write_atomic(self.path, "".join(json_line(r) for r in self.history))
 
     def _purge_tensorboard(self, step: int) -> None:
         """Writes the restart marker of tensorboardX's `purge_step` at `step + 1`: TensorBoard
@@ -89,7 +126,7 @@ class MetricsLog:
         self.history.append(record)
         if self.path is not None:
             with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json_line(record))
         if self.writer is not None and "event" not in record:  # events are history, no curves
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float) and math.isfinite(value):

@@ -1,6 +1,7 @@
 """Run outputs: which values of a record become TensorBoard scalars, under which tag and step;
 `tensorboard=False` makes no writer; a directory without `metrics.jsonl` is named."""
 
+import json
 import math
 
 import pytest
@@ -57,6 +58,31 @@ def test_a_directory_without_metrics_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"metrics.jsonl not found: is .* a run "
                                                 r"directory\?"):
         read_metrics(tmp_path)
+
+
+def _refuse(constant):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def test_non_finite_values_are_written_as_strict_json_and_read_back(tmp_path):
+    """NaN and ±inf were written as bare `NaN` / `Infinity`, which strict JSON parsers (jq,
+    JavaScript's JSON.parse) refuse: now as the strings "NaN", "Infinity", "-Infinity", read
+    back as floats, in appended lines and in those a truncate writes again."""
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.write({"step": 1, "loss": math.nan, "grad_norm": math.inf, "eval_perplexity": -math.inf,
+               "note": "ok"})
+    log.write({"step": 2, "loss": 2.5})
+    log.truncate(1)
+    log.write({"step": 2, "loss": 2.25, "diag": [math.nan, 1.0]})
+    lines = log.path.read_text().splitlines()
+    assert [json.loads(line, parse_constant=_refuse) for line in lines] == [
+        {"step": 1, "loss": "NaN", "grad_norm": "Infinity", "eval_perplexity": "-Infinity",
+         "note": "ok"},
+        {"step": 2, "loss": 2.25, "diag": ["NaN", 1.0]}]
+    first, second = read_metrics(tmp_path)
+    assert math.isnan(first["loss"]) and math.isnan(second["diag"][0])
+    assert (first["grad_norm"], first["eval_perplexity"]) == (math.inf, -math.inf)
+    assert (first["note"], second["loss"], second["diag"][1]) == ("ok", 2.25, 1.0)
 
 
 def test_truncate_keeps_records_to_the_step_and_every_event(tmp_path):
