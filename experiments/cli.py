@@ -16,6 +16,11 @@
     hybrid-jax inspect mixing RUN_DIR [--out mixing.png]
     hybrid-jax scale NAME --devices 1,2,4,8 --strategy data,fsdp,tensor,seq [--weak|--strong]
                      [--model PRESET,...] [--time-limit S]
+
+Before the command, `--log-level debug|info|warning|error` (or HYBRID_JAX_LOG_LEVEL) sets what
+the library's loggers ("hybrid_jax.*": which kernel rung ran and why, checkpoint and data
+warnings) print on stderr; default info, on process 0 of a multi-process run (warning on the
+others).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import errno
 import functools
 import gc
 import json
+import logging
 import math
 import os
 import re
@@ -43,6 +49,51 @@ from experiments.help_text import first_paragraph
 # also reported on one line. HYBRID_JAX_DEBUG=1 shows the traceback.
 USER_ERRORS = (ValueError, OSError, FloatingPointError)
 DEBUG_ENV = "HYBRID_JAX_DEBUG"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVEL_ENV = "HYBRID_JAX_LOG_LEVEL"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """The command's handler of the "hybrid_jax" loggers: one line a record on stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+
+
+@contextlib.contextmanager
+def logging_to_stderr(level: str = "info"):
+    """Within: the "hybrid_jax" loggers print records of `level` and above on stderr, e.g.
+    "hybrid_jax.dispatch INFO: ...". Only the command does this: importing the library
+    configures no logging. The records do not also propagate to the root logger, whose handler
+    (absl's basicConfig, installed when orbax loads) would print each a second time. A nested
+    call keeps the one handler and sets its level; on leaving, the logger is as it was."""
+    logger = logging.getLogger("hybrid_jax")
+    saved = logger.level, logger.propagate
+    ours = not any(isinstance(h, _StderrHandler) for h in logger.handlers)
+    handler = _StderrHandler() if ours else None
+    if handler is not None:
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        if handler is not None:
+            logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+def _log_level(args: argparse.Namespace) -> str | None:
+    """The level asked for by --log-level, else HYBRID_JAX_LOG_LEVEL; None: neither."""
+    if args.log_level is not None:
+        return args.log_level
+    text = os.environ.get(LOG_LEVEL_ENV, "").strip().lower()
+    if text and text not in LOG_LEVELS:
+        raise ValueError(f"{LOG_LEVEL_ENV}={os.environ[LOG_LEVEL_ENV]!r}: expected one of "
+                         f"{', '.join(LOG_LEVELS)}")
+    return text or None
 
 
 def _add_overrides(parser: argparse.ArgumentParser, example: str) -> None:
@@ -64,16 +115,23 @@ def _add_distributed(parser: argparse.ArgumentParser) -> None:
 
 
 def _initialize_distributed(args: argparse.Namespace) -> None:
-    from hybrid_jax.distributed import initialize
+    from hybrid_jax.distributed import initialize, is_main_process
 
     ids = (None if args.local_device_ids is None
            else [_int_arg("--local-device-ids", i) for i in args.local_device_ids.split(",")])
-    initialize(args.coordinator, args.num_processes, args.process_id, ids,
-               auto=args.distributed_auto)
+    if (initialize(args.coordinator, args.num_processes, args.process_id, ids,
+                   auto=args.distributed_auto)
+            and args.log_level is None and not is_main_process()):
+        # By default, INFO (which rung ran) once, from process 0; warnings from every process.
+        logging.getLogger("hybrid_jax").setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybrid-jax", description=first_paragraph(__doc__))
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help="what the hybrid_jax loggers (which kernel rung ran and why, "
+                             f"warnings) print on stderr (default: ${LOG_LEVEL_ENV}, else info; "
+                             "warning on the processes other than 0 of a multi-process run)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a named experiment")
@@ -728,7 +786,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.environ.get(DEBUG_ENV):  # a failing writer thread (e.g. disk full): one line
         threading.excepthook = lambda hook: _thread_error(hook, args.command)
     try:
-        return COMMANDS[args.command](args)
+        args.log_level = _log_level(args)
+        with logging_to_stderr(args.log_level or "info"):
+            return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         if os.environ.get(DEBUG_ENV):
             raise

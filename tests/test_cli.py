@@ -2,6 +2,7 @@
 
 import errno
 import json
+import logging
 import os
 import sys
 import threading
@@ -302,6 +303,60 @@ def test_a_closed_pipe_exits_quietly_as_sigpipe(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
     print("buffered", file=stdout)
     stdout.close()  # flushes into /dev/null now: no BrokenPipeError
+
+
+def _logs(args):
+    logging.getLogger("hybrid_jax.dispatch").info("attention: ran the pallas rung")
+    return 0
+
+
+def test_the_command_prints_the_library_logs_with_level_and_logger(monkeypatch, capsys):
+    """INFO by default (which rung ran), one line naming logger and level; --log-level or
+    HYBRID_JAX_LOG_LEVEL raises it. Importing the library configures no logging, and the
+    command leaves the logger as it found it."""
+    logger = logging.getLogger("hybrid_jax")
+    untouched = ([], logging.NOTSET, True)
+    assert (logger.handlers, logger.level, logger.propagate) == untouched
+    monkeypatch.delenv("HYBRID_JAX_LOG_LEVEL", raising=False)
+    monkeypatch.setitem(cli.COMMANDS, "list", _logs)
+    assert main(["list"]) == 0
+    assert capsys.readouterr().err == "hybrid_jax.dispatch INFO: attention: ran the pallas rung\n"
+    assert (logger.handlers, logger.level, logger.propagate) == untouched
+    assert main(["--log-level", "warning", "list"]) == 0 and capsys.readouterr().err == ""
+    monkeypatch.setenv("HYBRID_JAX_LOG_LEVEL", "WARNING")
+    assert main(["list"]) == 0 and capsys.readouterr().err == ""
+    assert main(["--log-level", "debug", "list"]) == 0 and "INFO" in capsys.readouterr().err
+    monkeypatch.setenv("HYBRID_JAX_LOG_LEVEL", "loud")
+    assert main(["list"]) == 2
+    assert capsys.readouterr().err == ("hybrid-jax list: error: HYBRID_JAX_LOG_LEVEL='loud': "
+                                       "expected one of debug, info, warning, error\n")
+
+
+def test_logging_setup_nested_keeps_one_handler():
+    logger = logging.getLogger("hybrid_jax")
+    with cli.logging_to_stderr("info"):
+        with cli.logging_to_stderr("warning"):
+            assert len(logger.handlers) == 1 and logger.level == logging.WARNING
+        assert len(logger.handlers) == 1
+    assert logger.handlers == []
+
+
+def test_only_process_0_of_a_multi_process_run_prints_info_by_default(monkeypatch, capsys):
+    def trained(name, **kwargs):
+        _logs(None)
+        return {"accuracy": 1.0}
+
+    monkeypatch.delenv("HYBRID_JAX_LOG_LEVEL", raising=False)
+    monkeypatch.setattr("hybrid_jax.distributed.initialize", lambda *args, **kwargs: True)
+    monkeypatch.setattr("hybrid_jax.distributed.is_main_process", lambda: False)
+    monkeypatch.setattr("experiments.run.run_experiment", trained)
+    assert main(["train", "mqar-transformer-tiny", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["--log-level", "info", "train", "mqar-transformer-tiny", "--quiet"]) == 0
+    assert "hybrid_jax.dispatch INFO" in capsys.readouterr().err
+    monkeypatch.setattr("hybrid_jax.distributed.is_main_process", lambda: True)
+    assert main(["train", "mqar-transformer-tiny", "--quiet"]) == 0
+    assert "hybrid_jax.dispatch INFO" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("error, line", [
