@@ -15,8 +15,10 @@ One head structure for both modes, the linear mixer's own: GDN's H heads, and fo
 G query/key groups of size N, each over its H/G value heads (SSD's duality makes Mamba-2
 multi-value attention: C, B, x are its query, key, value; Dao & Gu 2024, §7.2); attention mode
 computes that structure as G attention heads whose values are their H/G value heads side by
-side. Per mode only the query and the linear mixer's small parameters differ (GDN: β / decay
-projections, A_log, dt_bias; Mamba-2: dt projection, dt_bias, A_log, D).
+side (on an accelerator the flash / cuDNN kernels run them as one head of the head dim per
+value slice: `value_heads` in `hybrid_jax/ops/attention.py`). Per mode only the query and the
+linear mixer's small parameters differ (GDN: β / decay projections, A_log, dt_bias; Mamba-2: dt
+projection, dt_bias, A_log, D).
 
 Shared fraction (`shared_fraction`). Mamba-2's B/C (and so both queries) are G·N wide, small
 next to x, z, out (2·d each): oryx-mamba2-130m shares 94 % of each block, where GDN-mode

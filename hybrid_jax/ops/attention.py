@@ -15,6 +15,7 @@ empty cache slot. `segment_ids` (self-attention only) keep packed documents apar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -78,7 +79,8 @@ def attention(
         attention with segment_ids, `pallas_kernels.flash_attention`), "splash" (TPU: JAX's
         splash attention with segment_ids, `pallas_kernels.flash_attention.splash`) or None
         (auto: on a GPU cudnn, then pallas, on a TPU splash, then xla; `attention_rung` says
-        which). The flash rungs take causal self-attention without explicit positions.
+        which). The flash rungs take causal self-attention without explicit positions; the
+        kernel rungs take values a multiple of the head dim wide as slices (`value_heads`).
 
     Returns:
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
@@ -326,10 +328,59 @@ def attention_splash(q, k, v, *, causal, window, scale, segment_ids, q_positions
                         "BTHD", check_vma=False)
 
 
+def value_heads(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Values `r = Dv / D` times wider than the head dim (Oryx's Mamba-2 attention mode: one
+    key head, values of the whole inner width) as `r` heads of the head dim, the form the
+    flash and cuDNN kernels take (they need value dim == head dim). Key head g becomes heads
+    (g, j) for slices j (keys repeated), query head h of group g heads (g, j, h): the grouped-
+    query mapping sends each to its slice. Exact (each slice has the same softmax); costs r
+    times the q·kᵀ products, against the XLA rung's `[T, S]` logits in memory.
+    `merge_value_heads` undoes it on the output. Arrays or ShapeDtypeStructs."""
+    (batch, length, heads, dim), (kv_batch, keys, groups, _) = q.shape, k.shape
+    r = _value_ratio(dim, v.shape[-1])
+    if r == 1:
+        return q, k, v
+    q_heads = q.reshape(batch, length, groups, 1, heads // groups, dim)
+    q_heads = jnp.broadcast_to(q_heads, (*q_heads.shape[:3], r, *q_heads.shape[4:]))
+    return (q_heads.reshape(batch, length, heads * r, dim), jnp.repeat(k, r, axis=2),
+            v.reshape(kv_batch, keys, groups * r, dim))
+
+
+def merge_value_heads(out, groups: int, value_dim: int) -> jax.Array:
+    """`[B, T, G·r·(H/G), D]` from the split call back to `[B, T, H, r·D]`."""
+    batch, length, split_heads, dim = out.shape
+    r = _value_ratio(dim, value_dim)
+    if r == 1:
+        return out
+    out = out.reshape(batch, length, groups, r, split_heads // (groups * r), dim)
+    return out.transpose(0, 1, 2, 4, 3, 5).reshape(batch, length, -1, value_dim)
+
+
+def _value_ratio(head_dim: int, value_dim: int) -> int:
+    """How many head-dim slices `value_heads` makes of the values (1: none, kept as they are)."""
+    return value_dim // head_dim if value_dim > head_dim and value_dim % head_dim == 0 else 1
+
+
+def _taking_wide_values(rung: Rung) -> Rung:
+    """`rung` (a kernel that needs value dim == head dim) also for values a multiple of the head
+    dim wide, through `value_heads`."""
+    def unsupported(q, k, v, **kwargs):
+        if _value_ratio(q.shape[-1], v.shape[-1]) > 1:
+            q, k, v = jax.eval_shape(value_heads, q, k, v)
+        return rung.unsupported(q, k, v, **kwargs)
+
+    def fn(q, k, v, **kwargs):
+        return merge_value_heads(rung.fn(*value_heads(q, k, v), **kwargs), k.shape[2],
+                                 v.shape[-1])
+
+    return dataclasses.replace(rung, fn=fn, unsupported=unsupported)
+
+
 _RUNGS = (
-    Rung("cudnn", attention_cudnn, _cudnn_unsupported, platforms=("gpu",)),
-    Rung("pallas", attention_pallas, _pallas_unsupported, platforms=("gpu",)),
-    Rung("splash", attention_splash, _splash_unsupported, platforms=("tpu",)),
+    *map(_taking_wide_values, (
+        Rung("cudnn", attention_cudnn, _cudnn_unsupported, platforms=("gpu",)),
+        Rung("pallas", attention_pallas, _pallas_unsupported, platforms=("gpu",)),
+        Rung("splash", attention_splash, _splash_unsupported, platforms=("tpu",)))),
     Rung("xla", attention_xla),
     Rung("reference", attention_reference, auto=False),
 )

@@ -66,6 +66,25 @@ def test_tpu_takes_the_splash_kernel(on_tpu, name, B, T, H, G, D, window):
     assert ops.attention_rung(q, k, v, window=window) == "splash", name
 
 
+@pytest.mark.parametrize("name,B,T,Dv", [("oryx-mamba2-130m", 16, 2048, 1536),
+                                          ("oryx-mamba2-340m", 4, 8192, 2048)])
+def test_wide_values_take_the_kernels(monkeypatch, on_gpu, name, B, T, Dv):
+    """Oryx's Mamba-2 attention mode (one key head of 128, values of the inner width) runs the
+    kernels as value slices, not the XLA rung's `[T, T]` logits."""
+    q = jax.ShapeDtypeStruct((B, T, 1, 128), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((B, T, 1, Dv), jnp.bfloat16)
+    segments = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    assert ops.attention_rung(q, q, v, segment_ids=segments) == "pallas", name
+    assert ops.attention_rung(q, q, v) == "cudnn", name
+    for platform in ("tpu", "gpu"):
+        monkeypatch.setattr(dispatch, "backend", lambda p=platform: p)
+        monkeypatch.setattr(attention_module, "backend", lambda p=platform: p)
+        expected = "splash" if platform == "tpu" else "pallas"
+        assert ops.attention_rung(q, q, v, segment_ids=segments) == expected, name
+    odd = jax.ShapeDtypeStruct((B, T, 1, 200), jnp.bfloat16)  # not a multiple: refused, XLA
+    assert ops.attention_rung(q, q, odd, segment_ids=segments) == "xla", name
+
+
 def test_tpu_logs_fallbacks_only(on_tpu, caplog):
     """Splash runs without a word (the GPU rungs are no candidates on a TPU); a fallback to XLA
     logs splash's reason."""

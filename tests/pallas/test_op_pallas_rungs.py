@@ -100,6 +100,18 @@ def test_attention_rung_documents_window_gqa(pallas_on_cpu):
     check(run, dict(q=q, k=k, v=v), "attention")
 
 
+def test_attention_rung_wide_values(pallas_on_cpu):
+    """Values 3 head dims wide (Oryx's Mamba-2 attention mode: the inner width) run the kernel
+    as value slices (`value_heads`), grouped queries and packed documents included."""
+    q, k, v = normals(3, (2, T, 4, 8), (2, T, 2, 8), (2, T, 2, 24), dtype=np.float32)
+
+    def run(x, implementation):
+        return ops.attention(x["q"], x["k"], x["v"], window=6, segment_ids=IDS,
+                             implementation=implementation)
+
+    check(run, dict(q=q, k=k, v=v), "attention, wide values")
+
+
 def test_a_layer_set_to_the_pallas_rung_generates(pallas_on_cpu):
     """Cached decode steps pass explicit positions, which no fast rung takes: a layer set to
     `implementation="pallas"` (its training forward and the fresh prefill on the kernel)
