@@ -7,7 +7,8 @@
 Documents are synthetic: lengths drawn log-normal (median --doc-median tokens, σ = 1, the
 spread of web-text documents), packed back to back. Parts:
   check     bf16 kernel vs a float32 XLA reference with the same segment ids: values and
-            gradients of q, k, v (relative error), causal and windowed, GQA, head dims
+            gradients of q, k, v (relative error), causal and windowed, GQA, head dims; and
+            `ops.attention`'s pallas and cudnn rungs with values 12 head dims wide
   sweep     per head dim (the shapes'), each kernel (forward, dq, dk/dv) timed alone under
             BlockSizes variants (tiles, warps, stages; dq by atomics; dk/dv per query head
             with GQA), each checked against the default's result; prints the fastest
@@ -53,6 +54,7 @@ from experiments.benchmarks.timing import (
     time_compiled,
 )
 from experiments.help_text import first_paragraph
+from hybrid_jax import ops
 from hybrid_jax.ops.attention import attention_xla
 from pallas_kernels.flash_attention import api, gpu
 from pallas_kernels.flash_attention.block_sizes import default_block_sizes
@@ -89,11 +91,11 @@ def _useful_flops(width, batch, length, segment_ids, window) -> int:
     return 4 * width * useful_pairs(segment_ids, batch, length, window)
 
 
-def inputs(batch, length, heads, kv_heads, dim, dtype=jnp.bfloat16, seed=0):
+def inputs(batch, length, heads, kv_heads, dim, dtype=jnp.bfloat16, seed=0, value_dim=None):
     keys = jax.random.split(jax.random.key(seed), 3)
     q = jax.random.normal(keys[0], (batch, length, heads, dim), jnp.float32)
-    k, v = (jax.random.normal(key, (batch, length, kv_heads, dim), jnp.float32)
-            for key in keys[1:])
+    k, v = (jax.random.normal(key, (batch, length, kv_heads, width), jnp.float32)
+            for key, width in zip(keys[1:], (dim, value_dim or dim), strict=True))
     return [x.astype(dtype) for x in (q, k, v)]
 
 
@@ -130,28 +132,45 @@ def _value_and_grads(op, x, weights):
     return jax.jit(op)(*x), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*x)
 
 
+def op_rung(implementation, segments, window):
+    """`ops.attention` on one named rung (the kernels behind the op's wrapping: wide values)."""
+    return lambda q, k, v: ops.attention(q, k, v, window=window, segment_ids=segments,
+                                         implementation=implementation)
+
+
+# (T, H, G, D, Dv, window, rung): the kernel through its API, then through the op with values
+# 12 head dims wide (Oryx-mamba2-130m's attention mode, `value_heads`), packed and not.
+CHECKS = ((2048, 8, 2, 64, 64, None, "kernel"), (2048, 8, 8, 128, 128, 256, "kernel"),
+          (1999, 4, 2, 256, 256, None, "kernel"), (2048, 4, 4, 128, 128, 100, "kernel"),
+          (1999, 1, 1, 128, 1536, None, "pallas"), (2048, 2, 1, 128, 1536, 300, "cudnn"))
+
+
 def part_check(args):
     rows = []
-    for length, heads, kv_heads, dim, window in ((2048, 8, 2, 64, None), (2048, 8, 8, 128, 256),
-                                                 (1999, 4, 2, 256, None), (2048, 4, 4, 128, 100)):
-        x = inputs(2, length, heads, kv_heads, dim, seed=1)
+    for length, heads, kv_heads, dim, value_dim, window, rung in CHECKS:
+        x = inputs(2, length, heads, kv_heads, dim, seed=1, value_dim=value_dim)
         x32 = [a.astype(jnp.float32) for a in x]
-        segments = jnp.asarray(packed_segments(2, length, args.doc_median, seed=1))
-        weights = jax.random.normal(jax.random.key(2), x[0].shape, jnp.float32)
-
-        reference = functools.partial(api.flash_attention, segment_ids=segments, window=window,
-                                      implementation="reference")
+        segments = (None if rung == "cudnn" else
+                    jnp.asarray(packed_segments(2, length, args.doc_median, seed=1)))
+        weights = jax.random.normal(jax.random.key(2), (*x[0].shape[:3], value_dim),
+                                    jnp.float32)
+        if rung == "kernel":
+            reference = functools.partial(api.flash_attention, segment_ids=segments,
+                                          window=window, implementation="reference")
+            op = kernel_op(segments, window)
+        else:
+            reference, op = op_rung("reference", segments, window), op_rung(rung, segments, window)
         ref_out, ref_grads = _value_and_grads(reference, x32, weights)
-        out, grads = _value_and_grads(kernel_op(segments, window), x, weights)
+        out, grads = _value_and_grads(op, x, weights)
         rel = lambda a, b: float(jnp.linalg.norm((a.astype(jnp.float32) - b).ravel())
                                  / jnp.linalg.norm(b.ravel()))
-        row = {"T": length, "H": heads, "G": kv_heads, "D": dim, "w": window,
-               "out": rel(out, ref_out),
+        row = {"rung": rung, "T": length, "H": heads, "G": kv_heads, "D": dim, "Dv": value_dim,
+               "w": window, "out": rel(out, ref_out),
                **{f"d{n}": rel(g, r) for n, g, r in zip("qkv", grads, ref_grads, strict=True)}}
         row["ok"] = max(row[c] for c in ("out", "dq", "dk", "dv")) < 1e-2
         rows.append(row)
         print(row, flush=True)
-    print_table(rows, ["T", "H", "G", "D", "w", "out", "dq", "dk", "dv", "ok"])
+    print_table(rows, ["rung", "T", "H", "G", "D", "Dv", "w", "out", "dq", "dk", "dv", "ok"])
     return rows
 
 
