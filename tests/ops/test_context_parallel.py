@@ -231,6 +231,53 @@ def test_attention_without_segment_ids(window):
                                 shards=(4,))
 
 
+HEAD_SPLITS = {  # (q, k, v) shapes: grouped heads, one key head (repeated), wide values
+    "gqa": ((2, T, 4, 4), (2, T, 2, 4), (2, T, 2, 4)),
+    "one key head": ((2, T, 4, 4), (2, T, 1, 4), (2, T, 1, 4)),
+    "wide values": ((2, T, 1, 4), (2, T, 1, 4), (2, T, 1, 16)),
+}
+
+
+@pytest.fixture
+def head_split_on_xla(monkeypatch):
+    """The heads-for-time form where the XLA rung runs (on a GPU only where a kernel would)."""
+    module = importlib.import_module("hybrid_jax.ops.context_parallel.attention")
+    monkeypatch.setattr(module, "_KERNEL_RUNGS", ("xla",))
+
+
+@pytest.mark.parametrize("case", sorted(HEAD_SPLITS))
+@pytest.mark.parametrize("window", [None, 9])
+def test_attention_heads_for_time(head_split_on_xla, case, window):
+    """Each device attends over the whole sequence for its heads (all_to_all there and back),
+    with the whole sequence's segment ids and their extents: the single-device result."""
+    q, k, v = _draw(14, *HEAD_SPLITS[case])
+    extents = ops.segment_extents(SEGMENT_IDS)
+    fn = functools.partial(cp.attention, window=window, segment_ids=SEGMENT_IDS,
+                           segment_extents=extents)
+    check_matches_single_device(fn, (q, k, v), shards=(2, 4))
+
+
+def _split_heads(fn, args, shards=4):
+    """Whether `fn` on `shards` devices trades time for heads (an all_to_all in its program)."""
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=shards), jax.devices()[:shards])):
+        return "all_to_all" in str(jax.make_jaxpr(fn)(*args))
+
+
+def test_attention_keeps_time_split_where_heads_do_not(head_split_on_xla):
+    q, k, v = _draw(14, (2, T, 6, 4), (2, T, 3, 4), (2, T, 3, 4))  # 6 heads, 4 devices
+    fn = functools.partial(cp.attention, segment_ids=SEGMENT_IDS)
+    assert _split_heads(fn, (q[:, :, :4], k[:, :, :2], v[:, :, :2]))
+    assert not _split_heads(fn, (q, k, v))
+    check_matches_single_device(fn, (q, k, v), shards=(4,))
+
+
+def test_attention_on_the_xla_rung_keeps_time_split():
+    """Without a kernel rung (here, on the CPU) the XLA rung's time shards (the same work and
+    memory, and a halo for windows) stay."""
+    q, k, v = _draw(14, *HEAD_SPLITS["gqa"])
+    assert not _split_heads(functools.partial(cp.attention, segment_ids=SEGMENT_IDS), (q, k, v))
+
+
 def test_attention_non_causal_window():
     """A band on both sides (|t − s| < w) needs the keys after the shard too: all-gathered K/V,
     not the causal halo; documents on both sides of the band."""

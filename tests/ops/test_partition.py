@@ -297,10 +297,10 @@ def test_rung_traces_inside_a_callers_shard_map(pallas_on_cpu, name):
     assert _count(jaxpr, "pallas_call") >= 2
 
 
-# Context-parallel attention passes the shard's gathered keys their own segment ids, which the
-# flash kernels do not take: it runs the XLA rung, so it is not here.
-CONTEXT_PARALLEL = ("gated_delta_rule", "gated_slot_attention", "native_hybrid_attention",
-                    "short_conv", "ssd")
+# Context-parallel attention on the kernels: the heads-for-time form (all_to_all, then the
+# flash kernel over the whole sequence for a device's heads).
+CONTEXT_PARALLEL = ("attention", "gated_delta_rule", "gated_slot_attention",
+                    "native_hybrid_attention", "short_conv", "ssd")
 CP_MESH = MeshConfig(data=2, seq=2, tensor=2)
 
 

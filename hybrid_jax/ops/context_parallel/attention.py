@@ -1,21 +1,32 @@
 """Context-parallel softmax attention: each time shard's queries against the keys they see.
 
-Full attention all-gathers K/V (and their document ids) over the `seq` axis. Causal windowed
-attention whose window reaches back less than the whole sequence takes only a halo of the
-`window − 1` tokens before the shard (`ppermute` of whole shards, several when the window is
-wider than a shard). Queries and keys attend by their positions in the whole sequence, and
-packed documents by their segment ids on both sides, so a document may cross a shard boundary
-anywhere. (A ring variant that streams K/V blocks instead of gathering them saves memory at
-long T; it is not built.)
+Two forms. Where a kernel rung (flash / cuDNN) would run the whole sequence's attention and the
+heads split over the `seq` devices, the shards trade time for heads (`all_to_all`, as
+DeepSpeed-Ulysses): each device attends over the whole sequence for its share of the heads,
+on the kernels (with the whole sequence's segment ids, all-gathered), then trades back. A
+single key head (MQA, Oryx-mamba2's attention mode) is repeated to one a device, and values a
+multiple of the head dim wide are split into heads first (`value_heads`). Otherwise (the XLA
+rung, heads that do not split, non-causal bands), time stays split: full attention
+all-gathers K/V (and their document ids) over the `seq` axis, and causal windowed attention
+whose window reaches back less than the whole sequence takes only a halo of the `window − 1`
+tokens before the shard (`ppermute` of whole shards, several when the window is wider than a
+shard). Queries and keys attend by their positions in the whole sequence, and packed documents
+by their segment ids on both sides, so a document may cross a shard boundary anywhere. (A ring
+variant that streams K/V blocks instead of gathering them saves memory at long T; it is not
+built.)
 """
-
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 from hybrid_jax.ops.attention import attention as _attention
-from hybrid_jax.ops.attention import check_inputs
+from hybrid_jax.ops.attention import (
+    attention_rung,
+    check_inputs,
+    merge_value_heads,
+    value_heads,
+)
 from hybrid_jax.ops.context_parallel.collectives import SEQ_AXIS, halo, seq_shards, shard_over_seq
 
 
@@ -24,8 +35,8 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
               axis_name=SEQ_AXIS):
     """`hybrid_jax.ops.attention`, context-parallel over `axis_name` for self-attention (the
     positions are then the sequence's own); shapes and result as the op. `segment_extents`
-    (whole-sequence indices) serve the unsharded call only; a shard's keys come with their
-    own segment ids."""
+    (whole-sequence indices) serve the unsharded call and the heads-for-time form (gathered
+    whole again); a time shard's keys come with their own segment ids."""
     op_kwargs = dict(causal=causal, window=window, scale=scale, implementation=implementation)
     shards = seq_shards(axis_name)
     if shards == 1:
@@ -38,6 +49,12 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
                          "self-attention without explicit positions (a decode step runs "
                          f"without a '{axis_name}' axis); got q {q.shape}, k {k.shape}")
+    if causal:
+        out = _head_split(q, k, v, shards, axis_name, window=window, scale=scale,
+                          segment_ids=segment_ids, segment_extents=segment_extents,
+                          implementation=implementation)
+        if out is not None:
+            return out
     local_length = q.shape[1] // shards
     use_halo = causal and window is not None and window - 1 < (shards - 1) * local_length
 
@@ -62,3 +79,44 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
                           kv_positions=kv_positions, **op_kwargs)
 
     return shard_over_seq(local, (q, k, v, segment_ids), (), out_seq=True, axis_name=axis_name)
+
+
+
+_KERNEL_RUNGS = ("cudnn", "pallas")
+
+
+def _head_split(q, k, v, shards, axis_name, *, window, scale, segment_ids, segment_extents,
+                implementation):
+    """Causal attention in the heads-for-time form (module docstring), or None where it does
+    not pay: the heads (after `value_heads`) or the key heads, repeated to one a device, do not
+    split over the `shards`, or no kernel rung would run the whole sequence at a device's share
+    of the heads."""
+    groups, value_dim = k.shape[2], v.shape[-1]
+    split = jax.eval_shape(value_heads, q, k, v)
+    heads, kv_heads = split[0].shape[2], split[1].shape[2]
+    repeat = shards // kv_heads if kv_heads < shards else 1
+    if heads % shards or (kv_heads * repeat) % shards:
+        return None
+    per_device = lambda x, n: jax.ShapeDtypeStruct((*x.shape[:2], n // shards, x.shape[3]),
+                                                   x.dtype)
+    q_dev, k_dev, v_dev = (per_device(x, n) for x, n in zip(
+        split, (heads, kv_heads * repeat, kv_heads * repeat), strict=True))
+    if attention_rung(q_dev, k_dev, v_dev, window=window, segment_ids=segment_ids,
+                      implementation=implementation) not in _KERNEL_RUNGS:
+        return None
+
+    def local(seq, _):
+        q, k, v, segment_ids, extents = seq
+        to_heads = lambda x: jax.lax.all_to_all(x, axis_name, 2, 1, tiled=True)
+        whole = lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True)
+        out = _attention(to_heads(q), to_heads(k), to_heads(v), causal=True, window=window,
+                         scale=scale, segment_ids=jax.tree.map(whole, segment_ids),
+                         segment_extents=jax.tree.map(whole, extents),
+                         implementation=implementation)
+        return jax.lax.all_to_all(out, axis_name, 1, 2, tiled=True)
+
+    q, k, v = value_heads(q, k, v)
+    k, v = (jnp.repeat(x, repeat, axis=2) for x in (k, v))
+    out = shard_over_seq(local, (q, k, v, segment_ids, segment_extents), (), out_seq=True,
+                         axis_name=axis_name)
+    return merge_value_heads(out, groups, value_dim)
