@@ -181,6 +181,16 @@ def test_context_parallel_calls_lower_to_the_kernels(monkeypatch, caplog, name):
     assert text.count("__gpu$xla.gpu.triton") >= 3  # forward and backward kernels
 
 
+@pytest.mark.parametrize("window", [T, 2 * T])
+def test_nha_with_idle_slots_runs_as_attention_on_an_accelerator(on_gpu, monkeypatch, window):
+    """w ≥ T, empty slots masked: auto runs causal attention of the window branch, as the op's
+    own auto does on an accelerator (no NHA state, no NHA op on the shards)."""
+    calls = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.nha")
+    attended = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.attention")
+    _trace_on_shards(_nha(window, SEGMENT_IDS), _nha_args())
+    assert not calls and attended
+
+
 def test_nha_logs_its_fallback_once(on_gpu, caplog):
     with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
         _trace_on_shards(_nha(3, None, jnp.bfloat16), _nha_args())

@@ -13,8 +13,9 @@ tokens, built from collectives:
   token t₀−1 starts; a document start at t₀ itself gets its reset gate here, since the op
   treats its first token as continuing the state's document.
 
-`implementation="attention"` (idle slots: w ≥ T, empty ones masked) runs no NHA state: the op
-is then causal attention of the window branch, run by `attention.py`'s form.
+Idle slots (w ≥ T, empty ones masked) run no NHA state: the op is then causal attention of
+the window branch, run by `attention.py`'s form, with `implementation="attention"` and, as the
+op's auto chooses that rung, with auto on an accelerator.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.ops import dispatch
 from hybrid_jax.ops.context_parallel.attention import attention
 from hybrid_jax.ops.context_parallel.collectives import (
     DEFAULT_COMBINE,
@@ -55,7 +57,9 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
     check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
                   state=None, empty_slots=empty_slots, chunk_size=chunk_size)
-    if implementation == "attention" and window >= q.shape[1] and empty_slots == "mask":
+    auto_attention = implementation is None and dispatch.backend() != "cpu"  # as the op's auto
+    if window >= q.shape[1] and empty_slots == "mask" and (
+            implementation == "attention" or auto_attention):
         return _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name)
     dtype = compute_dtype(q, k, v, s, g, q_window, k_window)
     local_length = q.shape[1] // shards
