@@ -194,3 +194,14 @@ def test_a_train_step_matches_single_device(mesh_config, layers):
         flat, ref_flat = (np.concatenate([np.ravel(x) for x in m]) for m in (moments, ref_moments))
         assert_close(flat, ref_flat, 1e-5, f"{name}, all parameters")
         assert_close(moments, ref_moments, 1e-3, name)
+
+
+@pytest.mark.slow
+def test_a_train_step_trading_heads_for_time_matches_single_device(monkeypatch):
+    """Attention in its heads-for-time form (as on a GPU, where the kernels would run it; here
+    the XLA rung): the whole stack's train step on FSDP x seq x tensor, as above."""
+    import importlib
+
+    module = importlib.import_module("hybrid_jax.ops.context_parallel.attention")
+    monkeypatch.setattr(module, "_KERNEL_RUNGS", ("xla",))
+    test_a_train_step_matches_single_device(MeshConfig(data=1, fsdp=2, seq=2, tensor=2), "all")
