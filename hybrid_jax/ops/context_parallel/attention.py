@@ -15,6 +15,7 @@ by their segment ids on both sides, so a document may cross a shard boundary any
 variant that streams K/V blocks instead of gathering them saves memory at long T; it is not
 built.)
 """
+
 from __future__ import annotations
 
 import jax
@@ -79,7 +80,6 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
                           kv_positions=kv_positions, **op_kwargs)
 
     return shard_over_seq(local, (q, k, v, segment_ids), (), out_seq=True, axis_name=axis_name)
-
 
 
 _KERNEL_RUNGS = ("cudnn", "pallas")
