@@ -21,7 +21,7 @@ def is_temporary(path: str | Path, of: str) -> bool:
     return name.startswith(of + ".") and name.endswith(".tmp")
 
 
-def _new_temporary(path: Path) -> Path:
+def new_temporary(path: Path) -> Path:
     """A new empty file of this writer's own beside `path` (`NAME.RANDOM.tmp`): writers of one
     file at once (threads, processes, the hosts of a run) never share one. Created as `open`
     creates a file (0666 less the umask), not 0600 as `tempfile.mkstemp`: it becomes `path`."""
@@ -41,7 +41,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
     file `path` gets its mode from the umask, as a plain write gives it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _new_temporary(path)
+    tmp = new_temporary(path)
     try:
         yield tmp
         os.replace(tmp, path)

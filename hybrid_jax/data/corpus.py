@@ -28,7 +28,6 @@ import json
 import lzma
 import os
 import re
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import IO
 import numpy as np
 
 from hybrid_jax.data.tokenizer import Tokenizer
+from hybrid_jax.files import new_temporary, replacing
 
 TOKEN_SUFFIXES = (".npy", ".bin")
 ARRAY_RECORD_SUFFIXES = (".arrayrecord", ".array_record")
@@ -280,9 +280,9 @@ class _StreamWriter:
 
 def _temporary_beside(path: Path) -> IO[bytes]:
     """A new binary file of this writer's own next to `path`, to be renamed onto it: writers of
-    one cache entry at once (the hosts of a run, parallel runs) never share a file."""
-    return tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name + ".", suffix=".tmp",
-                                       delete=False)
+    one cache entry at once (the hosts of a run, parallel runs) never share a file; its mode
+    is a plain write's (a shared cache stays readable by others)."""
+    return open(new_temporary(path), "wb")  # closed by finish / discard
 
 
 def _remove(file: IO[bytes]) -> None:
@@ -291,14 +291,8 @@ def _remove(file: IO[bytes]) -> None:
 
 
 def _write_replacing(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    f = _temporary_beside(path)
-    try:
+    with replacing(path) as tmp, open(tmp, "wb") as f:
         write(f)
-        f.close()
-    except BaseException:
-        _remove(f)
-        raise
-    os.replace(f.name, path)
 
 
 def _load_cached(path: Path) -> TokenStream | None:

@@ -3,6 +3,7 @@ pieces, the token dtype at the uint16 limit, empty files, and pre-tokenized arra
 starts across files, refused shapes, dtypes and ids)."""
 
 import bz2
+import os
 
 import numpy as np
 import pytest
@@ -251,6 +252,20 @@ def test_a_failed_tokenization_leaves_no_temporary_files(tmp_path):
     stream = tokenize_documents([path], ByteTokenizer(), document_regex="line", cache_dir=cache)
     assert len(stream.doc_starts) == 40  # a later try works
     assert sorted(p.suffix for p in cache.iterdir()) == [".bin", ".json", ".npy"]
+
+
+def test_cache_files_get_a_plain_writes_mode(tmp_path):
+    """The cache's files take the umask's mode, as a plain write gives them (tempfile's 0600
+    left a shared cache unreadable by its other users)."""
+    path = tmp_path / "doc.txt"
+    path.write_text("one\ntwo\n")
+    old = os.umask(0o022)
+    try:
+        tokenize_documents([path], ByteTokenizer(), cache_dir=tmp_path / "cache")
+    finally:
+        os.umask(old)
+    modes = {p.suffix: p.stat().st_mode & 0o777 for p in (tmp_path / "cache").iterdir()}
+    assert modes == {".bin": 0o644, ".json": 0o644, ".npy": 0o644}, modes
 
 
 def _raise(error: BaseException):
