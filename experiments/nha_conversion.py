@@ -122,9 +122,9 @@ def sets(overrides: Sequence[str]) -> list[str]:
 def training_summary(run_dir: Path) -> dict[str, Any]:
     """A finished `train` run: its results.json and the median logged tokens/s (the first
     record, which holds the compile, left out)."""
-    from hybrid_jax.train.metrics import read_metrics
+    from hybrid_jax.train.metrics import read_metrics, read_results
 
-    results = json.loads((run_dir / "results.json").read_text())
+    results = read_results(run_dir)
     speeds = [r["tokens_per_s"] for r in read_metrics(run_dir) if "tokens_per_s" in r][1:]
     return {**results, "median_tokens_per_s": statistics.median(speeds) if speeds else None}
 

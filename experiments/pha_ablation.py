@@ -42,7 +42,7 @@ from hybrid_jax.config import ExperimentConfig
 from hybrid_jax.data.text import corpus_texts
 from hybrid_jax.data.tokenizer import load_tokenizer, train_bpe
 from hybrid_jax.files import write_atomic
-from hybrid_jax.train.metrics import read_metrics
+from hybrid_jax.train.metrics import read_metrics, read_results
 from hybrid_jax.train.trainer import train
 
 TOKENIZER = "tokenizer.json"
@@ -97,7 +97,7 @@ def tokens_per_s(run_dir: Path) -> float | None:
 
 
 def row(variant: str, run_dir: Path, experiment: ExperimentConfig) -> dict:
-    results = json.loads((run_dir / "results.json").read_text())
+    results = read_results(run_dir)
     tokens = experiment.train.steps * experiment.train.batch_size * experiment.data.seq_len
     return {"variant": variant, "experiment": experiment.name,
             "params_M": results["params"] / 1e6,

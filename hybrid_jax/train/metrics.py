@@ -1,11 +1,12 @@
-"""Run outputs: `metrics.jsonl` (one JSON object per log step or eval), TensorBoard event files
-under `tensorboard/`, and a progress display (step, loss, tokens/s, ETA).
+"""Run outputs: `metrics.jsonl` (one JSON object per log step or eval), `results.json` (the
+final metrics), TensorBoard event files under `tensorboard/`, and a progress display (step,
+loss, tokens/s, ETA).
 
-Every line of `metrics.jsonl` is strict JSON: a non-finite value (a NaN grad norm, an infinite
-perplexity) is written as the string "NaN", "Infinity" or "-Infinity", not as the bare
-`NaN` / `Infinity` Python's `json` writes, which `jq`, JavaScript's `JSON.parse` and other
-strict parsers refuse. `read_metrics` reads those strings back as floats (so does `float()`,
-and JavaScript's `Number()`)."""
+Every line of `metrics.jsonl`, and `results.json`, is strict JSON: a non-finite value (a NaN
+grad norm, an infinite perplexity) is written as the string "NaN", "Infinity" or "-Infinity",
+not as the bare `NaN` / `Infinity` Python's `json` writes, which `jq`, JavaScript's
+`JSON.parse` and other strict parsers refuse. `read_metrics` and `read_results` read those
+strings back as floats (so does `float()`, and JavaScript's `Number()`)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,18 @@ def _from_json(value: Any) -> Any:
 def json_line(record: dict[str, Any]) -> str:
     """`record` as one line of `metrics.jsonl` (newline included), strict JSON."""
     return json.dumps(_to_json(record), allow_nan=False) + "\n"
+
+
+def write_results(run_dir: str | Path, results: dict[str, Any]) -> None:
+    """`RUN_DIR/results.json`, strict JSON, replaced whole (a kill mid-write leaves the old file
+    or none, never a torn one that a later reader would fail on)."""
+    write_atomic(Path(run_dir) / "results.json",
+                 json.dumps(_to_json(results), indent=2, allow_nan=False))
+
+
+def read_results(run_dir: str | Path) -> dict[str, Any]:
+    """`RUN_DIR/results.json` with its non-finite values as floats again."""
+    return _from_json(json.loads((Path(run_dir) / "results.json").read_text()))
 
 
 # Numbers the event files this process opens: tensorboardX names a file by the second it was

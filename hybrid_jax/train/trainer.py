@@ -68,7 +68,7 @@ from hybrid_jax.train.checkpoint import (
     saved_steps,
 )
 from hybrid_jax.train.loss import mean_loss, token_stats
-from hybrid_jax.train.metrics import MetricsLog, Progress, read_metrics
+from hybrid_jax.train.metrics import MetricsLog, Progress, read_metrics, write_results
 from hybrid_jax.train.optimizer import (
     check_freeze,
     learning_rate_schedule,
@@ -807,6 +807,6 @@ def _train_with_rules(experiment: ExperimentConfig, out: Path | None, progress: 
                **{f"eval_{k}": v for k, v in final.items()},
                "accuracy": final["accuracy"], "wall_time_s": time.perf_counter() - start}
     if run.writes:
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+        write_results(out, results)
     stop.deliver_late()  # the run is complete and saved; a signal during its end acts now
     return results

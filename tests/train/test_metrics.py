@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hybrid_jax.train.metrics import MetricsLog, read_metrics
+from hybrid_jax.train.metrics import MetricsLog, read_metrics, read_results, write_results
 
 
 class Scalars:
@@ -83,6 +83,16 @@ def test_non_finite_values_are_written_as_strict_json_and_read_back(tmp_path):
     assert math.isnan(first["loss"]) and math.isnan(second["diag"][0])
     assert (first["grad_norm"], first["eval_perplexity"]) == (math.inf, -math.inf)
     assert (first["note"], second["loss"], second["diag"][1]) == ("ok", 2.25, 1.0)
+
+
+def test_results_are_strict_json_and_read_back(tmp_path):
+    """results.json with an infinite perplexity (a diverged run) was bare `Infinity`."""
+    write_results(tmp_path, {"eval_perplexity": math.inf, "eval_loss": math.nan, "steps": 3})
+    text = (tmp_path / "results.json").read_text()
+    assert json.loads(text, parse_constant=_refuse)["eval_perplexity"] == "Infinity"
+    results = read_results(tmp_path)
+    assert results["eval_perplexity"] == math.inf and math.isnan(results["eval_loss"])
+    assert results["steps"] == 3 and list(tmp_path.iterdir()) == [tmp_path / "results.json"]
 
 
 def test_truncate_keeps_records_to_the_step_and_every_event(tmp_path):
