@@ -394,7 +394,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     metrics, step = evaluate_run(args.run_dir, args.overrides, step=args.step,
                                  batches=args.batches, modes=args.modes)
-    print(json.dumps({**metrics, "step": step}))
+    from hybrid_jax.train.metrics import json_line
+
+    print(json_line({**metrics, "step": step}), end="")  # strict JSON, as metrics.jsonl
     shown = ("loss", "perplexity", "bits_per_byte", "word_perplexity", "accuracy",
              "attention_fraction")
     print(" ".join(f"{k} {metrics[k]:.4f}" for k in shown if k in metrics))
