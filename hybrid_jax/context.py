@@ -33,15 +33,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from hybrid_jax.ops.attention import segment_extents
+from hybrid_jax.ops.segments import document_index
 
 EXTRA_PREFIX = "extra."
-
-
-def document_index(segment_ids_BT: jax.Array) -> jax.Array:
-    """Each token's document number in its row, `[B, T]` int32 from 0: a token whose id differs
-    from the previous token's starts the next document."""
-    starts = segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]
-    return jnp.pad(jnp.cumsum(starts, axis=1, dtype=jnp.int32), ((0, 0), (1, 0)))
 
 
 @struct.dataclass

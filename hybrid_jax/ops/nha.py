@@ -85,7 +85,12 @@ from hybrid_jax.ops.dispatch import Rung, backend, dispatch
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks, varying_scan
-from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_starts, reset_log_decay
+from hybrid_jax.ops.segments import (
+    RESET_LOG_DECAY,
+    document_index,
+    document_starts,
+    reset_log_decay,
+)
 from pallas_kernels.nha import api as pallas_nha
 
 _OP = "native_hybrid_attention"
@@ -678,14 +683,15 @@ def nha_as_attention(q, q_window, tokens, slots_visible, slot_keys, slot_values,
                      scale, empty_slots, chunk_size, slots_idle, call):
     """Idle slots with empty ones masked (w ≥ T without a state: nha-hybrid's full-window
     layers): no slot ever enters the softmax, so the op is causal attention of the window
-    branch within each document, run by `ops.attention`'s fastest rung (cuDNN, or the flash
-    kernel with segment ids, which visits only each document's blocks); the slot states pass
-    through unchanged, as nothing enters them."""
+    branch within each document (numbered, `document_index`: an id that comes back is a new
+    document), run by `ops.attention`'s fastest rung (cuDNN, or the flash kernel with segment
+    ids, which visits only each document's blocks); the slot states pass through unchanged, as
+    nothing enters them."""
     del q, q_window, tokens, slots_visible, window, empty_slots, chunk_size, slots_idle
     dtype = _window_dtype(call)
+    segment_ids = None if call.segment_ids is None else document_index(call.segment_ids)
     out = attention(call.q_window.astype(dtype), call.k_window.astype(dtype),
-                    call.v.astype(dtype), causal=True, scale=scale,
-                    segment_ids=call.segment_ids)
+                    call.v.astype(dtype), causal=True, scale=scale, segment_ids=segment_ids)
     return out, slot_keys, slot_values
 
 

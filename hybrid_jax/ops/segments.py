@@ -36,6 +36,15 @@ def document_starts(op: str, segment_ids: jax.Array | None, batch: int, length: 
                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
 
 
+def document_index(segment_ids_BT: jax.Array) -> jax.Array:
+    """Each token's document number in its row, `[B, T]` int32 from 0: a token whose id differs
+    from the previous token's starts the next document. As `ops.attention`'s segment ids (which
+    join equal ids wherever they are), an id that comes back later in a row is a new document
+    there, as for the recurrences."""
+    starts = segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]
+    return jnp.pad(jnp.cumsum(starts, axis=1, dtype=jnp.int32), ((0, 0), (1, 0)))
+
+
 def _expand(starts_BT: jax.Array, like: jax.Array) -> jax.Array:
     return starts_BT.reshape(starts_BT.shape + (1,) * (like.ndim - 2))
 

@@ -339,11 +339,13 @@ def test_native_hybrid_attention_without_segment_ids():
 def test_native_hybrid_attention_attention_rung():
     """`implementation="attention"` (idle slots: w ≥ T, empty ones masked) is causal attention
     of the window branch at the op's scale (K^-½, window keys of another size D). A shard's
-    call carries an NHA state, which that rung refuses: it runs as context-parallel attention."""
+    call carries an NHA state, which that rung refuses: it runs as context-parallel attention.
+    Row 1's id 0 comes back at 21 (another shard): a new document, as in the op."""
     q, k, v, qw, kw = _draw(14, (2, T, 2, 4), (2, T, 1, 4), (2, T, 1, 3), (2, T, 2, 6),
                             (2, T, 1, 6))
     g = _log_gates(15, (2, T, 1, 3), -1.0)
-    fn = functools.partial(cp.native_hybrid_attention, window=T, segment_ids=SEGMENT_IDS,
+    ids = SEGMENT_IDS.at[1, 5:21].set(4)
+    fn = functools.partial(cp.native_hybrid_attention, window=T, segment_ids=ids,
                            implementation="attention")
     check_matches_single_device(lambda q, k, v, s, g, qw, kw: fn(q, k, v, s, g, q_window=qw,
                                                                   k_window=kw),

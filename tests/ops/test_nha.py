@@ -198,10 +198,12 @@ def test_attention_rung_takes_idle_slots_only(x64, monkeypatch):
     """The "attention" rung (idle slots, empty ones masked: causal attention of the window
     branch) against the reference, values and gradients of every input with packed documents
     and the final state; refused by name otherwise; it hands `ops.attention` the window
-    branch's own dtype (bf16 for the GPU's kernels), not the op's float32 compute dtype."""
+    branch's own dtype (bf16 for the GPU's kernels), not the op's float32 compute dtype. Row 0's
+    id 0 comes back at 14: a new document, as for the slots (`ops.attention` alone would join
+    it to the first)."""
     T = 21
     args = _inputs(T, H=4, G=2, seed=5)
-    segment_ids = jnp.asarray([[0] * 6 + [1] * 15, [0] * 20 + [1]])
+    segment_ids = jnp.asarray([[0] * 6 + [1] * 8 + [0] * 7, [0] * 20 + [1]])
     weights = normals(3, (2, T, 4, 4), (2, 2, 3, 3), (2, 2, 3, 4))
 
     def loss(impl, args, window=T):

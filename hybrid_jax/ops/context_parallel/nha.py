@@ -38,7 +38,7 @@ from hybrid_jax.ops.context_parallel.recurrences import slot_decay
 from hybrid_jax.ops.nha import NHAState, check_inputs
 from hybrid_jax.ops.nha import native_hybrid_attention as _native_hybrid_attention
 from hybrid_jax.ops.scan import compute_dtype
-from hybrid_jax.ops.segments import RESET_LOG_DECAY
+from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_index
 
 
 def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None, k_window=None,
@@ -93,10 +93,12 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
 def _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name):
     """The op's "attention" rung for idle slots (w ≥ T, empty ones masked), context-parallel:
     causal attention of the window branch within documents, at the op's scale, in the window
-    branch's dtype. (A shard's call with an NHA state would refuse that rung: with a state its
+    branch's dtype, documents numbered as the op's rung numbers them (an id that comes back is
+    a new document). (A shard's call with an NHA state would refuse that rung: with a state its
     slots could take part.)"""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     dtype = jnp.result_type(q_window, k_window, v)
+    segment_ids = None if segment_ids is None else document_index(segment_ids)
     out = attention(q_window.astype(dtype), k_window.astype(dtype), v.astype(dtype),
                     causal=True, scale=scale, segment_ids=segment_ids, axis_name=axis_name)
     return out.astype(q.dtype)
