@@ -271,6 +271,19 @@ def test_attention_keeps_time_split_where_heads_do_not(head_split_on_xla):
     check_matches_single_device(fn, (q, k, v), shards=(4,))
 
 
+@pytest.mark.parametrize("heads,causal", [(6, True), (4, False)])
+def test_attention_named_kernel_needs_heads_for_time(heads, causal):
+    """A named kernel rung takes no time shard (its positions are explicit): where the heads do
+    not split over the shards, or the call is not causal, the refusal says so (not the
+    shard's call's reason)."""
+    q, k, v = _draw(14, (2, T, heads, 4), (2, T, 2, 4), (2, T, 2, 4))
+    fn = functools.partial(cp.attention, causal=causal, implementation="pallas")
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=4), jax.devices()[:4])):
+        with pytest.raises(ValueError, match=f"'pallas' runs over 4 'seq' devices only as heads "
+                                             f"for time.*causal={causal}"):
+            jax.jit(fn).trace(q, k, v)
+
+
 def test_attention_on_the_xla_rung_keeps_time_split():
     """Without a kernel rung (here, on the CPU) the XLA rung's time shards (the same work and
     memory, and a halo for windows) stay."""

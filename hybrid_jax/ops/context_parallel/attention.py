@@ -56,6 +56,12 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
                           implementation=implementation)
         if out is not None:
             return out
+    if implementation in ("cudnn", "pallas"):  # a time shard's call has explicit positions
+        raise ValueError(
+            f"context-parallel attention: implementation={implementation!r} runs over {shards} "
+            f"'{axis_name}' devices only as heads for time: causal attention whose heads and key "
+            "heads (after value slices, one key head repeated to each device) split over the "
+            f"devices; got causal={causal}, q {q.shape}, k {k.shape}, v {v.shape}")
     local_length = q.shape[1] // shards
     use_halo = causal and window is not None and window - 1 < (shards - 1) * local_length
 
