@@ -365,9 +365,11 @@ def _taking_wide_values(rung: Rung) -> Rung:
     """`rung` (a kernel that needs value dim == head dim) also for values a multiple of the head
     dim wide, through `value_heads`."""
     def unsupported(q, k, v, **kwargs):
-        if _value_ratio(q.shape[-1], v.shape[-1]) > 1:
-            q, k, v = jax.eval_shape(value_heads, q, k, v)
-        return rung.unsupported(q, k, v, **kwargs)
+        r = _value_ratio(q.shape[-1], v.shape[-1])
+        if r == 1:
+            return rung.unsupported(q, k, v, **kwargs)
+        reason = rung.unsupported(*jax.eval_shape(value_heads, q, k, v), **kwargs)
+        return reason and f"(values {v.shape[-1]} wide as {r} slices of {q.shape[-1]}) {reason}"
 
     def fn(q, k, v, **kwargs):
         return merge_value_heads(rung.fn(*value_heads(q, k, v), **kwargs), k.shape[2],

@@ -83,6 +83,10 @@ def test_wide_values_take_the_kernels(monkeypatch, on_gpu, name, B, T, Dv):
         assert ops.attention_rung(q, q, v, segment_ids=segments) == expected, name
     odd = jax.ShapeDtypeStruct((B, T, 1, 200), jnp.bfloat16)  # not a multiple: refused, XLA
     assert ops.attention_rung(q, q, odd, segment_ids=segments) == "xla", name
+    # A refusal of the slices names the caller's widths too.
+    with pytest.raises(ValueError, match=rf"\(values {Dv} wide as {Dv // 128} slices of 128\) "
+                                         "explicit positions / segment_ids"):
+        ops.attention_rung(q, q, v, segment_ids=segments, implementation="cudnn")
 
 
 def test_tpu_logs_fallbacks_only(on_tpu, caplog):
