@@ -14,8 +14,10 @@ tokens, built from collectives:
   treats its first token as continuing the state's document.
 
 Idle slots (w ≥ T, empty ones masked) run no NHA state: the op is then causal attention of
-the window branch, run by `attention.py`'s form, with `implementation="attention"` and, as the
-op's auto chooses that rung, with auto on an accelerator.
+the window branch, run by `attention.py`'s form, with `implementation="attention"` and with
+auto on an accelerator. (Unlike the op's own auto, which takes that rung only where
+`ops.attention` runs a kernel, this does not ask whether the attention form will: where its
+heads do not split over `seq` it runs the XLA rung on time shards, not the NHA kernels.)
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
     check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
                   state=None, empty_slots=empty_slots, chunk_size=chunk_size)
-    auto_attention = implementation is None and dispatch.backend() != "cpu"  # as the op's auto
+    auto_attention = implementation is None and dispatch.backend() != "cpu"  # module docstring
     if window >= q.shape[1] and empty_slots == "mask" and (
             implementation == "attention" or auto_attention):
         return _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name)
