@@ -683,22 +683,25 @@ def nha_as_attention(q, q_window, tokens, slots_visible, slot_keys, slot_values,
                      scale, empty_slots, chunk_size, slots_idle, call):
     """Idle slots with empty ones masked (w ≥ T without a state: nha-hybrid's full-window
     layers): no slot ever enters the softmax, so the op is causal attention of the window
-    branch within each document (numbered, `document_index`: an id that comes back is a new
-    document), run by `ops.attention`'s fastest rung (cuDNN, or the flash kernel with segment
-    ids, which visits only each document's blocks); the slot states pass through unchanged, as
-    nothing enters them."""
+    branch within each document (`window_attention_inputs`), run by `ops.attention`'s fastest
+    rung (cuDNN, or the flash kernel with segment ids, which visits only each document's
+    blocks); the slot states pass through unchanged, as nothing enters them."""
     del q, q_window, tokens, slots_visible, window, empty_slots, chunk_size, slots_idle
-    dtype = _window_dtype(call)
-    segment_ids = None if call.segment_ids is None else document_index(call.segment_ids)
-    out = attention(call.q_window.astype(dtype), call.k_window.astype(dtype),
-                    call.v.astype(dtype), causal=True, scale=scale, segment_ids=segment_ids)
+    q, k, v, segment_ids = window_attention_inputs(call.q_window, call.k_window, call.v,
+                                                   call.segment_ids)
+    out = attention(q, k, v, causal=True, scale=scale, segment_ids=segment_ids)
     return out, slot_keys, slot_values
 
 
-def _window_dtype(call: _Call) -> jnp.dtype:
-    """The window branch's own dtype (bf16 for the fast attention kernels), not the op's
-    compute dtype (float32 at least: the slots' recurrent math)."""
-    return jnp.result_type(call.q_window, call.k_window, call.v)
+def window_attention_inputs(q_window, k_window, v, segment_ids):
+    """The window branch as causal attention's inputs `q [B,T,H,D]`, `k [B,T,G,D]`,
+    `v [B,T,G,V]`, segment ids `[B,T]` (or None) where the slots are idle: in the branch's own
+    dtype (bf16 for the fast attention kernels, not the op's compute dtype, float32 at least
+    for the slots' recurrent math), documents numbered as the op numbers them
+    (`document_index`: an id that comes back is a new document)."""
+    dtype = jnp.result_type(q_window, k_window, v)
+    return (q_window.astype(dtype), k_window.astype(dtype), v.astype(dtype),
+            None if segment_ids is None else document_index(segment_ids))
 
 
 def _attention_applies(*args, slots_idle, empty_slots, **kwargs) -> bool:
@@ -716,13 +719,12 @@ def _attention_unsupported(*args, slots_idle, empty_slots, call, **kwargs) -> st
         return None
     # On an accelerator only where ops.attention takes a kernel: its XLA rung keeps the [T, T]
     # scores, where the NHA kernels' document-bounded window does not.
-    dtype = _window_dtype(call)
-    shaped = lambda x: jax.ShapeDtypeStruct(x.shape, dtype)  # noqa: E731
-    rung = attention_rung(shaped(call.q_window), shaped(call.k_window), shaped(call.v),
-                          segment_ids=call.segment_ids)
+    q, k, v, segment_ids = jax.eval_shape(window_attention_inputs, call.q_window, call.k_window,
+                                          call.v, call.segment_ids)
+    rung = attention_rung(q, k, v, segment_ids=segment_ids)
     if rung == "xla":
         return (f"ops.attention would run its XLA rung ([T, T] scores) for "
-                f"{jnp.dtype(dtype).name} head size {call.q_window.shape[-1]}")
+                f"{jnp.dtype(q.dtype).name} head size {q.shape[-1]}")
     return None
 
 

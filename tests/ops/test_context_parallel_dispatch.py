@@ -181,14 +181,42 @@ def test_context_parallel_calls_lower_to_the_kernels(monkeypatch, caplog, name):
     assert text.count("__gpu$xla.gpu.triton") >= 3  # forward and backward kernels
 
 
+@pytest.fixture
+def attention_kernel(monkeypatch):
+    """A fake fastest attention rung that context-parallel attention counts as a kernel (heads
+    for time). Returns its recorded calls."""
+    calls = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.attention")
+    cp_attention = importlib.import_module("hybrid_jax.ops.context_parallel.attention")
+    monkeypatch.setattr(cp_attention, "_KERNEL_RUNGS", ("kernel",))
+    return calls
+
+
 @pytest.mark.parametrize("window", [T, 2 * T])
-def test_nha_with_idle_slots_runs_as_attention_on_an_accelerator(on_gpu, monkeypatch, window):
+def test_nha_with_idle_slots_runs_as_attention_on_an_accelerator(on_gpu, monkeypatch,
+                                                                  attention_kernel, window):
     """w ≥ T, empty slots masked: auto runs causal attention of the window branch, as the op's
-    own auto does on an accelerator (no NHA state, no NHA op on the shards)."""
+    own auto does on an accelerator (no NHA state, no NHA op on the shards), as heads for time
+    (2 window heads, 1 key head repeated, over 2 shards)."""
     calls = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.nha")
-    attended = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.attention")
-    _trace_on_shards(_nha(window, SEGMENT_IDS), _nha_args())
-    assert not calls and attended
+    with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=2), jax.devices()[:2])):
+        jaxpr = str(jax.make_jaxpr(_nha(window, SEGMENT_IDS))(*_nha_args()))
+    assert not calls and attention_kernel and "all_to_all" in jaxpr
+
+
+def test_nha_with_idle_slots_keeps_the_nha_rungs_where_attention_would_not_run_a_kernel(
+        on_gpu, monkeypatch, attention_kernel, caplog):
+    """Window heads that do not split over the shards (3 over 2): causal attention would run
+    the XLA rung's scores on time shards, so auto keeps the NHA rungs (as the op's own auto
+    keeps them where `ops.attention` would run XLA), and says so once."""
+    calls = _with_fake_kernel(monkeypatch, "hybrid_jax.ops.nha")
+    q, k, v, s, g, _, kw = _nha_args()
+    q = jnp.concatenate([q, q[:, :, :1]], 2)  # 3 heads, one key group
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.dispatch"):
+        for _ in range(2):
+            _trace_on_shards(_nha(T, SEGMENT_IDS), (q, k, v, s, g, q, kw))
+    assert calls and not attention_kernel
+    (message,) = [m for m in _records(caplog) if "idle slots" in m]
+    assert "heads 3 and key heads 1" in message and "[2, 32, 3, 4]" in message, message
 
 
 def test_nha_logs_its_fallback_once(on_gpu, caplog):

@@ -50,18 +50,20 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
                          "self-attention without explicit positions (a decode step runs "
                          f"without a '{axis_name}' axis); got q {q.shape}, k {k.shape}")
-    if causal:
-        out = _head_split(q, k, v, shards, axis_name, window=window, scale=scale,
-                          segment_ids=segment_ids, segment_extents=segment_extents,
-                          implementation=implementation)
-        if out is not None:
-            return out
-    if implementation in ("cudnn", "pallas"):  # a time shard's call has explicit positions
+    unsupported = ("not causal" if not causal else heads_for_time_unsupported(
+        q, k, v, window=window, segment_ids=segment_ids, implementation=implementation,
+        axis_name=axis_name))
+    if unsupported is None:
+        return _head_split(q, k, v, shards, axis_name, window=window, scale=scale,
+                           segment_ids=segment_ids, segment_extents=segment_extents,
+                           implementation=implementation)
+    if implementation in _KERNEL_RUNGS:  # a time shard's call has explicit positions
         raise ValueError(
             f"context-parallel attention: implementation={implementation!r} runs over {shards} "
             f"'{axis_name}' devices only as heads for time: causal attention whose heads and key "
             "heads (after value slices, one key head repeated to each device) split over the "
-            f"devices; got causal={causal}, q {q.shape}, k {k.shape}, v {v.shape}")
+            f"devices; got causal={causal}, q {q.shape}, k {k.shape}, v {v.shape} "
+            f"({unsupported})")
     local_length = q.shape[1] // shards
     use_halo = causal and window is not None and window - 1 < (shards - 1) * local_length
 
@@ -91,25 +93,40 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
 _KERNEL_RUNGS = ("cudnn", "pallas")
 
 
-def _head_split(q, k, v, shards, axis_name, *, window, scale, segment_ids, segment_extents,
-                implementation):
-    """Causal attention in the heads-for-time form (module docstring), or None where it does
-    not pay: the heads (after `value_heads`) or the key heads, repeated to one a device, do not
-    split over the `shards`, or no kernel rung would run the whole sequence at a device's share
-    of the heads."""
-    groups, value_dim = k.shape[2], v.shape[-1]
-    split = jax.eval_shape(value_heads, q, k, v)
-    heads, kv_heads = split[0].shape[2], split[1].shape[2]
-    repeat = shards // kv_heads if kv_heads < shards else 1
+def heads_for_time_unsupported(q, k, v, *, window=None, segment_ids=None, implementation=None,
+                               axis_name=SEQ_AXIS) -> str | None:
+    """Why causal `attention` of these whole-sequence inputs (arrays or ShapeDtypeStructs)
+    over `axis_name`'s devices would not take the heads-for-time form (module docstring), or
+    None where it will: the heads (after `value_heads`) or the key heads, repeated to one a
+    device, must split over the devices, and a kernel rung must run the whole sequence at a
+    device's share of the heads."""
+    shards = seq_shards(axis_name)
+    q, k, v = jax.eval_shape(value_heads, q, k, v)
+    heads, kv_heads = q.shape[2], k.shape[2]
+    repeat = _key_repeat(kv_heads, shards)
     if heads % shards or (kv_heads * repeat) % shards:
-        return None
+        return (f"heads {heads} and key heads {kv_heads} (after value slices) do not split over "
+                f"{shards} '{axis_name}' devices")
     per_device = lambda x, n: jax.ShapeDtypeStruct((*x.shape[:2], n // shards, x.shape[3]),
                                                    x.dtype)
-    q_dev, k_dev, v_dev = (per_device(x, n) for x, n in zip(
-        split, (heads, kv_heads * repeat, kv_heads * repeat), strict=True))
-    if attention_rung(q_dev, k_dev, v_dev, window=window, segment_ids=segment_ids,
-                      implementation=implementation) not in _KERNEL_RUNGS:
-        return None
+    rung = attention_rung(per_device(q, heads), per_device(k, kv_heads * repeat),
+                          per_device(v, kv_heads * repeat), window=window,
+                          segment_ids=segment_ids, implementation=implementation)
+    if rung not in _KERNEL_RUNGS:
+        return f"ops.attention runs its {rung} rung for a device's {heads // shards} heads"
+    return None
+
+
+def _key_repeat(kv_heads: int, shards: int) -> int:
+    """How often each key head is repeated: to one a device where there are fewer."""
+    return shards // kv_heads if kv_heads < shards else 1
+
+
+def _head_split(q, k, v, shards, axis_name, *, window, scale, segment_ids, segment_extents,
+                implementation):
+    """Causal attention in the heads-for-time form (module docstring), where
+    `heads_for_time_unsupported` says it applies."""
+    groups, value_dim = k.shape[2], v.shape[-1]
 
     def local(seq, _):
         q, k, v, segment_ids, extents = seq
@@ -122,7 +139,7 @@ def _head_split(q, k, v, shards, axis_name, *, window, scale, segment_ids, segme
         return jax.lax.all_to_all(out, axis_name, 1, 2, tiled=True)
 
     q, k, v = value_heads(q, k, v)
-    k, v = (jnp.repeat(x, repeat, axis=2) for x in (k, v))
+    k, v = (jnp.repeat(x, _key_repeat(k.shape[2], shards), axis=2) for x in (k, v))
     out = shard_over_seq(local, (q, k, v, segment_ids, segment_extents), (), out_seq=True,
                          axis_name=axis_name)
     return merge_value_heads(out, groups, value_dim)

@@ -14,19 +14,21 @@ tokens, built from collectives:
   treats its first token as continuing the state's document.
 
 Idle slots (w ≥ T, empty ones masked) run no NHA state: the op is then causal attention of
-the window branch, run by `attention.py`'s form, with `implementation="attention"` and with
-auto on an accelerator. (Unlike the op's own auto, which takes that rung only where
-`ops.attention` runs a kernel, this does not ask whether the attention form will: where its
-heads do not split over `seq` it runs the XLA rung on time shards, not the NHA kernels.)
+the window branch, run by `attention.py`'s form, with `implementation="attention"`, and under
+auto on an accelerator where that form trades time for heads onto a kernel rung (as the op's
+own auto takes it only where `ops.attention` runs a kernel): its time shards run the XLA
+rung's `[T/D, T]` scores, where the NHA rungs' document-bounded window keeps none.
 """
 
 from __future__ import annotations
+
+import logging
 
 import jax
 import jax.numpy as jnp
 
 from hybrid_jax.ops import dispatch
-from hybrid_jax.ops.context_parallel.attention import attention
+from hybrid_jax.ops.context_parallel.attention import attention, heads_for_time_unsupported
 from hybrid_jax.ops.context_parallel.collectives import (
     DEFAULT_COMBINE,
     SEQ_AXIS,
@@ -37,10 +39,10 @@ from hybrid_jax.ops.context_parallel.collectives import (
     shard_over_seq,
 )
 from hybrid_jax.ops.context_parallel.recurrences import slot_decay
-from hybrid_jax.ops.nha import NHAState, check_inputs
+from hybrid_jax.ops.nha import NHAState, check_inputs, window_attention_inputs
 from hybrid_jax.ops.nha import native_hybrid_attention as _native_hybrid_attention
 from hybrid_jax.ops.scan import compute_dtype
-from hybrid_jax.ops.segments import RESET_LOG_DECAY, document_index
+from hybrid_jax.ops.segments import RESET_LOG_DECAY
 
 
 def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None, k_window=None,
@@ -59,10 +61,14 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
     check_inputs(q, k, v, s, g, q_window, k_window, window=window, segment_ids=segment_ids,
                   state=None, empty_slots=empty_slots, chunk_size=chunk_size)
-    auto_attention = implementation is None and dispatch.backend() != "cpu"  # module docstring
     if window >= q.shape[1] and empty_slots == "mask" and (
-            implementation == "attention" or auto_attention):
-        return _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name)
+            implementation == "attention" or _auto_attention(
+                q, q_window, k_window, v, segment_ids, implementation, axis_name)):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        q_window, k_window, v, documents = window_attention_inputs(q_window, k_window, v,
+                                                                   segment_ids)
+        return attention(q_window, k_window, v, causal=True, scale=scale, segment_ids=documents,
+                         axis_name=axis_name).astype(q.dtype)
     dtype = compute_dtype(q, k, v, s, g, q_window, k_window)
     local_length = q.shape[1] // shards
 
@@ -92,18 +98,24 @@ def native_hybrid_attention(q, k, v, s, g, *, window, scale=None, q_window=None,
     return shard_over_seq(local, seq, (), out_seq=True, axis_name=axis_name)
 
 
-def _window_attention(q, q_window, k_window, v, segment_ids, scale, axis_name):
-    """The op's "attention" rung for idle slots (w ≥ T, empty ones masked), context-parallel:
-    causal attention of the window branch within documents, at the op's scale, in the window
-    branch's dtype, documents numbered as the op's rung numbers them (an id that comes back is
-    a new document). (A shard's call with an NHA state would refuse that rung: with a state its
-    slots could take part.)"""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    dtype = jnp.result_type(q_window, k_window, v)
-    segment_ids = None if segment_ids is None else document_index(segment_ids)
-    out = attention(q_window.astype(dtype), k_window.astype(dtype), v.astype(dtype),
-                    causal=True, scale=scale, segment_ids=segment_ids, axis_name=axis_name)
-    return out.astype(q.dtype)
+def _auto_attention(q, q_window, k_window, v, segment_ids, implementation, axis_name) -> bool:
+    """Whether auto runs idle slots as the window branch's causal attention (module docstring):
+    on an accelerator, where that attention takes heads for time onto a kernel rung; otherwise
+    (logged) the NHA rungs on time shards, whose document-bounded window keeps no [T, T]
+    scores."""
+    if implementation is not None or dispatch.backend() == "cpu":
+        return False
+    q_window, k_window, v, documents = jax.eval_shape(window_attention_inputs, q_window,
+                                                      k_window, v, segment_ids)
+    reason = heads_for_time_unsupported(q_window, k_window, v, segment_ids=documents,
+                                        axis_name=axis_name)
+    if reason is not None:
+        shapes = tuple((x.shape, str(x.dtype)) for x in (q, q_window, k_window, v))
+        dispatch.log_once(("context_parallel.native_hybrid_attention", shapes, reason),
+                          logging.INFO, "context-parallel native_hybrid_attention: idle slots "
+                          "(w ≥ T) run the NHA rungs on time shards for window queries %s, "
+                          "not causal attention: %s", list(q_window.shape), reason)
+    return reason is None
 
 
 def _documents(segment_ids, start, axis_name):
