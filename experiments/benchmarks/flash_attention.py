@@ -8,7 +8,8 @@ Documents are synthetic: lengths drawn log-normal (median --doc-median tokens, Ï
 spread of web-text documents), packed back to back. Parts:
   check     bf16 kernel vs a float32 XLA reference with the same segment ids: values and
             gradients of q, k, v (relative error), causal and windowed, GQA, head dims; and
-            `ops.attention`'s pallas and cudnn rungs with values 12 head dims wide
+            `ops.attention`'s pallas and cudnn rungs with values 12 head dims wide, and the
+            pallas rung with only random_chunks' attention-mode rows active
   sweep     per head dim (the shapes'), each kernel (forward, dq, dk/dv) timed alone under
             BlockSizes variants (tiles, warps, stages; dq by atomics; dk/dv per query head
             with GQA), each checked against the default's result; prints the fastest
@@ -132,17 +133,27 @@ def _value_and_grads(op, x, weights):
     return jax.jit(op)(*x), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*x)
 
 
-def op_rung(implementation, segments, window):
+def op_rung(implementation, segments, window, active=None):
     """`ops.attention` on one named rung (the kernels behind the op's wrapping: wide values)."""
     return lambda q, k, v: ops.attention(q, k, v, window=window, segment_ids=segments,
-                                         implementation=implementation)
+                                         active_queries=active, implementation=implementation)
+
+
+def random_chunks(batch: int, length: int, chunk: int = 128, seed: int = 0) -> jax.Array:
+    """Oryx's random_chunks training modes as active query rows: chunks of `chunk` tokens,
+    each active with probability 1/2."""
+    drawn = np.random.default_rng(seed).random((batch, -(-length // chunk))) < 0.5
+    return jnp.asarray(np.repeat(drawn, chunk, axis=1)[:, :length])
 
 
 # (T, H, G, D, Dv, window, rung): the kernel through its API, then through the op with values
-# 12 head dims wide (Oryx-mamba2-130m's attention mode, `value_heads`), packed and not.
+# 12 head dims wide (Oryx-mamba2-130m's attention mode, `value_heads`), packed and not, and
+# with only random_chunks' attention-mode rows active ("pallas-active").
 CHECKS = ((2048, 8, 2, 64, 64, None, "kernel"), (2048, 8, 8, 128, 128, 256, "kernel"),
           (1999, 4, 2, 256, 256, None, "kernel"), (2048, 4, 4, 128, 128, 100, "kernel"),
-          (1999, 1, 1, 128, 1536, None, "pallas"), (2048, 2, 1, 128, 1536, 300, "cudnn"))
+          (1999, 1, 1, 128, 1536, None, "pallas"), (2048, 2, 1, 128, 1536, 300, "cudnn"),
+          (1999, 1, 1, 128, 1536, None, "pallas-active"), (2048, 4, 2, 64, 64, 300,
+                                                           "pallas-active"))
 
 
 def part_check(args):
@@ -159,7 +170,10 @@ def part_check(args):
                                           window=window, implementation="reference")
             op = kernel_op(segments, window)
         else:
-            reference, op = op_rung("reference", segments, window), op_rung(rung, segments, window)
+            active = random_chunks(2, length) if rung == "pallas-active" else None
+            implementation = rung.removesuffix("-active")
+            reference = op_rung("reference", segments, window, active)
+            op = op_rung(implementation, segments, window, active)
         ref_out, ref_grads = _value_and_grads(reference, x32, weights)
         out, grads = _value_and_grads(op, x, weights)
         rel = lambda a, b: float(jnp.linalg.norm((a.astype(jnp.float32) - b).ravel())
@@ -270,7 +284,7 @@ def _sweep_kernels(q, k, v, segments, window):
     static = lambda blocks: gpu.Static(window=window, scale=q.shape[-1] ** -0.5,
                                        group=q.shape[2] // k.shape[2], blocks=blocks,
                                        interpret=INTERPRET["on"])
-    forward = lambda b, q, k, v, seg, *spans: gpu.forward(q, k, v, seg, spans, static(b))
+    forward = lambda b, q, k, v, seg, *spans: gpu.forward(q, k, v, seg, None, spans, static(b))
     o, lse = jax.jit(functools.partial(forward, default_block_sizes(q.shape[-1])))(
         q, k, v, segments, *spans)
     do = jax.random.normal(jax.random.key(3), q.shape, jnp.float32).astype(q.dtype)
@@ -278,8 +292,8 @@ def _sweep_kernels(q, k, v, segments, window):
 
     def dkv(b, q, k, v, o, do, lse, delta, seg, *spans):
         if b.dq_atomic:
-            return gpu.backward(q, k, v, o, lse, do, seg, spans, static(b))
-        return gpu._dkv(q, k, v, do, lse, delta, seg, spans, static(b))
+            return gpu.backward(q, k, v, o, lse, do, seg, None, spans, static(b))
+        return gpu._dkv(q, k, v, do, lse, delta, seg, None, spans, static(b))
 
     dq = lambda b, q, k, v, do, lse, delta, seg, *spans: gpu._dq(q, k, v, do, lse, delta, seg,
                                                                 spans, static(b))

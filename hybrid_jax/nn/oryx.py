@@ -232,9 +232,13 @@ class OryxMixer(nnx.Module):
         def linear(*a):
             return self.linear.recurrence(*a, segment_ids=segments)[0]
 
+        # Only the attention-mode rows of attention are used: the flash kernel skips blocks of
+        # linear-mode rows (half of random_chunks training), forward and backward.
+        active = (mode == ATTENTION) if MODE in ctx.extras else None
+
         def attend(q, k, v):
             return self.attention.mix(q, k, v, segment_ids=segments,
-                                      segment_extents=ctx.segment_extents)
+                                      segment_extents=ctx.segment_extents, active_queries=active)
 
         o_lin = unless(jnp.all(mode == ATTENTION), linear, *linear_in)
         o_att = unless(jnp.all(mode == LINEAR), attend, *attention_in)

@@ -54,6 +54,7 @@ def attention(
     kv_positions: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     segment_extents: pallas_flash.Extents | None = None,
+    active_queries: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
     """Softmax attention `softmax(scale·q kᵀ + mask) v`.
@@ -75,6 +76,10 @@ def attention(
         context-parallel shard attending to gathered keys); needs `segment_ids`.
       segment_extents: `segment_extents(segment_ids)` computed once for many calls on the
         same ids (a model's layers); the pallas rung reads it, the others need not.
+      active_queries: `[B, T]` bool, the query rows whose output is wanted (Oryx's
+        attention-mode tokens); the others are 0, so they pass no gradient. The pallas rung
+        skips the query blocks that hold no active row (forward and backward); the others
+        compute every row and zero them. cuDNN takes none (so a GPU runs the pallas rung).
       implementation: "reference", "xla", "cudnn" (GPU, no segment_ids), "pallas" (GPU flash
         attention with segment_ids, `pallas_kernels.flash_attention`), "splash" (TPU: JAX's
         splash attention with segment_ids, `pallas_kernels.flash_attention.splash`) or None
@@ -85,7 +90,8 @@ def attention(
     Returns:
       `[B, T, Hq, Dv]` in the dtype of `q`. A query that sees no key gets zeros.
     """
-    check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids)
+    check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids,
+                 active_queries)
     if segment_extents is not None and (segment_ids is None or kv_segment_ids is not None):
         raise ValueError(f"{_OP}: segment_extents need the segment_ids of a self-attention "
                          "call (and no kv_segment_ids)")
@@ -105,6 +111,7 @@ def attention(
         kv_positions=kv_positions,
         kv_segment_ids=kv_segment_ids,
         segment_extents=segment_extents,
+        active_queries=active_queries,
     )
 
 
@@ -115,8 +122,8 @@ def segment_extents(segment_ids_BT: jax.Array) -> pallas_flash.Extents:
     return pallas_flash.document_extents(segment_ids_BT)
 
 
-def check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids
-                 ) -> None:
+def check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_segment_ids,
+                 active_queries=None) -> None:
     """Refuses inputs `attention` cannot take, naming what was expected and found."""
     sizes = check_dims(_OP, {}, q=(q, "BTHD"), k=(k, "BSGD"), v=(v, "BSG_"))
     if sizes["T"] == 0 or sizes["S"] == 0:
@@ -141,6 +148,11 @@ def check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, kv_seg
     for name, pos, axis in (("q_positions", q_positions, "T"), ("kv_positions", kv_positions, "S")):
         if pos is not None:
             _check_positions(_OP, name, pos, sizes["B"], sizes[axis], axis)
+    if active_queries is not None:
+        check_dims(_OP, sizes, active_queries=(active_queries, "BT"))
+        if active_queries.dtype != jnp.bool_:
+            raise ValueError(f"{_OP}: active_queries must be bool [B, T], got "
+                             f"{active_queries.dtype}")
 
 
 def _check_window(op: str, window: int | None) -> None:
@@ -209,7 +221,7 @@ def masked_softmax(logits: jax.Array, mask: jax.Array, axis: int = -1) -> jax.Ar
 
 
 def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                        kv_segment_ids, segment_extents=None):
+                        kv_segment_ids, segment_extents=None, active_queries=None):
     """The definition: every query against every key of its head, in float32/float64."""
     dtype = _compute_dtype(q)
     group = q.shape[2] // k.shape[2]
@@ -220,11 +232,18 @@ def attention_reference(q, k, v, *, causal, window, scale, segment_ids, q_positi
                           segment_ids=segment_ids, q_positions=q_positions,
                           kv_positions=kv_positions, kv_segment_ids=kv_segment_ids)
     probs = masked_softmax(logits, mask[:, None])
-    return jnp.einsum("bhts,bshd->bthd", probs, v).astype(q.dtype)
+    return _active_rows(jnp.einsum("bhts,bshd->bthd", probs, v).astype(q.dtype), active_queries)
+
+
+def _active_rows(out_BTHV: jax.Array, active_queries: jax.Array | None) -> jax.Array:
+    """The output with inactive query rows 0 (a rung that computes every row)."""
+    if active_queries is None:
+        return out_BTHV
+    return jnp.where(active_queries[:, :, None, None], out_BTHV, jnp.zeros((), out_BTHV.dtype))
 
 
 def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                  kv_segment_ids, segment_extents=None):
+                  kv_segment_ids, segment_extents=None, active_queries=None):
     """Grouped heads without repeating K/V; matmuls in the input dtype, softmax in float32."""
     batch, num_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
@@ -236,11 +255,13 @@ def attention_xla(q, k, v, *, causal, window, scale, segment_ids, q_positions, k
                           kv_positions=kv_positions, kv_segment_ids=kv_segment_ids)
     probs = masked_softmax(logits * scale, mask[:, None, None])
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=dtype)
-    return out.reshape(batch, num_q, num_heads, v.shape[-1]).astype(q.dtype)
+    return _active_rows(out.reshape(batch, num_q, num_heads, v.shape[-1]).astype(q.dtype),
+                        active_queries)
 
 
 def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                       kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
+                       kv_positions, kv_segment_ids, segment_extents=None,
+                       active_queries=None) -> str | None:
     if backend() != "gpu":
         return f"needs a GPU backend, running on {backend()}"
     if q.dtype not in (jnp.bfloat16, jnp.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -254,11 +275,13 @@ def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positio
         return "causal attention needs T == S"
     if window is not None and not causal:
         return "windowed attention needs causal=True"
+    if active_queries is not None:
+        return "computes every query row (active_queries: the pallas rung skips inactive blocks)"
     return None
 
 
 def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                    kv_segment_ids, segment_extents=None):
+                    kv_segment_ids, segment_extents=None, active_queries=None):
     # Always `is_causal=True` together with a local window: without it JAX attends to the future.
     local_window = None if window is None else (window - 1, 0)
     return jax.nn.dot_product_attention(
@@ -282,27 +305,31 @@ def _flash_unsupported(platform, causal, q_positions, kv_positions, kv_segment_i
 
 
 def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                        kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
+                        kv_positions, kv_segment_ids, segment_extents=None,
+                       active_queries=None) -> str | None:
     return (_flash_unsupported("gpu", causal, q_positions, kv_positions, kv_segment_ids)
             or pallas_flash.unsupported(q, k, v, segment_ids, window=window,
-                                        extents=segment_extents))
+                                        extents=segment_extents,
+                                        active_queries=active_queries))
 
 
 def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                     kv_segment_ids, segment_extents=None):
+                     kv_segment_ids, segment_extents=None, active_queries=None):
     """The flash kernels (`pallas_kernels.flash_attention`) on each device's batch and heads;
     named, not left to the entry point's default (the platform it reads), so that this rung
     never runs the kernels' XLA reference."""
-    def kernel(q, k, v, segment_ids, extents):
+    def kernel(q, k, v, segment_ids, extents, active):
         return pallas_flash.flash_attention(q, k, v, segment_ids, extents=extents,
-                                            window=window, scale=scale, implementation="gpu")
+                                            active_queries=active, window=window, scale=scale,
+                                            implementation="gpu")
 
-    return shard_kernel(_OP, kernel, (q, k, v, segment_ids, segment_extents),
-                        ("BTHD", "BTGD", "BTGD", "BT", "BT"), "BTHD")
+    return shard_kernel(_OP, kernel, (q, k, v, segment_ids, segment_extents, active_queries),
+                        ("BTHD", "BTGD", "BTGD", "BT", "BT", "BT"), "BTHD")
 
 
 def _splash_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
-                        kv_positions, kv_segment_ids, segment_extents=None) -> str | None:
+                        kv_positions, kv_segment_ids, segment_extents=None,
+                       active_queries=None) -> str | None:
     return (_flash_unsupported("tpu", causal, q_positions, kv_positions, kv_segment_ids)
             or _inside_shard_map() or splash.unsupported(q, k, v, segment_ids, window=window))
 
@@ -318,14 +345,15 @@ def _inside_shard_map() -> str | None:
 
 
 def attention_splash(q, k, v, *, causal, window, scale, segment_ids, q_positions, kv_positions,
-                     kv_segment_ids, segment_extents=None):
+                     kv_segment_ids, segment_extents=None, active_queries=None):
     """JAX's TPU splash attention (`pallas_kernels.flash_attention.splash`) on each device's
     batch and heads."""
     def kernel(q, k, v, segment_ids):
         return splash.splash_attention(q, k, v, segment_ids, window=window, scale=scale)
 
-    return shard_kernel(_OP, kernel, (q, k, v, segment_ids), ("BTHD", "BTGD", "BTGD", "BT"),
-                        "BTHD", check_vma=False)
+    out = shard_kernel(_OP, kernel, (q, k, v, segment_ids), ("BTHD", "BTGD", "BTGD", "BT"),
+                       "BTHD", check_vma=False)
+    return _active_rows(out, active_queries)  # splash computes every row
 
 
 def value_heads(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -389,12 +417,13 @@ _RUNGS = (
 
 
 def attention_rung(q, k, v, *, causal: bool = True, window: int | None = None,
-                   segment_ids=None, implementation: str | None = None) -> str:
+                   segment_ids=None, active_queries=None, implementation: str | None = None
+                   ) -> str:
     """The name of the rung `attention` runs for these arguments (arrays or ShapeDtypeStructs)
     on the current backend."""
     rung, _ = choose(_OP, _RUNGS, implementation, q, k, v, causal=causal, window=window,
                      scale=1.0, segment_ids=segment_ids, q_positions=None, kv_positions=None,
-                     kv_segment_ids=None)
+                     kv_segment_ids=None, active_queries=active_queries)
     return rung.name
 
 

@@ -16,6 +16,11 @@ log-sum-exp is base 2 too.
   kernel is not run. A program takes the query heads of its GQA group in turn, or one query
   head (`dkv_per_query_head`).
 
+With active query rows (`Static.active_queries`: Oryx's attention-mode tokens) the forward
+writes 0 and a log-sum-exp of +inf on the others (every backward p of theirs is then 0), a
+query block with no active row visits no key block in the forward and dq kernels (its rows'
+lowest key is set past the end), and the dk/dv kernel skips such query blocks (`lax.cond`).
+
 Blocks that every row surely sees in full (inside one document run, the window and the causal
 triangle) skip the mask: each loop runs in three parts, masked / unmasked / masked. The grid's
 first axis (the fastest in launch order) is the block index, so the programs that run at the
@@ -59,6 +64,11 @@ class Static:
     group: int  # query heads per kv head
     blocks: BlockSizes
     interpret: bool
+    # Per-row query flags are passed (`[B, Tp]` int32, 0: an inactive row, output 0): the
+    # forward writes zeros and a log-sum-exp of +inf for those rows (so every backward p is 0
+    # there), and the dk/dv kernel skips query blocks with no active row. The forward and dq
+    # kernels skip such blocks through the bounds (their rows' lowest key is past the end).
+    active_queries: bool = False
 
     @property
     def scale2(self) -> float:
@@ -112,8 +122,10 @@ def _query_specs(length: int, head_dim: int, block_q: int, group: int):
 # --- forward ---------------------------------------------------------------------------------
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmasked_ref, o_ref,
-                    lse_ref, *, st: Static):
+def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmasked_ref, *refs,
+                    st: Static):
+    """refs: (the query rows' active flags with `st.active_queries`,) o, lse."""
+    o_ref, lse_ref = refs[-2:]
     BQ, BK = st.blocks.block_q, st.blocks.block_k
     start = _query_block_start(BQ)
     rows = start + _iota((BQ, 1), 0)
@@ -142,26 +154,33 @@ def _forward_kernel(q_ref, k_ref, v_ref, qseg_ref, kseg_ref, lowest_ref, unmaske
             jnp.zeros(o_ref.shape, F32))
     m, l, acc = band_loop(*_key_blocks(start, BQ, BK, lowest_ref, unmasked_ref), visit, init,
                       st.causal_part("last"))
-    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)  # every row sees itself: l > 0
-    lse_ref[...] = m + jnp.log2(l)
+    # Every row sees itself, so l > 0 on every row the loop ran for.
+    out, lse = acc / l[:, None], m + jnp.log2(l)
+    if st.active_queries:  # an inactive row (l may be 0 there) is 0, and no p of it counts
+        active = refs[0][...] != 0
+        out, lse = jnp.where(active[:, None], out, 0.0), jnp.where(active, lse, jnp.inf)
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = lse
 
 
-def forward(q, k, v, segment_ids, spans, st: Static):
-    """o `[B, Tp, H, D]` (dtype of q) and the base-2 log-sum-exp `[B, H, Tp]` float32."""
+def forward(q, k, v, segment_ids, active, spans, st: Static):
+    """o `[B, Tp, H, D]` (dtype of q) and the base-2 log-sum-exp `[B, H, Tp]` float32; `active`
+    the `[B, Tp]` int32 query flags with `st.active_queries`, else None."""
     batch, length, heads, head_dim = q.shape
     lowest_key, _, unmasked_from, _ = spans
     BQ = st.blocks.block_q
     query, whole, rows, all_rows, stat = _query_specs(length, head_dim, BQ, st.group)
+    flags = [active] if st.active_queries else []
     return pallas_call(
         functools.partial(_forward_kernel, st=st),
         grid=(length // BQ, heads, batch),
-        in_specs=[query, whole, whole, rows, all_rows, rows, rows],
+        in_specs=[query, whole, whole, rows, all_rows, rows, rows] + [rows] * len(flags),
         out_specs=[query, stat],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, length), F32)],
         compiler_params=triton_params(st.blocks.num_warps, st.blocks.num_stages),
         interpret=st.interpret, name="flash_attention_forward",
-    )(q, k, v, segment_ids, segment_ids, lowest_key, unmasked_from)
+    )(q, k, v, segment_ids, segment_ids, lowest_key, unmasked_from, *flags)
 
 
 # --- backward -------------------------------------------------------------------------------
@@ -209,9 +228,12 @@ def _dq(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
 def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_ref,
                 highest_ref, unmasked_ref, *refs, st: Static, length: int, heads: int):
     """One key block against the query blocks that see it, for `heads` query heads (q_ref
-    `[T, heads, D]`); refs: dk, dv (and the float32 dq buffer `[heads, D, T]` with dq_atomic,
-    an alias of a zero input)."""
+    `[T, heads, D]`); refs: (the query rows' active flags `[T]` with `st.active_queries`,)
+    then dk, dv (and the float32 dq buffer `[heads, D, T]` with dq_atomic, an alias of a zero
+    input)."""
     BK, BQ = st.blocks.block_k_dkv, st.blocks.block_q_dkv
+    if st.active_queries:
+        active_ref, *refs = refs
     dk_ref, dv_ref = refs[-2:]  # with dq_atomic refs[0] is the zero input that refs[1] aliases
     first = pl.program_id(0) * BK
     cols = first + _iota((BK, 1), 0)  # this block's keys run down the rows of Sᵀ
@@ -224,6 +246,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
     dv = jnp.zeros(dv_ref.shape, F32)
     for r in range(heads):
         def visit(qb, carry, mask, r=r):
+            if not st.active_queries:
+                return pair(qb, carry, mask, r)
+            # A block of inactive rows adds nothing (p = 0 there): skipped.
+            return lax.cond(jnp.max(active_ref[pl.ds(qb * BQ, BQ)]) != 0,
+                            lambda c: pair(qb, c, mask, r), lambda c: c, carry)
+
+        def pair(qb, carry, mask, r):
             dk, dv = carry
             span = pl.ds(qb * BQ, BQ)
             q, do = q_ref[span, r, :], do_ref[span, r, :]
@@ -245,7 +274,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kseg_
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dkv(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
+def _dkv(q, k, v, do, lse, delta, segment_ids, active, spans, st: Static):
     """dk, dv `[B, Tp, G, D]` (and with dq_atomic the float32 dq `[B, H, D, Tp]`, unscaled)."""
     batch, length, kv_heads, head_dim = k.shape
     _, highest_query, _, unmasked_until = spans
@@ -264,10 +293,13 @@ def _dkv(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
     # Summed over the group afterwards: float32 partials per query head.
     out_dtype = k.dtype if per_program == group else F32
     out_shape = [jax.ShapeDtypeStruct((batch, length, programs, head_dim), out_dtype)] * 2
-    in_specs = [whole, block, block, whole, stat, stat,
-                pl.BlockSpec((None, length), lambda j, h, b: (b, 0)), keys, keys, keys]
+    all_rows = pl.BlockSpec((None, length), lambda j, h, b: (b, 0))
+    in_specs = [whole, block, block, whole, stat, stat, all_rows, keys, keys, keys]
     args = [grouped(q), k, v, grouped(do), per_group(lse), per_group(delta), segment_ids,
             segment_ids, highest_query, unmasked_until]
+    if st.active_queries:
+        in_specs.append(all_rows)
+        args.append(active)
     out_specs, aliases = [out_block, out_block], {}
     if st.blocks.dq_atomic:
         dq_spec = pl.BlockSpec((None, None, per_program, head_dim, length),
@@ -295,13 +327,14 @@ def _dkv(q, k, v, do, lse, delta, segment_ids, spans, st: Static):
     return dk, dv
 
 
-def backward(q, k, v, o, lse, do, segment_ids, spans, st: Static):
-    """dq, dk, dv from the saved output and log-sum-exp (D = rowsum(o ⊙ dO) in float32)."""
+def backward(q, k, v, o, lse, do, segment_ids, active, spans, st: Static):
+    """dq, dk, dv from the saved output and log-sum-exp (D = rowsum(o ⊙ dO) in float32; 0 on
+    inactive rows, whose output is 0)."""
     delta = jnp.einsum("bthd,bthd->bht", o.astype(F32), do.astype(F32))
     if st.blocks.dq_atomic:
-        dk, dv, dq_t = _dkv(q, k, v, do, lse, delta, segment_ids, spans, st)
+        dk, dv, dq_t = _dkv(q, k, v, do, lse, delta, segment_ids, active, spans, st)
         dq = (st.scale * jnp.transpose(dq_t, (0, 3, 1, 2))).astype(q.dtype)
         return dq, dk, dv
     dq = _dq(q, k, v, do, lse, delta, segment_ids, spans, st)
-    dk, dv = _dkv(q, k, v, do, lse, delta, segment_ids, spans, st)
+    dk, dv = _dkv(q, k, v, do, lse, delta, segment_ids, active, spans, st)
     return dq, dk, dv

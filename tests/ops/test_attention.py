@@ -98,6 +98,24 @@ def test_bf16_output_dtype_and_accuracy():
     assert_close(out.astype(jnp.float32), ref, 2e-2)
 
 
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+def test_active_queries_zero_the_other_rows(x64, impl):
+    """Inactive rows are 0; active ones are the plain attention's (numpy), gradients only
+    through them."""
+    q, k, v = _qkv(9, 9, Hq=4, Hkv=2)
+    seg = jnp.array([[0, 0, 0, 1, 1, 2, 2, 2, 2], [5] * 9])
+    active = jnp.array([[1, 1, 0, 0, 1, 0, 1, 1, 0], [0] * 4 + [1] * 5], bool)
+    out = ops.attention(q, k, v, window=4, segment_ids=seg, active_queries=active,
+                        implementation=impl)
+    ref = numpy_attention(q, k, v, causal=True, window=4, scale=8**-0.5,
+                          segment_ids=np.asarray(seg))
+    assert_close(out, np.where(np.asarray(active)[:, :, None, None], ref, 0.0), 1e-12, impl)
+    dq = jax.grad(lambda q: jnp.sum(ops.attention(q, k, v, active_queries=active,
+                                                  implementation=impl)))(q)
+    mask = np.asarray(active)
+    assert np.all(np.asarray(dq)[~mask] == 0) and np.all(np.asarray(dq)[mask][1:] != 0)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -113,6 +131,8 @@ def test_bf16_output_dtype_and_accuracy():
         (dict(implementation="pallas"), "pallas.*needs a GPU backend"),
         (dict(implementation="cudnn"), "needs a GPU backend"),
         (dict(implementation="splash"), "splash.*needs a TPU backend"),
+        (dict(active_queries=jnp.ones((2, 4), int)), "active_queries must be bool"),
+        (dict(active_queries=jnp.ones((2, 3), bool)), "axis T of active_queries"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):

@@ -81,6 +81,10 @@ def test_wide_values_take_the_kernels(monkeypatch, on_gpu, name, B, T, Dv):
         monkeypatch.setattr(attention_module, "backend", lambda p=platform: p)
         expected = "splash" if platform == "tpu" else "pallas"
         assert ops.attention_rung(q, q, v, segment_ids=segments) == expected, name
+    # Attention-mode rows only (random_chunks training): the flash kernel, which skips the
+    # others' blocks; cuDNN computes every row.
+    active = jax.ShapeDtypeStruct((B, T), jnp.bool_)
+    assert ops.attention_rung(q, q, v, active_queries=active) == "pallas", name
     odd = jax.ShapeDtypeStruct((B, T, 1, 200), jnp.bfloat16)  # not a multiple: refused, XLA
     assert ops.attention_rung(q, q, odd, segment_ids=segments) == "xla", name
     # A refusal of the slices names the caller's widths too.

@@ -257,6 +257,21 @@ def test_attention_heads_for_time(head_split_on_xla, case, window):
     check_matches_single_device(fn, (q, k, v), shards=(2, 4))
 
 
+@pytest.mark.parametrize("form", ["heads for time", "time shards"])
+def test_attention_active_queries(request, form):
+    """Only the active query rows (Oryx's attention mode) are computed, the others 0, in both
+    forms (each takes the rows of its queries: the whole sequence's, or the shard's)."""
+    if form == "heads for time":
+        request.getfixturevalue("head_split_on_xla")
+    q, k, v = _draw(14, *HEAD_SPLITS["wide values"])
+    active = jnp.asarray(np.random.default_rng(3).random((2, T)) < 0.5)
+    fn = functools.partial(cp.attention, window=9, segment_ids=SEGMENT_IDS,
+                           active_queries=active)
+    check_matches_single_device(fn, (q, k, v), shards=(2, 4))
+    out = jax.jit(fn)(q, k, v)
+    assert np.all(np.asarray(out)[~np.asarray(active)] == 0) and np.any(np.asarray(out) != 0)
+
+
 def _split_heads(fn, args, shards=4):
     """Whether `fn` on `shards` devices trades time for heads (an all_to_all in its program)."""
     with jax.set_mesh(make_mesh(MeshConfig(data=1, seq=shards), jax.devices()[:shards])):

@@ -36,20 +36,23 @@ def segments_from_lengths(*rows):
 PACKED = segments_from_lengths([8, 8, 1, 13, 3, 1, 5], [5, 1, 23, 2, 8])
 
 
-def run(q, k, v, segment_ids, window, implementation, head_dim_blocks=TINY):
+def run(q, k, v, segment_ids, window, implementation, head_dim_blocks=TINY, active=None):
     return api.flash_attention(q, k, v, segment_ids, window=window, block_sizes=head_dim_blocks,
-                               implementation=implementation, interpret=True)
+                               active_queries=active, implementation=implementation,
+                               interpret=True)
 
 
-def check(q, k, v, segment_ids, window, blocks=TINY, tol=1e-5):
+def check(q, k, v, segment_ids, window, blocks=TINY, tol=1e-5, active=None, reference_q=None):
+    """The kernels against the reference, values and gradients (a loss that weights every
+    row, inactive ones too); `reference_q` the queries given to the reference instead."""
     def loss(impl):
         def f(q, k, v):
-            out = run(q, k, v, segment_ids, window, impl, blocks)
+            out = run(q, k, v, segment_ids, window, impl, blocks, active)
             return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape))), out
         return jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)
 
     (_, out), grads = loss("gpu")(q, k, v)
-    (_, ref), ref_grads = loss("reference")(q, k, v)
+    (_, ref), ref_grads = loss("reference")(q if reference_q is None else reference_q, k, v)
     what = f"window={window} segments={segment_ids is not None} D={q.shape[-1]}"
     assert_close(out, ref, tol, what + " values")
     assert_close(grads, ref_grads, tol, what + " gradients")
@@ -82,6 +85,33 @@ def test_backward_variants(variant):
     """dq by atomics from the dk/dv kernel; dk/dv per query head summed over the GQA group."""
     q, k, v = normals(4, (1, 39, 4, 8), (1, 39, 2, 8), (1, 39, 2, 8), dtype=np.float32)
     check(q, k, v, PACKED[1:], 6, dataclasses.replace(TINY, **variant))
+
+
+# Query rows per row: blocks of 16 all inactive (rows 16-31 of row 0, 0-15 of row 1), partly
+# active blocks, and the padded tail (39 → 48) inactive.
+ACTIVE = jnp.asarray([np.r_[np.ones(16), np.zeros(16), np.ones(3), np.zeros(4)],
+                      np.r_[np.zeros(16), np.tile([1, 0, 0], 7), np.ones(2)]], bool)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("variant", [{}, dict(dq_atomic=True), dict(dkv_per_query_head=True),
+                                     dict(forward_one_select=True, diagonal_causal_only=True)])
+def test_active_queries(variant, window):
+    """Inactive query rows are 0 and pass no gradient (their dO is ignored); blocks of them
+    are skipped: NaN queries there reach no output or gradient (a visited block would spread
+    them), and the reference gets finite ones (inactive rows' queries do not matter)."""
+    q, k, v = normals(8, (2, 39, 4, 8), (2, 39, 2, 8), (2, 39, 2, 8), dtype=np.float32)
+    skipped = jnp.zeros((2, 39), bool).at[0, 16:32].set(True).at[1, :16].set(True)
+    q_nan = jnp.where(skipped[..., None, None], jnp.nan, q)
+    check(q_nan, k, v, PACKED, window, dataclasses.replace(TINY, **variant), active=ACTIVE,
+          reference_q=q)
+
+
+def test_active_queries_are_checked():
+    q, k, v = normals(8, (2, 39, 4, 8), (2, 39, 2, 8), (2, 39, 2, 8), dtype=np.float32)
+    for bad in (ACTIVE.astype(jnp.int32), ACTIVE[:, :38]):
+        with pytest.raises(ValueError, match=r"active_queries must be bool \[B, T\] = \[2, 39\]"):
+            run(q, k, v, PACKED, None, "gpu", active=bad)
 
 
 OPTIONS = [dict(forward_one_select=True), dict(diagonal_causal_only=True),

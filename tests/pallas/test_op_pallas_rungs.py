@@ -112,6 +112,20 @@ def test_attention_rung_wide_values(pallas_on_cpu):
     check(run, dict(q=q, k=k, v=v), "attention, wide values")
 
 
+def test_attention_rung_active_queries(pallas_on_cpu):
+    """Oryx's attention-mode rows only (`active_queries`), with wide values, GQA, documents
+    and a window: the rows of block 1 of row 0 (16–18 and the padding) are all inactive, the
+    others in part."""
+    q, k, v = normals(4, (2, T, 4, 8), (2, T, 2, 8), (2, T, 2, 16), dtype=np.float32)
+    active = jnp.asarray([[1] * 3 + [0] * 5 + [1] * 8 + [0] * 3, [0] * 8 + [1] * 11], bool)
+
+    def run(x, implementation):
+        return ops.attention(x["q"], x["k"], x["v"], window=6, segment_ids=IDS,
+                             active_queries=active, implementation=implementation)
+
+    check(run, dict(q=q, k=k, v=v), "attention, active queries")
+
+
 def test_a_layer_set_to_the_pallas_rung_generates(pallas_on_cpu):
     """Cached decode steps pass explicit positions, which no fast rung takes: a layer set to
     `implementation="pallas"` (its training forward and the fresh prefill on the kernel)

@@ -32,8 +32,8 @@ from hybrid_jax.ops.context_parallel.collectives import SEQ_AXIS, halo, seq_shar
 
 
 def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None,
-              q_positions=None, kv_positions=None, segment_extents=None, implementation=None,
-              axis_name=SEQ_AXIS):
+              q_positions=None, kv_positions=None, segment_extents=None, active_queries=None,
+              implementation=None, axis_name=SEQ_AXIS):
     """`hybrid_jax.ops.attention`, context-parallel over `axis_name` for self-attention (the
     positions are then the sequence's own); shapes and result as the op. `segment_extents`
     (whole-sequence indices) serve the unsharded call and the heads-for-time form (gathered
@@ -43,20 +43,20 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
     if shards == 1:
         return _attention(q, k, v, segment_ids=segment_ids, q_positions=q_positions,
                           kv_positions=kv_positions, segment_extents=segment_extents,
-                          **op_kwargs)
+                          active_queries=active_queries, **op_kwargs)
     # The whole sequence's inputs checked as the op would (a shard's call sees parts of them).
-    check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, None)
+    check_inputs(q, k, v, window, segment_ids, q_positions, kv_positions, None, active_queries)
     if q_positions is not None or kv_positions is not None or q.shape[1] != k.shape[1]:
         raise ValueError(f"context-parallel attention over {shards} '{axis_name}' devices is "
                          "self-attention without explicit positions (a decode step runs "
                          f"without a '{axis_name}' axis); got q {q.shape}, k {k.shape}")
     unsupported = ("not causal" if not causal else heads_for_time_unsupported(
-        q, k, v, window=window, segment_ids=segment_ids, implementation=implementation,
-        axis_name=axis_name))
+        q, k, v, window=window, segment_ids=segment_ids, active_queries=active_queries,
+        implementation=implementation, axis_name=axis_name))
     if unsupported is None:
         return _head_split(q, k, v, shards, axis_name, window=window, scale=scale,
                            segment_ids=segment_ids, segment_extents=segment_extents,
-                           implementation=implementation)
+                           active_queries=active_queries, implementation=implementation)
     if implementation in _KERNEL_RUNGS:  # a time shard's call has explicit positions
         raise ValueError(
             f"context-parallel attention: implementation={implementation!r} runs over {shards} "
@@ -68,7 +68,7 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
     use_halo = causal and window is not None and window - 1 < (shards - 1) * local_length
 
     def local(seq, _):
-        q, k, v, segment_ids = seq
+        q, k, v, segment_ids, active_queries = seq
         start = jax.lax.axis_index(axis_name) * local_length
         q_positions = start + jnp.arange(local_length)
         width = window - 1 if use_halo else 0
@@ -85,16 +85,17 @@ def attention(q, k, v, *, causal=True, window=None, scale=None, segment_ids=None
         k_all, v_all, kv_segment_ids = (gather(x) for x in (k, v, segment_ids))
         return _attention(q, k_all, v_all, segment_ids=segment_ids,
                           kv_segment_ids=kv_segment_ids, q_positions=q_positions,
-                          kv_positions=kv_positions, **op_kwargs)
+                          kv_positions=kv_positions, active_queries=active_queries, **op_kwargs)
 
-    return shard_over_seq(local, (q, k, v, segment_ids), (), out_seq=True, axis_name=axis_name)
+    return shard_over_seq(local, (q, k, v, segment_ids, active_queries), (), out_seq=True,
+                          axis_name=axis_name)
 
 
 _KERNEL_RUNGS = ("cudnn", "pallas")
 
 
-def heads_for_time_unsupported(q, k, v, *, window=None, segment_ids=None, implementation=None,
-                               axis_name=SEQ_AXIS) -> str | None:
+def heads_for_time_unsupported(q, k, v, *, window=None, segment_ids=None, active_queries=None,
+                               implementation=None, axis_name=SEQ_AXIS) -> str | None:
     """Why causal `attention` of these whole-sequence inputs (arrays or ShapeDtypeStructs)
     over `axis_name`'s devices would not take the heads-for-time form (module docstring), or
     None where it will: the heads (after `value_heads`) or the key heads, repeated to one a
@@ -111,7 +112,8 @@ def heads_for_time_unsupported(q, k, v, *, window=None, segment_ids=None, implem
                                                    x.dtype)
     rung = attention_rung(per_device(q, heads), per_device(k, kv_heads * repeat),
                           per_device(v, kv_heads * repeat), window=window,
-                          segment_ids=segment_ids, implementation=implementation)
+                          segment_ids=segment_ids, active_queries=active_queries,
+                          implementation=implementation)
     if rung not in _KERNEL_RUNGS:
         return f"ops.attention runs its {rung} rung for a device's {heads // shards} heads"
     return None
@@ -123,23 +125,24 @@ def _key_repeat(kv_heads: int, shards: int) -> int:
 
 
 def _head_split(q, k, v, shards, axis_name, *, window, scale, segment_ids, segment_extents,
-                implementation):
+                active_queries, implementation):
     """Causal attention in the heads-for-time form (module docstring), where
     `heads_for_time_unsupported` says it applies."""
     groups, value_dim = k.shape[2], v.shape[-1]
 
     def local(seq, _):
-        q, k, v, segment_ids, extents = seq
+        q, k, v, segment_ids, extents, active_queries = seq
         to_heads = lambda x: jax.lax.all_to_all(x, axis_name, 2, 1, tiled=True)
-        whole = lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True)
+        whole = lambda x: jax.tree.map(
+            lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), x)
         out = _attention(to_heads(q), to_heads(k), to_heads(v), causal=True, window=window,
-                         scale=scale, segment_ids=jax.tree.map(whole, segment_ids),
-                         segment_extents=jax.tree.map(whole, extents),
+                         scale=scale, segment_ids=whole(segment_ids),
+                         segment_extents=whole(extents), active_queries=whole(active_queries),
                          implementation=implementation)
         return jax.lax.all_to_all(out, axis_name, 1, 2, tiled=True)
 
     q, k, v = value_heads(q, k, v)
     k, v = (jnp.repeat(x, _key_repeat(k.shape[2], shards), axis=2) for x in (k, v))
-    out = shard_over_seq(local, (q, k, v, segment_ids, segment_extents), (), out_seq=True,
-                         axis_name=axis_name)
+    out = shard_over_seq(local, (q, k, v, segment_ids, segment_extents, active_queries), (),
+                         out_seq=True, axis_name=axis_name)
     return merge_value_heads(out, groups, value_dim)
