@@ -64,11 +64,7 @@ class Static:
     group: int  # query heads per kv head
     blocks: BlockSizes
     interpret: bool
-    # Per-row query flags are passed (`[B, Tp]` int32, 0: an inactive row, output 0): the
-    # forward writes zeros and a log-sum-exp of +inf for those rows (so every backward p is 0
-    # there), and the dk/dv kernel skips query blocks with no active row. The forward and dq
-    # kernels skip such blocks through the bounds (their rows' lowest key is past the end).
-    active_queries: bool = False
+    active_queries: bool = False  # `[B, Tp]` int32 query-row flags are passed (module docstring)
 
     @property
     def scale2(self) -> float:
