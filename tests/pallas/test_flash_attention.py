@@ -94,7 +94,7 @@ ACTIVE = jnp.asarray([np.r_[np.ones(16), np.zeros(16), np.ones(3), np.zeros(4)],
 
 
 @pytest.mark.parametrize("window", [None, 6])
-@pytest.mark.parametrize("variant", [{}, dict(dq_atomic=True), dict(dkv_per_query_head=True),
+@pytest.mark.parametrize("variant", [{}, dict(dq_atomic=True, dkv_per_query_head=True),
                                      dict(forward_one_select=True, diagonal_causal_only=True)])
 def test_active_queries(variant, window):
     """Inactive query rows are 0 and pass no gradient (their dO is ignored); blocks of them
