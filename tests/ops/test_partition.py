@@ -299,8 +299,18 @@ def test_rung_traces_inside_a_callers_shard_map(pallas_on_cpu, name):
 
 # Context-parallel attention on the kernels: the heads-for-time form (all_to_all, then the
 # flash kernel over the whole sequence for a device's heads).
-CONTEXT_PARALLEL = ("attention", "gated_delta_rule", "gated_slot_attention",
-                    "native_hybrid_attention", "short_conv", "ssd")
+def attention_active_case(api=ops):
+    """Oryx's attention-mode rows only: a block of 8 query rows all inactive in each row."""
+    run, x, layouts = attention_case(api=api)
+    active = jnp.asarray(np.tile([1] * 4 + [0] * 8 + [1, 0, 1, 1], (B, 1)), bool)
+    return (lambda x, ids: api.attention(x["q"], x["k"], x["v"], segment_ids=ids,
+                                         active_queries=active, implementation="pallas"),
+            x, layouts)
+
+
+CP_CASES = CASES | {"attention_active_queries": attention_active_case}
+CONTEXT_PARALLEL = ("attention", "attention_active_queries", "gated_delta_rule",
+                    "gated_slot_attention", "native_hybrid_attention", "short_conv", "ssd")
 CP_MESH = MeshConfig(data=2, seq=2, tensor=2)
 
 
@@ -308,7 +318,7 @@ CP_MESH = MeshConfig(data=2, seq=2, tensor=2)
 def test_context_parallel_rung_traces_with_check_vma(pallas_on_cpu, name):
     """Inside context parallelism's shard_map (manual over `seq`) the rung maps batch and heads
     over the remaining axes: a shard_map in a shard_map, types checked (`check_vma` on)."""
-    run, x, _ = CASES[name](api=cp)
+    run, x, _ = CP_CASES[name](api=cp)
     with jax.set_mesh(make_mesh(CP_MESH)):
         jaxpr = jax.make_jaxpr(_loss_and_grads(run, x, IDS))(x, IDS).jaxpr
     # Forward and backward: context parallelism's own, and the rung's in each of its passes.
@@ -320,7 +330,7 @@ def test_context_parallel_rung_traces_with_check_vma(pallas_on_cpu, name):
 @pytest.mark.parametrize("name", CONTEXT_PARALLEL)
 def test_context_parallel_rung_equals_one_device(pallas_on_cpu, vma_off, name):
     """`seq=2 × data=2 × tensor=2`: outputs and gradients equal the single-device op's."""
-    run, x, _ = CASES[name](api=cp)
+    run, x, _ = CP_CASES[name](api=cp)
     fn = jax.jit(_loss_and_grads(run, x, IDS))
     expected = fn(x, IDS)
     with jax.set_mesh(make_mesh(CP_MESH)):
