@@ -79,7 +79,8 @@ def attention(
       active_queries: `[B, T]` bool, the query rows whose output is wanted (Oryx's
         attention-mode tokens); the others are 0, so they pass no gradient. The pallas rung
         skips the query blocks that hold no active row (forward and backward); the others
-        compute every row and zero them. cuDNN takes none (so a GPU runs the pallas rung).
+        compute every row and zero them. (Unpacked, cuDNN over every row stays ahead of the
+        flash kernel over half of them: BENCHMARKS.md, session 46.)
       implementation: "reference", "xla", "cudnn" (GPU, no segment_ids), "pallas" (GPU flash
         attention with segment_ids, `pallas_kernels.flash_attention`), "splash" (TPU: JAX's
         splash attention with segment_ids, `pallas_kernels.flash_attention.splash`) or None
@@ -275,8 +276,6 @@ def _cudnn_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positio
         return "causal attention needs T == S"
     if window is not None and not causal:
         return "windowed attention needs causal=True"
-    if active_queries is not None:
-        return "computes every query row (active_queries: the pallas rung skips inactive blocks)"
     return None
 
 
@@ -284,10 +283,11 @@ def attention_cudnn(q, k, v, *, causal, window, scale, segment_ids, q_positions,
                     kv_segment_ids, segment_extents=None, active_queries=None):
     # Always `is_causal=True` together with a local window: without it JAX attends to the future.
     local_window = None if window is None else (window - 1, 0)
-    return jax.nn.dot_product_attention(
+    out = jax.nn.dot_product_attention(
         q, k, v, scale=scale, is_causal=causal, local_window_size=local_window,
         implementation="cudnn",
     )
+    return _active_rows(out, active_queries)  # cuDNN computes every row
 
 
 def _flash_unsupported(platform, causal, q_positions, kv_positions, kv_segment_ids

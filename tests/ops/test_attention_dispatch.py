@@ -81,10 +81,11 @@ def test_wide_values_take_the_kernels(monkeypatch, on_gpu, name, B, T, Dv):
         monkeypatch.setattr(attention_module, "backend", lambda p=platform: p)
         expected = "splash" if platform == "tpu" else "pallas"
         assert ops.attention_rung(q, q, v, segment_ids=segments) == expected, name
-    # Attention-mode rows only (random_chunks training): the flash kernel, which skips the
-    # others' blocks; cuDNN computes every row.
+    # Attention-mode rows only (random_chunks training): packed, the flash kernel, which skips
+    # the others' blocks; unpacked, cuDNN over every row (still the faster there).
     active = jax.ShapeDtypeStruct((B, T), jnp.bool_)
-    assert ops.attention_rung(q, q, v, active_queries=active) == "pallas", name
+    assert ops.attention_rung(q, q, v, segment_ids=segments, active_queries=active) == "pallas"
+    assert ops.attention_rung(q, q, v, active_queries=active) == "cudnn", name
     odd = jax.ShapeDtypeStruct((B, T, 1, 200), jnp.bfloat16)  # not a multiple: refused, XLA
     assert ops.attention_rung(q, q, odd, segment_ids=segments) == "xla", name
     # A refusal of the slices names the caller's widths too.
@@ -242,3 +243,19 @@ def test_pallas_rung_runs_the_kernel_for_a_gpu_target():
             jaxpr = jax.make_jaxpr(lambda q, i, impl=implementation: ops.attention(
                 q, q, q, segment_ids=i, implementation=impl))(q, ids).jaxpr
             assert _count(jaxpr, "pallas_call") == 1, implementation
+
+
+def test_cudnn_rung_zeroes_inactive_rows(monkeypatch):
+    """cuDNN computes every row (`jax.nn.dot_product_attention`, here its XLA form on the CPU);
+    the rung zeroes the inactive ones, as the op's definition says."""
+    real = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention",
+                        lambda *a, implementation, **kw: real(*a, implementation="xla", **kw))
+    q, k, v = (jnp.asarray(np.random.default_rng(i).normal(size=(2, 9, 2, 8)), jnp.float32)
+               for i in range(3))
+    active = jnp.asarray(np.random.default_rng(3).random((2, 9)) < 0.5)
+    kwargs = dict(causal=True, window=4, scale=0.3, segment_ids=None, q_positions=None,
+                  kv_positions=None, kv_segment_ids=None)
+    out = attention_module.attention_cudnn(q, k, v, active_queries=active, **kwargs)
+    want = ops.attention(q, k, v, window=4, scale=0.3, implementation="reference")
+    np.testing.assert_allclose(out, jnp.where(active[..., None, None], want, 0), atol=1e-5)
