@@ -306,7 +306,7 @@ def _flash_unsupported(platform, causal, q_positions, kv_positions, kv_segment_i
 
 def _pallas_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
                         kv_positions, kv_segment_ids, segment_extents=None,
-                       active_queries=None) -> str | None:
+                        active_queries=None) -> str | None:
     return (_flash_unsupported("gpu", causal, q_positions, kv_positions, kv_segment_ids)
             or pallas_flash.unsupported(q, k, v, segment_ids, window=window,
                                         extents=segment_extents,
@@ -329,7 +329,7 @@ def attention_pallas(q, k, v, *, causal, window, scale, segment_ids, q_positions
 
 def _splash_unsupported(q, k, v, *, causal, window, scale, segment_ids, q_positions,
                         kv_positions, kv_segment_ids, segment_extents=None,
-                       active_queries=None) -> str | None:
+                        active_queries=None) -> str | None:
     return (_flash_unsupported("tpu", causal, q_positions, kv_positions, kv_segment_ids)
             or _inside_shard_map() or splash.unsupported(q, k, v, segment_ids, window=window))
 

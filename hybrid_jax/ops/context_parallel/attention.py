@@ -133,8 +133,8 @@ def _head_split(q, k, v, shards, axis_name, *, window, scale, segment_ids, segme
     def local(seq, _):
         q, k, v, segment_ids, extents, active_queries = seq
         to_heads = lambda x: jax.lax.all_to_all(x, axis_name, 2, 1, tiled=True)
-        whole = lambda x: jax.tree.map(
-            lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), x)
+        whole = lambda tree: jax.tree.map(  # None (no ids, no flags) stays None
+            lambda x: jax.lax.all_gather(x, axis_name, axis=1, tiled=True), tree)
         out = _attention(to_heads(q), to_heads(k), to_heads(v), causal=True, window=window,
                          scale=scale, segment_ids=whole(segment_ids),
                          segment_extents=whole(extents), active_queries=whole(active_queries),
