@@ -39,8 +39,9 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from experiments.help_text import first_paragraph
 
@@ -87,13 +88,29 @@ def logging_to_stderr(level: str = "info"):
 
 def _log_level(args: argparse.Namespace) -> str | None:
     """The level asked for by --log-level, else HYBRID_JAX_LOG_LEVEL; None: neither."""
-    if args.log_level is not None:
-        return args.log_level
+    return args.log_level if args.log_level is not None else _env_log_level()
+
+
+def _env_log_level() -> str | None:
+    """The level HYBRID_JAX_LOG_LEVEL asks for; None: unset or empty."""
     text = os.environ.get(LOG_LEVEL_ENV, "").strip().lower()
     if text and text not in LOG_LEVELS:
         raise ValueError(f"{LOG_LEVEL_ENV}={os.environ[LOG_LEVEL_ENV]!r}: expected one of "
                          f"{', '.join(LOG_LEVELS)}")
     return text or None
+
+
+def run_with_logging(main: Callable[[], Any]) -> Any:
+    """Runs a benchmark or experiment script's `main` as the command runs its own: the
+    "hybrid_jax" loggers print at HYBRID_JAX_LOG_LEVEL (default info) on stderr, so a table
+    measured on a fallback rung says so. A bad level: one line, exit 2, before `main` starts."""
+    try:
+        level = _env_log_level() or "info"
+    except ValueError as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    with logging_to_stderr(level):
+        return main()
 
 
 def _add_overrides(parser: argparse.ArgumentParser, example: str) -> None:

@@ -30,6 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from experiments.cli import run_with_logging
 from experiments.configs.lm import DATA, WIKITEXT2_RAW, require_files
 from experiments.files import check_same_config, number_id
 from experiments.help_text import first_paragraph
@@ -227,4 +228,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

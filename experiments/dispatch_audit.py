@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.config import ExperimentConfig, MeshConfig, ModelConfig, ModeSchedule, TrainConfig
@@ -135,4 +136,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.files import write_atomic
 
@@ -356,4 +357,4 @@ def _read_last(overrides: Sequence[str], key: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_with_logging(main))

@@ -20,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.config import ModelConfig, apply_overrides
@@ -88,4 +89,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment
 from hybrid_jax.context import TokenContext
@@ -230,4 +231,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

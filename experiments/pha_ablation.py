@@ -34,6 +34,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from experiments.cli import run_with_logging
 from experiments.configs.lm import DATA
 from experiments.configs.pha import VARIANTS, VOCAB, ablation_experiment, ablation_model
 from experiments.files import check_same_config
@@ -218,4 +219,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

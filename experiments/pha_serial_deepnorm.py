@@ -27,6 +27,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from experiments.cli import run_with_logging
 from experiments.configs.lm import GUTENBERG, require_files
 from experiments.deepnorm_stability import finished_row, loss_curve, run_name, save_figure
 from experiments.files import number_id
@@ -187,4 +188,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import registry
+from experiments.cli import run_with_logging
 from hybrid_jax.config import ExperimentConfig, apply_overrides, from_dict
 from hybrid_jax.registry import did_you_mean
 
@@ -114,4 +115,4 @@ def _names_a_sweep(argv: Sequence[str]) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_with_logging(main))

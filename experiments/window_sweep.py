@@ -25,6 +25,7 @@ from pathlib import Path
 
 from flax import nnx
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.files import write_atomic
 
@@ -184,4 +185,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

@@ -332,6 +332,43 @@ def test_the_command_prints_the_library_logs_with_level_and_logger(monkeypatch, 
                                        "expected one of debug, info, warning, error\n")
 
 
+def _script_main():
+    logging.getLogger("hybrid_jax.dispatch").info("attention: fell back to the xla rung")
+    return 3
+
+
+def test_scripts_print_the_library_logs_as_the_command_does(monkeypatch, capsys):
+    """A benchmark or experiment script's main, run by run_with_logging, prints the INFO
+    records (which rung ran) on stderr and keeps main's result (the exit status);
+    HYBRID_JAX_LOG_LEVEL quiets them; a bad level is refused, naming the levels, before main."""
+    monkeypatch.delenv("HYBRID_JAX_LOG_LEVEL", raising=False)
+    assert cli.run_with_logging(_script_main) == 3
+    assert capsys.readouterr().err == ("hybrid_jax.dispatch INFO: attention: fell back to the "
+                                       "xla rung\n")
+    assert logging.getLogger("hybrid_jax").handlers == []
+    monkeypatch.setenv("HYBRID_JAX_LOG_LEVEL", "warning")
+    assert cli.run_with_logging(_script_main) == 3 and capsys.readouterr().err == ""
+    monkeypatch.setenv("HYBRID_JAX_LOG_LEVEL", "loud")
+    monkeypatch.setattr(sys, "argv", ["/x/experiments/benchmarks/train_throughput.py"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_with_logging(lambda: pytest.fail("main ran"))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("train_throughput.py: error: HYBRID_JAX_LOG_LEVEL='loud': "
+                                       "expected one of debug, info, warning, error\n")
+
+
+def test_every_script_main_runs_with_the_library_logs():
+    """No benchmark or experiment script drops the rung records: each `__main__` block under
+    experiments/ calls run_with_logging (cli.py sets up its own; the torch peers import no jax)."""
+    root = Path(cli.__file__).parent
+    scripts = {path: path.read_text().partition('\nif __name__ == "__main__":\n')[2]
+               for path in root.rglob("*.py")
+               if "peers" not in path.parts and path.name != "cli.py"}
+    blocks = {path: block for path, block in scripts.items() if block}
+    assert len(blocks) >= 29
+    assert [str(p) for p, block in blocks.items() if "run_with_logging(main)" not in block] == []
+
+
 def test_logging_setup_nested_keeps_one_handler():
     logger = logging.getLogger("hybrid_jax")
     with cli.logging_to_stderr("info"):

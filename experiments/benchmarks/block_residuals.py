@@ -28,6 +28,7 @@ from flax import nnx
 from jax.ad_checkpoint import print_saved_residuals
 
 from experiments.benchmarks.timing import print_table, write_json
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.context import TokenContext
@@ -98,4 +99,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

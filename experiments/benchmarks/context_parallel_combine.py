@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from experiments.benchmarks.timing import print_table, time_compiled, write_json  # noqa: E402
+from experiments.cli import run_with_logging  # noqa: E402
 from experiments.help_text import first_paragraph  # noqa: E402
 from hybrid_jax.config import MeshConfig  # noqa: E402
 from hybrid_jax.ops.context_parallel.collectives import (  # noqa: E402
@@ -97,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

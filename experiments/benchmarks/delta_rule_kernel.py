@@ -42,6 +42,7 @@ from experiments.benchmarks.timing import (
     time_compiled,
     write_json,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.ops import l2_normalize
 from hybrid_jax.ops.delta_rule import gated_delta_rule
@@ -293,4 +294,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -54,6 +54,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import ops
 from hybrid_jax.ops.attention import attention_xla
@@ -432,4 +433,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from experiments.benchmarks.timing import device_name, print_table, write_json
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.nn.init_random import fast_random_compile
@@ -88,4 +89,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

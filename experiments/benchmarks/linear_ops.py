@@ -75,6 +75,7 @@ from experiments.benchmarks.timing import (
     print_table,
     write_json,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import ops
 from hybrid_jax.ops.delta_rule import gated_delta_rule
@@ -650,4 +651,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

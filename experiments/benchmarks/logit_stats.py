@@ -32,6 +32,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.ops.logit_stats import logit_stats_xla
 from pallas_kernels.logit_stats import api
@@ -125,4 +126,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Any
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 
 MODELS = "nha-340m,gdn-340m,transformer-350m"
@@ -305,4 +306,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -49,6 +49,7 @@ from experiments.benchmarks.timing import (
     time_compiled,
     write_json,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from pallas_kernels.nha import api
 from pallas_kernels.nha.block_sizes import BlockSizes, default_block_sizes
@@ -585,4 +586,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -42,6 +42,7 @@ from experiments.benchmarks.timing import (
     forward_and_backward,
     write_json,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.ops.nha import native_hybrid_attention
 
@@ -140,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

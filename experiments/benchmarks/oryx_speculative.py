@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.benchmarks.timing import print_table, write_json
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from experiments.run import read_experiment, run_experiment
 from hybrid_jax import presets
@@ -179,4 +180,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.data.corpus import TokenStream, resolve_files, tokenize_documents
 from hybrid_jax.data.packing import PackedWindows
@@ -84,4 +85,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -71,6 +71,7 @@ from experiments.benchmarks.train_throughput import (
     random_batch,
     run_one,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.config import layer
@@ -428,4 +429,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_with_logging(main))

@@ -40,6 +40,7 @@ from experiments.benchmarks.timing import (
     write_json,
 )
 from experiments.benchmarks.train_throughput import build_step
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 
 
@@ -149,4 +150,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -45,6 +45,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.ops.norms import gated_rms_norm, rms_norm
 from pallas_kernels.rms_norm import api
@@ -250,4 +251,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from experiments.benchmarks.timing import error_text, print_table, time_compiled, write_json
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import ops
 from hybrid_jax.config import MeshConfig
@@ -217,4 +218,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -45,6 +45,7 @@ from experiments.benchmarks.timing import (
     run_parts,
     time_compiled,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax.ops.short_conv import short_conv
 from pallas_kernels.short_conv import api, gpu
@@ -308,4 +309,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

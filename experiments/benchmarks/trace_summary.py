@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 
 GPU_PROCESS = r"/device:GPU|GPU:\d"
@@ -278,4 +279,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)

@@ -64,6 +64,7 @@ from experiments.benchmarks.timing import (
     print_table,
     write_json,
 )
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 from hybrid_jax import presets
 from hybrid_jax.config import (
@@ -428,4 +429,4 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_with_logging(main))

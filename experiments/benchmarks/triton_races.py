@@ -40,6 +40,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from experiments.cli import run_with_logging
 from experiments.help_text import first_paragraph
 
 # --- 1. capture ------------------------------------------------------------------------------
@@ -271,4 +272,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_with_logging(main)
