@@ -3,12 +3,12 @@ knob, and each executed top to bottom in its own kernel on CPU (nbclient).
 
 A kernel is a separate process: it gets this environment with the repository on PYTHONPATH,
 JAX on the CPU, and conftest.py's XLA_FLAGS less its 8 fake devices (a notebook sets what it
-needs itself, e.g. the sharding notebook's 8 fake CPU devices). Those flags make compiles ~3x
-cheaper and compiled steps ~3x slower, so the quickstart, which runs 300 training steps, keeps
-XLA's defaults; every other notebook spends more compiling than running. The notebooks that
-train run shorter in the default suite (`HYBRID_JAX_NOTEBOOK_QUICK=1`, read in their knob
-cell: the language models 100 of 200, 50 of 150 or 20 of 150 steps, the quickstart 32-token
-sequences) and as users run them in the slow one. A notebook asserts its own results, so a
+needs itself, e.g. the sharding notebook's 8 fake CPU devices). Its cheap-code flags make
+compiles ~3x cheaper and compiled steps ~3x slower, so the quickstart, which runs 300 training
+steps, goes without them; every other notebook spends more compiling than running. The
+notebooks that train run shorter in the default suite (`HYBRID_JAX_NOTEBOOK_QUICK=1`, read in
+their knob cell: the language models 100 of 200, 50 of 150 or 20 of 150 steps, the quickstart
+32-token sequences) and as users run them in the slow one. A notebook asserts its own results, so a
 wrong number fails here like an exception.
 """
 
@@ -19,6 +19,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from tests.conftest import CHEAP_CODE_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 COLAB = ROOT / "colab"
@@ -91,9 +93,10 @@ def kernel_environment(name: str, quick: bool, tmp: Path) -> dict[str, str]:
     env["JAX_PLATFORMS"] = "cpu"
     if quick:
         env[QUICK] = "1"
-    if name != "quickstart":
-        env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                                    if "device_count" not in f)
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    if name == "quickstart":
+        flags = [f for f in flags if f not in CHEAP_CODE_FLAGS]
+    env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 
