@@ -3,16 +3,26 @@
 Per token of a length-T sequence, forward:
   matmuls      2·N, N the parameters of every weight matrix (the projections, FFNs and the LM
                head; the embedding lookup is no matmul, a tied embedding counts once as head)
-  attention    4·D per (query, key) pair per head: causal attention counted half (a query at
-               in-document position p sees p+1 keys), a window w by its band (min(p+1, w)
-               keys). Without segment ids a row is one document (p = t); with them each packed
-               document is its own triangle, as the kernels skip the pairs across documents.
+  attention    2·(q/k width + value width) per (query, key) pair, summed over heads (4·D per
+               head of D): causal attention counted half (a query at in-document position p
+               sees p+1 keys), a window w by its band (min(p+1, w) keys). Without segment ids
+               a row is one document (p = t); with them each packed document is its own
+               triangle, as the kernels skip the pairs across documents.
   recurrences  the work of their chunked form (chunk C): intra-chunk C×C products, the state
                reads and writes (e.g. Mamba-2: 2C(N + P) + 4NP per head)
                (GSS's DSS: 2CH Toeplitz + 8HN state work, H channels, N complex modes)
+  Oryx         its linear mixer's recurrence (as "gdn" / "mamba2") on every token, and attention
+               on its attention-mode rows: that mixer's heads (GDN: H of K, values V; Mamba-2:
+               G of N, values the whole inner width H·P), weighted by `attention_fraction`,
+               the expected share of tokens in attention mode (`modes.attention_fraction` of
+               the training schedule; None: each layer's `default_mode`). A schedule of only
+               one mode skips the other mixer (nn/oryx.py "Cost"): fraction 1 counts no
+               recurrence, 0 no attention.
 Training multiplies everything by 3 (backward = 2 × forward). Composite blocks ("sequential",
 "parallel", "pha") count the sum of their branches. Mixers without a sequence term here
-(Mamba-1) count their matmuls only; `uncounted` lists them.
+(Mamba-1) count their matmuls only; `uncounted` lists them: the trainer warns of them (its
+`tflops_per_device` / `mfu_model` leave their sequence work out; `mfu`, by 6N, is whole), the
+benchmarks print them (train_throughput's and scale's `uncounted` columns).
 
 Two counts, and where each is printed:
   6N          `StepFlops.six_n` = 3 × matmul per token: the issue's target count, the same
@@ -31,12 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, check_finite
 from hybrid_jax.nn.lm import layer_ndim
 from hybrid_jax.ops.checks import check_count
 
@@ -54,16 +65,26 @@ def device_peak_flops(device_kind: str | None = None) -> float | None:
                  if re.search(rf"\b{re.escape(name)}\b", kind, re.IGNORECASE)), None)
 
 
+class AttentionTerm(NamedTuple):
+    """One attention term of a model: FLOPs per visible (query, key) pair (4·D·H for H heads of
+    D), the layer's window, and the fraction of query rows computed (Oryx: its attention-mode
+    tokens)."""
+
+    pair: float
+    window: int | None
+    rows: float = 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class StepFlops:
     """Forward FLOPs per token, by kind, of sequences of `length` tokens.
 
-    `attention_terms`: one (FLOPs per visible (query, key) pair, window) per attention term of
-    the model (4·D·H and the layer's window); `attention` is their dense-row count.
+    `attention_terms`: one `AttentionTerm` per attention term of the model; `attention` is
+    their dense-row count.
     """
 
     matmul: float
-    attention_terms: tuple[tuple[float, int | None], ...]
+    attention_terms: tuple[AttentionTerm, ...]
     recurrence: float
     length: int
     uncounted: tuple[str, ...] = ()
@@ -76,8 +97,8 @@ class StepFlops:
     def attention_per_token(self, segment_ids_BT: np.ndarray | None = None) -> float:
         """Forward attention FLOPs per token; with `[B, T]` segment ids, within documents."""
         pairs_by_window: dict[int | None, float] = {}
-        for pair, window in self.attention_terms:
-            pairs_by_window[window] = pairs_by_window.get(window, 0.0) + pair
+        for pair, window, rows in self.attention_terms:
+            pairs_by_window[window] = pairs_by_window.get(window, 0.0) + pair * rows
         keys = ((lambda w: mean_keys(self.length, w)) if segment_ids_BT is None else
                 (lambda w: mean_document_keys(segment_ids_BT, w)))
         return sum(pair * keys(window) for window, pair in pairs_by_window.items())
@@ -134,28 +155,70 @@ def _head_dim(config: ModelConfig, options, heads: int) -> int:
     return options.head_dim or config.head_dim or config.d_model // heads
 
 
-def _sequence_flops(kind: str, options, config: ModelConfig, length: int
-                    ) -> tuple[tuple[tuple[float, int | None], ...], float] | None:
-    """(attention terms, recurrence FLOPs per token) of one mixer; None if not modelled."""
+def _pair_flops(query_key_width: int, value_width: int) -> float:
+    """FLOPs of one visible (query, key) pair, widths summed over the heads: q·k and p·v, a
+    multiply-add (2 FLOPs) per channel (4·D·H for H heads of D)."""
+    return 2.0 * (query_key_width + value_width)
+
+
+def _mamba2_shape(options, d_model: int) -> tuple[int, int, int]:
+    """Mamba-2's heads H, state size N and head size P."""
+    p = options.ssm_head_dim
+    return options.expand * d_model // p, options.state_size, p
+
+
+def _gdn_shape(options, config: ModelConfig) -> tuple[int, int]:
+    """Gated DeltaNet's key and value head sizes K, V."""
+    k = _head_dim(config, options, options.num_heads)
+    return k, int(options.expand_v * k)
+
+
+def _oryx_flops(options, config: ModelConfig, length: int, attention_fraction: float | None
+                ) -> tuple[tuple[AttentionTerm, ...], float]:
+    """Oryx (module docstring): its linear mixer's recurrence, and attention over that mixer's
+    heads on the attention-mode rows (`attention_fraction`; None: the layer's default_mode)."""
+    fraction = float(options.default_mode == "attention" if attention_fraction is None
+                     else attention_fraction)
+    linear = options.linear_options()
+    recurrence = _sequence_flops(options.linear_mixer, linear, config, length, None)[1]
+    # Not 4·D·heads: Mamba-2's G heads have keys of N and values of the whole inner width H·P
+    # (H/G value heads each); GDN's H heads keys of K and values of V.
+    if options.linear_mixer == "mamba2":
+        heads, n, p = _mamba2_shape(linear, config.d_model)
+        widths = linear.n_groups * n, heads * p
+    else:
+        k, v = _gdn_shape(linear, config)
+        widths = linear.num_heads * k, linear.num_heads * v
+    term = AttentionTerm(_pair_flops(*widths), options.attention_options().window, fraction)
+    # Every token in attention mode: the lax.cond skips the linear mixer.
+    return (term,), (0.0 if fraction == 1 else recurrence)
+
+
+def _sequence_flops(kind: str, options, config: ModelConfig, length: int,
+                    attention_fraction: float | None
+                    ) -> tuple[tuple[AttentionTerm, ...], float] | None:
+    """(attention terms, recurrence FLOPs per token) of one mixer; None if not modelled.
+    `attention_fraction` as in `step_flops`."""
     d = config.d_model
     if kind == "attention":
-        dim = _head_dim(config, options, options.num_heads)
-        return ((4 * dim * options.num_heads, options.window),), 0.0
+        width = _head_dim(config, options, options.num_heads) * options.num_heads
+        return (AttentionTerm(_pair_flops(width, width), options.window),), 0.0
     if kind == "mamba2":
-        heads = options.expand * d // options.ssm_head_dim
-        c, n, p = options.chunk_size, options.state_size, options.ssm_head_dim
+        heads, n, p = _mamba2_shape(options, d)
+        c = options.chunk_size
         return (), options.n_groups * 2 * c * n + heads * (2 * c * p + 4 * n * p)
     if kind == "gdn":
-        k = _head_dim(config, options, options.num_heads)
-        v, c = int(options.expand_v * k), options.chunk_size
+        (k, v), c = _gdn_shape(options, config), options.chunk_size
         return (), options.num_heads * (2 * c * (3 * k + 2 * v) + c * c / 3 + 6 * k * v)
+    if kind == "oryx":
+        return _oryx_flops(options, config, length, attention_fraction)
     if kind in ("ffn", "dual_ffn"):
         return (), 0.0
     if kind == "gss":
         channels, modes = options.resolved_ssm_dim(config), options.state_size
         return (), 2 * options.chunk_size * channels + 8 * channels * modes
     if hasattr(options, "branches"):  # a composite block: the sum over its branches
-        parts = [_sequence_flops(branch.type, branch_options, config, length)
+        parts = [_sequence_flops(branch.type, branch_options, config, length, attention_fraction)
                  for branch, (_, _, branch_options) in zip(
                      options.branches, options.branch_options(config), strict=True)]
         if any(part is None for part in parts):
@@ -165,7 +228,8 @@ def _sequence_flops(kind: str, options, config: ModelConfig, length: int
         k = _head_dim(config, options, options.num_heads)
         m, c = options.num_slots, options.chunk_size
         window = getattr(options, "window", 0)
-        attention = () if window == 0 else ((4 * k * options.num_heads, window),)
+        width = k * options.num_heads
+        attention = () if window == 0 else (AttentionTerm(_pair_flops(width, width), window),)
         if kind == "nha" and (window is None or window >= length):
             return attention, 0.0  # slots stay empty: causal attention
         # Two chunked gated linear-attention passes (keys → slot logits, slots → values),
@@ -175,16 +239,20 @@ def _sequence_flops(kind: str, options, config: ModelConfig, length: int
     return None
 
 
-def step_flops(config: ModelConfig, length: int, params: nnx.State | None = None
-               ) -> StepFlops:
+def step_flops(config: ModelConfig, length: int, params: nnx.State | None = None, *,
+               attention_fraction: float | None = None) -> StepFlops:
     """Forward FLOPs per token of `config` on sequences of `length` tokens; `params` as in
-    `matmul_params` (a caller that has traced the model passes them)."""
+    `matmul_params` (a caller that has traced the model passes them). `attention_fraction`:
+    the expected share of Oryx tokens in attention mode, `modes.attention_fraction` of the
+    training schedule (None: each Oryx layer's `default_mode`, as a step without modes runs)."""
     check_count("step_flops", "length", length, 1)
+    if attention_fraction is not None:
+        check_finite("step_flops", "attention_fraction", attention_fraction, 0.0, high=1.0)
     attention, recurrence = (), 0.0
     uncounted = []
     for i, spec in enumerate(config.layers):
         options = config.block_options(i)
-        sequence = _sequence_flops(spec.type, options, config, length)
+        sequence = _sequence_flops(spec.type, options, config, length, attention_fraction)
         if sequence is None:
             uncounted.append(spec.type)
             continue

@@ -51,6 +51,16 @@ def training_modes(schedule: ModeSchedule, shape_BT: tuple[int, int], seed: int,
     return jnp.repeat(drawn.astype(jnp.int32), schedule.chunk, axis=1)[:, :T]
 
 
+def attention_fraction(schedule: ModeSchedule) -> float | None:
+    """The expected share of a training batch's tokens in attention mode under `schedule`
+    (`flops.step_flops`); None for "none", whose tokens take each block's default mode."""
+    if schedule.pattern == "none":
+        return None
+    if schedule.pattern == "random_chunks":
+        return schedule.attention_prob
+    return float(MODE_NAMES[schedule.pattern])
+
+
 def with_modes(batch: dict, schedule: ModeSchedule, seed: int, step: jax.Array) -> dict:
     """`batch` with its modes as the context extra `extra.mode`, unless the pattern is "none";
     a batch that has modes already is refused (they would be replaced silently)."""

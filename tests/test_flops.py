@@ -5,7 +5,7 @@ import pytest
 
 import hybrid_jax as hj
 from hybrid_jax import presets
-from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.config import ModelConfig, ModeSchedule, layer
 from hybrid_jax.flops import (
     device_peak_flops,
     matmul_params,
@@ -13,6 +13,7 @@ from hybrid_jax.flops import (
     mean_keys,
     step_flops,
 )
+from hybrid_jax.modes import attention_fraction
 
 
 def test_transformer_by_hand():
@@ -90,6 +91,69 @@ def test_parallel_blocks_count_their_branches():
     assert pha.recurrence == 14 * (2 * 64 * 192 + 8 * 192 * 64)
     sequential = step_flops(presets.get("pha-sequential"), 8192)
     assert (sequential.attention, sequential.recurrence) == (pha.attention, pha.recurrence)
+
+
+def test_every_preset_is_counted():
+    """Each preset's sequence work is modelled, Oryx's too (no preset has a Mamba-1 layer)."""
+    from flax import nnx
+
+    no_matmuls = nnx.State({})  # `uncounted` does not read the matmuls: no model traced
+    uncounted = {name: step_flops(presets.get(name), 64, no_matmuls).uncounted
+                 for name in presets.names()}
+    assert {name: types for name, types in uncounted.items() if types} == {}
+
+
+# Tiny Oryx layers and their forward FLOPs per token by hand: (layer, d_model, the linear
+# mixer's chunked work, FLOPs per visible (query, key) pair of attention mode).
+ORYX = {
+    # GDN: 2 heads, K 16, V 32 (expand_v 2), C 4; attention over its heads: q·k 2·H·K, p·v 2·H·V.
+    "gdn": (layer("oryx", expand_v=2, chunk_size=4), 32,
+            2 * (2 * 4 * (3 * 16 + 2 * 32) + 4 * 4 / 3 + 6 * 16 * 32), 2 * (2 * 16 + 2 * 32)),
+    # Mamba-2: d 64, expand 2, P 16: 8 heads, N 8, G 2, C 4; attention over its G = 2 B/C groups:
+    # q·k 2·G·N, p·v 2·H·P (each group's values are its 4 value heads), not 4·N·G.
+    "mamba2": (layer("oryx", linear_mixer="mamba2", ssm_head_dim=16, state_size=8, n_groups=2,
+                     chunk_size=4), 64,
+               2 * 2 * 4 * 8 + 8 * (2 * 4 * 16 + 4 * 8 * 16), 2 * (2 * 8 + 8 * 16)),
+}
+
+
+@pytest.mark.parametrize("mixer", ORYX)
+def test_oryx_by_hand(mixer):
+    """Oryx runs its linear mixer on every token and attention on its attention-mode rows, a
+    share `attention_fraction` of them; a schedule of one mode skips the other mixer."""
+    spec, d_model, recurrence, pair = ORYX[mixer]
+    config = ModelConfig(layers=(spec,), d_model=d_model, num_heads=2)
+
+    def count(fraction, model=config, length=64):
+        flops = step_flops(model, length, attention_fraction=fraction)
+        assert not flops.uncounted
+        return flops
+
+    def terms(fraction, model=config):
+        flops = count(fraction, model)
+        return flops.recurrence, flops.attention
+
+    keys = mean_keys(64, None)  # 32.5
+    assert terms(0.25) == pytest.approx((recurrence, 0.25 * pair * keys))
+    assert terms(0.0) == pytest.approx((recurrence, 0))  # all linear: the linear mixer alone
+    assert terms(1.0) == pytest.approx((0, pair * keys))  # all attention: no linear pass
+    # Without a schedule's fraction every token is in the layer's default mode.
+    assert terms(None) == terms(1.0)
+    linear = config.replace(layers=(layer("oryx", default_mode="linear", **dict(spec.options)),))
+    assert terms(None, linear) == terms(0.0)
+    # Within documents of 3 and 7 tokens: 6 + 28 visible pairs of the row's 10 queries.
+    ids = np.array([[1] * 3 + [2] * 7])
+    assert count(0.25, length=10).attention_per_token(ids) == pytest.approx(
+        0.25 * pair * (6 + 28) / 10)
+    with pytest.raises(ValueError, match="attention_fraction"):
+        count(1.5)
+
+
+def test_a_schedules_attention_fraction():
+    """The expected share of tokens in attention mode that a training schedule draws."""
+    assert attention_fraction(ModeSchedule(pattern="random_chunks", attention_prob=0.3)) == 0.3
+    assert [attention_fraction(ModeSchedule(pattern=p))
+            for p in ("attention", "linear", "none")] == [1.0, 0.0, None]
 
 
 @pytest.mark.parametrize("kind, peak", [

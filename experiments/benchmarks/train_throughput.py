@@ -21,7 +21,8 @@ Every model: vocabulary 32768, bf16 compute, float32 parameters and AdamW state,
 trainer's own `init_train_state` / `make_train_step`. FLOPs per token from `hybrid_jax.flops`
 (the trainer's too): MFU against the dense bf16 peak and against a bf16 8192³ matmul measured
 in the same run, by 6N (the target's count: `mfu_6n`, `mfu_6n_matmul`) and by the model count
-with attention within each batch's documents (`tflops`, `mfu_model`, `mfu_model_matmul`).
+with attention within each batch's documents (`tflops`, `mfu_model`, `mfu_model_matmul`;
+`uncounted` names the block types whose sequence work that count leaves out).
 Memory: what the compiled step needs (arguments + temporaries); a model that needs more than
 90 % of the device without remat is run with `remat="full"`. The PyTorch
 peers run first, each in its own process (before JAX takes the GPU), on random tokens; a
@@ -77,6 +78,7 @@ from hybrid_jax.config import (
 )
 from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.flops import device_peak_flops, step_flops
+from hybrid_jax.modes import attention_fraction
 from hybrid_jax.registry import BLOCKS
 from hybrid_jax.sharding import make_mesh
 from hybrid_jax.train.trainer import init_train_state, make_train_step, to_device
@@ -211,14 +213,19 @@ def build_step(name: str, length: int, *, tokens: int, data: str, remat: str, sc
 
 
 def flops_columns(config: ModelConfig, host: list[dict[str, np.ndarray]], seconds: float,
-                  peak: float | None, matmul_tflops: float, params: Any = None) -> dict:
-    """TFLOP/s by the model count (attention within the batches' documents) and MFU by 6N and
-    by the model count, against the dense peak and the same-run matmul (`hybrid_jax.flops`)."""
+                  peak: float | None, matmul_tflops: float, params: Any = None,
+                  modes: str = "random_chunks") -> dict:
+    """TFLOP/s by the model count (attention within the batches' documents, Oryx's under the
+    `ModeSchedule` pattern `modes`) and MFU by 6N and by the model count, against the dense
+    peak and the same-run matmul (`hybrid_jax.flops`); `uncounted`: the block types whose
+    sequence work the model count leaves out."""
     batch, length = host[0]["inputs"].shape
-    flops = step_flops(config, length, params)
+    flops = step_flops(config, length, params,
+                       attention_fraction=attention_fraction(ModeSchedule(pattern=modes)))
     model = float(np.mean([flops.training_per_token(b.get("segment_ids")) for b in host]))
     per_s = batch * length / seconds
-    row = {"tflops": model * per_s / 1e12, "tflops_6n": flops.six_n * per_s / 1e12}
+    row = {"tflops": model * per_s / 1e12, "tflops_6n": flops.six_n * per_s / 1e12,
+           "uncounted": ",".join(flops.uncounted) or None}
     for count in ("6n", "model"):
         achieved = row["tflops_6n" if count == "6n" else "tflops"]
         row[f"mfu_{count}"] = achieved * 1e12 / peak if peak else None
@@ -250,7 +257,7 @@ def run_one(name: str, length: int, args, *, packed: bool, scan: bool | None = N
         seconds = (time.perf_counter() - start) / steps
         row.update(step_ms=seconds * 1e3, tokens_per_s=batch * length / seconds, loss=loss,
                    **flops_columns(built.config, built.host, seconds, args.peak,
-                                   args.matmul_tflops, built.params))
+                                   args.matmul_tflops, built.params, args.oryx_modes))
     except Exception as e:  # noqa: BLE001  (out of memory and the like: report, go on)
         row["error"] = error_text(e)
     print(json.dumps(row), flush=True)
@@ -419,7 +426,8 @@ def _run(args: argparse.Namespace) -> int:
     print_table(rows, ["model", "impl", "T", "B", "data", "attn", "modes", "scan", "remat",
                        "tokens_per_s",
                        "vs_base", "vs_torch", "tflops", "mfu_6n", "mfu_6n_matmul", "mfu_model",
-                       "mfu_model_matmul", "mem_GiB", "compile_s", "docs_per_row", "error"])
+                       "mfu_model_matmul", "uncounted", "mem_GiB", "compile_s", "docs_per_row",
+                       "error"])
     write_json(args.out, "train_throughput", rows, matmul_tflops=args.matmul_tflops,
                matmul_size=args.matmul_size,
                peak_tflops=(args.peak or 0) / 1e12, tokens_per_step=args.tokens,

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
 from hybrid_jax.files import write_atomic
 from hybrid_jax.flops import device_peak_flops, step_flops
-from hybrid_jax.modes import batch_modes, check_reads_modes, with_modes
+from hybrid_jax.modes import attention_fraction, batch_modes, check_reads_modes, with_modes
 from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.lm import LanguageModel, count_params
@@ -85,6 +86,7 @@ from hybrid_jax.train.run_dir import (
     undo_failed_start,
 )
 
+log = logging.getLogger(__name__)
 MAX_ROLLBACKS = 3  # per process: a run that keeps diverging stops instead of looping
 
 
@@ -480,8 +482,13 @@ class _Run:
         if cfg.mode_schedule.pattern != "none":
             check_reads_modes(nnx.merge(self.abstract.graphdef, self.abstract.state)[0],
                               "train.mode_schedule")
-        self.flops = (step_flops(experiment.model, seq_len, self.abstract.params) if seq_len
-                      else None)
+        self.flops = (step_flops(experiment.model, seq_len, self.abstract.params,
+                                 attention_fraction=attention_fraction(cfg.mode_schedule))
+                      if seq_len else None)
+        if self.flops is not None and self.flops.uncounted:
+            log.warning("FLOPs: the sequence work of block types %s is not modelled "
+                        "(hybrid_jax.flops): tflops_per_device and mfu_model count their "
+                        "matmuls only (mfu, by 6N, is whole)", list(self.flops.uncounted))
         # What start-up opens, closed by `close` (last opened first) or at once when start-up
         # fails part way (a run that never starts must not keep threads and files open).
         self.opened = contextlib.ExitStack()

@@ -271,3 +271,24 @@ def test_a_torch_peer_past_its_time_limit_is_a_row_not_the_end_of_the_run(monkey
     monkeypatch.setattr(throughput.subprocess, "run", run)
     row = throughput.torch_peer("transformer-tiny", 32, argparse.Namespace(tokens=64, steps=5))
     assert "timed out" in row["error"] and "tokens_per_s" not in row
+
+
+def test_flops_columns_count_oryx_under_its_schedule_and_name_what_is_uncounted():
+    """Oryx's attention counts the schedule's share of its rows; a row whose model has a
+    Mamba-1 layer says its sequence work is not in the model count."""
+    import numpy as np
+
+    from experiments.benchmarks.train_throughput import flops_columns
+    from hybrid_jax.config import ModelConfig, layer
+    from hybrid_jax.flops import step_flops
+
+    host = [{"inputs": np.zeros((2, 8), np.int32)}]  # 16 tokens a second below
+    oryx = model_config("oryx-gdn-tiny")
+    for modes, fraction in (("linear", 0.0), ("random_chunks", 0.5), ("attention", 1.0)):
+        row = flops_columns(oryx, host, 1.0, None, 1.0, modes=modes)
+        per_token = step_flops(oryx, 8, attention_fraction=fraction).training_per_token()
+        assert row["tflops"] * 1e12 == pytest.approx(16 * per_token, rel=1e-12)
+        assert row["uncounted"] is None
+    mamba1 = ModelConfig(layers=(layer("mamba1"), "attention"), vocab_size=16, d_model=32,
+                         num_heads=2)
+    assert flops_columns(mamba1, host, 1.0, None, 1.0)["uncounted"] == "mamba1"

@@ -63,3 +63,44 @@ def test_eval_checkpoint_and_compile_time_is_not_in_the_logged_rates(tmp_path, m
     assert tokens / logged[6]["tokens_per_s"] < slow / 4
     # Nor is the train step's compile in the first line's (0.8 s in, 0.1 s out, on a CPU).
     assert tokens / logged[2]["tokens_per_s"] < 0.4
+
+
+def _started(model, caplog, **train):
+    """A run of `model` on MQAR, started (no step) and closed; the warnings it logged."""
+    import logging
+
+    from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
+    from hybrid_jax.data.mqar import MQARConfig
+    from hybrid_jax.train.trainer import _Run
+
+    experiment = ExperimentConfig(name="flops", model=model,
+                                  data=MQARConfig(vocab_size=model.vocab_size, seq_len=16,
+                                                  num_kv_pairs=2),
+                                  train=TrainConfig(steps=1, warmup_steps=1, batch_size=2,
+                                                    mesh=MeshConfig(data=1), **train))
+    with caplog.at_level(logging.WARNING, logger="hybrid_jax"):
+        run = _Run(experiment, None, progress=False, resume=False)
+        run.close()
+    return run, [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_a_run_warns_once_of_block_types_its_model_count_leaves_out(caplog):
+    from hybrid_jax.config import ModelConfig, layer
+
+    model = ModelConfig(layers=(layer("mamba1"), "attention", layer("mamba1")), vocab_size=32,
+                        d_model=32, num_heads=2)
+    _, warnings = _started(model, caplog)
+    assert len(warnings) == 1
+    assert "['mamba1']" in warnings[0] and "mfu_model" in warnings[0]
+
+
+def test_a_run_counts_oryx_attention_under_its_mode_schedule(caplog):
+    """random_chunks at attention_prob 0.25: a quarter of the rows attend; no warning."""
+    from hybrid_jax import presets
+    from hybrid_jax.config import ModeSchedule
+
+    model = presets.get("oryx-gdn-tiny")
+    run, warnings = _started(model, caplog, mode_schedule=ModeSchedule(
+        pattern="random_chunks", attention_prob=0.25))
+    assert run.flops == step_flops(model, 16, attention_fraction=0.25) != step_flops(model, 16)
+    assert warnings == []
