@@ -32,13 +32,15 @@ Every token's key and value enter both the linear state and the KV cache whateve
 an attention token attends to every earlier key, a linear token reads a state that holds
 every earlier token.
 
-Cost. Training computes both modes on every token and selects per token (the cost of both
-mixers: attention plus the chunked recurrence), each skipped by a `lax.cond` when no token of
-the batch is in its mode (fixed all-linear / all-attention schedules pay one). Decoding always
-runs the linear recurrence (its state must take every token) and writes the KV cache, and
-evaluates attention under a `lax.cond` only when some token of the call is in attention mode:
-a single-token step in linear mode, and a prefill of a linear-mode prompt, cost the linear
-mixer plus the cache write, not attention.
+Cost. Training runs the linear mixer's chunked recurrence on every token (its state must see
+them all) and attention on the attention-mode rows only (`active_queries`: the flash kernels
+skip blocks of linear-mode rows; cuDNN and XLA compute every row and zero the others), then
+selects per token; each mixer is skipped by a `lax.cond` when no token of the batch is in its
+mode (fixed all-linear / all-attention schedules pay one; `flops.py` counts the same).
+Decoding always runs the linear recurrence (its state must take every token) and writes the KV
+cache, and evaluates attention under a `lax.cond` only when some token of the call is in
+attention mode: a single-token step in linear mode, and a prefill of a linear-mode prompt,
+cost the linear mixer plus the cache write, not attention.
 
 Speculative decoding (`hybrid_jax.speculative`) decodes with `ctx.record_steps`: the linear
 state after each new token and the convs' inputs are kept (`LinearSteps`), so the caches can be
