@@ -168,9 +168,9 @@ def _mamba2_shape(options, d_model: int) -> tuple[int, int, int]:
 
 
 def _gdn_shape(options, config: ModelConfig) -> tuple[int, int]:
-    """Gated DeltaNet's key and value head sizes K, V."""
-    k = _head_dim(config, options, options.num_heads)
-    return k, int(options.expand_v * k)
+    """Gated DeltaNet's key and value head sizes K, V, as the layer computes them (its key size
+    does not fall back to `ModelConfig.head_dim`, as attention's does)."""
+    return options.key_dim(config), options.value_dim(config)
 
 
 def _oryx_flops(options, config: ModelConfig, length: int, attention_fraction: float | None
