@@ -67,3 +67,25 @@ def test_probe_limit_and_budget_are_reported(capsys):
     assert summary["largest_T_trained"] is None
     assert [r["T"] for r in rows if "skipped" in r] == [8192, 32768, 131072, 262144, 524288,
                                                         1 << 20]
+
+
+def test_a_childs_library_records_reach_the_drivers_stderr(capsys, monkeypatch):
+    """A child's stderr is captured (printed whole only when it fails): its hybrid_jax records
+    (which rung ran and why) are passed on, each under the model's name, and its rows read."""
+    row = {"model": "fake", "T": 8192, "step_s": 1.0}
+
+    class Child:
+        returncode = 0
+
+        def __init__(self, command, **kwargs):
+            assert command[command.index("--child") + 1] == "fake"
+
+        def communicate(self, timeout=None):
+            return (json.dumps(row) + "\n", "W1207 noise\nhybrid_jax.dispatch INFO: attention "
+                    "ran the pallas rung\n")
+
+    monkeypatch.setattr(long_context.subprocess, "Popen", Child)
+    args = argparse.Namespace(lengths="8192", max_length=8192, probe_limit=10)
+    assert long_context.run_child("fake", args, share=60) == [row]
+    assert capsys.readouterr().err == ("fake: hybrid_jax.dispatch INFO: attention ran the "
+                                       "pallas rung\n")

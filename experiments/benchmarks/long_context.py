@@ -214,6 +214,11 @@ def run_child(name: str, args, share: float) -> list[dict[str, Any]]:
         process.kill()
         out, err = process.communicate()
         print(f"{name}: killed at the end of its {share:.0f} s share", flush=True)
+    # The child's own library records (which rung ran and why) would go with its captured
+    # stderr: pass them on.
+    for line in err.splitlines():
+        if line.startswith("hybrid_jax."):
+            print(f"{name}: {line}", file=sys.stderr, flush=True)
     rows = []
     for line in out.splitlines():
         try:
