@@ -98,5 +98,8 @@ def test_saved_kernel_residuals_keep_the_forward_kernels_out_of_the_backward(ker
     kept, kept_grads = backward(run, args, names)
     assert not forward_kernels & kept, f"forward kernels in the backward: {forward_kernels & kept}"
     assert kept, "the backward kernels should be there"
-    for got, want in zip(kept_grads, full_grads, strict=True):  # the same gradients
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # The same gradients, to float32 rounding: two programs compiled apart may round apart
+    # (short_conv: 2.7e-6 between them, each 2.3-3.1e-6 from a float64 run, once XLA compiled
+    # each module in one piece).
+    for got, want in zip(kept_grads, full_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
