@@ -34,8 +34,8 @@ Layers are unscanned unless `--scan` (as `ModelConfig.scan_layers` defaults); `-
 reruns models unscanned beside a `--scan` run. Oryx models train under `--oryx-modes`, a
 `ModeSchedule` pattern (default "random_chunks": chunks of 128 tokens, half in attention mode,
 so the linear mixer runs on every token and attention on its half of the rows, as Oryx
-trains); their rows say which in `modes` ("none"
-or "attention": every token in attention mode, the linear mixer skipped).
+trains); their rows say which in `modes` ("none" or "attention": every token in attention
+mode, the linear mixer skipped).
 `--kernel-changes` runs every JAX row with kernels' default tiles changed
 (`timing.parse_kernel_changes`): a default-off option's model-level timing before it is a
 default; the log (a "default tiles changed" line a kernel) and the JSON say which.
