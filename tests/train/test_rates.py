@@ -2,13 +2,25 @@
 counts them (attention within each document), per device of the mesh, MFU by 6N and by the
 model count, and the step's learning rate."""
 
+import logging
+
 import pytest
 
+from hybrid_jax import presets
+from hybrid_jax.config import (
+    ExperimentConfig,
+    MeshConfig,
+    ModelConfig,
+    ModeSchedule,
+    TrainConfig,
+    layer,
+)
+from hybrid_jax.data.mqar import MQARConfig
 from hybrid_jax.data.pipeline import train_iterator
 from hybrid_jax.flops import step_flops
 from hybrid_jax.train.metrics import read_metrics
 from hybrid_jax.train.optimizer import learning_rate_schedule
-from hybrid_jax.train.trainer import bind_data, train
+from hybrid_jax.train.trainer import _Run, bind_data, train
 from tests.data.corpus_helpers import tiny_text_experiment, write_corpus
 
 STEPS = 3
@@ -67,12 +79,6 @@ def test_eval_checkpoint_and_compile_time_is_not_in_the_logged_rates(tmp_path, m
 
 def _started(model, caplog, **train):
     """A run of `model` on MQAR, started (no step) and closed; the warnings it logged."""
-    import logging
-
-    from hybrid_jax.config import ExperimentConfig, MeshConfig, TrainConfig
-    from hybrid_jax.data.mqar import MQARConfig
-    from hybrid_jax.train.trainer import _Run
-
     experiment = ExperimentConfig(name="flops", model=model,
                                   data=MQARConfig(vocab_size=model.vocab_size, seq_len=16,
                                                   num_kv_pairs=2),
@@ -85,8 +91,6 @@ def _started(model, caplog, **train):
 
 
 def test_a_run_warns_once_of_block_types_its_model_count_leaves_out(caplog):
-    from hybrid_jax.config import ModelConfig, layer
-
     model = ModelConfig(layers=(layer("mamba1"), "attention", layer("mamba1")), vocab_size=32,
                         d_model=32, num_heads=2)
     _, warnings = _started(model, caplog)
@@ -96,9 +100,6 @@ def test_a_run_warns_once_of_block_types_its_model_count_leaves_out(caplog):
 
 def test_a_run_counts_oryx_attention_under_its_mode_schedule(caplog):
     """random_chunks at attention_prob 0.25: a quarter of the rows attend; no warning."""
-    from hybrid_jax import presets
-    from hybrid_jax.config import ModeSchedule
-
     model = presets.get("oryx-gdn-tiny")
     run, warnings = _started(model, caplog, mode_schedule=ModeSchedule(
         pattern="random_chunks", attention_prob=0.25))
