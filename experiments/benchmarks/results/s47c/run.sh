@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 47, call c (carry .whl, .devdata; any one GPU): the benchmark scripts now print the
+# Session 47, call c — prepared, not run (no device machine came that session). Carry .whl,
+# .devdata; any one GPU. The benchmark scripts now print the
 # library's INFO records (which rung ran and why; experiments/cli.py run_with_logging), and
 # flops.py counts Oryx (its linear mixer on every token, attention on the schedule's share of
 # rows): train_throughput's oryx-mamba2-130m and mamba2-130m rows at T 8192, scanned, on packed
