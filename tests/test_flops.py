@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from flax import nnx
 
 import hybrid_jax as hj
 from hybrid_jax import presets
@@ -95,8 +96,6 @@ def test_parallel_blocks_count_their_branches():
 
 def test_every_preset_is_counted():
     """Each preset's sequence work is modelled, Oryx's too (no preset has a Mamba-1 layer)."""
-    from flax import nnx
-
     no_matmuls = nnx.State({})  # `uncounted` does not read the matmuls: no model traced
     uncounted = {name: step_flops(presets.get(name), 64, no_matmuls).uncounted
                  for name in presets.names()}

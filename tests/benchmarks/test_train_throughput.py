@@ -2,16 +2,20 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from experiments.benchmarks.train_throughput import (
     add_ratios,
     build_step,
+    flops_columns,
     has_modes,
     main,
     model_config,
     with_full_window_nha,
 )
+from hybrid_jax.config import ModelConfig, layer
+from hybrid_jax.flops import step_flops
 from tests.helpers import FakeClock
 
 
@@ -126,11 +130,6 @@ def test_flops_columns_by_hand():
     layer; two batches of 2 rows of 8 tokens, one document a row (36 pairs) and two of 4 (20
     pairs): the model count is their mean; 6N is 3 × the matmul count; MFU against the peak
     and the same-run matmul."""
-    import numpy as np
-
-    from experiments.benchmarks.train_throughput import flops_columns
-    from hybrid_jax.flops import step_flops
-
     config = model_config("transformer-tiny")
     matmul = step_flops(config, 8).matmul
     one, two = np.zeros((2, 8), np.int32), np.repeat([[0, 1]], 4, axis=1).repeat(2, axis=0)
@@ -276,12 +275,6 @@ def test_a_torch_peer_past_its_time_limit_is_a_row_not_the_end_of_the_run(monkey
 def test_flops_columns_count_oryx_under_its_schedule_and_name_what_is_uncounted():
     """Oryx's attention counts the schedule's share of its rows; a row whose model has a
     Mamba-1 layer says its sequence work is not in the model count."""
-    import numpy as np
-
-    from experiments.benchmarks.train_throughput import flops_columns
-    from hybrid_jax.config import ModelConfig, layer
-    from hybrid_jax.flops import step_flops
-
     host = [{"inputs": np.zeros((2, 8), np.int32)}]  # 16 tokens a second below
     oryx = model_config("oryx-gdn-tiny")
     for modes, fraction in (("linear", 0.0), ("random_chunks", 0.5), ("attention", 1.0)):
