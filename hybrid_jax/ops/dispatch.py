@@ -4,7 +4,9 @@ Every op takes `implementation=`: a name picks that rung (and fails loudly if it
 call), `None` picks the first rung, in the op's order (fastest first), that supports the backend
 and the shapes, so auto never fails where the XLA rung works. On an accelerator, when auto passes
 over a faster rung, it logs once per op, shape and rung which rung ran and why the faster ones
-could not (a warning when it fell to the XLA rung): no silent fallback.
+could not (a warning when a kernel refused and the XLA rung ran; information when the rung
+passed over is another XLA form, as DSS's convolution that cannot restart at documents):
+no silent fallback.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pallas_kernels import target
 from pallas_kernels.residuals import KERNEL_RESIDUALS  # noqa: F401  (for `remat="kernels"`)
 
 IMPLEMENTATIONS = ("reference", "xla", "pallas", "cudnn", "splash")
+KERNELS = ("pallas", "cudnn", "splash")  # the rungs that are not XLA programs
 logger = logging.getLogger("hybrid_jax.dispatch")
 _LOGGED: set[tuple] = set()
 
@@ -61,6 +64,13 @@ def backend() -> str:
 def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any,
            **kwargs: Any) -> tuple[Rung, list[str]]:
     """The rung that runs this call, and the reasons of the faster auto rungs that could not."""
+    rung, passed = _choose(op, rungs, implementation, *args, **kwargs)
+    return rung, [f"{name}: {reason}" for name, reason in passed]
+
+
+def _choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any,
+            **kwargs: Any) -> tuple[Rung, list[tuple[str, str]]]:
+    """`choose` with the faster rungs passed over as (name, reason)."""
     if implementation is not None:
         names = [rung.name for rung in rungs]
         if implementation not in names:
@@ -75,7 +85,7 @@ def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: An
                 f"{op}: implementation={implementation!r} cannot run this call: {reason}"
             )
         return rung, []
-    reasons = []
+    passed = []
     for rung in rungs:
         if not rung.auto or (rung.platforms is not None and backend() not in rung.platforms):
             continue
@@ -84,14 +94,15 @@ def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: An
         if rung.auto_platforms is not None and backend() not in rung.auto_platforms:
             where = (f"only on {', '.join(rung.auto_platforms)}" if rung.auto_platforms
                      else "on no platform yet: not yet run on one")
-            reasons.append(f"{rung.name}: not chosen automatically on {backend()} ({where}; "
-                           f"implementation={rung.name!r} runs it)")
+            passed.append((rung.name, f"not chosen automatically on {backend()} ({where}; "
+                                      f"implementation={rung.name!r} runs it)"))
             continue
         reason = rung.unsupported(*args, **kwargs)
         if reason is None:
-            return rung, reasons
-        reasons.append(f"{rung.name}: {reason}")
-    raise ValueError(f"{op}: no implementation supports this call ({'; '.join(reasons)})")
+            return rung, passed
+        passed.append((rung.name, reason))
+    raise ValueError(f"{op}: no implementation supports this call "
+                     f"({'; '.join(f'{name}: {reason}' for name, reason in passed)})")
 
 
 def _shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
@@ -107,19 +118,21 @@ def log_once(key: tuple, level: int, message: str, *args: Any) -> None:
     logger.log(level, message, *args)
 
 
-def _log_fallback(op: str, rung: Rung, reasons: list[str], shapes: tuple) -> None:
-    if not reasons or backend() == "cpu":
+def _log_fallback(op: str, rung: Rung, passed: list[tuple[str, str]], shapes: tuple) -> None:
+    if not passed or backend() == "cpu":
         return
-    level = logging.WARNING if rung.name == "xla" else logging.INFO
+    fell_off_a_kernel = rung.name == "xla" and any(name in KERNELS for name, _ in passed)
+    level = logging.WARNING if fell_off_a_kernel else logging.INFO
     described = ", ".join(f"{n}{list(s)} {d}" for n, s, d in shapes)
+    reasons = tuple(f"{name}: {reason}" for name, reason in passed)
     # The reasons too: a second reason at the same shapes (a window, causal) is news.
-    log_once((op, rung.name, shapes, tuple(reasons)), level, "%s: ran the %s rung for %s; "
+    log_once((op, rung.name, shapes, reasons), level, "%s: ran the %s rung for %s; "
              "faster rungs could not: %s", op, rung.name, described, "; ".join(reasons))
 
 
 def dispatch(
     op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any, **kwargs: Any
 ) -> Any:
-    rung, reasons = choose(op, rungs, implementation, *args, **kwargs)
-    _log_fallback(op, rung, reasons, _shapes(args, kwargs))
+    rung, passed = _choose(op, rungs, implementation, *args, **kwargs)
+    _log_fallback(op, rung, passed, _shapes(args, kwargs))
     return rung.fn(*args, **kwargs)

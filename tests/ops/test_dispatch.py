@@ -94,3 +94,23 @@ def test_a_fallback_logs_once_by_level_and_never_on_a_cpu(monkeypatch, caplog):
         (logging.INFO, "op: ran the attention rung for 0[2, 3] float32; faster rungs could "
                        "not: pallas: head dim 96")]
     dispatch._LOGGED.clear()
+
+
+def test_passing_over_another_xla_form_is_information_not_a_warning(monkeypatch, caplog):
+    """DSS on packed text: its convolution ("fft", an XLA form) cannot restart at documents and
+    the chunked XLA rung, made for them, runs: said, but no warning on every PHA run. A kernel
+    refused before it still makes the fallback a warning."""
+    fft = Rung("fft", lambda x: "fft", unsupported=lambda x: "documents")
+    kernel = Rung("pallas", lambda x: "kernel", unsupported=lambda x: "head dim 96")
+    x = np.zeros((2,), np.float32)
+    dispatch._LOGGED.clear()
+    monkeypatch.setattr(dispatch, "backend", lambda: "gpu")
+    with caplog.at_level(logging.INFO, logger=dispatch.logger.name):
+        assert dispatch.dispatch("dss", (fft, XLA), None, x) == "xla"
+        assert dispatch.dispatch("op", (kernel, fft, XLA), None, x) == "xla"
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "dss: ran the xla rung for 0[2] float32; faster rungs could not: "
+                       "fft: documents"),
+        (logging.WARNING, "op: ran the xla rung for 0[2] float32; faster rungs could not: "
+                          "pallas: head dim 96; fft: documents")]
+    dispatch._LOGGED.clear()
