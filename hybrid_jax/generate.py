@@ -20,11 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
+from jax.sharding import PartitionSpec
 
 from hybrid_jax.cache import check_cache_fits, check_token_ids
 from hybrid_jax.modes import check_reads_modes, inference_modes
 from hybrid_jax.nn.lm import LanguageModel
 from hybrid_jax.nn.oryx import ATTENTION, MODE
+from hybrid_jax.sharding import on_automatic_axes, type_spec
 from hybrid_jax.speculative import accepted_drafts, check_speculative, draft_and_verify, rollback
 
 
@@ -92,6 +94,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     non-integer `lengths`, `modes` for a model without Oryx layers and a decode cache larger
     than the device's memory raise ValueError.
     """
+    # The new tokens' rows lie as the prompt's under a mesh with explicit axes.
+    rows = type_spec(prompt_BT)[:1] if isinstance(prompt_BT, jax.Array) else ()
     prompt = np.asarray(prompt_BT)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or not np.issubdtype(prompt.dtype, np.integer):
         raise ValueError(f"prompt must be an integer array [batch, time] with time >= 1, got "
@@ -170,12 +174,15 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
         _ON_TOKENS[handle] = on_tokens
     try:
         with _ctrl_c_ends_loop(handle):
-            tokens, counts = _generate(
-                graphdef, state, prompt_BT, jnp.asarray(lengths, jnp.int32), jax.random.key(seed),
-                extras, jnp.float32(temperature or 1.0), jnp.float32(top_p or 1.0),
-                jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(handle),
-                max_new_tokens=max_new_tokens, max_len=max_len, prefix=int(lengths.min()),
-                streaming=on_tokens is not None, speculative=speculative, **sampling)
+            loop = functools.partial(
+                _generate, graphdef, max_new_tokens=max_new_tokens, max_len=max_len,
+                prefix=int(lengths.min()), streaming=on_tokens is not None,
+                speculative=speculative, **sampling)
+            tokens, counts = on_automatic_axes(
+                loop, (PartitionSpec(*rows, None), PartitionSpec()), state, prompt_BT,
+                jnp.asarray(lengths, jnp.int32), jax.random.key(seed), extras,
+                jnp.float32(temperature or 1.0), jnp.float32(top_p or 1.0),
+                jnp.int32(-1 if eos_id is None else eos_id), jnp.int32(handle))
             # The host callback must outlive the computation (dispatch is asynchronous).
             if on_tokens is not None:
                 tokens = jax.block_until_ready(tokens)

@@ -43,9 +43,14 @@ def recorded(forward: Callable[[M], R], model: M) -> tuple[R, dict[str, jax.Arra
                  for path, value in nnx.to_flat_state(captured)}
 
 
+def recording() -> bool:
+    """Whether a `recorded` call is running (its modules' reports are kept)."""
+    return getattr(_state, "on", False)
+
+
 def report(module: nnx.Module, name: str, value: jax.Array) -> None:
     """Reports `value` (a scalar or array) under `name` on `module`; the latest call wins."""
-    if getattr(_state, "on", False):
+    if recording():
         module.sow(Diagnostic, name, jnp.asarray(value), reduce_fn=lambda _, new: new,
                    init_fn=lambda: None)
 

@@ -1,0 +1,80 @@
+"""A model under a mesh with explicit axes (`jax.make_mesh`'s default) gives the one-device
+logits, gradients, decode steps and generated tokens, its outputs typed by the inputs' layout
+(`hybrid_jax.sharding.on_automatic_axes`). Without it each of these stopped in JAX's sharding
+type checks (the embedding gather, the loss head's custom VJP, a scan's zero initial state)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from hybrid_jax import create_model, presets
+from hybrid_jax.generate import generate
+from hybrid_jax.nn import diagnostics
+from tests.helpers import assert_close
+
+# Every mixer kind of the presets: attention, GDN, Mamba-2, NHA, GSA, Oryx, PHA (GSS, the
+# parallel block).
+PRESETS = ("gdn-hybrid-tiny", "mamba2-hybrid-tiny", "nha-hybrid-tiny", "gsa-tiny",
+           "oryx-mamba2-tiny", "pha-tiny")
+TOKENS = np.random.default_rng(0).integers(0, 200, (4, 16)).astype(np.int32)
+
+
+def _mesh():
+    mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+    assert mesh.axis_types == (jax.sharding.AxisType.Explicit,)  # JAX's default
+    return mesh
+
+
+def _row_sharded(x):
+    """`x` split over `data` along its first axis where it divides, else replicated."""
+    even = np.ndim(x) and np.shape(x)[0] % 2 == 0
+    return jax.device_put(x, P("data") if even else P())
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_training_and_decoding_match_one_device(name):
+    model = create_model(presets.get(name), seed=0)
+    graphdef, state = nnx.split(model)
+    loss_and_grad = jax.jit(jax.value_and_grad(
+        lambda state, tokens: jnp.mean(nnx.merge(graphdef, state)(tokens) ** 2)))
+    prefill = jax.jit(lambda tokens, cache: model.decode(tokens, cache, fresh_cache=True))
+    step = jax.jit(model.decode)
+    loss, grads = loss_and_grad(state, TOKENS)
+    logits, cache = prefill(TOKENS[:, :-1], model.init_cache(4, 16))
+    next_logits, _ = step(TOKENS[:, -1:], cache)
+    with jax.set_mesh(_mesh()):
+        # Parameters split explicitly too: they enter as arguments, not closed over.
+        e_loss, e_grads = loss_and_grad(jax.tree.map(_row_sharded, state),
+                                        _row_sharded(TOKENS))
+        e_logits, e_cache = prefill(_row_sharded(TOKENS[:, :-1]), model.init_cache(4, 16))
+        e_next, _ = step(_row_sharded(TOKENS[:, -1:]), e_cache)
+    assert_close(e_loss, loss, 1e-6, "loss")
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(e_grads),
+                                 jax.tree.leaves(grads), strict=True):
+        assert_close(got, want, 1e-5, jax.tree_util.keystr(path))
+    # Outputs typed as the inputs lie: logits by rows, the cache as it came (replicated).
+    assert jax.typeof(e_logits).sharding.spec == P("data", None, None)
+    assert all(jax.typeof(x).sharding.spec == P(*[None] * x.ndim)
+               for x in jax.tree.leaves(e_cache))
+    assert_close(e_logits, logits, 1e-5, "prefill logits")
+    assert_close(e_next, next_logits, 1e-5, "decode step logits")
+
+
+def test_generation_matches_one_device():
+    model = create_model(presets.get("gdn-hybrid-tiny"), seed=0)
+    want = generate(model, TOKENS[:, :6], 5, temperature=0.7, seed=3)
+    with jax.set_mesh(_mesh()):
+        got = generate(model, _row_sharded(TOKENS[:, :6]), 5, temperature=0.7, seed=3)
+    assert jax.typeof(got).sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_recorded_diagnostics_refuse_explicit_axes_by_name():
+    """The trainer records on its own automatic mesh; a caller's explicit one is refused rather
+    than reports lost."""
+    model = create_model(presets.get("pha-tiny"), seed=0)
+    with jax.set_mesh(_mesh()), pytest.raises(ValueError, match=r"explicit axes \('data',\)"):
+        diagnostics.recorded(lambda m: m(_row_sharded(TOKENS)), model)
