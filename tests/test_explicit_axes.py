@@ -15,10 +15,10 @@ from hybrid_jax.generate import generate
 from hybrid_jax.nn import diagnostics
 from tests.helpers import assert_close
 
-# Every mixer kind of the presets: attention, GDN, Mamba-2, NHA, GSA, Oryx, PHA (GSS, the
-# parallel block).
-PRESETS = ("gdn-hybrid-tiny", "mamba2-hybrid-tiny", "nha-hybrid-tiny", "gsa-tiny",
-           "oryx-mamba2-tiny", "pha-tiny")
+# Attention, GDN, Mamba-2, NHA (GSA is its window 0) and PHA (GSS, the parallel block): the
+# wrapper is the model's, so the mixers inside run as on any automatic mesh (tests/test_sharding
+# .py, tests/nn/test_inside_shard_map.py); Oryx and GSA are left out for CI time.
+PRESETS = ("gdn-hybrid-tiny", "mamba2-hybrid-tiny", "nha-hybrid-tiny", "pha-tiny")
 TOKENS = np.random.default_rng(0).integers(0, 200, (4, 16)).astype(np.int32)
 
 
