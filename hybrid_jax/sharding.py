@@ -188,9 +188,11 @@ def on_automatic_axes(fn: Callable[..., Any], out_specs: Any, *args: Any) -> Any
     onto the automatic axes and the outputs come back typed by `out_specs` (PartitionSpecs, a
     pytree prefix of the outputs). Elsewhere (automatic axes, no mesh, inside a `shard_map`
     manual over every axis) it is `fn(*args)`."""
-    if not explicit_axes():
+    axes = explicit_axes()
+    if not axes:
         return fn(*args)
-    return jax.sharding.auto_axes(fn, out_sharding=out_specs)(*args)
+    # Those axes only: inside a shard_map the manual ones stay manual.
+    return jax.sharding.auto_axes(fn, axes=axes, out_sharding=out_specs)(*args)
 
 
 def variable_sharding(variable: nnx.Variable, mesh: Mesh) -> NamedSharding:

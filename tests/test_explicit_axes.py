@@ -78,3 +78,19 @@ def test_recorded_diagnostics_refuse_explicit_axes_by_name():
     model = create_model(presets.get("pha-tiny"), seed=0)
     with jax.set_mesh(_mesh()), pytest.raises(ValueError, match=r"explicit axes \('data',\)"):
         diagnostics.recorded(lambda m: m(_row_sharded(TOKENS)), model)
+
+
+def test_inside_a_shard_map_over_some_of_the_explicit_axes():
+    """Manual over `data`, `x` still explicit inside: only `x` turns automatic (JAX refuses to
+    make a manual axis automatic). Replicated parameters' gradients come back summed over the
+    `data` shards (autodiff's transpose of their broadcast), twice the one-device mean's."""
+    graphdef, state = nnx.split(create_model(presets.get("transformer-tiny"), seed=0))
+    loss = jax.grad(lambda state, tokens: jnp.mean(nnx.merge(graphdef, state)(tokens) ** 2))
+    want = loss(state, TOKENS)
+    mesh = jax.make_mesh((2, 2), ("data", "x"), devices=jax.devices()[:4])
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.shard_map(loss, in_specs=(P(), P("data")), out_specs=P(),
+                                    axis_names={"data"}))(state, _row_sharded(TOKENS))
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want),
+                            strict=True):
+        assert_close(g / 2, w, 1e-5, jax.tree_util.keystr(path))
