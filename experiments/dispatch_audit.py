@@ -53,8 +53,8 @@ class Choice:
 
     @property
     def fell_back(self) -> bool:
-        """Whether it ran the XLA rung where a faster one was a candidate (the dispatcher's
-        WARNING)."""
+        """Whether it ran the XLA rung where a faster one was a candidate (the dispatcher
+        logs it: a WARNING when that one was a kernel, INFO for another XLA form)."""
         return self.rung == "xla" and bool(self.reasons)
 
 

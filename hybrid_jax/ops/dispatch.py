@@ -63,14 +63,8 @@ def backend() -> str:
 
 def choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any,
            **kwargs: Any) -> tuple[Rung, list[str]]:
-    """The rung that runs this call, and the reasons of the faster auto rungs that could not."""
-    rung, passed = _choose(op, rungs, implementation, *args, **kwargs)
-    return rung, [f"{name}: {reason}" for name, reason in passed]
-
-
-def _choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any,
-            **kwargs: Any) -> tuple[Rung, list[tuple[str, str]]]:
-    """`choose` with the faster rungs passed over as (name, reason)."""
+    """The rung that runs this call, and the reasons of the faster auto rungs that could not,
+    each `"NAME: why"`."""
     if implementation is not None:
         names = [rung.name for rung in rungs]
         if implementation not in names:
@@ -85,7 +79,7 @@ def _choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: A
                 f"{op}: implementation={implementation!r} cannot run this call: {reason}"
             )
         return rung, []
-    passed = []
+    reasons = []
     for rung in rungs:
         if not rung.auto or (rung.platforms is not None and backend() not in rung.platforms):
             continue
@@ -94,15 +88,14 @@ def _choose(op: str, rungs: Sequence[Rung], implementation: str | None, *args: A
         if rung.auto_platforms is not None and backend() not in rung.auto_platforms:
             where = (f"only on {', '.join(rung.auto_platforms)}" if rung.auto_platforms
                      else "on no platform yet: not yet run on one")
-            passed.append((rung.name, f"not chosen automatically on {backend()} ({where}; "
-                                      f"implementation={rung.name!r} runs it)"))
+            reasons.append(f"{rung.name}: not chosen automatically on {backend()} ({where}; "
+                           f"implementation={rung.name!r} runs it)")
             continue
         reason = rung.unsupported(*args, **kwargs)
         if reason is None:
-            return rung, passed
-        passed.append((rung.name, reason))
-    raise ValueError(f"{op}: no implementation supports this call "
-                     f"({'; '.join(f'{name}: {reason}' for name, reason in passed)})")
+            return rung, reasons
+        reasons.append(f"{rung.name}: {reason}")
+    raise ValueError(f"{op}: no implementation supports this call ({'; '.join(reasons)})")
 
 
 def _shapes(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
@@ -118,21 +111,20 @@ def log_once(key: tuple, level: int, message: str, *args: Any) -> None:
     logger.log(level, message, *args)
 
 
-def _log_fallback(op: str, rung: Rung, passed: list[tuple[str, str]], shapes: tuple) -> None:
-    if not passed or backend() == "cpu":
+def _log_fallback(op: str, rung: Rung, reasons: list[str], shapes: tuple) -> None:
+    if not reasons or backend() == "cpu":
         return
-    fell_off_a_kernel = rung.name == "xla" and any(name in KERNELS for name, _ in passed)
-    level = logging.WARNING if fell_off_a_kernel else logging.INFO
+    kernel_refused = any(reason.partition(":")[0] in KERNELS for reason in reasons)
+    level = logging.WARNING if rung.name == "xla" and kernel_refused else logging.INFO
     described = ", ".join(f"{n}{list(s)} {d}" for n, s, d in shapes)
-    reasons = tuple(f"{name}: {reason}" for name, reason in passed)
     # The reasons too: a second reason at the same shapes (a window, causal) is news.
-    log_once((op, rung.name, shapes, reasons), level, "%s: ran the %s rung for %s; "
+    log_once((op, rung.name, shapes, tuple(reasons)), level, "%s: ran the %s rung for %s; "
              "faster rungs could not: %s", op, rung.name, described, "; ".join(reasons))
 
 
 def dispatch(
     op: str, rungs: Sequence[Rung], implementation: str | None, *args: Any, **kwargs: Any
 ) -> Any:
-    rung, passed = _choose(op, rungs, implementation, *args, **kwargs)
-    _log_fallback(op, rung, passed, _shapes(args, kwargs))
+    rung, reasons = choose(op, rungs, implementation, *args, **kwargs)
+    _log_fallback(op, rung, reasons, _shapes(args, kwargs))
     return rung.fn(*args, **kwargs)
