@@ -323,6 +323,14 @@ def _read_run(run_dir: Path, overrides: Sequence[str]):
     return apply_overrides(read_experiment(config_path), overrides)
 
 
+def _run_rules(experiment) -> contextlib.AbstractContextManager:
+    """Within: the run's logical-axis rules (`train.mesh.axis_rules` and overrides) lay out its
+    parameters as they load and its activations, as in training."""
+    from hybrid_jax.sharding import axis_rules, use_rules
+
+    return use_rules(axis_rules(experiment.train.mesh))
+
+
 def _add_step(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default latest)")
 
@@ -351,19 +359,13 @@ def load_for_eval(run_dir: Path, overrides: Sequence[str], step: int | None,
     """(train state of checkpoint `step` (default latest), its step, held-out batches, their
     word count) of a run; `batches`: default the run's `train.eval_batches`, 0: all. Within,
     the run's axis rules (`train.mesh`) lay out the batches and activations, as in training."""
-    from hybrid_jax.sharding import (
-        axis_rules,
-        check_batch_split,
-        check_seq_split,
-        make_mesh,
-        use_rules,
-    )
+    from hybrid_jax.sharding import check_batch_split, check_seq_split, make_mesh
     from hybrid_jax.train.trainer import bind_data, held_out_set
 
     _at_least(batches, 0, "--batches")
     experiment = _read_run(run_dir, overrides)
     cfg, mesh = experiment.train, make_mesh(experiment.train.mesh)
-    with use_rules(axis_rules(cfg.mesh)):
+    with _run_rules(experiment):
         check_batch_split(mesh, cfg.batch_size)  # before the checkpoint loads
         check_seq_split(mesh, int(getattr(experiment.data, "seq_len", 0)))
         ts, step = _load_run(run_dir, experiment, step, command)
@@ -503,13 +505,6 @@ def _generation_limits(run_dir: Path, tokenizer) -> tuple[int | None, list[int]]
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import jax.numpy as jnp
-    import numpy as np
-
-    from hybrid_jax.cache import check_token_ids
-    from hybrid_jax.generate import generate
-    from hybrid_jax.generate_text import generate_text
-
     _at_least(args.max_new_tokens, 1, "--max-new-tokens")
     _at_least(args.temperature, 0.0, "--temperature")
     _at_least(args.top_k, 1, "--top-k")
@@ -519,6 +514,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _refuse_unread(args.overrides, "generate", ("model", "train.mesh"))  # the run's tokenizer
     experiment = _read_run(args.run_dir, args.overrides)
     vocab = experiment.model.vocab_size
+    with _run_rules(experiment):  # the run's layout, and train.mesh.axis_rules not ignored
+        return _generate(args, experiment, vocab)
+
+
+def _generate(args: argparse.Namespace, experiment, vocab: int) -> int:
+    """`generate`'s work after the argument checks: the run loaded, tokens or text out."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hybrid_jax.cache import check_token_ids
+    from hybrid_jax.generate import generate
+    from hybrid_jax.generate_text import generate_text
+
     if args.top_k is not None and args.top_k > vocab:
         raise ValueError(f"--top-k={args.top_k}: expected at most the vocabulary size {vocab}")
     if args.prompt_ids is not None:
@@ -619,8 +627,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     experiment = _read_run(args.run_dir, [])
     export_config(experiment.model, args.run_dir, args.out)  # its refusals, before the load
-    ts, _ = _load_run(args.run_dir, experiment, args.step, "export")
-    print(f"wrote {export_hf(ts.model(), args.run_dir, args.out)}")
+    with _run_rules(experiment):
+        ts, _ = _load_run(args.run_dir, experiment, args.step, "export")
+        print(f"wrote {export_hf(ts.model(), args.run_dir, args.out)}")
     return 0
 
 
@@ -636,12 +645,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     layers = (None if args.layers is None else
               [_int_arg("--layers", x) for x in args.layers.split(",")])
     experiment = _read_run(args.run_dir, [])
-    ts, _ = _load_run(args.run_dir, experiment, args.step, "convert")
     converter = oryx.convert_run if args.to == "oryx" else functools.partial(
         nha.convert_run, window=window, num_slots=64 if args.slots is None else args.slots,
         own_windows=args.window is None)
-    converted, _ = converter(experiment, ts.model(), args.run_dir, args.out, layers=layers,
-                             seed=args.seed, scan_layers=args.scan_layers)
+    with _run_rules(experiment):
+        ts, _ = _load_run(args.run_dir, experiment, args.step, "convert")
+        converted, _ = converter(experiment, ts.model(), args.run_dir, args.out, layers=layers,
+                                 seed=args.seed, scan_layers=args.scan_layers)
     data = " --set data.path=..." if getattr(converted.data, "path", None) == "" else ""
     print(f"converted layers {layers or 'all'} of {args.run_dir} to {args.to} in {args.out}; "
           f"fine-tune it with `hybrid-jax train {converted.name} --out {args.out} --resume{data}`")

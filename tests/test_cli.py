@@ -107,6 +107,33 @@ def test_generate_is_greedy_and_deterministic(run_dir, capsys):
     assert capsys.readouterr().out.split() == first
 
 
+def test_generate_lays_the_run_out_by_its_axis_rules(run_dir, monkeypatch):
+    """On a tensor-parallel mesh (generate takes `train.mesh.*`) the default rules split the
+    MLP and heads over `tensor`, and `train.mesh.axis_rules=replicated` keeps every parameter
+    whole: the rules are the run's, not ignored (they were, before)."""
+    import jax
+
+    import hybrid_jax.generate as generation
+    from hybrid_jax.config import MeshConfig
+    from hybrid_jax.sharding import axis_rules, current_rules
+
+    seen = []
+    original = generation.generate
+
+    def recording(model, *args, **kwargs):
+        axes = {a for x in jax.tree.leaves(nnx.state(model)) for a in x.sharding.spec}
+        seen.append((dict(current_rules()), axes - {None}))
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(generation, "generate", recording)
+    for rules in ("default", "replicated"):
+        assert main(["generate", str(run_dir), "--prompt-ids", "3 5 7", "--max-new-tokens", "2",
+                     "--set", "train.mesh.tensor=2",
+                     "--set", f"train.mesh.axis_rules={rules}"]) == 0
+    assert seen == [(axis_rules(MeshConfig(axis_rules="default")), {"tensor"}),
+                    (axis_rules(MeshConfig(axis_rules="replicated")), set())]
+
+
 @pytest.mark.parametrize("command", [
     ["generate", "--prompt-ids", "3 5 7", "--max-new-tokens", "2"],
     ["convert", "--to", "nha", "--out", "never-written"],
