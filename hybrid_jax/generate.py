@@ -84,7 +84,8 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     those of `modes="attention"` greedy decoding; it takes no `extras`. A `stats` dict is
     filled with the rounds, the drafts' acceptance rate (accepted / drafted over the rows
     generating from a round's start: a row inside its prompt verifies prompt tokens) and the
-    tokens kept per round.
+    tokens kept per round. Under a mesh with explicit axes the loop runs on automatic ones
+    (`sharding.on_automatic_axes`) and the tokens come back split by rows as the prompt is.
     `max_positions`: the model's position limit (e.g. a Hugging Face model's
     max_position_embeddings; default the config's `max_positions`, None for RoPE models).
     Prompt ids (within `lengths`) outside the vocabulary, a prompt that leaves no room for

@@ -47,7 +47,10 @@ class LanguageModel(nnx.Module):
     `logits, cache = model.decode(tokens_BT, cache)` for a prefill of any length or one token.
     Logits are float32. With `config.position_embedding == "learned"`, row p of
     `position_table` `[max_positions, d_model]` is added to the embedding of the token at
-    position p (the packed-document `positions_BT` when given, else its index).
+    position p (the packed-document `positions_BT` when given, else its index). Under a mesh
+    with explicit axes (`jax.make_mesh`'s default) both calls run on automatic ones
+    (`sharding.on_automatic_axes`): logits come back split as the tokens are, the cache as it
+    came.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
