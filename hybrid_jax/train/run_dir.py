@@ -3,7 +3,8 @@
 `RunLock` holds an exclusive `flock` on `RUN_DIR/.lock` (released by the kernel when the process
 dies, so a killed run never leaves a stale lock) and records the holder's pid there.
 `prepare_run_dir` refuses to start a fresh run in a directory that holds another run's outputs
-unless `force` (then those outputs are removed; a `tokenizer.json` put there for the run is kept).
+unless `force` (then those outputs are removed; a `tokenizer.json` put there for the run is kept),
+and removes the temporary files that a run killed mid-write left beside its outputs.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
+from hybrid_jax.files import is_temporary
+
+log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 # What a run writes; a fresh run refuses a directory holding any of them (without --force).
 RUN_OUTPUTS = ("config.json", "metrics.jsonl", "results.json", "checkpoints", "tensorboard",
@@ -117,6 +122,7 @@ def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> b
     directory without run outputs; `force` removes them first (and makes a resume of another
     experiment's directory a fresh start).
     """
+    _remove_leftover_temporaries(run_dir)
     recorded = recorded_experiment(run_dir)
     if resume:
         if recorded is not None and recorded != name and not force:
@@ -134,6 +140,17 @@ def prepare_run_dir(run_dir: Path, name: str, *, resume: bool, force: bool) -> b
     for item in present:
         _remove(run_dir / item)
     return False
+
+
+def _remove_leftover_temporaries(run_dir: Path) -> None:
+    """Removes the `NAME.RANDOM.tmp` files of `RUN_OUTPUTS` (`hybrid_jax.files`): a write
+    killed before its rename (SIGKILL, the OOM killer) leaves one, and under the run lock no
+    writer of them is alive."""
+    for path in sorted(run_dir.iterdir()):
+        if any(is_temporary(path, name) for name in RUN_OUTPUTS):
+            _remove(path)
+            log.info("removed %s: a temporary file of a write that was killed before it "
+                     "finished", path)
 
 
 def _remove(path: Path) -> None:

@@ -6,6 +6,7 @@ in the correct behaviour (a resume that falls back past a damaged checkpoint).""
 import errno
 import gzip
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -317,6 +318,28 @@ def test_prepare_run_dir_decides_resume_and_what_force_removes(tmp_path):
     (run / "damaged_checkpoints").mkdir()  # all that is left of an earlier run
     with pytest.raises(RunDirError, match=r"already holds run outputs \(damaged_checkpoints\)"):
         prepare_run_dir(run, NAME, resume=False, force=False)
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_killed_writers_temporary_files_go_at_the_next_start(tmp_path, caplog, resume):
+    """A run killed inside an atomic write (SIGKILL, the OOM killer) leaves `NAME.RANDOM.tmp`
+    beside metrics.jsonl / results.json / config.json; the next start, holding the lock,
+    removes those and says so, and keeps every other file (a tokenizer's temporary included:
+    `hybrid-jax tokenizer train --out` writes it without the run lock)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"name": NAME}))
+    left = ["metrics.jsonl.0a1b2c3d4e5f.tmp", "results.json.tmp", "config.json.ffeeddccbbaa.tmp"]
+    kept = ["config.json", "tokenizer.json.0a1b2c3d4e5f.tmp", "notes.tmp", "metrics.jsonl.bak"]
+    for name in left + kept[1:]:
+        (run / name).write_text("torn")
+    with caplog.at_level(logging.INFO, logger="hybrid_jax.train.run_dir"):
+        prepare_run_dir(run, NAME, resume=resume, force=True)
+    remaining = sorted(p.name for p in run.iterdir())
+    assert remaining == sorted(kept[1:] if not resume else kept)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"removed {run / name}: a temporary file of a write that was killed before it finished"
+        for name in sorted(left)]
 
 
 @pytest.mark.parametrize("content, expected", [
