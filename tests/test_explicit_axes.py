@@ -94,3 +94,33 @@ def test_inside_a_shard_map_over_some_of_the_explicit_axes():
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want),
                             strict=True):
         assert_close(g / 2, w, 1e-5, jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name", ["gdn-hybrid-tiny", "pha-tiny"])
+def test_a_block_on_its_own_matches_one_device(name):
+    """A user's own model built of the library's blocks: each block runs on automatic axes
+    too, its output and cache typed as its input and cache came."""
+    from hybrid_jax.context import TokenContext
+
+    model = create_model(presets.get(name), seed=0)
+    # A random projection of the output: PHA's post-norm output has a fixed sum of squares.
+    x, r = np.random.default_rng(1).normal(size=(2, 4, 16, model.config.d_model)).astype(
+        np.float32)
+    ctx = TokenContext.create((4, 16))
+    for block in model.blocks:
+        graphdef, state = nnx.split(block)
+        forward = jax.jit(jax.value_and_grad(
+            lambda state, x, graphdef=graphdef: jnp.sum(nnx.merge(graphdef, state)(x, ctx) * r)))
+        step = jax.jit(lambda x, cache, block=block: block.decode(x, cache,
+                                                                  TokenContext.create((4, 1))))
+        want, want_grads = forward(state, x)
+        want_step = step(x[:, :1], block.init_cache(4, 8, jnp.float32))
+        with jax.set_mesh(_mesh()):
+            got, got_grads = forward(jax.tree.map(_row_sharded, state), _row_sharded(x))
+            got_step = step(_row_sharded(x[:, :1]), block.init_cache(4, 8, jnp.float32))
+        assert_close(got, want, 1e-5, "block output")
+        for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+            assert_close(g, w, 1e-5, "block gradient")
+        assert jax.typeof(got_step[0]).sharding.spec == P("data", None, None)
+        for g, w in zip(jax.tree.leaves(got_step), jax.tree.leaves(want_step), strict=True):
+            assert_close(g, w, 1e-5, "block decode step")

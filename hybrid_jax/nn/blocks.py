@@ -50,13 +50,13 @@ from flax import nnx
 from hybrid_jax.cache import BlockCache
 from hybrid_jax.config import LayerSpec, ModelConfig, resolve_options
 from hybrid_jax.context import TokenContext
-from hybrid_jax.nn.common import norm
+from hybrid_jax.nn.common import norm, run_on_automatic_axes
 from hybrid_jax.nn.diagnostics import report
 from hybrid_jax.nn.ffn import FFN, FFNOptions
 from hybrid_jax.nn.layers import Linear
 from hybrid_jax.ops.norms import rms_normalize
 from hybrid_jax.registry import mixer_type, register_block, register_mixer
-from hybrid_jax.sharding import constrain
+from hybrid_jax.sharding import constrain, type_spec
 
 LAYOUTS = ("sequential", "parallel")
 RESIDUALS = ("pre_norm", "post_norm", "deepnorm")
@@ -277,7 +277,9 @@ class Block(nnx.Module):
         return x_BTD, BlockCache(tuple(new_caches))
 
     def __call__(self, x_BTD: jax.Array, ctx: TokenContext) -> jax.Array:
-        return self._apply(x_BTD, ctx, None)[0]
+        # On its own under a mesh with explicit axes too (inside a LanguageModel: plain).
+        return run_on_automatic_axes(self, lambda block, x, ctx: block._apply(x, ctx, None)[0],
+                                     lambda: type_spec(x_BTD), x_BTD, ctx)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any) -> BlockCache:
         return BlockCache(tuple(getattr(self, name).init_cache(batch, max_len, dtype)
@@ -285,7 +287,9 @@ class Block(nnx.Module):
 
     def decode(self, x_BTD: jax.Array, cache: BlockCache, ctx: TokenContext
                ) -> tuple[jax.Array, BlockCache]:
-        return self._apply(x_BTD, ctx, cache.branches)
+        return run_on_automatic_axes(
+            self, lambda block, x, cache, ctx: block._apply(x, ctx, cache.branches),
+            lambda: (type_spec(x_BTD), jax.tree.map(type_spec, cache)), x_BTD, cache, ctx)
 
 
 def build_block(config: ModelConfig, options: BlockOptions, *, layer_index: int,

@@ -4,6 +4,7 @@ skipped-branch `unless`."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,7 +12,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.config import ModelConfig
+from hybrid_jax.nn import diagnostics
 from hybrid_jax.nn.layers import RMSNorm
+from hybrid_jax.sharding import explicit_axes, on_automatic_axes
 from pallas_kernels import vma
 
 
@@ -32,6 +35,22 @@ def dense_kwargs(config: ModelConfig, rngs: nnx.Rngs) -> dict[str, Any]:
     """The keyword arguments every `Linear` of a model shares."""
     return dict(rngs=rngs, std=config.init_std, dtype=compute_dtype(config),
                 param_dtype=param_dtype(config))
+
+
+def run_on_automatic_axes(module: nnx.Module, method: Callable[..., Any],
+                          out_specs: Callable[[], Any], *args: Any) -> Any:
+    """`method(module, *args)` on automatic mesh axes (`sharding.on_automatic_axes`, outputs
+    typed `out_specs()`): under a mesh with explicit axes the module's state travels as an
+    argument (an explicitly typed parameter cannot be closed over); elsewhere the plain call."""
+    if not explicit_axes():
+        return method(module, *args)
+    if diagnostics.recording():  # the reports would land on the copy made below
+        raise ValueError(f"diagnostics.recorded runs the model on automatic mesh axes only; "
+                         f"the current mesh has explicit axes {explicit_axes()} (make it "
+                         "with hybrid_jax.sharding.make_mesh, as the trainer does)")
+    graphdef, state = nnx.split(module)
+    return on_automatic_axes(lambda state, *args: method(nnx.merge(graphdef, state), *args),
+                             out_specs(), state, *args)
 
 
 def norm(config: ModelConfig, dim: int | None = None) -> RMSNorm:

@@ -8,7 +8,7 @@ it to every block, which hands it to every mixer: in the parallel forward pass, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -25,19 +25,18 @@ from hybrid_jax.cache import (
 )
 from hybrid_jax.config import ModelConfig, layer
 from hybrid_jax.context import TokenContext
-from hybrid_jax.nn import diagnostics
-from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, param_dtype
+from hybrid_jax.nn.common import (
+    compute_dtype,
+    dense_kwargs,
+    norm,
+    param_dtype,
+    run_on_automatic_axes,
+)
 from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.layers import Embedding, Linear, param
 from hybrid_jax.ops.dispatch import KERNEL_RESIDUALS
 from hybrid_jax.registry import block_type
-from hybrid_jax.sharding import (
-    constrain,
-    explicit_axes,
-    on_automatic_axes,
-    state_shardings,
-    type_spec,
-)
+from hybrid_jax.sharding import constrain, state_shardings, type_spec
 
 
 class LanguageModel(nnx.Module):
@@ -125,27 +124,13 @@ class LanguageModel(nnx.Module):
         elif positions_BT is not None or segment_ids_BT is not None or extras is not None:
             raise ValueError("pass either context= or positions_BT / segment_ids_BT / extras, "
                              "not both")
-        return self._on_automatic_axes(LanguageModel._forward, lambda: _logits_spec(tokens_BT),
-                                       tokens_BT, context)
+        return run_on_automatic_axes(self, LanguageModel._forward,
+                                     lambda: _logits_spec(tokens_BT), tokens_BT, context)
 
     def _forward(self, tokens_BT: jax.Array, context: TokenContext) -> jax.Array:
         x = constrain(self._embed(tokens_BT, context.positions), ("batch", "seq", "embed"))
         x = _run_blocks(self.config, self.blocks, x, context)
         return self._logits(x)
-
-    def _on_automatic_axes(self, method: Any, out_specs: Callable[[], Any], *args: Any) -> Any:
-        """`method(self, *args)` on automatic mesh axes (`sharding.on_automatic_axes`, outputs
-        typed `out_specs()`); under a mesh with explicit axes the model's state travels as an
-        argument (an explicitly typed parameter cannot be closed over)."""
-        if not explicit_axes():
-            return method(self, *args)
-        if diagnostics.recording():  # the reports would land on the copy made below
-            raise ValueError(f"diagnostics.recorded runs the model on automatic mesh axes only; "
-                             f"the current mesh has explicit axes {explicit_axes()} (make it "
-                             "with hybrid_jax.sharding.make_mesh, as the trainer does)")
-        graphdef, state = nnx.split(self)
-        return on_automatic_axes(lambda state, *args: method(nnx.merge(graphdef, state), *args),
-                                 out_specs(), state, *args)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None, *,
                    windowed: bool = False) -> LMCache:
@@ -196,8 +181,8 @@ class LanguageModel(nnx.Module):
         context = TokenContext.create(tuple(tokens_BT.shape), start=cache.index, extras=extras,
                                       record_steps=record_steps, fresh_cache=fresh_cache)
         # The cache leaves as it came: a decode loop's carry keeps its type.
-        logits, new_cache = self._on_automatic_axes(
-            LanguageModel._decode,
+        logits, new_cache = run_on_automatic_axes(
+            self, LanguageModel._decode,
             lambda: (_logits_spec(tokens_BT), jax.tree.map(type_spec, cache)),
             tokens_BT, cache, context)
         for refuse in refused:
