@@ -500,3 +500,9 @@ def test_a_run_without_its_first_checkpoint_yet_says_what_was_found(tmp_path, ca
                             f"hybrid-jax train mqar-transformer-tiny --out {tmp_path} --resume")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "config.json",
                                                           "metrics.jsonl"]
+    # An import writing the directory holds the same lock: said as what it is, not a training.
+    with RunLock(tmp_path, activity="writing the model of /models/llama"):
+        assert main(["eval", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        found + f"process {os.getpid()} is writing the model of /models/llama there and has "
+        "not saved it yet: wait for it to finish")

@@ -44,7 +44,9 @@ def write_run(run_dir: str | Path, experiment: ExperimentConfig, model: Language
     run_dir = Path(run_dir)
     refuse_a_run(run_dir)  # before the lock: a refused call leaves no .lock there
     created = not run_dir.exists()
-    with RunLock(run_dir):  # as a training run holds it: neither writes while the other does
+    activity = f"writing the model of {source}" if source else "writing a model"
+    # As a training run holds it: neither writes while the other does.
+    with RunLock(run_dir, activity=activity):
         refuse_a_run(run_dir)  # again: another writer may have finished in between
         # A half-written run (a tokenizer, a partial checkpoints/, no config.json) would be
         # refused by the retry as holding a run: a failure removes what this call wrote.

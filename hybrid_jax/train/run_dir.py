@@ -1,7 +1,8 @@
 """Run-directory safety: one writer at a time, and no silent overwrite of another run.
 
 `RunLock` holds an exclusive `flock` on `RUN_DIR/.lock` (released by the kernel when the process
-dies, so a killed run never leaves a stale lock) and records the holder's pid there.
+dies, so a killed run never leaves a stale lock) and records the holder's pid and what it is
+doing there ("training", or writing an imported model).
 `prepare_run_dir` refuses to start a fresh run in a directory that holds another run's outputs
 unless `force` (then those outputs are removed; a `tokenizer.json` put there for the run is kept),
 and removes the temporary files that a run killed mid-write left beside its outputs.
@@ -16,6 +17,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 from hybrid_jax.files import is_temporary
 
@@ -42,12 +44,14 @@ class RunLock:
     """`with RunLock(run_dir):` — raises RunDirError naming the holder's pid if it is taken.
 
     `name`, `holder` and `advice`: the lock file, what else holds it and what to do then (a
-    sweep's cells take `cell.lock`, held by "another sweep")."""
+    sweep's cells take `cell.lock`, held by "another sweep"); `activity`: what this process
+    does there, recorded beside its pid for the others' messages."""
 
     def __init__(self, run_dir: Path, name: str = LOCK_FILE, holder: str = "another run",
-                 advice: str = "wait for it to finish, stop it, or choose another --out"):
+                 advice: str = "wait for it to finish, stop it, or choose another --out", *,
+                 activity: str = "training"):
         self.path = Path(run_dir) / name
-        self.holder, self.advice = holder, advice
+        self.holder, self.advice, self.activity = holder, advice, activity
         self._file = None
 
     def acquire(self) -> RunLock:
@@ -57,13 +61,14 @@ class RunLock:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             file.seek(0)
-            holder = file.read().strip() or "unknown"
+            holder = _holder(file.read())
             file.close()
+            doing = f", {holder.activity}" if holder.activity else ""
             raise RunDirError(f"{self.path.parent} is in use by {self.holder} (process "
-                              f"{holder}, lock {self.path}): {self.advice}") from None
+                              f"{holder.pid}{doing}, lock {self.path}): {self.advice}") from None
         file.seek(0)
         file.truncate()
-        file.write(str(os.getpid()))
+        file.write(f"{os.getpid()} {self.activity}")
         file.flush()
         self._file = file
         return self
@@ -81,10 +86,20 @@ class RunLock:
         self.release()
 
 
-def lock_holder(run_dir: Path, name: str = LOCK_FILE) -> str | None:
-    """The pid recorded in `run_dir`'s lock while a process holds it (a run training there
-    now; "unknown" if it recorded none), else None. Creates nothing: a read-only command may
-    ask (its shared lock is taken and dropped at once)."""
+class LockHolder(NamedTuple):
+    pid: str  # "unknown" if it recorded none
+    activity: str  # "" from a lock of a version that recorded the pid alone
+
+
+def _holder(text: str) -> LockHolder:
+    pid, _, activity = text.strip().partition(" ")
+    return LockHolder(pid or "unknown", activity)
+
+
+def lock_holder(run_dir: Path, name: str = LOCK_FILE) -> LockHolder | None:
+    """Who holds `run_dir`'s lock now (a run training there, an import writing it), else None.
+    Creates nothing: a read-only command may ask (its shared lock is taken and dropped at
+    once)."""
     try:
         file = open(Path(run_dir) / name)  # noqa: SIM115 (closed below)
     except OSError:
@@ -93,7 +108,7 @@ def lock_holder(run_dir: Path, name: str = LOCK_FILE) -> str | None:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return file.read().strip() or "unknown"
+            return _holder(file.read())
         fcntl.flock(file, fcntl.LOCK_UN)
         return None
 

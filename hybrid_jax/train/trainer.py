@@ -252,8 +252,11 @@ def _no_checkpoint_yet(run_dir: Path, experiment: ExperimentConfig) -> str:
              if every else "with train.checkpoint_every=0 a run saves only at its end or when "
              "interrupted by Ctrl-C or SIGTERM")
     holder = lock_holder(run_dir)
-    if holder is not None:
-        state = (f"its training is running (process {holder}) and has not saved its first "
+    if holder is not None and holder.activity not in ("", "training"):
+        state = (f"process {holder.pid} is {holder.activity} there and has not saved it yet: "
+                 "wait for it to finish")
+    elif holder is not None:
+        state = (f"its training is running (process {holder.pid}) and has not saved its first "
                  f"checkpoint yet ({saves}): wait for that save")
     else:
         state = (f"no training is running there: it stopped before its first checkpoint "

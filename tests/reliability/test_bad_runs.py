@@ -279,7 +279,7 @@ def test_a_second_writer_is_refused_naming_the_holder(run, corpus, capsys):
                                       *tiny(corpus, steps=6)])
     import os
 
-    assert f"{run} is in use by another run (process {os.getpid()}, lock" in err
+    assert f"{run} is in use by another run (process {os.getpid()}, training, lock" in err
 
 
 def test_another_experiments_directory_needs_force(run, corpus, capsys):
