@@ -42,11 +42,12 @@ def run_on_automatic_axes(module: nnx.Module, method: Callable[..., Any],
     """`method(module, *args)` on automatic mesh axes (`sharding.on_automatic_axes`, outputs
     typed `out_specs()`): under a mesh with explicit axes the module's state travels as an
     argument (an explicitly typed parameter cannot be closed over); elsewhere the plain call."""
-    if not explicit_axes():
+    axes = explicit_axes()
+    if not axes:
         return method(module, *args)
     if diagnostics.recording():  # the reports would land on the copy made below
         raise ValueError(f"diagnostics.recorded runs the model on automatic mesh axes only; "
-                         f"the current mesh has explicit axes {explicit_axes()} (make it "
+                         f"the current mesh has explicit axes {axes} (make it "
                          "with hybrid_jax.sharding.make_mesh, as the trainer does)")
     graphdef, state = nnx.split(module)
     return on_automatic_axes(lambda state, *args: method(nnx.merge(graphdef, state), *args),

@@ -33,7 +33,7 @@ _state = threading.local()
 
 def recorded(forward: Callable[[M], R], model: M) -> tuple[R, dict[str, jax.Array]]:
     """`forward(model)` and the values its modules reported during it, by dotted path."""
-    previous = getattr(_state, "on", False)
+    previous = recording()
     _state.on = True  # report() sows only here: flax deprecates a sow outside nnx.capture
     try:
         out, captured = nnx.capture(forward, Diagnostic)(model)
