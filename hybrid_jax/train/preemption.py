@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -27,6 +28,10 @@ import jax
 import numpy as np
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# `timeout` (coreutils) signals the process and then its process group: a multithreaded process
+# may take that one stop as two deliveries, microseconds apart. Within this window, a repeat of
+# the first signal is that copy, not a second signal.
+DUPLICATE_S = 0.1
 
 
 class StopSignals:
@@ -99,12 +104,22 @@ class StopSignals:
         if first is None:
             return
         self.received = self.received or first.name
-        second = self._read_signal(reader, self.grace_s)
+        second = self._read_second(reader, first, time.monotonic(), self.grace_s)
         if second is None and (self._stopping.is_set() or self._sockets is None):
             second = self._read_signal(reader, None)  # stopping cleanly: only a 2nd signal
             if second is None:
                 return
         self._force_exit(second or first, timed_out=second is None)
+
+    def _read_second(self, reader: socket.socket, first: signal.Signals, first_at: float,
+                     timeout: float) -> signal.Signals | None:
+        """The next signal within `timeout`, skipping a copy of `first` that came within
+        DUPLICATE_S of it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sig = self._read_signal(reader, max(0.0, deadline - time.monotonic()))
+            if sig != first or time.monotonic() - first_at >= DUPLICATE_S:
+                return sig
 
     def _read_signal(self, reader: socket.socket, timeout: float | None
                      ) -> signal.Signals | None:

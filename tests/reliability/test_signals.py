@@ -180,3 +180,27 @@ def test_a_signal_during_the_final_evaluation_is_raised_again_after_the_results(
         signal.signal(signal.SIGINT, previous)
     assert results["steps"] == 2 and results["accuracy"] is not None  # a complete run
     assert caught == [(signal.SIGINT, True)]
+
+
+# Enters StopSignals, receives one SIGINT twice at once (as `timeout -s INT` delivers it: to the
+# process, then to its process group), acknowledges the stop, then leaves normally.
+DUPLICATED = """
+import os, signal, time
+from hybrid_jax.train.preemption import StopSignals
+with StopSignals(grace_s=5.0, on_force_exit=lambda name: "forced") as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    while stop.received is None:
+        time.sleep(0.01)
+    stop.acknowledge()
+    time.sleep(0.5)
+print(stop.received)
+"""
+
+
+def test_one_signal_delivered_twice_is_not_a_second_signal():
+    """`timeout -s INT 3600 hybrid-jax train ...` sometimes ended the run at once as on a second
+    signal, without its checkpoint: the copy that reached the process group counted as one."""
+    process = subprocess.run([sys.executable, "-c", DUPLICATED], cwd=ROOT,
+                             env=os.environ.copy(), capture_output=True, text=True, timeout=60)
+    assert (process.returncode, process.stdout) == (0, "SIGINT\n"), process.stderr[-3000:]
