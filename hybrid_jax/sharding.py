@@ -17,8 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -26,6 +25,11 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.config import MeshConfig
+from hybrid_jax.ops.explicit_axes import (  # noqa: F401 (re-exported: this module's API)
+    explicit_axes,
+    on_automatic_axes,
+    type_spec,
+)
 from hybrid_jax.registry import Registry
 
 MESH_AXES = ("data", "fsdp", "seq", "tensor")
@@ -164,35 +168,6 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     if mesh.empty or set(mesh.axis_names) <= set(mesh.manual_axes):
         return x
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
-
-
-def explicit_axes() -> tuple[str, ...]:
-    """The current mesh's explicit axes (none without a mesh or on automatic axes)."""
-    return tuple(jax.sharding.get_abstract_mesh().explicit_axes)
-
-
-def type_spec(x: jax.Array) -> PartitionSpec:
-    """The PartitionSpec in `x`'s type: how a mesh with explicit axes splits it (all `None`
-    where the mesh's axes are automatic or there is no mesh)."""
-    return jax.typeof(x).sharding.spec
-
-
-def on_automatic_axes(fn: Callable[..., Any], out_specs: Any, *args: Any) -> Any:
-    """`fn(*args)`, its arrays on automatic mesh axes whatever the caller's mesh.
-
-    The library lays activations out by `constrain` (a `with_sharding_constraint` by logical
-    name) and leaves the rest to XLA's sharding propagation: that needs automatic axes. Under a
-    mesh with explicit axes (`jax.make_mesh`'s default), where each operation's output sharding
-    is part of its type, the call runs inside `jax.sharding.auto_axes`: `args` (every array
-    `fn` reads, parameters included: a closed-over explicit array cannot enter) are resharded
-    onto the automatic axes and the outputs come back typed by `out_specs` (PartitionSpecs, a
-    pytree prefix of the outputs). Elsewhere (automatic axes, no mesh, inside a `shard_map`
-    manual over every axis) it is `fn(*args)`."""
-    axes = explicit_axes()
-    if not axes:
-        return fn(*args)
-    # Those axes only: inside a shard_map the manual ones stay manual.
-    return jax.sharding.auto_axes(fn, axes=axes, out_sharding=out_specs)(*args)
 
 
 def variable_sharding(variable: nnx.Variable, mesh: Mesh) -> NamedSharding:

@@ -34,6 +34,7 @@ from hybrid_jax.ops.checks import (
     check_rank,
 )
 from hybrid_jax.ops.dispatch import Rung, backend, choose, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.flash_attention import api as pallas_flash
 from pallas_kernels.flash_attention import splash
@@ -41,6 +42,7 @@ from pallas_kernels.flash_attention import splash
 _OP = "attention"
 
 
+@typed_like_inputs
 def attention(
     q: jax.Array,
     k: jax.Array,
@@ -546,6 +548,7 @@ def _l2_normalize(x: jax.Array, eps: float) -> jax.Array:
     return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
+@typed_like_inputs
 def scaled_cosine_attention(
     q: jax.Array,
     k: jax.Array,

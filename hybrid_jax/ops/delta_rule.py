@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import (
     causal_decay_matrix,
@@ -48,6 +49,7 @@ from pallas_kernels.delta_rule import api as pallas_delta_rule
 _OP = "gated_delta_rule"
 
 
+@typed_like_inputs
 def gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -93,6 +95,7 @@ def gated_delta_rule(
     return (out, final_state) if return_final_state else out
 
 
+@typed_like_inputs
 def gated_delta_rule_step(
     state: jax.Array,
     q: jax.Array,

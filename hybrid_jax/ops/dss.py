@@ -92,6 +92,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_count, check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
 
@@ -137,6 +138,7 @@ def dss_discretize(
     return log_decay, w * jnp.expm1(log_decay) / lam
 
 
+@typed_like_inputs
 def dss(
     u: jax.Array,
     log_decay: jax.Array,
@@ -195,6 +197,7 @@ def _check(u, log_decay, coeff, initial_state) -> None:
         check_dims(_OP, sizes, initial_state=(initial_state, "BHN"))
 
 
+@typed_like_inputs
 def dss_step(
     state: jax.Array, u: jax.Array, log_decay: jax.Array, coeff: jax.Array
 ) -> tuple[jax.Array, jax.Array]:

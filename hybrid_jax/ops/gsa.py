@@ -63,6 +63,7 @@ import numpy as np
 
 from hybrid_jax.ops.checks import check_dims, check_floating
 from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import compute_dtype, from_time_chunks, time_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_log_decay, reset_state
@@ -74,6 +75,7 @@ SlotState = tuple[jax.Array, jax.Array]
 """`(K̃ [B, H, K, M], Ṽ [B, H, M, V])`: slot keys and slot values of every head."""
 
 
+@typed_like_inputs
 def gated_slot_attention(
     q: jax.Array,
     k: jax.Array,
@@ -119,6 +121,7 @@ def gated_slot_attention(
     return (out, final_state) if return_final_state else out
 
 
+@typed_like_inputs
 def gated_slot_attention_step(
     state: SlotState,
     q: jax.Array,
@@ -154,6 +157,7 @@ def gated_slot_attention_step(
     return out.astype(q.dtype), new_state
 
 
+@typed_like_inputs
 def gsa_slot_logits(
     q: jax.Array,
     k: jax.Array,
@@ -193,6 +197,7 @@ def gsa_slot_logits(
     return (logits, final_state) if return_final_state else logits
 
 
+@typed_like_inputs
 def gsa_slot_readout(
     p: jax.Array,
     v: jax.Array,

@@ -82,6 +82,7 @@ from hybrid_jax.ops.checks import (
     check_integer,
 )
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.gsa import gsa_slot_logits, gsa_slot_readout
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import chunk_state_scan, compute_dtype, to_chunks, varying_scan
@@ -126,6 +127,7 @@ class NHASlotStream(NamedTuple):
     slots_visible: jax.Array  # [B, T] bool: the slots hold a token of t's document
 
 
+@typed_like_inputs
 def native_hybrid_attention(
     q: jax.Array,
     k: jax.Array,
@@ -199,6 +201,7 @@ def native_hybrid_attention(
     return out, final
 
 
+@typed_like_inputs
 def native_hybrid_attention_step(
     state: NHAState,
     q: jax.Array,

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_count, check_floating, check_floating_dtype
 from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.partition import row_layout, shard_kernel
 from pallas_kernels.rms_norm import api as pallas_rms_norm
 
@@ -30,6 +31,7 @@ def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
     return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
+@typed_like_inputs
 def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, dtype=None,
              implementation: str | None = None) -> jax.Array:
     """`n(x)·γ` over the last axis.
@@ -45,6 +47,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float = 1e-6, dtype=None,
     return _norm("rms_norm", x, None, scale, None, True, eps, dtype, implementation)
 
 
+@typed_like_inputs
 def gated_rms_norm(x: jax.Array, z: jax.Array, scale: jax.Array, *,
                    group_size: int | None = None, norm_before_gate: bool = True,
                    eps: float = 1e-6, dtype=None, implementation: str | None = None

@@ -21,12 +21,14 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.scan import compute_dtype, linear_scan, to_chunks, varying_scan
 from hybrid_jax.ops.segments import document_starts, reset_decay, reset_state
 
 _OP = "selective_scan"
 
 
+@typed_like_inputs
 def selective_scan(
     x: jax.Array,
     dt: jax.Array,
@@ -72,6 +74,7 @@ def _per_head(bc: jax.Array, num_heads: int, axis: int) -> jax.Array:
     return jnp.repeat(bc, num_heads // bc.shape[axis], axis=axis)
 
 
+@typed_like_inputs
 def selective_scan_step(
     state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array
 ) -> tuple[jax.Array, jax.Array]:

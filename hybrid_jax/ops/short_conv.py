@@ -18,12 +18,14 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_floating, check_integer
 from hybrid_jax.ops.dispatch import Rung, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.partition import shard_kernel
 from pallas_kernels.short_conv import api as pallas_short_conv
 
 _OP = "short_conv"
 
 
+@typed_like_inputs
 def short_conv(
     x: jax.Array,
     weight: jax.Array,

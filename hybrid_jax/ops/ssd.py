@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from hybrid_jax.ops.checks import check_dims, check_divides, check_floating, check_ssm_inputs
 from hybrid_jax.ops.dispatch import Rung, backend, dispatch
+from hybrid_jax.ops.explicit_axes import typed_like_inputs
 from hybrid_jax.ops.partition import shard_kernel
 from hybrid_jax.ops.scan import (
     causal_decay_matrix,
@@ -33,6 +34,7 @@ from pallas_kernels.ssd import api as pallas_ssd
 _OP = "ssd"
 
 
+@typed_like_inputs
 def ssd(
     x: jax.Array,
     dt: jax.Array,
@@ -99,6 +101,7 @@ def _by_group(a: jax.Array, num_groups: int, axis: int) -> jax.Array:
     return a.reshape(shape[:axis] + (num_groups, shape[axis] // num_groups) + shape[axis + 1:])
 
 
+@typed_like_inputs
 def ssd_step(
     state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array,
     D: jax.Array | None = None,
