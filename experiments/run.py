@@ -42,7 +42,8 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
                              f"continue it with `hybrid-jax train {experiment.name} --out "
                              f"{out_dir} --resume`, or choose another --out (--force starts "
                              f"{name!r} over there)")
-        experiment = apply_overrides(experiment, overrides)
+        experiment = _keeping_tokenizer(experiment, apply_overrides(experiment, overrides),
+                                        out_dir)
     else:
         experiment = apply_overrides(registry.get(name), overrides)
     if progress:
@@ -51,6 +52,32 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
         return train(experiment, out_dir, progress=progress, resume=resume, force=force)
     except FileNotFoundError as e:
         raise _with_data_hint(e) from e
+
+
+def _keeping_tokenizer(saved: ExperimentConfig, experiment: ExperimentConfig, out_dir: Path
+                       ) -> ExperimentConfig:
+    """`experiment`, unless it names a tokenizer other than `saved`'s while `out_dir` holds
+    one: a resume trains with that `tokenizer.json` (its checkpoints were trained with it), so
+    the other would be ignored and yet recorded in config.json as the run's."""
+    from hybrid_jax.data.text import TOKENIZER_FILE
+
+    before, now = (getattr(e.data, "tokenizer", None) for e in (saved, experiment))
+    recorded = out_dir / TOKENIZER_FILE
+    if (None in (before, now) or now == before or not recorded.is_file()
+            or _same_tokenizer(Path(now), recorded)):
+        return experiment
+    raise ValueError(f"data.tokenizer={now!r}: a resume keeps the run's own tokenizer "
+                     f"({recorded}, from data.tokenizer={before!r}), which its checkpoints were "
+                     "trained with; leave data.tokenizer out, or train with it in a new run "
+                     "(another --out, or --force)")
+
+
+def _same_tokenizer(path: Path, recorded: Path) -> bool:
+    """Whether `path` is a tokenizer file holding the tokenizer `recorded` holds."""
+    from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+
+    return path.is_file() and (tokenizer_fingerprint(load_tokenizer(path))
+                               == tokenizer_fingerprint(load_tokenizer(recorded)))
 
 
 def _with_data_hint(error: FileNotFoundError) -> FileNotFoundError:

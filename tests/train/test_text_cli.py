@@ -129,6 +129,22 @@ def test_resume_extends_the_run_with_progress_lines(run_dir, corpus, tokenizer_f
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_resume_refuses_another_tokenizer(run_dir, tokenizer_file, tmp_path, capsys):
+    """A resume trains with the run's tokenizer.json: `--set data.tokenizer=byte` was ignored,
+    yet config.json then named the byte tokenizer as the run's."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    config = (copy / "config.json").read_text()
+    argv = ["train", NAME, "--out", str(copy), "--resume", "--quiet", "--set", "train.steps=6"]
+    assert main([*argv, "--set", "data.tokenizer=byte"]) == 2
+    err = capsys.readouterr().err
+    assert "data.tokenizer='byte': a resume keeps the run's own tokenizer" in err
+    assert (copy / "config.json").read_text() == config
+    # Naming the run's own file, or a copy of it, is no change.
+    assert main([*argv, "--set", f"data.tokenizer={copy / 'tokenizer.json'}"]) == 0
+    assert main([*argv, "--set", f"data.tokenizer={tokenizer_file}"]) == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plot", "/no/run", "--out", "x.png"], "/no/run/metrics.jsonl not found"),
     (["tokenizer", "train", "/no/*.txt", "--out", "t.json"], "files='/no/*.txt' matches no file"),
