@@ -39,6 +39,7 @@ from hybrid_jax.data.tokenizer import (
     WordTokenizer,
     build_word_vocab,
     load_tokenizer,
+    tokenizer_fingerprint,
     train_bpe,
 )
 from hybrid_jax.distributed import is_main_process
@@ -151,6 +152,32 @@ def resolve_tokenizer(config: TextConfig, run_dir: Path | None, *,
     if recorded is not None and is_main_process():
         tokenizer.save(recorded)
     return tokenizer
+
+
+def check_put_tokenizer(config: TextConfig, run_dir: Path) -> None:
+    """Refuses a fresh run in `run_dir` whose `config.tokenizer` would replace the
+    `tokenizer.json` put there for it (`hybrid-jax tokenizer train --out RUN_DIR`: a BPE may
+    take long to train) by another: `resolve_tokenizer` reuses it only when the spec names it."""
+    recorded = run_dir / TOKENIZER_FILE
+    if not recorded.is_file():
+        return
+    previous, spec = load_tokenizer(recorded), config.tokenizer
+    vocab = _bpe_vocab(spec)
+    if spec == "byte":
+        kept = isinstance(previous, ByteTokenizer)
+    elif vocab is not None:
+        kept = isinstance(previous, HFTokenizer) and previous.vocab_size == vocab
+    elif spec == "word":
+        kept = isinstance(previous, WordTokenizer)
+    else:  # a path (one that does not exist is refused when the data binds)
+        kept = not Path(spec).is_file() or (tokenizer_fingerprint(load_tokenizer(spec))
+                                            == tokenizer_fingerprint(previous))
+    if not kept:
+        raise ValueError(f"{recorded} holds a tokenizer of {previous.vocab_size} tokens that "
+                         f"data.tokenizer={spec!r} does not name and would replace: train with "
+                         f"it (--set data.tokenizer={recorded} --set model.vocab_size="
+                         f"{previous.vocab_size}), or pass --force to replace it, or choose "
+                         "another --out")
 
 
 def _warn_on_shared_files(eval_files: list[Path], train_spec: str) -> None:

@@ -42,7 +42,7 @@ from jax.sharding import Mesh
 from hybrid_jax.config import ExperimentConfig, ModeSchedule, as_json, from_dict, to_dict
 from hybrid_jax.context import EXTRA_PREFIX, TokenContext
 from hybrid_jax.data.pipeline import eval_batches, process_rows, train_iterator
-from hybrid_jax.data.text import TOKENIZER_FILE
+from hybrid_jax.data.text import TOKENIZER_FILE, TextConfig, check_put_tokenizer
 from hybrid_jax.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from hybrid_jax.distributed import is_main_process
 from hybrid_jax.files import write_atomic
@@ -83,6 +83,7 @@ from hybrid_jax.train.run_dir import (
     lock_holder,
     make_run_dir,
     prepare_run_dir,
+    run_outputs,
     undo_failed_start,
 )
 
@@ -754,8 +755,9 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
     """Trains `experiment`, evaluates it, and returns the final metrics (also in results.json).
 
     `resume`: continue from the latest intact checkpoint in `out_dir` (a fresh start if it has
-    none). A fresh run refuses a directory holding another run's outputs unless `force` (which
-    removes them). Interrupted by SIGTERM / SIGINT, it saves a checkpoint and returns
+    none). A fresh run refuses a directory holding another run's outputs, or a tokenizer.json
+    that its `data.tokenizer` would replace, unless `force` (which removes the outputs).
+    Interrupted by SIGTERM / SIGINT, it saves a checkpoint and returns
     `{"interrupted": name, "step": ...}` instead.
     """
     out = None if out_dir is None else Path(out_dir)
@@ -767,6 +769,8 @@ def train(experiment: ExperimentConfig, out_dir: str | Path | None = None, *,
         return _train(experiment, out, progress, _agreed(resume))
     with RunLock(out):
         resume = prepare_run_dir(out, experiment.name, resume=resume, force=force)
+        if isinstance(experiment.data, TextConfig) and not (force or run_outputs(out)):
+            check_put_tokenizer(experiment.data, out)  # a fresh start: nothing of a run there
         with undo_failed_start(out, created=created):
             return _train(experiment, out, progress, _agreed(resume))
 

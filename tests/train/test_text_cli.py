@@ -145,6 +145,22 @@ def test_resume_refuses_another_tokenizer(run_dir, tokenizer_file, tmp_path, cap
     assert main([*argv, "--set", f"data.tokenizer={tokenizer_file}"]) == 0
 
 
+def test_a_fresh_run_keeps_a_tokenizer_put_in_its_directory(corpus, tokenizer_file, tmp_path,
+                                                            capsys):
+    """`tokenizer train --out RUN_DIR`, then a run there that does not name that BPE: the run
+    replaced it with its byte tokenizer. Naming it, or --force, trains."""
+    shutil.copy(tokenizer_file, tmp_path)
+    argv = ["train", NAME, "--out", str(tmp_path), "--quiet", *tiny(corpus, "byte", 257, 2)]
+    assert main(argv) == 2
+    assert (f"{tmp_path / 'tokenizer.json'} holds a tokenizer of 300 tokens that "
+            "data.tokenizer='byte' does not name and would replace" in capsys.readouterr().err)
+    assert (tmp_path / "tokenizer.json").read_text() == tokenizer_file.read_text()
+    assert main([*argv, "--set", "data.tokenizer=bpe:300", "--set", "model.vocab_size=300"]) == 0
+    assert (tmp_path / "tokenizer.json").read_text() == tokenizer_file.read_text()
+    assert main([*argv, "--force"]) == 0
+    assert load_tokenizer(tmp_path / "tokenizer.json").name == "byte"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plot", "/no/run", "--out", "x.png"], "/no/run/metrics.jsonl not found"),
     (["tokenizer", "train", "/no/*.txt", "--out", "t.json"], "files='/no/*.txt' matches no file"),
