@@ -529,6 +529,10 @@ def _generate(args: argparse.Namespace, experiment, vocab: int) -> int:
 
     if args.top_k is not None and args.top_k > vocab:
         raise ValueError(f"--top-k={args.top_k}: expected at most the vocabulary size {vocab}")
+    truncation = _given(("--top-k", args.top_k), ("--top-p", args.top_p))
+    if truncation and args.temperature == 0:  # greedy decoding would ignore them
+        raise ValueError(f"{truncation} only apply when sampling: add --temperature T > 0 "
+                         "(0, the default, decodes greedily)")
     if args.prompt_ids is not None:
         if args.stop:  # stop strings match text; this path never decodes any
             raise ValueError("--stop only applies with text prompts (--prompt / --prompt-file), "

@@ -173,6 +173,9 @@ def test_eval_names_its_checkpoint_step(trained, capsys):
     (["generate", "{run}", "--prompt-ids", "1", "--top-k", "0"], "--top-k=0: expected"),
     (["generate", "{run}", "--prompt-ids", "1", "--top-k", "1000"],
      "--top-k=1000: expected at most the vocabulary size 257"),
+    # Greedy decoding (the default temperature 0) ignored them without a word.
+    (["generate", "{run}", "--prompt-ids", "1", "--top-k", "5", "--top-p", "0.9"],
+     "--top-k and --top-p only apply when sampling: add --temperature T > 0"),
     (["generate", "{run}", "--prompt-ids", "1", "--max-new-tokens", "0"],
      "--max-new-tokens=0: expected a finite value >= 1"),
     (["eval", "{run}", "--set", "train.batch_size=-2"], "TrainConfig.batch_size=-2"),
