@@ -13,8 +13,10 @@ median into each row (segment ids, as in training on packed text); `--skip-d` gi
 Mamba-2's skip D (an `[H]` float32 input, as its layers call it). Each op's jitted forward
 and fwd+bwd (gradient of a sum w.r.t. every input) run 3 times under `jax.profiler.trace`;
 `trace_summary` sums the device kernels by name.
-Prints per op and pass the whole time per call and the top kernels (ms per call, share);
-writes every kernel row, with its shape fields, to JSON. `--variants` also profiles the
+Prints per op and pass the whole time per call and the top kernels (ms per call, share), and
+each Pallas kernel's compulsory bytes and product FLOPs (`kernel_traffic`) with the rates
+they give at its time and its time over their floor; writes every kernel row, with its shape
+fields, to JSON. `--variants` also profiles the
 fwd+bwd of each kernel variant of the op's pallas rung at the shape
 (`linear_ops.kernel_variants`), all of them or the ';'-separated labels given, and with
 `--forwards` their forwards too (the same as the default's, but for the tiles of a forward
@@ -32,7 +34,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from experiments.benchmarks import trace_summary
+from experiments.benchmarks import kernel_traffic, trace_summary
 from experiments.benchmarks.flash_attention import packed_segments
 from experiments.benchmarks.linear_ops import OPS, kernel_variants, make_inputs, parse_variants
 from experiments.benchmarks.mixer_shapes import MixerShape, shape_jobs
@@ -131,11 +133,15 @@ def main() -> None:
                 rows.append({"op": name, **shape.fields(name), "pass": label,
                              "error": str(e)[:300]})
                 continue
+            traffic = {k.name: k for k in kernel_traffic.kernels(fn, *inputs)}
             print(f"\n{name} {label}: {summary['device_ms_per_step']:.3f} ms of kernels a call")
             trace_summary.print_summary(summary, args.top)
+            print("the Pallas kernels against their two numbers (`kernel_traffic`):")
+            kernel_traffic.print_against_time(summary["kernels"], traffic)
             rows += [{"op": name, **shape.fields(name), "pass": label, "kernel": r["name"][:120],
-                      "ms": r["ms_per_step"], "count": r["count"] // RUNS,
-                      "share": r["share"]} for r in summary["kernels"]]
+                      "ms": r["ms_per_step"], "count": r["count"] // RUNS, "share": r["share"],
+                      **kernel_traffic.against_time(traffic.get(r["name"]), r["ms_per_step"])}
+                     for r in summary["kernels"]]
     write_json(args.out, "op_kernels", rows, shape=args.shape, impl=args.impl,
                window=args.window, documents=args.documents, skip_d=args.skip_d)
 
