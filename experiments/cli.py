@@ -455,8 +455,8 @@ def _refuse_without(needed: str, value, *options: tuple[str, object]) -> None:
 def _prompts(args: argparse.Namespace) -> list[str]:
     if args.prompt is not None:
         return args.prompt
-    try:
-        lines = args.prompt_file.read_text(encoding="utf-8").splitlines()
+    try:  # utf-8-sig: a byte order mark (Notepad, PowerShell) is not text of the first prompt
+        lines = args.prompt_file.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--prompt-file {args.prompt_file}: cannot read it as UTF-8 text "
                          f"({type(e).__name__})") from None

@@ -448,6 +448,14 @@ def test_prompt_file_skips_blank_lines(tmp_path):
         cli._prompts(SimpleNamespace(prompt=None, prompt_file=path))
 
 
+def test_prompt_file_drops_a_byte_order_mark(tmp_path):
+    """A UTF-8 file saved with a byte order mark (Notepad, PowerShell) fed the mark's three
+    bytes to the model as the start of the first prompt."""
+    path = tmp_path / "prompts.txt"
+    path.write_bytes("\ufeffthe cat\r\nsat on\r\n".encode())
+    assert cli._prompts(SimpleNamespace(prompt=None, prompt_file=path)) == ["the cat", "sat on"]
+
+
 def test_stop_strings_read_the_backslash_escapes_a_shell_passes_through():
     """`--stop "\\n\\n"` (the README's example) reaches the program as backslash-n twice; it
     was matched literally, so generation never stopped at a blank line."""
