@@ -733,6 +733,9 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     except LookupError:
         raise ValueError(f"--encoding={args.encoding!r}: not a known text encoding") from None
     out = args.out / TOKENIZER_FILE if args.out.suffix != ".json" else args.out
+    if out.parent.exists() and not out.parent.is_dir():  # the save would fail after training
+        raise ValueError(f"--out {args.out}: {out.parent} is a file, not a directory; give a "
+                         "directory or a .json path")
     trained = run_outputs(out.parent)
     if trained:  # that run's checkpoints were made with the tokenizer there
         raise ValueError(f"{out.parent} holds a run ({', '.join(trained)}): its "

@@ -175,6 +175,17 @@ def test_errors_are_one_line(argv, message, capsys):
     assert message in err and len(err.splitlines()) == 1
 
 
+def test_tokenizer_train_refuses_a_file_as_its_folder(corpus, tmp_path, capsys):
+    """`--out notes.txt` (a file, not .json): the BPE was trained, then its save failed with
+    "I/O error: File exists", the training lost."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert main(["tokenizer", "train", f"{corpus}/train-*.txt", "--vocab-size", "300",
+                 "--out", str(notes)]) == 2
+    assert f"{notes} is a file, not a directory" in capsys.readouterr().err
+    assert notes.read_text() == "mine"
+
+
 def test_too_small_vocabulary_names_the_fix(corpus, tokenizer_file, tmp_path, capsys):
     """The failed start leaves the run directory as it found it: it left tokenizer.json there;
     one put there for the run (`tokenizer train --out RUN_DIR`) stays; a directory the run made
