@@ -92,8 +92,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     `max_new_tokens` within `max_positions` (nor, with `speculative=k`, for k more in a learned
     position table), a negative or non-finite temperature, a `top_k` outside
     `[1, vocab_size]`, a `top_p` outside (0, 1], an `eos_id` outside the vocabulary,
-    non-integer `lengths`, `modes` for a model without Oryx layers and a decode cache larger
-    than the device's memory raise ValueError.
+    non-integer `lengths`, `modes` for a model without Oryx layers or beside an `extras`
+    mode array, and a decode cache larger than the device's memory raise ValueError.
+    `temperature` and `top_p` take any real scalar (Python, NumPy such as `np.float32`).
     """
     # The new tokens' rows lie as the prompt's under a mesh with explicit axes.
     rows = type_spec(prompt_BT)[:1] if isinstance(prompt_BT, jax.Array) else ()
@@ -106,15 +107,16 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not _is_int(seed):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    if not isinstance(temperature, int | float) or not (math.isfinite(temperature)
-                                                          and temperature >= 0):
+    given_temperature, temperature = temperature, _as_float(temperature)
+    if temperature is None or not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got "
-                         f"{temperature!r}")
+                         f"{given_temperature!r}")
     if top_k is not None and (not _is_int(top_k) or not 1 <= top_k <= model.config.vocab_size):
         raise ValueError(f"top_k must be an integer in [1, vocab_size="
                          f"{model.config.vocab_size}] or None, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, int | float) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    given_top_p, top_p = top_p, None if top_p is None else _as_float(top_p)
+    if given_top_p is not None and not (top_p is not None and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {given_top_p!r}")
     if eos_id is not None and (not _is_int(eos_id) or not 0 <= eos_id < model.config.vocab_size):
         # An id the model cannot sample would never stop a row.
         raise ValueError(f"eos_id must be a token id in [0, vocab_size="
@@ -161,6 +163,9 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
     width = prompt_BT.shape[1] + max_new_tokens
     if modes is not None:
         check_reads_modes(model, "modes")
+        if MODE in extras:  # one of the two schedules would be dropped silently
+            raise ValueError(f"give the mode schedule either as modes= or as extras[{MODE!r}], "
+                             "not both")
         extras[MODE] = jnp.asarray(inference_modes(modes, lengths, width))
     for name, array in extras.items():
         if tuple(array.shape[:2]) != (prompt_BT.shape[0], width):
@@ -201,6 +206,21 @@ def generate(model: LanguageModel, prompt_BT: jax.Array, max_new_tokens: int, *,
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _as_float(value: object) -> float | None:
+    """A real scalar (Python, NumPy such as `np.float32`, or a concrete 0-d array) as a float;
+    None for anything else (a bool, a string, an array with axes, a traced value)."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, jax.errors.TracerArrayConversionError):
+        return None
+    if array.shape != () or not (np.issubdtype(array.dtype, np.floating)
+                                 or np.issubdtype(array.dtype, np.integer)):
+        return None
+    return float(array)
 
 
 # `on_tokens` of the calls in flight, by handle. The compiled loop calls `_call_on_tokens`

@@ -87,6 +87,19 @@ def test_sampling_is_reproducible_from_the_seed(model):
     assert _generate._cache_size() == compiled
 
 
+def test_numpy_and_array_scalars_sample_as_python_numbers(model):
+    """np.float32 (e.g. from a sweep over np.float32 values) and 0-d arrays are real numbers:
+    they were refused as "temperature must be a finite number >= 0, got np.float32(0.7)"."""
+    prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
+    want = np.asarray(generate(model, prompt, 4, temperature=0.7, top_p=0.9, seed=3))
+    for convert in (np.float32, jnp.float32, np.asarray):
+        got = generate(model, prompt, 4, temperature=convert(0.7), top_p=convert(0.9), seed=3)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    for bad in (True, "0.7", np.ones(2)):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            generate(model, prompt, 4, temperature=bad)
+
+
 def test_each_position_draws_with_its_own_key(model):
     """Sampling folds the position into the key: with every logit equal (the final norm's
     scale zeroed), 16 draws are not one token repeated, as one key for every step gives."""

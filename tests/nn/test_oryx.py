@@ -382,6 +382,17 @@ def test_generate_takes_a_mode_schedule():
     assert (mixed != np.asarray(split(modes=np.asarray([[0] * 4 + [1] * 3] * 2)))).any()
 
 
+def test_generate_refuses_modes_beside_an_extras_mode_array():
+    """`modes=` replaced the caller's `extras["mode"]` without a word: two schedules, one of
+    them dropped."""
+    from hybrid_jax.generate import generate
+
+    model = hj.create_model(CONFIG, seed=1)
+    prompt = jnp.zeros((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match=r"either as modes= or as extras\['mode'\], not both"):
+        generate(model, prompt, 2, modes="linear", extras={MODE: jnp.ones((1, 4), jnp.int32)})
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_packed_documents_equal_each_document_alone(kind):
     """Two documents a row (ids and positions restarting at each), mixed modes: each document's
