@@ -79,8 +79,11 @@ def save_figure(fig, out: str | Path) -> Path:
     previous plot and no temporary file."""
     from matplotlib import rcParams
 
-    fig.tight_layout()
     out = Path(out)
+    if out.is_dir():  # the rename over it failed naming the temporary file, not `out`
+        raise ValueError(f"{out} is a directory: give the path of an image file, e.g. "
+                         f"{out / 'plot.png'}")
+    fig.tight_layout()
     with replacing(out) as tmp:
         fig.savefig(tmp, dpi=120, format=out.suffix[1:] or rcParams["savefig.format"])
     return out

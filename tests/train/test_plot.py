@@ -80,3 +80,12 @@ def test_a_failed_plot_write_keeps_the_previous_plot(tmp_path, monkeypatch):
         plot_runs([tmp_path / "run"], out)
     assert out.read_bytes() == b"the previous plot"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "runs.png"]
+
+
+def test_a_plot_into_a_directory_is_refused_naming_it(tmp_path):
+    """`--out DIR`: the error named a temporary file (DIR.RANDOM.tmp: Is a directory)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'run'} is a directory: give the path "):
+        plot_runs([tmp_path / "run"], tmp_path / "run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
