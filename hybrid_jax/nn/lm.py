@@ -35,7 +35,7 @@ from hybrid_jax.nn.common import (
 from hybrid_jax.nn.init_random import fast_random_compile
 from hybrid_jax.nn.layers import Embedding, Linear, param
 from hybrid_jax.ops.dispatch import KERNEL_RESIDUALS
-from hybrid_jax.registry import block_type
+from hybrid_jax.registry import block_type, mixer_type
 from hybrid_jax.sharding import constrain, state_shardings, type_spec
 
 
@@ -218,8 +218,10 @@ class LanguageModel(nnx.Module):
     def with_window(self, window: int | None, *, layers: Sequence[int] | None = None
                     ) -> LanguageModel:
         """This model with `window` in `layers` (default: every layer whose block type has a
-        `window` option, e.g. attention and NHA), sharing its parameters: nothing is copied or
-        retrained, and `config` records the new windows. Chain calls for per-layer values."""
+        `window` option, e.g. attention and NHA, or a composite block with such a branch, e.g.
+        PHA's attention), sharing its parameters: nothing is copied or retrained, and `config`
+        records the new windows. Chain calls for per-layer values. A model with no window
+        option anywhere raises ValueError."""
         config = _with_window(self.config, window, layers)
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0))))
         return nnx.merge(graphdef, nnx.state(self))
@@ -352,14 +354,36 @@ def _check_unscanned(config: ModelConfig, what: str) -> None:
 def _with_window(config: ModelConfig, window: int | None, layers: Sequence[int] | None
                  ) -> ModelConfig:
     specs = list(config.layers)
-    windowed = [i for i, spec in enumerate(specs) if "window" in {
-        f.name for f in dataclasses.fields(block_type(spec.type).options)}]
+    changed = {i: _layer_with_window(config, i, window) for i in range(len(specs))}
+    windowed = [i for i, spec in changed.items() if spec is not None]
+    if not windowed:  # else the model came back unchanged, as if it had taken the window
+        raise ValueError(f"with_window: no layer has a window option (layer types "
+                         f"{sorted({spec.type for spec in specs})})")
     for i in windowed if layers is None else layers:
         if i not in windowed:
             raise ValueError(f"with_window: layer {i} has no window option; layers with one: "
                              f"{windowed}")
-        specs[i] = layer(specs[i].type, **{**dict(specs[i].options), "window": window})
+        specs[i] = changed[i]
     return config.replace(layers=tuple(specs))
+
+
+def _has_window(options_cls: type) -> bool:
+    return "window" in {f.name for f in dataclasses.fields(options_cls)}
+
+
+def _layer_with_window(config: ModelConfig, index: int, window: int | None) -> Any:
+    """Layer `index`'s spec with `window`: its block type's own option, or in a composite block
+    (sequential, parallel, pha) that of every branch whose mixer has one (PHA's attention);
+    None if nothing in the layer has a window."""
+    spec = config.layers[index]
+    if _has_window(block_type(spec.type).options):
+        return layer(spec.type, **{**dict(spec.options), "window": window})
+    branches = getattr(config.block_options(index), "branches", ())  # defaults resolved
+    if not any(_has_window(mixer_type(b.type).options) for b in branches):
+        return None
+    branches = tuple(layer(b.type, **{**dict(b.options), "window": window})
+                     if _has_window(mixer_type(b.type).options) else b for b in branches)
+    return layer(spec.type, **{**dict(spec.options), "branches": branches})
 
 
 def count_params(model: nnx.Module) -> int:

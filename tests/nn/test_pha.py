@@ -37,6 +37,26 @@ def pha_tiny() -> hj.LanguageModel:
     return shared_model(presets.get("pha-tiny"), seed=1)
 
 
+def test_with_window_reaches_the_attention_branch():
+    """`with_window` left PHA's attention branch (window 4 in pha-tiny) as it was and returned
+    the model unchanged: a window sweep of a PHA run evaluated one model at every window. The
+    changed model computes what a model built with its config computes; a model with no
+    window anywhere is refused."""
+    model = pha_tiny()
+    changed = model.with_window(1)
+    assert all(changed.config.block_options(i).branches[1].options == (("cosine", True),
+                                                                        ("window", 1))
+               for i in range(len(changed.config.layers)))
+    assert changed.embed.table[...] is model.embed.table[...]  # parameters shared
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (1, 8)), jnp.int32)
+    logits = [m(tokens) for m in (changed, hj.create_model(changed.config, seed=1), model)]
+    assert_close(logits[0], logits[1], 1e-6, "with_window(1)")
+    assert float(jnp.max(jnp.abs(logits[0] - logits[2]))) > 1e-4
+    with pytest.raises(ValueError, match=r"with_window: no layer has a window option \(layer "
+                                         r"types \['gdn'\]\)"):
+        hj.create_model(ModelConfig(layers=("gdn",), d_model=16, num_heads=2)).with_window(2)
+
+
 def test_gradients_reach_every_branch_and_mixing_scalar():
     model = pha_tiny()
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 9)), jnp.int32)
