@@ -518,6 +518,8 @@ class _Run:
             if self.writes:
                 # Whole: its presence says the run started (`undo_failed_start`).
                 write_atomic(out / "config.json", json.dumps(to_dict(experiment), indent=2))
+                if self.step < cfg.steps:  # training on: the results of an earlier end are
+                    (out / "results.json").unlink(missing_ok=True)  # not this run's (yet)
             self.step_fn = make_train_step(self.ts, cfg.grad_accum, cfg.mode_schedule, cfg.seed,
                                            cfg.freeze)
             self.eval_step = make_eval_step(self.ts, cfg.mode_schedule, cfg.seed)

@@ -1,6 +1,8 @@
 """A run traces its model's initialisation once before the first step: the FLOP count, the
 shardings, the checkpoint restore and the initial values all start from one abstract state."""
 
+import dataclasses
+
 import jax
 import pytest
 
@@ -80,3 +82,25 @@ def test_a_start_up_that_fails_part_way_closes_what_it_opened(tmp_path, monkeypa
         train(tiny_text_experiment(corpus, steps=1, warmup_steps=1), tmp_path / "run",
               progress=False)
     assert sorted(closed) == ["Checkpointer", "DevicePrefetcher", "MetricsLog"]
+
+
+def test_a_resume_past_the_end_drops_the_results_of_that_end(tmp_path, monkeypatch):
+    """A finished run resumed with more steps and stopped (a signal, a failure) kept the
+    results.json of its earlier end: a complete run at the old step count, beside a config of
+    the new one and later checkpoints (drivers read results.json as "finished")."""
+    run = tmp_path / "run"
+    experiment = ExperimentConfig(
+        name="more", model=presets.get("transformer-tiny"),
+        data=MQARConfig(vocab_size=256, seq_len=16, num_kv_pairs=2),
+        train=TrainConfig(steps=1, warmup_steps=0, batch_size=8, eval_batches=1))
+    train(experiment, run, progress=False)
+    assert (run / "results.json").is_file()
+
+    def stopped(self, stop):  # a signal before the first new step
+        stop.received = "SIGTERM"
+
+    monkeypatch.setattr(trainer._Run, "loop", stopped)
+    longer = dataclasses.replace(experiment,
+                                 train=dataclasses.replace(experiment.train, steps=3))
+    assert train(longer, run, progress=False, resume=True)["interrupted"] == "SIGTERM"
+    assert not (run / "results.json").exists()
