@@ -292,8 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from experiments import registry
     from experiments.run import run_experiment
 
+    if args.name in registry.sweep_names():  # `list` shows both: "unknown experiment" misled
+        raise ValueError(f"{args.name!r} is a sweep (a grid of runs), not an experiment: run it "
+                         f"with `python -m experiments.run {args.name} --out DIR`")
     _initialize_distributed(args)  # before anything touches a device
 
     out = Path("runs") / args.name if args.out is None else args.out

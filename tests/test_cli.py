@@ -439,6 +439,14 @@ def test_error_line(error, line):
     assert cli.error_line(error) == line
 
 
+def test_train_of_a_sweep_names_the_sweep_command(capsys):
+    """`hybrid-jax list` shows sweeps beside experiments; `train SWEEP` said "unknown
+    experiment" and listed the experiments only."""
+    assert main(["train", "expressivity/mqar"]) == 2
+    assert ("'expressivity/mqar' is a sweep (a grid of runs), not an experiment: run it with "
+            "`python -m experiments.run expressivity/mqar --out DIR`") in capsys.readouterr().err
+
+
 def test_prompt_file_skips_blank_lines(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_text("the cat\n\n   \nsat on\n", encoding="utf-8")
