@@ -45,13 +45,26 @@ def run_experiment(name: str, *, out_dir: str | Path | None = None,
         experiment = _keeping_tokenizer(experiment, apply_overrides(experiment, overrides),
                                         out_dir)
     else:
-        experiment = apply_overrides(registry.get(name), overrides)
+        experiment = apply_overrides(_registered(name, out_dir), overrides)
     if progress:
         print(f"{name}: {experiment.description}\nrun directory: {out_dir}", flush=True)
     try:
         return train(experiment, out_dir, progress=progress, resume=resume, force=force)
     except FileNotFoundError as e:
         raise _with_data_hint(e) from e
+
+
+def _registered(name: str, out_dir: Path) -> ExperimentConfig:
+    """The registered experiment `name`. An imported or converted model's experiment is no
+    registered one, only its run directory's: a start without --resume said "unknown
+    experiment", the directory naming it."""
+    from hybrid_jax.train.run_dir import recorded_experiment
+
+    if name not in registry.names() and recorded_experiment(out_dir) == name:
+        raise ValueError(f"{out_dir} holds a run of {name!r} (an imported or converted model), "
+                         f"which only its run directory defines: continue it with `hybrid-jax "
+                         f"train {name} --out {out_dir} --resume`")
+    return registry.get(name)
 
 
 def _keeping_tokenizer(saved: ExperimentConfig, experiment: ExperimentConfig, out_dir: Path

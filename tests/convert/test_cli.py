@@ -40,6 +40,15 @@ def test_import_then_generate_text(run_dir, capsys):
     assert out.startswith("the cat sat on the mat") and "tokens/s" in err
 
 
+def test_train_without_resume_names_the_resume(run_dir, capsys):
+    """An imported run's experiment (hf-llama) is no registered one: `train hf-llama --out RUN`
+    without --resume said "unknown experiment 'hf-llama'" while RUN names it."""
+    assert main(["train", "hf-llama", "--out", str(run_dir), "--set", "data.path=x.txt"]) == 2
+    assert (f"{run_dir} holds a run of 'hf-llama' (an imported or converted model), which only "
+            f"its run directory defines: continue it with `hybrid-jax train hf-llama --out "
+            f"{run_dir} --resume`") in capsys.readouterr().err
+
+
 def test_export_and_convert(run_dir, tmp_path, capsys):
     assert main(["export", "hf", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
