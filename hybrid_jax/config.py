@@ -279,6 +279,15 @@ def check_rope_scaling(owner: str, scaling: Any) -> None:
         _fail(owner, "rope_scaling", tuple(scaling) if sequence else scaling, ROPE_SCALING_RULE)
 
 
+def check_rope_theta(owner: str, theta: Any) -> None:
+    """Raises ValueError naming `owner.rope_theta` unless it is a finite number > 0 (RoPE's
+    base; `rope_frequencies` refuses others only at the first forward call, naming no layer).
+    Each block's own; ModelConfig checks its field with the other numbers."""
+    if isinstance(theta, bool) or not isinstance(theta, int | float):
+        _fail(owner, "rope_theta", theta, "expected a finite number > 0")
+    check_finite(owner, "rope_theta", theta, 0.0, open_low=True)
+
+
 _MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig)) - {"layers"}
 
 

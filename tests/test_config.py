@@ -46,6 +46,14 @@ from hybrid_jax.data.text import TextConfig
         (dict(position_embedding="learned"),
          r"max_positions=None: expected a positive integer with position_embedding='learned'"),
         (dict(max_positions=64), r"max_positions=64: expected None with position_embedding="),
+        # A layer's own RoPE base: accepted, then a NaN-angle error at the first forward call
+        # naming no layer.
+        (dict(layers=(layer("attention", rope_theta=0.0),)),
+         r"layers\[0\] \('attention'\): AttentionOptions.rope_theta=0.0: expected a finite "
+         r"value in \(0.0, inf\)"),
+        (dict(layers=("attention", layer("nha", rope_theta=-1.0))),
+         r"layers\[1\] \('nha'\): NHAOptions.rope_theta=-1.0"),
+        (dict(layers=(layer("oryx", rope_theta=float("nan")),)), r"OryxOptions.rope_theta=nan"),
     ],
 )
 def test_bad_model_configs_name_the_field(kwargs, message):

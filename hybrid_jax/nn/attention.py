@@ -18,7 +18,7 @@ from flax import nnx
 
 from hybrid_jax import ops
 from hybrid_jax.cache import AttentionCache
-from hybrid_jax.config import ModelConfig, check_rope_scaling
+from hybrid_jax.config import ModelConfig, check_rope_scaling, check_rope_theta
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std, shared_or_new, unless
@@ -59,6 +59,7 @@ class AttentionOptions:
         if self.window is not None and self.window < 1:
             raise ValueError(f"window={self.window}: attention needs window >= 1 or None")
         ops.rotary_dim(8, self.rope_fraction)  # validates the fraction
+        check_rope_theta("AttentionOptions", self.rope_theta)
         if self.rope_scaling is not None:
             check_rope_scaling("AttentionOptions", self.rope_scaling)
 

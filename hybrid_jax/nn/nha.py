@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.cache import NHACache
-from hybrid_jax.config import ModelConfig, check_rope_scaling
+from hybrid_jax.config import ModelConfig, check_rope_scaling, check_rope_theta
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std, param_dtype
@@ -110,6 +110,7 @@ class NHAOptions:
             raise ValueError(f"NHAOptions.empty_slots={self.empty_slots!r}: expected one of "
                              f"{list(EMPTY_SLOTS)}")
         rotary_dim(8, self.rope_fraction)  # validates the fraction
+        check_rope_theta("NHAOptions", self.rope_theta)
         if self.rope_scaling is not None:
             check_rope_scaling("NHAOptions", self.rope_scaling)
 

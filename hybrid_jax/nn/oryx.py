@@ -58,7 +58,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_jax.cache import ConvHistory, LinearSteps, OryxCache
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, check_rope_theta
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.attention import AttentionMixer, AttentionOptions
 from hybrid_jax.nn.blocks import register_mixer_block
@@ -135,6 +135,7 @@ class OryxOptions:
         if unused:
             raise ValueError(f"OryxOptions: {unused} do not apply to linear_mixer="
                              f"{self.linear_mixer!r}")
+        check_rope_theta("OryxOptions", self.rope_theta)
 
     def linear_options(self) -> GatedDeltaNetOptions | Mamba2Options:
         if self.linear_mixer == "mamba2":
