@@ -514,6 +514,11 @@ class _Run:
             latest = None if self.checkpointer is None else self._latest_intact(damaged)
             if latest is None:
                 self.ts = init_train_state(experiment, self.mesh, self.abstract)
+            elif self.step > cfg.steps:  # the loop would not run: the setting ignored, recorded
+                raise ValueError(f"train.steps={cfg.steps}, but the run's latest checkpoint is "
+                                 f"step {self.step}: a resume trains on from there; set "
+                                 f"train.steps >= {self.step} (an earlier step: hybrid-jax eval "
+                                 "RUN_DIR --step N)")
             self.writes = out is not None and is_main_process()  # logs: process 0 only
             if self.writes:
                 # Whole: its presence says the run started (`undo_failed_start`).

@@ -104,3 +104,21 @@ def test_a_resume_past_the_end_drops_the_results_of_that_end(tmp_path, monkeypat
                                  train=dataclasses.replace(experiment.train, steps=3))
     assert train(longer, run, progress=False, resume=True)["interrupted"] == "SIGTERM"
     assert not (run / "results.json").exists()
+
+
+def test_a_resume_refuses_fewer_steps_than_its_checkpoint(tmp_path):
+    """`--resume --set train.steps=1` on a run at step 2: it evaluated step 2 and recorded
+    steps=1 in config.json, the setting ignored without a word."""
+    run = tmp_path / "run"
+    experiment = ExperimentConfig(
+        name="fewer", model=presets.get("transformer-tiny"),
+        data=MQARConfig(vocab_size=256, seq_len=16, num_kv_pairs=2),
+        train=TrainConfig(steps=2, warmup_steps=0, batch_size=8, eval_batches=1))
+    train(experiment, run, progress=False)
+    config = (run / "config.json").read_text()
+    fewer = dataclasses.replace(experiment, train=dataclasses.replace(experiment.train, steps=1))
+    with pytest.raises(ValueError, match=r"^train.steps=1, but the run's latest checkpoint is "
+                                         r"step 2: a resume trains on from there"):
+        train(fewer, run, progress=False, resume=True)
+    assert (run / "config.json").read_text() == config
+    assert train(experiment, run, progress=False, resume=True)["steps"] == 2  # as many: fine
