@@ -38,7 +38,11 @@ def sample_token(logits_BV: jax.Array, key: jax.Array, *, temperature: float | j
     `top_k` sets a shape and is static."""
     if isinstance(temperature, int | float) and temperature == 0:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    logits = logits_BV / temperature
+    # Shifted by the row's maximum before the division (the softmax is the same): a tiny
+    # temperature (down to one that float32 rounds to 0) then sends the other logits to −inf,
+    # never the maximum to NaN nor every positive logit to +inf (1e-39 sampled any of them).
+    shifted = logits_BV - jnp.max(logits_BV, axis=-1, keepdims=True)
+    logits = jnp.where(shifted == 0, 0.0, shifted / temperature)
     if top_k is not None:
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)

@@ -119,6 +119,17 @@ def test_a_tiny_temperature_samples_the_greedy_tokens(model):
     np.testing.assert_array_equal(cold, greedy)
 
 
+def test_a_temperature_below_float32s_range_samples_the_greedy_tokens(model):
+    """1e-39 (a float32 subnormal) sent every positive logit to +inf, 1e-50 (0 in float32)
+    made them NaN: both sampled other tokens than the argmax."""
+    prompt = jnp.asarray([[5, 9, 12], [1, 2, 3]])
+    greedy = np.asarray(generate(model, prompt, 6))
+    for temperature in (1e-39, 1e-50):
+        for top_p in (None, 0.9):
+            cold = generate(model, prompt, 6, temperature=temperature, top_p=top_p, seed=5)
+            np.testing.assert_array_equal(np.asarray(cold), greedy)
+
+
 def test_the_position_limit_counts_the_longest_prompt(model):
     """prompt + new tokens may fill the positions exactly; the longest ragged row counts."""
     batch = jnp.asarray([[5, 9, 12, 40], [7, 3, 0, 0]])
