@@ -279,6 +279,17 @@ def check_rope_scaling(owner: str, scaling: Any) -> None:
         _fail(owner, "rope_scaling", tuple(scaling) if sequence else scaling, ROPE_SCALING_RULE)
 
 
+def check_finite_options(owner: str, options: Any, names: Sequence[str]) -> None:
+    """Raises ValueError naming the first field of `names` in `options` that is not a finite
+    number: an initialisation range with inf or NaN (dt_max=inf) drew non-finite parameters,
+    and the model's outputs were NaN without an error."""
+    for name in names:
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
+            _fail(owner, name, value, "expected a finite number")
+
+
 def check_rope_theta(owner: str, theta: Any) -> None:
     """Raises ValueError naming `owner.rope_theta` unless it is a finite number > 0 (RoPE's
     base; `rope_frequencies` refuses others only at the first forward call, naming no layer).

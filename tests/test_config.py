@@ -54,6 +54,13 @@ from hybrid_jax.data.text import TextConfig
         (dict(layers=("attention", layer("nha", rope_theta=-1.0))),
          r"layers\[1\] \('nha'\): NHAOptions.rope_theta=-1.0"),
         (dict(layers=(layer("oryx", rope_theta=float("nan")),)), r"OryxOptions.rope_theta=nan"),
+        # Initialisation ranges with inf / NaN: the model's parameters and outputs were NaN.
+        (dict(layers=(layer("mamba2", dt_max=float("inf")),)),
+         r"Mamba2Options.dt_max=inf: expected a finite number"),
+        (dict(layers=(layer("mamba2", a_init_max=float("inf")),)), r"a_init_max=inf"),
+        (dict(layers=(layer("mamba1", dt_init_floor=float("nan")),)),
+         r"Mamba1Options.dt_init_floor=nan"),
+        (dict(layers=(layer("gss", dt_max=float("inf")),)), r"GSSOptions.dt_max=inf"),
     ],
 )
 def test_bad_model_configs_name_the_field(kwargs, message):

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_jax.cache import GSSCache
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, check_finite_options
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, norm, output_std
@@ -57,6 +57,7 @@ class GSSOptions:
         if self.ssm_dim is not None and (not isinstance(self.ssm_dim, int) or self.ssm_dim < 1):
             raise ValueError(f"GSSOptions.ssm_dim={self.ssm_dim!r}: expected a positive integer "
                              "or None (d_model // 4)")
+        check_finite_options("GSSOptions", self, ("dt_min", "dt_max"))
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f"GSSOptions: expected 0 < dt_min <= dt_max, got "
                              f"dt_min={self.dt_min}, dt_max={self.dt_max}")

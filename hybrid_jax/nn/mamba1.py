@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.cache import Mamba1Cache
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, check_finite_options
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
@@ -57,6 +57,7 @@ class Mamba1Options:
         if self.dt_rank is not None and (not isinstance(self.dt_rank, int) or self.dt_rank < 1):
             raise ValueError(f"Mamba1Options.dt_rank={self.dt_rank!r}: expected a positive "
                              "integer or None")
+        check_finite_options("Mamba1Options", self, ("dt_min", "dt_max", "dt_init_floor"))
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f"Mamba1Options: expected 0 < dt_min <= dt_max, got "
                              f"dt_min={self.dt_min}, dt_max={self.dt_max}")

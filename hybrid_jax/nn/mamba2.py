@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.cache import Mamba2Cache
-from hybrid_jax.config import ModelConfig
+from hybrid_jax.config import ModelConfig, check_finite_options
 from hybrid_jax.context import TokenContext
 from hybrid_jax.nn.blocks import register_mixer_block
 from hybrid_jax.nn.common import compute_dtype, dense_kwargs, output_std
@@ -65,6 +65,8 @@ class Mamba2Options:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Mamba2Options.{name}={value!r}: expected a positive integer")
+        check_finite_options("Mamba2Options", self, ("dt_min", "dt_max", "dt_init_floor",
+                                                     "a_init_min", "a_init_max"))
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f"Mamba2Options: expected 0 < dt_min <= dt_max, got "
                              f"dt_min={self.dt_min}, dt_max={self.dt_max}")
