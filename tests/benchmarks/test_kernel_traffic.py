@@ -78,6 +78,9 @@ def test_rates_against_a_profiled_time():
     assert rates["TB_s"] == pytest.approx(2.0) and rates["TFLOP_s"] == pytest.approx(200)
     assert rates["floor_ms"] == pytest.approx(1.0) and rates["over_floor"] == pytest.approx(2)
     assert kernel_traffic.against_time(None, 2.0) == {}  # an XLA fusion
+    # Faster than its floor: work skipped at run time (a kernel whose programs exit early)
+    skipped = kernel_traffic.against_time(kernel, 0.5, tflops=800, tb_s=4.0)
+    assert skipped["skipped_work"] and "TB_s" not in skipped
 
 
 def test_command_rows_for_each_op_and_pass(tmp_path, monkeypatch):
