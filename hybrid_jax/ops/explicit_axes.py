@@ -85,5 +85,6 @@ def _spec_like(shape: tuple[int, ...], arrays: list[jax.Array]) -> PartitionSpec
         if x.shape == shape:
             return type_spec(x)
     if shape and arrays and arrays[0].ndim and arrays[0].shape[0] == shape[0]:
-        return PartitionSpec(type_spec(arrays[0])[0], *[None] * (len(shape) - 1))
+        rows = (*type_spec(arrays[0]), None)[0]  # (a spec may leave trailing axes out)
+        return PartitionSpec(rows, *[None] * (len(shape) - 1))
     return PartitionSpec(*[None] * len(shape))
