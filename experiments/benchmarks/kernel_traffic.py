@@ -193,18 +193,11 @@ def print_table(kernels_: list[Kernel], tflops: float, tb_s: float) -> None:
 def main() -> None:
     # Imported here: dispatch_audit imports the model presets, which this module's library
     # use (`kernels`, from op_kernels on the GPU) does not need.
-    from experiments.benchmarks.op_kernels import documents, op_and_inputs
+    from experiments.benchmarks.op_kernels import add_op_arguments, documents, op_and_inputs
     from experiments.dispatch_audit import traced_for
 
     parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
-    parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention,"
-                                         "native_hybrid_attention")
-    parser.add_argument("--shape", default="4x8192",
-                        help="BxT, BxTxHxK[xV] or MODEL@BxT (`mixer_shapes`)")
-    parser.add_argument("--impl", default="pallas")
-    parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--documents", type=float, default=0, help="median length of packed "
-                        "documents (segment ids, as training on packed text); 0: none")
+    add_op_arguments(parser)
     parser.add_argument("--platform", default="gpu", choices=("gpu", "tpu"))
     parser.add_argument("--tflops", type=float, default=MATMUL_TFLOPS,
                         help="the product rate of the FLOP floor (TFLOP/s)")

@@ -80,22 +80,28 @@ def profile(fn, inputs) -> dict:
     return trace_summary.trace_calls(compiled, inputs, RUNS, prefix="op_kernels_")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
+def add_op_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ops, shapes, rung, NHA window and packed documents of a run (`kernel_traffic` takes
+    the same)."""
     parser.add_argument("--ops", default="ssd,gated_delta_rule,gated_slot_attention,"
                                          "native_hybrid_attention")
     parser.add_argument("--shape", default="4x8192",
                         help="BxT, BxTxHxK[xV] or MODEL@BxT (`mixer_shapes`)")
     parser.add_argument("--impl", default="pallas")
     parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--documents", type=float, default=0, help="median length of packed "
+                        "documents (segment ids, as training on packed text); 0: none")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
+    add_op_arguments(parser)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--variants", nargs="?", const="all", default="none",
                         help="also the fwd+bwd of the pallas rung's kernel variants: all (the "
                              "flag alone) or ';'-separated labels")
     parser.add_argument("--forwards", action="store_true",
                         help="also each variant's forward (a variant of a forward-alone tile)")
-    parser.add_argument("--documents", type=float, default=0, help="median length of packed "
-                        "documents (segment ids, as training on packed text); 0: none")
     parser.add_argument("--skip-d", action="store_true",
                         help="the SSD with Mamba-2's skip D (as mamba2 layers call it)")
     parser.add_argument("--out", default="op_kernels.json")
