@@ -84,15 +84,19 @@ def test_a_start_up_that_fails_part_way_closes_what_it_opened(tmp_path, monkeypa
     assert sorted(closed) == ["Checkpointer", "DevicePrefetcher", "MetricsLog"]
 
 
+def _tiny_mqar(name, *, steps):
+    """transformer-tiny on a small MQAR for `steps` steps, one eval batch."""
+    return ExperimentConfig(
+        name=name, model=presets.get("transformer-tiny"),
+        data=MQARConfig(vocab_size=256, seq_len=16, num_kv_pairs=2),
+        train=TrainConfig(steps=steps, warmup_steps=0, batch_size=8, eval_batches=1))
+
+
 def test_a_resume_past_the_end_drops_the_results_of_that_end(tmp_path, monkeypatch):
     """A finished run resumed with more steps and stopped (a signal, a failure) kept the
     results.json of its earlier end: a complete run at the old step count, beside a config of
     the new one and later checkpoints (drivers read results.json as "finished")."""
-    run = tmp_path / "run"
-    experiment = ExperimentConfig(
-        name="more", model=presets.get("transformer-tiny"),
-        data=MQARConfig(vocab_size=256, seq_len=16, num_kv_pairs=2),
-        train=TrainConfig(steps=1, warmup_steps=0, batch_size=8, eval_batches=1))
+    run, experiment = tmp_path / "run", _tiny_mqar("more", steps=1)
     train(experiment, run, progress=False)
     assert (run / "results.json").is_file()
 
@@ -109,11 +113,7 @@ def test_a_resume_past_the_end_drops_the_results_of_that_end(tmp_path, monkeypat
 def test_a_resume_refuses_fewer_steps_than_its_checkpoint(tmp_path):
     """`--resume --set train.steps=1` on a run at step 2: it evaluated step 2 and recorded
     steps=1 in config.json, the setting ignored without a word."""
-    run = tmp_path / "run"
-    experiment = ExperimentConfig(
-        name="fewer", model=presets.get("transformer-tiny"),
-        data=MQARConfig(vocab_size=256, seq_len=16, num_kv_pairs=2),
-        train=TrainConfig(steps=2, warmup_steps=0, batch_size=8, eval_batches=1))
+    run, experiment = tmp_path / "run", _tiny_mqar("fewer", steps=2)
     train(experiment, run, progress=False)
     config = (run / "config.json").read_text()
     fewer = dataclasses.replace(experiment, train=dataclasses.replace(experiment.train, steps=1))
